@@ -1,0 +1,26 @@
+"""attnlab: which attention path should I use, is it correct, how fast is it, what does it cost?
+
+Public API::
+
+    attnlab.attention(q, k, v, ...)          # drop-in superset of jax.nn.dot_product_attention
+    attnlab.explain(q, k, v, ...)            # which backend auto runs, and why not the others
+    attnlab.reference_attention(q, k, v, ...)  # NumPy float64 truth
+    attnlab.UnsupportedError                 # a forced backend that cannot run the input
+    attnlab.Workload                         # FLOP / byte model
+    attnlab.hlo_uses_cudnn(fn, *args)        # did cuDNN's fused attention really get lowered?
+"""
+from .api import Explanation, attention, explain, select
+from .backends import Backend, register
+from .backends.cudnn import hlo_uses_cudnn
+from .errors import UnsupportedError
+from .reference import check_close, reference_attention, reference_attention_grads, rel_l2
+from .spec import AttentionSpec
+from .workload import Workload
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "attention", "explain", "select", "Explanation", "Backend", "register", "hlo_uses_cudnn",
+    "UnsupportedError", "reference_attention", "reference_attention_grads", "check_close", "rel_l2",
+    "AttentionSpec", "Workload", "__version__",
+]

@@ -1,0 +1,85 @@
+"""The public entry point: ``attention``, a drop-in superset of ``jax.nn.dot_product_attention``.
+
+Shape letters (B, T, S, N, K, H) are explained in ``attnlab.spec``.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from . import backends
+from .errors import UnsupportedError
+from .spec import AttentionSpec, prepare
+
+
+def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
+              query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
+              implementation=None):
+    """Scaled dot-product attention with ``jax.nn.dot_product_attention``'s arguments and semantics.
+
+    Args:
+      query: (B, T, N, H) or (T, N, H), a floating dtype.
+      key, value: (B, S, K, H) or (S, K, H), the same dtype; K divides N (GQA/MQA:
+        query head n reads key/value head n // (N // K)).
+      bias: float, broadcastable to (B, N, T, S); added to the scaled logits.
+      mask: bool, broadcastable to (B, N, T, S); True = attend.
+      scale: logits scale, default 1 / sqrt(H).
+      is_causal: query t sees keys s <= t.
+      query_seq_lengths: (B,) ints in [0, T]; output rows t >= length are zero.
+      key_value_seq_lengths: (B,) ints in [0, S]; keys s >= length are hidden.
+      local_window_size: w or (left, right): query t sees keys t-left <= s <= t+right.
+      implementation: None or "auto" (the best correct path available: cuDNN on an NVIDIA
+        GPU when it supports the input, else XLA), or a registered backend name
+        ("naive", "xla", "cudnn", ...). A named backend that cannot run the input raises
+        ``UnsupportedError`` with the reason; nothing falls back silently.
+
+    Returns:
+      An array shaped and typed like ``query``. Rows that see no key at all are
+      implementation-defined (naive and the reference give 0; XLA gives the mean of values).
+    """
+    p = prepare(query, key, value, bias, mask, scale=scale, is_causal=is_causal,
+                query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
+                local_window_size=local_window_size)
+    backend = select(p.spec, implementation)
+    out = backend.run(p)
+    return out.reshape(p.out_shape)
+
+
+def select(spec: AttentionSpec, implementation=None) -> backends.Backend:
+    """The backend that runs ``spec``: the named one (or UnsupportedError), or auto's choice."""
+    if implementation is not None and not isinstance(implementation, str):
+        raise TypeError(f"implementation must be None or a str, got {type(implementation).__name__}")
+    if implementation in (None, "auto"):
+        for name in backends.AUTO_ORDER:
+            b = backends.get(name)
+            if b.why_not(spec) is None:
+                return b
+        raise UnsupportedError("auto", "no registered backend supports this input")
+    b = backends.get(implementation)
+    reason = b.why_not(spec)
+    if reason:
+        raise UnsupportedError(b.name, reason)
+    return b
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """Which backend auto would run, and for every backend why it can or cannot."""
+
+    chosen: str
+    reasons: dict[str, str | None]   # backend name -> None (can run) or the reason it can't
+    spec: AttentionSpec
+
+    def __str__(self) -> str:
+        lines = [f"auto runs: {self.chosen}"]
+        for name, why in self.reasons.items():
+            lines.append(f"  {name:<14} {'ok' if why is None else 'no: ' + why}")
+        return "\n".join(lines)
+
+
+def explain(query, key, value, bias=None, mask=None, **kwargs) -> Explanation:
+    """Say which backend ``implementation=None`` would run on these inputs, and why not the others."""
+    kwargs.pop("implementation", None)
+    p = prepare(query, key, value, bias, mask, **kwargs)
+    chosen = select(p.spec, None).name
+    reasons = {b.name: b.why_not(p.spec) for b in backends.all_backends()}
+    return Explanation(chosen, reasons, p.spec)

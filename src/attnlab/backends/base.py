@@ -1,0 +1,40 @@
+"""What every attention backend is: a name, an availability check, a capability check, a call."""
+from __future__ import annotations
+
+from ..spec import AttentionSpec, Prepared
+
+
+class Backend:
+    """One attention implementation.
+
+    Subclasses set ``name`` and ``description`` and implement ``run``. ``available``
+    answers for this machine (library installed, right device); ``supports`` for one
+    call. Both return ``None`` when fine, else a human reason (no backend name prefix).
+    """
+
+    name: str = ""
+    description: str = ""
+    #: True when the backend's output is the same computation on every platform, so
+    #: auto-selection may use it as a last resort.
+    portable: bool = False
+
+    def available(self) -> str | None:
+        return None
+
+    def supports(self, spec: AttentionSpec) -> str | None:
+        return None
+
+    def why_not(self, spec: AttentionSpec) -> str | None:
+        """``available()`` then ``supports(spec)``: the first reason this backend cannot run."""
+        return self.available() or self.supports(spec)
+
+    def run(self, p: Prepared):
+        """Compute attention on normalised 4-D inputs; returns (B, T, N, H)."""
+        raise NotImplementedError
+
+    def version(self) -> str | None:
+        """Version of the library behind this backend, if any."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"<attnlab backend {self.name!r}>"

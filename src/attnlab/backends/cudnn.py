@@ -1,0 +1,76 @@
+"""cuDNN fused (flash) attention through ``jax.nn.dot_product_attention(implementation="cudnn")``.
+
+``supports`` refuses, with the reason, every input where cuDNN cannot run or has been
+reported to return silently wrong results; auto-selection then picks another backend.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .. import device
+from ..spec import AttentionSpec, Prepared
+from .base import Backend
+
+CUDNN_MARKER = "__cudnn$fmha"
+
+
+class CudnnBackend(Backend):
+    name = "cudnn"
+    description = "cuDNN flash attention via jax.nn.dot_product_attention(implementation='cudnn')"
+
+    def available(self) -> str | None:
+        info = device.current()
+        if info.platform != "gpu":
+            return f"needs an NVIDIA GPU; JAX's default device is {info.platform} ({info.kind})"
+        if info.compute_capability is None:
+            return f"needs an NVIDIA GPU with a CUDA compute capability; device is {info.kind}"
+        if info.compute_capability < (8, 0):
+            cc = ".".join(map(str, info.compute_capability))
+            return f"needs compute capability >= 8.0 (Ampere), device has {cc}"
+        if info.cudnn_version is None:
+            return "cuDNN library not detected by jaxlib"
+        return None
+
+    def version(self) -> str | None:
+        return device.current().cudnn_version_str if device.current().platform == "gpu" else None
+
+    def supports(self, spec: AttentionSpec) -> str | None:
+        if spec.dtype not in ("float16", "bfloat16"):
+            return f"dtype {spec.dtype} not supported (needs float16 or bfloat16)"
+        cc = device.current().compute_capability
+        h_max = 256 if cc is None or cc >= (9, 0) else 128
+        if spec.head_dim > h_max:
+            return f"head dim {spec.head_dim} > {h_max}"
+        if spec.head_dim % 8:
+            return f"head dim {spec.head_dim} is not a multiple of 8"
+        if spec.window is not None and not spec.is_causal:
+            # jax-ml/jax#39576: without a causal mask, JAX hands cuDNN only the left edge of the
+            # window, and every query attends to its whole future.
+            return "local_window_size without is_causal attends to future keys (jax-ml/jax#39576)"
+        if (spec.bias_shape or spec.mask_shape) and (spec.q_len % 2 or spec.kv_len % 2):
+            return f"bias or mask needs even sequence lengths for the backward pass, got T={spec.q_len}, S={spec.kv_len}"
+        return None
+
+    def run(self, p: Prepared):
+        sp = p.spec
+        window = None
+        if sp.window is not None:
+            # Under a causal mask the right edge is already 0; cuDNN takes only the left edge.
+            window = (sp.window[0], 0)
+        # cuDNN takes bias (and the mask, which JAX turns into a bias) over the full (T, S).
+        full = lambda x: None if x is None else jnp.broadcast_to(x, x.shape[:2] + (sp.q_len, sp.kv_len))
+        bias, mask = full(p.bias), full(p.mask)
+        q_lengths = None if p.q_lengths is None else jnp.asarray(p.q_lengths, jnp.int32)
+        kv_lengths = None if p.kv_lengths is None else jnp.asarray(p.kv_lengths, jnp.int32)
+        return jax.nn.dot_product_attention(
+            p.query, p.key, p.value, bias, mask, scale=p.scale, is_causal=sp.is_causal,
+            query_seq_lengths=q_lengths, key_value_seq_lengths=kv_lengths,
+            local_window_size=window, implementation="cudnn",
+        )
+
+
+def hlo_uses_cudnn(fn, *args, **kwargs) -> bool:
+    """True when ``jax.jit(fn)`` lowered on these arguments calls cuDNN's fused attention."""
+    text = jax.jit(fn).lower(*args, **kwargs).as_text()
+    return CUDNN_MARKER in text

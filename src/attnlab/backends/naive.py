@@ -1,0 +1,74 @@
+"""The codelab's attention written out in jax.numpy: scores, scale + softmax (float32), attend, output.
+
+GQA is done by viewing the N query heads as (K, G) and letting einsum broadcast each
+key/value head over its G query heads; no key/value copy is made.
+Rows that see no key at all give 0 (as FlashAttention does).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ..spec import Prepared
+from .base import Backend
+
+
+def _grouped(x, K: int, G: int):
+    """(b, n, t, s) bias/mask with n in {1, N} -> (b, K, G, t, s) or (b, 1, 1, t, s)."""
+    b, n, t, s = x.shape
+    return x.reshape(b, K, G, t, s) if n != 1 else x.reshape(b, 1, 1, t, s)
+
+
+def visible_mask(p: Prepared):
+    """Bool mask broadcastable to (B, K, G, T, S): True where query t may attend key s."""
+    sp = p.spec
+    T, S = sp.q_len, sp.kv_len
+    t = jnp.arange(T)[:, None]
+    s = jnp.arange(S)[None, :]
+    vis = jnp.ones((T, S), bool)
+    if sp.is_causal:
+        vis &= s <= t
+    if sp.window is not None:
+        left, right = sp.window
+        vis &= (s >= t - left) & (s <= t + right)
+    vis = vis[None, None, None]
+    if p.mask is not None:
+        vis = vis & _grouped(p.mask, sp.kv_heads, sp.groups)
+    if p.kv_lengths is not None:
+        kv = jnp.asarray(p.kv_lengths, jnp.int32)
+        vis = vis & (jnp.arange(S)[None, :] < kv[:, None])[:, None, None, None, :]
+    return vis
+
+
+class NaiveBackend(Backend):
+    name = "naive"
+    description = "attention written out in jax.numpy (the codelab's four steps)"
+    portable = True
+
+    def run(self, p: Prepared):
+        sp = p.spec
+        B, T, N, H = p.query.shape
+        K, G = sp.kv_heads, sp.groups
+        q = p.query.reshape(B, T, K, G, H)
+        # 1. scores: (B, K, G, T, S), accumulated in float32 (float64 stays float64)
+        acc = jnp.promote_types(p.query.dtype, jnp.float32)
+        scores = jnp.einsum("btkgh,bskh->bkgts", q, p.key, preferred_element_type=acc)
+        # 2. scale, bias, masks, softmax in float32
+        scores = scores * jnp.asarray(p.scale, acc)
+        if p.bias is not None:
+            scores = scores + _grouped(p.bias, K, G).astype(acc)
+        vis = visible_mask(p)
+        scores = jnp.where(vis, scores, -jnp.inf)
+        row_max = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
+        row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+        weights = jnp.exp(scores - row_max)
+        denom = jnp.sum(weights, axis=-1, keepdims=True)
+        probs = weights / jnp.where(denom == 0, 1.0, denom)
+        # 3. attend: probabilities in the input dtype, accumulation in float32
+        out = jnp.einsum("bkgts,bskh->btkgh", probs.astype(p.value.dtype), p.value, preferred_element_type=acc)
+        # 4. output in the input dtype, padded query rows zeroed
+        out = out.reshape(B, T, N, H)
+        if p.q_lengths is not None:
+            keep = jnp.arange(T)[None, :] < jnp.asarray(p.q_lengths, jnp.int32)[:, None]
+            out = jnp.where(keep[:, :, None, None], out, 0.0)
+        return out.astype(p.query.dtype)
