@@ -1,0 +1,85 @@
+"""The environment attnlab runs in: versions, devices, optional libraries, backend availability."""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import subprocess
+import sys
+
+from . import __version__, backends, device
+
+OPTIONAL = {  # import name -> distribution names to ask for a version
+    "flax": ("flax",),
+    "transformer_engine": ("transformer_engine", "transformer-engine", "transformer_engine_jax"),
+    "tokamax": ("tokamax",),
+    "torch": ("torch",),
+}
+
+
+def _dist_version(names) -> str | None:
+    for n in names:
+        try:
+            return importlib.metadata.version(n)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def optional_libraries() -> dict[str, str | None]:
+    """Import name -> installed version, or None when absent (found without importing it)."""
+    import importlib.util
+
+    out = {}
+    for mod, dists in OPTIONAL.items():
+        found = importlib.util.find_spec(mod) is not None
+        out[mod] = (_dist_version(dists) or "unknown version") if found else None
+    return out
+
+
+def git_commit() -> str | None:
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        r = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5)
+        return r.stdout.strip() or None if r.returncode == 0 else None
+    except Exception:
+        return None
+
+
+def collect() -> dict:
+    """Everything a result record needs to be interpreted later (JSON-serialisable)."""
+    import jax
+    import jaxlib
+
+    info = device.current()
+    devices = [{"id": d.id, "platform": d.platform, "kind": d.device_kind,
+                "compute_capability": getattr(d, "compute_capability", None)} for d in jax.devices()]
+    backend_status = {b.name: {"available": b.available() is None,
+                               "reason": b.available(), "version": b.version()} for b in backends.all_backends()}
+    env = {
+        "attnlab": __version__,
+        "git_commit": git_commit(),
+        "python": sys.version.split()[0],
+        "os": platform.platform(),
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "platform": info.platform,
+        "device_kind": info.kind,
+        "device_count": info.count,
+        "compute_capability": ".".join(map(str, info.compute_capability)) if info.compute_capability else None,
+        "cudnn": info.cudnn_version_str,
+        "devices": devices,
+        "optional": optional_libraries(),
+        "backends": backend_status,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    }
+    if info.platform != "gpu":
+        env["gpu_note"] = (f"no GPU: JAX's default device is {info.platform}; GPU paths (cuDNN, "
+                           "TransformerEngine, Pallas GPU kernels) are unavailable here")
+    return env
+
+
+def short(env: dict) -> dict:
+    """The env fields stored with every result record (no per-device list)."""
+    keys = ("attnlab", "git_commit", "jax", "jaxlib", "platform", "device_kind", "compute_capability", "cudnn", "optional", "xla_flags")
+    return {k: env.get(k) for k in keys}
