@@ -1,0 +1,26 @@
+import os
+
+import pytest
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+
+def _has_gpu() -> bool:
+    try:
+        import jax
+
+        return jax.default_backend() == "gpu"
+    except Exception:
+        return False
+
+
+HAS_GPU = _has_gpu()
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (JAX's default backend is not gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
