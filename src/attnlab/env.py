@@ -38,6 +38,8 @@ def optional_libraries() -> dict[str, str | None]:
 
 
 def git_commit() -> str | None:
+    if os.environ.get("ATTNLAB_GIT_COMMIT"):
+        return os.environ["ATTNLAB_GIT_COMMIT"]
     try:
         here = os.path.dirname(os.path.abspath(__file__))
         r = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5)

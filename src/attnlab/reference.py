@@ -8,8 +8,10 @@ precision dtype (operands and each matmul's result rounded to it, softmax in flo
 the baseline of the tolerance policy below.
 
 Tolerance policy (``check_close``)
-    float64/float32: relative L2 error ||out - ref|| / ||ref|| <= 1e-5 (2e-3 for
-        float32 on a GPU whose matmuls may use TF32: pass ``tf32=True``).
+    float64/float32: relative L2 error ||out - ref|| / ||ref|| <= 1e-5. On an NVIDIA GPU
+        XLA's default float32 matmul precision uses TF32 (10-bit mantissa; measured on the
+        H200: 4e-4 at B=4, T=128, N=8, H=64), so there the limit is 2e-3 unless
+        ``jax.default_matmul_precision`` asks for full float32 (``tf32`` overrides the guess).
     bfloat16/float16: judged as FlashAttention's authors do: the path's relative L2
         error against float64 must be at most ``3 x`` the error of the same computation
         carried out in that dtype (``emulate``), plus 1e-6.
@@ -159,19 +161,32 @@ class Verdict:
         return self.ok
 
 
-def tolerance(dtype, *, baseline_err: float | None = None, tf32: bool = False) -> tuple[float, str]:
+def default_matmul_is_tf32() -> bool:
+    """True when JAX's float32 matmuls on the default device run in TF32 (GPU, default precision)."""
+    import jax
+
+    if jax.default_backend() != "gpu":
+        return False
+    prec = jax.config.jax_default_matmul_precision
+    return prec is None or str(prec).lower() in ("default", "bfloat16", "tensorfloat32", "fastest")
+
+
+def tolerance(dtype, *, baseline_err: float | None = None, tf32: bool | None = None) -> tuple[float, str]:
     """(limit on relative L2 error, the rule in words) for outputs of ``dtype``."""
     name = np.dtype(dtype).name
     if name in ("float32", "float64"):
-        limit = 2e-3 if (tf32 and name == "float32") else 1e-5
-        return limit, f"{name}: rel L2 <= {limit:g}"
+        if tf32 is None:
+            tf32 = default_matmul_is_tf32()
+        if tf32 and name == "float32":
+            return 2e-3, "float32 with TF32 matmuls (GPU default precision): rel L2 <= 2e-3"
+        return 1e-5, f"{name}: rel L2 <= 1e-05"
     if baseline_err is None:
         raise ValueError(f"{name} tolerance needs baseline_err: the error of the computation emulated in {name}")
     limit = 3.0 * baseline_err + 1e-6
     return limit, f"{name}: rel L2 <= 3 x {baseline_err:.2e} (same computation in {name}) + 1e-6"
 
 
-def check_close(out, query, key, value, *args, tf32: bool = False, ref=None, **kwargs) -> Verdict:
+def check_close(out, query, key, value, *args, tf32: bool | None = None, ref=None, **kwargs) -> Verdict:
     """Judge ``out`` against the float64 reference for these inputs by the tolerance policy."""
     if ref is None:
         ref = reference_attention(query, key, value, *args, **kwargs)
