@@ -35,9 +35,9 @@ def _np(x, dtype=np.float64):
     return None if x is None else np.asarray(x).astype(dtype)
 
 
-def _visible(T, S, B, is_causal, window, mask, kv_lengths):
-    """Bool (B or 1, N or 1, T, S): True where query t may attend key s."""
-    t = np.arange(T)[:, None]
+def _visible(T, S, B, is_causal, window, mask, kv_lengths, offset=0):
+    """Bool (B or 1, N or 1, T, S): True where query t (at position offset + t) may attend key s."""
+    t = offset + np.arange(T)[:, None]
     s = np.arange(S)[None, :]
     vis = np.ones((T, S), bool)
     if is_causal:
@@ -72,7 +72,7 @@ class _Forward:
 
 def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
              query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
-             emulate=None) -> _Forward:
+             emulate=None, query_offset=0) -> _Forward:
     p = prepare(query, key, value, bias, mask, scale=scale, is_causal=is_causal,
                 query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
                 local_window_size=local_window_size)
@@ -88,7 +88,7 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
     logits = _round(np.einsum("btnh,bsnh->bnts", q, kN), low) * sc
     if p.bias is not None:
         logits = logits + _np(p.bias)
-    vis = np.broadcast_to(_visible(T, S, B, sp.is_causal, sp.window, p.mask, p.kv_lengths), (B, N, T, S))
+    vis = np.broadcast_to(_visible(T, S, B, sp.is_causal, sp.window, p.mask, p.kv_lengths, query_offset), (B, N, T, S))
     logits = np.where(vis, logits, -np.inf)
     row_max = logits.max(axis=-1, keepdims=True)
     row_max = np.where(np.isfinite(row_max), row_max, 0.0)
@@ -107,12 +107,18 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
 
 def reference_attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
                         query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
-                        implementation=None, emulate=None) -> np.ndarray:
-    """Float64 attention with ``attnlab.attention``'s semantics; ``implementation`` is ignored."""
+                        implementation=None, emulate=None, query_offset=0) -> np.ndarray:
+    """Float64 attention with ``attnlab.attention``'s semantics; ``implementation`` is ignored.
+
+    ``query_offset``: the given query rows sit at positions offset, offset+1, ... of a longer
+    sequence (for checking a slice of rows of a large problem; no query_seq_lengths then).
+    """
     del implementation
+    if query_offset and query_seq_lengths is not None:
+        raise ValueError("query_offset cannot be combined with query_seq_lengths")
     f = _forward(query, key, value, bias, mask, scale=scale, is_causal=is_causal,
                  query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
-                 local_window_size=local_window_size, emulate=emulate)
+                 local_window_size=local_window_size, emulate=emulate, query_offset=query_offset)
     return f.out.reshape(f.out_shape)
 
 

@@ -1,0 +1,6 @@
+"""Measurement: timers (CUPTI kernel time, wall, pipelined, compile), memory, peaks, one-cell records."""
+from .cell import MODES, STATUSES, Cell, Options, measure_cell, record_key
+from .stats import Stats
+from .timers import kernel_timer_available
+
+__all__ = ["Cell", "Options", "measure_cell", "record_key", "MODES", "STATUSES", "Stats", "kernel_timer_available"]

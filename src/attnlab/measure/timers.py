@@ -1,0 +1,84 @@
+"""Timers for a jitted function: GPU kernel time (CUPTI), wall time, pipelined wall time, compile time.
+
+Kernel time sums every kernel one call launches, measured by CUPTI through
+``jax.experimental.mosaic.gpu.profiler.measure`` (one CUPTI subscriber at a time). It exists
+only on NVIDIA GPUs; elsewhere ``kernel_timer_available()`` is False and callers use wall time,
+labelled as such. Inputs rotate among several sets so a small problem is not served from L2.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import jax
+
+from .stats import Stats
+
+
+def kernel_timer_available() -> str | None:
+    """None when CUPTI kernel timing works here, else the reason it does not."""
+    if jax.default_backend() != "gpu":
+        return f"no CUPTI kernel timer on {jax.default_backend()}: wall clock used instead"
+    try:
+        from jax.experimental.mosaic.gpu import profiler  # noqa: F401
+    except Exception as e:  # pragma: no cover - GPU only
+        return f"jax.experimental.mosaic.gpu.profiler unavailable ({type(e).__name__}: {e})"
+    return None
+
+
+def _block(x):
+    return jax.block_until_ready(x)
+
+
+def compile_seconds(fn: Callable, args: Sequence) -> tuple[Callable, float, float]:
+    """(compiled, lower_s, compile_s): jax.jit(fn) lowered and compiled for ``args``, timed apart."""
+    t0 = time.perf_counter()
+    lowered = jax.jit(fn).lower(*args)
+    t1 = time.perf_counter()
+    compiled = lowered.compile()
+    t2 = time.perf_counter()
+    return compiled, t1 - t0, t2 - t1
+
+
+def wall_per_call(compiled: Callable, arg_sets: Sequence[Sequence], repeats: int) -> Stats:
+    """Host clock around each blocked call: the codelab's method (includes dispatch)."""
+    samples = []
+    for i in range(repeats):
+        args = arg_sets[i % len(arg_sets)]
+        t0 = time.perf_counter()
+        _block(compiled(*args))
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return Stats.of(samples)
+
+
+def wall_pipelined(compiled: Callable, arg_sets: Sequence[Sequence], calls: int, rounds: int = 3) -> Stats:
+    """Many calls queued back to back, one block at the end; ms per call, ``rounds`` samples."""
+    samples = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        out = None
+        for i in range(calls):
+            out = compiled(*arg_sets[i % len(arg_sets)])
+        _block(out)
+        samples.append((time.perf_counter() - t0) * 1e3 / calls)
+    return Stats.of(samples)
+
+
+def kernel_per_call(compiled: Callable, arg_sets: Sequence[Sequence], repeats: int) -> Stats:
+    """GPU kernel milliseconds per call (all kernels of one call summed), via CUPTI."""
+    from jax.experimental.mosaic.gpu import profiler
+
+    per_set = max(1, repeats // len(arg_sets))
+    samples: list[float] = []
+    measured = profiler.measure(compiled, iterations=per_set)
+    for args in arg_sets:
+        _, t = measured(*args)
+        if t is None:
+            raise RuntimeError("CUPTI saw no kernel launched by this function")
+        samples.extend(t if isinstance(t, (list, tuple)) else [t])
+    return Stats.of(samples)
+
+
+def warm_up(compiled: Callable, arg_sets: Sequence[Sequence], n: int = 2):
+    for i in range(max(n, len(arg_sets))):
+        _block(compiled(*arg_sets[i % len(arg_sets)]))
