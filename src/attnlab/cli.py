@@ -91,5 +91,153 @@ def backends(as_json):
         _print_backends(status)
 
 
+def _fail(msg: str):
+    from rich.markup import escape
+
+    Console(stderr=True, soft_wrap=True).print(f"[red]error:[/] {escape(msg)}", highlight=False)
+    sys.exit(2)
+
+
+@main.command()
+@click.option("--backends", help="Comma-separated backends, e.g. naive,xla,cudnn.")
+@click.option("--batch", help="Batch sizes, e.g. 1,2,4.")
+@click.option("--seq", help="Sequence lengths with q_len = kv_len, e.g. 64,128.")
+@click.option("--q-len", help="Query lengths (with --kv-len; not with --seq).")
+@click.option("--kv-len", help="Key/value lengths (with --q-len; not with --seq).")
+@click.option("--heads", help="Query heads N.")
+@click.option("--kv-heads", help="Key/value heads K (default: = heads).")
+@click.option("--head-dim", help="Head dims H.")
+@click.option("--dtype", help="float32, bfloat16, float16, float64 (comma-separated).")
+@click.option("--causal", help="true, false or both.")
+@click.option("--window", help="none or LEFT:RIGHT windows, e.g. none,128:0.")
+@click.option("--mode", help="fwd, fwd+bwd, bwd (comma-separated).")
+@click.option("--tokens", help="Fix batch x q_len: batch = tokens // q_len.")
+@click.option("--config", "config", type=click.Path(dir_okay=False), help="A sweep.toml ([sweep] and [run] tables); flags override it.")
+@click.option("--name", default=None, help="Sweep name stored with each record.")
+@click.option("--out", "out_dir", default="attnlab-out/bench", show_default=True, type=click.Path(file_okay=False))
+@click.option("--resume", is_flag=True, help="Skip cells already in OUT/results.jsonl.")
+@click.option("--repeats", type=int, default=None, help="Timed calls per cell (default 20 GPU, 5 CPU).")
+@click.option("--compile-budget", type=float, default=None, help="Seconds a compile may take before the cell is skipped (default 300).")
+@click.option("--no-check", is_flag=True, help="Skip the per-cell comparison with the reference (not recommended).")
+def bench(config, out_dir, resume, repeats, compile_budget, no_check, name, **flags):
+    """Sweep attention cells: check each against the reference, time it, record it."""
+    from .measure import Options
+    from .sweep import SweepError, build, load_toml, run_sweep
+
+    values, run_opts = {}, {}
+    try:
+        if config:
+            values, run_opts = load_toml(config)
+        for k, v in flags.items():
+            if v is not None:
+                values[k] = v
+                if k in ("q_len", "kv_len"):
+                    values.pop("seq", None)
+                if k == "seq":
+                    values.pop("q_len", None)
+                    values.pop("kv_len", None)
+        if name:
+            values["name"] = name
+        sweep = build(values)
+    except SweepError as e:
+        _fail(str(e))
+    reps = repeats if repeats is not None else run_opts.get("repeats")
+    if reps is not None and (not isinstance(reps, int) or reps < 1):
+        _fail(f"repeats: {reps!r} is not a positive integer")
+    budget = compile_budget if compile_budget is not None else run_opts.get("compile_budget", 300.0)
+    if budget is not None and budget <= 0:
+        _fail(f"compile budget: {budget!r} must be > 0 seconds")
+    opts = Options(repeats=reps, compile_budget_s=budget, check=not no_check and run_opts.get("check", True))
+    cells = sweep.cells()
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=False) as prog:
+        task = prog.add_task("bench", total=len(cells))
+
+        def on_cell(cell, rec, i, n):
+            status = "resumed" if rec is None else rec["status"]
+            prog.update(task, advance=1, description=f"{cell.backend} {cell.config_label} [{status}]"[:70])
+
+        records = run_sweep(sweep, out_dir, resume=resume, options=opts, on_cell=on_cell)
+    _print_bench_table(records, out_dir)
+
+
+def _print_bench_table(records, out_dir):
+    from .sweep.engine import config_label
+
+    backends_ = list(dict.fromkeys(r["backend"] for r in records))
+    rows: dict[str, dict] = {}
+    for r in records:
+        rows.setdefault(config_label(r), {})[r["backend"]] = r
+    timer = next((r.get("timer") for r in records if r.get("timer")), "wall")
+    t = RichTable(title=f"{len(records)} cells → {out_dir}/results.jsonl  (time: {'CUPTI kernel' if timer == 'cupti' else 'wall clock, no GPU'})")
+    t.add_column("configuration")
+    for b in backends_:
+        t.add_column(f"{b}\nms · TFLOP/s · %peak", justify="right")
+    for label, by in rows.items():
+        cells = []
+        for b in backends_:
+            r = by.get(b)
+            if r is None:
+                cells.append("")
+            elif r["status"] != "ok":
+                cells.append(f"[yellow]{r['status']}[/]")
+            else:
+                ms = r["kernel_ms"] if r.get("kernel_ms") is not None else r["wall_ms"]
+                pk = f"{r['pct_peak']:.1f}%" if r.get("pct_peak") is not None else "–"
+                cells.append(f"{ms:.4g} · {r['tflops']:.3g} · {pk}")
+        t.add_row(label, *cells)
+    console.print(t)
+
+
+@main.command("compare")
+@click.argument("a", type=click.Path(exists=True))
+@click.argument("b", type=click.Path(exists=True))
+@click.option("--threshold", type=float, default=5.0, show_default=True, help="Percent slower that counts as a regression.")
+def compare_cmd(a, b, threshold):
+    """Per-cell time ratios B/A; exits 1 when B is slower than A beyond the threshold."""
+    from .sweep import compare, load
+
+    try:
+        rows, regressed = compare(load(a), load(b), threshold)
+    except (FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    t = RichTable(title=f"B / A  (threshold {threshold:g}%)")
+    for c in ("configuration", "backend", "A ms", "B ms", "B/A", "note"):
+        t.add_column(c)
+    fmt = lambda x: "" if x is None else f"{x:.4g}"  # noqa: E731
+    for r in rows:
+        t.add_row(r.label, r.backend, fmt(r.a_ms), fmt(r.b_ms), fmt(r.ratio), f"[red]{r.note}[/]" if r.note == "SLOWER" else r.note)
+    console.print(t)
+    if regressed:
+        console.print(f"[red]regression: B slower than A by more than {threshold:g}% in at least one cell[/]")
+        sys.exit(1)
+
+
+@main.command()
+@click.option("--force", is_flag=True, help="Measure again even if cached.")
+def ceilings(force):
+    """Measure this device's bf16 matmul TFLOP/s and copy GB/s, and cache them for %-of-ceiling."""
+    from .measure import peaks
+
+    res = None if force else peaks.load_ceilings()
+    if res is None:
+        with console.status("measuring matmul and copy"):
+            res = peaks.measure_ceilings()
+        path = peaks.save_ceilings(res)
+    else:
+        path = peaks.cache_path() + " (cached; --force to measure again)"
+    t = RichTable(title=f"ceilings of {res['device_kind']} → {path}")
+    t.add_column("what")
+    t.add_column("measured")
+    t.add_column("datasheet")
+    p = peaks.peak_for_kind(res["device_kind"])
+    t.add_row(f"{res['matmul_dtype']} matmul {res['matmul_n']}³ ({res['timer']})", f"{res['matmul_tflops']:.1f} TFLOP/s",
+              f"{p.tflops['bf16']} TFLOP/s ({p.source})" if p else "–")
+    t.add_row(f"copy {res['copy_bytes'] / 2**30:.1f} GiB read+write", f"{res['copy_gbps']:.0f} GB/s", f"{p.hbm_tbps * 1000:.0f} GB/s" if p else "–")
+    console.print(t)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

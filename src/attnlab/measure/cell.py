@@ -103,9 +103,10 @@ def classify(exc: BaseException, phase: str) -> tuple[str, str]:
     return ("compile_error" if phase == "compile" else "runtime_error"), _short(msg)
 
 
-def _short(msg: str, n: int = 400) -> str:
+def _short(msg: str, n: int = 500) -> str:
+    """One line; long messages keep their head and their tail (where the cause usually is)."""
     msg = " ".join(msg.split())
-    return msg if len(msg) <= n else msg[: n - 3] + "..."
+    return msg if len(msg) <= n else msg[: n // 2] + " ... " + msg[-(n // 2):]
 
 
 def _with_budget(fn, budget_s):

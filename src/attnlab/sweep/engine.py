@@ -1,0 +1,88 @@
+"""Run a sweep: measure each cell, append its record as it finishes, resume where a run stopped."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable
+
+from .. import env as envmod
+from ..measure.cell import IDENTITY, Cell, Options, measure_cell, record_key
+from ..store import ResultStore, read_jsonl, write_csv
+from .spec import Sweep
+
+CSV_COLUMNS = list(IDENTITY) + [
+    "status", "reason", "kernel_ms", "wall_ms", "pipelined_ms", "dispatch_ms", "compile_s", "tflops", "gbps",
+    "pct_peak", "pct_ceiling", "rel_err", "max_abs_err", "temp_bytes", "peak_bytes", "runtime_peak_bytes", "timer",
+    "kernel_min_ms", "kernel_max_ms", "kernel_iqr_ms", "wall_min_ms", "wall_max_ms", "wall_iqr_ms", "flops", "bytes",
+    "intensity", "grad_check", "grad_rel_err", "input_sets", "repeats", "sweep", "timestamp", "env",
+]
+
+
+def _compact(path: str) -> list[dict]:
+    """Rewrite the results file without torn lines or duplicate cells (first record of a cell wins)."""
+    seen, kept = set(), []
+    for r in read_jsonl(path):
+        k = record_key(r)
+        if k in seen:
+            continue
+        seen.add(k)
+        kept.append(r)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for r in kept:
+            f.write(json.dumps(r) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return kept
+
+
+def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, options: Options | None = None,
+              on_cell: Callable[[Cell, dict | None, int, int], None] | None = None) -> list[dict]:
+    """Measure every cell of ``sweep`` into ``out_dir/results.jsonl`` (+ .csv); returns all records.
+
+    With ``resume`` the cells already recorded are skipped; otherwise the file starts afresh.
+    ``on_cell(cell, record_or_None_if_skipped, index, total)`` is called after each cell.
+    """
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "results.jsonl")
+    done: dict[str, dict] = {}
+    if resume and os.path.exists(path):
+        done = {record_key(r): r for r in _compact(path)}
+    elif os.path.exists(path):
+        os.remove(path)
+    store = ResultStore(path)
+    env = envmod.short(envmod.collect())
+    cells = sweep.cells()
+    for i, cell in enumerate(cells):
+        if cell.key() in done:
+            if on_cell:
+                on_cell(cell, None, i, len(cells))
+            continue
+        rec = measure_cell(cell, options)
+        rec["sweep"] = sweep.name
+        rec["env"] = env
+        store.append(rec)
+        done[cell.key()] = rec
+        if on_cell:
+            on_cell(cell, rec, i, len(cells))
+    records = [done[c.key()] for c in cells if c.key() in done]
+    write_csv(read_jsonl(path), os.path.join(out_dir, "results.csv"), CSV_COLUMNS)
+    return records
+
+
+def time_ms(rec: dict) -> float | None:
+    """The record's headline time: kernel time where measured, else wall time."""
+    return rec.get("kernel_ms") if rec.get("kernel_ms") is not None else rec.get("wall_ms")
+
+
+def config_label(rec: dict) -> str:
+    w = rec.get("window")
+    parts = [f"B{rec['batch']}", f"T{rec['q_len']}", f"S{rec['kv_len']}", f"N{rec['heads']}/{rec['kv_heads']}",
+             f"H{rec['head_dim']}", rec["dtype"]]
+    if rec.get("causal"):
+        parts.append("causal")
+    if w:
+        parts.append(f"w{w[0]}:{w[1]}")
+    parts.append(rec["mode"])
+    return " ".join(parts)

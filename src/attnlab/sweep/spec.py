@@ -1,0 +1,211 @@
+"""A sweep is data: axes of values whose product is the cells to measure.
+
+Axes: backend, batch, q_len, kv_len, heads, kv_heads, head_dim, dtype, causal, window, mode.
+``seq`` ties q_len = kv_len; ``tokens`` fixes batch * q_len (batch = tokens // q_len).
+Sweeps come from CLI flags (``from_flags``) or a TOML file (``load_toml``): every bad value
+raises ``SweepError`` naming it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import tomllib
+
+from .. import backends
+from ..measure.cell import MODES, Cell
+from ..spec import FLOAT_DTYPES
+
+
+class SweepError(ValueError):
+    """A sweep definition that cannot be run (bad axis value, bad file)."""
+
+
+@dataclasses.dataclass
+class Sweep:
+    backends: list[str]
+    batch: list[int] = dataclasses.field(default_factory=lambda: [1])
+    q_len: list[int] = dataclasses.field(default_factory=lambda: [128])
+    kv_len: list[int] | None = None          # None: tied to q_len (the ``seq`` axis)
+    heads: list[int] = dataclasses.field(default_factory=lambda: [8])
+    kv_heads: list[int] | None = None        # None: same as heads (MHA)
+    head_dim: list[int] = dataclasses.field(default_factory=lambda: [64])
+    dtype: list[str] = dataclasses.field(default_factory=lambda: ["bfloat16"])
+    causal: list[bool] = dataclasses.field(default_factory=lambda: [False])
+    window: list[tuple[int, int] | None] = dataclasses.field(default_factory=lambda: [None])
+    mode: list[str] = dataclasses.field(default_factory=lambda: ["fwd"])
+    tokens: int | None = None
+    name: str = "sweep"
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self):
+        known = backends.names()
+        for b in self.backends:
+            if b not in known:
+                raise SweepError(f"unknown backend {b!r}; known: {', '.join(known)}")
+        if not self.backends:
+            raise SweepError("no backend given")
+        for axis in ("batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim"):
+            vals = getattr(self, axis)
+            if vals is None:
+                continue
+            if not vals:
+                raise SweepError(f"{axis}: no values")
+            for v in vals:
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise SweepError(f"{axis}: {v!r} is not a positive integer")
+        for d in self.dtype:
+            if d not in FLOAT_DTYPES:
+                raise SweepError(f"dtype: unknown dtype {d!r}; choose from {', '.join(FLOAT_DTYPES)}")
+        for m in self.mode:
+            if m not in MODES:
+                raise SweepError(f"mode: {m!r} is not one of {', '.join(MODES)}")
+        for c in self.causal:
+            if not isinstance(c, bool):
+                raise SweepError(f"causal: {c!r} is not a bool")
+        for w in self.window:
+            if w is not None and (len(w) != 2 or any(not isinstance(x, int) or x < 0 for x in w)):
+                raise SweepError(f"window: {w!r} is not (left, right) with non-negative ints")
+        if self.tokens is not None and (not isinstance(self.tokens, int) or self.tokens < 1):
+            raise SweepError(f"tokens: {self.tokens!r} is not a positive integer")
+        if not self.cells():
+            raise SweepError("no valid cell: every heads/kv_heads pair has heads not a multiple of kv_heads")
+
+    def cells(self) -> list[Cell]:
+        out = []
+        kv_lens = self.kv_len or [None]
+        kv_heads = self.kv_heads or [None]
+        for (T, S, N, K, H, dt, c, w, m) in itertools.product(
+                self.q_len, kv_lens, self.heads, kv_heads, self.head_dim, self.dtype, self.causal, self.window, self.mode):
+            S = T if S is None else S
+            K = N if K is None else K
+            if N % K:
+                continue
+            batches = [max(1, self.tokens // T)] if self.tokens else self.batch
+            for B in batches:
+                for b in self.backends:
+                    out.append(Cell(b, B, T, S, N, K, H, dt, c, tuple(w) if w else None, m))
+        return out
+
+
+# --- parsing ---------------------------------------------------------------------------------
+
+def _ints(axis: str, text) -> list[int]:
+    if isinstance(text, (list, tuple)):
+        vals = list(text)
+    elif isinstance(text, int):
+        vals = [text]
+    else:
+        vals = []
+        for part in str(text).split(","):
+            part = part.strip()
+            try:
+                vals.append(int(part))
+            except ValueError:
+                raise SweepError(f"{axis}: {part!r} is not an integer") from None
+    for v in vals:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise SweepError(f"{axis}: {v!r} is not a positive integer")
+    return vals
+
+
+def _strs(text) -> list[str]:
+    if isinstance(text, (list, tuple)):
+        return [str(x) for x in text]
+    return [p.strip() for p in str(text).split(",") if p.strip()]
+
+
+def _causal(text) -> list[bool]:
+    if isinstance(text, bool):
+        return [text]
+    if isinstance(text, (list, tuple)):
+        return [_causal(x)[0] for x in text]
+    t = str(text).strip().lower()
+    table = {"both": [False, True], "true": [True], "yes": [True], "1": [True], "false": [False], "no": [False], "0": [False]}
+    if t not in table:
+        raise SweepError(f"causal: {text!r} must be true, false or both")
+    return table[t]
+
+
+def _windows(text) -> list[tuple[int, int] | None]:
+    """"none,128:0" (CLI) or a TOML list of entries, each "none", "L:R", [L, R] or an int W (= W:W)."""
+    if isinstance(text, str):
+        items = [p.strip() for p in text.split(",")]
+    elif isinstance(text, (list, tuple)):
+        items = list(text)
+    else:
+        items = [text]
+    out = []
+    for it in items:
+        if it is None or (isinstance(it, str) and it.lower() in ("none", "")):
+            out.append(None)
+            continue
+        parts = list(it) if isinstance(it, (list, tuple)) else str(it).split(":")
+        try:
+            vals = [int(p) for p in parts]
+        except (TypeError, ValueError):
+            raise SweepError(f"window: {it!r} must be none or LEFT:RIGHT (e.g. 128:0)") from None
+        if len(vals) == 1:
+            vals = vals * 2
+        if len(vals) != 2 or min(vals) < 0:
+            raise SweepError(f"window: {it!r} must be none or LEFT:RIGHT with non-negative ints")
+        out.append((vals[0], vals[1]))
+    return out
+
+
+def build(values: dict) -> Sweep:
+    """A Sweep from loosely typed values (CLI strings or TOML values); keys as in the TOML file."""
+    known = {"backends", "backend", "batch", "seq", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype",
+             "causal", "window", "mode", "tokens", "name"}
+    unknown = set(values) - known
+    if unknown:
+        raise SweepError(f"unknown sweep key(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+    kw: dict = {}
+    be = values.get("backends", values.get("backend"))
+    if be is None:
+        raise SweepError("backends: none given")
+    kw["backends"] = _strs(be)
+    for axis in ("batch", "heads", "kv_heads", "head_dim", "q_len", "kv_len"):
+        if values.get(axis) is not None:
+            kw[axis] = _ints(axis, values[axis])
+    if values.get("seq") is not None:
+        if values.get("q_len") is not None or values.get("kv_len") is not None:
+            raise SweepError("seq sets q_len = kv_len: give either seq or q_len/kv_len")
+        kw["q_len"] = _ints("seq", values["seq"])
+    if values.get("dtype") is not None:
+        kw["dtype"] = _strs(values["dtype"])
+    if values.get("mode") is not None:
+        kw["mode"] = _strs(values["mode"])
+    if values.get("causal") is not None:
+        kw["causal"] = _causal(values["causal"])
+    if values.get("window") is not None:
+        kw["window"] = _windows(values["window"])
+    if values.get("tokens") is not None:
+        kw["tokens"] = _ints("tokens", values["tokens"])[0]
+    if values.get("name") is not None:
+        kw["name"] = str(values["name"])
+    return Sweep(**kw)
+
+
+def load_toml(path) -> tuple[dict, dict]:
+    """(sweep values, run options) from a TOML file with a [sweep] table and an optional [run] table."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise SweepError(f"config file {path} not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SweepError(f"config file {path} is not valid TOML: {e}") from None
+    except OSError as e:
+        raise SweepError(f"config file {path} cannot be read: {e}") from None
+    if "sweep" not in data or not isinstance(data["sweep"], dict):
+        raise SweepError(f"config file {path} has no [sweep] table")
+    extra = set(data) - {"sweep", "run"}
+    if extra:
+        raise SweepError(f"config file {path}: unknown table(s) {', '.join(sorted(extra))}; expected [sweep] and [run]")
+    run = data.get("run", {})
+    bad = set(run) - {"repeats", "compile_budget", "check", "warmup"}
+    if bad:
+        raise SweepError(f"config file {path}: unknown [run] key(s) {', '.join(sorted(bad))}")
+    return data["sweep"], run

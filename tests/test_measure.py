@@ -1,0 +1,150 @@
+"""The measurement engine on the CPU: timers, statuses, modes, metrics, ceilings."""
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attnlab import backends
+from attnlab.measure import Cell, Options, Stats, kernel_timer_available, measure_cell, peaks, timers
+
+SMALL = dict(batch=1, q_len=32, kv_len=32, heads=4, kv_heads=2, head_dim=16)
+FAST = Options(repeats=3, warmup=1, pipelined_calls=3, max_input_sets=2)
+
+
+def cell(backend="naive", **kw):
+    return Cell(backend, **{**SMALL, "dtype": "float32", **kw})
+
+
+@pytest.fixture
+def fake_backend():
+    added = []
+
+    def make(name, run):
+        cls = type("Fake", (backends.Backend,), {"name": name, "run": lambda self, p: run(p)})
+        backends.register(cls())
+        added.append(name)
+        return name
+
+    yield make
+    for n in added:
+        backends._REGISTRY.pop(n, None)
+
+
+def test_stats():
+    s = Stats.of([1, 2, 3, 4, 100])
+    assert s.median == 3 and s.min == 1 and s.max == 100 and s.n == 5 and s.iqr == 2
+
+
+def test_timers_on_cpu():
+    assert "wall clock" in kernel_timer_available()
+    f = lambda x: jnp.sin(x) @ x  # noqa: E731
+    x = jax.random.normal(jax.random.key(0), (64, 64))
+    compiled, lower_s, compile_s = timers.compile_seconds(f, (x,))
+    assert lower_s > 0 and compile_s > 0
+    w = timers.wall_per_call(compiled, [(x,), (x + 1,)], 4)
+    p = timers.wall_pipelined(compiled, [(x,)], 5, rounds=2)
+    assert w.n == 4 and w.median > 0 and p.n == 2 and p.median > 0
+
+
+@pytest.mark.parametrize("mode", ["fwd", "fwd+bwd", "bwd"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_ok_cell_record(mode, dtype):
+    r = measure_cell(cell("xla", mode=mode, dtype=dtype, causal=True), FAST)
+    assert r["status"] == "ok", r["reason"]
+    assert r["timer"] == "wall" and r["kernel_ms"] is None and r["wall_ms"] > 0 and r["pipelined_ms"] > 0
+    assert r["compile_s"] > 0 and r["tflops"] > 0 and r["gbps"] > 0
+    assert r["rel_err"] < 1e-2 and r["temp_bytes"] is not None and r["peak_bytes"] > 0
+    assert r["pct_peak"] is None  # no datasheet entry for a CPU
+    if mode != "fwd":
+        assert r["grad_check"] == "ok"
+    for k in ("backend", "batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype", "causal", "window",
+              "mode", "status", "reason", "kernel_ms", "wall_ms", "compile_s", "tflops", "gbps", "pct_peak", "rel_err",
+              "max_abs_err", "temp_bytes", "peak_bytes"):
+        assert k in r
+
+
+def test_large_cell_is_checked_on_row_slices():
+    r = measure_cell(cell("xla", q_len=600, kv_len=600, causal=True, window=(64, 0)), FAST)
+    assert r["status"] == "ok" and r["checked_rows"] == 256
+
+
+def test_unsupported():
+    r = measure_cell(cell("cudnn", dtype="bfloat16"), FAST)
+    assert r["status"] == "unsupported" and "GPU" in r["reason"] and r["wall_ms"] is None
+
+
+def test_oom_predicted_from_compiled_memory():
+    r = measure_cell(cell("naive"), Options(max_bytes=1000, repeats=2))
+    assert r["status"] == "oom" and "compiled peak" in r["reason"]
+
+
+def test_oom_raised_while_running(fake_backend):
+    def run(p):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 99999999 bytes")
+
+    r = measure_cell(cell(fake_backend("fake-oom", run)), FAST)
+    assert r["status"] == "oom" and "RESOURCE_EXHAUSTED" in r["reason"]
+
+
+def test_compile_error(fake_backend):
+    def run(p):
+        return p.query @ p.key[:, :3]  # (.., N, H) @ (.., K, H): shapes do not contract
+
+    r = measure_cell(cell(fake_backend("fake-compile", run)), FAST)
+    assert r["status"] == "compile_error" and r["reason"]
+
+
+def test_runtime_error(fake_backend):
+    def boom(x):
+        raise RuntimeError("kernel exploded")
+
+    def run(p):
+        return jax.pure_callback(boom, jax.ShapeDtypeStruct(p.query.shape, p.query.dtype), p.query)
+
+    r = measure_cell(cell(fake_backend("fake-runtime", run)), FAST)
+    assert r["status"] == "runtime_error" and "exploded" in r["reason"]
+
+
+def test_over_budget_compile_is_skipped(fake_backend):
+    def run(p):
+        time.sleep(3)  # tracing takes "forever"
+        return backends.get("naive").run(p)
+
+    t0 = time.perf_counter()
+    r = measure_cell(cell(fake_backend("fake-slow", run)), Options(compile_budget_s=0.5, repeats=2))
+    assert r["status"] == "over_budget" and "budget" in r["reason"]
+    assert time.perf_counter() - t0 < 2.5
+
+
+def test_incorrect_is_never_timed(fake_backend):
+    r = measure_cell(cell(fake_backend("fake-wrong", lambda p: backends.get("naive").run(p) * 1.01)), FAST)
+    assert r["status"] == "incorrect" and r["rel_err"] > 1e-3
+    assert r["wall_ms"] is None and r["tflops"] is None
+
+
+def test_nan_is_incorrect(fake_backend):
+    r = measure_cell(cell(fake_backend("fake-nan", lambda p: backends.get("naive").run(p) * jnp.nan)), FAST)
+    assert r["status"] == "incorrect"
+
+
+def test_peak_table():
+    assert peaks.peak_for_kind("NVIDIA H200").hbm_tbps == 4.8
+    assert peaks.peak_for_kind("NVIDIA H100 80GB HBM3").name == "H100 SXM"
+    assert peaks.peak_for_kind("NVIDIA H100 PCIe").name == "H100 PCIe"
+    assert peaks.peak_for_kind("NVIDIA A100-SXM4-40GB").name == "A100 40GB"
+    assert peaks.peak_for_kind("NVIDIA L4").name == "L4"
+    assert peaks.peak_for_kind("cpu") is None
+    assert peaks.peak_tflops("NVIDIA H200", "bfloat16") == 989.4
+    assert peaks.peak_tflops("NVIDIA H200", "float32", tf32=True) == 494.7
+    for p in peaks.PEAKS.values():
+        assert "datasheet" in p.source
+
+
+def test_ceilings_measured_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path))
+    res = peaks.measure_ceilings(matmul_n=128, copy_bytes=2**20, repeats=2)
+    assert res["timer"] == "wall" and res["matmul_tflops"] > 0 and res["copy_gbps"] > 0
+    peaks.save_ceilings(res)
+    assert peaks.load_ceilings(res["device_kind"])["matmul_n"] == 128
