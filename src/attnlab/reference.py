@@ -85,7 +85,7 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
     head_of = np.arange(N) // (N // K)          # query head n reads key/value head n // G
     kN, vN = k[:, :, head_of, :], v[:, :, head_of, :]
     sc = float(p.scale)
-    logits = _round(np.einsum("btnh,bsnh->bnts", q, kN), low) * sc
+    logits = _round(np.einsum("btnh,bsnh->bnts", q, kN, optimize=True), low) * sc
     if p.bias is not None:
         logits = logits + _np(p.bias)
     vis = np.broadcast_to(_visible(T, S, B, sp.is_causal, sp.window, p.mask, p.kv_lengths, query_offset), (B, N, T, S))
@@ -97,7 +97,7 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
     probs = w / np.where(denom == 0, 1.0, denom)
     if low is not None:
         probs = probs.astype(np.float32).astype(low).astype(np.float64)
-    out = _round(np.einsum("bnts,bsnh->btnh", probs, vN), low)
+    out = _round(np.einsum("bnts,bsnh->btnh", probs, vN, optimize=True), low)
     q_keep = np.ones((B, T), bool)
     if p.q_lengths is not None:
         q_keep = np.arange(T)[None, :] < np.asarray(p.q_lengths).reshape(B, 1)
@@ -131,11 +131,11 @@ def reference_attention_grads(query, key, value, cotangent, bias=None, mask=None
                  local_window_size=local_window_size)
     B, T, N, H = f.out.shape
     dout = _np(cotangent).reshape(B, T, N, H) * f.q_keep[:, :, None, None]
-    dv_n = np.einsum("bnts,btnh->bsnh", f.probs, dout)
-    dprobs = np.einsum("btnh,bsnh->bnts", dout, f.v)
+    dv_n = np.einsum("bnts,btnh->bsnh", f.probs, dout, optimize=True)
+    dprobs = np.einsum("btnh,bsnh->bnts", dout, f.v, optimize=True)
     dlogits = f.probs * (dprobs - np.sum(dprobs * f.probs, axis=-1, keepdims=True))
-    dq = np.einsum("bnts,bsnh->btnh", dlogits, f.k) * f.scale
-    dk_n = np.einsum("bnts,btnh->bsnh", dlogits, f.q) * f.scale
+    dq = np.einsum("bnts,bsnh->btnh", dlogits, f.k, optimize=True) * f.scale
+    dk_n = np.einsum("bnts,btnh->bsnh", dlogits, f.q, optimize=True) * f.scale
     K = int(np.asarray(key).shape[-2])
     dk = np.zeros(dk_n.shape[:2] + (K, H))
     dv = np.zeros_like(dk)
