@@ -68,7 +68,7 @@ def kernel_per_call(compiled: Callable, arg_sets: Sequence[Sequence], repeats: i
     """GPU kernel milliseconds per call (all kernels of one call summed), via CUPTI."""
     from jax.experimental.mosaic.gpu import profiler
 
-    per_set = max(1, repeats // len(arg_sets))
+    per_set = max(1, -(-repeats // len(arg_sets)))  # ceil: at least ``repeats`` samples in all
     samples: list[float] = []
     measured = profiler.measure(compiled, iterations=per_set)
     for args in arg_sets:
