@@ -32,9 +32,17 @@ def run(out_dir, label, quick, sections):
         bad = [s for s in chosen if s not in STEPS]
         if bad:
             raise click.BadParameter(f"unknown section(s) {', '.join(bad)}; choose from {', '.join(STEPS)}", param_hint="--sections")
-    with console.status("starting") as status:
-        done = run_lab(out_dir, label=label, quick=quick, sections=chosen,
-                       progress=lambda sid: status.update(f"running step [bold]{sid}[/]"))
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as prog:
+        task = prog.add_task("attnlab run", total=len(chosen or STEPS))
+
+        def progress(sid, i, n):
+            prog.update(task, completed=i, description=f"step {sid}")
+
+        done = run_lab(out_dir, label=label, quick=quick, sections=chosen, progress=progress)
+        prog.update(task, completed=len(done), description="done")
     t = RichTable(title=f"attnlab run → {out_dir}/report.html")
     t.add_column("step")
     t.add_column("status")

@@ -115,3 +115,9 @@ def _mode(mode: str) -> str:
     if mode not in ("fwd", "bwd", "fwd+bwd"):
         raise ValueError(f"mode must be 'fwd', 'bwd' or 'fwd+bwd', got {mode!r}")
     return mode
+
+
+def kv_cache_bytes(*, layers: int, kv_heads: int, head_dim: int, context: int, batch: int = 1,
+                   dtype: str = "bfloat16") -> int:
+    """Bytes of key + value cache for a model: 2 * layers * kv_heads * head_dim * itemsize per token."""
+    return 2 * layers * kv_heads * head_dim * _itemsize(dtype) * context * batch

@@ -1,8 +1,12 @@
-"""The pieces a lab step returns: a section of the report with text, tables and plots."""
+"""The pieces a lab step works with and returns: its context, and a section of the report."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
+
+from ..measure import Cell, Options, measure_cell
+from ..store import ResultStore
 
 
 @dataclasses.dataclass
@@ -32,7 +36,7 @@ class Section:
 
 @dataclasses.dataclass
 class LabConfig:
-    """Sizes the lab runs at; ``full`` on a GPU, scaled down on a CPU."""
+    """Sizes the lab runs at: full on a GPU, scaled down on a CPU, smallest with ``quick``."""
 
     batch: int = 4
     q_len: int = 128
@@ -40,3 +44,48 @@ class LabConfig:
     head_dim: int = 64
     quick: bool = False
     gpu: bool = False
+
+    @property
+    def perf_dtype(self) -> str:
+        """The dtype the performance steps use: bf16 on a GPU (where the fast paths are), f32 on a CPU."""
+        return "bfloat16" if self.gpu else "float32"
+
+    @property
+    def seq_lens(self) -> list[int]:
+        if self.gpu:
+            return [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384] if not self.quick else [128, 1024, 4096]
+        return [64, 128, 256, 512, 1024] if not self.quick else [64, 128, 256]
+
+    @property
+    def batches(self) -> list[int]:
+        return [1, 2, 4, 8, 16] if not self.quick else [1, 4]
+
+    @property
+    def options(self) -> Options:
+        if self.gpu:
+            return Options(repeats=10 if self.quick else 30, compile_budget_s=240)
+        return Options(repeats=2 if self.quick else 3, warmup=1, pipelined_calls=3, max_input_sets=1, compile_budget_s=120)
+
+
+@dataclasses.dataclass
+class LabContext:
+    cfg: LabConfig
+    out_dir: str
+    store: ResultStore
+    env: dict                  # the short env stored with each record
+    env_full: dict = dataclasses.field(default_factory=dict)
+    label: str | None = None
+    shared: dict = dataclasses.field(default_factory=dict)  # results one step hands to a later one
+
+    @property
+    def plots_dir(self) -> str:
+        d = os.path.join(self.out_dir, "plots")
+        os.makedirs(d, exist_ok=True)
+        return d
+
+    def measure(self, cell: Cell, step: str, options: Options | None = None) -> dict:
+        """Measure one cell with the engine and store its record (tagged with the step)."""
+        rec = measure_cell(cell, options or self.cfg.options)
+        rec.update(kind="cell", step=step, label=self.label, env=self.env)
+        self.store.append(rec)
+        return rec

@@ -5,21 +5,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import api, backends, device, env as envmod
+from .. import api, backends
 from ..backends.cudnn import hlo_uses_cudnn
-from ..errors import UnsupportedError
 from ..inputs import random_qkv
 from ..reference import check_close, reference_attention
 from ..spec import prepare
-from .core import LabConfig, Section, Table
+from .core import LabConfig, LabContext, Section, Table
 
 
 def _qkv(cfg: LabConfig, dtype="float32", seed=0):
     return random_qkv(cfg.batch, cfg.q_len, cfg.q_len, cfg.heads, cfg.heads, cfg.head_dim, dtype, seed)
 
 
-def step_environment(cfg: LabConfig) -> Section:
-    e = envmod.collect()
+def step_environment(ctx: LabContext) -> Section:
+    cfg = ctx.cfg
+    e = ctx.env_full
     s = Section("environment", "1. Environment and GPU check")
     s.paragraphs.append(f"JAX {e['jax']} (jaxlib {e['jaxlib']}) on {e['device_count']} × {e['device_kind']} "
                         f"({e['platform']}); cuDNN {e['cudnn'] or 'not loaded'}.")
@@ -40,7 +40,8 @@ def step_environment(cfg: LabConfig) -> Section:
     return s
 
 
-def step_qkv(cfg: LabConfig) -> Section:
+def step_qkv(ctx: LabContext) -> Section:
+    cfg = ctx.cfg
     q, k, v = _qkv(cfg)
     s = Section("qkv", "2. Queries, keys and values")
     s.paragraphs.append("Layout BTNH for the query and BSKH for key and value: batch, sequence, heads, head dim. "
@@ -52,7 +53,8 @@ def step_qkv(cfg: LabConfig) -> Section:
     return s
 
 
-def step_naive(cfg: LabConfig) -> Section:
+def step_naive(ctx: LabContext) -> Section:
+    cfg = ctx.cfg
     q, k, v = _qkv(cfg)
     out = jax.jit(lambda q, k, v: api.attention(q, k, v, implementation="naive"))(q, k, v)
     verdict = check_close(out, q, k, v)
@@ -67,7 +69,8 @@ def step_naive(cfg: LabConfig) -> Section:
     return s
 
 
-def step_jax_nn(cfg: LabConfig) -> Section:
+def step_jax_nn(ctx: LabContext) -> Section:
+    cfg = ctx.cfg
     q, k, v = _qkv(cfg)
     naive = jax.jit(lambda q, k, v: api.attention(q, k, v, implementation="naive"))(q, k, v)
     fn = lambda q, k, v: jax.nn.dot_product_attention(q, k, v)  # noqa: E731 - the codelab's call
@@ -84,7 +87,8 @@ def step_jax_nn(cfg: LabConfig) -> Section:
     return s
 
 
-def step_cudnn(cfg: LabConfig) -> Section:
+def step_cudnn(ctx: LabContext) -> Section:
+    cfg = ctx.cfg
     q, k, v = _qkv(cfg, "bfloat16")
     s = Section("cudnn", "5. Forcing cuDNN (bfloat16)")
     spec = prepare(q, k, v).spec
@@ -113,7 +117,8 @@ def step_cudnn(cfg: LabConfig) -> Section:
     return s
 
 
-def step_causal(cfg: LabConfig) -> Section:
+def step_causal(ctx: LabContext) -> Section:
+    cfg = ctx.cfg
     q, k, v = _qkv(cfg)
     full = api.attention(q, k, v)
     causal = api.attention(q, k, v, is_causal=True)
@@ -133,7 +138,7 @@ def step_causal(cfg: LabConfig) -> Section:
     return s
 
 
-STEPS = {
+BASICS = {
     "environment": step_environment,
     "qkv": step_qkv,
     "naive": step_naive,

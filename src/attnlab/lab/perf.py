@@ -1,0 +1,253 @@
+"""The codelab's measuring steps (7-11): timing, sweeps, MHA/GQA/MQA, TransformerEngine + FP8, next steps."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .. import api, backends, device
+from ..measure import Cell
+from ..measure.memory import compiled_memory
+from ..measure.peaks import peak_for_kind, peak_tflops
+from ..reference import default_matmul_is_tf32
+from ..spec import prepare
+from ..sweep.engine import time_ms
+from ..workload import kv_cache_bytes
+from . import plots
+from .core import LabContext, Section, Table
+
+
+def _fmt(x, spec=".4g"):
+    return "–" if x is None else format(x, spec)
+
+
+def _status_or(rec, text):
+    return text if rec["status"] == "ok" else f"{rec['status']}: {(rec['reason'] or '')[:80]}"
+
+
+def _perf_backends(ctx: LabContext) -> list[str]:
+    return ["naive", "xla", "cudnn"] if ctx.cfg.gpu else ["naive", "xla"]
+
+
+def _timer_note(recs) -> str:
+    if any(r.get("timer") == "cupti" for r in recs):
+        return "Times are GPU kernel time measured with CUPTI (median of the repeats), compile time apart."
+    return "No GPU here: times are host wall clock around each blocked call (no CUPTI), compile time apart."
+
+
+def step_timing(ctx: LabContext) -> Section:
+    c = ctx.cfg
+    paths = [("naive", "float32"), ("xla", "float32"), ("xla", "bfloat16"), ("cudnn", "bfloat16")]
+    recs = [ctx.measure(Cell(b, c.batch, c.q_len, c.q_len, c.heads, c.heads, c.head_dim, dt), "timing") for b, dt in paths]
+    s = Section("timing", f"7. Timing at the default shape (B={c.batch}, T={c.q_len}, N={c.heads}, H={c.head_dim})")
+    s.tables.append(Table("Kernel time and wall time side by side (ms)",
+                          ["path", "dtype", "kernel (CUPTI)", "wall per blocked call", "pipelined wall", "dispatch = wall − kernel", "compile s", "status"],
+                          [[r["backend"], r["dtype"], _fmt(r["kernel_ms"]), _fmt(r["wall_ms"]), _fmt(r["pipelined_ms"]),
+                            _fmt(r["dispatch_ms"]), _fmt(r["compile_s"], ".3g"), _status_or(r, "ok")] for r in recs]))
+    ok = [r for r in recs if r["status"] == "ok"]
+    if any(r["kernel_ms"] for r in ok):
+        worst = max((r for r in ok if r["kernel_ms"]), key=lambda r: r["wall_ms"] / r["kernel_ms"])
+        s.paragraphs.append(f"The lesson: at this size a blocked call's wall time is dispatch, not attention. "
+                            f"{worst['backend']} {worst['dtype']}: kernels {worst['kernel_ms'] * 1e3:.1f} µs inside a "
+                            f"{worst['wall_ms'] * 1e3:.1f} µs call ({worst['wall_ms'] / worst['kernel_ms']:.0f}×).")
+    else:
+        s.paragraphs.append("No GPU: only wall time can be measured here, and at this size it includes Python and "
+                            "dispatch overhead. On an NVIDIA GPU the same step reports CUPTI kernel time beside it.")
+    s.paragraphs.append(_timer_note(recs))
+    if ok:
+        labels = [f"{r['backend']} {r['dtype']}" for r in ok]
+        s.plots.append(plots.bars(labels, [r["wall_ms"] for r in ok], plots.path_in(ctx.plots_dir, "timing_wall.png"),
+                                  title="wall ms per blocked call", ylabel="ms"))
+        if any(r["kernel_ms"] for r in ok):
+            s.plots.append(plots.bars(labels, [r["kernel_ms"] or 0 for r in ok], plots.path_in(ctx.plots_dir, "timing_kernel.png"),
+                                      title="CUPTI kernel ms per call", ylabel="ms"))
+    s.facts = {f"{r['backend']}_{r['dtype']}": {"kernel_ms": r["kernel_ms"], "wall_ms": r["wall_ms"], "status": r["status"]} for r in recs}
+    return s
+
+
+def _sweep_table(recs, x: str, title: str):
+    bes = list(dict.fromkeys(r["backend"] for r in recs))
+    xs = sorted({r[x] for r in recs})
+    rows = []
+    for xv in xs:
+        row = [xv]
+        for b in bes:
+            r = next((r for r in recs if r[x] == xv and r["backend"] == b), None)
+            row.append("" if r is None else _status_or(r, f"{time_ms(r):.4g} ms · {r['tflops']:.3g} TF/s"))
+        rows.append(row)
+    return Table(title, [x] + bes, rows)
+
+
+def step_sweeps(ctx: LabContext) -> Section:
+    c = ctx.cfg
+    dt = c.perf_dtype
+    s = Section("sweeps", "8. Sequence-length and batch sweeps")
+    seq = [ctx.measure(Cell(b, c.batch, T, T, c.heads, c.heads, c.head_dim, dt), "seq_sweep")
+           for T in c.seq_lens for b in _perf_backends(ctx)]
+    bat = [ctx.measure(Cell(b, B, 256, 256, c.heads, c.heads, c.head_dim, dt), "batch_sweep")
+           for B in c.batches for b in _perf_backends(ctx)]
+    ctx.shared["seq_sweep"] = seq
+    s.tables.append(_sweep_table(seq, "q_len", f"Sequence sweep (B={c.batch}, N={c.heads}, H={c.head_dim}, {dt})"))
+    s.tables.append(_sweep_table(bat, "batch", f"Batch sweep (T=S=256, N={c.heads}, H={c.head_dim}, {dt})"))
+    info = device.current()
+    pk = peak_tflops(info.kind, dt, tf32=default_matmul_is_tf32())
+    p = peak_for_kind(info.kind)
+    d = ctx.plots_dir
+    for made in (
+        plots.line_plot(seq, "q_len", "time", plots.path_in(d, "latency_vs_seq.png"), title="latency vs sequence length",
+                        xlabel="T = S", ylabel="ms"),
+        plots.line_plot(seq, "q_len", "tflops", plots.path_in(d, "tflops_vs_seq.png"), title="TFLOP/s vs sequence length",
+                        xlabel="T = S", ylabel="TFLOP/s", logy=False, hline=pk, hline_label=f"{info.kind} peak {pk} TFLOP/s" if pk else None),
+        plots.line_plot(bat, "batch", "time", plots.path_in(d, "batch_sweep.png"), title="batch sweep at T = 256",
+                        xlabel="batch", ylabel="ms"),
+        plots.roofline(seq + bat, plots.path_in(d, "roofline.png"), peak_tflops=pk, peak_tbps=p.hbm_tbps if p else None,
+                       title=f"roofline ({info.kind})"),
+    ):
+        if made:
+            s.plots.append(made)
+    s.paragraphs.append(_timer_note(seq))
+    if not pk:
+        s.paragraphs.append(f"No datasheet peak is known for {info.kind}, so the plots show no roof.")
+    best = {}
+    for r in seq:
+        if r["status"] == "ok":
+            best[r["backend"]] = max(best.get(r["backend"], 0), r["tflops"])
+    s.facts = {"best_tflops": best, "cells": len(seq) + len(bat),
+               "failed_cells": sum(r["status"] != "ok" for r in seq + bat)}
+    return s
+
+
+def step_gqa(ctx: LabContext) -> Section:
+    c = ctx.cfg
+    dt = c.perf_dtype
+    T = 2048 if c.gpu else 256
+    N = 32 if c.gpu else c.heads
+    variants = [("MHA", N), ("GQA", max(1, N // 4)), ("MQA", 1)]
+    s = Section("gqa", "9. MHA, GQA and MQA")
+    rows, recs = [], []
+    for name, K in variants:
+        for b in _perf_backends(ctx)[1:]:  # xla (and cudnn on a GPU)
+            r = ctx.measure(Cell(b, c.batch, T, T, N, K, c.head_dim, dt, True), "gqa")
+            recs.append(r)
+            rows.append([name, b, f"({c.batch}, {T}, {N}, {c.head_dim})", f"({c.batch}, {T}, {K}, {c.head_dim})",
+                         _fmt(r["rel_err"], ".2e"), _status_or(r, f"{time_ms(r):.4g} ms"),
+                         f"{2 * K * c.head_dim * jnp.dtype(dt).itemsize} B"])
+    s.tables.append(Table(f"Query heads N={N}; key/value heads K (causal, T=S={T}, {dt})",
+                          ["variant", "backend", "query shape", "key/value shape", "rel L2 vs float64", "time", "KV cache / token / layer"], rows))
+    model = dict(layers=32, head_dim=128, context=8192, batch=1, dtype="bfloat16")
+    calc = []
+    for name, K in (("MHA", 32), ("GQA", 8), ("MQA", 1)):
+        total = kv_cache_bytes(kv_heads=K, **model)
+        calc.append([name, K, f"{2 * K * 128 * 2:,}", f"{total / 2**30:.2f} GiB", f"{kv_cache_bytes(kv_heads=32, **model) / total:.0f}×"])
+    s.tables.append(Table("KV-cache calculator: a 32-layer model with 32 query heads of dim 128, bf16, context 8192, batch 1",
+                          ["variant", "K", "bytes / token / layer", "cache at 8192 tokens", "saved vs MHA"], calc))
+    s.paragraphs.append("GQA lets G = N/K query heads share one key/value head: same FLOPs as MHA, K/N of the "
+                        "key/value memory and bandwidth. attnlab broadcasts key/value heads rather than copying them.")
+    s.facts = {"cells": [{k: r[k] for k in ("backend", "kv_heads", "status", "rel_err")} for r in recs]}
+    if any(r["status"] == "incorrect" for r in recs):
+        s.status, s.reason = "failed", "a GQA/MQA path disagreed with the float64 reference"
+    return s
+
+
+def step_te_fp8(ctx: LabContext) -> Section:
+    c = ctx.cfg
+    s = Section("te_fp8", "10. TransformerEngine and FP8")
+    known = backends.names()
+    te = backends.get("te") if "te" in known else None
+    te_why = "the 'te' backend is not registered" if te is None else te.available()
+    seqs = [128, 256, 512, 1024, 2048] + ([4096, 8192, 16384] if c.gpu and not c.quick else [])
+    if te_why:
+        s.paragraphs.append(f"TransformerEngine: skipped — {te_why}.")
+    else:
+        recs = [ctx.measure(Cell(b, c.batch, T, T, c.heads, c.heads, c.head_dim, "bfloat16", True), "te")
+                for T in seqs for b in ("te", "xla", "cudnn")]
+        s.tables.append(_sweep_table(recs, "q_len", "TransformerEngine DotProductAttention vs XLA vs cuDNN (bf16, causal)"))
+        made = plots.line_plot(recs, "q_len", "time", plots.path_in(ctx.plots_dir, "te_latency.png"),
+                               title="TransformerEngine vs XLA vs cuDNN (bf16 causal)", xlabel="T = S", ylabel="ms")
+        if made:
+            s.plots.append(made)
+    fp8_rows = []
+    for name in ("te-fp8", "cudnn-fp8"):
+        b = backends.get(name) if name in known else None
+        why = "not registered" if b is None else b.available()
+        if why:
+            fp8_rows.append([name, "skipped", why, "", "", ""])
+            continue
+        for T in ([1024, 4096] if c.gpu else [256]):
+            r8 = ctx.measure(Cell(name, c.batch, T, T, c.heads, c.heads, 128, "bfloat16", True), "fp8")
+            r16 = ctx.measure(Cell("cudnn", c.batch, T, T, c.heads, c.heads, 128, "bfloat16", True), "fp8")
+            sp = time_ms(r16) / time_ms(r8) if r8["status"] == "ok" and r16["status"] == "ok" else None
+            fp8_rows.append([name, f"T={T}", _status_or(r8, f"{time_ms(r8):.4g} ms"), _fmt(r8["rel_err"], ".2e"),
+                             _status_or(r16, f"{time_ms(r16):.4g} ms") + f" (rel L2 {_fmt(r16['rel_err'], '.2e')})", _fmt(sp, ".2f")])
+    s.tables.append(Table("FP8 attention (bf16 in and out, causal, H=128)",
+                          ["path", "shape", "FP8 time", "FP8 rel L2 vs float64", "cuDNN bf16", "speed-up"], fp8_rows))
+    s.paragraphs.append("TransformerEngine-JAX's te.autocast (FP8) does not change DotProductAttention: on the H200 its "
+                        "outputs are bit-identical and its time the same, so 'te-fp8' reports whether FP8 engaged. "
+                        "The FP8 attention that exists in JAX is cuDNN's (cudnn-fp8).")
+    if te_why and all(r[1] == "skipped" for r in fp8_rows):
+        s.status, s.reason = "skipped", f"TransformerEngine: {te_why}; FP8: " + "; ".join(f"{r[0]}: {r[2]}" for r in fp8_rows)
+    return s
+
+
+def _compiled_temp(backend: str, T: int, c, dt) -> dict:
+    shapes = [jax.ShapeDtypeStruct((c.batch, T, c.heads, c.head_dim), dt) for _ in range(3)]
+    spec = prepare(*shapes).spec
+    why = backends.get(backend).why_not(spec)
+    if why:
+        return {"status": "unsupported", "reason": f"{backend}: {why}", "temp_bytes": None}
+    try:
+        comp = jax.jit(lambda q, k, v: api.attention(q, k, v, implementation=backend)).lower(*shapes).compile()
+    except Exception as e:  # noqa: BLE001
+        return {"status": "compile_error", "reason": f"{type(e).__name__}: {e}"[:200], "temp_bytes": None}
+    return {"status": "ok", "reason": None, **compiled_memory(comp)}
+
+
+def step_next(ctx: LabContext) -> Section:
+    c = ctx.cfg
+    dt = c.perf_dtype
+    s = Section("next", "11. Next steps: head dims, memory, speed-ups")
+    T = 2048 if c.gpu else 256
+    rows = []
+    for H in (32, 64, 128, 256, 512):
+        q = jax.ShapeDtypeStruct((c.batch, T, c.heads, H), "bfloat16")
+        why = backends.get("cudnn").why_not(prepare(q, q, q).spec)
+        rec = ctx.measure(Cell("xla", c.batch, T, T, c.heads, c.heads, H, dt), "head_dim")
+        cud = ctx.measure(Cell("cudnn", c.batch, T, T, c.heads, c.heads, H, "bfloat16"), "head_dim") if not why else None
+        rows.append([H, "yes" if not why else f"no: {why}", _status_or(rec, f"{time_ms(rec):.4g} ms"),
+                     "" if cud is None else _status_or(cud, f"{time_ms(cud):.4g} ms")])
+    s.tables.append(Table(f"Head-dim sweep (B={c.batch}, T=S={T}, N={c.heads})", ["H", "cuDNN accepts (bf16)", f"XLA {dt}", "cuDNN bf16"], rows))
+    seqs = c.seq_lens + ([32768] if c.gpu and not c.quick else [])
+    mem = []
+    for T_ in seqs:
+        for b in _perf_backends(ctx):
+            m = _compiled_temp(b, T_, c, "bfloat16" if b == "cudnn" else dt)
+            m.update(backend=b, q_len=T_)
+            mem.append(m)
+            ctx.store.append({"kind": "memory", "step": "next", "backend": b, "q_len": T_, "batch": c.batch,
+                              "heads": c.heads, "head_dim": c.head_dim, **{k: m.get(k) for k in ("status", "reason", "temp_bytes", "peak_bytes")}, "env": ctx.env})
+    bes = _perf_backends(ctx)
+    s.tables.append(Table(f"Compiled temp memory (MiB), B={c.batch}, N={c.heads}, H={c.head_dim}", ["T = S"] + bes,
+                          [[T_] + [next((_fmt(m["temp_bytes"] / 2**20, ".4g") if m["temp_bytes"] is not None else m["status"])
+                                        for m in mem if m["q_len"] == T_ and m["backend"] == b) for b in bes] for T_ in seqs]))
+    made = plots.memory_plot([m for m in mem if m["status"] == "ok"], plots.path_in(ctx.plots_dir, "memory_vs_seq.png"),
+                             title="compiled temp memory: quadratic for naive/XLA, flat for fused kernels")
+    if made:
+        s.plots.append(made)
+    seq = ctx.shared.get("seq_sweep", [])
+    ratios = []
+    for T_ in sorted({r["q_len"] for r in seq}):
+        by = {r["backend"]: r for r in seq if r["q_len"] == T_ and r["status"] == "ok"}
+        if "xla" in by:
+            row = [T_] + [_fmt(time_ms(by["xla"]) / time_ms(by[b]), ".2f") if b in by else "–" for b in bes if b != "xla"]
+            ratios.append(row)
+    if ratios:
+        s.tables.append(Table("Speed-up over XLA from the sequence sweep (XLA time / path time)", ["T = S"] + [b for b in bes if b != "xla"], ratios))
+    return s
+
+
+PERF = {
+    "timing": step_timing,
+    "sweeps": step_sweeps,
+    "gqa": step_gqa,
+    "te_fp8": step_te_fp8,
+    "next": step_next,
+}
