@@ -30,9 +30,14 @@ def test_run_writes_report_and_results(tmp_path):
     r = CliRunner().invoke(main, ["run", "--out", str(out), "--label", "<b>ci & test</b>", "--quick"])
     assert r.exit_code == 0, r.output
     recs = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    steps = [x["step"] for x in recs]
-    assert steps[:6] == ["environment", "qkv", "naive", "jax_nn", "cudnn", "causal"]
-    assert all(x["status"] in ("ok", "skipped") for x in recs)
+    steps = [x for x in recs if x["kind"] == "lab_step"]
+    assert [x["step"] for x in steps] == ["environment", "qkv", "naive", "jax_nn", "cudnn", "causal",
+                                          "timing", "sweeps", "gqa", "te_fp8", "next"]
+    assert all(x["status"] in ("ok", "skipped") for x in steps), [(x["step"], x["reason"]) for x in steps]
+    cells = [x for x in recs if x["kind"] == "cell"]
+    assert cells and all(x["status"] in ("ok", "unsupported") for x in cells)
+    assert all(x["status"] == "ok" for x in cells if x["backend"] in ("naive", "xla"))
+    assert len(list((out / "plots").glob("*.png"))) >= 5
     html = (out / "report.html").read_text()
     assert "&lt;b&gt;ci &amp; test&lt;/b&gt;" in html and "<b>ci" not in html
     assert (out / "results.csv").read_text().startswith("kind,")

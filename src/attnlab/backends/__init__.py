@@ -38,10 +38,11 @@ def all_backends() -> list[Backend]:
 
 def _register_builtins() -> None:
     from .cudnn import CudnnBackend
+    from .cudnn_fp8 import CudnnFp8Backend, CudnnFp8UnitBackend
     from .naive import NaiveBackend
     from .xla import XlaBackend
 
-    for b in (NaiveBackend(), XlaBackend(), CudnnBackend()):
+    for b in (NaiveBackend(), XlaBackend(), CudnnBackend(), CudnnFp8Backend(), CudnnFp8UnitBackend()):
         register(b)
 
 

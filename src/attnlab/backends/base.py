@@ -17,6 +17,11 @@ class Backend:
     #: True when the backend's output is the same computation on every platform, so
     #: auto-selection may use it as a last resort.
     portable: bool = False
+    #: True when only the forward pass exists (no gradient): sweeps record fwd+bwd/bwd as unsupported.
+    forward_only: bool = False
+    #: A fixed relative-L2 limit replacing the dtype policy (low-precision paths such as FP8), with its rule.
+    rel_l2_limit: float | None = None
+    rel_l2_rule: str | None = None
 
     def available(self) -> str | None:
         return None

@@ -172,12 +172,14 @@ def _functions(cell: Cell):
     return fwd, lambda vjp_fn, ct: vjp_fn(ct), make_bwd_args
 
 
-def _check_forward(fwd, q, k, v, cell: Cell, rows: int = 128) -> dict:
+def _check_forward(fwd, q, k, v, cell: Cell, rows: int = 128, backend=None) -> dict:
     """Compare a slice of the output (first and last query rows, <= 2 batch elements) with float64."""
     out = jax.jit(fwd)(q, k, v)
     b = min(cell.batch, 2)
     T = cell.q_len
     kw = dict(is_causal=cell.causal, local_window_size=cell.window)
+    if backend is not None and backend.rel_l2_limit:
+        kw.update(limit=backend.rel_l2_limit, rule=backend.rel_l2_rule)
     slices = [(0, min(T, rows))] + ([(T - rows, T)] if T > 2 * rows else [(min(T, rows), T)] if T > rows else [])
     verdicts = []
     for lo, hi in slices:
@@ -230,6 +232,8 @@ def measure_cell(cell: Cell, opts: Options | None = None) -> dict:
         why = backend.why_not(prepare(q0, k0, v0, is_causal=cell.causal, local_window_size=cell.window).spec)
         if why:
             raise _Skip("unsupported", f"{cell.backend}: {why}")
+        if backend.forward_only and cell.mode != "fwd":
+            raise _Skip("unsupported", f"{cell.backend}: forward only, no backward pass")
         fwd, timed, make_args = _functions(cell)
         cts = [jax.random.normal(jax.random.key(opts.seed + 100 + i), q.shape, jnp.float32) for i, (q, _, _) in enumerate(sets)]
         try:
@@ -249,7 +253,7 @@ def measure_cell(cell: Cell, opts: Options | None = None) -> dict:
             raise _Skip("oom", f"compiled peak {rec['peak_bytes']} bytes > device limit {limit} bytes; not run")
         if opts.check:
             try:
-                chk = _check_forward(fwd, q0, k0, v0, cell)
+                chk = _check_forward(fwd, q0, k0, v0, cell, backend=backend)
                 if cell.mode != "fwd":
                     grads = compiled(*arg_sets[0])
                     chk.update(_check_grads(grads, q0, k0, v0, cts[0], cell))
