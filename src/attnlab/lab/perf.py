@@ -6,6 +6,7 @@ import jax.numpy as jnp
 
 from .. import api, backends, device
 from ..measure import Cell
+from ..measure.cell import classify
 from ..measure.memory import compiled_memory
 from ..measure.peaks import peak_for_kind, peak_tflops
 from ..reference import default_matmul_is_tf32
@@ -197,7 +198,8 @@ def _compiled_temp(backend: str, T: int, c, dt) -> dict:
     try:
         comp = jax.jit(lambda q, k, v: api.attention(q, k, v, implementation=backend)).lower(*shapes).compile()
     except Exception as e:  # noqa: BLE001
-        return {"status": "compile_error", "reason": f"{type(e).__name__}: {e}"[:200], "temp_bytes": None}
+        status, reason = classify(e, "compile")
+        return {"status": status, "reason": reason, "temp_bytes": None}
     return {"status": "ok", "reason": None, **compiled_memory(comp)}
 
 
