@@ -40,9 +40,16 @@ def _register_builtins() -> None:
     from .cudnn import CudnnBackend
     from .cudnn_fp8 import CudnnFp8Backend, CudnnFp8UnitBackend
     from .naive import NaiveBackend
+    from .pallas import PallasMosaicBackend, PallasTritonBackend
+    from .te import TeBackend, TeFp8Backend
+    from .tokamax_ import TokamaxBackend
+    from .torch_sdpa import TorchSdpaBackend
     from .xla import XlaBackend
 
-    for b in (NaiveBackend(), XlaBackend(), CudnnBackend(), CudnnFp8Backend(), CudnnFp8UnitBackend()):
+    for b in (NaiveBackend(), XlaBackend(), CudnnBackend(), CudnnFp8Backend(), CudnnFp8UnitBackend(),
+              TeBackend(), TeFp8Backend(), TokamaxBackend("mosaic"), TokamaxBackend("triton"),
+              PallasTritonBackend(), PallasMosaicBackend(), TorchSdpaBackend("flash"), TorchSdpaBackend("cudnn"),
+              TorchSdpaBackend("efficient")):
         register(b)
 
 

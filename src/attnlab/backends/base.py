@@ -33,6 +33,12 @@ class Backend:
         """``available()`` then ``supports(spec)``: the first reason this backend cannot run."""
         return self.available() or self.supports(spec)
 
+    def mode_reason(self, spec: AttentionSpec, mode: str) -> str | None:
+        """Why this backend cannot run ``mode`` ("fwd", "fwd+bwd", "bwd") on ``spec``, or None."""
+        if self.forward_only and mode != "fwd":
+            return "forward only, no backward pass"
+        return None
+
     def run(self, p: Prepared):
         """Compute attention on normalised 4-D inputs; returns (B, T, N, H)."""
         raise NotImplementedError

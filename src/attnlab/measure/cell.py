@@ -172,9 +172,9 @@ def _functions(cell: Cell):
     return fwd, lambda vjp_fn, ct: vjp_fn(ct), make_bwd_args
 
 
-def _check_forward(fwd, q, k, v, cell: Cell, rows: int = 128, backend=None) -> dict:
+def _check_forward(fwd, q, k, v, cell: Cell, rows: int = 128, backend=None, jit: bool = True) -> dict:
     """Compare a slice of the output (first and last query rows, <= 2 batch elements) with float64."""
-    out = jax.jit(fwd)(q, k, v)
+    out = jax.jit(fwd)(q, k, v) if jit else fwd(q, k, v)
     b = min(cell.batch, 2)
     T = cell.q_len
     kw = dict(is_causal=cell.causal, local_window_size=cell.window)
@@ -229,11 +229,16 @@ def measure_cell(cell: Cell, opts: Options | None = None) -> dict:
             raise _Skip(*classify(e, "run"))
         rec["input_sets"] = len(sets)
         q0, k0, v0 = sets[0]
-        why = backend.why_not(prepare(q0, k0, v0, is_causal=cell.causal, local_window_size=cell.window).spec)
+        spec = prepare(q0, k0, v0, is_causal=cell.causal, local_window_size=cell.window).spec
+        why = backend.why_not(spec)
         if why:
             raise _Skip("unsupported", f"{cell.backend}: {why}")
-        if backend.forward_only and cell.mode != "fwd":
-            raise _Skip("unsupported", f"{cell.backend}: forward only, no backward pass")
+        why_mode = backend.mode_reason(spec, cell.mode)
+        if why_mode:
+            raise _Skip("unsupported", f"{cell.backend}: {why_mode}")
+        if getattr(backend, "native", False):
+            _measure_native(backend, cell, spec, sets, opts, rec, info)
+            return _finish(rec, t_start)
         fwd, timed, make_args = _functions(cell)
         cts = [jax.random.normal(jax.random.key(opts.seed + 100 + i), q.shape, jnp.float32) for i, (q, _, _) in enumerate(sets)]
         try:
@@ -277,21 +282,52 @@ def measure_cell(cell: Cell, opts: Options | None = None) -> dict:
         except Exception as e:  # noqa: BLE001
             raise _Skip(*classify(e, "run"))
         rec["runtime_peak_bytes"] = memory.runtime_peak_bytes()
-        t_ms = rec["kernel_ms"] if rec["kernel_ms"] is not None else rec["wall_ms"]
-        if rec["kernel_ms"] is not None:
-            rec["dispatch_ms"] = rec["wall_ms"] - rec["kernel_ms"]
-        rec["tflops"] = rec["flops"] / (t_ms * 1e-3) / 1e12
-        rec["gbps"] = rec["bytes"] / (t_ms * 1e-3) / 1e9
-        pk = peaks.peak_tflops(info.kind, cell.dtype, tf32=default_matmul_is_tf32())
-        rec["peak_tflops"] = pk
-        rec["pct_peak"] = 100 * rec["tflops"] / pk if pk else None
-        ceil = peaks.load_ceilings(info.kind)
-        if ceil and cell.dtype in ("bfloat16", "float16"):
-            rec["pct_ceiling"] = 100 * rec["tflops"] / ceil["matmul_tflops"]
+        _metrics(rec, cell, info)
     except _Skip as s:
         rec["status"], rec["reason"] = s.status, s.reason
     except Exception as e:  # noqa: BLE001 - a failing cell must never stop a sweep
         rec["status"], rec["reason"] = "runtime_error", _short(f"{type(e).__name__}: {e} | {traceback.format_exc(limit=2)}")
+    return _finish(rec, t_start)
+
+
+def _metrics(rec: dict, cell: Cell, info) -> None:
+    """TFLOP/s, GB/s and % of peak from the record's headline time (kernel time where measured)."""
+    t_ms = rec["kernel_ms"] if rec["kernel_ms"] is not None else rec["wall_ms"]
+    if rec["kernel_ms"] is not None and rec["wall_ms"] is not None:
+        rec["dispatch_ms"] = rec["wall_ms"] - rec["kernel_ms"]
+    rec["tflops"] = rec["flops"] / (t_ms * 1e-3) / 1e12
+    rec["gbps"] = rec["bytes"] / (t_ms * 1e-3) / 1e9
+    pk = peaks.peak_tflops(info.kind, cell.dtype, tf32=default_matmul_is_tf32())
+    rec["peak_tflops"] = pk
+    rec["pct_peak"] = 100 * rec["tflops"] / pk if pk else None
+    ceil = peaks.load_ceilings(info.kind)
+    if ceil and cell.dtype in ("bfloat16", "float16"):
+        rec["pct_ceiling"] = 100 * rec["tflops"] / ceil["matmul_tflops"]
+
+
+def _measure_native(backend, cell: Cell, spec, sets, opts: Options, rec: dict, info) -> None:
+    """A backend outside JAX (PyTorch): check its output on the same inputs, then its own timer."""
+    q0, k0, v0 = sets[0]
+    scale = 1.0 / math.sqrt(cell.head_dim)
+    try:
+        if opts.check:
+            out_fn = lambda q, k, v: backend.output_numpy(q, k, v, spec, scale)  # noqa: E731
+            chk = _check_forward(out_fn, q0, k0, v0, cell, backend=backend, jit=False)
+            rec.update(rel_err=chk["rel_err"], max_abs_err=chk["max_abs_err"], tolerance=chk["rule"],
+                       checked_rows=chk.get("checked_rows"))
+            if not chk["ok"]:
+                raise _Skip("incorrect", f"rel L2 {chk['rel_err']:.3g} over the limit ({chk['rule']})")
+        repeats = opts.repeats or 20
+        rec["repeats"] = repeats
+        rec.update(backend.measure_native(spec, scale, sets, repeats, opts.warmup))
+    except _Skip:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise _Skip(*classify(e, "run"))
+    _metrics(rec, cell, info)
+
+
+def _finish(rec: dict, t_start: float) -> dict:
     if rec["status"] != "ok":
         for k_ in ("kernel_ms", "wall_ms", "pipelined_ms", "dispatch_ms", "tflops", "gbps", "pct_peak", "pct_ceiling"):
             rec[k_] = None

@@ -1,0 +1,67 @@
+"""JAX's own Pallas GPU kernels: the Triton FlashAttention (``mha``) and the Mosaic GPU FA3 kernel."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from ..spec import AttentionSpec, Prepared
+from . import _optional
+from .base import Backend
+
+
+class PallasTritonBackend(Backend):
+    name = "pallas-triton"
+    description = "jax.experimental.pallas.ops.gpu.attention.mha (Pallas Triton FlashAttention-2)"
+    block = 128
+
+    def available(self) -> str | None:
+        return _optional.needs_nvidia() or _optional.missing("jax.experimental.pallas.ops.gpu.attention", "cuda13")
+
+    def supports(self, spec: AttentionSpec) -> str | None:
+        if spec.dtype not in ("float16", "bfloat16", "float32"):
+            return f"dtype {spec.dtype} not supported"
+        if spec.kv_heads != spec.heads:
+            return f"needs as many key/value heads as query heads (K={spec.kv_heads}, N={spec.heads})"
+        for name, n in (("T", spec.q_len), ("S", spec.kv_len)):
+            if n % min(self.block, n):
+                return f"{name}={n} must be a multiple of the block size {self.block}"
+        return _optional.simple_masks_only(spec, "pallas-triton")
+
+    def run(self, p: Prepared):
+        from jax.experimental.pallas.ops.gpu import attention as pl_attention
+
+        return pl_attention.mha(p.query, p.key, p.value, None, sm_scale=float(p.scale), causal=p.spec.is_causal)
+
+
+class PallasMosaicBackend(Backend):
+    name = "pallas-mosaic"
+    description = "jax.experimental.pallas.ops.gpu.attention_mgpu (Pallas Mosaic GPU FlashAttention-3, Hopper)"
+    block_q, block_kv = 64, 128
+
+    def available(self) -> str | None:
+        return _optional.needs_nvidia((9, 0)) or _optional.missing("jax.experimental.pallas.ops.gpu.attention_mgpu", "cuda13")
+
+    def supports(self, spec: AttentionSpec) -> str | None:
+        if spec.dtype != "float16":
+            return f"dtype {spec.dtype} not supported (the kernel takes float16 only)"
+        if spec.head_dim % 64 or spec.head_dim > 256:
+            return f"head dim {spec.head_dim} must be a multiple of 64 and <= 256"
+        if spec.is_causal and spec.q_len != spec.kv_len:
+            return f"causal needs T == S, got T={spec.q_len}, S={spec.kv_len}"
+        if spec.q_len % (2 * self.block_q):
+            return f"T={spec.q_len} must be a multiple of {2 * self.block_q}"
+        if spec.kv_len % self.block_kv:
+            return f"S={spec.kv_len} must be a multiple of {self.block_kv}"
+        return _optional.simple_masks_only(spec, "pallas-mosaic")
+
+    def mode_reason(self, spec: AttentionSpec, mode: str) -> str | None:
+        if mode != "fwd" and spec.is_causal:
+            return "its backward pass has no causal mode"
+        return None
+
+    def run(self, p: Prepared):
+        from jax.experimental.pallas.ops.gpu import attention_mgpu as mgpu
+
+        cfg = mgpu.TuningConfig(block_q=self.block_q, block_kv=self.block_kv, max_concurrent_steps=2,
+                                causal=p.spec.is_causal, block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
+        q = (p.query.astype(jnp.float32) * p.scale).astype(p.query.dtype)  # the kernel applies no scale
+        return mgpu.attention(q, p.key, p.value, cfg)

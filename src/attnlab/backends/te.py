@@ -1,0 +1,113 @@
+"""NVIDIA TransformerEngine-JAX: ``transformer_engine.jax.flax.DotProductAttention``.
+
+TE takes BSHD (= attnlab's BTNH) inputs, names its mask types ('no_mask', 'causal', 'padding',
+'padding_causal') and uses the opposite mask polarity to jax.nn (True = masked out). TE falls
+back to its unfused JAX attention with only a warning when no fused kernel fits; this backend
+asks TE's own availability check first and refuses instead, so 'te' always means fused TE.
+``te-fp8`` runs the same module under ``te.autocast`` with a DelayedScaling recipe; on the H200
+that leaves DotProductAttention unchanged (no FP8 in the compiled program): ``fp8_engaged`` says so.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from ..spec import AttentionSpec, Prepared
+from . import _optional
+from .base import Backend
+
+FUSED_MARKER = "te_fused_attn_forward"
+
+
+@functools.lru_cache(maxsize=None)
+def _module(heads: int, kv_heads: int, head_dim: int, mask_type: str, scale: float):
+    """One DotProductAttention per configuration (it has no parameters: apply with {})."""
+    from transformer_engine.jax.flax import DotProductAttention
+
+    return DotProductAttention(head_dim=head_dim, num_attention_heads=heads, num_gqa_groups=kv_heads,
+                               attn_mask_type=mask_type, qkv_layout="bshd_bshd_bshd", scale_factor=scale,
+                               transpose_batch_sequence=False, attention_dropout=0.0)
+
+
+def _mask_type(spec: AttentionSpec) -> str:
+    padding = spec.has_q_lengths or spec.has_kv_lengths
+    return {(False, False): "no_mask", (True, False): "causal", (False, True): "padding",
+            (True, True): "padding_causal"}[(spec.is_causal, padding)]
+
+
+class TeBackend(Backend):
+    name = "te"
+    description = "TransformerEngine-JAX DotProductAttention (cuDNN fused attention through TE)"
+
+    def available(self) -> str | None:
+        return _optional.needs_nvidia() or _optional.missing("transformer_engine", "te")
+
+    def version(self) -> str | None:
+        return _optional.dist_version("transformer_engine", "transformer-engine", "transformer_engine_jax")
+
+    def supports(self, spec: AttentionSpec) -> str | None:
+        if spec.dtype not in ("float16", "bfloat16"):
+            return f"dtype {spec.dtype} not supported (float16/bfloat16)"
+        if spec.bias_shape or spec.mask_shape or spec.window:
+            return "attnlab's te backend takes no bias, custom mask or window (no mask, causal, padding)"
+        return self._fused_reason(spec)
+
+    def _fused_reason(self, spec: AttentionSpec) -> str | None:
+        try:
+            from transformer_engine.jax.attention import (AttnBiasType, AttnMaskType, AttnSoftmaxType, QKVLayout,
+                                                          is_fused_attn_kernel_available)
+        except Exception as e:  # noqa: BLE001
+            return f"TransformerEngine's attention module cannot be imported ({type(e).__name__}: {e})"
+        mask = {"no_mask": AttnMaskType.NO_MASK, "causal": AttnMaskType.CAUSAL_MASK, "padding": AttnMaskType.PADDING_MASK,
+                "padding_causal": AttnMaskType.PADDING_CAUSAL_MASK}[_mask_type(spec)]
+        dt = jnp.dtype(spec.dtype)
+        try:
+            ok = all(is_fused_attn_kernel_available(
+                training, spec.batch, dt, dt, QKVLayout.BSHD_BSHD_BSHD, AttnBiasType.NO_BIAS, mask,
+                AttnSoftmaxType.VANILLA_SOFTMAX, 0.0, spec.heads, spec.kv_heads, spec.q_len, spec.kv_len,
+                spec.head_dim, spec.head_dim, None) for training in (False, True))
+        except Exception as e:  # noqa: BLE001
+            return f"TransformerEngine's fused-kernel check failed ({type(e).__name__}: {e})"
+        return None if ok else "TransformerEngine has no fused kernel for this input (it would fall back to unfused attention)"
+
+    def _context(self):
+        return contextlib.nullcontext()
+
+    def run(self, p: Prepared):
+        sp = p.spec
+        mod = _module(sp.heads, sp.kv_heads, sp.head_dim, _mask_type(sp), float(p.scale))
+        kwargs = {}
+        if sp.has_q_lengths or sp.has_kv_lengths:
+            T, S = sp.q_len, sp.kv_len
+            ql = jnp.full((sp.batch,), T, jnp.int32) if p.q_lengths is None else jnp.asarray(p.q_lengths, jnp.int32)
+            kl = jnp.full((sp.batch,), S, jnp.int32) if p.kv_lengths is None else jnp.asarray(p.kv_lengths, jnp.int32)
+            visible = (jnp.arange(T)[None, :, None] < ql[:, None, None]) & (jnp.arange(S)[None, None, :] < kl[:, None, None])
+            kwargs["mask"] = ~visible[:, None]            # TE: True = masked out
+        with self._context():
+            out = mod.apply({}, p.query, p.key, p.value, deterministic=True, **kwargs)
+        if p.q_lengths is not None:                        # jax.nn semantics: padded query rows are 0
+            keep = jnp.arange(sp.q_len)[None, :] < jnp.asarray(p.q_lengths, jnp.int32)[:, None]
+            out = jnp.where(keep[:, :, None, None], out, 0).astype(out.dtype)
+        return out
+
+    def fused_in_hlo(self, fn, *args) -> bool:
+        return FUSED_MARKER in jax.jit(fn).lower(*args).as_text()
+
+
+class TeFp8Backend(TeBackend):
+    name = "te-fp8"
+    description = "TransformerEngine DotProductAttention under te.autocast(DelayedScaling): FP8 if TE engages it"
+
+    def _context(self):
+        import transformer_engine.jax as te
+        from transformer_engine.common import recipe
+
+        return te.autocast(enabled=True, recipe=recipe.DelayedScaling())
+
+    def fp8_engaged(self, fn, *args) -> bool:
+        """True when the compiled program holds FP8 values (e4m3/e5m2)."""
+        text = jax.jit(fn).lower(*args).compile().as_text()
+        return "f8e4m3" in text.lower() or "f8e5m2" in text.lower()
