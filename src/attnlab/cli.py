@@ -81,8 +81,10 @@ def _print_backends(status: dict):
     t = RichTable(title="backends")
     for c in ("backend", "available", "why not", "version"):
         t.add_column(c, overflow="fold")
+    from rich.markup import escape
+
     for name, s in status.items():
-        t.add_row(name, "[green]yes[/]" if s["available"] else "[red]no[/]", s["reason"] or "", s["version"] or "")
+        t.add_row(name, "[green]yes[/]" if s["available"] else "[red]no[/]", escape(s["reason"] or ""), s["version"] or "")
     console.print(t)
 
 
@@ -190,7 +192,7 @@ def _print_bench_table(records, out_dir):
             if r is None:
                 cells.append("")
             elif r["status"] != "ok":
-                cells.append(f"[yellow]{r['status']}[/]")
+                cells.append(f"[yellow]{r['status']}[/]")  # reasons are in results.jsonl
             else:
                 ms = r["kernel_ms"] if r.get("kernel_ms") is not None else r["wall_ms"]
                 pk = f"{r['pct_peak']:.1f}%" if r.get("pct_peak") is not None else "–"

@@ -47,7 +47,7 @@ def _register_builtins() -> None:
     from .xla import XlaBackend
 
     for b in (NaiveBackend(), XlaBackend(), CudnnBackend(), CudnnFp8Backend(), CudnnFp8UnitBackend(),
-              TeBackend(), TeFp8Backend(), TokamaxBackend("mosaic"), TokamaxBackend("triton"),
+              TeBackend(), TeFp8Backend(), TokamaxBackend("mosaic"), TokamaxBackend("triton"), TokamaxBackend("xla"),
               PallasTritonBackend(), PallasMosaicBackend(), TorchSdpaBackend("flash"), TorchSdpaBackend("cudnn"),
               TorchSdpaBackend("efficient")):
         register(b)

@@ -1,7 +1,8 @@
 """Google's tokamax kernels: ``tokamax.dot_product_attention(implementation="mosaic" | "triton")``.
 
 tokamax has jax.nn's signature; an implementation that cannot run an input raises
-``NotImplementedError``, which becomes ``UnsupportedError`` here (no fallback).
+``NotImplementedError``, which becomes ``UnsupportedError`` here (no fallback). Output rows past
+``query_seq_lengths`` are zeroed here, as jax.nn does (tokamax leaves them as computed).
 """
 from __future__ import annotations
 
@@ -17,10 +18,14 @@ class TokamaxBackend(Backend):
     def __init__(self, impl: str):
         self.impl = impl
         self.name = f"tokamax-{impl}"
-        self.description = f"tokamax.dot_product_attention(implementation='{impl}') (Pallas {impl} GPU kernel)"
+        kind = "XLA" if impl == "xla" else f"Pallas {impl} GPU kernel"
+        self.description = f"tokamax.dot_product_attention(implementation='{impl}') ({kind})"
 
     def available(self) -> str | None:
-        return _optional.missing("tokamax", "tokamax") or _optional.needs_nvidia((9, 0) if self.impl == "mosaic" else (8, 0))
+        missing = _optional.missing("tokamax", "tokamax")
+        if missing or self.impl == "xla":  # tokamax's XLA path runs anywhere JAX does
+            return missing
+        return _optional.needs_nvidia((9, 0) if self.impl == "mosaic" else (8, 0))
 
     def version(self) -> str | None:
         return _optional.dist_version("tokamax")
@@ -32,10 +37,15 @@ class TokamaxBackend(Backend):
 
     def run(self, p: Prepared):
         import tokamax
+        from absl import flags
+
+        if not flags.FLAGS.is_parsed():
+            # tokamax reads absl flags; unparsed, absl would parse the host program's argv (pytest's, a CLI's).
+            flags.FLAGS.mark_as_parsed()
 
         ln = lambda x: None if x is None else jnp.asarray(x, jnp.int32)  # noqa: E731
         try:
-            return tokamax.dot_product_attention(
+            out = tokamax.dot_product_attention(
                 p.query, p.key, p.value, p.bias, p.mask, scale=p.scale, is_causal=p.spec.is_causal,
                 query_seq_lengths=ln(p.q_lengths), key_value_seq_lengths=ln(p.kv_lengths),
                 local_window_size=p.spec.window, implementation=self.impl)
@@ -43,3 +53,9 @@ class TokamaxBackend(Backend):
             raise UnsupportedError(self.name, str(e) or type(e).__name__) from e
         except ExceptionGroup as e:  # tokamax groups the reasons of every implementation it tried
             raise UnsupportedError(self.name, "; ".join(str(x) for x in e.exceptions)) from e
+        if p.q_lengths is not None:
+            # tokamax leaves output rows past query_seq_lengths unzeroed (seen with tokamax 0.0.12's XLA
+            # path on 2026-12-02); jax.nn zeroes them, and so does attnlab.
+            keep = jnp.arange(p.spec.q_len)[None, :] < ln(p.q_lengths)[:, None]
+            out = jnp.where(keep[:, :, None, None], out, 0).astype(out.dtype)
+        return out
