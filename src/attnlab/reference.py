@@ -146,6 +146,11 @@ def reference_attention_grads(query, key, value, cotangent, bias=None, mask=None
     return dq.reshape(np.shape(query)), dk.reshape(np.shape(key)), dv.reshape(np.shape(value))
 
 
+def low_precision_baseline(query, key, value, *args, ref, emulate, **kwargs) -> float:
+    """Relative L2 error of the same computation carried out in ``emulate`` (bf16/fp16) against ``ref``."""
+    return rel_l2(reference_attention(query, key, value, *args, emulate=emulate, **kwargs), ref)
+
+
 def rel_l2(out, ref) -> float:
     """||out - ref|| / ||ref|| in float64 (inf when out has NaN/Inf)."""
     out = np.asarray(out).astype(np.float64)
@@ -195,20 +200,19 @@ def tolerance(dtype, *, baseline_err: float | None = None, tf32: bool | None = N
 
 
 def check_close(out, query, key, value, *args, tf32: bool | None = None, ref=None, limit: float | None = None,
-                rule: str | None = None, **kwargs) -> Verdict:
+                rule: str | None = None, baseline_err: float | None = None, **kwargs) -> Verdict:
     """Judge ``out`` against the float64 reference for these inputs by the tolerance policy.
 
-    ``limit`` (with ``rule``, its words) replaces the dtype policy: FP8 paths use it.
+    ``limit`` (with ``rule``, its words) replaces the dtype policy: FP8 paths use it. ``ref`` and
+    ``baseline_err`` may be passed in when already computed for these inputs.
     """
     if ref is None:
         ref = reference_attention(query, key, value, *args, **kwargs)
     dtype = np.asarray(out).dtype if not hasattr(out, "dtype") else out.dtype
     if limit is None:
-        baseline = None
-        if np.dtype(dtype).name in _LOW:
-            low_ref = reference_attention(query, key, value, *args, emulate=dtype, **kwargs)
-            baseline = rel_l2(low_ref, ref)
-        limit, rule = tolerance(dtype, baseline_err=baseline, tf32=tf32)
+        if baseline_err is None and np.dtype(dtype).name in _LOW:
+            baseline_err = low_precision_baseline(query, key, value, *args, ref=ref, emulate=dtype, **kwargs)
+        limit, rule = tolerance(dtype, baseline_err=baseline_err, tf32=tf32)
     err = rel_l2(out, ref)
     o = np.asarray(out).astype(np.float64)
     max_abs = float(np.max(np.abs(o - ref))) if o.size else 0.0

@@ -1,0 +1,42 @@
+"""Issue 5's side-by-side sweep of every backend on one GPU, on the same inputs and timer.
+
+    PYTHONPATH=src python3 benchmarks/peers_gpu.py OUT_DIR [part ...]
+
+Parts: fwd (bf16, D64/D128 x T 1k/4k/16k x causal both, 16k tokens), fwd16 (the same in fp16 for
+the float16-only Pallas Mosaic kernel, beside cuDNN), train (fwd+bwd at T=4k), decode (T=1,
+GQA 32/8, S 4k/32k/128k), fp8 (T 4k/16k). Records go to OUT_DIR/results.jsonl (resumable).
+"""
+import json
+import sys
+
+from attnlab.measure import Options
+from attnlab.sweep import Sweep, run_sweep
+
+ALL_JAX = ["xla", "cudnn", "te", "tokamax-mosaic", "tokamax-triton", "pallas-triton"]
+TORCH = ["torch-flash", "torch-cudnn", "torch-efficient"]
+PARTS = {
+    "fwd": Sweep(ALL_JAX + TORCH, q_len=[1024, 4096, 16384], heads=[16], head_dim=[64, 128], dtype=["bfloat16"],
+                 causal=[False, True], tokens=16384, name="fwd"),
+    "fwd16": Sweep(["pallas-mosaic", "cudnn"], q_len=[1024, 4096, 16384], heads=[16], head_dim=[64, 128],
+                   dtype=["float16"], causal=[False, True], tokens=16384, name="fwd16"),
+    "train": Sweep(["xla", "cudnn", "te", "tokamax-mosaic", "tokamax-triton", "pallas-triton"], q_len=[4096], heads=[16],
+                   head_dim=[128], dtype=["bfloat16"], causal=[False, True], mode=["fwd+bwd"], tokens=16384, name="train"),
+    "decode": Sweep(["xla", "cudnn", "te", "tokamax-mosaic", "tokamax-triton"] + TORCH, batch=[8], q_len=[1],
+                    kv_len=[4096, 32768, 131072], heads=[32], kv_heads=[8], head_dim=[128], dtype=["bfloat16"], name="decode"),
+    "fp8": Sweep(["cudnn", "cudnn-fp8", "cudnn-fp8-unit", "te", "te-fp8"], q_len=[4096, 16384], heads=[16], head_dim=[128],
+                 dtype=["bfloat16"], causal=[False, True], tokens=16384, name="fp8"),
+}
+
+
+def main(out, parts):
+    opts = Options(repeats=10, compile_budget_s=120)
+    for p in parts:
+        recs = run_sweep(PARTS[p], out, resume=True, options=opts,
+                         on_cell=lambda c, r, i, n: r and print(f"[{p} {i + 1}/{n}] {c.backend:<15} {c.config_label:<48} "
+                                                                 f"{r['status']:<12} {r['kernel_ms'] or 0:9.4f} ms "
+                                                                 f"{r['tflops'] or 0:7.1f} TF/s {(r['reason'] or '')[:60]}", flush=True))
+        print(json.dumps({"part": p, "cells": len(recs), "ok": sum(r["status"] == "ok" for r in recs)}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:] or list(PARTS))
