@@ -122,6 +122,8 @@ def _fail(msg: str):
 @click.option("--window", help="none or LEFT:RIGHT windows, e.g. none,128:0.")
 @click.option("--mode", help="fwd, fwd+bwd, bwd (comma-separated).")
 @click.option("--tokens", help="Fix batch x q_len: batch = tokens // q_len.")
+@click.option("--devices", help="Mesh sizes for sharded cells, e.g. 1,2,4,8 (with --strategy).")
+@click.option("--strategy", help="none, batch, heads, ring (comma-separated): sharded_attention strategies.")
 @click.option("--config", "config", type=click.Path(dir_okay=False), help="A sweep.toml ([sweep] and [run] tables); flags override it.")
 @click.option("--name", default=None, help="Sweep name stored with each record.")
 @click.option("--out", "out_dir", default="attnlab-out/bench", show_default=True, type=click.Path(file_okay=False))
@@ -198,6 +200,23 @@ def _print_bench_table(records, out_dir):
                 pk = f"{r['pct_peak']:.1f}%" if r.get("pct_peak") is not None else "–"
                 cells.append(f"{ms:.4g} · {r['tflops']:.3g} · {pk}")
         t.add_row(label, *cells)
+    console.print(t)
+
+
+@main.command()
+@click.argument("results", type=click.Path(exists=True))
+def scaling(results):
+    """Scaling efficiency of sharded cells: time on 1 device / (n x time on n devices)."""
+    from .sweep import load
+    from .sweep.scaling import scaling_rows
+
+    rows = scaling_rows(load(results))
+    t = RichTable(title="strong scaling (same global problem)")
+    for c in ("configuration", "strategy", "devices", "ms", "1-device ms", "efficiency"):
+        t.add_column(c)
+    for r in rows:
+        t.add_row(r["label"], r["strategy"], str(r["devices"]), f"{r['ms']:.4g}", f"{r['ms_1']:.4g}" if r["ms_1"] else "–",
+                  f"{100 * r['efficiency']:.1f}%" if r["efficiency"] is not None else "–")
     console.print(t)
 
 

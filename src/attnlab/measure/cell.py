@@ -29,7 +29,9 @@ from . import memory, peaks, timers
 
 STATUSES = ("ok", "incorrect", "unsupported", "oom", "compile_error", "runtime_error", "over_budget")
 MODES = ("fwd", "fwd+bwd", "bwd")
-IDENTITY = ("backend", "batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype", "causal", "window", "mode")
+IDENTITY = ("backend", "batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype", "causal", "window", "mode",
+            "devices", "strategy")
+IDENTITY_DEFAULTS = {"devices": 1, "strategy": None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,10 +47,19 @@ class Cell:
     causal: bool = False
     window: tuple[int, int] | None = None
     mode: str = "fwd"
+    devices: int = 1                 # mesh size, for sharded cells
+    strategy: str | None = None      # None (one device, no mesh) or a sharded_attention strategy
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.strategy is not None:
+            from ..sharded import STRATEGIES
+
+            if self.strategy not in STRATEGIES:
+                raise ValueError(f"strategy must be None or one of {STRATEGIES}, got {self.strategy!r}")
+        elif self.devices != 1:
+            raise ValueError("devices > 1 needs a strategy (batch, heads or ring)")
 
     @property
     def workload(self) -> Workload:
@@ -65,11 +76,12 @@ class Cell:
 
     @property
     def config_label(self) -> str:
-        return f"{self.workload.label} {self.mode}"
+        mesh = f" {self.strategy}x{self.devices}" if self.strategy else ""
+        return f"{self.workload.label} {self.mode}{mesh}"
 
 
 def record_key(rec: dict) -> str:
-    d = {k: rec.get(k) for k in IDENTITY}
+    d = {k: rec.get(k, IDENTITY_DEFAULTS.get(k)) for k in IDENTITY}
     d["window"] = list(d["window"]) if d["window"] else None
     return json.dumps(d, sort_keys=True)
 
@@ -110,6 +122,25 @@ def _short(msg: str, n: int = 500) -> str:
     return msg if len(msg) <= n else msg[: n // 2] + " ... " + msg[-(n // 2):]
 
 
+def _place_sharded(sets, cell: Cell):
+    """Put each input set on the mesh as the strategy splits it, so timing excludes the initial scatter."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from ..sharded import make_mesh
+
+    mesh = make_mesh(cell.devices)
+    spec = {"batch": P("x"), "heads": P(None, None, "x"), "ring": P(None, "x")}[cell.strategy]
+    sh = NamedSharding(mesh, spec)
+    return [tuple(jax.device_put(x, sh) for x in s) for s in sets]
+
+
+def _mesh_record(cell: Cell) -> dict:
+    if cell.devices > jax.device_count():
+        raise _Skip("unsupported", f"{cell.devices} devices asked, JAX sees {jax.device_count()}")
+    devs = jax.devices()[: cell.devices]
+    return {"devices": cell.devices, "axis": "x", "strategy": cell.strategy, "kinds": sorted({d.device_kind for d in devs})}
+
+
 def _with_budget(fn, budget_s):
     """Run fn() in a daemon thread; (result, None) or raise; _Skip('over_budget') past the budget."""
     if not budget_s:
@@ -148,8 +179,17 @@ def _functions(cell: Cell):
     """(forward fn(q, k, v), timed fn, a maker of its argument tuple from (q, k, v, ct))."""
     kw = dict(is_causal=cell.causal, local_window_size=cell.window, implementation=cell.backend)
 
-    def fwd(q, k, v):
-        return api.attention(q, k, v, **kw)
+    if cell.strategy is None:
+        def fwd(q, k, v):
+            return api.attention(q, k, v, **kw)
+    else:
+        from ..sharded import make_mesh, sharded_attention
+
+        mesh = make_mesh(cell.devices)
+        impl = None if cell.strategy == "ring" and cell.backend == "naive" else cell.backend
+
+        def fwd(q, k, v):
+            return sharded_attention(q, k, v, mesh=mesh, strategy=cell.strategy, is_causal=cell.causal, implementation=impl)
 
     if cell.mode == "fwd":
         return fwd, fwd, lambda q, k, v, ct: (q, k, v)
@@ -257,6 +297,14 @@ def measure_cell(cell: Cell, opts: Options | None = None) -> dict:
         why_mode = backend.mode_reason(spec, cell.mode)
         if why_mode:
             raise _Skip("unsupported", f"{cell.backend}: {why_mode}")
+        if cell.strategy is not None:
+            rec["mesh"] = _mesh_record(cell)
+            sets = _place_sharded(sets, cell)
+            q0, k0, v0 = sets[0]
+            if cell.window is not None:
+                raise _Skip("unsupported", "sharded cells take no window")
+            if cell.strategy == "ring" and cell.backend != "naive":
+                raise _Skip("unsupported", "ring attention computes its blocks with attnlab's blockwise kernel: use backend naive")
         if getattr(backend, "native", False):
             _measure_native(backend, cell, spec, sets, opts, rec, info)
             return _finish(rec, t_start)

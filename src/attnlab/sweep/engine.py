@@ -14,7 +14,8 @@ CSV_COLUMNS = list(IDENTITY) + [
     "status", "reason", "kernel_ms", "wall_ms", "pipelined_ms", "dispatch_ms", "compile_s", "tflops", "gbps",
     "pct_peak", "pct_ceiling", "rel_err", "max_abs_err", "temp_bytes", "peak_bytes", "runtime_peak_bytes", "timer",
     "kernel_min_ms", "kernel_max_ms", "kernel_iqr_ms", "wall_min_ms", "wall_max_ms", "wall_iqr_ms", "flops", "bytes",
-    "intensity", "grad_check", "grad_rel_err", "input_sets", "repeats", "sweep", "timestamp", "env",
+    "intensity", "grad_check", "grad_rel_err", "input_sets", "repeats", "devices", "strategy", "mesh", "sweep",
+    "timestamp", "env",
 ]
 
 
@@ -76,7 +77,7 @@ def time_ms(rec: dict) -> float | None:
     return rec.get("kernel_ms") if rec.get("kernel_ms") is not None else rec.get("wall_ms")
 
 
-def config_label(rec: dict) -> str:
+def config_label(rec: dict, mesh: bool = True) -> str:
     w = rec.get("window")
     parts = [f"B{rec['batch']}", f"T{rec['q_len']}", f"S{rec['kv_len']}", f"N{rec['heads']}/{rec['kv_heads']}",
              f"H{rec['head_dim']}", rec["dtype"]]
@@ -85,4 +86,6 @@ def config_label(rec: dict) -> str:
     if w:
         parts.append(f"w{w[0]}:{w[1]}")
     parts.append(rec["mode"])
+    if mesh and rec.get("strategy"):
+        parts.append(f"{rec['strategy']}x{rec.get('devices', 1)}")
     return " ".join(parts)

@@ -33,6 +33,8 @@ class Sweep:
     causal: list[bool] = dataclasses.field(default_factory=lambda: [False])
     window: list[tuple[int, int] | None] = dataclasses.field(default_factory=lambda: [None])
     mode: list[str] = dataclasses.field(default_factory=lambda: ["fwd"])
+    devices: list[int] = dataclasses.field(default_factory=lambda: [1])
+    strategy: list[str | None] = dataclasses.field(default_factory=lambda: [None])
     tokens: int | None = None
     name: str = "sweep"
 
@@ -46,7 +48,7 @@ class Sweep:
                 raise SweepError(f"unknown backend {b!r}; known: {', '.join(known)}")
         if not self.backends:
             raise SweepError("no backend given")
-        for axis in ("batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim"):
+        for axis in ("batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "devices"):
             vals = getattr(self, axis)
             if vals is None:
                 continue
@@ -61,6 +63,11 @@ class Sweep:
         for m in self.mode:
             if m not in MODES:
                 raise SweepError(f"mode: {m!r} is not one of {', '.join(MODES)}")
+        from ..sharded import STRATEGIES
+
+        for st in self.strategy:
+            if st is not None and st not in STRATEGIES:
+                raise SweepError(f"strategy: {st!r} is not none or one of {', '.join(STRATEGIES)}")
         for c in self.causal:
             if not isinstance(c, bool):
                 raise SweepError(f"causal: {c!r} is not a bool")
@@ -76,16 +83,17 @@ class Sweep:
         out = []
         kv_lens = self.kv_len or [None]
         kv_heads = self.kv_heads or [None]
-        for (T, S, N, K, H, dt, c, w, m) in itertools.product(
-                self.q_len, kv_lens, self.heads, kv_heads, self.head_dim, self.dtype, self.causal, self.window, self.mode):
+        for (T, S, N, K, H, dt, c, w, m, st, nd) in itertools.product(
+                self.q_len, kv_lens, self.heads, kv_heads, self.head_dim, self.dtype, self.causal, self.window, self.mode,
+                self.strategy, self.devices):
             S = T if S is None else S
             K = N if K is None else K
-            if N % K:
+            if N % K or (st is None and nd != 1):
                 continue
             batches = [max(1, self.tokens // T)] if self.tokens else self.batch
             for B in batches:
                 for b in self.backends:
-                    out.append(Cell(b, B, T, S, N, K, H, dt, c, tuple(w) if w else None, m))
+                    out.append(Cell(b, B, T, S, N, K, H, dt, c, tuple(w) if w else None, m, nd, st))
         return out
 
 
@@ -157,7 +165,7 @@ def _windows(text) -> list[tuple[int, int] | None]:
 def build(values: dict) -> Sweep:
     """A Sweep from loosely typed values (CLI strings or TOML values); keys as in the TOML file."""
     known = {"backends", "backend", "batch", "seq", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype",
-             "causal", "window", "mode", "tokens", "name"}
+             "causal", "window", "mode", "tokens", "name", "devices", "strategy"}
     unknown = set(values) - known
     if unknown:
         raise SweepError(f"unknown sweep key(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
@@ -181,6 +189,10 @@ def build(values: dict) -> Sweep:
         kw["causal"] = _causal(values["causal"])
     if values.get("window") is not None:
         kw["window"] = _windows(values["window"])
+    if values.get("devices") is not None:
+        kw["devices"] = _ints("devices", values["devices"])
+    if values.get("strategy") is not None:
+        kw["strategy"] = [None if x.lower() == "none" else x for x in _strs(values["strategy"])]
     if values.get("tokens") is not None:
         kw["tokens"] = _ints("tokens", values["tokens"])[0]
     if values.get("name") is not None:

@@ -1,0 +1,188 @@
+"""Attention across a device mesh on JAX's SPMD machinery: meshes, shardings, ``shard_map``, ``ppermute``.
+
+``sharded_attention(q, k, v, mesh=..., strategy=...)`` with strategies
+
+- ``"batch"``: the batch axis B split over the mesh axis; any backend runs each shard.
+- ``"heads"``: query heads with their key/value group split over the mesh axis (K must divide by
+  the axis size; query head n keeps reading key/value head n // (N // K)); any backend per shard.
+- ``"ring"``: context parallelism. q, k, v are split along the sequence; key/value blocks travel
+  round the ring with ``jax.lax.ppermute`` and partial results merge by the online-softmax rule
+  (log-sum-exp). With ``is_causal`` the sequence is laid out zig-zag (device i holds chunks i and
+  2n-1-i of 2n) and fully masked chunk pairs are skipped, so every device does the same work.
+  Ring blocks are computed by attnlab's blockwise jax.numpy kernel (float32 softmax).
+
+Shapes as in ``attnlab.spec``: q (B, T, N, H), k and v (B, S, K, H); the result is (B, T, N, H)
+sharded like the input strategy implies.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from .api import attention
+from .spec import prepare
+
+STRATEGIES = ("batch", "heads", "ring")
+
+
+def _axis(mesh: Mesh, axis_name):
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
+    if axis_name is None:
+        if len(mesh.axis_names) != 1:
+            raise ValueError(f"axis_name is required for a mesh with axes {mesh.axis_names}")
+        axis_name = mesh.axis_names[0]
+    if axis_name not in mesh.axis_names:
+        raise ValueError(f"axis_name {axis_name!r} is not an axis of the mesh {mesh.axis_names}")
+    return axis_name, mesh.shape[axis_name]
+
+
+def sharded_attention(query, key, value, *, mesh: Mesh, strategy: str, is_causal: bool = False,
+                      implementation=None, axis_name=None):
+    """Attention with q, k, v distributed over ``mesh``'s axis ``axis_name`` by ``strategy``."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    p = prepare(query, key, value, is_causal=is_causal)
+    sp = p.spec
+    if len(p.out_shape) != 4:
+        raise ValueError("sharded_attention needs 4-D (B, T, N, H) query and (B, S, K, H) key/value")
+    name, n = _axis(mesh, axis_name)
+    if strategy == "batch":
+        if sp.batch % n:
+            raise ValueError(f"batch B={sp.batch} is not a multiple of the mesh axis {name!r} size {n}")
+        spec = P(name)
+        return _per_shard(query, key, value, mesh, spec, spec, is_causal, implementation)
+    if strategy == "heads":
+        if sp.kv_heads % n:
+            raise ValueError(f"key/value heads K={sp.kv_heads} (and so query heads N={sp.heads}) must be a multiple of "
+                             f"the mesh axis {name!r} size {n} to split heads with their groups")
+        spec = P(None, None, name)
+        return _per_shard(query, key, value, mesh, spec, spec, is_causal, implementation)
+    if implementation not in (None, "auto", "naive"):
+        raise ValueError(f"ring attention computes its blocks with attnlab's blockwise kernel; implementation "
+                         f"must be None or 'naive', got {implementation!r}")
+    if is_causal and sp.q_len != sp.kv_len:
+        raise ValueError(f"causal ring attention needs T == S, got T={sp.q_len}, S={sp.kv_len}")
+    chunks = 2 * n if is_causal else n
+    for letter, length in (("T", sp.q_len), ("S", sp.kv_len)):
+        if length % chunks:
+            raise ValueError(f"sequence length {letter}={length} must be a multiple of {chunks} "
+                             f"({'2 x ' if is_causal else ''}ring size {n}{' for the zig-zag causal layout' if is_causal else ''})")
+    return _ring(query, key, value, mesh, name, n, is_causal, float(p.scale))
+
+
+def _per_shard(q, k, v, mesh, q_spec, kv_spec, is_causal, implementation):
+    fn = functools.partial(attention, is_causal=is_causal, implementation=implementation)
+    return jax.shard_map(fn, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec), out_specs=q_spec, check_vma=False)(q, k, v)
+
+
+# --- ring ------------------------------------------------------------------------------------
+
+def zigzag_order(length: int, n: int):
+    """Sequence permutation putting chunks (i, 2n-1-i) of 2n on device i, and its inverse."""
+    c = length // (2 * n)
+    chunks = jnp.arange(length).reshape(2 * n, c)
+    order = jnp.concatenate([jnp.concatenate([chunks[i], chunks[2 * n - 1 - i]]) for i in range(n)])
+    return order, jnp.argsort(order)
+
+
+def _block(q, k, v, q_pos, k_pos, scale, causal):
+    """Attention of q (B, t, N, H) on one key/value block (B, s, K, H): (out f32, lse (B, N, t))."""
+    B, t, N, H = q.shape
+    K = k.shape[2]
+    G = N // K
+    qg = q.reshape(B, t, K, G, H)
+    s = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
+    if causal:
+        s = jnp.where((k_pos[None, :] <= q_pos[:, None])[None, None, None], s, -jnp.inf)
+    m = jnp.max(s, axis=-1, keepdims=True)
+    m_safe = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
+    w = jnp.exp(s - m_safe)
+    l = jnp.sum(w, axis=-1, keepdims=True)
+    o = jnp.einsum("bkgts,bskh->btkgh", (w / jnp.where(l == 0, 1.0, l)).astype(v.dtype), v,
+                   preferred_element_type=jnp.float32)
+    lse = jnp.where(l[..., 0] > 0, jnp.log(jnp.where(l[..., 0] > 0, l[..., 0], 1.0)) + m_safe[..., 0], -jnp.inf)
+    return o.reshape(B, t, N, H), lse.reshape(B, N, t)
+
+
+def _merge(o_acc, lse_acc, o_b, lse_b):
+    """Online-softmax merge of two partial results over disjoint key sets."""
+    lse = jnp.logaddexp(lse_acc, lse_b)
+    safe = jnp.where(jnp.isfinite(lse), lse, 0.0)
+    wa = jnp.where(jnp.isfinite(lse_acc), jnp.exp(lse_acc - safe), 0.0)
+    wb = jnp.where(jnp.isfinite(lse_b), jnp.exp(lse_b - safe), 0.0)
+    t = lambda w: jnp.transpose(w, (0, 2, 1))[..., None]  # noqa: E731 - (B, N, t) -> (B, t, N, 1)
+    return o_acc * t(wa) + o_b * t(wb), lse
+
+
+def _ring(q, k, v, mesh, name, n, causal, scale):
+    T, S = q.shape[1], k.shape[1]
+    if causal:
+        order, inverse = zigzag_order(T, n)
+        q, k, v = q[:, order], k[:, order], v[:, order]
+    tl, sl = T // n, S // n
+    half = tl // 2
+
+    def local_positions(dev, length, local):
+        if not causal:
+            return dev * local + jnp.arange(local)
+        c = length // (2 * n)
+        return jnp.concatenate([dev * c + jnp.arange(c), (2 * n - 1 - dev) * c + jnp.arange(c)])
+
+    def body(q, k, v):
+        me = jax.lax.axis_index(name)
+        q_pos = local_positions(me, T, tl)
+        B, _, N, H = q.shape
+        o = jnp.zeros((B, tl, N, H), jnp.float32)
+        lse = jnp.full((B, N, tl), -jnp.inf, jnp.float32)
+        perm = [(i, (i + 1) % n) for i in range(n)]
+        for step in range(n):
+            src = (me - step) % n
+            k_pos = local_positions(src, S, sl)
+            if causal:
+                # four chunk pairs; a pair whose keys all lie after its queries is skipped
+                parts_o, parts_lse = [], []
+                for qa in (0, 1):
+                    qs = slice(qa * half, (qa + 1) * half)
+                    o_q, lse_q = o[:, qs], lse[:, :, qs]
+                    for kb in (0, 1):
+                        ks = slice(kb * (sl // 2), (kb + 1) * (sl // 2))
+                        qp, kp = q_pos[qs], k_pos[ks]
+
+                        def compute(args, qp=qp, kp=kp, qs=qs, ks=ks):
+                            o_q, lse_q = args
+                            ob, lb = _block(q[:, qs], k[:, ks], v[:, ks], qp, kp, scale, True)
+                            return _merge(o_q, lse_q, ob, lb)
+
+                        o_q, lse_q = jax.lax.cond(kp[0] <= qp[-1], compute, lambda a: a, (o_q, lse_q))
+                    parts_o.append(o_q)
+                    parts_lse.append(lse_q)
+                o = jnp.concatenate(parts_o, axis=1)
+                lse = jnp.concatenate(parts_lse, axis=2)
+            else:
+                ob, lb = _block(q, k, v, q_pos, k_pos, scale, False)
+                o, lse = _merge(o, lse, ob, lb)
+            if step < n - 1:
+                k, v = jax.lax.ppermute((k, v), name, perm)
+        return o.astype(q.dtype)
+
+    spec = P(None, name)
+    out = jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)(q, k, v)
+    return out[:, inverse] if causal else out
+
+
+def make_mesh(devices: int, axis_name: str = "x") -> Mesh:
+    """A 1-D mesh over the first ``devices`` devices."""
+    avail = jax.devices()
+    if devices < 1 or devices > len(avail):
+        raise ValueError(f"devices must be in [1, {len(avail)}] (devices JAX sees), got {devices}")
+    import numpy as np
+
+    return Mesh(np.array(avail[:devices]), (axis_name,))
+
+
+def place(x, mesh: Mesh, spec: P):
+    return jax.device_put(x, NamedSharding(mesh, spec))
