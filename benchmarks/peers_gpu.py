@@ -28,10 +28,15 @@ PARTS = {
 }
 
 
-def main(out, parts):
+def main(out, parts, only=None):
     opts = Options(repeats=10, compile_budget_s=120)
     for p in parts:
-        recs = run_sweep(PARTS[p], out, resume=True, options=opts,
+        sweep = PARTS[p]
+        if only:
+            sweep.backends = [b for b in sweep.backends if b in only]
+            if not sweep.backends:
+                continue
+        recs = run_sweep(sweep, out, resume=True, options=opts,
                          on_cell=lambda c, r, i, n: r and print(f"[{p} {i + 1}/{n}] {c.backend:<15} {c.config_label:<48} "
                                                                  f"{r['status']:<12} {r['kernel_ms'] or 0:9.4f} ms "
                                                                  f"{r['tflops'] or 0:7.1f} TF/s {(r['reason'] or '')[:60]}", flush=True))
@@ -39,4 +44,8 @@ def main(out, parts):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:] or list(PARTS))
+    args = sys.argv[2:]
+    only = None
+    if args and args[0].startswith("--only="):
+        only = set(args.pop(0).split("=", 1)[1].split(","))
+    main(sys.argv[1], args or list(PARTS), only)
