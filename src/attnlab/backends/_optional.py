@@ -39,3 +39,35 @@ def simple_masks_only(spec, what: str = "this kernel") -> str | None:
     used = [n for n, on in (("bias", spec.bias_shape), ("mask", spec.mask_shape), ("query_seq_lengths", spec.has_q_lengths),
                             ("key_value_seq_lengths", spec.has_kv_lengths), ("local_window_size", spec.window)) if on]
     return f"{what} takes no {', '.join(used)} (causal or no mask only)" if used else None
+
+
+def preload_pip_cudnn() -> str | None:
+    """Load the pip-installed cuDNN libraries (the ones JAX uses) into the process first.
+
+    On the H200 image a second cuDNN lives in /lib; TransformerEngine and PyTorch's cuDNN
+    attention dlopen cuDNN's sub-libraries by name and, without this, can pick that one up:
+    'libcudnn_cnn.so.9: undefined symbol ... libcudnn_graph.so.9' (seen 2026-12-02).
+    Setting LD_LIBRARY_PATH to the same folder before Python starts was seen to cure the
+    import; this preload does the same from inside the process. Returns the folder used, or None.
+    """
+    import ctypes
+    import glob
+    import os
+
+    try:
+        import nvidia.cudnn as cudnn_pkg
+    except Exception:  # noqa: BLE001
+        return None
+    for base in list(getattr(cudnn_pkg, "__path__", [])):
+        libs = sorted(glob.glob(os.path.join(base, "lib", "libcudnn*.so.*")))
+        if not libs:
+            continue
+        # the graph and ops libraries first: the others resolve symbols against them
+        libs.sort(key=lambda p: (0 if "graph" in p else 1 if "ops" in p else 2, p))
+        for lib in libs:
+            try:
+                ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+            except OSError:
+                continue
+        return os.path.join(base, "lib")
+    return None

@@ -38,6 +38,21 @@ def _mask_type(spec: AttentionSpec) -> str:
             (True, True): "padding_causal"}[(spec.is_causal, padding)]
 
 
+def _te_rejection(args) -> str:
+    """TE's own diagnostic for a rejected configuration (its get_fused_attn_backend message), if it gives one."""
+    try:
+        from transformer_engine.jax.cpp_extensions.attention import FusedAttnHelper
+
+        names = ("is_training", "batch_size", "q_dtype", "kv_dtype", "qkv_layout", "attn_bias_type", "attn_mask_type",
+                 "softmax_type", "dropout_probability", "q_num_heads", "kv_num_heads", "q_max_seqlen", "kv_max_seqlen",
+                 "head_dim_qk", "head_dim_v")
+        kw = dict(zip(names, args))
+        _, message = FusedAttnHelper(**kw, window_size=(-1, -1)).get_fused_attn_backend()
+        return message or "no message from TE"
+    except Exception as e:  # noqa: BLE001
+        return f"TE gave no diagnostic ({type(e).__name__})"
+
+
 class TeBackend(Backend):
     name = "te"
     description = "TransformerEngine-JAX DotProductAttention (cuDNN fused attention through TE)"
@@ -56,6 +71,7 @@ class TeBackend(Backend):
         return self._fused_reason(spec)
 
     def _fused_reason(self, spec: AttentionSpec) -> str | None:
+        _optional.preload_pip_cudnn()
         try:
             from transformer_engine.jax.attention import (AttnBiasType, AttnMaskType, AttnSoftmaxType, QKVLayout,
                                                           is_fused_attn_kernel_available)
@@ -64,14 +80,19 @@ class TeBackend(Backend):
         mask = {"no_mask": AttnMaskType.NO_MASK, "causal": AttnMaskType.CAUSAL_MASK, "padding": AttnMaskType.PADDING_MASK,
                 "padding_causal": AttnMaskType.PADDING_CAUSAL_MASK}[_mask_type(spec)]
         dt = jnp.dtype(spec.dtype)
-        try:
-            ok = all(is_fused_attn_kernel_available(
-                training, spec.batch, dt, dt, QKVLayout.BSHD_BSHD_BSHD, AttnBiasType.NO_BIAS, mask,
-                AttnSoftmaxType.VANILLA_SOFTMAX, 0.0, spec.heads, spec.kv_heads, spec.q_len, spec.kv_len,
-                spec.head_dim, spec.head_dim, None) for training in (False, True))
-        except Exception as e:  # noqa: BLE001
-            return f"TransformerEngine's fused-kernel check failed ({type(e).__name__}: {e})"
-        return None if ok else "TransformerEngine has no fused kernel for this input (it would fall back to unfused attention)"
+        for training in (False, True):
+            args = (training, spec.batch, dt, dt, QKVLayout.BSHD_BSHD_BSHD, AttnBiasType.NO_BIAS, mask,
+                    AttnSoftmaxType.VANILLA_SOFTMAX, 0.0, spec.heads, spec.kv_heads, spec.q_len, spec.kv_len,
+                    spec.head_dim, spec.head_dim, None)
+            try:
+                ok = is_fused_attn_kernel_available(*args)
+            except Exception as e:  # noqa: BLE001
+                return f"TransformerEngine's fused-kernel check failed ({type(e).__name__}: {e})"
+            if not ok:
+                return ("TransformerEngine selects no fused kernel for this input "
+                        f"({'training' if training else 'inference'}: {_te_rejection(args)}); "
+                        "it would fall back to unfused attention")
+        return None
 
     def _context(self):
         return contextlib.nullcontext()

@@ -58,6 +58,8 @@ class TorchSdpaBackend(Backend):
         return _optional.simple_masks_only(spec, self.name)
 
     def _fn(self, spec: AttentionSpec, scale: float):
+        if self.kind == "cudnn":
+            _optional.preload_pip_cudnn()
         import torch
         import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel

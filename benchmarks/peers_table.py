@@ -1,0 +1,43 @@
+"""Markdown tables of a peers sweep (results/gpu-*-peers/results.jsonl): TFLOP/s, GB/s, % of peak.
+
+    python3 benchmarks/peers_table.py results/gpu-2026-12-02-peers/results.jsonl
+"""
+import json
+import sys
+
+
+def table(recs, sweep, metric, keyf, title):
+    rs = [r for r in recs if r.get("sweep") == sweep]
+    if not rs:
+        return ""
+    bes = list(dict.fromkeys(r["backend"] for r in rs))
+    keys = list(dict.fromkeys(keyf(r) for r in rs))
+    out = [f"**{title}**", "", "| config | " + " | ".join(bes) + " |", "| --- |" + " --- |" * len(bes)]
+    for k in keys:
+        cells = []
+        for b in bes:
+            r = next((x for x in rs if keyf(x) == k and x["backend"] == b), None)
+            if r is None:
+                cells.append("")
+            elif r["status"] != "ok":
+                cells.append(r["status"])
+            else:
+                cells.append(metric(r))
+        out.append(f"| {k} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def main(path):
+    recs = [json.loads(l) for l in open(path)]
+    tf = lambda r: f"{r['tflops']:.0f} ({r['pct_peak']:.0f}%)"  # noqa: E731
+    gb = lambda r: f"{r['gbps']:.0f} GB/s ({r['kernel_ms']:.3f} ms)"  # noqa: E731
+    f8 = lambda r: f"{r['kernel_ms']:.3f} ms, err {100 * r['rel_err']:.2f}%"  # noqa: E731
+    shape = lambda r: f"H{r['head_dim']} T{r['q_len']} B{r['batch']}{' causal' if r['causal'] else ''}"  # noqa: E731
+    print(table(recs, "fwd", tf, shape, "Forward bf16, N=16, 16k tokens: TFLOP/s (% of 989 TFLOP/s)"))
+    print(table(recs, "train", tf, shape, "fwd+bwd bf16, T=4096, B=4, N=16, H=128: TFLOP/s (% of peak)"))
+    print(table(recs, "decode", gb, lambda r: f"S{r['kv_len']}", "Decode T=1, B=8, N=32, K=8, H=128: GB/s (HBM 4800 GB/s)"))
+    print(table(recs, "fp8", f8, shape, "FP8 vs bf16, N=16, H=128, 16k tokens: kernel ms and rel L2 vs float64"))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
