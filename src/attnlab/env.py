@@ -1,13 +1,13 @@
 """The environment attnlab runs in: versions, devices, optional libraries, backend availability."""
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import platform
 import subprocess
 import sys
 
 from . import __version__, backends, device
+from .backends._optional import dist_version
 
 OPTIONAL = {  # import name -> distribution names to ask for a version
     "flax": ("flax",),
@@ -17,15 +17,6 @@ OPTIONAL = {  # import name -> distribution names to ask for a version
 }
 
 
-def _dist_version(names) -> str | None:
-    for n in names:
-        try:
-            return importlib.metadata.version(n)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def optional_libraries() -> dict[str, str | None]:
     """Import name -> installed version, or None when absent (found without importing it)."""
     import importlib.util
@@ -33,7 +24,7 @@ def optional_libraries() -> dict[str, str | None]:
     out = {}
     for mod, dists in OPTIONAL.items():
         found = importlib.util.find_spec(mod) is not None
-        out[mod] = (_dist_version(dists) or "unknown version") if found else None
+        out[mod] = (dist_version(*dists) or "unknown version") if found else None
     return out
 
 

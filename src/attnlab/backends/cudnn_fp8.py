@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from .. import device
 from ..spec import AttentionSpec, Prepared
-from .base import Backend
+from .cudnn import CudnnBackend
 
 E4M3_MAX = 448.0
 FP8_KEYS = ("amax_dQ", "amax_dK", "amax_dV", "amax_dP", "descale_q", "descale_k", "descale_v", "descale_s",
@@ -53,7 +53,7 @@ def _quantise(x, scale):
     return y.astype(jnp.float8_e4m3fn)
 
 
-class CudnnFp8Backend(Backend):
+class CudnnFp8Backend(CudnnBackend):
     name = "cudnn-fp8"
     description = "cuDNN FP8 (e4m3) flash attention via JAX's private API, per-tensor amax scaling"
     forward_only = True
@@ -62,20 +62,16 @@ class CudnnFp8Backend(Backend):
     rel_l2_rule = "float8 e4m3 inside: rel L2 <= 0.1"
 
     def available(self) -> str | None:
+        why = super().available()   # an NVIDIA GPU >= sm80 with cuDNN loaded
+        if why:
+            return why
         info = device.current()
-        if info.platform != "gpu" or info.compute_capability is None:
-            return f"needs an NVIDIA GPU; JAX's default device is {info.platform} ({info.kind})"
         if info.compute_capability < (9, 0):
             return f"FP8 attention needs compute capability >= 9.0 (Hopper), device has {info.compute_capability}"
-        if info.cudnn_version is None:
-            return "cuDNN library not detected by jaxlib"
         if info.cudnn_version == 91000:
             return "cuDNN 9.10.0 does not support SDPA FP8"
         _, why = _private_api()
         return why
-
-    def version(self) -> str | None:
-        return device.current().cudnn_version_str if device.current().platform == "gpu" else None
 
     def supports(self, spec: AttentionSpec) -> str | None:
         if spec.dtype not in ("float16", "bfloat16"):
