@@ -1,7 +1,6 @@
 """Gradients against the analytic float64 backward; jit and vmap."""
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import attnlab

@@ -1,5 +1,4 @@
 """Property-based shapes: any valid (B, T, S, N, K, H) and mask combination matches the reference."""
-import jax
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

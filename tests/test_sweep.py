@@ -1,6 +1,5 @@
 """Declarative sweeps, the CLI, results files, resume after SIGKILL, compare's exit codes."""
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -10,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from attnlab.cli import main
-from attnlab.sweep import Sweep, SweepError, build, load_toml
+from attnlab.sweep import SweepError, build, load_toml
 from attnlab.sweep.compare import compare
 
 ISSUE_ARGS = ["bench", "--backends", "naive,xla", "--batch", "1,2", "--seq", "64,128", "--heads", "4", "--kv-heads", "2",

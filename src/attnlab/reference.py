@@ -80,7 +80,7 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
                 local_window_size=local_window_size)
     sp = p.spec
     low = _LOW.get(np.dtype(emulate).name) if emulate is not None else None
-    B, T, N, H, S, K = sp.batch, sp.q_len, sp.heads, sp.head_dim, sp.kv_len, sp.kv_heads
+    B, T, N, S, K = sp.batch, sp.q_len, sp.heads, sp.kv_len, sp.kv_heads
     q = _round(_np(p.query), low)
     k = _round(_np(p.key), low)
     v = _round(_np(p.value), low)

@@ -1,14 +1,11 @@
 """cuDNN and auto on an NVIDIA GPU, against the float64 reference (run on the H200)."""
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import attnlab
 from attnlab import UnsupportedError, cases
-from attnlab.backends import get
-from attnlab.reference import check_close, reference_attention, reference_attention_grads, rel_l2
-from attnlab.spec import prepare
+from attnlab.reference import check_close, reference_attention_grads, rel_l2
 
 pytestmark = pytest.mark.gpu
 
