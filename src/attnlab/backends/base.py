@@ -4,6 +4,16 @@ from __future__ import annotations
 from ..spec import AttentionSpec, Prepared
 
 
+def zero_padded_queries(out, p: Prepared):
+    """jax.nn's rule: output rows t >= query_seq_lengths[b] are 0. ``out`` is (B, T, N, H)."""
+    if p.q_lengths is None:
+        return out
+    import jax.numpy as jnp
+
+    keep = jnp.arange(p.spec.q_len)[None, :] < jnp.asarray(p.q_lengths, jnp.int32)[:, None]
+    return jnp.where(keep[:, :, None, None], out, 0).astype(out.dtype)
+
+
 class Backend:
     """One attention implementation.
 

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from ..spec import Prepared
-from .base import Backend
+from .base import Backend, zero_padded_queries
 
 
 def _grouped(x, K: int, G: int):
@@ -68,7 +68,4 @@ class NaiveBackend(Backend):
         out = jnp.einsum("bkgts,bskh->btkgh", probs.astype(p.value.dtype), p.value, preferred_element_type=acc)
         # 4. output in the input dtype, padded query rows zeroed
         out = out.reshape(B, T, N, H)
-        if p.q_lengths is not None:
-            keep = jnp.arange(T)[None, :] < jnp.asarray(p.q_lengths, jnp.int32)[:, None]
-            out = jnp.where(keep[:, :, None, None], out, 0.0)
-        return out.astype(p.query.dtype)
+        return zero_padded_queries(out, p).astype(p.query.dtype)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from ..spec import AttentionSpec, Prepared
 from . import _optional
-from .base import Backend
+from .base import Backend, zero_padded_queries
 
 FUSED_MARKER = "te_fused_attn_forward"
 
@@ -109,10 +109,7 @@ class TeBackend(Backend):
             kwargs["mask"] = ~visible[:, None]            # TE: True = masked out
         with self._context():
             out = mod.apply({}, p.query, p.key, p.value, deterministic=True, **kwargs)
-        if p.q_lengths is not None:                        # jax.nn semantics: padded query rows are 0
-            keep = jnp.arange(sp.q_len)[None, :] < jnp.asarray(p.q_lengths, jnp.int32)[:, None]
-            out = jnp.where(keep[:, :, None, None], out, 0).astype(out.dtype)
-        return out
+        return zero_padded_queries(out, p)                 # jax.nn semantics: padded query rows are 0
 
     def fused_in_hlo(self, fn, *args) -> bool:
         return FUSED_MARKER in jax.jit(fn).lower(*args).as_text()

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from ..errors import UnsupportedError
 from ..spec import AttentionSpec, Prepared
 from . import _optional
-from .base import Backend
+from .base import Backend, zero_padded_queries
 
 
 class TokamaxBackend(Backend):
@@ -53,9 +53,6 @@ class TokamaxBackend(Backend):
             raise UnsupportedError(self.name, str(e) or type(e).__name__) from e
         except ExceptionGroup as e:  # tokamax groups the reasons of every implementation it tried
             raise UnsupportedError(self.name, "; ".join(str(x) for x in e.exceptions)) from e
-        if p.q_lengths is not None:
-            # tokamax leaves output rows past query_seq_lengths unzeroed (seen with tokamax 0.0.12's XLA
-            # path on 2026-12-02); jax.nn zeroes them, and so does attnlab.
-            keep = jnp.arange(p.spec.q_len)[None, :] < ln(p.q_lengths)[:, None]
-            out = jnp.where(keep[:, :, None, None], out, 0).astype(out.dtype)
-        return out
+        # tokamax leaves output rows past query_seq_lengths unzeroed (seen with tokamax 0.0.12's XLA
+        # path on 2026-12-02); jax.nn zeroes them, and so does attnlab.
+        return zero_padded_queries(out, p)
