@@ -3,6 +3,7 @@ import importlib.util
 import json
 
 import jax
+import jax.numpy as jnp
 import pytest
 from click.testing import CliRunner
 
@@ -110,6 +111,37 @@ def test_fixed_limit_backends_are_judged_by_their_limit():
         assert r["status"] == "ok" and r["tolerance"] == "test: rel L2 <= 0.1"
     finally:
         backends._REGISTRY.pop("test-loose")
+
+
+def test_backend_facts_land_in_the_record_and_a_failing_fact_is_reported():
+    class Facts(backends.Backend):
+        name = "test-facts"
+
+        def run(self, p):
+            return backends.get("naive").run(p)
+
+        def facts(self, fwd, q, k, v, fwd_as=None):
+            same = bool(jnp.all(jax.jit(fwd)(q, k, v) == jax.jit(fwd_as("naive"))(q, k, v)))
+            return {"q_shape": list(q.shape), "bit_identical_to_naive": same}
+
+    class BadFacts(Facts):
+        name = "test-bad-facts"
+
+        def facts(self, fwd, q, k, v, fwd_as=None):
+            raise RuntimeError("cannot read the program")
+
+    backends.register(Facts())
+    backends.register(BadFacts())
+    try:
+        r = measure_cell(Cell("test-facts", 1, 32, 32, 2, 2, 8, "float32", True), Options(repeats=2, max_input_sets=1))
+        assert r["status"] == "ok" and r["facts"] == {"q_shape": [1, 32, 2, 8], "bit_identical_to_naive": True}
+        r = measure_cell(Cell("test-bad-facts", 1, 32, 32, 2, 2, 8, "float32"), Options(repeats=2, max_input_sets=1))
+        assert r["status"] == "ok" and "cannot read the program" in r["facts"]["error"]
+        r = measure_cell(Cell("naive", 1, 32, 32, 2, 2, 8, "float32"), Options(repeats=2, max_input_sets=1))
+        assert "facts" not in r
+    finally:
+        backends._REGISTRY.pop("test-facts")
+        backends._REGISTRY.pop("test-bad-facts")
 
 
 @pytest.mark.skipif(not HAS_TOKAMAX, reason="tokamax not installed")

@@ -63,3 +63,14 @@ def test_torch_peer_cell(name):
     r = measure_cell(Cell(name, 2, 1024, 1024, 8, 8, 128, "bfloat16", True), Options(repeats=5))
     assert r["status"] == "ok", r["reason"]
     assert r["kernel_ms"] > 0 and r["timer"] in ("cupti", "cuda_events")
+
+
+@pytest.mark.parametrize("name", ["te", "te-fp8"])
+def test_te_sweep_records_say_how_te_ran(name):
+    _need(name)
+    r = measure_cell(Cell(name, 1, 1024, 1024, 8, 8, 128, "bfloat16", True), Options(repeats=3))
+    assert r["status"] == "ok", r["reason"]
+    assert r["facts"]["te_fused"] is True
+    if name == "te-fp8":
+        print(f"te-fp8 facts: {r['facts']}")
+        assert isinstance(r["facts"]["fp8_in_program"], bool) and isinstance(r["facts"]["bit_identical_to_te"], bool)

@@ -57,5 +57,11 @@ class Backend:
         """Version of the library behind this backend, if any."""
         return None
 
+    def facts(self, fwd, q, k, v, fwd_as=None) -> dict | None:
+        """What a sweep record should say about how this backend ran ``fwd(q, k, v)`` (e.g. whether
+        FP8 engaged), measured on the compiled program; None when there is nothing to add.
+        ``fwd_as(name)`` gives the same call on another backend, for comparisons."""
+        return None
+
     def __repr__(self) -> str:
         return f"<attnlab backend {self.name!r}>"

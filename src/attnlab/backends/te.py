@@ -114,6 +114,9 @@ class TeBackend(Backend):
     def fused_in_hlo(self, fn, *args) -> bool:
         return FUSED_MARKER in jax.jit(fn).lower(*args).as_text()
 
+    def facts(self, fwd, q, k, v, fwd_as=None) -> dict:
+        return {"te_fused": self.fused_in_hlo(fwd, q, k, v)}
+
 
 class TeFp8Backend(TeBackend):
     name = "te-fp8"
@@ -129,3 +132,10 @@ class TeFp8Backend(TeBackend):
         """True when the compiled program holds FP8 values (e4m3/e5m2)."""
         text = jax.jit(fn).lower(*args).compile().as_text()
         return "f8e4m3" in text.lower() or "f8e5m2" in text.lower()
+
+    def facts(self, fwd, q, k, v, fwd_as=None) -> dict:
+        """Whether FP8 engaged, and whether the output is bit-identical to plain 'te' on the same call."""
+        facts = {"te_fused": self.fused_in_hlo(fwd, q, k, v), "fp8_in_program": self.fp8_engaged(fwd, q, k, v)}
+        if fwd_as is not None:
+            facts["bit_identical_to_te"] = bool(jnp.all(jax.jit(fwd)(q, k, v) == jax.jit(fwd_as("te"))(q, k, v)))
+        return facts

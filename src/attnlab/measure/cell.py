@@ -340,6 +340,12 @@ def measure_cell(cell: Cell, opts: Options | None = None) -> dict:
                 raise _Skip("incorrect", f"rel L2 {chk['rel_err']:.3g} over the limit ({chk['rule']})")
             if chk.get("grad_check") == "incorrect":
                 raise _Skip("incorrect", f"gradient rel L2 {chk['grad_rel_err']:.3g} > {chk['grad_limit']:g}")
+        try:
+            facts = backend.facts(fwd, q0, k0, v0, fwd_as=lambda name: _functions(dataclasses.replace(cell, backend=name))[0])
+        except Exception as e:  # noqa: BLE001 - a fact that cannot be read is reported, not fatal
+            facts = {"error": _short(f"{type(e).__name__}: {e}", 200)}
+        if facts:
+            rec["facts"] = facts
         repeats = opts.repeats or (20 if info.platform == "gpu" else 5)
         rec["repeats"] = repeats
         try:
