@@ -31,9 +31,14 @@ def main(path):
     recs = [json.loads(l) for l in open(path)]
     tf = lambda r: f"{r['tflops']:.0f} ({r['pct_peak']:.0f}%)"  # noqa: E731
     gb = lambda r: f"{r['gbps']:.0f} GB/s ({r['kernel_ms']:.3f} ms)"  # noqa: E731
-    f8 = lambda r: f"{r['kernel_ms']:.3f} ms, err {100 * r['rel_err']:.2f}%"  # noqa: E731
+    def f8(r):
+        facts = r.get("facts") or {}
+        note = "" if "fp8_in_program" not in facts else f", FP8 in program: {'yes' if facts['fp8_in_program'] else 'no'}"
+        return f"{r['kernel_ms']:.3f} ms, err {100 * r['rel_err']:.2f}%{note}"
+
     shape = lambda r: f"H{r['head_dim']} T{r['q_len']} B{r['batch']}{' causal' if r['causal'] else ''}"  # noqa: E731
     print(table(recs, "fwd", tf, shape, "Forward bf16, N=16, 16k tokens: TFLOP/s (% of 989 TFLOP/s)"))
+    print(table(recs, "fwd16", tf, shape, "Forward fp16 (Pallas Mosaic GPU takes float16 only), 16k tokens: TFLOP/s (% of peak)"))
     print(table(recs, "train", tf, shape, "fwd+bwd bf16, T=4096, B=4, N=16, H=128: TFLOP/s (% of peak)"))
     print(table(recs, "decode", gb, lambda r: f"S{r['kv_len']}", "Decode T=1, B=8, N=32, K=8, H=128: GB/s (HBM 4800 GB/s)"))
     print(table(recs, "fp8", f8, shape, "FP8 vs bf16, N=16, H=128, 16k tokens: kernel ms and rel L2 vs float64"))

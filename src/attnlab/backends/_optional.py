@@ -46,9 +46,10 @@ def preload_pip_cudnn() -> str | None:
 
     On the H200 image a second cuDNN lives in /lib; TransformerEngine and PyTorch's cuDNN
     attention dlopen cuDNN's sub-libraries by name and, without this, can pick that one up:
-    'libcudnn_cnn.so.9: undefined symbol ... libcudnn_graph.so.9' (seen 2026-12-02).
-    Setting LD_LIBRARY_PATH to the same folder before Python starts was seen to cure the
-    import; this preload does the same from inside the process. Returns the folder used, or None.
+    'libcudnn_cnn.so.9: undefined symbol ... libcudnn_graph.so.9' (seen 2026-12-02). With this
+    preload TE reports cuDNN 9.19 and its fused kernels; with LD_LIBRARY_PATH set to the pip folder
+    instead, TE imported but loaded the system 9.14 and found no fused kernel
+    (CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED; benchmarks/te_probe.py). Returns the folder used, or None.
     """
     import ctypes
     import glob
