@@ -14,9 +14,10 @@ def table(recs, sweep, metric, keyf, title, also=()):
         return ""
     ident = {(keyf(r), r["dtype"], r["mode"]) for r in rs}
     own = list(dict.fromkeys(r["backend"] for r in rs))
-    rs = rs + [r for r in recs if r["backend"] in also and (keyf(r), r["dtype"], r["mode"]) in ident and r not in rs]
-    bes = list(dict.fromkeys(r["backend"] for r in rs))
-    bes = [b for b in also if b in bes and b not in own] + own
+    taken = [r for r in recs if r.get("sweep") != sweep and r["backend"] in also and r["backend"] not in own
+             and (keyf(r), r["dtype"], r["mode"]) in ident]
+    bes = [b for b in also if any(r["backend"] == b for r in taken)] + own
+    rs = rs + taken
     keys = list(dict.fromkeys(keyf(r) for r in rs))
     out = [f"**{title}**", "", "| config | " + " | ".join(bes) + " |", "| --- |" + " --- |" * len(bes)]
     for k in keys:
