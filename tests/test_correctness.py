@@ -7,7 +7,7 @@ import attnlab
 from attnlab import cases
 from attnlab.reference import check_close, reference_attention
 
-SHAPES = {  # (B, T, S, N, K, H)
+SHAPES = {  # (B, T, S, N, K, H); the index is each shape's fixed input seed
     "mha": (2, 16, 16, 4, 4, 16),
     "gqa2": (2, 16, 24, 4, 2, 8),
     "gqa4": (1, 8, 16, 8, 2, 16),
@@ -45,7 +45,7 @@ def test_mask_modes_match_reference(impl, dtype, mode):
 @pytest.mark.parametrize("causal", [False, True])
 def test_shapes_match_reference(impl, dtype, shape, causal):
     B, T, S, N, K, H = SHAPES[shape]
-    q, k, v = attnlab.inputs.random_qkv(B, T, S, N, K, H, dtype, seed=hash(shape) % 1000)
+    q, k, v = attnlab.inputs.random_qkv(B, T, S, N, K, H, dtype, seed=list(SHAPES).index(shape))
     out = jax.jit(lambda q, k, v: attnlab.attention(q, k, v, is_causal=causal, implementation=impl))(q, k, v)
     verdict = check_close(out, q, k, v, is_causal=causal)
     assert verdict.ok, (shape, dtype, verdict)

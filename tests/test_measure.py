@@ -57,16 +57,21 @@ def test_ok_cell_record(mode, dtype):
     assert r["rel_err"] < 1e-2 and r["temp_bytes"] is not None and r["peak_bytes"] > 0
     assert r["pct_peak"] is None  # no datasheet entry for a CPU
     if mode != "fwd":
-        assert r["grad_check"] == "ok"
+        assert r["grad_check"] == "ok" and r["grad_checked_fraction"] == 1.0
+        assert set(r["grad_checks"]) == {"dq", "dk", "dv"}
     for k in ("backend", "batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype", "causal", "window",
               "mode", "status", "reason", "kernel_ms", "wall_ms", "compile_s", "tflops", "gbps", "pct_peak", "rel_err",
               "max_abs_err", "temp_bytes", "peak_bytes"):
         assert k in r
 
 
-def test_large_cell_is_checked_on_row_slices():
-    r = measure_cell(cell("xla", q_len=600, kv_len=600, causal=True, window=(64, 0)), FAST)
-    assert r["status"] == "ok" and r["checked_rows"] == 256
+def test_large_cell_is_checked_whole_and_on_float64_rows():
+    r = measure_cell(cell("xla", batch=3, q_len=600, kv_len=600, causal=True, window=(64, 0)), FAST)
+    assert r["status"] == "ok" and r["checked_fraction"] == 1.0
+    dev, f64 = r["checks"]["float32_device"], r["checks"]["float64_rows"]
+    assert dev["fraction"] == 1.0 and dev["ok"] and f64["ok"]
+    assert f64["batch"] == [0, 1, 2] and 4 * 64 >= f64["rows"] > 2 * 64   # edges + interior tiles
+    assert r["margin"] >= 1 and r["rel_err"] <= dev["limit"]
 
 
 def test_unsupported():

@@ -135,8 +135,9 @@ def _write(path, recs):
 
 def _rec(ms, backend="xla", status="ok"):
     return {"backend": backend, "batch": 1, "q_len": 64, "kv_len": 64, "heads": 4, "kv_heads": 4, "head_dim": 32,
-            "dtype": "bfloat16", "causal": False, "window": None, "mode": "fwd", "status": status, "kernel_ms": ms,
-            "wall_ms": ms * 2, "timer": "cupti"}
+            "dtype": "bfloat16", "causal": False, "window": None, "mode": "fwd", "status": status,
+            "reason": None if status == "ok" else status, "kernel_ms": ms if status == "ok" else None,
+            "wall_ms": ms * 2 if status == "ok" else None, "timer": "cupti"}
 
 
 def test_compare_exit_codes(tmp_path):

@@ -1,6 +1,7 @@
 """Results store: one JSON record per line, each flushed and fsync'd as it is written.
 
 A killed run loses at most the record being written; a torn last line is ignored on read.
+Records are checked against ``attnlab.records``' schema when written and when read.
 """
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import json
 import os
 from typing import Iterable
 
+from .records import upgrade, validate
+
 
 class ResultStore:
     def __init__(self, path):
@@ -16,6 +19,8 @@ class ResultStore:
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
 
     def append(self, record: dict) -> None:
+        """Validate ``record`` against the schema (``attnlab.records``), then write it durably."""
+        validate(record)
         line = json.dumps(record, default=_jsonable, allow_nan=True)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
@@ -29,6 +34,15 @@ class ResultStore:
         csv_path = csv_path or os.path.splitext(self.path)[0] + ".csv"
         write_csv(self.records(), csv_path, columns)
         return csv_path
+
+
+def read_records(path) -> list[dict]:
+    """The records of a results file, upgraded from older schemas and validated (``RecordError``
+    names the line and the field that breaks the schema)."""
+    out = []
+    for i, rec in enumerate(read_jsonl(path), 1):
+        out.append(validate(upgrade(rec), where=f"{os.fspath(path)}: record {i}: "))
+    return out
 
 
 def read_jsonl(path) -> list[dict]:

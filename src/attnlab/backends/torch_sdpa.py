@@ -2,16 +2,15 @@
 
 The same inputs are handed over from JAX by DLPack (no copy). These kernels cannot run inside
 ``jax.jit``: ``attention(..., implementation="torch-flash")`` works on concrete arrays only, and
-sweeps measure them through ``measure_native`` with the same CUPTI timer as the JAX paths
-(CUDA events where CUPTI cannot be used, said so in the record's ``timer``).
+sweeps check their whole output like every backend's and time them through ``measure_native`` with
+CUPTI, as the JAX paths (``attnlab.measure.timers.cupti_per_call``; CUDA events only where CUPTI
+cannot be used, and then the record's ``timer`` says ``cuda_events``).
 """
 from __future__ import annotations
 
 import time
 
 import jax
-import ml_dtypes  # noqa: F401  (NumPy learns bfloat16)
-import numpy as np
 
 from ..errors import UnsupportedError
 from ..spec import AttentionSpec, Prepared
@@ -84,11 +83,18 @@ class TorchSdpaBackend(Backend):
         return jax.dlpack.from_dlpack(out.contiguous())
 
     def measure_native(self, spec: AttentionSpec, scale: float, arg_sets, repeats: int, warmup: int) -> dict:
-        """Time the kernel on the JAX input sets (handed over by DLPack): kernel and wall ms, first-call s."""
+        """Time the kernel on the JAX input sets (handed over by DLPack): CUPTI kernel ms (as for every
+        JAX backend), wall ms, first-call s, and this cell's peak of PyTorch allocations.
+
+        Where CUPTI cannot be used the record says so: ``timer: cuda_events`` and ``timer_note``."""
         from ..measure.stats import Stats
+        from ..measure.timers import cupti_per_call
 
         torch, fn = self._fn(spec, scale)
         sets = [tuple(_to_torch(x) for x in s) for s in arg_sets]
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
         t0 = time.perf_counter()
         fn(*sets[0])
         torch.cuda.synchronize()
@@ -97,25 +103,9 @@ class TorchSdpaBackend(Backend):
             fn(*sets[i % len(sets)])
         torch.cuda.synchronize()
         out: dict = {"compile_s": first_s, "lower_s": 0.0}
-        per_set = max(1, -(-repeats // len(sets)))
         try:
-            from jax.experimental.mosaic.gpu import profiler
-
-            samples = []
-            for s in sets:
-                def call(*_a, s=s):
-                    r = None
-                    for _ in range(1):
-                        r = fn(*s)
-                    torch.cuda.synchronize()
-                    return r
-                for _ in range(per_set):
-                    _, t = profiler.measure(call)()
-                    if t is None:
-                        raise RuntimeError("CUPTI saw no kernel")
-                    samples.append(t)
-            out.update(Stats.of(samples).as_dict("kernel"), timer="cupti")
-        except Exception as e:  # noqa: BLE001 - fall back to CUDA events, and say so
+            out.update(cupti_per_call(fn, sets, repeats, torch.cuda.synchronize).as_dict("kernel"), timer="cupti")
+        except Exception as e:  # noqa: BLE001 - CUDA events instead, and the record says why
             samples = []
             for i in range(repeats):
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -125,7 +115,7 @@ class TorchSdpaBackend(Backend):
                 torch.cuda.synchronize()
                 samples.append(a.elapsed_time(b))
             out.update(Stats.of(samples).as_dict("kernel"), timer="cuda_events",
-                       timer_note=f"CUPTI unusable for torch ({type(e).__name__}): CUDA events")
+                       timer_note=f"CUPTI unusable for torch ({type(e).__name__}: {e}): CUDA events")
         wall = []
         for i in range(repeats):
             t0 = time.perf_counter()
@@ -138,12 +128,7 @@ class TorchSdpaBackend(Backend):
             fn(*sets[i % len(sets)])
         torch.cuda.synchronize()
         out["pipelined_ms"] = (time.perf_counter() - t0) * 1e3 / 20
-        out["torch_peak_bytes"] = int(torch.cuda.max_memory_allocated())
+        # this cell's own peak: PyTorch's allocator was reset above (its inputs live in JAX's allocator)
+        out["runtime_peak_bytes"] = int(torch.cuda.max_memory_allocated() - base)
+        out["runtime_peak_scope"] = "PyTorch allocations of this cell (inputs are JAX's)"
         return out
-
-    def output_numpy(self, q, k, v, spec: AttentionSpec, scale: float) -> np.ndarray:
-        torch, fn = self._fn(spec, scale)
-        o = fn(_to_torch(q), _to_torch(k), _to_torch(v))
-        # float32 holds bf16/fp16 values exactly; hand them back in the input dtype so the
-        # tolerance policy judges them as such.
-        return o.float().cpu().numpy().astype(np.dtype(spec.dtype))

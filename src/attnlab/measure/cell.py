@@ -1,9 +1,9 @@
-"""Measure one sweep cell: check it against the reference, then time it, and return one record.
+"""Measure one sweep cell: check it against the references, then time it, and return one record.
 
-A cell is one (backend, shape, dtype, mask, mode). Its record's ``status`` is one of
-``ok``, ``incorrect``, ``unsupported``, ``oom``, ``compile_error``, ``runtime_error``,
-``over_budget``, with ``reason`` saying why. Only ``ok`` cells carry speed: an incorrect
-cell is never timed.
+A cell is one (backend, shape, dtype, mask, mode). Its record (schema: ``attnlab.records``) has a
+``status``: ``ok`` (whole output and gradients checked, then timed), ``unchecked`` (timed with the
+check off), or ``incorrect``, ``unsupported``, ``oom``, ``compile_error``, ``runtime_error``,
+``over_budget`` with ``reason`` saying why. An incorrect cell is never timed.
 """
 from __future__ import annotations
 
@@ -21,13 +21,12 @@ import numpy as np
 from .. import api, backends, device
 from ..errors import UnsupportedError
 from ..inputs import random_qkv
-from ..reference import (check_close, default_matmul_is_tf32, low_precision_baseline, reference_attention,
-                         reference_attention_grads, rel_l2)
+from ..reference import default_matmul_is_tf32
 from ..spec import prepare
 from ..workload import Workload
-from . import memory, peaks, timers
+from ..records import SCHEMA_VERSION, STATUSES  # noqa: F401  (STATUSES re-exported)
+from . import check, memory, peaks, timers
 
-STATUSES = ("ok", "incorrect", "unsupported", "oom", "compile_error", "runtime_error", "over_budget")
 MODES = ("fwd", "fwd+bwd", "bwd")
 IDENTITY = ("backend", "batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype", "causal", "window", "mode",
             "devices", "strategy")
@@ -213,69 +212,34 @@ def _functions(cell: Cell):
     return fwd, lambda vjp_fn, ct: vjp_fn(ct), make_bwd_args
 
 
-def _check_forward(fwd, q, k, v, cell: Cell, rows: int = 128, backend=None, jit: bool = True) -> dict:
-    """Compare a slice of the output (first and last query rows, <= 2 batch elements) with float64."""
-    out = jax.jit(fwd)(q, k, v) if jit else fwd(q, k, v)
-    b = min(cell.batch, 2)
-    T = cell.q_len
-    kw = dict(is_causal=cell.causal, local_window_size=cell.window)
-    if backend is not None and backend.rel_l2_limit:
-        kw.update(limit=backend.rel_l2_limit, rule=backend.rel_l2_rule)
-    slices = [(0, min(T, rows))] + ([(T - rows, T)] if T > 2 * rows else [(min(T, rows), T)] if T > rows else [])
-    verdicts = []
-    for lo, hi in slices:
-        o = np.asarray(out[:b, lo:hi])
-        if not np.all(np.isfinite(o)):
-            return {"ok": False, "rel_err": math.inf, "max_abs_err": math.inf, "rule": "NaN/Inf in output"}
-        ref, base = _reference_slice(cell, q, k, v, b, lo, hi, np.dtype(o.dtype).name)
-        verdicts.append(check_close(o, q[:b, lo:hi], k[:b], v[:b], query_offset=lo, ref=ref, baseline_err=base, **kw))
-    return {"ok": all(v_.ok for v_ in verdicts), "rel_err": max(v_.rel_err for v_ in verdicts),
-            "max_abs_err": max(v_.max_abs_err for v_ in verdicts), "rule": verdicts[0].rule,
-            "checked_rows": sum(hi - lo for lo, hi in slices), "checked_batch": b}
+def ref_key(cell: Cell, seed: int) -> str:
+    """The identity of a cell's problem and inputs: every backend and mode of it shares references."""
+    ident = {k: v for k, v in cell.identity().items() if k not in ("backend", "mode")}
+    return json.dumps({**ident, "seed": seed}, sort_keys=True)
 
 
-_REF_CACHE: dict = {}
+def semantics(cell: Cell) -> check.Semantics:
+    return check.Semantics(causal=cell.causal, window=cell.window)
 
 
-def _reference_slice(cell: Cell, q, k, v, b, lo, hi, out_dtype):
-    """(float64 reference rows lo:hi, low-precision baseline error), shared by every backend measured
-    on the same inputs (a sweep draws the same random inputs for each backend of a configuration)."""
-    key = (cell.batch, cell.q_len, cell.kv_len, cell.heads, cell.kv_heads, cell.head_dim, cell.dtype, cell.causal,
-           cell.window, b, lo, hi, out_dtype, float(jnp.sum(q[:1, :1].astype(jnp.float32))))
-    if key not in _REF_CACHE:
-        if len(_REF_CACHE) > 16:
-            _REF_CACHE.clear()
-        kw = dict(is_causal=cell.causal, local_window_size=cell.window, query_offset=lo)
-        qs, ks, vs = q[:b, lo:hi], k[:b], v[:b]
-        ref = reference_attention(qs, ks, vs, **kw)
-        base = low_precision_baseline(qs, ks, vs, ref=ref, emulate=out_dtype, **kw) if out_dtype in ("bfloat16", "float16") else None
-        _REF_CACHE[key] = (ref, base)
-    return _REF_CACHE[key]
-
-
-GRAD_CHECK_MAX_ENTRIES = 2**22
-
-
-def _check_grads(grads, q, k, v, ct, cell: Cell) -> dict:
-    if cell.batch * cell.heads * cell.q_len * cell.kv_len > GRAD_CHECK_MAX_ENTRIES:
-        return {"grad_check": "skipped: too large for the float64 reference"}
-    refs = reference_attention_grads(q, k, v, ct, is_causal=cell.causal, local_window_size=cell.window)
-    low = cell.dtype in ("bfloat16", "float16")
-    limit = 5e-2 if low else (3e-3 if default_matmul_is_tf32() else 1e-4)
-    errs = [rel_l2(g, r) for g, r in zip(grads, refs)]
-    return {"grad_check": "ok" if max(errs) <= limit else "incorrect", "grad_rel_err": max(errs), "grad_limit": limit}
+#: Fields every cell record has (None until measured); see ``attnlab.records`` for the schema.
+MEASURED_FIELDS = ("kernel_ms", "wall_ms", "pipelined_ms", "dispatch_ms", "compile_s", "lower_s", "tflops", "gbps",
+                   "pct_peak", "pct_ceiling", "rel_err", "max_abs_err", "temp_bytes", "peak_bytes", "process_peak_bytes",
+                   "checked_fraction", "grad_check")
+TIMING_FIELDS = ("kernel_ms", "wall_ms", "pipelined_ms", "dispatch_ms", "tflops", "gbps", "pct_peak", "pct_ceiling")
 
 
 def measure_cell(cell: Cell, opts: Options | None = None) -> dict:
-    """Check then time one cell; always returns a record (never raises for a failing cell)."""
+    """Check then time one cell; always returns a record (never raises for a failing cell).
+
+    The whole forward output (and for fwd+bwd / bwd cells every gradient) is checked before any
+    timing (``attnlab.measure.check``); an incorrect cell is never timed."""
     opts = opts or Options()
     info = device.current()
-    rec: dict = {**cell.identity(), "status": "ok", "reason": None}
+    rec: dict = {"schema": SCHEMA_VERSION, **cell.identity(), "status": "ok", "reason": None}
     w = cell.workload
     rec.update(flops=w.flops(cell.mode), bytes=w.bytes(cell.mode), intensity=w.intensity(cell.mode))
-    for k_ in ("kernel_ms", "wall_ms", "pipelined_ms", "dispatch_ms", "compile_s", "lower_s", "tflops", "gbps",
-               "pct_peak", "pct_ceiling", "rel_err", "max_abs_err", "temp_bytes", "peak_bytes", "runtime_peak_bytes"):
-        rec[k_] = None
+    rec.update({k_: None for k_ in MEASURED_FIELDS})
     no_cupti = timers.kernel_timer_available()
     rec["timer"] = "cupti" if no_cupti is None else "wall"
     t_start = time.perf_counter()
@@ -327,19 +291,15 @@ def measure_cell(cell: Cell, opts: Options | None = None) -> dict:
             raise _Skip("oom", f"compiled peak {rec['peak_bytes']} bytes > device limit {limit} bytes; not run")
         if opts.check:
             try:
-                chk = _check_forward(fwd, q0, k0, v0, cell, backend=backend)
+                out = compiled(*arg_sets[0]) if cell.mode == "fwd" else jax.jit(fwd)(q0, k0, v0)
+                _check_into(rec, out, sets[0], cell, backend, opts)
                 if cell.mode != "fwd":
                     grads = compiled(*arg_sets[0])
-                    chk.update(_check_grads(grads, q0, k0, v0, cts[0], cell))
+                    _check_grads_into(rec, grads, sets[0], cts[0], cell, opts)
+            except _Skip:
+                raise
             except Exception as e:  # noqa: BLE001
                 raise _Skip(*classify(e, "run"))
-            rec.update(rel_err=chk["rel_err"], max_abs_err=chk["max_abs_err"], tolerance=chk["rule"],
-                       checked_rows=chk.get("checked_rows"), grad_check=chk.get("grad_check"),
-                       grad_rel_err=chk.get("grad_rel_err"))
-            if not chk["ok"]:
-                raise _Skip("incorrect", f"rel L2 {chk['rel_err']:.3g} over the limit ({chk['rule']})")
-            if chk.get("grad_check") == "incorrect":
-                raise _Skip("incorrect", f"gradient rel L2 {chk['grad_rel_err']:.3g} > {chk['grad_limit']:g}")
         try:
             facts = backend.facts(fwd, q0, k0, v0, fwd_as=lambda name: _functions(dataclasses.replace(cell, backend=name))[0])
         except Exception as e:  # noqa: BLE001 - a fact that cannot be read is reported, not fatal
@@ -356,8 +316,10 @@ def measure_cell(cell: Cell, opts: Options | None = None) -> dict:
             rec["pipelined_ms"] = timers.wall_pipelined(compiled, arg_sets, opts.pipelined_calls).median
         except Exception as e:  # noqa: BLE001
             raise _Skip(*classify(e, "run"))
-        rec["runtime_peak_bytes"] = memory.runtime_peak_bytes()
-        _metrics(rec, cell, info)
+        rec["process_peak_bytes"] = memory.process_peak_bytes()
+        _metrics(rec, cell, info, backend)
+        if not opts.check:
+            rec["status"] = "unchecked"
     except _Skip as s:
         rec["status"], rec["reason"] = s.status, s.reason
     except Exception as e:  # noqa: BLE001 - a failing cell must never stop a sweep
@@ -365,14 +327,38 @@ def measure_cell(cell: Cell, opts: Options | None = None) -> dict:
     return _finish(rec, t_start)
 
 
-def _metrics(rec: dict, cell: Cell, info) -> None:
-    """TFLOP/s, GB/s and % of peak from the record's headline time (kernel time where measured)."""
+def _check_into(rec: dict, out, inputs, cell: Cell, backend, opts: Options) -> None:
+    """Check the whole forward output; record it; raise _Skip('incorrect') when it fails."""
+    q, k, v = inputs
+    chk = check.check_forward(check.device_array(out), q, k, v, semantics(cell), ref_key=ref_key(cell, opts.seed),
+                              fixed_limit=backend.rel_l2_limit, fixed_rule=backend.rel_l2_rule)
+    ok, why = chk.pop("ok"), chk.pop("reason")
+    rec.update(chk)
+    if not ok:
+        raise _Skip("incorrect", f"output wrong: {why} ({chk['tolerance']})")
+
+
+def _check_grads_into(rec: dict, grads, inputs, ct, cell: Cell, opts: Options) -> None:
+    q, k, v = inputs
+    chk = check.check_grads(grads, q, k, v, ct.astype(q.dtype), semantics(cell), ref_key=ref_key(cell, opts.seed))
+    why = chk.pop("grad_reason")
+    rec.update(chk)
+    if chk["grad_check"] != "ok":
+        raise _Skip("incorrect", why)
+
+
+def _metrics(rec: dict, cell: Cell, info, backend=None) -> None:
+    """TFLOP/s, GB/s and % of peak from the record's headline time (kernel time where measured).
+
+    The peak is the one of the dtype the backend computes in (``Backend.compute_dtype``, e.g. FP8)."""
     t_ms = rec["kernel_ms"] if rec["kernel_ms"] is not None else rec["wall_ms"]
     if rec["kernel_ms"] is not None and rec["wall_ms"] is not None:
         rec["dispatch_ms"] = rec["wall_ms"] - rec["kernel_ms"]
     rec["tflops"] = rec["flops"] / (t_ms * 1e-3) / 1e12
     rec["gbps"] = rec["bytes"] / (t_ms * 1e-3) / 1e9
-    pk = peaks.peak_tflops(info.kind, cell.dtype, tf32=default_matmul_is_tf32())
+    peak_dtype = getattr(backend, "compute_dtype", None) or cell.dtype
+    pk = peaks.peak_tflops(info.kind, peak_dtype, tf32=default_matmul_is_tf32())
+    rec["peak_dtype"] = peaks.dtype_class(peak_dtype, default_matmul_is_tf32())
     rec["peak_tflops"] = pk
     rec["pct_peak"] = 100 * rec["tflops"] / pk if pk else None
     ceil = peaks.load_ceilings(info.kind)
@@ -381,30 +367,32 @@ def _metrics(rec: dict, cell: Cell, info) -> None:
 
 
 def _measure_native(backend, cell: Cell, spec, sets, opts: Options, rec: dict, info) -> None:
-    """A backend outside JAX (PyTorch): check its output on the same inputs, then its own timer."""
+    """A backend outside JAX (PyTorch): check its whole output on the same inputs, then time it
+    with the backend's own hook (CUPTI where it works, said in ``timer``)."""
     q0, k0, v0 = sets[0]
     scale = 1.0 / math.sqrt(cell.head_dim)
     try:
         if opts.check:
-            out_fn = lambda q, k, v: backend.output_numpy(q, k, v, spec, scale)  # noqa: E731
-            chk = _check_forward(out_fn, q0, k0, v0, cell, backend=backend, jit=False)
-            rec.update(rel_err=chk["rel_err"], max_abs_err=chk["max_abs_err"], tolerance=chk["rule"],
-                       checked_rows=chk.get("checked_rows"))
-            if not chk["ok"]:
-                raise _Skip("incorrect", f"rel L2 {chk['rel_err']:.3g} over the limit ({chk['rule']})")
+            out = backend.run(prepare(q0, k0, v0, is_causal=cell.causal, local_window_size=cell.window))
+            _check_into(rec, out, sets[0], cell, backend, opts)
         repeats = opts.repeats or 20
         rec["repeats"] = repeats
         rec.update(backend.measure_native(spec, scale, sets, repeats, opts.warmup))
+        rec["process_peak_bytes"] = memory.process_peak_bytes()
+        if not opts.check:
+            rec["status"] = "unchecked"
     except _Skip:
         raise
     except Exception as e:  # noqa: BLE001
         raise _Skip(*classify(e, "run"))
-    _metrics(rec, cell, info)
+    _metrics(rec, cell, info, backend)
 
 
 def _finish(rec: dict, t_start: float) -> dict:
-    if rec["status"] != "ok":
-        for k_ in ("kernel_ms", "wall_ms", "pipelined_ms", "dispatch_ms", "tflops", "gbps", "pct_peak", "pct_ceiling"):
+    if rec["status"] not in ("ok", "unchecked"):
+        for k_ in TIMING_FIELDS:
+            rec[k_] = None
+        for k_ in [k for k in rec if k.startswith(("kernel_", "wall_"))]:
             rec[k_] = None
     rec["cell_s"] = time.perf_counter() - t_start
     rec["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

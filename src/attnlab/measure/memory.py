@@ -1,4 +1,4 @@
-"""Memory a compiled attention costs: XLA's compiled analysis, and the device's runtime peak."""
+"""Memory a compiled attention costs: XLA's compiled analysis, and the process's device high-water mark."""
 from __future__ import annotations
 
 import jax
@@ -28,8 +28,11 @@ def device_memory_stats() -> dict | None:
         return None
 
 
-def runtime_peak_bytes() -> int | None:
-    """Peak bytes in use on the device since the process started (GPU allocator), or None."""
+def process_peak_bytes() -> int | None:
+    """Peak bytes in use on the device since the *process* started (GPU allocator), or None.
+
+    JAX's allocator cannot reset its peak, so this is the process's high-water mark when it is
+    read, not one cell's peak; a cell's own compiled footprint is ``compiled_memory``'s peak."""
     s = device_memory_stats()
     return None if not s else s.get("peak_bytes_in_use")
 

@@ -79,6 +79,41 @@ def kernel_per_call(compiled: Callable, arg_sets: Sequence[Sequence], repeats: i
     return Stats.of(samples)
 
 
+def cupti_per_call(fn: Callable, arg_sets: Sequence[Sequence], repeats: int, sync: Callable[[], None]) -> Stats:
+    """GPU kernel milliseconds per call of a callable that is not a JAX function (PyTorch), by CUPTI.
+
+    The same CUPTI extension as ``kernel_per_call`` (jaxlib's Mosaic GPU library), driven directly:
+    ``profiler.measure`` jit-compiles what it measures, which a PyTorch call cannot be. All kernels
+    one call launches are summed; ``sync()`` waits for the device (``torch.cuda.synchronize``)."""
+    from jax._src.lib import mosaic_gpu as mosaic_gpu_lib
+
+    if mosaic_gpu_lib is None:
+        raise RuntimeError("jaxlib has no Mosaic GPU library: no CUPTI timer")
+    ext = mosaic_gpu_lib._mosaic_gpu_ext
+    per_set = max(1, -(-repeats // len(arg_sets)))
+    samples: list[float] = []
+    for args in arg_sets:
+        fn(*args)
+        sync()
+        ext._cupti_init()
+        try:
+            for _ in range(per_set):
+                fn(*args)
+            sync()
+        finally:
+            try:
+                timings = ext._cupti_get_timings(True)
+            except TypeError:  # older jaxlib: no ``finalize`` argument
+                timings = ext._cupti_get_timings()
+        if not timings:
+            raise RuntimeError("CUPTI saw no kernel launched by this call")
+        if len(timings) % per_set:
+            raise RuntimeError(f"{len(timings)} kernels over {per_set} calls: calls launch different kernels")
+        k = len(timings) // per_set
+        samples.extend(sum(t for _, t in timings[i * k:(i + 1) * k]) for i in range(per_set))
+    return Stats.of(samples)
+
+
 def warm_up(compiled: Callable, arg_sets: Sequence[Sequence], n: int = 2):
     for i in range(max(n, len(arg_sets))):
         _block(compiled(*arg_sets[i % len(arg_sets)]))

@@ -5,7 +5,7 @@ import dataclasses
 import os
 
 from ..measure.cell import record_key
-from ..store import read_jsonl
+from ..store import read_records
 from .engine import config_label, time_ms
 
 
@@ -15,7 +15,7 @@ def load(path) -> list[dict]:
         p = os.path.join(p, "results.jsonl")
     if not os.path.exists(p):
         raise FileNotFoundError(f"no results at {path} (expected a results.jsonl file or a folder holding one)")
-    return [r for r in read_jsonl(p) if "backend" in r]
+    return [r for r in read_records(p) if "backend" in r]
 
 
 @dataclasses.dataclass

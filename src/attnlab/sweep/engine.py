@@ -7,22 +7,23 @@ from typing import Callable
 
 from .. import env as envmod
 from ..measure.cell import IDENTITY, Cell, Options, measure_cell, record_key
-from ..store import ResultStore, read_jsonl, write_csv
+from ..store import ResultStore, read_records, write_csv
 from .spec import Sweep
 
 CSV_COLUMNS = list(IDENTITY) + [
-    "status", "reason", "kernel_ms", "wall_ms", "pipelined_ms", "dispatch_ms", "compile_s", "tflops", "gbps",
-    "pct_peak", "pct_ceiling", "rel_err", "max_abs_err", "temp_bytes", "peak_bytes", "runtime_peak_bytes", "timer",
-    "kernel_min_ms", "kernel_max_ms", "kernel_iqr_ms", "wall_min_ms", "wall_max_ms", "wall_iqr_ms", "flops", "bytes",
-    "intensity", "grad_check", "grad_rel_err", "input_sets", "repeats", "devices", "strategy", "mesh", "sweep",
-    "timestamp", "env",
+    "status", "reason", "timer", "kernel_ms", "wall_ms", "pipelined_ms", "dispatch_ms", "compile_s", "tflops", "gbps",
+    "pct_peak", "peak_dtype", "pct_ceiling", "checked_fraction", "rel_err", "row_err", "rel_err_f64", "max_abs_err",
+    "margin", "tolerance", "grad_check", "grad_rel_err", "grad_margin", "grad_checked_fraction", "temp_bytes",
+    "peak_bytes", "runtime_peak_bytes", "process_peak_bytes", "kernel_min_ms", "kernel_max_ms", "kernel_iqr_ms",
+    "wall_min_ms", "wall_max_ms", "wall_iqr_ms", "flops", "bytes", "intensity", "input_sets", "repeats", "devices",
+    "strategy", "mesh", "sweep", "schema", "timestamp", "env",
 ]
 
 
 def _compact(path: str) -> list[dict]:
     """Rewrite the results file without torn lines or duplicate cells (first record of a cell wins)."""
     seen, kept = set(), []
-    for r in read_jsonl(path):
+    for r in read_records(path):
         k = record_key(r)
         if k in seen:
             continue
@@ -68,7 +69,7 @@ def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, options: Opti
         if on_cell:
             on_cell(cell, rec, i, len(cells))
     records = [done[c.key()] for c in cells if c.key() in done]
-    write_csv(read_jsonl(path), os.path.join(out_dir, "results.csv"), CSV_COLUMNS)
+    write_csv(read_records(path), os.path.join(out_dir, "results.csv"), CSV_COLUMNS)
     return records
 
 

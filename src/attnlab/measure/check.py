@@ -1,0 +1,180 @@
+"""Is a cell's answer right? The whole output and every gradient, against two references, one policy.
+
+- **float32 on the device** (``attnlab.reference_device``, blockwise, ``precision=HIGHEST``): the
+  *whole* output is compared with it, and for fwd+bwd / bwd cells the whole dq, dk and dv.
+- **NumPy float64** (``attnlab.reference``): a sample of query rows — the first and the last tile,
+  ``INTERIOR_TILES`` interior tiles and up to three batch elements (the first, the last and one
+  drawn at random), drawn from a seed derived from the cell's problem (not from Python's ``hash``),
+  so every backend of one problem is checked on the same rows.
+
+Policy (``attnlab.reference.policy_limit``): each error — relative L2 over the whole tensor and, for
+outputs, the worst row's relative error — must be at most 2x the same error of a kernel-like
+emulation (scores in float32, probabilities rounded to the dtype before P·V, float32 accumulation,
+output rounded) plus a small floor. Backends that compute in float8 set their own fixed limit.
+References are shared by every backend measured on the same inputs (``ref_key``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from collections import OrderedDict
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..reference import LIMIT_FACTOR, policy_limit, reference_attention, rel_l2, row_rel_err
+from ..reference_device import blockwise_attention, blockwise_grads, rel_errors
+
+TILE = 64
+INTERIOR_TILES = 2
+_CACHE: OrderedDict = OrderedDict()
+_CACHE_SIZE = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Semantics:
+    """What the output must mean: the mask rules of the cell (see ``reference_device``)."""
+
+    causal: bool = False
+    window: tuple[int, int] | None = None
+    kv_lengths: tuple[int, ...] | None = None       # (B,) valid key lengths
+    q_offsets: tuple[int, ...] | None = None        # (B,) position of query row 0 (decode: kv_len - T)
+
+    def device_kwargs(self, T: int) -> dict:
+        kw: dict = dict(causal=self.causal, window=self.window)
+        if self.kv_lengths is not None:
+            kw["kv_lengths"] = jnp.asarray(self.kv_lengths, jnp.int32)
+        if self.q_offsets is not None:
+            kw["q_positions"] = jnp.asarray(self.q_offsets, jnp.int32)[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
+        return kw
+
+    def numpy_kwargs(self, batch_idx, rows) -> dict:
+        kw: dict = dict(is_causal=self.causal, local_window_size=self.window)
+        pos = np.asarray(rows)[None, :]
+        if self.q_offsets is not None:
+            pos = np.asarray(self.q_offsets)[batch_idx][:, None] + pos
+        kw["query_positions"] = pos
+        if self.kv_lengths is not None:
+            kw["key_value_seq_lengths"] = np.asarray(self.kv_lengths)[batch_idx]
+        return kw
+
+
+def seed_of(text: str) -> int:
+    """A stable 32-bit seed from a string (the same in every process, unlike ``hash``)."""
+    return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16)
+
+
+def sample_rows(seed: int, B: int, T: int, tile: int = TILE, interior: int = INTERIOR_TILES):
+    """(batch indices, query row indices) checked against float64: first and last tile of rows,
+    ``interior`` random interior tiles, batch elements 0, B-1 and one drawn at random."""
+    rng = np.random.default_rng(seed)
+    starts = {0, max(0, T - tile)}
+    if T > 2 * tile:
+        starts |= {int(x) for x in rng.integers(tile, T - tile, size=interior)}
+    rows = sorted({r for s in starts for r in range(s, min(T, s + tile))})
+    batch = {0, B - 1}
+    if B > 2:
+        batch.add(int(rng.integers(1, B - 1)))
+    return sorted(batch), np.asarray(rows, np.int64)
+
+
+def _cached(key, make):
+    if key not in _CACHE:
+        _CACHE[key] = make()
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    _CACHE.move_to_end(key)
+    return _CACHE[key]
+
+
+def clear_cache() -> None:
+    _CACHE.clear()
+
+
+def _verdict(err, row, base, base_row, dtype, fixed_limit):
+    if fixed_limit:
+        limit, row_limit = fixed_limit, LIMIT_FACTOR * fixed_limit
+    else:
+        limit, row_limit = policy_limit(dtype, base), policy_limit(dtype, base_row)
+    ok = bool(err <= limit and row <= row_limit)
+    margin = min(limit / err if err > 0 else math.inf, row_limit / row if row > 0 else math.inf)
+    return {"rel_err": err, "row_err": row, "limit": limit, "row_limit": row_limit, "baseline": base,
+            "row_baseline": base_row, "margin": margin, "ok": ok}
+
+
+def rule_text(dtype: str, fixed_limit: float | None, fixed_rule: str | None) -> str:
+    if fixed_limit:
+        return fixed_rule or f"fixed limit: rel L2 <= {fixed_limit:g}, worst row <= {LIMIT_FACTOR * fixed_limit:g}"
+    return (f"{dtype}: rel L2 and worst-row error <= {LIMIT_FACTOR:g} x the kernel-like emulation's "
+            f"(scores f32, P rounded to {dtype}, f32 accumulation) + floor")
+
+
+def check_forward(out, q, k, v, sem: Semantics, *, ref_key: str, fixed_limit: float | None = None,
+                  fixed_rule: str | None = None) -> dict:
+    """Record fields for the forward output ``out`` (B, T, N, H) of inputs q, k, v (see module doc)."""
+    B, T = q.shape[:2]
+    dtype = np.dtype(out.dtype).name
+    dkw = sem.device_kwargs(T)
+    ref32, emul = _cached(("fwd", ref_key), lambda: (blockwise_attention(q, k, v, **dkw),
+                                                      blockwise_attention(q, k, v, emulate=True, **dkw)))
+    err, row, mx = rel_errors(out, ref32)
+    b_err, b_row, _ = rel_errors(emul, ref32)
+    dev = _verdict(err, row, b_err, b_row, dtype, fixed_limit)
+    dev.update(reference="float32 blockwise on the device, precision HIGHEST", fraction=1.0)
+
+    batch_idx, rows = sample_rows(seed_of(ref_key), B, T)
+    take = lambda x: np.asarray(jnp.asarray(x)[np.asarray(batch_idx)][:, rows]).astype(np.float64)  # noqa: E731
+    ref64 = _cached(("f64", ref_key), lambda: reference_attention(
+        np.asarray(q[np.asarray(batch_idx)][:, rows]), np.asarray(k[np.asarray(batch_idx)]),
+        np.asarray(v[np.asarray(batch_idx)]), **sem.numpy_kwargs(batch_idx, rows)))
+    o64, e64 = take(out), take(emul)
+    f64 = _verdict(rel_l2(o64, ref64), row_rel_err(o64, ref64), rel_l2(e64, ref64), row_rel_err(e64, ref64),
+                   dtype, fixed_limit)
+    f64.update(reference="NumPy float64 on sampled rows", batch=batch_idx, rows=int(rows.size),
+               fraction=rows.size * len(batch_idx) / (T * B))
+    ok = dev["ok"] and f64["ok"]
+    return {"ok": ok, "checked_fraction": 1.0, "rel_err": err, "row_err": row, "max_abs_err": mx,
+            "rel_err_f64": f64["rel_err"], "margin": min(dev["margin"], f64["margin"]),
+            "tolerance": rule_text(dtype, fixed_limit, fixed_rule),
+            "checks": {"float32_device": dev, "float64_rows": f64},
+            "reason": None if ok else _why(dev, f64)}
+
+
+def _why(dev, f64) -> str:
+    parts = []
+    for name, c in (("whole output vs float32", dev), ("sampled rows vs float64", f64)):
+        if not c["ok"]:
+            parts.append(f"{name}: rel L2 {c['rel_err']:.3g} (limit {c['limit']:.3g}), worst row {c['row_err']:.3g} "
+                         f"(limit {c['row_limit']:.3g})")
+    return "; ".join(parts)
+
+
+def check_grads(grads, q, k, v, cotangent, sem: Semantics, *, ref_key: str) -> dict:
+    """Record fields for (dq, dk, dv) of sum(out * cotangent), all of each tensor checked.
+
+    ``cotangent`` is the cotangent the backend's output received (in the output's dtype)."""
+    T = q.shape[1]
+    dtype = np.dtype(q.dtype).name
+    dkw = sem.device_kwargs(T)
+    ct = jnp.asarray(cotangent).astype(q.dtype)
+    refs, emuls = _cached(("grad", ref_key), lambda: (blockwise_grads(q, k, v, ct, **dkw),
+                                                       blockwise_grads(q, k, v, ct, emulate=True, **dkw)))
+    per = {}
+    for name, g, r, e in zip(("dq", "dk", "dv"), grads, refs, emuls):
+        err = rel_errors(g, r)[0]
+        base = rel_errors(e, r)[0]
+        limit = policy_limit(dtype, base)
+        per[name] = {"rel_err": err, "limit": limit, "baseline": base, "ok": bool(err <= limit)}
+    ok = all(p["ok"] for p in per.values())
+    bad = [f"{n} rel L2 {p['rel_err']:.3g} > {p['limit']:.3g}" for n, p in per.items() if not p["ok"]]
+    return {"grad_check": "ok" if ok else "incorrect", "grad_rel_err": max(p["rel_err"] for p in per.values()),
+            "grad_checked_fraction": 1.0, "grad_checks": per,
+            "grad_margin": min(p["limit"] / p["rel_err"] if p["rel_err"] > 0 else math.inf for p in per.values()),
+            "grad_reason": None if ok else "gradient wrong: " + "; ".join(bad)}
+
+
+def device_array(x):
+    """A JAX array on the default device (outputs of non-JAX backends arrive by DLPack)."""
+    return x if isinstance(x, jax.Array) else jnp.asarray(x)

@@ -1,0 +1,125 @@
+"""The schema of a results record, with the invariants that tie its fields to its status.
+
+A *cell record* (one measured sweep cell; ``kind`` absent or ``"cell"``) has the cell's identity
+(backend, B, T, S, N, K, H, dtype, causal, window, mode, ...), a ``status`` and the fields that
+status allows:
+
+- ``ok``: checked, then timed. ``timer`` names the clock (``cupti``: GPU kernel time by CUPTI;
+  ``cuda_events``: CUDA events around the call; ``wall``: host clock around a blocked call) and the
+  time field that clock fills (``kernel_ms`` or ``wall_ms``) is a positive number. The correctness
+  fields are present: ``checked_fraction`` (1.0 when the whole output was compared), ``rel_err``,
+  ``tolerance``, ``checks``; fwd+bwd and bwd cells also ``grad_check == "ok"``.
+- ``unchecked``: timed with the check turned off (``--no-check``); no correctness fields claimed.
+- ``incorrect``: the check failed; ``reason`` says how; never timed.
+- ``unsupported``, ``oom``, ``compile_error``, ``runtime_error``, ``over_budget``: ``reason`` says
+  why; never timed.
+
+Records are validated when written (``attnlab.store.ResultStore.append``) and when read
+(``attnlab.store.read_records``). Files written before this schema (no ``schema`` field, version
+1) still load: ``upgrade`` renames their fields and marks what they did not check.
+"""
+from __future__ import annotations
+
+import enum
+import math
+
+SCHEMA_VERSION = 2
+
+
+class Status(str, enum.Enum):
+    OK = "ok"
+    UNCHECKED = "unchecked"
+    INCORRECT = "incorrect"
+    UNSUPPORTED = "unsupported"
+    OOM = "oom"
+    COMPILE_ERROR = "compile_error"
+    RUNTIME_ERROR = "runtime_error"
+    OVER_BUDGET = "over_budget"
+
+
+STATUSES = tuple(s.value for s in Status)
+#: timer name -> the time field it fills
+TIMERS = {"cupti": "kernel_ms", "cuda_events": "kernel_ms", "wall": "wall_ms"}
+TIMED_FIELDS = ("kernel_ms", "wall_ms", "pipelined_ms", "tflops", "gbps", "pct_peak")
+IDENTITY_TYPES = {"backend": str, "batch": int, "q_len": int, "kv_len": int, "heads": int, "kv_heads": int,
+                  "head_dim": int, "dtype": str, "causal": bool, "mode": str}
+GRAD_MODES = ("fwd+bwd", "bwd")
+
+
+class RecordError(ValueError):
+    """A record that breaks the schema: names the field and the rule."""
+
+    def __init__(self, field: str, rule: str, where: str = ""):
+        self.field, self.rule = field, rule
+        super().__init__(f"{where}record field {field!r}: {rule}")
+
+
+def is_cell(rec: dict) -> bool:
+    return rec.get("kind", "cell") == "cell" and "backend" in rec
+
+
+def _number(rec, field, where, positive=False):
+    x = rec.get(field)
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or (positive and x <= 0):
+        raise RecordError(field, f"must be a {'positive ' if positive else ''}finite number for status "
+                                 f"{rec.get('status')!r}, got {x!r}", where)
+
+
+def validate(rec: dict, where: str = "") -> dict:
+    """Raise ``RecordError`` when ``rec`` breaks the schema; return it unchanged otherwise."""
+    if not isinstance(rec, dict):
+        raise RecordError("<record>", f"must be a JSON object, got {type(rec).__name__}", where)
+    if not is_cell(rec):
+        if rec.get("kind") in ("lab_step", "memory") and not isinstance(rec.get("status"), str):
+            raise RecordError("status", "must be a string", where)
+        return rec
+    for field, typ in IDENTITY_TYPES.items():
+        x = rec.get(field)
+        if not isinstance(x, typ) or (typ is int and isinstance(x, bool)):
+            raise RecordError(field, f"must be {typ.__name__}, got {x!r}", where)
+    w = rec.get("window")
+    if w is not None and (not isinstance(w, (list, tuple)) or len(w) != 2):
+        raise RecordError("window", f"must be null or [left, right], got {w!r}", where)
+    status = rec.get("status")
+    if status not in STATUSES:
+        raise RecordError("status", f"must be one of {', '.join(STATUSES)}, got {status!r}", where)
+    legacy = rec.get("schema", 1) < SCHEMA_VERSION
+    if status in ("ok", "unchecked"):
+        if rec.get("reason") is not None:
+            raise RecordError("reason", f"must be null for status {status!r}", where)
+        timer = rec.get("timer")
+        if timer not in TIMERS:
+            raise RecordError("timer", f"must name the clock ({', '.join(TIMERS)}) of a timed record, got {timer!r}", where)
+        _number(rec, TIMERS[timer], where, positive=True)
+        if status == "ok" and not legacy:
+            _number(rec, "rel_err", where)
+            _number(rec, "checked_fraction", where, positive=True)
+            if not isinstance(rec.get("tolerance"), str) or not isinstance(rec.get("checks"), dict):
+                raise RecordError("checks", "an ok record names its tolerance and each reference's verdict", where)
+            if rec["mode"] in GRAD_MODES and rec.get("grad_check") != "ok":
+                raise RecordError("grad_check", f"must be 'ok' for an ok {rec['mode']} record, got {rec.get('grad_check')!r}",
+                                  where)
+    else:
+        if not isinstance(rec.get("reason"), str) or not rec["reason"]:
+            raise RecordError("reason", f"status {status!r} needs a reason", where)
+        timed = [f for f in TIMED_FIELDS if rec.get(f) is not None]
+        if timed:
+            raise RecordError(timed[0], f"must be null: a record with status {status!r} is never timed", where)
+    return rec
+
+
+def upgrade(rec: dict) -> dict:
+    """A record of an older schema in today's field names (a copy; today's records unchanged)."""
+    if not is_cell(rec) or rec.get("schema", 1) >= SCHEMA_VERSION:
+        return rec
+    r = dict(rec)
+    r["schema"] = 1
+    if "runtime_peak_bytes" in r and "process_peak_bytes" not in r:
+        # schema 1 stamped the process's high-water mark on every record under this name
+        r["process_peak_bytes"] = r.pop("runtime_peak_bytes")
+    if "checked_fraction" not in r:
+        rows, B, T = r.get("checked_rows"), r.get("batch"), r.get("q_len")
+        r["checked_fraction"] = (rows * min(B, 2) / (B * T)) if rows and B and T else None
+    if isinstance(r.get("grad_check"), str) and r["grad_check"].startswith("skipped"):
+        r["grad_checked_fraction"] = 0.0
+    return r

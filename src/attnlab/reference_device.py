@@ -1,0 +1,178 @@
+"""The whole-output check's reference: attention in float32 on the device, blockwise over query tiles.
+
+Written with plain ``jax.numpy`` einsums, independent of every backend (not ``jax.nn``'s fused path,
+not cuDNN), at ``precision=HIGHEST`` (no TF32) and with O(tile · S) memory: ``lax.map`` walks the
+query rows in tiles and each tile holds only its (B, K, G, tile, S) scores.
+
+- ``blockwise_attention(q, k, v, ...)`` -> (B, T, N, H) float32 (float64 for float64 inputs).
+- ``blockwise_attention(..., emulate=True)`` computes like the fused kernels do: scores of the
+  input-dtype operands accumulated in float32, softmax in float32, probabilities rounded to the
+  input dtype before P·V, float32 accumulation, output rounded to the input dtype; matmuls at the
+  default precision (so TF32 where the device uses it for float32). It is the baseline of the
+  tolerance policy (``attnlab.reference``).
+- ``blockwise_grads(q, k, v, cotangent, ...)`` -> (dq, dk, dv) of sum(out * cotangent): each query
+  tile's contribution is recomputed by ``jax.vjp`` of the tile function and dk, dv are accumulated
+  in float32 over tiles (``emulate=True``: the vjp of the kernel-like tile, cast back to the dtype).
+
+Shapes: q (B, T, N, H); k, v (B, S, K, H), K divides N (query head n reads key/value head
+n // (N // K)). Visibility of key s to query row t of batch element b, at position
+pos = q_positions[b, t] (default t): s < kv_lengths[b] when given; with ``causal`` s <= pos; with
+``window=(left, right)`` pos - left <= s <= pos + right. Rows with no visible key give 0;
+rows t >= q_lengths[b] (when given) give 0, as jax.nn does.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+#: bytes one tile's float32 scores may take, by platform (the backward pass holds a few of them)
+TILE_BUDGET = {"gpu": 256 * 2**20, "cpu": 16 * 2**20}
+
+
+def tile_rows(B: int, T: int, N: int, S: int, budget: int | None = None) -> int:
+    """Query rows per tile so that one tile's (B, N, rows, S) float32 scores fit ``budget`` bytes."""
+    if budget is None:
+        budget = TILE_BUDGET.get(jax.default_backend(), TILE_BUDGET["cpu"])
+    rows = max(1, budget // max(1, B * N * S * 4))
+    if rows >= T:
+        return T
+    return rows // 8 * 8 if rows >= 8 else rows
+
+
+def _acc(dtype):
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def _tile(qt, pos, k, v, kv_lengths, *, scale, causal, window, emulate):
+    """One query tile: qt (B, R, K, G, H), pos (B, R) -> (B, R, K, G, H)."""
+    S = k.shape[1]
+    acc = _acc(qt.dtype)
+    if emulate:
+        prec = None
+    else:
+        prec = jax.lax.Precision.HIGHEST
+        qt, k, v = qt.astype(acc), k.astype(acc), v.astype(acc)
+    s = jnp.einsum("brkgh,bskh->bkgrs", qt, k, preferred_element_type=acc, precision=prec) * scale
+    key = jnp.arange(S)[None, None, :]
+    p_ = pos[:, :, None]
+    vis = jnp.ones(p_.shape[:2] + (S,), bool)
+    if kv_lengths is not None:
+        vis &= key < kv_lengths[:, None, None]
+    if causal:
+        vis &= key <= p_
+    if window is not None:
+        vis &= (key >= p_ - window[0]) & (key <= p_ + window[1])
+    vis = vis[:, None, None]                                   # (B, 1, 1, R, S)
+    s = jnp.where(vis, s, jnp.asarray(-0.7 * float(jnp.finfo(acc).max), acc))
+    m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
+    w = jnp.where(vis, jnp.exp(s - m), 0.0)
+    denom = jnp.sum(w, axis=-1, keepdims=True)
+    p = w / jnp.where(denom == 0, 1.0, denom)
+    if emulate:
+        p = p.astype(v.dtype)
+    o = jnp.einsum("bkgrs,bskh->brkgh", p, v, preferred_element_type=acc, precision=prec)
+    return o.astype(qt.dtype) if emulate else o
+
+
+def _tiles(x, R: int, n: int):
+    """(B, T, ...) -> (n, B, R, ...), padding T up to n * R with zeros."""
+    B, T = x.shape[:2]
+    pad = n * R - T
+    if pad:
+        x = jnp.concatenate([x, jnp.zeros((B, pad) + x.shape[2:], x.dtype)], axis=1)
+    return jnp.moveaxis(x.reshape((B, n, R) + x.shape[2:]), 1, 0)
+
+
+def _untile(x, T: int):
+    """(n, B, R, ...) -> (B, T, ...)."""
+    n, B, R = x.shape[:3]
+    return jnp.moveaxis(x, 0, 1).reshape((B, n * R) + x.shape[3:])[:, :T]
+
+
+def _prepare(q, k, v, q_positions, kv_lengths, tile, budget):
+    B, T, N, H = q.shape
+    S, K = k.shape[1], k.shape[2]
+    if N % K:
+        raise ValueError(f"query heads N={N} must be a multiple of key/value heads K={K}")
+    R = tile or tile_rows(B, T, N, S, budget)
+    n = math.ceil(T / R)
+    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None] if q_positions is None
+                           else jnp.asarray(q_positions, jnp.int32).reshape(-1, T), (B, T))
+    lens = None if kv_lengths is None else jnp.asarray(kv_lengths, jnp.int32)
+    qg = q.reshape(B, T, K, N // K, H)
+    return B, T, N, H, K, R, n, qg, pos, lens
+
+
+def _zero_rows(out, q_lengths):
+    if q_lengths is None:
+        return out
+    T = out.shape[1]
+    keep = jnp.arange(T)[None, :] < jnp.asarray(q_lengths, jnp.int32)[:, None]
+    return jnp.where(keep[:, :, None, None], out, 0).astype(out.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "window", "emulate", "tile", "budget"))
+def blockwise_attention(q, k, v, *, scale=None, causal=False, window=None, kv_lengths=None, q_positions=None,
+                        q_lengths=None, emulate=False, tile=None, budget=None):
+    """Attention output (B, T, N, H): float32 reference, or the kernel-like emulation (see module doc)."""
+    B, T, N, H, K, R, n, qg, pos, lens = _prepare(q, k, v, q_positions, kv_lengths, tile, budget)
+    scale = 1.0 / math.sqrt(H) if scale is None else scale
+    fn = functools.partial(_tile, k=k, v=v, kv_lengths=lens, scale=scale, causal=causal,
+                           window=None if window is None else tuple(window), emulate=emulate)
+    out = jax.lax.map(lambda xs: fn(xs[0], xs[1]), (_tiles(qg, R, n), _tiles(pos, R, n)))
+    return _zero_rows(_untile(out, T).reshape(B, T, N, H), q_lengths)
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "window", "emulate", "tile", "budget"))
+def blockwise_grads(q, k, v, cotangent, *, scale=None, causal=False, window=None, kv_lengths=None,
+                    q_positions=None, q_lengths=None, emulate=False, tile=None, budget=None):
+    """(dq, dk, dv) of sum(out * cotangent): float32 (q's dtype with ``emulate``), per-tile vjp."""
+    B, T, N, H, K, R, n, qg, pos, lens = _prepare(q, k, v, q_positions, kv_lengths, tile, budget)
+    scale = 1.0 / math.sqrt(H) if scale is None else scale
+    acc = _acc(q.dtype)
+    ct = _zero_rows(jnp.asarray(cotangent).astype(q.dtype if emulate else acc), q_lengths)
+    ctg = ct.reshape(B, T, K, N // K, H)
+    win = None if window is None else tuple(window)
+
+    def body(carry, xs):
+        dk, dv = carry
+        qt, pt, ctt = xs
+        f = functools.partial(_tile, pos=pt, kv_lengths=lens, scale=scale, causal=causal, window=win, emulate=emulate)
+        _, vjp = jax.vjp(lambda a, b, c: f(a, k=b, v=c), qt, k, v)
+        dqt, dkt, dvt = vjp(ctt)
+        return (dk + dkt.astype(acc), dv + dvt.astype(acc)), dqt
+
+    zeros = jnp.zeros(k.shape, acc)
+    (dk, dv), dq = jax.lax.scan(body, (zeros, zeros), (_tiles(qg, R, n), _tiles(pos, R, n), _tiles(ctg, R, n)))
+    dq = _untile(dq, T).reshape(B, T, N, H)
+    out_dtype = q.dtype if emulate else acc
+    return dq.astype(out_dtype), dk.astype(out_dtype), dv.astype(out_dtype)
+
+
+@jax.jit
+def errors(out, ref):
+    """(relative L2 error, worst row's relative error, max |out - ref|) on the device, in float32.
+
+    Rows are (b, t) over every head and head dim; a row with a (near) zero reference is judged
+    against 1e-3 of the mean row norm. NaN or Inf in ``out`` gives inf for all three."""
+    o = out.astype(jnp.float32)
+    r = ref.astype(jnp.float32)
+    finite = jnp.all(jnp.isfinite(o))
+    d = (o - r).reshape(o.shape[0] * o.shape[1], -1) if o.ndim > 2 else (o - r).reshape(o.shape[0], -1)
+    rr = r.reshape(d.shape)
+    dn = jnp.linalg.norm(d, axis=1)
+    rn = jnp.linalg.norm(rr, axis=1)
+    total = jnp.sqrt(jnp.sum(dn**2)) / jnp.maximum(jnp.sqrt(jnp.sum(rn**2)), 1e-30)
+    row = jnp.max(dn / jnp.maximum(rn, jnp.maximum(1e-3 * jnp.mean(rn), 1e-30)))
+    mx = jnp.max(jnp.abs(d))
+    inf = jnp.float32(np.inf)
+    return (jnp.where(finite, total, inf), jnp.where(finite, row, inf), jnp.where(finite, mx, inf))
+
+
+def rel_errors(out, ref) -> tuple[float, float, float]:
+    """``errors`` as Python floats."""
+    return tuple(float(x) for x in errors(out, ref))

@@ -1,0 +1,37 @@
+"""benchmarks/peers_table.py: one clock per table, failing cells shown with their reason, what was checked."""
+import importlib.util
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+spec = importlib.util.spec_from_file_location("peers_table", os.path.join(ROOT, "benchmarks", "peers_table.py"))
+peers_table = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(peers_table)
+
+
+def _rec(backend, timer="cupti", status="ok", mode="fwd", **kw):
+    r = {"backend": backend, "sweep": "fwd", "dtype": "bfloat16", "mode": mode, "head_dim": 128, "q_len": 1024,
+         "batch": 1, "causal": False, "status": status, "reason": None if status == "ok" else "rel L2 0.3 > 0.005",
+         "timer": timer, "tflops": 100.0 if status == "ok" else None, "checked_fraction": 1.0, "margin": 1.5,
+         "grad_check": "ok" if mode != "fwd" else None, "grad_checked_fraction": 1.0 if mode != "fwd" else None}
+    r.update(kw)
+    return r
+
+
+def _text(recs):
+    return peers_table.table(recs, "fwd", lambda r: f"{r['tflops']:.0f}", lambda r: f"T{r['q_len']}", "t")
+
+
+def test_a_table_mixing_clocks_marks_the_other_clock():
+    text = _text([_rec("cudnn"), _rec("torch-flash", timer="cuda_events", timer_note="CUPTI unusable")])
+    assert "| T1024 | 100 | 100†" in text and "† not CUPTI kernel time: timed by cuda_events (CUPTI unusable)" in text
+    assert "†" not in _text([_rec("cudnn"), _rec("xla")])
+
+
+def test_failing_cells_are_shown_with_their_reason():
+    text = _text([_rec("cudnn"), _rec("bad", status="incorrect")])
+    assert "**incorrect**" in text and "bad T1024: **incorrect**: rel L2 0.3 > 0.005" in text
+
+
+def test_the_check_line_says_what_the_records_checked():
+    text = _text([_rec("a"), _rec("b", checked_fraction=0.016, margin=1.1), _rec("c", mode="fwd+bwd")])
+    assert "whole output on 2 of 3 ok cells" in text and "dq, dk, dv whole on 1 of 1" in text and "1.10x" in text
