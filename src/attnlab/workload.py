@@ -6,6 +6,9 @@ only kept entries (about half for causal with T = S). Query heads are counted (G
 does the same arithmetic as MHA). Backward = 2.5 x forward.
 Bytes (forward) = q, k, v read once + the output written once.
 Bytes (backward) = q, k, v, out, d_out read once + dq, dk, dv written once.
+Decode (``decode=True``): the T queries are the last T tokens of each sequence of kv_lengths[b]
+tokens (query t at position kv_lengths[b] - T + t; causal means keys at or before it), and only the
+valid keys and values are counted as read: the bytes a kernel that reads no padding must move.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ class Workload:
     window: tuple[int, int] | None = None
     q_lengths: tuple[int, ...] | None = None
     kv_lengths: tuple[int, ...] | None = None
+    decode: bool = False
 
     def __post_init__(self):
         for f in ("batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim"):
@@ -50,6 +54,9 @@ class Workload:
         for name, lens, limit in (("q_lengths", self.q_lengths, self.q_len), ("kv_lengths", self.kv_lengths, self.kv_len)):
             if lens is not None and (len(lens) != self.batch or min(lens) < 0 or max(lens) > limit):
                 raise ValueError(f"{name} must hold {self.batch} values in [0, {limit}], got {lens!r}")
+        if self.decode and self.kv_lengths is not None and min(self.kv_lengths) < self.q_len:
+            raise ValueError(f"decode: every kv_lengths value must be >= q_len={self.q_len} (the new tokens are in "
+                             f"the cache), got {self.kv_lengths!r}")
         _itemsize(self.dtype)
 
     # --- counts -----------------------------------------------------------
@@ -62,13 +69,14 @@ class Workload:
         cache: dict[tuple[int, int], int] = {}
         for ql, kl in zip(q_lens, kv_lens):
             if (ql, kl) not in cache:
+                pos = t + (kl - self.q_len if self.decode else 0)
                 lo = np.zeros_like(t)
                 hi = np.full_like(t, kl - 1)
                 if self.causal:
-                    hi = np.minimum(hi, t)
+                    hi = np.minimum(hi, pos)
                 if self.window is not None:
-                    lo = np.maximum(lo, t - self.window[0])
-                    hi = np.minimum(hi, t + self.window[1])
+                    lo = np.maximum(lo, pos - self.window[0])
+                    hi = np.minimum(hi, pos + self.window[1])
                 per_row = np.clip(hi - lo + 1, 0, None)[:ql]
                 cache[(ql, kl)] = int(per_row.sum())
             total += cache[(ql, kl)]
@@ -86,10 +94,20 @@ class Workload:
     def bytes(self, mode: str = "fwd") -> float:
         """Fewest bytes moved through device memory for ``mode``."""
         q = self.batch * self.q_len * self.heads * self.head_dim
-        kv = self.batch * self.kv_len * self.kv_heads * self.head_dim
+        kv = self.kv_tokens() * self.kv_heads * self.head_dim
         fwd = (q + 2 * kv + q) * self.itemsize
         bwd = (3 * q + 2 * kv + q + 2 * kv) * self.itemsize  # read q,k,v,o,do; write dq,dk,dv
         return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[_mode(mode)]
+
+    def kv_tokens(self) -> int:
+        """Key/value positions read over the batch: all S per element, or (decode) the valid ones."""
+        if self.decode and self.kv_lengths is not None:
+            return int(sum(self.kv_lengths))
+        return self.batch * self.kv_len
+
+    def kv_bytes(self) -> int:
+        """Bytes of the key and value caches a forward pass reads (decode: valid lengths only)."""
+        return 2 * self.kv_tokens() * self.kv_heads * self.head_dim * self.itemsize
 
     def intensity(self, mode: str = "fwd") -> float:
         """Arithmetic intensity in FLOP per byte."""

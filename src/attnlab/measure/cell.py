@@ -29,8 +29,10 @@ from . import check, memory, peaks, timers
 
 MODES = ("fwd", "fwd+bwd", "bwd")
 IDENTITY = ("backend", "batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype", "causal", "window", "mode",
-            "devices", "strategy")
-IDENTITY_DEFAULTS = {"devices": 1, "strategy": None}
+            "devices", "strategy", "lengths")
+IDENTITY_DEFAULTS = {"devices": 1, "strategy": None, "lengths": None}
+#: Decode cells (``lengths`` set): the q_len queries are the last tokens of each sequence of the cache.
+LENGTHS = ("full", "ragged")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,10 +50,16 @@ class Cell:
     mode: str = "fwd"
     devices: int = 1                 # mesh size, for sharded cells
     strategy: str | None = None      # None (one device, no mesh) or a sharded_attention strategy
+    lengths: str | None = None       # None: attention(); "full"/"ragged": decode_attention() on a cache
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.lengths is not None:
+            if self.lengths not in LENGTHS:
+                raise ValueError(f"lengths must be None or one of {LENGTHS}, got {self.lengths!r}")
+            if self.q_len > self.kv_len or self.window is not None or self.strategy is not None:
+                raise ValueError("decode cells (lengths) need q_len <= kv_len, no window and no strategy")
         if self.strategy is not None:
             from ..sharded import STRATEGIES
 
@@ -60,10 +68,23 @@ class Cell:
         elif self.devices != 1:
             raise ValueError("devices > 1 needs a strategy (batch, heads or ring)")
 
+    def kv_lengths(self) -> tuple[int, ...] | None:
+        """Decode cells: each sequence's valid cache length (the q_len new tokens included).
+
+        "full": every sequence fills the cache (S). "ragged": lengths drawn uniformly from [T, S]
+        with a seed fixed by the shape, so every backend and every run sees the same batch."""
+        if self.lengths is None:
+            return None
+        if self.lengths == "full":
+            return (self.kv_len,) * self.batch
+        rng = np.random.default_rng(check.seed_of(f"ragged B{self.batch} T{self.q_len} S{self.kv_len}"))
+        return tuple(int(x) for x in rng.integers(self.q_len, self.kv_len + 1, size=self.batch))
+
     @property
     def workload(self) -> Workload:
         return Workload(self.batch, self.q_len, self.kv_len, self.heads, self.kv_heads, self.head_dim,
-                        self.dtype, self.causal, self.window)
+                        self.dtype, self.causal, self.window, kv_lengths=self.kv_lengths(),
+                        decode=self.lengths is not None)
 
     def identity(self) -> dict:
         d = {k: getattr(self, k) for k in IDENTITY}
@@ -76,7 +97,8 @@ class Cell:
     @property
     def config_label(self) -> str:
         mesh = f" {self.strategy}x{self.devices}" if self.strategy else ""
-        return f"{self.workload.label} {self.mode}{mesh}"
+        dec = f" decode-{self.lengths}" if self.lengths else ""
+        return f"{self.workload.label}{dec} {self.mode}{mesh}"
 
 
 def record_key(rec: dict) -> str:
@@ -178,7 +200,14 @@ def _functions(cell: Cell):
     """(forward fn(q, k, v), timed fn, a maker of its argument tuple from (q, k, v, ct))."""
     kw = dict(is_causal=cell.causal, local_window_size=cell.window, implementation=cell.backend)
 
-    if cell.strategy is None:
+    if cell.lengths is not None:
+        import attnlab
+
+        lens = jnp.asarray(cell.kv_lengths(), jnp.int32)
+
+        def fwd(q, k, v):
+            return attnlab.decode_attention(q, k, v, lens, causal=cell.causal, implementation=cell.backend)
+    elif cell.strategy is None:
         def fwd(q, k, v):
             return api.attention(q, k, v, **kw)
     else:
@@ -219,7 +248,10 @@ def ref_key(cell: Cell, seed: int) -> str:
 
 
 def semantics(cell: Cell) -> check.Semantics:
-    return check.Semantics(causal=cell.causal, window=cell.window)
+    lens = cell.kv_lengths()
+    if lens is None:
+        return check.Semantics(causal=cell.causal, window=cell.window)
+    return check.Semantics(causal=cell.causal, kv_lengths=lens, q_offsets=tuple(n - cell.q_len for n in lens))
 
 
 #: Fields every cell record has (None until measured); see ``attnlab.records`` for the schema.
@@ -255,7 +287,8 @@ def measure_cell(cell: Cell, opts: Options | None = None) -> dict:
         rec["input_sets"] = len(sets)
         q0, k0, v0 = sets[0]
         spec = prepare(q0, k0, v0, is_causal=cell.causal, local_window_size=cell.window).spec
-        why = backend.why_not(spec)
+        # decode cells: the backend's refusal comes from decode_attention itself when it is traced
+        why = backend.why_not(spec) if cell.lengths is None else backend.available()
         if why:
             raise _Skip("unsupported", f"{cell.backend}: {why}")
         why_mode = backend.mode_reason(spec, cell.mode)
@@ -270,6 +303,8 @@ def measure_cell(cell: Cell, opts: Options | None = None) -> dict:
             if cell.strategy == "ring" and cell.backend != "naive":
                 raise _Skip("unsupported", "ring attention computes its blocks with attnlab's blockwise kernel: use backend naive")
         if getattr(backend, "native", False):
+            if cell.lengths is not None and not getattr(backend, "decode", False):
+                raise _Skip("unsupported", f"{cell.backend}: no decode (cache) semantics")
             _measure_native(backend, cell, spec, sets, opts, rec, info)
             return _finish(rec, t_start)
         fwd, timed, make_args = _functions(cell)

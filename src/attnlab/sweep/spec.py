@@ -1,6 +1,8 @@
 """A sweep is data: axes of values whose product is the cells to measure.
 
-Axes: backend, batch, q_len, kv_len, heads, kv_heads, head_dim, dtype, causal, window, mode.
+Axes: backend, batch, q_len, kv_len, heads, kv_heads, head_dim, dtype, causal, window, mode,
+lengths (none: ``attention``; full/ragged: ``decode_attention`` of the q_len newest tokens against
+an S-long cache, every sequence full or of ragged valid lengths).
 ``seq`` ties q_len = kv_len; ``tokens`` fixes batch * q_len (batch = tokens // q_len).
 Sweeps come from CLI flags (``from_flags``) or a TOML file (``load_toml``): every bad value
 raises ``SweepError`` naming it.
@@ -12,7 +14,7 @@ import itertools
 import tomllib
 
 from .. import backends
-from ..measure.cell import MODES, Cell
+from ..measure.cell import LENGTHS, MODES, Cell
 from ..spec import FLOAT_DTYPES
 
 
@@ -35,6 +37,7 @@ class Sweep:
     mode: list[str] = dataclasses.field(default_factory=lambda: ["fwd"])
     devices: list[int] = dataclasses.field(default_factory=lambda: [1])
     strategy: list[str | None] = dataclasses.field(default_factory=lambda: [None])
+    lengths: list[str | None] = dataclasses.field(default_factory=lambda: [None])
     tokens: int | None = None
     name: str = "sweep"
 
@@ -68,6 +71,9 @@ class Sweep:
         for st in self.strategy:
             if st is not None and st not in STRATEGIES:
                 raise SweepError(f"strategy: {st!r} is not none or one of {', '.join(STRATEGIES)}")
+        for ln in self.lengths:
+            if ln is not None and ln not in LENGTHS:
+                raise SweepError(f"lengths: {ln!r} is not none or one of {', '.join(LENGTHS)}")
         for c in self.causal:
             if not isinstance(c, bool):
                 raise SweepError(f"causal: {c!r} is not a bool")
@@ -83,17 +89,19 @@ class Sweep:
         out = []
         kv_lens = self.kv_len or [None]
         kv_heads = self.kv_heads or [None]
-        for (T, S, N, K, H, dt, c, w, m, st, nd) in itertools.product(
+        for (T, S, N, K, H, dt, c, w, m, st, nd, ln) in itertools.product(
                 self.q_len, kv_lens, self.heads, kv_heads, self.head_dim, self.dtype, self.causal, self.window, self.mode,
-                self.strategy, self.devices):
+                self.strategy, self.devices, self.lengths):
             S = T if S is None else S
             K = N if K is None else K
             if N % K or (st is None and nd != 1):
                 continue
+            if ln is not None and (T > S or w or st):   # decode cells: T new tokens in an S-long cache
+                continue
             batches = [max(1, self.tokens // T)] if self.tokens else self.batch
             for B in batches:
                 for b in self.backends:
-                    out.append(Cell(b, B, T, S, N, K, H, dt, c, tuple(w) if w else None, m, nd, st))
+                    out.append(Cell(b, B, T, S, N, K, H, dt, c, tuple(w) if w else None, m, nd, st, ln))
         return out
 
 
@@ -165,7 +173,7 @@ def _windows(text) -> list[tuple[int, int] | None]:
 def build(values: dict) -> Sweep:
     """A Sweep from loosely typed values (CLI strings or TOML values); keys as in the TOML file."""
     known = {"backends", "backend", "batch", "seq", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype",
-             "causal", "window", "mode", "tokens", "name", "devices", "strategy"}
+             "causal", "window", "mode", "tokens", "name", "devices", "strategy", "lengths"}
     unknown = set(values) - known
     if unknown:
         raise SweepError(f"unknown sweep key(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
@@ -193,6 +201,8 @@ def build(values: dict) -> Sweep:
         kw["devices"] = _ints("devices", values["devices"])
     if values.get("strategy") is not None:
         kw["strategy"] = [None if x.lower() == "none" else x for x in _strs(values["strategy"])]
+    if values.get("lengths") is not None:
+        kw["lengths"] = [None if x.lower() == "none" else x.lower() for x in _strs(values["lengths"])]
     if values.get("tokens") is not None:
         kw["tokens"] = _ints("tokens", values["tokens"])[0]
     if values.get("name") is not None:
