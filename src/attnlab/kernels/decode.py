@@ -43,7 +43,7 @@ Why Triton and not Mosaic GPU
 Tuning parameters (``DecodeConfig``; None = the default)
     block_k    keys per loop step: 128 for H <= 64, 64 for H = 128, 32 for H = 256
     block_r    query rows per tile: next power of two >= max(T*G, 16), at most 128 (64 at H = 256)
-    num_warps  4, or 8 when block_r >= 128
+    num_warps  4, or 8 when block_r * (H + block_k) > 12288 (float32 acc + scores past ~96 registers)
     num_stages 3 (software pipeline depth of the K/V loads; 2 before Hopper)
     num_splits from ``choose_num_splits(S, B*K, ...)``: enough programs for ``waves`` (4) per SM,
                at least 4 blocks per split, partial-output traffic <= 5% of the KV bytes.
@@ -189,7 +189,9 @@ def make_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, he
     if block_k < 16 or block_k & (block_k - 1):
         raise ValueError(f"block_k must be a power of two >= 16, got {block_k}")
     row_tiles = cdiv(rows, block_r)
-    num_warps = cfg.num_warps or (8 if block_r >= 128 else 4)
+    # acc (block_r x H) and scores (block_r x block_k) in float32 registers: 8 warps once they pass
+    # ~96 registers a thread at 4 warps (ptxas spilled at block_r=64, H=256 with 4 warps).
+    num_warps = cfg.num_warps or (8 if block_r * (head_dim + block_k) > 12288 else 4)
     stages = cfg.num_stages or (2 if compute_capability is not None and compute_capability < (9, 0) else 3)
     splits = cfg.num_splits
     if splits is None:
