@@ -3,6 +3,7 @@
 Kernel shapes stay small: interpret mode runs the grid program by program.
 """
 import functools
+import sys
 import types
 
 import jax
@@ -348,3 +349,33 @@ def test_roofline_and_bytes():
     ms = attnlab_decode.roofline_ms([32768] * 8, 1, 32, 8, 128, 2)
     assert ms == pytest.approx(1.073741824e9 / 4.8e12 * 1e3)
     assert attnlab_decode.roofline_ms([32768] * 8, 64, 32, 8, 128, 2) > ms   # T = 64 is compute-bound
+
+
+# ---------------------------------------------------------------- the GPU tuning script's pure parts
+
+def test_tune_grid_and_goal_lines():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "decode_tune.py"
+    spec = importlib.util.spec_from_file_location("decode_tune", path)
+    dt = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("decode_tune", dt)   # dataclasses look their module up
+    spec.loader.exec_module(dt)
+    for sh in dt.shapes():
+        base = kd.make_plan(sh.B, sh.T, sh.S, sh.N, sh.K, sh.H, sh.dtype, sms=132, compute_capability=(9, 0))
+        grid = dt.tune_grid(sh, base)
+        assert 6 <= len(grid) <= 12 and {} not in grid
+        for cfg in grid:
+            p = kd.make_plan(sh.B, sh.T, sh.S, sh.N, sh.K, sh.H, sh.dtype, kd.DecodeConfig(**cfg), sms=132)
+            assert dt.smem_estimate(p.block_r, p.block_k, sh.H, p.num_stages) <= dt.SMEM_LIMIT
+    assert sum(len(dt.tune_grid(s, kd.make_plan(s.B, s.T, s.S, s.N, s.K, s.H, sms=132))) + 1 for s in dt.shapes()) <= 170
+    goal = lambda t: dt.Shape("goal", 8, 32768, 32, 8, 128, t).label()  # noqa: E731
+    best = lambda ms, gbps, roof: {"ms": ms, "gbps": gbps, "pct_hbm": gbps / 48, "pct_roofline": roof}  # noqa: E731
+    report = {"shapes": [{"label": goal(1), "best": best(0.25, 4300, 90), "cudnn_kvlen_ms": 0.244},
+                         {"label": goal(4), "best": best(0.27, 3900, 85), "cudnn_kvlen_ms": 0.75},
+                         {"label": goal(64), "best": best(0.40, 2700, 72)}]}
+    lines = dt.goal_lines(report)
+    assert lines[0].startswith("T=1: 0.2500 ms vs cuDNN 0.2440 ms") and "met" in lines[0]
+    assert "missed by 0.10 TB/s" in lines[2] and "2.78x cuDNN" in lines[2]
+    assert "T=64: 72% of the roofline bound -> met" in lines[6] and lines[1] == "T=2: no result"
