@@ -2,9 +2,10 @@
 
     PYTHONPATH=src python3 benchmarks/decode_ttir_cpu.py OUT_DIR --triton-python /path/to/venv/bin/python
 
-Step 1 (this Python, JAX <= 0.10.2, no GPU needed): lower each variant of
-``decode_tune.py``'s shapes and grids with ``lowering_platforms=("cuda",)`` and keep the Triton
-IR that Pallas emits (``OUT_DIR/*.ttir``). JAX >= 0.11 needs a GPU to lower Triton: use 0.10.2.
+Step 1 (this Python, no GPU needed): lower each variant of ``decode_tune.py``'s shapes and grids
+with ``lowering_platforms=("cuda",)`` (JAX >= 0.11 under an abstract H200 device:
+``kernels.decode.cuda_lowering_context``) and keep the Triton IR that Pallas emits
+(``OUT_DIR/*.ttir``).
 Step 2 (``--triton-python``: a venv with ``pip install triton==3.6.0``, no torch, no GPU):
 compile each IR for sm_90 and report shared memory, registers and spills (ptxas, via
 cuobjdump), whether wgmma or mma.sync was used, and failures. XLA compiles the same IR with
@@ -86,8 +87,9 @@ def dump(out_dir: str) -> dict:
                 tag = f"{sh.name}_T{sh.T}_B{sh.B}_S{sh.S}" + ("_ragged" if sh.ragged else "") + f"_v{i}"
                 f = jax.jit(functools.partial(kd.decode_attention_pallas, causal=True, interpret=False, plan=plan))
                 try:
-                    f.trace(s((sh.B, sh.T, sh.N, sh.H), dt), s((sh.B, sh.S, sh.K, sh.H), dt),
-                            s((sh.B, sh.S, sh.K, sh.H), dt), s((sh.B,), jnp.int32)).lower(lowering_platforms=("cuda",))
+                    with kd.cuda_lowering_context():
+                        f.trace(s((sh.B, sh.T, sh.N, sh.H), dt), s((sh.B, sh.S, sh.K, sh.H), dt),
+                                s((sh.B, sh.S, sh.K, sh.H), dt), s((sh.B,), jnp.int32)).lower(lowering_platforms=("cuda",))
                 except Exception as e:  # noqa: BLE001
                     variants[tag] = dict(config=cfg, plan=dataclasses.asdict(plan), lowered=False, error=f"{type(e).__name__}: {e}")
                     continue

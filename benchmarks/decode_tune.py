@@ -72,11 +72,6 @@ def shapes(quick: bool = False, smoke: bool = False) -> list[Shape]:
     return goal + long + wide + [Shape("ragged", 8, 32768, 32, 8, 128, 4, ragged=True)]
 
 
-def smem_estimate(block_r: int, block_k: int, H: int, stages: int, itemsize: int = 2) -> int:
-    """Shared memory of one program, from Triton 3.6's compile of this kernel on sm_90 (within ~10%)."""
-    return (max(1, stages - 1) * 2 * block_k * H + 2 * block_r * H + block_r * block_k) * itemsize
-
-
 def tune_grid(sh: Shape, default_plan) -> list[dict]:
     """Variants after the default: block_k x num_stages, then num_warps (or block_r), then the split count."""
     from attnlab.kernels import decode as kd
@@ -86,7 +81,7 @@ def tune_grid(sh: Shape, default_plan) -> list[dict]:
         for st in (2, 3, 4):
             if (bk, st) == (default_plan.block_k, default_plan.num_stages):
                 continue
-            if smem_estimate(default_plan.block_r, bk, sh.H, st) > SMEM_LIMIT:
+            if kd.smem_bytes(default_plan.block_r, bk, sh.H, st) > SMEM_LIMIT:
                 continue
             out.append(dict(block_k=bk, num_stages=st))
     if default_plan.num_warps == 8:
@@ -97,7 +92,6 @@ def tune_grid(sh: Shape, default_plan) -> list[dict]:
     d = default_plan.num_splits
     for s in sorted({max(1, d // 2), 2 * d} - {d}):
         out.append(dict(num_splits=s))
-    del kd
     return out
 
 

@@ -29,8 +29,8 @@ Layout and grid
 What is read from HBM
     KV: ceil(lengths[b] / block_k) * block_k rows of (H,) per (b, kv head), K and V once each
     (the masked tail of the last block is not fetched); q once per split; partials
-    (B, K, splits, T*G, H+2) float32 written then read by the combine (kept under ~5% of the KV
-    bytes by the split rule).
+    (B, K, splits, T*G, H+2) float32 written then read by the combine (weighed by the split rule;
+    ~1% at T*G = 16, at most 25%).
 
 Why Triton and not Mosaic GPU
     The kernel is bandwidth-bound up to T*G ~ 200 rows (arithmetic intensity T*N/K FLOP/byte,
@@ -45,8 +45,10 @@ Tuning parameters (``DecodeConfig``; None = the default)
     block_r    query rows per tile: next power of two >= max(T*G, 16), at most 128 (64 at H = 256)
     num_warps  4, or 8 when block_r * (H + block_k) > 12288 (float32 acc + scores past ~96 registers)
     num_stages 3 (software pipeline depth of the K/V loads; 2 before Hopper)
-    num_splits from ``choose_num_splits(S, B*K, ...)``: enough programs for ``waves`` (4) per SM,
-               at least 4 blocks per split, partial-output traffic <= 5% of the KV bytes.
+    num_splits from ``choose_num_splits(S, B*K, ...)``: the count that fills the GPU's program
+               slots (SMs x ``programs_per_sm``, estimated from shared memory and registers)
+               in the fewest whole waves, weighed against the partial outputs' traffic
+               (<= 25% of the KV bytes), at least 4 blocks per split.
 SM count: ``sm_count()``: the device's ``core_count`` where jaxlib exposes it, else a table by
 device kind (132 for H100/H200/GH200 SXM, 108 for A100, ...), else 108; on the CPU (interpret
 mode, which runs programs one after another) 8, to keep the grid small.
@@ -81,7 +83,6 @@ class DecodeConfig:
     num_warps: int | None = None
     num_stages: int | None = None
     num_splits: int | None = None
-    waves: int = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,27 +127,65 @@ def sm_count(device=None) -> int:
     return DEFAULT_SM_COUNT
 
 
+SMEM_PER_SM = 228 * 1024     # Hopper; Ampere A100 has 164 KB (only lowers the estimate's occupancy)
+REGS_PER_SM = 65536
+FILL_BLOCKS = 2              # a program's pipeline start-up, counted in blocks of work
+
+
+def smem_bytes(block_r: int, block_k: int, head_dim: int, num_stages: int, itemsize: int = 2) -> int:
+    """Shared memory of one program: (stages - 1) K and V blocks in flight, q, P (within ~15% of
+    what Triton 3.6 allocates for this kernel on sm_90; ``benchmarks/decode_ttir_cpu.py``)."""
+    return (max(1, num_stages - 1) * 2 * block_k * head_dim + 2 * block_r * head_dim + block_r * block_k) * itemsize
+
+
+def programs_per_sm(block_r: int, block_k: int, head_dim: int, num_warps: int, num_stages: int,
+                    itemsize: int = 2) -> int:
+    """Estimated resident programs per SM, from shared memory and registers (fitted to ptxas on sm_90:
+    ~60 + 1.25 x the float32 acc + scores elements a thread holds)."""
+    by_smem = SMEM_PER_SM // (smem_bytes(block_r, block_k, head_dim, num_stages, itemsize) + 1024)
+    threads = 32 * num_warps
+    regs = 60 + 1.25 * block_r * (head_dim + block_k) / threads
+    regs = min(255, 8 * math.ceil(regs / 8))
+    by_regs = REGS_PER_SM // (regs * threads)
+    return max(1, min(by_smem, by_regs, 64 // num_warps))
+
+
+def wave_cost(splits: int, n_blocks: int, programs_per_split: int, slots: int) -> int:
+    """Model of the kernel's time in block-loads of one program: the programs run in
+    ceil(P / slots) waves, each as long as one program (its blocks plus pipeline fill)."""
+    waves = cdiv(programs_per_split * splits, slots)
+    return waves * (cdiv(n_blocks, splits) + FILL_BLOCKS)
+
+
 def choose_num_splits(kv_len: int, batch_kv_heads: int, *, rows: int, block_k: int, head_dim: int,
-                      row_tiles: int = 1, itemsize: int = 2, sm_count: int = 132, waves: int = 4,
-                      min_blocks_per_split: int = 4, max_partial_fraction: float = 0.05,
+                      row_tiles: int = 1, itemsize: int = 2, sm_count: int = 132, occupancy: int = 2,
+                      min_blocks_per_split: int = 4, max_partial_fraction: float = 0.25,
                       max_splits: int = 128) -> int:
     """How many programs share one (batch, kv head)'s keys (flash-decoding's split count).
 
-    The grid has B*K*row_tiles*splits programs; we want ``waves`` of them per SM so HBM sees
-    enough loads in flight and the last wave is short, but each split keeps at least
-    ``min_blocks_per_split`` blocks (so its load pipeline fills) and the partial outputs
-    (T*G rows x (H + 2) float32, written and read once per split) stay within
-    ``max_partial_fraction`` of the KV bytes. The result is rounded to the count the block
-    chunking really uses (no split empty at full length). Always in [1, ceil(S / block_k)].
+    The grid has P = B*K*row_tiles*splits programs of equal work and the GPU holds
+    ``sm_count * occupancy`` of them at once; the split count minimises ``wave_cost`` (whole
+    waves times the length of one program, so a last wave that is nearly empty costs as much
+    as a full one) times (1 + the partial outputs' traffic relative to the KV bytes: T*G rows
+    x (H + 2) float32, written and read once per split), preferring fewer splits on a tie.
+    Each split keeps at least ``min_blocks_per_split`` blocks and the partial traffic stays
+    within ``max_partial_fraction`` of the KV bytes.
+    The result is rounded to the count the block chunking really uses (no split empty at
+    full length). Always in [1, min(ceil(S / block_k), max_splits)].
     """
     n_blocks = cdiv(kv_len, block_k)
-    want = cdiv(waves * sm_count, max(1, batch_kv_heads * row_tiles))
+    per_split = max(1, batch_kv_heads * row_tiles)
+    slots = max(1, sm_count * occupancy)
     by_blocks = max(1, n_blocks // min_blocks_per_split)
     kv_bytes = 2 * kv_len * head_dim * itemsize            # K and V of one (b, kv head)
-    per_split = 2 * rows * (head_dim + 2) * 4               # partials written + read
-    by_traffic = max(1, int(max_partial_fraction * kv_bytes // per_split))
-    s = max(1, min(want, by_blocks, by_traffic, max_splits, n_blocks))
-    return cdiv(n_blocks, cdiv(n_blocks, s))
+    partial = 2 * rows * (head_dim + 2) * 4                 # partials written + read, per split
+    by_traffic = max(1, int(max_partial_fraction * kv_bytes // partial))
+    cap = max(1, min(by_blocks, by_traffic, max_splits, n_blocks))
+    def cost(s):
+        return wave_cost(s, n_blocks, per_split, slots) * (1 + s * partial / kv_bytes)
+
+    best = min(range(1, cap + 1), key=lambda s: (round(cost(s), 6), s))
+    return cdiv(n_blocks, cdiv(n_blocks, best))
 
 
 def split_range(length, split, *, num_splits: int, block_k: int, div=operator.floordiv,
@@ -195,9 +234,11 @@ def make_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, he
     stages = cfg.num_stages or (2 if compute_capability is not None and compute_capability < (9, 0) else 3)
     splits = cfg.num_splits
     if splits is None:
+        itemsize = np.dtype(dtype).itemsize
+        occ = programs_per_sm(block_r, block_k, head_dim, num_warps, stages, itemsize)
         splits = choose_num_splits(kv_len, batch * kv_heads, rows=rows, block_k=block_k, head_dim=head_dim,
-                                   row_tiles=row_tiles, itemsize=np.dtype(dtype).itemsize,
-                                   sm_count=sms if sms is not None else sm_count(), waves=cfg.waves)
+                                   row_tiles=row_tiles, itemsize=itemsize,
+                                   sm_count=sms if sms is not None else sm_count(), occupancy=occ)
     if splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {splits}")
     return Plan(rows=rows, block_r=block_r, row_tiles=row_tiles, block_k=block_k, num_splits=int(splits),
@@ -216,6 +257,26 @@ def unsupported(q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: in
     if q_len > kv_len:
         return f"T={q_len} > S={kv_len}: the T new tokens must fit in the cache"
     return None
+
+
+def cuda_lowering_context(device_kind: str = "NVIDIA H200", cores: int = 132):
+    """A context in which ``jit(...).trace(...).lower(lowering_platforms=("cuda",))`` works without a GPU.
+
+    JAX <= 0.10 lowers Pallas Triton kernels for sm_90 when no GPU is present; JAX >= 0.11 asks
+    for an abstract GPU device, given here through an abstract mesh (JAX-private API, so a
+    no-op context where it is missing). For checking the lowering on a CPU only.
+    """
+    import contextlib
+
+    import jax
+
+    try:
+        from jax._src.mesh import AbstractDevice
+
+        mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(device_kind, cores, "gpu"))
+        return jax.sharding.use_abstract_mesh(mesh)
+    except (ImportError, TypeError, AttributeError):
+        return contextlib.nullcontext()
 
 
 def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, q_len: int, groups: int, rows: int,
