@@ -8,12 +8,16 @@ Public API::
     attnlab.UnsupportedError                 # a forced backend that cannot run the input
     attnlab.Workload                         # FLOP / byte model
     attnlab.hlo_uses_cudnn(fn, *args)        # did cuDNN's fused attention really get lowered?
+    attnlab.decode_attention(q, k_cache, v_cache, kv_lengths)  # T new tokens against a KV cache
+    attnlab.reference_decode_attention(...)  # its NumPy float64 truth
 """
 from .api import Explanation, attention, explain, select
 from .backends import Backend, register
 from .backends.cudnn import hlo_uses_cudnn
+from .decode import decode_attention, explain_decode
 from .errors import UnsupportedError
 from .reference import check_close, reference_attention, reference_attention_grads, rel_l2
+from .reference_decode import reference_decode_attention
 from .spec import AttentionSpec
 from .workload import Workload
 
@@ -23,4 +27,5 @@ __all__ = [
     "attention", "explain", "select", "Explanation", "Backend", "register", "hlo_uses_cudnn",
     "UnsupportedError", "reference_attention", "reference_attention_grads", "check_close", "rel_l2",
     "AttentionSpec", "Workload", "__version__",
+    "decode_attention", "explain_decode", "reference_decode_attention",
 ]

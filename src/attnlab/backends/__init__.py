@@ -51,6 +51,15 @@ def _register_builtins() -> None:
               PallasTritonBackend(), PallasMosaicBackend(), TorchSdpaBackend("flash"), TorchSdpaBackend("cudnn"),
               TorchSdpaBackend("efficient")):
         register(b)
+    _register_decode()
+
+
+def _register_decode() -> None:
+    from .attnlab_decode import AttnlabDecodeBackend
+    from .pallas_paged import PallasPagedBackend
+
+    register(AttnlabDecodeBackend())
+    register(PallasPagedBackend())
 
 
 _register_builtins()

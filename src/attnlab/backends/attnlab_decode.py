@@ -1,0 +1,127 @@
+"""``attnlab-decode``: attnlab's own Pallas decode kernel (``attnlab.kernels.decode``) as a backend.
+
+Two ways in:
+  * ``attention(q, k, v, key_value_seq_lengths=L, implementation="attnlab-decode")`` with a small
+    T (T*G <= 512) and no other mask: jax.nn's rule, every valid key ``s < L[b]`` (no lengths:
+    all S keys). ``is_causal`` is refused here: jax.nn's causal rule is top-left aligned
+    (query t sees s <= t), which is not decode's; use ``attnlab.decode_attention(causal=True)``.
+  * ``attnlab.decode_attention(..., implementation="attnlab-decode")``: also the causal tail rule
+    (query t at position L[b] - T + t), which the kernel applies natively (``run_decode``).
+
+Runs on NVIDIA GPUs (compute capability >= 8.0) compiled by Triton, and on the CPU in Pallas
+interpret mode (correct but slow: for tests). Forward only.
+
+Auto: not in ``AUTO_ORDER``; ``auto_reason(spec)`` is the hook (None = auto should run this
+kernel). It stays off (``AUTO_ENABLED = False``) until the H200 benchmark
+(``benchmarks/decode_tune.py``, issue 13's sweep) shows where the kernel is fastest and correct;
+then set ``AUTO_ENABLED`` and ``AUTO_MIN_T`` (1 if it also beats cuDNN at T = 1).
+"""
+from __future__ import annotations
+
+from .. import device
+from ..errors import UnsupportedError
+from ..kernels import decode as kd
+from ..spec import AttentionSpec, Prepared, _is_tracer
+from .base import Backend
+
+#: Auto picks the kernel only when this is True (set from the benchmark), on an NVIDIA GPU,
+#: for T >= AUTO_MIN_T, where it supports the call.
+AUTO_ENABLED = False
+AUTO_MIN_T = 2
+
+
+def _common(q_len, kv_len, heads, kv_heads, head_dim, dtype) -> str | None:
+    return kd.unsupported(q_len, kv_len, heads, kv_heads, head_dim, dtype)
+
+
+class AttnlabDecodeBackend(Backend):
+    name = "attnlab-decode"
+    description = "attnlab's Pallas (Triton) flash-decoding kernel: GQA-packed rows, split KV, valid lengths only"
+    forward_only = True
+    #: Tuning parameters used by run/run_decode (None: the defaults of attnlab.kernels.decode).
+    config: kd.DecodeConfig | None = None
+
+    def available(self) -> str | None:
+        info = device.current()
+        if info.platform == "cpu":
+            return None   # Pallas interpret mode
+        if info.platform != "gpu" or info.compute_capability is None:
+            return f"needs an NVIDIA GPU (or the CPU, in interpret mode); JAX's default device is {info.platform} ({info.kind})"
+        if info.compute_capability < (8, 0):
+            cc = ".".join(map(str, info.compute_capability))
+            return f"needs compute capability >= 8.0, device has {cc}"
+        return None
+
+    @property
+    def interpret(self) -> bool:
+        return device.current().platform != "gpu"
+
+    def supports(self, spec: AttentionSpec) -> str | None:
+        why = _common(spec.q_len, spec.kv_len, spec.heads, spec.kv_heads, spec.head_dim, spec.dtype)
+        if why:
+            return why
+        if spec.is_causal:
+            return ("is_causal is jax.nn's top-left rule (query t sees s <= t), not decode's; "
+                    "use attnlab.decode_attention(causal=True) for the causal tail")
+        used = [n for n, on in (("bias", spec.bias_shape), ("mask", spec.mask_shape),
+                                ("query_seq_lengths", spec.has_q_lengths), ("local_window_size", spec.window)) if on]
+        if used:
+            return f"takes no {', '.join(used)} (key_value_seq_lengths only)"
+        return None
+
+    def supports_decode(self, spec) -> str | None:
+        """Why ``decode_attention`` cannot run ``spec`` (an ``attnlab.decode.DecodeSpec``) here, or None."""
+        why = _common(spec.q_len, spec.max_len, spec.heads, spec.kv_heads, spec.head_dim, spec.dtype)
+        if why:
+            return why
+        if not spec.scale_is_static:
+            return "scale is traced: the kernel compiles the scale in (pass a Python float)"
+        return None
+
+    def auto_reason(self, spec) -> str | None:
+        """The auto hook: None when ``decode_attention(implementation=None)`` should run this kernel."""
+        if not AUTO_ENABLED:
+            return "auto off until the H200 benchmark decides (attnlab.backends.attnlab_decode.AUTO_ENABLED)"
+        if self.interpret:
+            return "interpret mode (no GPU): correct but slow"
+        if spec.q_len < AUTO_MIN_T:
+            return f"T={spec.q_len} < {AUTO_MIN_T}: cuDNN is as fast at T=1"
+        return self.available() or self.supports_decode(spec)
+
+    def version(self) -> str | None:
+        import jax
+
+        return f"jax {jax.__version__}"
+
+    def _call(self, q, k, v, lengths, causal, scale):
+        if _is_tracer(scale):
+            raise UnsupportedError(self.name, "scale is traced: the kernel compiles the scale in (pass a Python float)")
+        return kd.decode_attention_pallas(q, k, v, lengths, causal=causal, scale=float(scale), config=self.config,
+                                          interpret=self.interpret)
+
+    def run(self, p: Prepared):
+        import jax.numpy as jnp
+
+        B, S = p.spec.batch, p.spec.kv_len
+        lengths = jnp.full((B,), S, jnp.int32) if p.kv_lengths is None else p.kv_lengths
+        return self._call(p.query, p.key, p.value, lengths, False, p.scale)
+
+    def run_decode(self, d):
+        """Run an ``attnlab.decode.DecodeCall`` with its causal rule."""
+        return self._call(d.query, d.k_cache, d.v_cache, d.kv_lengths, d.spec.causal, d.scale)
+
+
+def kv_bytes(lengths, kv_heads: int, head_dim: int, itemsize: int) -> int:
+    """Bytes of K and V a decode call must read: the valid keys only."""
+    return int(2 * sum(int(n) for n in lengths) * kv_heads * head_dim * itemsize)
+
+
+def roofline_ms(lengths, q_len: int, heads: int, kv_heads: int, head_dim: int, itemsize: int, *,
+                hbm_tbs: float = 4.8, peak_tflops: float = 989.0) -> float:
+    """max(bytes / HBM bandwidth, FLOPs / peak) in ms (H200 defaults; FLOPs count every valid key)."""
+    nbytes = kv_bytes(lengths, kv_heads, head_dim, itemsize)
+    flops = 4.0 * q_len * heads * head_dim * sum(int(n) for n in lengths)
+    return max(nbytes / (hbm_tbs * 1e12), flops / (peak_tflops * 1e12)) * 1e3
+
+
+__all__ = ["AttnlabDecodeBackend", "AUTO_ENABLED", "AUTO_MIN_T", "kv_bytes", "roofline_ms"]

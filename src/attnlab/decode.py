@@ -1,0 +1,235 @@
+"""``decode_attention``: T = 1..64 new tokens per sequence against a KV cache of valid lengths.
+
+Semantics (the append / verification rule of FlashInfer and vLLM)::
+
+    q        (B, T, N, H)      the T new tokens' queries
+    k_cache  (B, S_max, K, H)  keys; positions >= kv_lengths[b] are padding (never attended;
+    v_cache  (B, S_max, K, H)    attnlab's own kernel never reads them)
+    kv_lengths (B,) int        valid length of each cache, *including* the T new tokens:
+                               T <= kv_lengths[b] <= S_max
+
+Query t of batch b sits at position ``kv_lengths[b] - T + t``. With ``causal=True`` it attends
+the keys at positions ``<= kv_lengths[b] - T + t`` (bottom-right aligned, per batch element);
+with ``causal=False`` every valid key ``< kv_lengths[b]``. No output row is empty (query t
+always sees key 0). At T = 1 both rules are the same.
+
+Paths (``implementation``):
+  * ``"attnlab-decode"``: attnlab's Pallas kernel (``attnlab.kernels.decode``), which knows the
+    rule natively (no mask) and reads only the valid keys; interpret mode on the CPU.
+  * any other registered backend (``"naive"``, ``"xla"``, ``"cudnn"``, ...): the same call
+    expressed as ``attnlab.attention(q, k, v, mask=M, key_value_seq_lengths=kv_lengths)``.
+    ``M`` is a dense bool (B, 1, T, S_max) mask ``s <= kv_lengths[b] - T + t``, built only
+    when causal and T > 1 (cuDNN turns it into a dense bias; at T = 1 or non-causal the
+    lengths alone say it all). A backend that takes no mask or no lengths refuses with its
+    own reason (``UnsupportedError``); nothing falls back silently.
+  * ``None`` / ``"auto"``: attnlab-decode where its auto rule
+    (``backends.attnlab_decode.auto_reason``) says so, else ``attention``'s auto choice.
+
+Validation happens before JAX sees the arrays; errors name the argument and the rule. Under
+``jax.jit`` with traced ``kv_lengths`` the value checks are skipped (as in ``attnlab.spec``);
+lengths outside [T, S_max] then give implementation-defined rows (the kernel clamps them to
+[0, S_max] and never reads out of bounds).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from typing import Any
+
+import numpy as np
+
+from . import backends
+from .errors import UnsupportedError
+from .spec import FLOAT_DTYPES, AttentionSpec, _is_tracer, prepare
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSpec:
+    """Static description of one decode call."""
+
+    batch: int
+    q_len: int          # T new tokens
+    max_len: int        # S_max, the cache's capacity
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: str
+    causal: bool
+    scale: float | None          # None: default 1/sqrt(H), or traced
+    scale_is_static: bool = True
+
+    @property
+    def groups(self) -> int:
+        return self.heads // self.kv_heads
+
+    @property
+    def needs_mask(self) -> bool:
+        """Whether the generic path needs a dense mask (the causal tail of T > 1 tokens)."""
+        return self.causal and self.q_len > 1
+
+    def attention_spec(self) -> AttentionSpec:
+        """The ``attention()`` call this decode is expressed as on the generic backends."""
+        mask = (self.batch, 1, self.q_len, self.max_len) if self.needs_mask else None
+        return AttentionSpec(batch=self.batch, q_len=self.q_len, kv_len=self.max_len, heads=self.heads,
+                             kv_heads=self.kv_heads, head_dim=self.head_dim, dtype=self.dtype, scale=self.scale,
+                             mask_shape=mask, has_kv_lengths=True)
+
+
+@dataclasses.dataclass
+class DecodeCall:
+    query: Any
+    k_cache: Any
+    v_cache: Any
+    kv_lengths: Any      # int32, (B,)
+    scale: Any           # effective scale: float, or a tracer
+    spec: DecodeSpec
+
+
+def _shape(name, x) -> tuple[int, ...]:
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"{name} must be an array with .shape and .dtype, got {type(x).__name__}")
+    return tuple(int(d) for d in x.shape)
+
+
+def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None) -> DecodeCall:
+    """Check every argument of a decode call (see the module docstring) and describe it."""
+    qs, ks, vs = _shape("q", q), _shape("k_cache", k_cache), _shape("v_cache", v_cache)
+    if len(qs) != 4:
+        raise ValueError(f"q must have rank 4 (B, T, N, H), got shape {qs}")
+    if len(ks) != 4:
+        raise ValueError(f"k_cache must have rank 4 (B, S_max, K, H), got shape {ks}")
+    if vs != ks:
+        raise ValueError(f"v_cache shape {vs} must equal k_cache shape {ks}")
+    dts = {n: np.dtype(x.dtype).name for n, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))}
+    for n, d in dts.items():
+        if d not in FLOAT_DTYPES:
+            raise TypeError(f"{n} must have a floating dtype ({', '.join(FLOAT_DTYPES)}), got {d}")
+    if len(set(dts.values())) != 1:
+        raise TypeError("q, k_cache and v_cache must share one dtype, got " + ", ".join(f"{n} {d}" for n, d in dts.items()))
+    B, T, N, H = qs
+    kB, S, K, kH = ks
+    if kB != B:
+        raise ValueError(f"k_cache batch size {kB} must equal q's batch size B={B}")
+    if kH != H:
+        raise ValueError(f"k_cache head dim {kH} must equal q's head dim H={H}")
+    if min(B, T, N, H) < 1:
+        raise ValueError(f"q dims (B, T, N, H) must all be >= 1, got {qs}")
+    if K < 1 or N % K:
+        raise ValueError(f"q heads N={N} must be a multiple of k_cache heads K={K}")
+    if S < T:
+        raise ValueError(f"k_cache length S_max={S} must be >= T={T}: the T new tokens must fit in the cache")
+    if not hasattr(kv_lengths, "shape"):
+        kv_lengths = np.asarray(kv_lengths)
+    ls = tuple(int(d) for d in kv_lengths.shape)
+    if ls != (B,):
+        raise ValueError(f"kv_lengths must have shape (B,)=({B},), got {ls}")
+    if np.dtype(kv_lengths.dtype).kind not in "iu":
+        raise TypeError(f"kv_lengths must be an integer array, got dtype {np.dtype(kv_lengths.dtype).name}")
+    if not _is_tracer(kv_lengths):
+        vals = np.asarray(kv_lengths)
+        for b, n in enumerate(vals.tolist()):
+            if n < T:
+                raise ValueError(f"kv_lengths[{b}]={n} < T={T}: the T new tokens must be in the cache")
+            if n > S:
+                raise ValueError(f"kv_lengths[{b}]={n} > S_max={S}: lengths must fit in k_cache/v_cache")
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__} {causal!r}")
+    static_scale = True
+    if scale is not None:
+        if isinstance(scale, bool) or not (isinstance(scale, numbers.Real) or hasattr(scale, "dtype")):
+            raise TypeError(f"scale must be a positive finite float or None, got {scale!r}")
+        if _is_tracer(scale):
+            static_scale = False
+        else:
+            s = float(scale)
+            if not (math.isfinite(s) and s > 0):
+                raise ValueError(f"scale must be positive and finite, got {s}")
+            scale = s
+    spec = DecodeSpec(batch=B, q_len=T, max_len=S, heads=N, kv_heads=K, head_dim=H, dtype=dts["q"],
+                      causal=bool(causal), scale=scale if static_scale else None, scale_is_static=static_scale)
+    import jax.numpy as jnp
+
+    lengths = jnp.asarray(kv_lengths).astype(jnp.int32)
+    effective = 1.0 / math.sqrt(H) if scale is None else scale
+    return DecodeCall(q, k_cache, v_cache, lengths, effective, spec)
+
+
+def decode_mask(kv_lengths, q_len: int, max_len: int):
+    """Bool (B, 1, T, S_max): key s visible to query t iff s <= kv_lengths[b] - T + t (the causal tail)."""
+    import jax.numpy as jnp
+
+    lengths = jnp.asarray(kv_lengths, jnp.int32)
+    q_pos = lengths[:, None] - q_len + jnp.arange(q_len)[None, :]          # (B, T)
+    return (jnp.arange(max_len)[None, None, :] <= q_pos[:, :, None])[:, None]
+
+
+def _decode_backend():
+    return backends.get("attnlab-decode")
+
+
+def select_decode(spec: DecodeSpec, implementation=None):
+    """(backend, native) for this call: native=True runs the decode rule itself (run_decode)."""
+    from . import api
+
+    if implementation is not None and not isinstance(implementation, str):
+        raise TypeError(f"implementation must be None or a str, got {type(implementation).__name__}")
+    own = _decode_backend()
+    if implementation in (None, "auto"):
+        if own.auto_reason(spec) is None:
+            return own, True
+        return api.select(spec.attention_spec(), None), False
+    if implementation == own.name:
+        why = own.available() or own.supports_decode(spec)
+        if why:
+            raise UnsupportedError(own.name, why)
+        return own, True
+    return api.select(spec.attention_spec(), implementation), False
+
+
+def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, implementation=None):
+    """Attention of T new tokens against a KV cache of valid lengths (see the module docstring).
+
+    Args:
+      q: (B, T, N, H) float16/bfloat16/float32 (float64 on the generic paths).
+      k_cache, v_cache: (B, S_max, K, H), q's dtype; K divides N (query head n reads kv head n // (N // K)).
+      kv_lengths: (B,) int, T <= kv_lengths[b] <= S_max, counting the T new tokens.
+      causal: query t sees keys at positions <= kv_lengths[b] - T + t (else every valid key).
+      scale: logits scale, default 1 / sqrt(H).
+      implementation: None/"auto", "attnlab-decode", or any registered backend name.
+
+    Returns:
+      (B, T, N, H) in q's dtype.
+    """
+    d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale)
+    backend, native = select_decode(d.spec, implementation)
+    if native:
+        return backend.run_decode(d)
+    sp = d.spec
+    mask = decode_mask(d.kv_lengths, sp.q_len, sp.max_len) if sp.needs_mask else None
+    p = prepare(d.query, d.k_cache, d.v_cache, None, mask, scale=scale, key_value_seq_lengths=d.kv_lengths)
+    return backend.run(p).reshape(p.out_shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeExplanation:
+    chosen: str
+    reasons: dict[str, str | None]
+    spec: DecodeSpec
+
+    def __str__(self) -> str:
+        lines = [f"auto runs: {self.chosen}"]
+        for name, why in self.reasons.items():
+            lines.append(f"  {name:<14} {'ok' if why is None else 'no: ' + why}")
+        return "\n".join(lines)
+
+
+def explain_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None) -> DecodeExplanation:
+    """Which path ``decode_attention(implementation=None)`` runs, and why not each other one."""
+    d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale)
+    chosen = select_decode(d.spec, None)[0].name
+    own = _decode_backend()
+    att = d.spec.attention_spec()
+    reasons = {b.name: (b.available() or own.supports_decode(d.spec)) if b is own else b.why_not(att)
+               for b in backends.all_backends()}
+    return DecodeExplanation(chosen, reasons, d.spec)

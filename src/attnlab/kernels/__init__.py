@@ -1,0 +1,1 @@
+"""attnlab's own kernels, written in Pallas (see each module's docstring)."""

@@ -1,0 +1,107 @@
+"""The truth for decode attention: NumPy float64, written apart from JAX and from ``reference.py``'s masks.
+
+``reference_decode_attention(q, k_cache, v_cache, kv_lengths, causal=..., scale=...)`` returns
+a float64 (B, T, N, H) array with ``attnlab.decode_attention``'s semantics: query t of batch b
+sits at position kv_lengths[b] - T + t; causal: it sees keys <= that position, else every key
+< kv_lengths[b].
+
+``emulate=dtype`` (bf16/fp16) carries out the computation the way a flash-decoding kernel does:
+scores in float32, softmax numerator P = exp(s - max) in float32 and rounded to the dtype before
+P.V, float32 accumulation, division by the float32 sum, output rounded to the dtype. Its error
+against float64 is the baseline of the decode tolerance policy (``check_decode_close``).
+
+Tolerance policy for decode (one place: ``decode_tolerance``)
+    float32/float64: ``attnlab.reference.tolerance`` (1e-5; 2e-3 for TF32 matmuls on a GPU).
+    bfloat16/float16: rel L2 <= DECODE_FACTOR x (error of the kernel-like emulation) + DECODE_FLOOR.
+"""
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+
+from .reference import Verdict, rel_l2, tolerance
+
+_LOW = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+DECODE_FACTOR = 2.0
+DECODE_FLOOR = 1e-5
+
+
+def decode_visible(kv_lengths, q_len: int, max_len: int, causal: bool) -> np.ndarray:
+    """Bool (B, T, S): True where query t of batch b may attend key s."""
+    lengths = np.asarray(kv_lengths).astype(np.int64).reshape(-1, 1, 1)
+    s = np.arange(max_len).reshape(1, 1, -1)
+    vis = s < lengths
+    if causal:
+        q_pos = lengths - q_len + np.arange(q_len).reshape(1, -1, 1)
+        vis = vis & (s <= q_pos)
+    return vis
+
+
+def _f32(x):
+    return x.astype(np.float32).astype(np.float64)
+
+
+def reference_decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, emulate=None,
+                               implementation=None) -> np.ndarray:
+    """Float64 decode attention (see the module docstring); ``implementation`` is ignored."""
+    del implementation
+    q, k, v = (np.asarray(x).astype(np.float64) for x in (q, k_cache, v_cache))
+    if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape:
+        raise ValueError(f"q must be (B, T, N, H) and k_cache, v_cache (B, S_max, K, H), got {q.shape}, {k.shape}, {v.shape}")
+    B, T, N, H = q.shape
+    S, K = k.shape[1], k.shape[2]
+    lengths = np.asarray(kv_lengths).astype(np.int64)
+    if lengths.shape != (B,) or np.any(lengths < T) or np.any(lengths > S):
+        raise ValueError(f"kv_lengths must be (B,)=({B},) with T={T} <= kv_lengths[b] <= S_max={S}, got {lengths.tolist()}")
+    low = _LOW.get(np.dtype(emulate).name) if emulate is not None else None
+    sc = 1.0 / math.sqrt(H) if scale is None else float(scale)
+    G = N // K
+    qg = q.reshape(B, T, K, G, H)
+    logits = np.einsum("btkgh,bskh->bkgts", qg, k, optimize=True)
+    if low is not None:
+        logits = _f32(_f32(logits) * np.float32(sc))
+    else:
+        logits = logits * sc
+    vis = decode_visible(lengths, T, S, causal)[:, None, None]          # (B, 1, 1, T, S)
+    logits = np.where(vis, logits, -np.inf)
+    w = np.where(vis, np.exp(logits - logits.max(axis=-1, keepdims=True)), 0.0)
+    denom = w.sum(axis=-1, keepdims=True)
+    if low is not None:
+        w, denom = _f32(w), _f32(denom)
+        num = _f32(np.einsum("bkgts,bskh->btkgh", w.astype(low).astype(np.float64), v, optimize=True))
+        out = num / np.moveaxis(denom, (1, 2, 3), (2, 3, 1))
+        out = out.astype(np.float32).astype(low).astype(np.float64)
+    else:
+        out = np.einsum("bkgts,bskh->btkgh", w / denom, v, optimize=True)
+    return out.reshape(B, T, N, H)
+
+
+def decode_tolerance(dtype, *, baseline_err: float | None = None, tf32: bool | None = None) -> tuple[float, str]:
+    """(limit on relative L2 error, the rule in words) for decode outputs of ``dtype``."""
+    name = np.dtype(dtype).name
+    if name not in _LOW:
+        return tolerance(dtype, tf32=tf32)
+    if baseline_err is None:
+        raise ValueError(f"{name} tolerance needs baseline_err: the error of the kernel-like emulation in {name}")
+    limit = DECODE_FACTOR * baseline_err + DECODE_FLOOR
+    return limit, (f"{name}: rel L2 <= {DECODE_FACTOR:g} x {baseline_err:.2e} (kernel-like emulation in {name}) "
+                   f"+ {DECODE_FLOOR:g}")
+
+
+def check_decode_close(out, q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, ref=None,
+                       tf32: bool | None = None) -> Verdict:
+    """Judge a decode output against float64 by the decode tolerance policy (whole output)."""
+    if ref is None:
+        ref = reference_decode_attention(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale)
+    dtype = np.dtype(out.dtype)
+    baseline = None
+    if dtype.name in _LOW:
+        emu = reference_decode_attention(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale, emulate=dtype)
+        baseline = rel_l2(emu, ref)
+    limit, rule = decode_tolerance(dtype, baseline_err=baseline, tf32=tf32)
+    err = rel_l2(out, ref)
+    o = np.asarray(out).astype(np.float64)
+    max_abs = float(np.max(np.abs(o - ref))) if o.size else 0.0
+    return Verdict(ok=bool(err <= limit), rel_err=err, limit=limit, max_abs_err=max_abs, rule=rule)
