@@ -8,10 +8,10 @@ export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 ATTNLAB_CACH
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/nvidia_smi.csv" 2>&1
 t0=$(date +%s)
-timeout 110 python3 -m pytest -v -m gpu -p no:cacheprovider tests/gpu/test_measure_gpu.py tests/gpu/test_peers_gpu.py \
+timeout 100 python3 -m pytest -v -m gpu -p no:cacheprovider tests/gpu/test_measure_gpu.py tests/gpu/test_peers_gpu.py \
   -k "torch or 16k or cupti or backward" > "$out/tests11.log" 2>&1
 echo "tests11 rc=$? $(( $(date +%s) - t0 ))s"; tail -3 "$out/tests11.log"
-timeout 150 python3 -m attnlab.cli bench --backends xla,cudnn,pallas-mosaic,pallas-triton,tokamax-mosaic,tokamax-triton,torch-flash,torch-cudnn,torch-efficient,cudnn-fp8 \
+timeout 130 python3 -m attnlab.cli bench --backends xla,cudnn,pallas-mosaic,pallas-triton,tokamax-mosaic,tokamax-triton,torch-flash,torch-cudnn,torch-efficient,cudnn-fp8 \
   --batch 1 --seq 4096 --heads 16 --head-dim 128 --dtype bfloat16,float16 --causal both --repeats 5 --out "$out/smoke" > "$out/smoke.log" 2>&1
 echo "smoke fwd rc=$? $(( $(date +%s) - t0 ))s"
 timeout 60 python3 -m attnlab.cli bench --backends xla,cudnn,tokamax-mosaic,pallas-triton --batch 1 --seq 4096 --heads 16 \
@@ -26,7 +26,7 @@ for l in open(sys.argv[1]):
           f"ms={r.get('kernel_ms') or 0:.3f} err={r.get('rel_err') or 0:.2e} margin={r.get('margin') or 0:.2f} "
           f"grad={r.get('grad_check')} gm={r.get('grad_margin') or 0:.2f} {(r.get('reason') or '')[:150]}")
 PY
-timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_decode_gpu.py --maxfail=25 > "$out/decode_tests.log" 2>&1
+timeout 170 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_decode_gpu.py --maxfail=25 > "$out/decode_tests.log" 2>&1
 echo "decode tests rc=$? $(( $(date +%s) - t0 ))s"; tail -25 "$out/decode_tests.log"
-timeout 170 python3 benchmarks/decode_tune.py "$out/tune" --budget-s 110 > "$out/tune.log" 2>&1
+timeout 115 python3 benchmarks/decode_tune.py "$out/tune" --budget-s 60 > "$out/tune.log" 2>&1
 echo "tune rc=$? $(( $(date +%s) - t0 ))s"; tail -40 "$out/tune.log"
