@@ -2,6 +2,7 @@
 
 Kernel shapes stay small: interpret mode runs the grid program by program.
 """
+import os
 import functools
 import sys
 import types
@@ -323,13 +324,42 @@ def test_kernel_backend_reasons():
     assert "local_window_size" in b.supports(_spec(local_window_size=(4, 0)))
 
 
-def test_kernel_backend_refuses_traced_scale_and_auto_is_off():
+def test_kernel_backend_refuses_traced_scale_and_auto_skips_interpret_mode():
     q, k, v = random_qkv(1, 2, 16, 2, 1, 16, "float32")
     with pytest.raises(UnsupportedError, match="scale is traced"):
         jax.jit(lambda s: attnlab.decode_attention(q, k, v, jnp.array([16]), scale=s, implementation=KERNEL))(0.5)
     e = attnlab.explain_decode(q, k, v, [16])
-    assert e.chosen != KERNEL and e.reasons[KERNEL] is None
-    assert "auto off" in backends.get(KERNEL).auto_reason(e.spec)
+    if jax.default_backend() == "cpu":
+        assert e.chosen != KERNEL and e.reasons[KERNEL] is None
+        assert "interpret mode" in backends.get(KERNEL).auto_reason(e.spec)
+
+
+def test_auto_off_switch(monkeypatch):
+    monkeypatch.setattr(attnlab_decode, "AUTO_ENABLED", False)
+    b = backends.get(KERNEL)
+    monkeypatch.setattr(type(b), "interpret", property(lambda self: False))
+    q, k, v = random_qkv(1, 2, 16, 2, 1, 16, "float32")
+    assert "auto off" in b.auto_reason(attnlab.explain_decode(q, k, v, [16]).spec)
+    assert "auto off" in b.auto_claim(_spec(T=4, S=4096))
+
+
+def test_attention_auto_claims_decode_shapes_on_a_gpu(monkeypatch):
+    """Switched on, attention() with small T against a long cache runs the kernel under auto (on a
+    GPU); not T=1, not short caches, not causal (jax.nn's top-left rule). Off by default."""
+    b = backends.get(KERNEL)
+    monkeypatch.setattr(type(b), "interpret", property(lambda self: False))
+    assert "forward only" in b.auto_claim(_spec(T=4, S=4096))
+    monkeypatch.setattr(attnlab_decode, "AUTO_CLAIMS_ATTENTION", True)
+    assert b.auto_claim(_spec(T=4, S=4096, key_value_seq_lengths=jnp.full((1,), 3000, jnp.int32))) is None
+    assert "T=1" in b.auto_claim(_spec(T=1, S=4096))
+    assert "S=64" in b.auto_claim(_spec(T=4, S=64))
+    assert "T=128" in b.auto_claim(_spec(T=128, S=4096))
+    assert "top-left" in b.auto_claim(_spec(T=4, S=4096, is_causal=True))
+    q, k, v = random_qkv(1, 4, 2048, 4, 2, 16, "float32")
+    assert attnlab.explain(q, k, v).chosen == KERNEL
+    monkeypatch.undo()
+    if jax.default_backend() == "cpu":
+        assert attnlab.explain(q, k, v).chosen != KERNEL
 
 
 def test_auto_hook_picks_the_kernel_when_enabled(monkeypatch):
@@ -390,3 +420,67 @@ def test_tune_grid_and_goal_lines():
     assert lines[0].startswith("T=1: 0.2500 ms vs cuDNN 0.2440 ms") and "met" in lines[0]
     assert "missed by 0.10 TB/s" in lines[2] and "2.78x cuDNN" in lines[2]
     assert "T=64: 72% of the roofline bound -> met" in lines[6] and lines[1] == "T=2: no result"
+
+
+def test_plans_fit_shared_memory():
+    """A tuning variant that asked for more pipeline stages than shared memory holds failed on the H200
+    (RESOURCE_EXHAUSTED: 278528 B > 232448 B); the planner clamps the stages to what fits."""
+    from attnlab.kernels import decode as kd
+
+    plan = kd.make_plan(4, 16, 4096, 32, 8, 128, "bfloat16", kd.DecodeConfig(block_k=128, num_stages=4), sms=132)
+    assert plan.num_stages < 4
+    # the estimate with the measured under-count (278528 / 245760) still fits
+    assert kd.smem_bytes(plan.block_r, plan.block_k, 128, plan.num_stages) * 278528 / 245760 <= 232448
+    assert kd.smem_bytes(64, 128, 128, 4) * kd.SMEM_SLACK > kd.smem_limit((9, 0))   # the failing variant
+    for H in kd.HEAD_DIMS:
+        for T in (1, 4, 16, 64):
+            p = kd.make_plan(8, T, 32768, 32, 8, H, "bfloat16", sms=132)
+            assert kd.smem_bytes(p.block_r, p.block_k, H, p.num_stages) * kd.SMEM_SLACK <= kd.smem_limit()
+    with pytest.raises(ValueError, match="shared memory"):
+        kd.make_plan(1, 64, 4096, 64, 1, 256, "float32", kd.DecodeConfig(block_k=512, block_r=128), sms=132)
+
+
+def test_torch_peers_decode_rules():
+    """PyTorch's flash kernel takes no mask: full caches only (causal lower-right); cuDNN and
+    memory-efficient take a boolean mask, so ragged lengths too."""
+    flash, cudnn = backends.get("torch-flash"), backends.get("torch-cudnn")
+    assert flash.decode and cudnn.decode
+    assert "ragged" in flash.decode_reason((10, 20), 4, 20)
+    assert flash.decode_reason((20, 20), 4, 20) is None
+    assert cudnn.decode_reason((10, 20), 4, 20) is None
+
+
+def _canned_decode_records():
+    recs = []
+    for T, ms in ((1, 0.25), (4, 0.26), (16, 0.27)):
+        for b, f in (("attnlab-decode", 1.0), ("cudnn", 1.0 if T == 1 else 3.0)):
+            recs.append(dict(backend=b, q_len=T, kv_len=32768, lengths="full", status="ok", timer="cupti",
+                             kernel_ms=ms * f, gbps=1.07e9 * 2 / (ms * f * 1e-3) / 1e9, pct_roofline=90 / f,
+                             roofline_ms=0.224))
+    recs.append(dict(backend="torch-flash", q_len=4, kv_len=32768, lengths="full", status="unsupported",
+                     reason="the flash kernel takes no mask"))
+    return recs
+
+
+def test_decode_section_renders_from_canned_records(tmp_path):
+    """The lab's decode section is a pure function of records: table, roofline line, why peers fall off."""
+    from attnlab.lab.core import LabConfig
+    from attnlab.lab.decode import render_decode
+
+    s = render_decode(_canned_decode_records(), LabConfig(gpu=True), str(tmp_path))
+    assert s.status == "ok" and s.facts["fastest_by_T"] == {"1": "attnlab-decode", "4": "attnlab-decode", "16": "attnlab-decode"}
+    t = s.tables[0]
+    assert t.columns == ["T", "attnlab-decode", "cudnn", "torch-flash", "roofline bound"]
+    assert "90% roof" in t.rows[0][1] and "unsupported" in t.rows[1][3] and t.rows[0][-1] == "0.224 ms"
+    assert any("fall off at T > 1" in p and "cudnn 3.24×" in p for p in s.paragraphs)
+    assert os.path.exists(s.plots[0])
+
+
+def test_decode_step_runs_on_cpu(tmp_path):
+    from attnlab.lab import STEPS, run_lab
+
+    assert "decode" in STEPS
+    (sec,) = run_lab(str(tmp_path), quick=True, sections=["decode"])
+    assert sec.status == "ok", sec.reason
+    assert sec.facts["ok"] == sec.facts["cells"] == 3
+    assert any("interpret mode" in p for p in sec.paragraphs)

@@ -28,7 +28,8 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
       key_value_seq_lengths: (B,) ints in [0, S]; keys s >= length are hidden.
       local_window_size: w or (left, right): query t sees keys t-left <= s <= t+right.
       implementation: None or "auto" (the best correct path available: cuDNN on an NVIDIA
-        GPU when it supports the input, else XLA), or a registered backend name
+        GPU when it supports the input, else XLA; a backend may claim a class of inputs
+        through its ``auto_claim`` hook), or a registered backend name
         ("naive", "xla", "cudnn", ...). A named backend that cannot run the input raises
         ``UnsupportedError`` with the reason; nothing falls back silently.
 
@@ -49,6 +50,11 @@ def select(spec: AttentionSpec, implementation=None) -> backends.Backend:
     if implementation is not None and not isinstance(implementation, str):
         raise TypeError(f"implementation must be None or a str, got {type(implementation).__name__}")
     if implementation in (None, "auto"):
+        # backends outside AUTO_ORDER that claim a class of inputs (attnlab-decode: small T, long S)
+        for b in backends.all_backends():
+            claim = getattr(b, "auto_claim", None)
+            if claim is not None and claim(spec) is None:
+                return b
         for name in backends.AUTO_ORDER:
             b = backends.get(name)
             if b.why_not(spec) is None:

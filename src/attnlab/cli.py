@@ -124,6 +124,8 @@ def _fail(msg: str):
 @click.option("--tokens", help="Fix batch x q_len: batch = tokens // q_len.")
 @click.option("--devices", help="Mesh sizes for sharded cells, e.g. 1,2,4,8 (with --strategy).")
 @click.option("--strategy", help="none, batch, heads, ring (comma-separated): sharded_attention strategies.")
+@click.option("--lengths", help="none, full, ragged (comma-separated): full/ragged make decode cells, "
+              "decode_attention of the q_len newest tokens against a kv_len cache.")
 @click.option("--config", "config", type=click.Path(dir_okay=False), help="A sweep.toml ([sweep] and [run] tables); flags override it.")
 @click.option("--name", default=None, help="Sweep name stored with each record.")
 @click.option("--out", "out_dir", default="attnlab-out/bench", show_default=True, type=click.Path(file_okay=False))

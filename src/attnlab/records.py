@@ -40,7 +40,7 @@ class Status(str, enum.Enum):
 STATUSES = tuple(s.value for s in Status)
 #: timer name -> the time field it fills
 TIMERS = {"cupti": "kernel_ms", "cuda_events": "kernel_ms", "wall": "wall_ms"}
-TIMED_FIELDS = ("kernel_ms", "wall_ms", "pipelined_ms", "tflops", "gbps", "pct_peak")
+TIMED_FIELDS = ("kernel_ms", "wall_ms", "pipelined_ms", "tflops", "gbps", "pct_peak", "pct_bandwidth", "pct_roofline")
 IDENTITY_TYPES = {"backend": str, "batch": int, "q_len": int, "kv_len": int, "heads": int, "kv_heads": int,
                   "head_dim": int, "dtype": str, "causal": bool, "mode": str}
 GRAD_MODES = ("fwd+bwd", "bwd")

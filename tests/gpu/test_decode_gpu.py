@@ -123,3 +123,25 @@ def test_sm_count_on_this_gpu():
     assert n > 0
     if "H200" in jax.devices()[0].device_kind or "H100 80GB" in jax.devices()[0].device_kind:
         assert n == 132
+
+
+@pytest.mark.parametrize("backend", ["attnlab-decode", "cudnn", "torch-cudnn", "torch-flash", "torch-efficient"])
+@pytest.mark.parametrize("lengths", ["full", "ragged"])
+def test_decode_sweep_cells_checked_and_cupti_timed(backend, lengths):
+    """Decode cells through the sweep engine: every peer checked on the whole output at the decode
+    rule (PyTorch's too, lower-right causal), then timed by CUPTI; refusals name the reason."""
+    from attnlab.measure import Cell, Options, measure_cell
+
+    _need(backend)
+    cell = Cell(backend, 2, 8, 4096, 32, 8, 128, "bfloat16", causal=True, lengths=lengths)
+    rec = measure_cell(cell, Options(repeats=3))
+    if backend == "torch-flash" and lengths == "ragged":
+        assert rec["status"] == "unsupported" and "ragged" in rec["reason"]
+        return
+    if backend == "torch-efficient":
+        assert rec["status"] == "unsupported" and "grouped" in rec["reason"], rec["reason"]
+        return
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["checked_fraction"] == 1.0 and rec["margin"] > 1
+    assert rec["timer"] == "cupti" and rec["kernel_ms"] > 0
+    assert rec["pct_roofline"] > 0 and rec["pct_bandwidth"] > 0

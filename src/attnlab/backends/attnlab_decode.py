@@ -11,10 +11,15 @@ Two ways in:
 Runs on NVIDIA GPUs (compute capability >= 8.0) compiled by Triton, and on the CPU in Pallas
 interpret mode (correct but slow: for tests). Forward only.
 
-Auto: not in ``AUTO_ORDER``; ``auto_reason(spec)`` is the hook (None = auto should run this
-kernel). It stays off (``AUTO_ENABLED = False``) until the H200 benchmark
-(``benchmarks/decode_tune.py``, issue 13's sweep) shows where the kernel is fastest and correct;
-then set ``AUTO_ENABLED`` and ``AUTO_MIN_T`` (1 if it also beats cuDNN at T = 1).
+Auto: not in ``AUTO_ORDER``; two hooks claim calls for it: ``auto_reason(decode spec)`` for
+``decode_attention`` and ``auto_claim(attention spec)`` for ``attention`` (None = auto runs this
+kernel). On the H200 (``results/gpu-2026-12-03-validate``: B=8, S=32768, GQA 32/8, H=128, bf16) it
+reads the cache at 4.25-4.31 TB/s for T = 2-16, 3.9x cuDNN, and is faster than cuDNN up to T = 64;
+at T = 1 cuDNN is 1.4% faster (0.2452 vs 0.2487 ms), so ``decode_attention``'s auto takes it from
+``AUTO_MIN_T = 2`` on an NVIDIA GPU. ``attention()``'s auto claims it only with
+``AUTO_CLAIMS_ATTENTION = True`` (off by default): the kernel is forward only, and ``attention()``
+may be differentiated, where auto must not pick a path that then fails; name it with
+``implementation="attnlab-decode"`` (``explain`` lists it) for inference.
 """
 from __future__ import annotations
 
@@ -26,8 +31,11 @@ from .base import Backend
 
 #: Auto picks the kernel only when this is True (set from the benchmark), on an NVIDIA GPU,
 #: for T >= AUTO_MIN_T, where it supports the call.
-AUTO_ENABLED = False
+AUTO_ENABLED = True
 AUTO_MIN_T = 2
+AUTO_MAX_T = 64
+AUTO_CLAIMS_ATTENTION = False
+AUTO_MIN_S = 1024
 
 
 def _common(q_len, kv_len, heads, kv_heads, head_dim, dtype) -> str | None:
@@ -88,6 +96,20 @@ class AttnlabDecodeBackend(Backend):
             return f"T={spec.q_len} < {AUTO_MIN_T}: cuDNN is as fast at T=1"
         return self.available() or self.supports_decode(spec)
 
+    def auto_claim(self, spec: AttentionSpec) -> str | None:
+        """The ``attention()`` auto hook: None when auto should run this kernel for ``spec``."""
+        if not AUTO_ENABLED:
+            return "auto off (attnlab.backends.attnlab_decode.AUTO_ENABLED)"
+        if not AUTO_CLAIMS_ATTENTION:
+            return ("forward only: attention()'s auto does not take it (it may be differentiated); "
+                    "decode_attention's auto does, or name it")
+        if self.interpret:
+            return "interpret mode (no GPU): correct but slow"
+        if not AUTO_MIN_T <= spec.q_len <= AUTO_MAX_T or spec.kv_len < AUTO_MIN_S:
+            return (f"auto takes it for decode shapes only: {AUTO_MIN_T} <= T <= {AUTO_MAX_T} and S >= {AUTO_MIN_S} "
+                    f"(T={spec.q_len}, S={spec.kv_len})")
+        return self.why_not(spec)
+
     def version(self) -> str | None:
         import jax
 
@@ -124,4 +146,4 @@ def roofline_ms(lengths, q_len: int, heads: int, kv_heads: int, head_dim: int, i
     return max(nbytes / (hbm_tbs * 1e12), flops / (peak_tflops * 1e12)) * 1e3
 
 
-__all__ = ["AttnlabDecodeBackend", "AUTO_ENABLED", "AUTO_MIN_T", "kv_bytes", "roofline_ms"]
+__all__ = ["AttnlabDecodeBackend", "AUTO_ENABLED", "AUTO_MIN_T", "AUTO_MAX_T", "AUTO_MIN_S", "AUTO_CLAIMS_ATTENTION", "kv_bytes", "roofline_ms"]

@@ -28,6 +28,7 @@ def _to_torch(x):
 
 class TorchSdpaBackend(Backend):
     native = True
+    decode = True         # decode sweep cells: see ``decode_reason`` / ``decode_fn``
     forward_only = True   # measured forward only: a PyTorch backward pass is not attnlab's to time
 
     def __init__(self, kind: str):
@@ -74,6 +75,59 @@ class TorchSdpaBackend(Backend):
 
         return torch, fn
 
+    def decode_reason(self, kv_lengths, T: int, S: int) -> str | None:
+        """Why this kernel cannot run a decode cell (T new tokens at the end of each sequence), or None.
+
+        The flash kernel takes no mask: only a full cache (every length S), causal lower-right via
+        ``torch.nn.attention.bias.causal_lower_right``. cuDNN and memory-efficient take a boolean
+        (B, 1, T, S) mask, so ragged lengths too; they read the whole cache either way."""
+        if self.kind == "flash" and any(n != S for n in kv_lengths):
+            return "the flash kernel takes no mask: ragged cache lengths need attn_mask"
+        return None
+
+    def decode_fn(self, spec: AttentionSpec, scale: float, kv_lengths, causal: bool):
+        """(torch, fn(q, k, v)) for a decode cell: query t of sequence b sits at position
+        kv_lengths[b] - T + t; keys past kv_lengths[b] are never seen; causal: keys <= that position."""
+        if self.kind == "cudnn":
+            _optional.preload_pip_cudnn()
+        import torch
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        kernel = getattr(SDPBackend, _KERNELS[self.kind])
+        T, S = spec.q_len, spec.kv_len
+        gqa = spec.kv_heads != spec.heads
+        full = all(n == S for n in kv_lengths)
+        if full and (T == 1 or not causal):
+            mask = None
+        elif self.kind == "flash":
+            from torch.nn.attention.bias import causal_lower_right
+
+            mask = causal_lower_right(T, S)
+        else:
+            lens = torch.tensor(list(kv_lengths), device="cuda")[:, None, None, None]
+            s = torch.arange(S, device="cuda")[None, None, None, :]
+            t = torch.arange(T, device="cuda")[None, None, :, None]
+            mask = s < lens
+            if causal:
+                mask = mask & (s <= lens - T + t)
+            if gqa and self.kind == "efficient":
+                raise UnsupportedError(self.name, "the memory-efficient kernel takes no grouped key/value heads (enable_gqa)")
+
+        def fn(q, k, v):
+            with sdpa_kernel(kernel):
+                o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                   attn_mask=mask, scale=scale, enable_gqa=gqa)
+            return o.transpose(1, 2)
+
+        return torch, fn
+
+    def run_decode(self, q, k, v, spec: AttentionSpec, scale: float, kv_lengths, causal: bool):
+        torch, fn = self.decode_fn(spec, scale, kv_lengths, causal)
+        out = fn(*(_to_torch(x) for x in (q, k, v)))
+        torch.cuda.synchronize()
+        return jax.dlpack.from_dlpack(out.contiguous())
+
     def run(self, p: Prepared):
         if any(isinstance(x, jax.core.Tracer) for x in (p.query, p.key, p.value)):
             raise UnsupportedError(self.name, "a PyTorch kernel cannot run inside jax.jit/grad/vmap; call it on concrete arrays")
@@ -82,15 +136,17 @@ class TorchSdpaBackend(Backend):
         torch.cuda.synchronize()
         return jax.dlpack.from_dlpack(out.contiguous())
 
-    def measure_native(self, spec: AttentionSpec, scale: float, arg_sets, repeats: int, warmup: int) -> dict:
+    def measure_native(self, spec: AttentionSpec, scale: float, arg_sets, repeats: int, warmup: int,
+                       decode: tuple | None = None) -> dict:
         """Time the kernel on the JAX input sets (handed over by DLPack): CUPTI kernel ms (as for every
         JAX backend), wall ms, first-call s, and this cell's peak of PyTorch allocations.
 
-        Where CUPTI cannot be used the record says so: ``timer: cuda_events`` and ``timer_note``."""
+        Where CUPTI cannot be used the record says so: ``timer: cuda_events`` and ``timer_note``.
+        ``decode``: (kv_lengths, causal) of a decode cell (``decode_fn``)."""
         from ..measure.stats import Stats
         from ..measure.timers import cupti_per_call
 
-        torch, fn = self._fn(spec, scale)
+        torch, fn = self._fn(spec, scale) if decode is None else self.decode_fn(spec, scale, *decode)
         sets = [tuple(_to_torch(x) for x in s) for s in arg_sets]
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()

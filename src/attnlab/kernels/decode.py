@@ -49,7 +49,9 @@ Tuning parameters (``DecodeConfig``; None = the default)
     block_k    keys per loop step: 128 for H <= 64, 64 for H = 128, 32 for H = 256
     block_r    query rows per tile: next power of two >= max(T*G, 16), at most 128 (64 at H = 256)
     num_warps  4, or 8 when block_r * (H + block_k) > 12288 (float32 acc + scores past ~96 registers)
-    num_stages 3 (software pipeline depth of the K/V loads; 2 before Hopper)
+    num_stages 3 (software pipeline depth of the K/V loads; 2 before Hopper), given or default
+               clamped to what fits one program's shared memory (``fit_stages``: 227 KB on
+               Hopper, with ``SMEM_SLACK`` for Triton's allocation beyond the estimate)
     num_splits from ``choose_num_splits(S, B*K, ...)``: the count that fills the GPU's program
                slots (SMs x ``programs_per_sm``, estimated from shared memory and registers)
                in the fewest whole waves, weighed against the partial outputs' traffic
@@ -134,6 +136,13 @@ def sm_count(device=None) -> int:
 
 SMEM_PER_SM = 228 * 1024     # Hopper; Ampere A100 has 164 KB (only lowers the estimate's occupancy)
 REGS_PER_SM = 65536
+#: Shared memory one program (CTA) may opt into: 227 KB on Hopper (sm_90), 163 KB on A100 (sm_80),
+#: 99 KB on other sm_8x parts (CUDA programming guide, "Features and Technical Specifications").
+SMEM_PER_BLOCK = {(9, 0): 227 * 1024, (8, 0): 163 * 1024}
+SMEM_PER_BLOCK_OTHER_SM8X = 99 * 1024
+#: ``smem_bytes`` under-counts what Triton 3.6 allocates by up to ~14% (measured on the H200: block_k=128,
+#: H=128, 4 stages estimated 245760 B, allocated 278528 B): plans keep this margin below the limit.
+SMEM_SLACK = 1.15
 FILL_BLOCKS = 2              # a program's pipeline start-up, counted in blocks of work
 
 
@@ -141,6 +150,30 @@ def smem_bytes(block_r: int, block_k: int, head_dim: int, num_stages: int, items
     """Shared memory of one program: (stages - 1) K and V blocks in flight, q, P (within ~15% of
     what Triton 3.6 allocates for this kernel on sm_90; ``benchmarks/decode_ttir_cpu.py``)."""
     return (max(1, num_stages - 1) * 2 * block_k * head_dim + 2 * block_r * head_dim + block_r * block_k) * itemsize
+
+
+def smem_limit(compute_capability=None) -> int:
+    """Bytes of shared memory one program may use on this compute capability (None: Hopper)."""
+    cc = tuple(compute_capability) if compute_capability is not None else (9, 0)
+    if cc >= (9, 0):
+        return SMEM_PER_BLOCK[(9, 0)]
+    return SMEM_PER_BLOCK.get(cc, SMEM_PER_BLOCK_OTHER_SM8X)
+
+
+def fit_stages(block_r: int, block_k: int, head_dim: int, num_stages: int, itemsize: int = 2,
+               compute_capability=None) -> int:
+    """The deepest pipeline <= ``num_stages`` whose shared memory (with ``SMEM_SLACK``) fits one program.
+
+    Raises ValueError when even 2 stages do not fit (block_k or block_r too large for this head dim)."""
+    limit = smem_limit(compute_capability)
+    stages = num_stages
+    while stages > 2 and smem_bytes(block_r, block_k, head_dim, stages, itemsize) * SMEM_SLACK > limit:
+        stages -= 1
+    need = smem_bytes(block_r, block_k, head_dim, stages, itemsize) * SMEM_SLACK
+    if need > limit:
+        raise ValueError(f"block_r={block_r}, block_k={block_k} at head dim {head_dim} need ~{int(need)} B of shared "
+                         f"memory with {stages} stages > {limit} B per program: use a smaller block_k or block_r")
+    return stages
 
 
 def programs_per_sm(block_r: int, block_k: int, head_dim: int, num_warps: int, num_stages: int,
@@ -237,9 +270,11 @@ def make_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, he
     # ~96 registers a thread at 4 warps (ptxas spilled at block_r=64, H=256 with 4 warps).
     num_warps = cfg.num_warps or (8 if block_r * (head_dim + block_k) > 12288 else 4)
     stages = cfg.num_stages or (2 if compute_capability is not None and compute_capability < (9, 0) else 3)
+    itemsize = np.dtype(dtype).itemsize
+    # a deeper pipeline than shared memory holds fails at launch (RESOURCE_EXHAUSTED): clamp it
+    stages = fit_stages(block_r, block_k, head_dim, stages, itemsize, compute_capability)
     splits = cfg.num_splits
     if splits is None:
-        itemsize = np.dtype(dtype).itemsize
         occ = programs_per_sm(block_r, block_k, head_dim, num_warps, stages, itemsize)
         splits = choose_num_splits(kv_len, batch * kv_heads, rows=rows, block_k=block_k, head_dim=head_dim,
                                    row_tiles=row_tiles, itemsize=itemsize,

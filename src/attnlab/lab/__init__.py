@@ -9,10 +9,11 @@ import traceback
 from .. import device, env as envmod
 from ..store import ResultStore
 from .core import LabConfig, LabContext, Section, Table
+from .decode import DECODE
 from .perf import PERF
 from .steps import BASICS
 
-STEPS = {**BASICS, **PERF}
+STEPS = {**BASICS, **PERF, **DECODE}
 
 
 def config_for_machine(quick: bool = False) -> LabConfig:

@@ -258,7 +258,8 @@ def semantics(cell: Cell) -> check.Semantics:
 MEASURED_FIELDS = ("kernel_ms", "wall_ms", "pipelined_ms", "dispatch_ms", "compile_s", "lower_s", "tflops", "gbps",
                    "pct_peak", "pct_ceiling", "rel_err", "max_abs_err", "temp_bytes", "peak_bytes", "process_peak_bytes",
                    "checked_fraction", "grad_check")
-TIMING_FIELDS = ("kernel_ms", "wall_ms", "pipelined_ms", "dispatch_ms", "tflops", "gbps", "pct_peak", "pct_ceiling")
+TIMING_FIELDS = ("kernel_ms", "wall_ms", "pipelined_ms", "dispatch_ms", "tflops", "gbps", "pct_peak", "pct_ceiling",
+                 "pct_bandwidth", "roofline_ms", "pct_roofline")
 
 
 def measure_cell(cell: Cell, opts: Options | None = None) -> dict:
@@ -396,6 +397,12 @@ def _metrics(rec: dict, cell: Cell, info, backend=None) -> None:
     rec["peak_dtype"] = peaks.dtype_class(peak_dtype, default_matmul_is_tf32())
     rec["peak_tflops"] = pk
     rec["pct_peak"] = 100 * rec["tflops"] / pk if pk else None
+    sheet = peaks.peak_for_kind(info.kind)
+    if sheet and pk:
+        # the roofline bound of this cell: max(bytes / HBM bandwidth, FLOPs / compute peak)
+        rec["pct_bandwidth"] = 100 * rec["gbps"] / (sheet.hbm_tbps * 1e3)
+        rec["roofline_ms"] = max(rec["bytes"] / (sheet.hbm_tbps * 1e12), rec["flops"] / (pk * 1e12)) * 1e3
+        rec["pct_roofline"] = 100 * rec["roofline_ms"] / t_ms
     ceil = peaks.load_ceilings(info.kind)
     if ceil and cell.dtype in ("bfloat16", "float16"):
         rec["pct_ceiling"] = 100 * rec["tflops"] / ceil["matmul_tflops"]
@@ -406,13 +413,22 @@ def _measure_native(backend, cell: Cell, spec, sets, opts: Options, rec: dict, i
     with the backend's own hook (CUPTI where it works, said in ``timer``)."""
     q0, k0, v0 = sets[0]
     scale = 1.0 / math.sqrt(cell.head_dim)
+    decode = None
+    if cell.lengths is not None:
+        why = backend.supports(spec) or backend.decode_reason(cell.kv_lengths(), cell.q_len, cell.kv_len)
+        if why:
+            raise _Skip("unsupported", f"{cell.backend}: {why}")
+        decode = (cell.kv_lengths(), cell.causal)
     try:
         if opts.check:
-            out = backend.run(prepare(q0, k0, v0, is_causal=cell.causal, local_window_size=cell.window))
+            if decode is None:
+                out = backend.run(prepare(q0, k0, v0, is_causal=cell.causal, local_window_size=cell.window))
+            else:
+                out = backend.run_decode(q0, k0, v0, spec, scale, *decode)
             _check_into(rec, out, sets[0], cell, backend, opts)
         repeats = opts.repeats or 20
         rec["repeats"] = repeats
-        rec.update(backend.measure_native(spec, scale, sets, repeats, opts.warmup))
+        rec.update(backend.measure_native(spec, scale, sets, repeats, opts.warmup, decode=decode))
         rec["process_peak_bytes"] = memory.process_peak_bytes()
         if not opts.check:
             rec["status"] = "unchecked"

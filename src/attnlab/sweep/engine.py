@@ -12,7 +12,7 @@ from .spec import Sweep
 
 CSV_COLUMNS = list(IDENTITY) + [
     "status", "reason", "timer", "kernel_ms", "wall_ms", "pipelined_ms", "dispatch_ms", "compile_s", "tflops", "gbps",
-    "pct_peak", "peak_dtype", "pct_ceiling", "checked_fraction", "rel_err", "row_err", "rel_err_f64", "max_abs_err",
+    "pct_peak", "peak_dtype", "pct_ceiling", "pct_bandwidth", "roofline_ms", "pct_roofline", "checked_fraction", "rel_err", "row_err", "rel_err_f64", "max_abs_err",
     "margin", "tolerance", "grad_check", "grad_rel_err", "grad_margin", "grad_checked_fraction", "temp_bytes",
     "peak_bytes", "runtime_peak_bytes", "process_peak_bytes", "kernel_min_ms", "kernel_max_ms", "kernel_iqr_ms",
     "wall_min_ms", "wall_max_ms", "wall_iqr_ms", "flops", "bytes", "intensity", "input_sets", "repeats", "devices",
@@ -86,6 +86,8 @@ def config_label(rec: dict, mesh: bool = True) -> str:
         parts.append("causal")
     if w:
         parts.append(f"w{w[0]}:{w[1]}")
+    if rec.get("lengths"):
+        parts.append(f"decode-{rec['lengths']}")
     parts.append(rec["mode"])
     if mesh and rec.get("strategy"):
         parts.append(f"{rec['strategy']}x{rec.get('devices', 1)}")
