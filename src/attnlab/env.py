@@ -29,11 +29,13 @@ def optional_libraries() -> dict[str, str | None]:
 
 
 def git_commit() -> str | None:
+    """The checkout's commit, with "-dirty" when the tree differs from it (a copied tree whose .git
+    is older says so instead of naming a commit it does not hold); ATTNLAB_GIT_COMMIT overrides."""
     if os.environ.get("ATTNLAB_GIT_COMMIT"):
         return os.environ["ATTNLAB_GIT_COMMIT"]
     try:
         here = os.path.dirname(os.path.abspath(__file__))
-        r = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5)
+        r = subprocess.run(["git", "-C", here, "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True, text=True, timeout=5)
         return r.stdout.strip() or None if r.returncode == 0 else None
     except Exception:
         return None
