@@ -2,9 +2,9 @@
 
     PYTHONPATH=src python3 benchmarks/peers_gpu.py OUT_DIR [part ...]
 
-Parts: fwd (bf16, D64/D128 x T 1k/4k/16k x causal both, 16k tokens), fwd16 (the same in fp16 for
+Parts: fwd (= fwd64 + fwd128: bf16, D64/D128 x T 1k/4k/16k x causal both, 16k tokens), fwd16 (the same in fp16 for
 the float16-only Pallas Mosaic kernel, beside cuDNN), train (fwd+bwd at T=4k), decode (T=1,
-GQA 32/8, S 4k/32k/128k), fp8 (T 4k/16k). Records go to OUT_DIR/results.jsonl (resumable).
+GQA 32/8, S 4k/32k/128k, attnlab-decode and pallas-paged too), fp8 (T 4k/16k). Records go to OUT_DIR/results.jsonl (resumable).
 """
 import json
 import sys
@@ -12,7 +12,7 @@ import sys
 from attnlab.measure import Options
 from attnlab.sweep import Sweep, run_sweep
 
-ALL_JAX = ["xla", "cudnn", "te", "tokamax-mosaic", "tokamax-triton", "pallas-triton"]
+ALL_JAX = ["xla", "cudnn", "te", "tokamax-mosaic", "tokamax-triton", "tokamax-xla", "pallas-triton"]
 TORCH = ["torch-flash", "torch-cudnn", "torch-efficient"]
 PARTS = {
     "fwd": Sweep(ALL_JAX + TORCH, q_len=[1024, 4096, 16384], heads=[16], head_dim=[64, 128], dtype=["bfloat16"],
@@ -21,11 +21,18 @@ PARTS = {
                    dtype=["float16"], causal=[False, True], tokens=16384, name="fwd16"),
     "train": Sweep(["xla", "cudnn", "te", "tokamax-mosaic", "tokamax-triton", "pallas-triton"], q_len=[4096], heads=[16],
                    head_dim=[128], dtype=["bfloat16"], causal=[False, True], mode=["fwd+bwd"], tokens=16384, name="train"),
-    "decode": Sweep(["xla", "cudnn", "te", "tokamax-mosaic", "tokamax-triton"] + TORCH, batch=[8], q_len=[1],
+    "decode": Sweep(["xla", "cudnn", "te", "tokamax-mosaic", "tokamax-triton", "attnlab-decode", "pallas-paged"] + TORCH,
+                    batch=[8], q_len=[1],
                     kv_len=[4096, 32768, 131072], heads=[32], kv_heads=[8], head_dim=[128], dtype=["bfloat16"], name="decode"),
     "fp8": Sweep(["cudnn", "cudnn-fp8", "cudnn-fp8-unit", "te", "te-fp8"], q_len=[4096, 16384], heads=[16], head_dim=[128],
                  dtype=["bfloat16"], causal=[False, True], tokens=16384, name="fp8"),
 }
+
+
+# the forward part split by head dim (same sweep name, so tables treat it as one part)
+for _h in (64, 128):
+    PARTS[f"fwd{_h}"] = Sweep(ALL_JAX + TORCH, q_len=[1024, 4096, 16384], heads=[16], head_dim=[_h], dtype=["bfloat16"],
+                              causal=[False, True], tokens=16384, name="fwd")
 
 
 def main(out, parts, only=None):
@@ -48,4 +55,4 @@ if __name__ == "__main__":
     only = None
     if args and args[0].startswith("--only="):
         only = set(args.pop(0).split("=", 1)[1].split(","))
-    main(sys.argv[1], args or list(PARTS), only)
+    main(sys.argv[1], args or ["fwd", "fwd16", "train", "decode", "fp8"], only)

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The H200 evidence at a commit (issue 11): GPU tests and the peers sweep, in two calls of < 10 minutes.
+#   source .gpu/setup_device.sh; bash benchmarks/evidence_gpu.sh a $OUT   # GPU tests (-v, JUnit) + peers fwd64, fwd16
+#   source .gpu/setup_device.sh; bash benchmarks/evidence_gpu.sh b $OUT   # peers fwd128, train, decode, fp8
+# TransformerEngine's five parts must have been carried first (../shared/gpu/README.md).
+# Each call writes OUT/part-X/{results.jsonl,results.csv}, OUT/peers_X.log and (a) gpu_tests.{log,xml};
+# the two results files are one sweep (disjoint cells), merged by `cat` into the results folder.
+set -u
+part=${1:?part a or b}
+out=${2:?OUT dir}
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 ATTNLAB_CACHE_DIR=/tmp/attnlab-cache
+mkdir -p "$out"
+t0=$(date +%s)
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/nvidia_smi_$part.csv" 2>&1
+python3 -m attnlab.cli env > "$out/env_$part.txt" 2>&1
+python3 -m attnlab.cli backends > "$out/backends_$part.txt" 2>&1
+if [ "$part" = a ]; then
+  timeout 200 python3 -m pytest -v -m gpu -p no:cacheprovider tests/gpu --ignore=tests/gpu/test_decode_gpu.py \
+    --junitxml="$out/gpu_tests.xml" > "$out/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$? $(( $(date +%s) - t0 ))s: $(tail -1 "$out/gpu_tests.log")"
+  grep -E "^(FAILED|ERROR)" "$out/gpu_tests.log" | head -20
+  timeout $(( 570 - ($(date +%s) - t0) )) python3 benchmarks/peers_gpu.py "$out/part-a" fwd64 fwd16 > "$out/peers_a.log" 2>&1
+else
+  timeout 560 python3 benchmarks/peers_gpu.py "$out/part-$part" fwd128 train decode fp8 > "$out/peers_$part.log" 2>&1
+fi
+echo "peers $part rc=$? $(( $(date +%s) - t0 ))s"
+grep -E '^\{"part"' "$out/peers_$part.log"
+grep -vE "ok  " "$out/peers_$part.log" | grep -E "^\[" | grep -v unsupported | head -20
