@@ -2,13 +2,16 @@
 
 GQA is done by viewing the N query heads as (K, G) and letting einsum broadcast each
 key/value head over its G query heads; no key/value copy is made.
-Rows that see no key at all give 0 (as FlashAttention does).
+Rows that see no key at all give 0 (as FlashAttention does). Masked logits take jax.nn's finite
+large negative (``attnlab.masking``), never ``-inf``: no Inf appears in the forward or backward
+pass, so masked calls run under ``jax.debug_infs(True)``.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
+from ..masking import large_negative
 from ..spec import Prepared
 from .base import Backend, zero_padded_queries
 
@@ -58,10 +61,10 @@ class NaiveBackend(Backend):
         if p.bias is not None:
             scores = scores + _grouped(p.bias, K, G).astype(acc)
         vis = visible_mask(p)
-        scores = jnp.where(vis, scores, -jnp.inf)
+        scores = jnp.where(vis, scores, large_negative(acc))
         row_max = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
-        row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
-        weights = jnp.exp(scores - row_max)
+        # masked keys weigh exactly 0; a row that sees no key has weights 0 and gives 0
+        weights = jnp.where(vis, jnp.exp(scores - row_max), 0.0)
         denom = jnp.sum(weights, axis=-1, keepdims=True)
         probs = weights / jnp.where(denom == 0, 1.0, denom)
         # 3. attend: probabilities in the input dtype, accumulation in float32
