@@ -31,8 +31,8 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
       key_value_seq_lengths: (B,) ints in [0, S]; keys s >= length are hidden.
       local_window_size: w or (left, right): query t sees keys t-left <= s <= t+right.
       implementation: None or "auto" (the best correct path available: cuDNN on an NVIDIA
-        GPU when it supports the input, else XLA), or a registered backend name
-        ("naive", "xla", "cudnn", ...). A named backend that cannot run the input raises
+        GPU when it supports the input, else XLA, else naive: float16 on a CPU), or a
+        registered backend name ("naive", "xla", "cudnn", ...). A named backend that cannot run the input raises
         ``UnsupportedError`` with the reason; nothing falls back silently.
       return_residual: also return the logsumexp of each query row's logits, as jax.nn does
         (naive, xla and cudnn can; other backends raise ``UnsupportedError``).

@@ -1,4 +1,12 @@
-"""XLA's attention: ``jax.nn.dot_product_attention(implementation="xla")``."""
+"""XLA's attention: ``jax.nn.dot_product_attention(implementation="xla")``.
+
+Capability: float16 runs on GPUs only. jax.nn asks XLA for a float16 dot with float32 accumulation
+(``DotAlgorithmPreset.F16_F16_F32``), which the CPU's dot_general lacks: called eagerly jax.nn
+catches the error and retries at default precision, but under ``jax.jit`` compilation fails ("The
+precision 'F16_F16_F32' is not supported by dot_general on CPU"; measured with JAX 0.10.2). TPUs
+lack it too (jax.nn's own comment). ``supports`` refuses float16 there, so auto runs ``naive`` and
+a sweep cell is recorded ``unsupported`` with that reason rather than ``compile_error``.
+"""
 from __future__ import annotations
 
 import inspect
@@ -6,11 +14,14 @@ import inspect
 import jax
 import jax.numpy as jnp
 
+from .. import device
 from ..spec import AttentionSpec, Prepared
 from .base import Backend
 
 #: Whether the installed jax.nn.dot_product_attention takes return_residual.
 JAX_HAS_RESIDUAL = "return_residual" in inspect.signature(jax.nn.dot_product_attention).parameters
+#: Platforms whose dot_general lacks jax.nn's float16 precision F16_F16_F32 (CPU measured; TPU per jax.nn).
+NO_F16_PLATFORMS = ("cpu", "tpu")
 
 
 def _lengths(x):
@@ -34,6 +45,10 @@ class XlaBackend(Backend):
         return jax.__version__
 
     def supports(self, spec: AttentionSpec) -> str | None:
+        platform = device.current().platform
+        if spec.dtype == "float16" and platform in NO_F16_PLATFORMS:
+            return (f"float16 on {platform}: XLA's dot_general there has no F16_F16_F32 precision, "
+                    "which jax.nn's float16 path needs under jit")
         return residual_reason(spec)
 
     def run(self, p: Prepared):
