@@ -80,3 +80,18 @@ def test_xla_float16_bench_cell_on_cpu_is_unsupported_not_compile_error():
     assert r["status"] == "unsupported" and "F16_F16_F32" in r["reason"] and r["reason"].startswith("xla: float16 on cpu")
     r = measure_cell(Cell("naive", 1, 16, 16, 2, 2, 8, "float16", mode="fwd+bwd"), FAST)
     assert r["status"] == "ok", r["reason"]
+
+
+@pytest.mark.filterwarnings("ignore:Explicitly requested dtype")
+def test_numpy_float64_inputs_without_x64_run_as_float32():
+    """What the docstring says: without x64 a NumPy float64 call is a float32 call, judged as one."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 8, 2, 8)) for _ in range(3))
+    assert not jax.config.jax_enable_x64
+    assert attnlab.explain(q, k, v).spec.dtype == "float32"
+    for impl in ("naive", "xla"):
+        out = attnlab.attention(q, k, v, is_causal=True, implementation=impl)
+        assert out.dtype == jnp.float32 and check_close(out, q, k, v, is_causal=True).ok
+    with jax.enable_x64(True):
+        assert attnlab.explain(q, k, v).spec.dtype == "float64"
+        assert attnlab.attention(q, k, v, implementation="naive").dtype == jnp.float64

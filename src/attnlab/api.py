@@ -18,9 +18,9 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
 
     Args:
       query: (B, T, N, H) or (T, N, H), a floating dtype. float64 needs JAX's x64 mode
-        (``jax.enable_x64(True)``); without it JAX cannot hold float64 and NumPy float64
-        inputs become float32 arrays when JAX takes them (with JAX's warning), so the call runs,
-        and returns, float32.
+        (``jax.enable_x64(True)``); without it JAX holds no float64 array, and NumPy float64
+        inputs are taken as float32 (JAX warns): the call is judged (``explain``), computed
+        and returned in float32, as jax.nn's would be.
       key, value: (B, S, K, H) or (S, K, H), the same dtype; K divides N (GQA/MQA:
         query head n reads key/value head n // (N // K)).
       bias: float, broadcastable to (B, N, T, S); added to the scaled logits.

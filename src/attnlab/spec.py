@@ -71,7 +71,13 @@ class Prepared:
 
 
 def _dtype_name(x) -> str:
-    return np.dtype(x.dtype).name
+    """The dtype JAX computes ``x`` in: a NumPy float64 array is float32 to JAX unless x64 is on."""
+    name = np.dtype(x.dtype).name
+    if name == "float64":
+        import jax
+
+        return np.dtype(jax.dtypes.canonicalize_dtype(x.dtype)).name
+    return name
 
 
 def _is_tracer(x) -> bool:
