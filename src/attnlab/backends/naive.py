@@ -46,8 +46,9 @@ def visible_mask(p: Prepared):
 def _logsumexp(row_max, denom, p: Prepared):
     """jax.nn's residual from the softmax's pieces (B, K, G, T, 1): lse (B, T, N) in the input dtype.
 
-    A row that sees no key, and a padded query row, gets ``large_negative(dtype)`` (finite in
-    every dtype, float16 included). No gradient flows through it (jax.nn stops it too)."""
+    A row that sees no key, and a padded query row, gets ``large_negative_value(dtype)`` (-0.7 x
+    the dtype's max, capped at float32's: finite in every dtype, float16 included). No gradient
+    flows through it (jax.nn stops it too)."""
     B, K, G, T, _ = row_max.shape
     seen = denom[..., 0] > 0
     if p.q_lengths is not None:
