@@ -10,6 +10,10 @@ Public API::
     attnlab.hlo_uses_cudnn(fn, *args)        # did cuDNN's fused attention really get lowered?
     attnlab.decode_attention(q, k_cache, v_cache, kv_lengths)  # T new tokens against a KV cache
     attnlab.reference_decode_attention(...)  # its NumPy float64 truth
+    attnlab.sharded_attention(q, k, v, mesh=..., strategy=...)  # batch / heads / ring over a Mesh
+
+``sharded_attention`` (and ``make_mesh``) load ``attnlab.sharded`` on first use, so ``import attnlab``
+stays cheap.
 """
 from .api import Explanation, attention, explain, select
 from .backends import Backend, register
@@ -27,5 +31,22 @@ __all__ = [
     "attention", "explain", "select", "Explanation", "Backend", "register", "hlo_uses_cudnn",
     "UnsupportedError", "reference_attention", "reference_attention_grads", "check_close", "rel_l2",
     "AttentionSpec", "Workload", "__version__",
-    "decode_attention", "explain_decode", "reference_decode_attention",
+    "decode_attention", "explain_decode", "reference_decode_attention", "sharded_attention", "make_mesh",
 ]
+
+#: Public names served lazily from submodules: name -> module (relative to attnlab).
+_LAZY = {"sharded_attention": ".sharded", "make_mesh": ".sharded"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'attnlab' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -13,11 +13,14 @@ from .spec import AttentionSpec, prepare
 
 def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
               query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
-              implementation=None):
+              implementation=None, return_residual=False):
     """Scaled dot-product attention with ``jax.nn.dot_product_attention``'s arguments and semantics.
 
     Args:
-      query: (B, T, N, H) or (T, N, H), a floating dtype.
+      query: (B, T, N, H) or (T, N, H), a floating dtype. float64 needs JAX's x64 mode
+        (``jax.enable_x64(True)``); without it JAX holds no float64 array, and NumPy float64
+        inputs are taken as float32 (JAX warns): the call is judged (``explain``), computed
+        and returned in float32, as jax.nn's would be.
       key, value: (B, S, K, H) or (S, K, H), the same dtype; K divides N (GQA/MQA:
         query head n reads key/value head n // (N // K)).
       bias: float, broadcastable to (B, N, T, S); added to the scaled logits.
@@ -28,19 +31,29 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
       key_value_seq_lengths: (B,) ints in [0, S]; keys s >= length are hidden.
       local_window_size: w or (left, right): query t sees keys t-left <= s <= t+right.
       implementation: None or "auto" (the best correct path available: cuDNN on an NVIDIA
-        GPU when it supports the input, else XLA; a backend may claim a class of inputs
-        through its ``auto_claim`` hook), or a registered backend name
-        ("naive", "xla", "cudnn", ...). A named backend that cannot run the input raises
+        GPU when it supports the input, else XLA, else naive: float16 on a CPU, float64; a
+        backend may claim a class of inputs through its ``auto_claim`` hook), or a
+        registered backend name ("naive", "xla", "cudnn", ...). A named backend that cannot run the input raises
         ``UnsupportedError`` with the reason; nothing falls back silently.
+      return_residual: also return the logsumexp of each query row's logits, as jax.nn does
+        (naive, xla and cudnn can; other backends raise ``UnsupportedError``).
 
     Returns:
       An array shaped and typed like ``query``. Rows that see no key at all are
       implementation-defined (naive and the reference give 0; XLA gives the mean of values).
+      With ``return_residual=True`` a pair ``(out, lse)``: lse is (B, T, N) (or (T, N)) in
+      ``query``'s dtype, log sum_s exp(scale * q.k + bias) over the keys the row sees, and
+      carries no gradient (jax.nn stops it; cuDNN ignores its cotangent). Rows that see no key
+      and padded query rows: a large negative finite value (naive: -0.7 x the dtype's max,
+      capped at float32's; xla: jax.nn's masked-logit value, which overflows to -inf in float16).
     """
     p = prepare(query, key, value, bias, mask, scale=scale, is_causal=is_causal,
                 query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
-                local_window_size=local_window_size)
+                local_window_size=local_window_size, return_residual=return_residual)
     backend = select(p.spec, implementation)
+    if p.spec.return_residual:
+        out, lse = backend.run(p)
+        return out.reshape(p.out_shape), lse.reshape(p.out_shape[:-1])
     out = backend.run(p)
     return out.reshape(p.out_shape)
 

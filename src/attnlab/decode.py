@@ -41,7 +41,7 @@ import numpy as np
 
 from . import backends
 from .errors import UnsupportedError
-from .spec import FLOAT_DTYPES, AttentionSpec, _is_tracer, prepare
+from .spec import FLOAT_DTYPES, AttentionSpec, _dtype_name, _is_tracer, prepare
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +101,7 @@ def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None) 
         raise ValueError(f"k_cache must have rank 4 (B, S_max, K, H), got shape {ks}")
     if vs != ks:
         raise ValueError(f"v_cache shape {vs} must equal k_cache shape {ks}")
-    dts = {n: np.dtype(x.dtype).name for n, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))}
+    dts = {n: _dtype_name(x) for n, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))}
     for n, d in dts.items():
         if d not in FLOAT_DTYPES:
             raise TypeError(f"{n} must have a floating dtype ({', '.join(FLOAT_DTYPES)}), got {d}")

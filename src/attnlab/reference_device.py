@@ -29,6 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .masking import large_negative
+
 #: bytes one tile's float32 scores may take, by platform (the backward pass holds a few of them)
 TILE_BUDGET = {"gpu": 256 * 2**20, "cpu": 16 * 2**20}
 
@@ -67,7 +69,7 @@ def _tile(qt, pos, k, v, kv_lengths, *, scale, causal, window, emulate):
     if window is not None:
         vis &= (key >= p_ - window[0]) & (key <= p_ + window[1])
     vis = vis[:, None, None]                                   # (B, 1, 1, R, S)
-    s = jnp.where(vis, s, jnp.asarray(-0.7 * float(jnp.finfo(acc).max), acc))
+    s = jnp.where(vis, s, large_negative(acc))                 # finite, as jax.nn (attnlab.masking)
     m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
     w = jnp.where(vis, jnp.exp(s - m), 0.0)
     denom = jnp.sum(w, axis=-1, keepdims=True)

@@ -23,9 +23,12 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from .api import attention
+from .masking import large_negative_value
 from .spec import prepare
 
 STRATEGIES = ("batch", "heads", "ring")
+#: Ring blocks' masked logits and empty rows' log-sum-exp: jax.nn's finite large negative (float32).
+NEG = large_negative_value("float32")
 
 
 def _axis(mesh: Mesh, axis_name):
@@ -90,30 +93,31 @@ def zigzag_order(length: int, n: int):
 
 
 def _block(q, k, v, q_pos, k_pos, scale, causal):
-    """Attention of q (B, t, N, H) on one key/value block (B, s, K, H): (out f32, lse (B, N, t))."""
+    """Attention of q (B, t, N, H) on one key/value block (B, s, K, H): (out f32, lse (B, N, t)).
+
+    Masked logits and the lse of a row that sees no key of the block are ``NEG`` (finite, as in
+    jax.nn: ``attnlab.masking``); such a row's out is 0 and it weighs 0 in ``_merge``."""
     B, t, N, H = q.shape
     K = k.shape[2]
     G = N // K
     qg = q.reshape(B, t, K, G, H)
     s = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
-    if causal:
-        s = jnp.where((k_pos[None, :] <= q_pos[:, None])[None, None, None], s, -jnp.inf)
-    m = jnp.max(s, axis=-1, keepdims=True)
-    m_safe = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
-    w = jnp.exp(s - m_safe)
+    vis = (k_pos[None, :] <= q_pos[:, None])[None, None, None] if causal else jnp.ones(s.shape[-2:], bool)
+    s = jnp.where(vis, s, NEG)
+    m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
+    w = jnp.where(vis, jnp.exp(s - m), 0.0)
     l = jnp.sum(w, axis=-1, keepdims=True)
     o = jnp.einsum("bkgts,bskh->btkgh", (w / jnp.where(l == 0, 1.0, l)).astype(v.dtype), v,
                    preferred_element_type=jnp.float32)
-    lse = jnp.where(l[..., 0] > 0, jnp.log(jnp.where(l[..., 0] > 0, l[..., 0], 1.0)) + m_safe[..., 0], -jnp.inf)
+    lse = jnp.where(l[..., 0] > 0, jnp.log(jnp.where(l[..., 0] > 0, l[..., 0], 1.0)) + m[..., 0], NEG)
     return o.reshape(B, t, N, H), lse.reshape(B, N, t)
 
 
 def _merge(o_acc, lse_acc, o_b, lse_b):
-    """Online-softmax merge of two partial results over disjoint key sets."""
+    """Online-softmax merge of two partial results over disjoint key sets (an empty one has lse NEG, out 0)."""
     lse = jnp.logaddexp(lse_acc, lse_b)
-    safe = jnp.where(jnp.isfinite(lse), lse, 0.0)
-    wa = jnp.where(jnp.isfinite(lse_acc), jnp.exp(lse_acc - safe), 0.0)
-    wb = jnp.where(jnp.isfinite(lse_b), jnp.exp(lse_b - safe), 0.0)
+    wa = jnp.exp(lse_acc - lse)
+    wb = jnp.exp(lse_b - lse)
     t = lambda w: jnp.transpose(w, (0, 2, 1))[..., None]  # noqa: E731 - (B, N, t) -> (B, t, N, 1)
     return o_acc * t(wa) + o_b * t(wb), lse
 
@@ -137,7 +141,7 @@ def _ring(q, k, v, mesh, name, n, causal, scale):
         q_pos = local_positions(me, T, tl)
         B, _, N, H = q.shape
         o = jnp.zeros((B, tl, N, H), jnp.float32)
-        lse = jnp.full((B, N, tl), -jnp.inf, jnp.float32)
+        lse = jnp.full((B, N, tl), NEG, jnp.float32)
         perm = [(i, (i + 1) % n) for i in range(n)]
         for step in range(n):
             src = (me - step) % n

@@ -47,6 +47,7 @@ class AttentionSpec:
     has_q_lengths: bool = False
     has_kv_lengths: bool = False
     window: tuple[int, int] | None = None
+    return_residual: bool = False   # also return the (B, T, N) logsumexp, as jax.nn's return_residual
 
     @property
     def groups(self) -> int:
@@ -70,7 +71,13 @@ class Prepared:
 
 
 def _dtype_name(x) -> str:
-    return np.dtype(x.dtype).name
+    """The dtype JAX computes ``x`` in: a NumPy float64 array is float32 to JAX unless x64 is on."""
+    name = np.dtype(x.dtype).name
+    if name == "float64":
+        import jax
+
+        return np.dtype(jax.dtypes.canonicalize_dtype(x.dtype)).name
+    return name
 
 
 def _is_tracer(x) -> bool:
@@ -139,7 +146,8 @@ def normalise_window(local_window_size) -> tuple[int, int] | None:
 
 
 def prepare(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
-            query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None) -> Prepared:
+            query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
+            return_residual=False) -> Prepared:
     """Check every argument of an attention call and normalise it. See the module docstring."""
     qs, ks, vs = _shape("query", query), _shape("key", key), _shape("value", value)
     if len(qs) not in (3, 4):
@@ -191,6 +199,8 @@ def prepare(query, key, value, bias=None, mask=None, *, scale=None, is_causal=Fa
     window = normalise_window(local_window_size)
     if not isinstance(is_causal, (bool, np.bool_)):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__} {is_causal!r}")
+    if not isinstance(return_residual, (bool, np.bool_)):
+        raise TypeError(f"return_residual must be a bool, got {type(return_residual).__name__} {return_residual!r}")
     if scale is not None:
         if isinstance(scale, bool) or not (isinstance(scale, numbers.Real) or hasattr(scale, "dtype")):
             raise TypeError(f"scale must be a positive finite float or None, got {scale!r}")
@@ -204,7 +214,7 @@ def prepare(query, key, value, bias=None, mask=None, *, scale=None, is_causal=Fa
         scale=scale if isinstance(scale, float) or scale is None else None,
         is_causal=bool(is_causal), bias_shape=bias_shape, mask_shape=mask_shape,
         has_q_lengths=query_seq_lengths is not None, has_kv_lengths=key_value_seq_lengths is not None,
-        window=window,
+        window=window, return_residual=bool(return_residual),
     )
     effective_scale = 1.0 / math.sqrt(H) if scale is None else scale
     return Prepared(q4, k4, v4, bias, mask, query_seq_lengths, key_value_seq_lengths, spec, qs, effective_scale)

@@ -7,8 +7,9 @@ from __future__ import annotations
 from .base import Backend
 
 _REGISTRY: dict[str, Backend] = {}
-#: Preference order for implementation=None / "auto": the first that can run wins.
-AUTO_ORDER: list[str] = ["cudnn", "xla"]
+#: Preference order for implementation=None / "auto": the first that can run wins. ``naive`` is the
+#: portable last resort (e.g. float16 on a CPU, which XLA's path cannot compile).
+AUTO_ORDER: list[str] = ["cudnn", "xla", "naive"]
 
 
 def register(backend: Backend, *, auto_rank: int | None = None) -> Backend:

@@ -35,6 +35,8 @@ class Backend:
     #: The dtype the kernel's matmuls run in when it differs from the inputs' (FP8 paths): a cell's
     #: % of peak is then taken against that dtype's peak (1979 TFLOP/s dense FP8 on the H200).
     compute_dtype: str | None = None
+    #: True when ``run`` can also return the logsumexp residual (``return_residual=True``).
+    residual: bool = False
 
     def available(self) -> str | None:
         return None
@@ -43,8 +45,11 @@ class Backend:
         return None
 
     def why_not(self, spec: AttentionSpec) -> str | None:
-        """``available()`` then ``supports(spec)``: the first reason this backend cannot run."""
-        return self.available() or self.supports(spec)
+        """``available()``, the residual, then ``supports(spec)``: the first reason this backend cannot run."""
+        why = self.available()
+        if why is None and spec.return_residual and not self.residual:
+            why = "return_residual=True: this backend returns no logsumexp residual"
+        return why or self.supports(spec)
 
     def mode_reason(self, spec: AttentionSpec, mode: str) -> str | None:
         """Why this backend cannot run ``mode`` ("fwd", "fwd+bwd", "bwd") on ``spec``, or None."""
@@ -53,7 +58,11 @@ class Backend:
         return None
 
     def run(self, p: Prepared):
-        """Compute attention on normalised 4-D inputs; returns (B, T, N, H)."""
+        """Compute attention on normalised 4-D inputs; returns (B, T, N, H).
+
+        With ``p.spec.return_residual`` (backends with ``residual = True`` only) returns
+        ``(out, lse)``: lse (B, T, N) in the inputs' dtype, the natural-log logsumexp of each row's
+        scaled, biased, masked logits, carrying no gradient (as jax.nn's)."""
         raise NotImplementedError
 
     def version(self) -> str | None:

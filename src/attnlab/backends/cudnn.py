@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from .. import device
 from ..spec import AttentionSpec, Prepared
 from .base import Backend
+from .xla import residual_reason
 
 CUDNN_MARKER = "__cudnn$fmha"
 
@@ -18,6 +19,9 @@ CUDNN_MARKER = "__cudnn$fmha"
 class CudnnBackend(Backend):
     name = "cudnn"
     description = "cuDNN flash attention via jax.nn.dot_product_attention(implementation='cudnn')"
+    #: jax.nn's cuDNN path returns cuDNN's softmax statistics as the (B, T, N) residual (in the output
+    #: dtype); its backward ignores the residual's cotangent, as the XLA path's stop_gradient does.
+    residual = True
 
     def available(self) -> str | None:
         info = device.current()
@@ -50,7 +54,7 @@ class CudnnBackend(Backend):
             return "local_window_size without is_causal attends to future keys (jax-ml/jax#39576)"
         if (spec.bias_shape or spec.mask_shape) and (spec.q_len % 2 or spec.kv_len % 2):
             return f"bias or mask needs even sequence lengths for the backward pass, got T={spec.q_len}, S={spec.kv_len}"
-        return None
+        return residual_reason(spec)
 
     def run(self, p: Prepared):
         sp = p.spec
@@ -63,10 +67,11 @@ class CudnnBackend(Backend):
         bias, mask = full(p.bias), full(p.mask)
         q_lengths = None if p.q_lengths is None else jnp.asarray(p.q_lengths, jnp.int32)
         kv_lengths = None if p.kv_lengths is None else jnp.asarray(p.kv_lengths, jnp.int32)
+        extra = {"return_residual": True} if sp.return_residual else {}
         return jax.nn.dot_product_attention(
             p.query, p.key, p.value, bias, mask, scale=p.scale, is_causal=sp.is_causal,
             query_seq_lengths=q_lengths, key_value_seq_lengths=kv_lengths,
-            local_window_size=window, implementation="cudnn",
+            local_window_size=window, implementation="cudnn", **extra,
         )
 
 

@@ -2,13 +2,16 @@
 
 GQA is done by viewing the N query heads as (K, G) and letting einsum broadcast each
 key/value head over its G query heads; no key/value copy is made.
-Rows that see no key at all give 0 (as FlashAttention does).
+Rows that see no key at all give 0 (as FlashAttention does). Masked logits take jax.nn's finite
+large negative (``attnlab.masking``), never ``-inf``: no Inf appears in the forward or backward
+pass, so masked calls run under ``jax.debug_infs(True)``.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
+from ..masking import large_negative, large_negative_value
 from ..spec import Prepared
 from .base import Backend, zero_padded_queries
 
@@ -40,10 +43,27 @@ def visible_mask(p: Prepared):
     return vis
 
 
+def _logsumexp(row_max, denom, p: Prepared):
+    """jax.nn's residual from the softmax's pieces (B, K, G, T, 1): lse (B, T, N) in the input dtype.
+
+    A row that sees no key, and a padded query row, gets ``large_negative_value(dtype)`` (-0.7 x
+    the dtype's max, capped at float32's: finite in every dtype, float16 included). No gradient
+    flows through it (jax.nn stops it too)."""
+    B, K, G, T, _ = row_max.shape
+    seen = denom[..., 0] > 0
+    if p.q_lengths is not None:
+        seen &= (jnp.arange(T)[None, :] < jnp.asarray(p.q_lengths, jnp.int32)[:, None])[:, None, None, :]
+    lse = jnp.log(jnp.where(seen, denom[..., 0], 1.0)) + row_max[..., 0]
+    lse = jnp.where(seen, lse, jnp.asarray(large_negative_value(p.query.dtype), lse.dtype))
+    lse = jnp.transpose(lse, (0, 3, 1, 2)).reshape(B, T, K * G)
+    return jax.lax.stop_gradient(lse).astype(p.query.dtype)
+
+
 class NaiveBackend(Backend):
     name = "naive"
     description = "attention written out in jax.numpy (the codelab's four steps)"
     portable = True
+    residual = True
 
     def run(self, p: Prepared):
         sp = p.spec
@@ -58,14 +78,16 @@ class NaiveBackend(Backend):
         if p.bias is not None:
             scores = scores + _grouped(p.bias, K, G).astype(acc)
         vis = visible_mask(p)
-        scores = jnp.where(vis, scores, -jnp.inf)
+        scores = jnp.where(vis, scores, large_negative(acc))
         row_max = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
-        row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
-        weights = jnp.exp(scores - row_max)
+        # masked keys weigh exactly 0; a row that sees no key has weights 0 and gives 0
+        weights = jnp.where(vis, jnp.exp(scores - row_max), 0.0)
         denom = jnp.sum(weights, axis=-1, keepdims=True)
         probs = weights / jnp.where(denom == 0, 1.0, denom)
         # 3. attend: probabilities in the input dtype, accumulation in float32
         out = jnp.einsum("bkgts,bskh->btkgh", probs.astype(p.value.dtype), p.value, preferred_element_type=acc)
         # 4. output in the input dtype, padded query rows zeroed
-        out = out.reshape(B, T, N, H)
-        return zero_padded_queries(out, p).astype(p.query.dtype)
+        out = zero_padded_queries(out.reshape(B, T, N, H), p).astype(p.query.dtype)
+        if not sp.return_residual:
+            return out
+        return out, _logsumexp(row_max, denom, p)

@@ -67,6 +67,8 @@ import functools
 import math
 import operator
 
+from ..masking import large_negative_value
+
 LOG2E = math.log2(math.e)
 HEAD_DIMS = (16, 32, 64, 128, 256)
 DTYPES = ("float16", "bfloat16", "float32")
@@ -79,6 +81,9 @@ SM_COUNTS = (("H100 PCIe", 114), ("H100", 132), ("H200", 132), ("H800", 132), ("
              ("L40", 142), ("L4", 58), ("RTX 4090", 128))
 DEFAULT_SM_COUNT = 108
 CPU_SM_COUNT = 8
+#: Masked scores and the running max of a row that has seen no key: jax.nn's finite large negative
+#: (``attnlab.masking``), never -inf, so the kernel's outputs (partial m) hold no Inf.
+NEG = large_negative_value("float32")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -349,17 +354,16 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, q_len: int, gr
         visible = kv_ok[None, :]
         if causal:
             visible = visible & (pos[None, :] <= q_pos[:, None])
-        s = jnp.where(visible, s, -jnp.inf)
-        m_new = jnp.maximum(m, jnp.max(s, axis=1))
-        m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new)     # rows that have seen no key yet
-        alpha = jnp.exp2(m - m_use)
-        p = jnp.exp2(s - m_use[:, None])
+        s = jnp.where(visible, s, NEG)                       # finite, as jax.nn (attnlab.masking)
+        m_new = jnp.maximum(m, jnp.max(s, axis=1))           # NEG for rows that have seen no key yet
+        alpha = jnp.exp2(m - m_new)
+        p = jnp.where(visible, jnp.exp2(s - m_new[:, None]), 0.0)   # such rows keep l = 0, acc = 0
         l = l * alpha + jnp.sum(p, axis=1)
         v = plgpu.load(v_ref.at[pl.ds(start, block_k), :], mask=kv_mask, other=0)
         acc = acc * alpha[:, None] + plgpu.dot(p.astype(v.dtype), v)
         return acc, m_new, l
 
-    init = (jnp.zeros((block_r, H), jnp.float32), jnp.full((block_r,), -jnp.inf, jnp.float32),
+    init = (jnp.zeros((block_r, H), jnp.float32), jnp.full((block_r,), NEG, jnp.float32),
             jnp.zeros((block_r,), jnp.float32))
     acc, m, l = lax.fori_loop(0, count, body, init)
     plgpu.store(o_ref, acc, mask=jnp.broadcast_to(row_ok[:, None], (block_r, H)))
@@ -370,13 +374,13 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, q_len: int, gr
 def combine(o, m, l):
     """Log-sum-exp combine of the splits: o (B, K, P, R, H), m and l (B, K, P, R) -> (B, K, R, H) float32.
 
-    m is in log2 units; a split that saw no key has m = -inf, l = 0, o = 0 and weighs 0.
-    A row that saw no key at all (only with unchecked lengths under jit) gives 0.
+    m is in log2 units; a split that saw no key has m = NEG (finite), l = 0, o = 0 and weighs 0
+    (2^(NEG - M) = 0 beside any split that saw a key). A row that saw no key at all (only with
+    unchecked lengths under jit) has l = 0 everywhere and gives 0.
     """
     import jax.numpy as jnp
 
     top = jnp.max(m, axis=2, keepdims=True)
-    top = jnp.where(jnp.isfinite(top), top, 0.0)
     w = jnp.exp2(m - top)                                   # (B, K, P, R)
     den = jnp.sum(w * l, axis=2)
     num = jnp.sum(w[..., None] * o, axis=2)

@@ -163,14 +163,19 @@ def _mesh_record(cell: Cell) -> dict:
 
 
 def _with_budget(fn, budget_s):
-    """Run fn() in a daemon thread; (result, None) or raise; _Skip('over_budget') past the budget."""
+    """Run fn() in a daemon thread; (result, None) or raise; _Skip('over_budget') past the budget.
+
+    JAX's config contexts are thread-local: the caller's x64 setting (on for float64 cells) is
+    carried into the thread, or the thread would trace float64 inputs as float32."""
     if not budget_s:
         return fn()
     box: dict = {}
+    x64 = bool(jax.config.jax_enable_x64)
 
     def target():
         try:
-            box["value"] = fn()
+            with jax.enable_x64(x64):
+                box["value"] = fn()
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
             box["error"] = e
 
@@ -266,7 +271,19 @@ def measure_cell(cell: Cell, opts: Options | None = None) -> dict:
     """Check then time one cell; always returns a record (never raises for a failing cell).
 
     The whole forward output (and for fwd+bwd / bwd cells every gradient) is checked before any
-    timing (``attnlab.measure.check``); an incorrect cell is never timed."""
+    timing (``attnlab.measure.check``); an incorrect cell is never timed.
+
+    float64 cells run inside ``jax.enable_x64(True)`` (inputs, compilation, check and timing), so
+    their arrays really are float64 whatever the process's x64 setting; the setting is restored
+    afterwards. A cell whose inputs or output still come out in another dtype is never timed under
+    its label (``unsupported`` / ``incorrect``, saying which dtype JAX produced)."""
+    if cell.dtype == "float64" and not jax.config.jax_enable_x64:
+        with jax.enable_x64(True):
+            return _measure_cell(cell, opts)
+    return _measure_cell(cell, opts)
+
+
+def _measure_cell(cell: Cell, opts: Options | None) -> dict:
     opts = opts or Options()
     info = device.current()
     rec: dict = {"schema": SCHEMA_VERSION, **cell.identity(), "status": "ok", "reason": None}
@@ -287,6 +304,9 @@ def measure_cell(cell: Cell, opts: Options | None = None) -> dict:
             raise _Skip(*classify(e, "run"))
         rec["input_sets"] = len(sets)
         q0, k0, v0 = sets[0]
+        if np.dtype(q0.dtype).name != cell.dtype:
+            raise _Skip("unsupported", f"dtype {cell.dtype}: JAX made {np.dtype(q0.dtype).name} inputs "
+                                       f"(jax_enable_x64={jax.config.jax_enable_x64}); not run under a wrong label")
         spec = prepare(q0, k0, v0, is_causal=cell.causal, local_window_size=cell.window).spec
         # decode cells: the backend's refusal comes from decode_attention itself when it is traced
         why = backend.why_not(spec) if cell.lengths is None else backend.available()
@@ -366,6 +386,9 @@ def measure_cell(cell: Cell, opts: Options | None = None) -> dict:
 def _check_into(rec: dict, out, inputs, cell: Cell, backend, opts: Options) -> None:
     """Check the whole forward output; record it; raise _Skip('incorrect') when it fails."""
     q, k, v = inputs
+    rec["out_dtype"] = np.dtype(out.dtype).name
+    if rec["out_dtype"] != cell.dtype:
+        raise _Skip("incorrect", f"output dtype {rec['out_dtype']} is not the cell's dtype {cell.dtype}")
     chk = check.check_forward(check.device_array(out), q, k, v, semantics(cell), ref_key=ref_key(cell, opts.seed),
                               fixed_limit=backend.rel_l2_limit, fixed_rule=backend.rel_l2_rule)
     ok, why = chk.pop("ok"), chk.pop("reason")
