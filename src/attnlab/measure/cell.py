@@ -118,6 +118,7 @@ class Options:
     rotate_bytes: int | None = None     # inputs rotate until they exceed this (default: 3 x L2)
     pipelined_calls: int = 20
     seed: int = 0
+    min_time_s: float = 0.1             # wall-clock timing (no CUPTI): keep sampling at least this long
 
 
 class _Skip(Exception):
@@ -347,7 +348,8 @@ def measure_cell(cell: Cell, opts: Options | None = None) -> dict:
             timers.warm_up(compiled, arg_sets, opts.warmup)
             if no_cupti is None:
                 rec.update(timers.kernel_per_call(compiled, arg_sets, repeats).as_dict("kernel"))
-            rec.update(timers.wall_per_call(compiled, arg_sets, repeats).as_dict("wall"))
+            rec.update(timers.wall_per_call(compiled, arg_sets, repeats,
+                                            min_time_s=opts.min_time_s if no_cupti is not None else 0.0).as_dict("wall"))
             rec["pipelined_ms"] = timers.wall_pipelined(compiled, arg_sets, opts.pipelined_calls).median
         except Exception as e:  # noqa: BLE001
             raise _Skip(*classify(e, "run"))
