@@ -84,11 +84,12 @@ def step_sweeps(ctx: LabContext) -> Section:
     s = Section("sweeps", "8. Sequence-length and batch sweeps")
     seq = [ctx.measure(Cell(b, c.batch, T, T, c.heads, c.heads, c.head_dim, dt), "seq_sweep")
            for T in c.seq_lens for b in _perf_backends(ctx)]
-    bat = [ctx.measure(Cell(b, B, 256, 256, c.heads, c.heads, c.head_dim, dt), "batch_sweep")
+    TB = c.batch_sweep_len
+    bat = [ctx.measure(Cell(b, B, TB, TB, c.heads, c.heads, c.head_dim, dt), "batch_sweep")
            for B in c.batches for b in _perf_backends(ctx)]
     ctx.shared["seq_sweep"] = seq
     s.tables.append(_sweep_table(seq, "q_len", f"Sequence sweep (B={c.batch}, N={c.heads}, H={c.head_dim}, {dt})"))
-    s.tables.append(_sweep_table(bat, "batch", f"Batch sweep (T=S=256, N={c.heads}, H={c.head_dim}, {dt})"))
+    s.tables.append(_sweep_table(bat, "batch", f"Batch sweep (T=S={TB}, N={c.heads}, H={c.head_dim}, {dt})"))
     info = device.current()
     pk = peak_tflops(info.kind, dt, tf32=default_matmul_is_tf32())
     p = peak_for_kind(info.kind)
@@ -98,7 +99,7 @@ def step_sweeps(ctx: LabContext) -> Section:
                         xlabel="T = S", ylabel="ms"),
         plots.line_plot(seq, "q_len", "tflops", plots.path_in(d, "tflops_vs_seq.png"), title="TFLOP/s vs sequence length",
                         xlabel="T = S", ylabel="TFLOP/s", logy=False, hline=pk, hline_label=f"{info.kind} peak {pk} TFLOP/s" if pk else None),
-        plots.line_plot(bat, "batch", "time", plots.path_in(d, "batch_sweep.png"), title="batch sweep at T = 256",
+        plots.line_plot(bat, "batch", "time", plots.path_in(d, "batch_sweep.png"), title=f"batch sweep at T = {TB}",
                         xlabel="batch", ylabel="ms"),
         plots.roofline(seq + bat, plots.path_in(d, "roofline.png"), peak_tflops=pk, peak_tbps=p.hbm_tbps if p else None,
                        title=f"roofline ({info.kind})"),
@@ -120,19 +121,20 @@ def step_sweeps(ctx: LabContext) -> Section:
 def step_gqa(ctx: LabContext) -> Section:
     c = ctx.cfg
     dt = c.perf_dtype
-    T = 2048 if c.gpu else 256
+    T = c.long_len
     N = 32 if c.gpu else c.heads
-    variants = [("MHA", N), ("GQA", max(1, N // 4)), ("MQA", 1)]
+    variants = [("MHA", N), ("GQA", N // 4 if N >= 8 else max(1, N // 2)), ("MQA", 1)]
+    causal = not c.cpu_quick   # quick on a CPU: MHA is the default shape, measured already
     s = Section("gqa", "9. MHA, GQA and MQA")
     rows, recs = [], []
     for name, K in variants:
         for b in _perf_backends(ctx)[1:]:  # xla (and cudnn on a GPU)
-            r = ctx.measure(Cell(b, c.batch, T, T, N, K, c.head_dim, dt, True), "gqa")
+            r = ctx.measure(Cell(b, c.batch, T, T, N, K, c.head_dim, dt, causal), "gqa")
             recs.append(r)
             rows.append([name, b, f"({c.batch}, {T}, {N}, {c.head_dim})", f"({c.batch}, {T}, {K}, {c.head_dim})",
                          _fmt(r["rel_err"], ".2e"), _status_or(r, f"{time_ms(r):.4g} ms"),
                          f"{2 * K * c.head_dim * jnp.dtype(dt).itemsize} B"])
-    s.tables.append(Table(f"Query heads N={N}; key/value heads K (causal, T=S={T}, {dt})",
+    s.tables.append(Table(f"Query heads N={N}; key/value heads K ({'causal' if causal else 'no mask'}, T=S={T}, {dt})",
                           ["variant", "backend", "query shape", "key/value shape", "rel L2 vs float64", "time", "KV cache / token / layer"], rows))
     model = dict(layers=32, head_dim=128, context=8192, batch=1, dtype="bfloat16")
     calc = []
@@ -219,14 +221,15 @@ def step_next(ctx: LabContext) -> Section:
     c = ctx.cfg
     dt = c.perf_dtype
     s = Section("next", "11. Next steps: head dims, memory, speed-ups")
-    T = 2048 if c.gpu else 256
+    T = c.long_len
     rows = []
-    for H in (32, 64, 128, 256, 512):
+    for H in c.head_dims:
         q = jax.ShapeDtypeStruct((c.batch, T, c.heads, H), "bfloat16")
         why = backends.get("cudnn").why_not(prepare(q, q, q).spec)
-        rec = ctx.measure(Cell("xla", c.batch, T, T, c.heads, c.heads, H, dt), "head_dim")
+        rec = ctx.measure(Cell("xla", c.batch, T, T, c.heads, c.heads, H, dt), "head_dim") if H in c.timed_head_dims else None
         cud = ctx.measure(Cell("cudnn", c.batch, T, T, c.heads, c.heads, H, "bfloat16"), "head_dim") if not why else None
-        rows.append([H, "yes" if not why else f"no: {why}", _status_or(rec, f"{time_ms(rec):.4g} ms"),
+        rows.append([H, "yes" if not why else f"no: {why}",
+                     "not timed (--quick)" if rec is None else _status_or(rec, f"{time_ms(rec):.4g} ms"),
                      "" if cud is None else _status_or(cud, f"{time_ms(cud):.4g} ms")])
     s.tables.append(Table(f"Head-dim sweep (B={c.batch}, T=S={T}, N={c.heads})", ["H", "cuDNN accepts (bf16)", f"XLA {dt}", "cuDNN bf16"], rows))
     seqs = c.seq_lens + ([32768] if c.gpu and not c.quick else [])

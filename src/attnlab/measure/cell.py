@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import api, backends, device
 from ..errors import UnsupportedError
-from ..inputs import random_qkv
+from ..inputs import _normal, random_qkv
 from ..reference import default_matmul_is_tf32
 from ..spec import prepare
 from ..workload import Workload
@@ -309,7 +309,8 @@ def measure_cell(cell: Cell, opts: Options | None = None) -> dict:
             _measure_native(backend, cell, spec, sets, opts, rec, info)
             return _finish(rec, t_start)
         fwd, timed, make_args = _functions(cell)
-        cts = [jax.random.normal(jax.random.key(opts.seed + 100 + i), q.shape, jnp.float32) for i, (q, _, _) in enumerate(sets)]
+        cts = [_normal(jax.random.key(opts.seed + 100 + i), q.shape) if cell.mode != "fwd" else None  # fwd: unused
+               for i, (q, _, _) in enumerate(sets)]
         try:
             arg_sets = [make_args(q, k, v, ct) for (q, k, v), ct in zip(sets, cts)]
         except Exception as e:  # noqa: BLE001
