@@ -241,7 +241,21 @@ def _resume_command(config, out_dir, repeats, min_time, compile_budget, no_check
     return shlex.join(parts)
 
 
+def bench_cell_text(r: dict, ridge_intensity: float | None, bw_tbps: float | None) -> str:
+    """One ok cell of the bench table: ms · TFLOP/s · % of peak, or for a memory-bound cell
+    (``peaks.memory_bound``: decode-like, intensity below the ridge) ms · GB/s · % of bandwidth."""
+    from .measure import peaks
+
+    ms = r["kernel_ms"] if r.get("kernel_ms") is not None else r["wall_ms"]
+    if peaks.memory_bound(r, ridge_intensity) and r.get("gbps") is not None:
+        bw = f"{100 * r['gbps'] / (bw_tbps * 1000):.1f}% BW" if bw_tbps else "–"
+        return f"{ms:.4g} · {r['gbps']:.4g} GB/s · {bw}"
+    pk = f"{r['pct_peak']:.1f}%" if r.get("pct_peak") is not None else "–"
+    return f"{ms:.4g} · {r['tflops']:.3g} · {pk}"
+
+
 def _print_bench_table(records, out_dir):
+    from .measure import peaks
     from .sweep.engine import config_label
 
     backends_ = list(dict.fromkeys(r["backend"] for r in records))
@@ -249,24 +263,34 @@ def _print_bench_table(records, out_dir):
     for r in records:
         rows.setdefault(config_label(r), {})[r["backend"]] = r
     timer = next((r.get("timer") for r in records if r.get("timer")), "wall")
+    kind = next((r["env"].get("device_kind") for r in records if isinstance(r.get("env"), dict)), None) or ""
+    bw_tbps, bw_source = peaks.bandwidth_tbps(kind)
+    ridges = {d: peaks.ridge(kind, d) for d in {r.get("dtype", "bfloat16") for r in records}}
+    timed = lambda r: r is not None and r["status"] in ("ok", "unchecked")  # noqa: E731
+    mb_rows = {label for label, by in rows.items()
+               if any(timed(r) and peaks.memory_bound(r, ridges[r.get("dtype", "bfloat16")]) for r in by.values())}
+    any_mb = bool(mb_rows)
     t = RichTable(title=f"{len(records)} cells → {out_dir}/results.jsonl  (time: {'CUPTI kernel' if timer == 'cupti' else 'wall clock, no GPU'})")
     t.add_column("configuration")
     for b in backends_:
-        t.add_column(f"{b}\nms · TFLOP/s · %peak", justify="right")
+        t.add_column(f"{b}\nms · TFLOP/s · %peak" + ("\n(memory-bound: GB/s · %BW)" if any_mb else ""), justify="right")
     for label, by in rows.items():
         cells = []
         for b in backends_:
             r = by.get(b)
             if r is None:
                 cells.append("")
-            elif r["status"] != "ok":
+            elif not timed(r):
                 cells.append(f"[yellow]{r['status']}[/]")  # reasons are in results.jsonl
             else:
-                ms = r["kernel_ms"] if r.get("kernel_ms") is not None else r["wall_ms"]
-                pk = f"{r['pct_peak']:.1f}%" if r.get("pct_peak") is not None else "–"
-                cells.append(f"{ms:.4g} · {r['tflops']:.3g} · {pk}")
-        t.add_row(label, *cells)
+                cells.append(bench_cell_text(r, ridges[r.get("dtype", "bfloat16")], bw_tbps))
+        t.add_row(label + (" [cyan](memory-bound)[/]" if label in mb_rows else ""), *cells)
     console.print(t)
+    if any_mb:
+        console.print("memory-bound rows (decode: few queries against a long KV cache, intensity below the ridge) show "
+                      "GB/s and % of " + (f"the {bw_source} bandwidth ({bw_tbps * 1000:.4g} GB/s)" if bw_tbps else
+                                          "bandwidth (unknown here: run `attnlab ceilings`)") + " instead of TFLOP/s",
+                      highlight=False, soft_wrap=True)
 
 
 @main.command()
@@ -341,15 +365,24 @@ def ceilings(force):
         path = peaks.save_ceilings(res)
     else:
         path = peaks.cache_path() + " (cached; --force to measure again)"
+    console.print(ceilings_table(res, path))
+
+
+def ceilings_table(res: dict, path: str) -> RichTable:
+    """The measured ceilings beside the datasheet's, each in the unit that fits its size."""
+    from .measure import peaks
+
     t = RichTable(title=f"ceilings of {res['device_kind']} → {path}")
     t.add_column("what")
-    t.add_column("measured")
+    t.add_column("measured", justify="right")
     t.add_column("datasheet")
     p = peaks.peak_for_kind(res["device_kind"])
-    t.add_row(f"{res['matmul_dtype']} matmul {res['matmul_n']}³ ({res['timer']})", f"{res['matmul_tflops']:.1f} TFLOP/s",
-              f"{p.tflops['bf16']} TFLOP/s ({p.source})" if p else "–")
-    t.add_row(f"copy {res['copy_bytes'] / 2**30:.1f} GiB read+write", f"{res['copy_gbps']:.0f} GB/s", f"{p.hbm_tbps * 1000:.0f} GB/s" if p else "–")
-    console.print(t)
+    peak_ = p.tflops.get(peaks.dtype_class(res["matmul_dtype"])) if p else None
+    t.add_row(f"{res['matmul_dtype']} matmul {res['matmul_n']}³ ({res['timer']})", peaks.format_flops(res["matmul_tflops"] * 1e12),
+              f"{peaks.format_flops(peak_ * 1e12)} ({p.source})" if peak_ else "– (no datasheet for this device)")
+    t.add_row(f"copy {res['copy_bytes'] / 2**30:.3g} GiB read+write", peaks.format_bandwidth(res["copy_gbps"] * 1e9),
+              peaks.format_bandwidth(p.hbm_tbps * 1e12) if p else "–")
+    return t
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -114,16 +114,16 @@ def validate(rec: dict, where: str = "") -> dict:
 
 
 def timing(rec: dict) -> dict | None:
-    """The headline time of a timed record and its spread: {"clock", "median", "min", "p75", "max", "spread"}.
+    """The headline time of a timed record and its spread: {"clock", "median", "min", "p25", "p75", "max", "spread"}.
 
     The clock is kernel time where measured, else wall time. ``spread`` says what the spread is
-    made of: "recorded" (min and p75 stored), "estimated" (p75 bounded from the IQR of an older
-    file) or "none" (only a median stored: min = p75 = median)."""
+    made of: "recorded" (min and p75 stored), "estimated" (p25/p75 bounded from the IQR of an
+    older file) or "none" (only a median stored: min = p25 = p75 = median)."""
     prefix = "kernel" if rec.get("kernel_ms") is not None else "wall"
     med = rec.get(f"{prefix}_ms")
     if med is None:
         return None
-    lo, p75, hi, iqr = (rec.get(f"{prefix}_{k}_ms") for k in ("min", "p75", "max", "iqr"))
+    lo, p25, p75, hi, iqr = (rec.get(f"{prefix}_{k}_ms") for k in ("min", "p25", "p75", "max", "iqr"))
     spread = "recorded"
     if p75 is None:
         if iqr is not None:
@@ -134,8 +134,10 @@ def timing(rec: dict) -> dict | None:
             p75, spread = med, "none"
     if lo is None:
         lo = med
-    return {"clock": prefix, "median": med, "min": min(lo, med), "p75": max(p75, med), "max": hi if hi is not None else p75,
-            "spread": spread}
+    if p25 is None:
+        p25 = max(lo, med - iqr) if iqr is not None else lo
+    return {"clock": prefix, "median": med, "min": min(lo, med), "p25": min(p25, med), "p75": max(p75, med),
+            "max": max(hi if hi is not None else p75, med), "spread": spread}
 
 
 def upgrade(rec: dict) -> dict:

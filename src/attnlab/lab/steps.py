@@ -29,10 +29,12 @@ def step_environment(ctx: LabContext) -> Section:
     rows = []
     for b in backends.all_backends():
         avail = b.available()
-        sup = b.why_not(spec)
-        rows.append([b.name, "yes" if avail is None else "no", avail or "", "yes" if sup is None else "no", sup or "", b.description])
+        sup = None if avail else b.supports(spec)   # an unavailable backend's reason is said once, in its own column
+        runs = "yes" if avail is None and sup is None else "no"
+        rows.append([b.name, "yes" if avail is None else "no", avail or "", runs,
+                     "(not available)" if avail else (sup or ""), b.description])
     s.tables.append(Table(f"Backends on this machine (input: {cfg.batch}×{cfg.q_len}×{cfg.heads}×{cfg.head_dim} bf16)",
-                          ["backend", "available", "why not", "runs this input", "why not", "what"], rows))
+                          ["backend", "available", "why not available", "runs this input", "why not this input", "what"], rows))
     s.tables.append(Table("Optional libraries", ["library", "version"],
                           [[k, v or "not installed"] for k, v in e["optional"].items()]))
     s.facts = {"platform": e["platform"], "device_kind": e["device_kind"], "cudnn": e["cudnn"],
