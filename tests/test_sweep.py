@@ -272,7 +272,7 @@ def test_compare_real_back_to_back_cpu_runs_are_not_slower(tmp_path):
 
 # --- bench: never erase results silently; Ctrl-C keeps what finished (item 6) --------------------
 
-TINY = ["bench", "--backends", "naive,xla", "--seq", "16,32", "--heads", "2", "--head-dim", "8", "--dtype", "float32",
+TINY = ["bench", "--backends", "xla", "--seq", "16,32", "--heads", "2", "--head-dim", "8", "--dtype", "float32",
         "--repeats", "2", "--min-time", "0"]
 
 
@@ -287,9 +287,9 @@ def test_bench_refuses_to_erase_results(tmp_path):
     r = run(main, TINY + ["--out", str(out), "--resume", "--overwrite"])
     assert r.exit_code == 2 and "--resume and --overwrite" in r.output
     r = run(main, TINY + ["--out", str(out), "--resume"])
-    assert r.exit_code == 0 and "skipped 4 of 4 cells" in r.output and (out / "results.jsonl").read_text() == before
+    assert r.exit_code == 0 and "skipped 2 of 2 cells" in r.output and (out / "results.jsonl").read_text() == before
     r = run(main, TINY + ["--out", str(out), "--overwrite"])
-    assert r.exit_code == 0 and len((out / "results.jsonl").read_text().splitlines()) == 4
+    assert r.exit_code == 0 and len((out / "results.jsonl").read_text().splitlines()) == 2
     assert (out / "results.jsonl").read_text() != before
 
 
@@ -308,13 +308,13 @@ def test_bench_ctrl_c_writes_csv_and_prints_resume(tmp_path, monkeypatch):
     out = tmp_path / "o"
     r = CliRunner().invoke(main, TINY + ["--causal", "both", "--out", str(out)])
     assert r.exit_code == 130, r.output
-    assert "3 of 8 cells" in r.output and "--resume" in r.output and "attnlab bench" in r.output
+    assert "3 of 4 cells" in r.output and "--resume" in r.output and "attnlab bench" in r.output
     assert len((out / "results.csv").read_text().splitlines()) == 1 + 3
     resume = r.output[r.output.index("attnlab bench"):].split("\n")[0].split()
     monkeypatch.setattr(engine, "measure_cell", real)
     r = CliRunner().invoke(main, resume[1:])
     assert r.exit_code == 0, r.output
-    assert "skipped 3 of 8 cells" in r.output and len((out / "results.jsonl").read_text().splitlines()) == 8
+    assert "skipped 3 of 4 cells" in r.output and len((out / "results.jsonl").read_text().splitlines()) == 4
 
 
 # --- contradictory flags, windows as jax.nn reads them (item 7) -----------------------------------

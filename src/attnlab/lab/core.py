@@ -111,7 +111,7 @@ class LabConfig:
         if self.gpu:
             return Options(repeats=10 if self.quick else 30, compile_budget_s=240)
         return Options(repeats=2 if self.quick else 3, warmup=1, pipelined_calls=3, max_input_sets=1, compile_budget_s=120,
-                       min_time_s=0.0 if self.quick else 0.05)
+                       min_time_s=0.02 if self.quick else 0.05)
 
 
 @dataclasses.dataclass
