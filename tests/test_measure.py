@@ -152,3 +152,21 @@ def test_ceilings_measured_and_cached(tmp_path, monkeypatch):
     assert res["timer"] == "wall" and res["matmul_tflops"] > 0 and res["copy_gbps"] > 0
     peaks.save_ceilings(res)
     assert peaks.load_ceilings(res["device_kind"])["matmul_n"] == 128
+
+
+def test_random_inputs_are_bit_identical_to_jax_random_normal():
+    """inputs._normal cuts small tensors from one bucketed draw (one compile per bucket, issue 12
+    item 12): the values must be exactly jax.random.normal's."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from attnlab.inputs import _normal, random_qkv
+
+    for shape in [(2, 64, 4, 32), (1, 3, 5, 7)]:
+        key = jax.random.key(11)
+        assert np.array_equal(np.asarray(_normal(key, shape)), np.asarray(jax.random.normal(key, shape, jnp.float32)))
+    q, k, v = random_qkv(1, 3, 7, 5, 5, 1, "bfloat16", seed=5)     # k and v are (1, 7, 5, 1): 35 values
+    kq, kk, kv = jax.random.split(jax.random.key(5), 3)
+    assert np.array_equal(np.asarray(k), np.asarray(jax.random.normal(kk, (1, 7, 5, 1), jnp.float32).astype("bfloat16")))
+    assert q.shape == (1, 3, 5, 1) and v.shape == (1, 7, 5, 1)

@@ -31,3 +31,47 @@ def test_helpers_escape_and_print():
     fig = notebook.plot_sweep([{"backend": "xla", "status": "ok", "q_len": 64, "wall_ms": 1.0, "kernel_ms": None},
                                {"backend": "xla", "status": "ok", "q_len": 128, "wall_ms": 2.0, "kernel_ms": None}])
     assert len(fig.axes[0].lines) == 1
+
+
+def _outputs_text(nb) -> str:
+    parts = []
+    for c in nb.cells:
+        if c.cell_type != "code":
+            continue
+        for o in c.get("outputs", []):
+            parts.append(str(o.get("text", "")))
+            parts.extend(str(v) for k, v in o.get("data", {}).items() if k.startswith("text/"))
+    return "\n".join(parts)
+
+
+def test_committed_notebook_has_cpu_outputs():
+    nb = nbformat.read(NB, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(c.get("outputs") and c.get("execution_count") for c in code), "commit the notebook executed"
+    assert not [o for c in code for o in c.outputs if o.get("output_type") == "error"]
+    text = _outputs_text(nb)
+    assert "cpu" in text and any("image/png" in o.get("data", {}) for c in code for o in c.outputs)
+
+
+def test_notebook_kv_cache_row_is_the_reports():
+    from attnlab.lab import tables
+
+    nb = nbformat.read(NB, as_version=4)
+    text = _outputs_text(nb)
+    mqa = next(r for r in tables.kv_cache_rows() if r[0] == "MQA")
+    assert mqa[1] == 1 and mqa[3] == "0.12 GiB"
+    assert any(line.split()[:2] == ["MQA", "1"] and "0.12 GiB" in line for line in text.splitlines())
+    assert "0.50 GiB" not in text
+    html = notebook.kv_cache_table()._repr_html_()
+    assert "<td>MQA</td><td>1</td>" in html and "0.12 GiB" in html
+
+
+def test_notebook_never_says_cudnn_accepts_without_a_gpu():
+    import jax
+
+    nb = nbformat.read(NB, as_version=4)
+    assert "cuDNN accepts" not in _outputs_text(nb)      # the committed outputs come from a CPU run
+    t = notebook.cudnn_head_dims()
+    if jax.default_backend() != "gpu":
+        assert "accepts" not in str(t) and "cannot run here" in t.title
+        assert any("refused" in r[1] for r in t.rows) and any("allowed" in r[1] for r in t.rows)

@@ -103,7 +103,7 @@ def test_bad_cli_arguments_exit_nonzero_without_traceback(tmp_path, args, words)
 def _bench_cmd(out):
     return [sys.executable, "-m", "attnlab.cli", "bench", "--backends", "naive,xla", "--batch", "1,2,3",
             "--seq", "16,32,48,64", "--heads", "2", "--head-dim", "8", "--dtype", "float32", "--causal", "both",
-            "--repeats", "2", "--out", str(out)]   # 2 x 3 x 4 x 2 = 48 cells
+            "--repeats", "2", "--min-time", "0", "--out", str(out)]   # 2 x 3 x 4 x 2 = 48 cells
 
 
 def test_resume_after_sigkill_loses_and_duplicates_nothing(tmp_path):
@@ -154,3 +154,207 @@ def test_compare_exit_codes(tmp_path):
     assert run(main, ["compare", str(a), str(tmp_path / "missing.jsonl")]).exit_code != 0
     rows, regressed = compare([_rec(1.0)], [_rec(0.5)])
     assert not regressed and rows[0].ratio == 0.5
+
+
+# --- compare: noise is not a regression (issue 12, item 4) ---------------------------------------
+
+def _timed(ms, lo, p75, backend="xla", q_len=64, **extra):
+    r = _rec(ms, backend)
+    r.update(q_len=q_len, kv_len=q_len, kernel_min_ms=lo, kernel_p25_ms=lo, kernel_p75_ms=p75, kernel_max_ms=p75 * 1.1,
+             **extra)
+    return r
+
+
+@pytest.mark.parametrize("a,b,verdict", [
+    ((1.0, 0.90, 1.10), (1.08, 0.95, 1.15), "same"),     # medians 8% apart, spreads overlap: noise
+    ((1.0, 0.99, 1.00), (1.20, 1.02, 1.25), "same"),     # B's fastest call within the threshold of A's median
+    ((1.0, 0.98, 1.01), (1.30, 1.28, 1.32), "slower"),   # apart in every way: a regression
+    ((1.3, 1.28, 1.32), (1.0, 0.98, 1.01), "faster"),
+    ((1.0, 0.98, 1.20), (1.10, 1.08, 1.12), "same"),     # B.min above A's median by 8% but inside A's [min, p75]
+])
+def test_compare_needs_the_spreads_apart(a, b, verdict):
+    from attnlab.sweep.compare import counts
+
+    rows, regressed = compare([_timed(*a)], [_timed(*b)], 5.0)
+    assert rows[0].verdict == verdict and regressed == (verdict == "slower")
+    assert counts(rows)[verdict] == 1
+
+
+def test_compare_prints_counts_and_exit_codes(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    _write(a, [_timed(1.0, 0.9, 1.1), _timed(1.0, 0.98, 1.01, q_len=128), _timed(1.0, 0.98, 1.01, q_len=256),
+               _timed(1.0, 0.98, 1.01, q_len=512)])
+    _write(b, [_timed(1.05, 0.95, 1.1), _timed(0.5, 0.49, 0.51, q_len=128), _timed(1.3, 1.28, 1.32, q_len=256),
+               _timed(1.0, 0.98, 1.01, q_len=1024)])
+    r = CliRunner().invoke(main, ["compare", str(a), str(b)])
+    assert r.exit_code == 1, r.output
+    assert "faster: 1" in r.output and "same: 1" in r.output and "slower: 1" in r.output
+    assert "only in A: 1" in r.output and "only in B: 1" in r.output and "[min, p75]" in r.output
+    r = CliRunner().invoke(main, ["compare", str(a), str(a)])
+    assert r.exit_code == 0 and "slower: 0" in r.output and "same: 4" in r.output
+
+
+def test_compare_reads_older_files_without_p75(tmp_path):
+    from attnlab.records import timing
+
+    old = _rec(1.0)
+    old.update(kernel_min_ms=0.9, kernel_max_ms=1.5, kernel_iqr_ms=0.2)   # schema-2 files before p25/p75
+    t = timing(old)
+    assert t["spread"] == "estimated" and t["min"] == 0.9 and t["p75"] == pytest.approx(1.2)
+    assert timing(_rec(2.0))["spread"] == "none"
+    rows, regressed = compare([old], [_timed(1.1, 1.06, 1.12)])
+    assert rows[0].verdict == "same" and not regressed   # 1.06 < A's p75 bound 1.2
+
+
+def _run_folder(path, ms):
+    """The layout of an ``attnlab run`` folder: lab_step records, cells tagged with their step (the same
+    cell measured by two steps), memory records without kv_len."""
+    cell = dict(_timed(ms, ms * 0.98, ms * 1.01), kind="cell")
+    path.mkdir()
+    _write(path / "results.jsonl", [
+        {"kind": "lab_step", "step": "environment", "title": "1.", "status": "ok", "reason": None},
+        dict(cell, step="timing"), dict(cell, step="seq_sweep"),
+        {"kind": "memory", "step": "next", "backend": "xla", "q_len": 64, "batch": 1, "status": "ok", "reason": None,
+         "temp_bytes": 10},
+        {"kind": "lab_step", "step": "next", "title": "11.", "status": "ok", "reason": None},
+    ])
+
+
+def test_compare_two_run_folders(tmp_path):
+    _run_folder(tmp_path / "a", 1.0)
+    _run_folder(tmp_path / "b", 1.0)
+    _run_folder(tmp_path / "c", 2.0)
+    r = CliRunner().invoke(main, ["compare", str(tmp_path / "a"), str(tmp_path / "b")])
+    assert r.exit_code == 0, r.output
+    assert "same: 2" in r.output and "[timing]" in r.output and "[seq_sweep]" in r.output
+    r = CliRunner().invoke(main, ["compare", str(tmp_path / "a"), str(tmp_path / "c")])
+    assert r.exit_code == 1 and "slower: 2" in r.output
+
+
+@pytest.mark.parametrize("content,words", [
+    ("this is not json\n{also not\n", "no cell records"),
+    ('{"kind": "lab_step", "step": "x", "status": "ok"}\n', "no cell records"),
+    ("", "no cell records"),
+    ('{"backend": "xla", "batch": "one"}\n', "batch"),
+])
+def test_compare_unreadable_is_exit_2(tmp_path, content, words):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    _write(a, [_timed(1.0, 0.9, 1.1)])
+    b.write_text(content)
+    for args in ([str(a), str(b)], [str(b), str(a)]):
+        r = CliRunner().invoke(main, ["compare", *args])
+        assert r.exit_code == 2 and words in r.output and "Traceback" not in r.output, r.output
+    b.write_bytes(b"\xff\xfe\x00binary")
+    r = CliRunner().invoke(main, ["compare", str(a), str(b)])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+
+
+def test_compare_nothing_in_common_is_exit_2(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    _write(a, [_timed(1.0, 0.9, 1.1, q_len=64)])
+    _write(b, [_timed(1.0, 0.9, 1.1, q_len=128)])
+    r = CliRunner().invoke(main, ["compare", str(a), str(b)])
+    assert r.exit_code == 2 and "no cell in common" in r.output
+
+
+def test_compare_real_back_to_back_cpu_runs_are_not_slower(tmp_path):
+    """Two identical tiny CPU sweeps, one after the other: wall clock is noisy, none is SLOWER."""
+    args = ["bench", "--backends", "naive,xla", "--seq", "32,64", "--heads", "2", "--head-dim", "16",
+            "--dtype", "float32", "--causal", "both"]
+    for x in "ab":
+        r = CliRunner().invoke(main, args + ["--out", str(tmp_path / x)])
+        assert r.exit_code == 0, r.output
+    recs = [json.loads(x) for x in (tmp_path / "a" / "results.jsonl").read_text().splitlines()]
+    assert all(x["wall_p75_ms"] >= x["wall_ms"] >= x["wall_min_ms"] > 0 for x in recs)
+    r = CliRunner().invoke(main, ["compare", str(tmp_path / "a"), str(tmp_path / "b")])
+    assert r.exit_code == 0 and "SLOWER" not in r.output and "slower: 0" in r.output, r.output
+
+
+# --- bench: never erase results silently; Ctrl-C keeps what finished (item 6) --------------------
+
+TINY = ["bench", "--backends", "xla", "--seq", "16,32", "--heads", "2", "--head-dim", "8", "--dtype", "float32",
+        "--repeats", "2", "--min-time", "0"]
+
+
+def test_bench_refuses_to_erase_results(tmp_path):
+    out = tmp_path / "o"
+    run = CliRunner().invoke
+    assert run(main, TINY + ["--out", str(out)]).exit_code == 0
+    before = (out / "results.jsonl").read_text()
+    r = run(main, TINY + ["--out", str(out)])
+    assert r.exit_code == 2 and "--resume" in r.output and "--overwrite" in r.output
+    assert (out / "results.jsonl").read_text() == before
+    r = run(main, TINY + ["--out", str(out), "--resume", "--overwrite"])
+    assert r.exit_code == 2 and "--resume and --overwrite" in r.output
+    r = run(main, TINY + ["--out", str(out), "--resume"])
+    assert r.exit_code == 0 and "skipped 2 of 2 cells" in r.output and (out / "results.jsonl").read_text() == before
+    r = run(main, TINY + ["--out", str(out), "--overwrite"])
+    assert r.exit_code == 0 and len((out / "results.jsonl").read_text().splitlines()) == 2
+    assert (out / "results.jsonl").read_text() != before
+
+
+def test_bench_ctrl_c_writes_csv_and_prints_resume(tmp_path, monkeypatch):
+    from attnlab.sweep import engine
+
+    real, calls = engine.measure_cell, []
+
+    def interrupted_after_3(cell, opts=None):
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        calls.append(cell)
+        return real(cell, opts)
+
+    monkeypatch.setattr(engine, "measure_cell", interrupted_after_3)
+    out = tmp_path / "o"
+    r = CliRunner().invoke(main, TINY + ["--causal", "both", "--out", str(out)])
+    assert r.exit_code == 130, r.output
+    assert "3 of 4 cells" in r.output and "--resume" in r.output and "attnlab bench" in r.output
+    assert len((out / "results.csv").read_text().splitlines()) == 1 + 3
+    resume = r.output[r.output.index("attnlab bench"):].split("\n")[0].split()
+    monkeypatch.setattr(engine, "measure_cell", real)
+    r = CliRunner().invoke(main, resume[1:])
+    assert r.exit_code == 0, r.output
+    assert "skipped 3 of 4 cells" in r.output and len((out / "results.jsonl").read_text().splitlines()) == 4
+
+
+# --- contradictory flags, windows as jax.nn reads them (item 7) -----------------------------------
+
+@pytest.mark.parametrize("args,names", [
+    (["--seq", "64", "--q-len", "32"], ("--seq", "--q-len")),
+    (["--seq", "64", "--kv-len", "128"], ("--seq", "--kv-len")),
+    (["--tokens", "1024", "--batch", "2"], ("--tokens", "--batch")),
+])
+def test_contradictory_flags_are_refused(tmp_path, args, names):
+    r = CliRunner().invoke(main, ["bench", "--backends", "xla", *args, "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and all(n in r.output for n in names) and "contradict" in r.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_config_conflicts(tmp_path):
+    p = tmp_path / "s.toml"
+    p.write_text('[sweep]\nbackends = ["xla"]\ntokens = 64\nbatch = [2]\n')
+    r = CliRunner().invoke(main, ["bench", "--config", str(p), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "tokens" in r.output and "batch" in r.output
+    p.write_text('[sweep]\nbackends = ["xla"]\nq_len = [16]\nkv_len = [32]\nbatch = [2]\nheads = [2]\nhead_dim = [8]\n'
+                 'dtype = ["float32"]\n[run]\nrepeats = 2\nmin_time = 0\n')
+    r = CliRunner().invoke(main, ["bench", "--config", str(p), "--seq", "16", "--tokens", "64", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    assert "--seq replaces q_len" in r.output and "--tokens replaces batch" in r.output
+    recs = [json.loads(x) for x in (tmp_path / "o" / "results.jsonl").read_text().splitlines()]
+    assert [(x["batch"], x["q_len"], x["kv_len"]) for x in recs] == [(4, 16, 16)]
+
+
+def test_window_int_is_symmetric_as_jax_reads_it():
+    import inspect
+
+    import jax
+
+    from attnlab.workload import Workload
+
+    assert "symmetric window (window_size, window_size)" in " ".join(inspect.getdoc(jax.nn.dot_product_attention).split())
+    s = build({"backends": "xla", "seq": "64", "window": "8,8:0"})
+    assert [c.window for c in s.cells()] == [(8, 8), (8, 0)]
+    w = Workload(1, 64, 64, 1, 1, 8, "float32", window=(8, 8))
+    assert w.kept_pairs() == sum(min(63, t + 8) - max(0, t - 8) + 1 for t in range(64))   # 2W+1 keys inside
+    r = CliRunner().invoke(main, ["bench", "--help"])
+    assert "(W, W)" in " ".join(r.output.split()) and "local_window_size" in r.output

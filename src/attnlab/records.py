@@ -14,6 +14,11 @@ status allows:
 - ``unsupported``, ``oom``, ``compile_error``, ``runtime_error``, ``over_budget``: ``reason`` says
   why; never timed.
 
+Timed records also carry the spread of their repeats for the clock that timed them
+(``kernel_*`` or ``wall_*``): ``_min_ms``, ``_p25_ms``, ``_p75_ms``, ``_max_ms``, ``_iqr_ms`` and
+``_n`` beside the median ``_ms``. ``timing(rec)`` reads them, filling what older files lack
+(no ``_p75_ms`` before schema 2's spread fields: ``min(max, median + iqr)``, an upper bound).
+
 Records are validated when written (``attnlab.store.ResultStore.append``) and when read
 (``attnlab.store.read_records``). Files written before this schema (no ``schema`` field, version
 1) still load: ``upgrade`` renames their fields and marks what they did not check.
@@ -106,6 +111,33 @@ def validate(rec: dict, where: str = "") -> dict:
         if timed:
             raise RecordError(timed[0], f"must be null: a record with status {status!r} is never timed", where)
     return rec
+
+
+def timing(rec: dict) -> dict | None:
+    """The headline time of a timed record and its spread: {"clock", "median", "min", "p25", "p75", "max", "spread"}.
+
+    The clock is kernel time where measured, else wall time. ``spread`` says what the spread is
+    made of: "recorded" (min and p75 stored), "estimated" (p25/p75 bounded from the IQR of an
+    older file) or "none" (only a median stored: min = p25 = p75 = median)."""
+    prefix = "kernel" if rec.get("kernel_ms") is not None else "wall"
+    med = rec.get(f"{prefix}_ms")
+    if med is None:
+        return None
+    lo, p25, p75, hi, iqr = (rec.get(f"{prefix}_{k}_ms") for k in ("min", "p25", "p75", "max", "iqr"))
+    spread = "recorded"
+    if p75 is None:
+        if iqr is not None:
+            p75, spread = med + iqr, "estimated"
+            if hi is not None:
+                p75 = min(hi, p75)
+        else:
+            p75, spread = med, "none"
+    if lo is None:
+        lo = med
+    if p25 is None:
+        p25 = max(lo, med - iqr) if iqr is not None else lo
+    return {"clock": prefix, "median": med, "min": min(lo, med), "p25": min(p25, med), "p75": max(p75, med),
+            "max": max(hi if hi is not None else p75, med), "spread": spread}
 
 
 def upgrade(rec: dict) -> dict:

@@ -21,9 +21,25 @@ def _images(paths):
     return out
 
 
+def _tables(tables):
+    """Each table without its all-empty columns, with a note naming them and why -- each reason said
+    once per section (e.g. "kernel time needs a GPU (CUPTI); wall clock shown")."""
+    out, said = [], set()
+    for t in tables:
+        compact = t.compact() if hasattr(t, "compact") else (t, {})
+        table, dropped = compact
+        by_reason: dict[str, list[str]] = {}
+        for col, why in dropped.items():
+            by_reason.setdefault(why, []).append(col)
+        notes = [f"Not shown: {', '.join(cols)} ({why})." for why, cols in by_reason.items() if why not in said]
+        said.update(by_reason)
+        out.append({"title": table.title, "columns": table.columns, "rows": table.rows, "notes": notes})
+    return out
+
+
 def render(sections, env: dict, *, label: str | None = None) -> str:
     view = [{"id": s.id, "title": s.title, "status": s.status, "reason": s.reason, "paragraphs": s.paragraphs,
-             "tables": s.tables, "images": _images(s.plots)} for s in sections]
+             "tables": _tables(s.tables), "images": _images(s.plots)} for s in sections]
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return _environment().get_template("report.html").render(sections=view, env=env, label=label, generated=now)
 

@@ -7,13 +7,20 @@ import importlib.util
 from .. import device
 
 
+def install_hint(extra: str) -> str:
+    """How to install an extra, as the README's table says it (from the attnlab checkout)."""
+    if extra == "te":   # TE-JAX builds against the JAX already installed
+        return "pip install --no-build-isolation -e '.[te]'"
+    return f"pip install -e '.[{extra}]'"
+
+
 def missing(module: str, extra: str) -> str | None:
     """None when ``module`` can be imported, else why not and how to install it."""
     try:
         found = importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
         found = False
-    return None if found else f"{module} is not installed (pip install 'attnlab[{extra}]')"
+    return None if found else f"{module} is not installed ({install_hint(extra)} in the attnlab checkout)"
 
 
 def dist_version(*names: str) -> str | None:

@@ -17,7 +17,7 @@ STEPS = {**BASICS, **PERF, **DECODE}
 
 
 def config_for_machine(quick: bool = False) -> LabConfig:
-    return LabConfig(quick=quick, gpu=device.current().platform == "gpu")
+    return LabConfig.for_machine(quick, device.current().platform == "gpu")
 
 
 def run_lab(out_dir: str = "attnlab-out", *, label: str | None = None, quick: bool = False,

@@ -9,11 +9,24 @@ from ..measure import Cell, Options, measure_cell
 from ..store import ResultStore
 
 
+EMPTY = ("", "–", None)
+
+
 @dataclasses.dataclass
 class Table:
+    """A report table. ``empty_why`` maps a column to why it can be empty on this machine: a column
+    empty in every row is left out of the report, which says that reason once (``compact``)."""
+
     title: str
     columns: list[str]
     rows: list[list[Any]]
+    empty_why: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def compact(self) -> tuple["Table", dict[str, str]]:
+        """(this table without its all-empty columns, {dropped column: why})."""
+        keep = [i for i, _ in enumerate(self.columns) if not self.rows or any(r[i] not in EMPTY for r in self.rows)]
+        dropped = {c: self.empty_why.get(c, "no value on this machine") for i, c in enumerate(self.columns) if i not in keep}
+        return Table(self.title, [self.columns[i] for i in keep], [[r[i] for i in keep] for r in self.rows]), dropped
 
 
 @dataclasses.dataclass
@@ -51,20 +64,54 @@ class LabConfig:
         return "bfloat16" if self.gpu else "float32"
 
     @property
+    def cpu_quick(self) -> bool:
+        """``attnlab run --quick`` on a CPU: every step at the smallest shapes, few distinct shapes
+        (each new shape costs compiles of the inputs, the path and both references)."""
+        return self.quick and not self.gpu
+
+    @classmethod
+    def for_machine(cls, quick: bool, gpu: bool) -> "LabConfig":
+        if quick and not gpu:
+            return cls(batch=2, q_len=64, heads=4, head_dim=32, quick=True, gpu=False)
+        return cls(quick=quick, gpu=gpu)
+
+    @property
     def seq_lens(self) -> list[int]:
         if self.gpu:
             return [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384] if not self.quick else [128, 1024, 4096]
-        return [64, 128, 256, 512, 1024] if not self.quick else [64, 128, 256]
+        return [64, 128, 256, 512, 1024] if not self.quick else [32, 64]
 
     @property
     def batches(self) -> list[int]:
+        if self.cpu_quick:
+            return [1, 2]
         return [1, 2, 4, 8, 16] if not self.quick else [1, 4]
+
+    @property
+    def batch_sweep_len(self) -> int:
+        """T = S of the batch sweep (quick on a CPU: the default shape's, already compiled)."""
+        return self.q_len if self.cpu_quick else 256
+
+    @property
+    def long_len(self) -> int:
+        """T = S of the GQA and head-dim steps."""
+        return 2048 if self.gpu else (self.q_len if self.quick else 256)
+
+    @property
+    def head_dims(self) -> tuple[int, ...]:
+        return (32, 64, 128, 256, 512)
+
+    @property
+    def timed_head_dims(self) -> tuple[int, ...]:
+        """Head dims the head-dim step times (quick on a CPU: the default one, compiled already; every one still gets cuDNN's verdict)."""
+        return (self.head_dim,) if self.cpu_quick else self.head_dims
 
     @property
     def options(self) -> Options:
         if self.gpu:
             return Options(repeats=10 if self.quick else 30, compile_budget_s=240)
-        return Options(repeats=2 if self.quick else 3, warmup=1, pipelined_calls=3, max_input_sets=1, compile_budget_s=120)
+        return Options(repeats=2 if self.quick else 3, warmup=1, pipelined_calls=3, max_input_sets=1, compile_budget_s=120,
+                       min_time_s=0.02 if self.quick else 0.05)
 
 
 @dataclasses.dataclass
@@ -84,8 +131,20 @@ class LabContext:
         return d
 
     def measure(self, cell: Cell, step: str, options: Options | None = None) -> dict:
-        """Measure one cell with the engine and store its record (tagged with the step)."""
-        rec = measure_cell(cell, options or self.cfg.options)
-        rec.update(kind="cell", step=step, label=self.label, env=self.env)
+        """Measure one cell with the engine and store its record (tagged with the step).
+
+        A cell this run has measured already with the same options (the default shape appears in
+        the timing step, both sweeps and the head-dim sweep) is not measured again: its record is
+        stored once more under this step, with ``same_as`` naming the step that measured it, so
+        every table shows the same number for the same cell."""
+        opts = options or self.cfg.options
+        key = (cell.key(), repr(opts))
+        first = self.shared.setdefault("_measured", {}).get(key)
+        if first is not None:
+            rec = {**first, "step": step, "same_as": first["step"]}
+        else:
+            rec = measure_cell(cell, opts)
+            rec.update(kind="cell", step=step, label=self.label, env=self.env)
+            self.shared["_measured"][key] = rec
         self.store.append(rec)
         return rec

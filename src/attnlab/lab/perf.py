@@ -8,12 +8,12 @@ from .. import api, backends, device
 from ..measure import Cell
 from ..measure.cell import classify
 from ..measure.memory import compiled_memory
-from ..measure.peaks import peak_for_kind, peak_tflops
+from ..measure.peaks import format_flops, peak_tflops, roofs
+from ..records import timing
 from ..reference import default_matmul_is_tf32
 from ..spec import prepare
 from ..sweep.engine import time_ms
-from ..workload import kv_cache_bytes
-from . import plots
+from . import plots, tables
 from .core import LabContext, Section, Table
 
 
@@ -25,14 +25,32 @@ def _status_or(rec, text):
     return text if rec["status"] == "ok" else f"{rec['status']}: {(rec['reason'] or '')[:80]}"
 
 
+def _spread(rec, prefix: str | None = None) -> str:
+    """A timed record's spread over its repeats: "p25–p75" (ms), or "" when not timed."""
+    if prefix is None:
+        t = timing(rec) if rec.get("status") == "ok" else None
+        return "" if t is None else f"{t['p25']:.3g}–{t['p75']:.3g}"
+    lo, hi = rec.get(f"{prefix}_p25_ms"), rec.get(f"{prefix}_p75_ms")
+    return "" if lo is None or hi is None else f"{lo:.3g}–{hi:.3g}"
+
+
+def _time_text(rec) -> str:
+    """"0.354 ms [0.33–0.36]": the median and, in brackets, the 25th–75th percentile of the repeats."""
+    return _status_or(rec, f"{time_ms(rec):.4g} ms [{_spread(rec)}]" if rec["status"] == "ok" else "")
+
+
+NO_CUPTI = "kernel time needs a GPU (CUPTI); wall clock shown"
+SPREAD_NOTE = "Times are the median of the repeats, with the 25th–75th percentile in brackets (the spread)."
+
+
 def _perf_backends(ctx: LabContext) -> list[str]:
     return ["naive", "xla", "cudnn"] if ctx.cfg.gpu else ["naive", "xla"]
 
 
 def _timer_note(recs) -> str:
     if any(r.get("timer") == "cupti" for r in recs):
-        return "Times are GPU kernel time measured with CUPTI (median of the repeats), compile time apart."
-    return "No GPU here: times are host wall clock around each blocked call (no CUPTI), compile time apart."
+        return "Times are GPU kernel time measured with CUPTI, compile time apart. " + SPREAD_NOTE
+    return "No GPU here: times are host wall clock around each blocked call (no CUPTI), compile time apart. " + SPREAD_NOTE
 
 
 def step_timing(ctx: LabContext) -> Section:
@@ -40,10 +58,13 @@ def step_timing(ctx: LabContext) -> Section:
     paths = [("naive", "float32"), ("xla", "float32"), ("xla", "bfloat16"), ("cudnn", "bfloat16")]
     recs = [ctx.measure(Cell(b, c.batch, c.q_len, c.q_len, c.heads, c.heads, c.head_dim, dt), "timing") for b, dt in paths]
     s = Section("timing", f"7. Timing at the default shape (B={c.batch}, T={c.q_len}, N={c.heads}, H={c.head_dim})")
-    s.tables.append(Table("Kernel time and wall time side by side (ms)",
-                          ["path", "dtype", "kernel (CUPTI)", "wall per blocked call", "pipelined wall", "dispatch = wall − kernel", "compile s", "status"],
-                          [[r["backend"], r["dtype"], _fmt(r["kernel_ms"]), _fmt(r["wall_ms"]), _fmt(r["pipelined_ms"]),
-                            _fmt(r["dispatch_ms"]), _fmt(r["compile_s"], ".3g"), _status_or(r, "ok")] for r in recs]))
+    s.tables.append(Table("Kernel time and wall time side by side (ms; median, and the 25th–75th percentile of the repeats)",
+                          ["path", "dtype", "kernel (CUPTI)", "kernel p25–p75", "wall per blocked call", "wall p25–p75",
+                           "pipelined wall", "dispatch = wall − kernel", "compile s", "status"],
+                          [[r["backend"], r["dtype"], _fmt(r["kernel_ms"]), _spread(r, "kernel"), _fmt(r["wall_ms"]),
+                            _spread(r, "wall"), _fmt(r["pipelined_ms"]), _fmt(r["dispatch_ms"]), _fmt(r["compile_s"], ".3g"),
+                            _status_or(r, "ok")] for r in recs],
+                          empty_why={"kernel (CUPTI)": NO_CUPTI, "kernel p25–p75": NO_CUPTI, "dispatch = wall − kernel": NO_CUPTI}))
     ok = [r for r in recs if r["status"] == "ok"]
     if any(r["kernel_ms"] for r in ok):
         worst = max((r for r in ok if r["kernel_ms"]), key=lambda r: r["wall_ms"] / r["kernel_ms"])
@@ -57,10 +78,12 @@ def step_timing(ctx: LabContext) -> Section:
     if ok:
         labels = [f"{r['backend']} {r['dtype']}" for r in ok]
         s.plots.append(plots.bars(labels, [r["wall_ms"] for r in ok], plots.path_in(ctx.plots_dir, "timing_wall.png"),
-                                  title="wall ms per blocked call", ylabel="ms"))
+                                  title="wall ms per blocked call (median; whiskers: 25th–75th percentile)", ylabel="ms",
+                                  spread=[(r.get("wall_p25_ms"), r.get("wall_p75_ms")) for r in ok]))
         if any(r["kernel_ms"] for r in ok):
             s.plots.append(plots.bars(labels, [r["kernel_ms"] or 0 for r in ok], plots.path_in(ctx.plots_dir, "timing_kernel.png"),
-                                      title="CUPTI kernel ms per call", ylabel="ms"))
+                                      title="CUPTI kernel ms per call (median; whiskers: 25th–75th percentile)", ylabel="ms",
+                                      spread=[(r.get("kernel_p25_ms"), r.get("kernel_p75_ms")) for r in ok]))
     s.facts = {f"{r['backend']}_{r['dtype']}": {"kernel_ms": r["kernel_ms"], "wall_ms": r["wall_ms"], "status": r["status"]} for r in recs}
     return s
 
@@ -73,7 +96,8 @@ def _sweep_table(recs, x: str, title: str):
         row = [xv]
         for b in bes:
             r = next((r for r in recs if r[x] == xv and r["backend"] == b), None)
-            row.append("" if r is None else _status_or(r, f"{time_ms(r):.4g} ms · {r['tflops']:.3g} TF/s"))
+            row.append("" if r is None else _status_or(r, f"{_time_text(r)} · {format_flops(r['tflops'] * 1e12)}"
+                                                           if r["status"] == "ok" else ""))
         rows.append(row)
     return Table(title, [x] + bes, rows)
 
@@ -84,30 +108,37 @@ def step_sweeps(ctx: LabContext) -> Section:
     s = Section("sweeps", "8. Sequence-length and batch sweeps")
     seq = [ctx.measure(Cell(b, c.batch, T, T, c.heads, c.heads, c.head_dim, dt), "seq_sweep")
            for T in c.seq_lens for b in _perf_backends(ctx)]
-    bat = [ctx.measure(Cell(b, B, 256, 256, c.heads, c.heads, c.head_dim, dt), "batch_sweep")
+    TB = c.batch_sweep_len
+    bat = [ctx.measure(Cell(b, B, TB, TB, c.heads, c.heads, c.head_dim, dt), "batch_sweep")
            for B in c.batches for b in _perf_backends(ctx)]
     ctx.shared["seq_sweep"] = seq
     s.tables.append(_sweep_table(seq, "q_len", f"Sequence sweep (B={c.batch}, N={c.heads}, H={c.head_dim}, {dt})"))
-    s.tables.append(_sweep_table(bat, "batch", f"Batch sweep (T=S=256, N={c.heads}, H={c.head_dim}, {dt})"))
+    s.tables.append(_sweep_table(bat, "batch", f"Batch sweep (T=S={TB}, N={c.heads}, H={c.head_dim}, {dt})"))
     info = device.current()
-    pk = peak_tflops(info.kind, dt, tf32=default_matmul_is_tf32())
-    p = peak_for_kind(info.kind)
+    tf32 = default_matmul_is_tf32()
+    pk = peak_tflops(info.kind, dt, tf32=tf32)
+    roof = roofs(info.kind, dt, tf32)
     d = ctx.plots_dir
     for made in (
         plots.line_plot(seq, "q_len", "time", plots.path_in(d, "latency_vs_seq.png"), title="latency vs sequence length",
                         xlabel="T = S", ylabel="ms"),
-        plots.line_plot(seq, "q_len", "tflops", plots.path_in(d, "tflops_vs_seq.png"), title="TFLOP/s vs sequence length",
+        plots.line_plot(seq, "q_len", "tflops", plots.path_in(d, "tflops_vs_seq.png"), title="FLOP/s vs sequence length",
                         xlabel="T = S", ylabel="TFLOP/s", logy=False, hline=pk, hline_label=f"{info.kind} peak {pk} TFLOP/s" if pk else None),
-        plots.line_plot(bat, "batch", "time", plots.path_in(d, "batch_sweep.png"), title="batch sweep at T = 256",
+        plots.line_plot(bat, "batch", "time", plots.path_in(d, "batch_sweep.png"), title=f"batch sweep at T = {TB}",
                         xlabel="batch", ylabel="ms"),
-        plots.roofline(seq + bat, plots.path_in(d, "roofline.png"), peak_tflops=pk, peak_tbps=p.hbm_tbps if p else None,
-                       title=f"roofline ({info.kind})"),
+        plots.roofline(seq + bat, plots.path_in(d, "roofline.png"), datasheet=roof["datasheet"], measured=roof["measured"],
+                       title=f"roofline ({info.kind})", group=lambda r: {"seq_sweep": "sequence sweep",
+                                                                          "batch_sweep": "batch sweep"}.get(r.get("step"), "")),
     ):
         if made:
             s.plots.append(made)
     s.paragraphs.append(_timer_note(seq))
-    if not pk:
-        s.paragraphs.append(f"No datasheet peak is known for {info.kind}, so the plots show no roof.")
+    if not roof["datasheet"]:
+        s.paragraphs.append(f"No datasheet peak is known for {info.kind}: the roofline draws "
+                            + ("the measured ceilings of `attnlab ceilings` only." if roof["measured"] else
+                               "no roof (run `attnlab ceilings` to measure this device's and draw them)."))
+    elif not roof["measured"]:
+        s.paragraphs.append("The roofline's measured roof is missing: run `attnlab ceilings` to draw it beside the datasheet's.")
     best = {}
     for r in seq:
         if r["status"] == "ok":
@@ -120,27 +151,22 @@ def step_sweeps(ctx: LabContext) -> Section:
 def step_gqa(ctx: LabContext) -> Section:
     c = ctx.cfg
     dt = c.perf_dtype
-    T = 2048 if c.gpu else 256
+    T = c.long_len
     N = 32 if c.gpu else c.heads
-    variants = [("MHA", N), ("GQA", max(1, N // 4)), ("MQA", 1)]
+    variants = [("MHA", N), ("GQA", N // 4 if N >= 8 else max(1, N // 2)), ("MQA", 1)]
+    causal = not c.cpu_quick   # quick on a CPU: MHA is the default shape, measured already
     s = Section("gqa", "9. MHA, GQA and MQA")
     rows, recs = [], []
     for name, K in variants:
         for b in _perf_backends(ctx)[1:]:  # xla (and cudnn on a GPU)
-            r = ctx.measure(Cell(b, c.batch, T, T, N, K, c.head_dim, dt, True), "gqa")
+            r = ctx.measure(Cell(b, c.batch, T, T, N, K, c.head_dim, dt, causal), "gqa")
             recs.append(r)
             rows.append([name, b, f"({c.batch}, {T}, {N}, {c.head_dim})", f"({c.batch}, {T}, {K}, {c.head_dim})",
-                         _fmt(r["rel_err"], ".2e"), _status_or(r, f"{time_ms(r):.4g} ms"),
+                         _fmt(r["rel_err"], ".2e"), _time_text(r),
                          f"{2 * K * c.head_dim * jnp.dtype(dt).itemsize} B"])
-    s.tables.append(Table(f"Query heads N={N}; key/value heads K (causal, T=S={T}, {dt})",
+    s.tables.append(Table(f"Query heads N={N}; key/value heads K ({'causal' if causal else 'no mask'}, T=S={T}, {dt})",
                           ["variant", "backend", "query shape", "key/value shape", "rel L2 vs float64", "time", "KV cache / token / layer"], rows))
-    model = dict(layers=32, head_dim=128, context=8192, batch=1, dtype="bfloat16")
-    calc = []
-    for name, K in (("MHA", 32), ("GQA", 8), ("MQA", 1)):
-        total = kv_cache_bytes(kv_heads=K, **model)
-        calc.append([name, K, f"{2 * K * 128 * 2:,}", f"{total / 2**30:.2f} GiB", f"{kv_cache_bytes(kv_heads=32, **model) / total:.0f}×"])
-    s.tables.append(Table("KV-cache calculator: a 32-layer model with 32 query heads of dim 128, bf16, context 8192, batch 1",
-                          ["variant", "K", "bytes / token / layer", "cache at 8192 tokens", "saved vs MHA"], calc))
+    s.tables.append(Table(tables.KV_TITLE, tables.KV_COLUMNS, tables.kv_cache_rows()))
     s.paragraphs.append("GQA lets G = N/K query heads share one key/value head: same FLOPs as MHA, K/N of the "
                         "key/value memory and bandwidth. attnlab broadcasts key/value heads rather than copying them.")
     s.facts = {"cells": [{k: r[k] for k in ("backend", "kv_heads", "status", "rel_err")} for r in recs]}
@@ -171,7 +197,7 @@ def step_te_fp8(ctx: LabContext) -> Section:
         b = backends.get(name) if name in known else None
         why = "not registered" if b is None else b.available()
         if why:
-            fp8_rows.append([name, "skipped", why, "", "", "", ""])
+            fp8_rows.append([name, "", f"skipped: {why}", "", "", "", "", ""])
             continue
         for T in ([1024, 4096] if c.gpu else [256]):
             r8 = ctx.measure(Cell(name, c.batch, T, T, c.heads, c.heads, 128, "bfloat16", True), "fp8")
@@ -181,11 +207,14 @@ def step_te_fp8(ctx: LabContext) -> Section:
             if name == "te-fp8" and "fp8_in_program" in facts:
                 te8_facts.append((T, facts))
             engaged = {True: "yes", False: "no"}.get(facts.get("fp8_in_program"), "yes" if name == "cudnn-fp8" else "")
-            fp8_rows.append([name, f"T={T}", _status_or(r8, f"{time_ms(r8):.4g} ms"), _fmt(r8["rel_err"], ".2e"), engaged,
+            fp8_rows.append([name, f"T=S={T}", "ok" if r8["status"] == "ok" else _status_or(r8, ""),
+                             _time_text(r8) if r8["status"] == "ok" else "", _fmt(r8["rel_err"], ".2e"), engaged,
                              _status_or(r16, f"{time_ms(r16):.4g} ms") + f" (rel L2 {_fmt(r16['rel_err'], '.2e')})", _fmt(sp, ".2f")])
     s.tables.append(Table("FP8 attention (bf16 in and out, causal, H=128)",
-                          ["path", "shape", "FP8 time", "FP8 rel L2 vs float64", "FP8 in the program",
-                           "cuDNN bf16", "speed-up"], fp8_rows))
+                          ["path", "shape", "status", "FP8 time", "FP8 rel L2 vs float64", "FP8 in the program",
+                           "cuDNN bf16", "speed-up"], fp8_rows,
+                          empty_why={c: "nothing ran: no FP8 path is available here" for c in
+                                     ("shape", "FP8 time", "FP8 rel L2 vs float64", "FP8 in the program", "cuDNN bf16", "speed-up")}))
     if te8_facts:
         yn = {True: "yes", False: "no", None: "not compared"}
         s.paragraphs.append("Measured in this run: under te.autocast (DelayedScaling) TransformerEngine's DotProductAttention "
@@ -196,8 +225,9 @@ def step_te_fp8(ctx: LabContext) -> Section:
         s.paragraphs.append("'te-fp8' runs TransformerEngine's DotProductAttention under te.autocast and records whether FP8 "
                             "engaged (fp8_in_program) and whether its output equals plain 'te' bit for bit; cudnn-fp8 is "
                             "cuDNN's FP8 attention through JAX.")
-    if te_why and all(r[1] == "skipped" for r in fp8_rows):
-        s.status, s.reason = "skipped", f"TransformerEngine: {te_why}; FP8: " + "; ".join(f"{r[0]}: {r[2]}" for r in fp8_rows)
+    if te_why and all(r[2].startswith("skipped: ") for r in fp8_rows):
+        s.status, s.reason = "skipped", (f"TransformerEngine: {te_why}; FP8: "
+                                         + "; ".join(f"{r[0]}: {r[2].removeprefix('skipped: ')}" for r in fp8_rows))
     return s
 
 
@@ -219,16 +249,21 @@ def step_next(ctx: LabContext) -> Section:
     c = ctx.cfg
     dt = c.perf_dtype
     s = Section("next", "11. Next steps: head dims, memory, speed-ups")
-    T = 2048 if c.gpu else 256
+    T = c.long_len
+    verdicts, cudnn_why = tables.cudnn_head_dims(c.head_dims, batch=c.batch, seq=T, heads=c.heads)
     rows = []
-    for H in (32, 64, 128, 256, 512):
-        q = jax.ShapeDtypeStruct((c.batch, T, c.heads, H), "bfloat16")
-        why = backends.get("cudnn").why_not(prepare(q, q, q).spec)
-        rec = ctx.measure(Cell("xla", c.batch, T, T, c.heads, c.heads, H, dt), "head_dim")
-        cud = ctx.measure(Cell("cudnn", c.batch, T, T, c.heads, c.heads, H, "bfloat16"), "head_dim") if not why else None
-        rows.append([H, "yes" if not why else f"no: {why}", _status_or(rec, f"{time_ms(rec):.4g} ms"),
-                     "" if cud is None else _status_or(cud, f"{time_ms(cud):.4g} ms")])
-    s.tables.append(Table(f"Head-dim sweep (B={c.batch}, T=S={T}, N={c.heads})", ["H", "cuDNN accepts (bf16)", f"XLA {dt}", "cuDNN bf16"], rows))
+    for H, verdict in verdicts:
+        rec = ctx.measure(Cell("xla", c.batch, T, T, c.heads, c.heads, H, dt), "head_dim") if H in c.timed_head_dims else None
+        cud = (ctx.measure(Cell("cudnn", c.batch, T, T, c.heads, c.heads, H, "bfloat16"), "head_dim")
+               if verdict == "accepts" else None)
+        rows.append([H, verdict, "not timed (--quick)" if rec is None else _time_text(rec),
+                     "" if cud is None else _time_text(cud)])
+    s.tables.append(Table(f"Head-dim sweep (B={c.batch}, T=S={T}, N={c.heads})",
+                          ["H", "cuDNN (bf16)" if not cudnn_why else "cuDNN's shape rule (bf16)", f"XLA {dt}", "cuDNN bf16"], rows,
+                          empty_why={"cuDNN bf16": f"cuDNN: {cudnn_why}" if cudnn_why else "cuDNN refused every head dim"}))
+    if cudnn_why:
+        s.paragraphs.append(f"cuDNN cannot run here ({cudnn_why}): the head-dim table gives its shape rule only; "
+                            "nothing ran on cuDNN.")
     seqs = c.seq_lens + ([32768] if c.gpu and not c.quick else [])
     mem = []
     for T_ in seqs:
@@ -239,11 +274,12 @@ def step_next(ctx: LabContext) -> Section:
             ctx.store.append({"kind": "memory", "step": "next", "backend": b, "q_len": T_, "batch": c.batch,
                               "heads": c.heads, "head_dim": c.head_dim, **{k: m.get(k) for k in ("status", "reason", "temp_bytes", "peak_bytes")}, "env": ctx.env})
     bes = _perf_backends(ctx)
-    s.tables.append(Table(f"Compiled temp memory (MiB), B={c.batch}, N={c.heads}, H={c.head_dim}", ["T = S"] + bes,
+    s.tables.append(Table(f"Compiled temp memory (MiB; XLA memory_analysis().temp_size_in_bytes), B={c.batch}, N={c.heads}, H={c.head_dim}", ["T = S"] + bes,
                           [[T_] + [next((_fmt(m["temp_bytes"] / 2**20, ".4g") if m["temp_bytes"] is not None else m["status"])
                                         for m in mem if m["q_len"] == T_ and m["backend"] == b) for b in bes] for T_ in seqs]))
     made = plots.memory_plot([m for m in mem if m["status"] == "ok"], plots.path_in(ctx.plots_dir, "memory_vs_seq.png"),
-                             title="compiled temp memory: quadratic for naive/XLA, flat for fused kernels")
+                             title=f"compiled temp bytes (XLA memory_analysis), B={c.batch} N={c.heads} H={c.head_dim}\n"
+                                   "quadratic in T for naive/XLA, flat for fused kernels")
     if made:
         s.plots.append(made)
     seq = ctx.shared.get("seq_sweep", [])

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import api, backends, device
 from ..errors import UnsupportedError
-from ..inputs import random_qkv
+from ..inputs import _normal, random_qkv
 from ..reference import default_matmul_is_tf32
 from ..spec import prepare
 from ..workload import Workload
@@ -118,6 +118,7 @@ class Options:
     rotate_bytes: int | None = None     # inputs rotate until they exceed this (default: 3 x L2)
     pipelined_calls: int = 20
     seed: int = 0
+    min_time_s: float = 0.1             # wall-clock timing (no CUPTI): keep sampling at least this long
 
 
 class _Skip(Exception):
@@ -329,7 +330,8 @@ def _measure_cell(cell: Cell, opts: Options | None) -> dict:
             _measure_native(backend, cell, spec, sets, opts, rec, info)
             return _finish(rec, t_start)
         fwd, timed, make_args = _functions(cell)
-        cts = [jax.random.normal(jax.random.key(opts.seed + 100 + i), q.shape, jnp.float32) for i, (q, _, _) in enumerate(sets)]
+        cts = [_normal(jax.random.key(opts.seed + 100 + i), q.shape) if cell.mode != "fwd" else None  # fwd: unused
+               for i, (q, _, _) in enumerate(sets)]
         try:
             arg_sets = [make_args(q, k, v, ct) for (q, k, v), ct in zip(sets, cts)]
         except Exception as e:  # noqa: BLE001
@@ -368,7 +370,8 @@ def _measure_cell(cell: Cell, opts: Options | None) -> dict:
             timers.warm_up(compiled, arg_sets, opts.warmup)
             if no_cupti is None:
                 rec.update(timers.kernel_per_call(compiled, arg_sets, repeats).as_dict("kernel"))
-            rec.update(timers.wall_per_call(compiled, arg_sets, repeats).as_dict("wall"))
+            rec.update(timers.wall_per_call(compiled, arg_sets, repeats,
+                                            min_time_s=opts.min_time_s if no_cupti is not None else 0.0).as_dict("wall"))
             rec["pipelined_ms"] = timers.wall_pipelined(compiled, arg_sets, opts.pipelined_calls).median
         except Exception as e:  # noqa: BLE001
             raise _Skip(*classify(e, "run"))

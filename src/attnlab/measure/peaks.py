@@ -133,3 +133,66 @@ def save_ceilings(result: dict) -> str:
     with open(path, "w") as f:
         json.dump(data, f, indent=2)
     return path
+
+
+# --- units and the roofline's ridge ---------------------------------------------------------
+
+def format_flops(flop_per_s: float) -> str:
+    """A FLOP rate in the unit that fits its size: TFLOP/s on a GPU, GFLOP/s (with decimals) on a CPU."""
+    for scale, unit in ((1e12, "TFLOP/s"), (1e9, "GFLOP/s"), (1e6, "MFLOP/s")):
+        if flop_per_s >= scale:
+            return f"{_sig(flop_per_s / scale)} {unit}"
+    return f"{flop_per_s:.3g} FLOP/s"
+
+
+def format_bandwidth(bytes_per_s: float) -> str:
+    """A memory bandwidth in GB/s (TB/s from 10 TB/s up), with decimals where it is small (a CPU)."""
+    if bytes_per_s >= 1e13:
+        return f"{_sig(bytes_per_s / 1e12)} TB/s"
+    if bytes_per_s >= 1e9:
+        return f"{_sig(bytes_per_s / 1e9)} GB/s"
+    return f"{_sig(bytes_per_s / 1e6)} MB/s"
+
+
+def _sig(x: float) -> str:
+    """809.5, 3364, 12.35, 1.23: no decimal from 1000 up, one from 100, else two."""
+    return f"{x:.0f}" if x >= 1000 else f"{x:.1f}" if x >= 100 else f"{x:.2f}"
+
+
+def roofs(kind: str, dtype: str = "bfloat16", tf32: bool = False) -> dict:
+    """The roofs a roofline of this device draws: ``datasheet`` (TFLOP/s, TB/s) from ``PEAKS`` and
+    ``measured`` from ``attnlab ceilings``' cache; each None where unknown."""
+    p = peak_for_kind(kind)
+    pk = peak_tflops(kind, dtype, tf32)
+    ceil = load_ceilings(kind)
+    return {"datasheet": (pk, p.hbm_tbps) if p and pk else None,
+            "measured": (ceil["matmul_tflops"], ceil["copy_gbps"] / 1000) if ceil else None}
+
+
+def ridge(kind: str, dtype: str = "bfloat16", tf32: bool = False) -> float | None:
+    """Arithmetic intensity (FLOP/byte) where the roofline's slope meets its flat roof: the
+    datasheet's, else the measured ceilings', else None."""
+    r = roofs(kind, dtype, tf32)
+    roof = r["datasheet"] or r["measured"]
+    return roof[0] / roof[1] if roof and roof[1] else None
+
+
+def bandwidth_tbps(kind: str) -> tuple[float | None, str]:
+    """(TB/s, where it comes from): the datasheet's memory bandwidth, else the measured copy ceiling."""
+    p = peak_for_kind(kind)
+    if p:
+        return p.hbm_tbps, "datasheet"
+    ceil = load_ceilings(kind)
+    return (ceil["copy_gbps"] / 1000, "measured copy") if ceil else (None, "")
+
+
+def memory_bound(rec: dict, ridge_intensity: float | None = None) -> bool:
+    """A cell whose time is set by reading the KV cache, not by arithmetic: decode (``lengths``
+    set, or T <= 64 queries against a longer S) with an arithmetic intensity below the ridge
+    (where the ridge is known)."""
+    T, S = rec.get("q_len"), rec.get("kv_len")
+    decode_like = rec.get("lengths") is not None or (T is not None and S is not None and T <= 64 and T < S)
+    if not decode_like:
+        return False
+    x = rec.get("intensity")
+    return ridge_intensity is None or x is None or x < ridge_intensity

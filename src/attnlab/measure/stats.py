@@ -29,4 +29,5 @@ class Stats:
 
     def as_dict(self, prefix: str) -> dict:
         return {f"{prefix}_ms": self.median, f"{prefix}_min_ms": self.min, f"{prefix}_max_ms": self.max,
-                f"{prefix}_iqr_ms": self.iqr, f"{prefix}_n": self.n}
+                f"{prefix}_p25_ms": self.p25, f"{prefix}_p75_ms": self.p75, f"{prefix}_iqr_ms": self.iqr,
+                f"{prefix}_n": self.n}

@@ -7,15 +7,15 @@ from typing import Callable
 
 from .. import env as envmod
 from ..measure.cell import IDENTITY, Cell, Options, measure_cell, record_key
-from ..store import ResultStore, read_records, write_csv
-from .spec import Sweep
+from ..store import ResultStore, read_jsonl, read_records, write_csv
+from .spec import Sweep, SweepError
 
 CSV_COLUMNS = list(IDENTITY) + [
     "status", "reason", "timer", "kernel_ms", "wall_ms", "pipelined_ms", "dispatch_ms", "compile_s", "tflops", "gbps",
     "pct_peak", "peak_dtype", "pct_ceiling", "pct_bandwidth", "roofline_ms", "pct_roofline", "checked_fraction", "rel_err", "row_err", "rel_err_f64", "max_abs_err",
     "margin", "tolerance", "grad_check", "grad_rel_err", "grad_margin", "grad_checked_fraction", "temp_bytes",
-    "peak_bytes", "runtime_peak_bytes", "process_peak_bytes", "kernel_min_ms", "kernel_max_ms", "kernel_iqr_ms",
-    "wall_min_ms", "wall_max_ms", "wall_iqr_ms", "flops", "bytes", "intensity", "input_sets", "repeats", "devices",
+    "peak_bytes", "runtime_peak_bytes", "process_peak_bytes", "kernel_min_ms", "kernel_p25_ms",
+    "kernel_p75_ms", "kernel_max_ms", "kernel_iqr_ms", "wall_min_ms", "wall_p25_ms", "wall_p75_ms", "wall_max_ms", "wall_iqr_ms", "flops", "bytes", "intensity", "input_sets", "repeats", "devices",
     "strategy", "mesh", "sweep", "schema", "timestamp", "env",
 ]
 
@@ -39,16 +39,37 @@ def _compact(path: str) -> list[dict]:
     return kept
 
 
-def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, options: Options | None = None,
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a sweep: the finished cells are in results.jsonl and results.csv (``--resume`` goes on)."""
+
+    def __init__(self, finished: int, total: int, out_dir: str):
+        super().__init__(f"interrupted after {finished} of {total} cells; results so far in {out_dir}")
+        self.finished, self.total, self.out_dir = finished, total, out_dir
+
+
+def existing_records(out_dir: str) -> int:
+    """How many readable records ``out_dir/results.jsonl`` holds (0 when there is none)."""
+    return len(read_jsonl(os.path.join(out_dir, "results.jsonl")))
+
+
+def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, overwrite: bool = False, options: Options | None = None,
               on_cell: Callable[[Cell, dict | None, int, int], None] | None = None) -> list[dict]:
     """Measure every cell of ``sweep`` into ``out_dir/results.jsonl`` (+ .csv); returns all records.
 
-    With ``resume`` the cells already recorded are skipped; otherwise the file starts afresh.
-    ``on_cell(cell, record_or_None_if_skipped, index, total)`` is called after each cell.
+    Where ``out_dir`` already holds results, ``resume`` skips the cells recorded there and
+    ``overwrite`` starts afresh; with neither, ``SweepError`` is raised and nothing is touched.
+    ``on_cell(cell, record_or_None_if_skipped, index, total)`` is called after each cell. On
+    KeyboardInterrupt the CSV of the finished cells is written and ``SweepInterrupted`` raised.
     """
+    if resume and overwrite:
+        raise SweepError("resume and overwrite contradict each other: give one of them")
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "results.jsonl")
     done: dict[str, dict] = {}
+    n_old = existing_records(out_dir)
+    if n_old and not (resume or overwrite):
+        raise SweepError(f"{out_dir} already holds {n_old} result(s) in results.jsonl: give --resume to skip the "
+                         f"cells recorded there, or --overwrite to erase them and start afresh")
     if resume and os.path.exists(path):
         done = {record_key(r): r for r in _compact(path)}
     elif os.path.exists(path):
@@ -56,18 +77,22 @@ def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, options: Opti
     store = ResultStore(path)
     env = envmod.short(envmod.collect())
     cells = sweep.cells()
-    for i, cell in enumerate(cells):
-        if cell.key() in done:
+    try:
+        for i, cell in enumerate(cells):
+            if cell.key() in done:
+                if on_cell:
+                    on_cell(cell, None, i, len(cells))
+                continue
+            rec = measure_cell(cell, options)
+            rec["sweep"] = sweep.name
+            rec["env"] = env
+            store.append(rec)
+            done[cell.key()] = rec
             if on_cell:
-                on_cell(cell, None, i, len(cells))
-            continue
-        rec = measure_cell(cell, options)
-        rec["sweep"] = sweep.name
-        rec["env"] = env
-        store.append(rec)
-        done[cell.key()] = rec
-        if on_cell:
-            on_cell(cell, rec, i, len(cells))
+                on_cell(cell, rec, i, len(cells))
+    except KeyboardInterrupt:
+        write_csv(read_records(path), os.path.join(out_dir, "results.csv"), CSV_COLUMNS)
+        raise SweepInterrupted(sum(c.key() in done for c in cells), len(cells), out_dir) from None
     records = [done[c.key()] for c in cells if c.key() in done]
     write_csv(read_records(path), os.path.join(out_dir, "results.csv"), CSV_COLUMNS)
     return records

@@ -3,7 +3,11 @@
 Axes: backend, batch, q_len, kv_len, heads, kv_heads, head_dim, dtype, causal, window, mode,
 lengths (none: ``attention``; full/ragged: ``decode_attention`` of the q_len newest tokens against
 an S-long cache, every sequence full or of ragged valid lengths).
-``seq`` ties q_len = kv_len; ``tokens`` fixes batch * q_len (batch = tokens // q_len).
+``seq`` ties q_len = kv_len (not with q_len/kv_len); ``tokens`` fixes batch * q_len (batch =
+tokens // q_len; not with batch). ``window`` entries are ``none``, ``LEFT:RIGHT`` or an int ``W``,
+which means ``(W, W)`` exactly as ``jax.nn.dot_product_attention`` reads an int
+``local_window_size``: query t sees keys t - W ... t + W (2W + 1 keys); a causal sliding window of
+W keys back is ``W:0``.
 Sweeps come from CLI flags (``from_flags``) or a TOML file (``load_toml``): every bad value
 raises ``SweepError`` naming it.
 """
@@ -145,7 +149,10 @@ def _causal(text) -> list[bool]:
 
 
 def _windows(text) -> list[tuple[int, int] | None]:
-    """"none,128:0" (CLI) or a TOML list of entries, each "none", "L:R", [L, R] or an int W (= W:W)."""
+    """"none,128:0" (CLI) or a TOML list of entries, each "none", "L:R", [L, R] or an int W.
+
+    An int W is (W, W), as ``jax.nn.dot_product_attention`` reads ``local_window_size=W``: W keys
+    before and W keys after each query (2W + 1 in all), not a causal window of W keys."""
     if isinstance(text, str):
         items = [p.strip() for p in text.split(",")]
     elif isinstance(text, (list, tuple)):
@@ -204,7 +211,12 @@ def build(values: dict) -> Sweep:
     if values.get("lengths") is not None:
         kw["lengths"] = [None if x.lower() == "none" else x.lower() for x in _strs(values["lengths"])]
     if values.get("tokens") is not None:
-        kw["tokens"] = _ints("tokens", values["tokens"])[0]
+        if values.get("batch") is not None:
+            raise SweepError("tokens sets batch = tokens // q_len: give either tokens or batch")
+        tok = _ints("tokens", values["tokens"])
+        if len(tok) != 1:
+            raise SweepError(f"tokens: one value, got {len(tok)} ({values['tokens']!r})")
+        kw["tokens"] = tok[0]
     if values.get("name") is not None:
         kw["name"] = str(values["name"])
     return Sweep(**kw)
@@ -227,7 +239,7 @@ def load_toml(path) -> tuple[dict, dict]:
     if extra:
         raise SweepError(f"config file {path}: unknown table(s) {', '.join(sorted(extra))}; expected [sweep] and [run]")
     run = data.get("run", {})
-    bad = set(run) - {"repeats", "compile_budget", "check", "warmup"}
+    bad = set(run) - {"repeats", "compile_budget", "check", "warmup", "min_time"}
     if bad:
         raise SweepError(f"config file {path}: unknown [run] key(s) {', '.join(sorted(bad))}")
     return data["sweep"], run
