@@ -39,7 +39,7 @@ def test_run_writes_report_and_results(tmp_path):
     recs = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     steps = [x for x in recs if x["kind"] == "lab_step"]
     assert [x["step"] for x in steps] == ["environment", "qkv", "naive", "jax_nn", "cudnn", "causal",
-                                          "timing", "sweeps", "gqa", "te_fp8", "next"]
+                                          "timing", "sweeps", "gqa", "te_fp8", "next", "decode"]
     assert all(x["status"] in ("ok", "skipped") for x in steps), [(x["step"], x["reason"]) for x in steps]
     cells = [x for x in recs if x["kind"] == "cell"]
     assert cells and all(x["status"] in ("ok", "unsupported") for x in cells)
