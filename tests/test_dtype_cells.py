@@ -40,12 +40,25 @@ def test_bench_cli_float64_records_float64(tmp_path):
     assert r.exit_code == 0, r.output
     recs = {x["backend"]: x for x in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
     assert set(recs) == {"naive", "xla"}
-    for x in recs.values():                           # never a float32 run labelled float64
-        assert x["dtype"] == x["out_dtype"] == "float64", x
-        assert x["bytes"] == Workload(1, 16, 16, 2, 1, 8, "float64", True).bytes("fwd")
-    assert recs["naive"]["status"] == "ok" and recs["naive"]["rel_err"] < 1e-10
-    # jax.nn computes its softmax in float32 even for float64 inputs: judged by the float64 policy
-    assert recs["xla"]["status"] in ("ok", "incorrect") and recs["xla"]["rel_err"] < 1e-6
+    x = recs["naive"]                                  # never a float32 run labelled float64
+    assert x["dtype"] == x["out_dtype"] == "float64", x
+    assert x["bytes"] == Workload(1, 16, 16, 2, 1, 8, "float64", True).bytes("fwd")
+    assert x["status"] == "ok" and x["rel_err"] < 1e-10
+    # jax.nn computes its softmax in float32 even for float64 inputs: xla refuses float64, said why
+    assert recs["xla"]["status"] == "unsupported" and "float32" in recs["xla"]["reason"]
+
+
+def test_xla_refuses_float64():
+    """jax.nn's softmax runs in float32 for float64 inputs (float32-accurate, ~1e-7): xla refuses float64
+    with that reason and auto runs naive, which is float64-accurate."""
+    with jax.enable_x64(True):
+        q, k, v = attnlab.inputs.random_qkv(1, 8, 8, 2, 2, 8, "float64", seed=1)
+        e = attnlab.explain(q, k, v, is_causal=True)
+        assert e.chosen == "naive" and "softmax in float32" in e.reasons["xla"]
+        with pytest.raises(attnlab.UnsupportedError, match="xla: float64"):
+            attnlab.attention(q, k, v, implementation="xla")
+        out = attnlab.attention(q, k, v, is_causal=True)
+        assert out.dtype == jnp.float64 and attnlab.check_close(out, q, k, v, is_causal=True).rel_err < 1e-12
 
 
 # --- float16 through XLA on a CPU --------------------------------------------------------------
