@@ -3,7 +3,7 @@
 #   source .gpu/setup_device.sh; bash benchmarks/evidence_gpu.sh a $OUT   # GPU tests (-v, JUnit) + peers fwd64, fwd16
 #   source .gpu/setup_device.sh; bash benchmarks/evidence_gpu.sh b $OUT   # peers fwd128, train, decode, fp8
 # TransformerEngine's five parts must have been carried first (../shared/gpu/README.md).
-# Each call writes OUT/part-X/{results.jsonl,results.csv}, OUT/peers_X.log and (a) gpu_tests.{log,xml};
+# Each call writes OUT/bundle_X.tgz holding part-X/{results.jsonl,results.csv}, peers_X.log and (a) gpu_tests.{log,xml};
 # the two results files are one sweep (disjoint cells), merged by `cat` into the results folder.
 set -u
 part=${1:?part a or b}
@@ -31,3 +31,7 @@ if [ "$part" = b ]; then   # the lab's decode step (issue 13) on the GPU, in wha
 fi
 grep -E '^\{"part"' "$out/peers_$part.log"
 grep -vE "ok  " "$out/peers_$part.log" | grep -E "^\[" | grep -v unsupported | head -20
+# A call returns at most 8 files: bundle everything into one archive (2026-12-03: part b's results.jsonl
+# was left out when the call wrote 11 files). Unpack here with: tar xzf bundle_X.tgz
+( cd "$out" && tar czf "../bundle_$part.tgz" . && rm -rf ./* && mv "../bundle_$part.tgz" . )
+ls -la "$out"
