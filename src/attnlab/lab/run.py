@@ -21,15 +21,15 @@ def config_for_machine(quick: bool = False) -> LabConfig:
 
 
 def run_step(step, ctx: LabContext) -> Section:
-    """Probe, measure the step's sweeps (engine), render from the records; store its lab_step record."""
+    """Measure the step's sweeps (engine), probe, render from the records; store its lab_step record."""
     t0 = time.perf_counter()
     probe = None
     try:
+        for sweep in (step.sweeps(ctx.cfg) if step.sweeps else []):
+            ctx.run_sweep(sweep)
         if step.probe:
             probe = step.probe(ctx)
             ctx.records.append({"kind": "lab_step", "step": step.id, "status": "running", "probe": probe})
-        for sweep in (step.sweeps(ctx.cfg) if step.sweeps else []):
-            ctx.run_sweep(sweep)
         sec = step.render(ctx.records, ctx.cfg, ctx.plots_dir)
     except Exception as e:  # one failing step must not lose the others
         sec = Section(step.id, step.id, status="failed", reason=f"{type(e).__name__}: {e}")
