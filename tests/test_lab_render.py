@@ -137,3 +137,23 @@ def test_run_lab_resumes_after_a_kill(tmp_path, monkeypatch):
     measured.clear()
     run_lab(str(tmp_path), sections=["timing"], config=cfg)
     assert len(measured) == 4
+
+
+def test_cli_run_resume_measures_nothing_already_measured(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from attnlab.cli import main
+    from attnlab.sweep import engine
+
+    out = str(tmp_path / "o")
+    r = CliRunner().invoke(main, ["run", "--out", out, "--quick", "--sections", "timing"])
+    assert r.exit_code == 0, r.output
+    calls = []
+    real = engine.measure_cell
+    monkeypatch.setattr(engine, "measure_cell", lambda cell, options=None: calls.append(cell) or real(cell, options))
+    r = CliRunner().invoke(main, ["run", "--out", out, "--quick", "--sections", "timing", "--resume"])
+    assert r.exit_code == 0, r.output
+    assert calls == []
+    steps = [json.loads(line) for line in open(os.path.join(out, "results.jsonl"))]
+    assert [x["step"] for x in steps if x["kind"] == "lab_step"] == ["timing"]
+    assert sum(x["kind"] == "cell" for x in steps) == 4

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..store import ResultStore
 
 if TYPE_CHECKING:
-    from ..measure import Cell, Options
+    from ..measure import Options
     from ..sweep.spec import Sweep
 
 
@@ -129,9 +129,8 @@ class LabContext:
     env: dict                  # the short env stored with each record
     env_full: dict = dataclasses.field(default_factory=dict)
     label: str | None = None
-    shared: dict = dataclasses.field(default_factory=dict)  # results one step hands to a later one
     records: list = dataclasses.field(default_factory=list)  # every record this run stored, in order
-    resume: bool = False       # sweeps skip the cells their engine folder holds already
+    resume: bool = False       # going on from a stopped run: its sweeps folder (sweeps_dir) was kept
 
     @property
     def sweeps_dir(self) -> str:
@@ -165,27 +164,6 @@ class LabContext:
         d = os.path.join(self.out_dir, "plots")
         os.makedirs(d, exist_ok=True)
         return d
-
-    def measure(self, cell: "Cell", step: str, options: "Options | None" = None) -> dict:
-        """Measure one cell with the engine and store its record (tagged with the step).
-
-        A cell this run has measured already with the same options (the default shape appears in
-        the timing step, both sweeps and the head-dim sweep) is not measured again: its record is
-        stored once more under this step, with ``same_as`` naming the step that measured it, so
-        every table shows the same number for the same cell."""
-        opts = options or self.cfg.options
-        key = (cell.key(), repr(opts))
-        first = self.shared.setdefault("_measured", {}).get(key)
-        if first is not None:
-            rec = {**first, "step": step, "same_as": first["step"]}
-        else:
-            from ..measure import measure_cell
-
-            rec = measure_cell(cell, opts)
-            rec.update(kind="cell", step=step, label=self.label, env=self.env)
-            self.shared["_measured"][key] = rec
-        self.store.append(rec)
-        return rec
 
 
 @dataclasses.dataclass(frozen=True)
