@@ -12,19 +12,10 @@ Public API::
     attnlab.reference_decode_attention(...)  # its NumPy float64 truth
     attnlab.sharded_attention(q, k, v, mesh=..., strategy=...)  # batch / heads / ring over a Mesh
 
-``sharded_attention`` (and ``make_mesh``) load ``attnlab.sharded`` on first use, so ``import attnlab``
-stays cheap.
+Every public name loads its submodule on first use (``sharded_attention`` and ``make_mesh``:
+``attnlab.sharded``), so ``import attnlab`` stays cheap and imports no JAX: the lab's renderers
+(``attnlab.lab.render``) run without it.
 """
-from .api import Explanation, attention, explain, select
-from .backends import Backend, register
-from .backends.cudnn import hlo_uses_cudnn
-from .decode import decode_attention, explain_decode
-from .errors import UnsupportedError
-from .reference import check_close, reference_attention, reference_attention_grads, rel_l2
-from .reference_decode import reference_decode_attention
-from .spec import AttentionSpec
-from .workload import Workload
-
 __version__ = "0.1.0"
 
 __all__ = [
@@ -35,7 +26,18 @@ __all__ = [
 ]
 
 #: Public names served lazily from submodules: name -> module (relative to attnlab).
-_LAZY = {"sharded_attention": ".sharded", "make_mesh": ".sharded"}
+_LAZY = {
+    **dict.fromkeys(("Explanation", "attention", "explain", "select"), ".api"),
+    **dict.fromkeys(("Backend", "register"), ".backends"),
+    "hlo_uses_cudnn": ".backends.cudnn",
+    **dict.fromkeys(("decode_attention", "explain_decode"), ".decode"),
+    "UnsupportedError": ".errors",
+    **dict.fromkeys(("check_close", "reference_attention", "reference_attention_grads", "rel_l2"), ".reference"),
+    "reference_decode_attention": ".reference_decode",
+    "AttentionSpec": ".spec",
+    "Workload": ".workload",
+    "sharded_attention": ".sharded", "make_mesh": ".sharded",
+}
 
 
 def __getattr__(name: str):

@@ -23,7 +23,8 @@ def main():
 @click.option("--label", default=None, help="A name for this run, shown in the report.")
 @click.option("--quick", is_flag=True, help="Smallest sizes: a smoke test of every step.")
 @click.option("--sections", default=None, help="Comma-separated step ids to run (default: all).")
-def run(out_dir, label, quick, sections):
+@click.option("--resume", is_flag=True, help="Go on with a stopped run in --out: cells measured there are not measured again.")
+def run(out_dir, label, quick, sections, resume):
     """Run the codelab's steps and write a report."""
     from .lab import STEPS, run_lab
 
@@ -41,7 +42,7 @@ def run(out_dir, label, quick, sections):
         def progress(sid, i, n):
             prog.update(task, completed=i, description=f"step {sid}")
 
-        done = run_lab(out_dir, label=label, quick=quick, sections=chosen, progress=progress)
+        done = run_lab(out_dir, label=label, quick=quick, sections=chosen, progress=progress, resume=resume)
         prog.update(task, completed=len(done), description="done")
     t = RichTable(title=f"attnlab run → {out_dir}/report.html")
     t.add_column("step")

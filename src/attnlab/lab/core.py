@@ -1,12 +1,17 @@
-"""The pieces a lab step works with and returns: its context, and a section of the report."""
+"""The pieces a lab step works with and returns: its declaration (``Step``), its context, and a
+section of the report. Imports no JAX (the measuring pieces load on use), so the renderers
+(``attnlab.lab.render``) that build ``Section``s from records run without it."""
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
-from ..measure import Cell, Options, measure_cell
 from ..store import ResultStore
+
+if TYPE_CHECKING:
+    from ..measure import Options
+    from ..sweep.spec import Sweep
 
 
 EMPTY = ("", "–", None)
@@ -107,7 +112,9 @@ class LabConfig:
         return (self.head_dim,) if self.cpu_quick else self.head_dims
 
     @property
-    def options(self) -> Options:
+    def options(self) -> "Options":
+        from ..measure import Options
+
         if self.gpu:
             return Options(repeats=10 if self.quick else 30, compile_budget_s=240)
         return Options(repeats=2 if self.quick else 3, warmup=1, pipelined_calls=3, max_input_sets=1, compile_budget_s=120,
@@ -122,7 +129,35 @@ class LabContext:
     env: dict                  # the short env stored with each record
     env_full: dict = dataclasses.field(default_factory=dict)
     label: str | None = None
-    shared: dict = dataclasses.field(default_factory=dict)  # results one step hands to a later one
+    records: list = dataclasses.field(default_factory=list)  # every record this run stored, in order
+    resume: bool = False       # going on from a stopped run: its sweeps folder (sweeps_dir) was kept
+
+    @property
+    def sweeps_dir(self) -> str:
+        """The sweep engine's folder: every timed cell of the run, measured once (results.jsonl there)."""
+        return os.path.join(self.out_dir, "sweeps")
+
+    def append(self, rec: dict) -> dict:
+        """Store ``rec`` in results.jsonl (validated, durably) and keep it for the renderers."""
+        self.store.append(rec)
+        self.records.append(rec)
+        return rec
+
+    def run_sweep(self, sweep: "Sweep") -> list[dict]:
+        """Measure ``sweep``'s cells with the sweep engine, which skips every cell its folder holds
+        already: one measured earlier in this run (the default shape appears in the timing step, both
+        sweeps and the head-dim sweep) or, with ``resume``, by the run that was stopped. Each cell's
+        record is stored in results.jsonl tagged ``step`` = the sweep's name; one measured by another
+        sweep carries ``same_as`` naming it, so every table shows the same number for the same cell."""
+        from ..sweep.engine import run_sweep
+
+        out = []
+        for rec in run_sweep(sweep, self.sweeps_dir, resume=True, options=self.cfg.options):
+            tagged = {**rec, "kind": "cell", "step": sweep.name, "label": self.label, "env": self.env}
+            if rec.get("sweep") not in (None, sweep.name):
+                tagged["same_as"] = rec["sweep"]
+            out.append(self.append(tagged))
+        return out
 
     @property
     def plots_dir(self) -> str:
@@ -130,21 +165,21 @@ class LabContext:
         os.makedirs(d, exist_ok=True)
         return d
 
-    def measure(self, cell: Cell, step: str, options: Options | None = None) -> dict:
-        """Measure one cell with the engine and store its record (tagged with the step).
 
-        A cell this run has measured already with the same options (the default shape appears in
-        the timing step, both sweeps and the head-dim sweep) is not measured again: its record is
-        stored once more under this step, with ``same_as`` naming the step that measured it, so
-        every table shows the same number for the same cell."""
-        opts = options or self.cfg.options
-        key = (cell.key(), repr(opts))
-        first = self.shared.setdefault("_measured", {}).get(key)
-        if first is not None:
-            rec = {**first, "step": step, "same_as": first["step"]}
-        else:
-            rec = measure_cell(cell, opts)
-            rec.update(kind="cell", step=step, label=self.label, env=self.env)
-            self.shared["_measured"][key] = rec
-        self.store.append(rec)
-        return rec
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One step of the lab, as data and functions that each do one thing:
+
+    * ``sweeps(cfg) -> [Sweep]``: the cells it times, as declarations (run by the sweep engine,
+      which records each cell as it finishes and, with ``resume``, skips the recorded ones). Each
+      sweep's ``name`` is the ``step`` tag its cell records carry in results.jsonl.
+    * ``probe(ctx) -> dict``: facts that are not timed cells (what ran, verdicts, compiled memory),
+      stored in the step's ``lab_step`` record under ``probe``.
+    * ``render(records, cfg, plots_dir) -> Section``: pure (no JAX, no measuring): the section from
+      the run's records (all of them; it picks its own by ``step``) and the config.
+    """
+
+    id: str
+    render: Callable[[list, LabConfig, "str | None"], Section]
+    sweeps: "Callable[[LabConfig], list[Sweep]] | None" = None
+    probe: Callable[[LabContext], dict] | None = None

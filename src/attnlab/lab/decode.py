@@ -1,7 +1,7 @@
 """Lab step "decode": T = 1-64 new tokens against a long KV cache, every path beside attnlab's kernel.
 
-``step_decode(ctx)`` measures decode cells (``Cell.lengths = "full"``: ``decode_attention`` of the T
-newest tokens, causal tail rule) with the sweep engine's ``measure_cell``, each checked against the
+``sweeps_decode(cfg)`` declares the decode cells (``Cell.lengths = "full"``: ``decode_attention`` of
+the T newest tokens, causal tail rule) as a ``Sweep`` the engine runs, each cell checked against the
 float64/float32 references before it is timed; ``render_decode(records, config)`` turns those records
 into the report's section (pure: no JAX, testable on canned records).
 """
@@ -14,7 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .core import LabConfig, LabContext, Section, Table  # noqa: E402
+from .core import LabConfig, Section, Step, Table  # noqa: E402
 
 GPU_PEERS = ["attnlab-decode", "cudnn", "torch-cudnn", "torch-flash", "tokamax-mosaic", "xla", "pallas-paged"]
 CPU_PEERS = ["attnlab-decode", "naive", "xla"]
@@ -124,16 +124,18 @@ def latency_plot(records, path: str, *, unit: str) -> str | None:
     return path
 
 
-def step_decode(ctx: LabContext) -> Section:
-    from ..measure import Cell
+def sweeps_decode(cfg: LabConfig) -> list:
+    """The decode cells (``lengths="full"``: ``decode_attention`` of the T newest tokens, causal tail rule)."""
+    from ..sweep.spec import Sweep
 
-    c = ctx.cfg
-    shp = decode_shape(c)
-    peers = GPU_PEERS if c.gpu else CPU_PEERS
-    recs = [ctx.measure(Cell(b, shp["batch"], T, shp["kv_len"], shp["heads"], shp["kv_heads"], shp["head_dim"],
-                             shp["dtype"], causal=True, lengths="full"), "decode")
-            for T in shp["q_lens"] for b in peers]
-    return render_decode(recs, c, ctx.plots_dir)
+    shp = decode_shape(cfg)
+    return [Sweep(GPU_PEERS if cfg.gpu else CPU_PEERS, batch=[shp["batch"]], q_len=shp["q_lens"], kv_len=[shp["kv_len"]],
+                  heads=[shp["heads"]], kv_heads=[shp["kv_heads"]], head_dim=[shp["head_dim"]], dtype=[shp["dtype"]],
+                  causal=[True], lengths=["full"], name="decode")]
 
 
-DECODE = {"decode": step_decode}
+def _render_step(records, cfg: LabConfig, plots_dir=None) -> Section:
+    return render_decode([r for r in records if r.get("kind", "cell") == "cell" and r.get("step") == "decode"], cfg, plots_dir)
+
+
+DECODE = {"decode": Step("decode", _render_step, sweeps=sweeps_decode)}

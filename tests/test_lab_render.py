@@ -1,0 +1,159 @@
+"""The lab's steps as sweeps with pure renderers (issue 14, item 5).
+
+Renderers are pure: they build every section of ``attnlab run`` from records alone (canned:
+tests/data/lab_quick_cpu.jsonl, a real CPU ``attnlab run --quick``'s results.jsonl, env dropped)
+and import no JAX. The measuring steps' cells run through the sweep engine, so a stopped run
+resumes without measuring again what it had measured.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+CANNED = os.path.join(os.path.dirname(__file__), "data", "lab_quick_cpu.jsonl")
+STEP_IDS = ["environment", "qkv", "naive", "jax_nn", "cudnn", "causal", "timing", "sweeps", "gqa", "te_fp8", "next", "decode"]
+
+RENDER_ALL = r"""
+import json, sys
+import attnlab.lab.render as render
+from attnlab.lab.core import LabConfig
+from attnlab.report import render as html
+from attnlab.store import read_records
+
+recs = read_records(sys.argv[1])
+secs = render.render_all(recs, LabConfig.for_machine(True, False), sys.argv[2])
+page = html(secs, {"device_kind": "cpu", "platform": "cpu", "jax": "x", "cudnn": None, "attnlab": "0", "git_commit": None})
+assert "jax" not in sys.modules, sorted(m for m in sys.modules if m.startswith("jax"))[:5]
+print(json.dumps({"page": len(page), "sections": [
+    {"id": s.id, "status": s.status, "facts": s.facts, "plots": s.plots,
+     "tables": [{"title": t.title, "columns": t.columns, "rows": t.rows} for t in s.tables]} for s in secs]}))
+"""
+
+
+def _canned():
+    return [json.loads(line) for line in open(CANNED, encoding="utf-8")]
+
+
+def _stored_facts(rec):
+    return {k: v for k, v in rec.items() if k not in ("kind", "step", "title", "status", "reason", "seconds", "probe", "label", "env")}
+
+
+def test_every_step_renders_from_canned_records_without_jax(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "src"),
+                                                         os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-c", RENDER_ALL, CANNED, str(tmp_path / "plots")], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    secs = {s["id"]: s for s in out["sections"]}
+    assert list(secs) == STEP_IDS
+    stored = {x["step"]: x for x in _canned() if x["kind"] == "lab_step"}
+    for sid, s in secs.items():
+        assert s["status"] == stored[sid]["status"], sid
+        assert s["facts"] == _stored_facts(stored[sid]), sid     # the stored facts came from this renderer
+    tables = {t["title"]: t for s in secs.values() for t in s["tables"]}
+    seq = next(t for k, t in tables.items() if k.startswith("Sequence sweep"))
+    assert seq["columns"] == ["q_len", "naive", "xla"] and all("GFLOP/s" in c for r in seq["rows"] for c in r[1:])
+    timing = next(t for k, t in tables.items() if k.startswith("Kernel time and wall time"))
+    assert [r[:2] for r in timing["rows"]] == [["naive", "float32"], ["xla", "float32"], ["xla", "bfloat16"], ["cudnn", "bfloat16"]]
+    assert any(k.startswith("Compiled temp memory") for k in tables) and any(k.startswith("Head-dim sweep") for k in tables)
+    assert any(k.startswith("Backends on this machine") for k in tables)
+    assert secs["decode"]["facts"]["cells"] == 3
+    plots = [p for s in secs.values() for p in s["plots"]]
+    assert len(plots) >= 5 and all(os.path.exists(p) for p in plots)
+    assert out["page"] > 10_000
+
+
+def test_renderers_skip_a_step_without_records():
+    from attnlab.lab.core import LabConfig
+    from attnlab.lab.render import RENDERERS
+
+    for sid, render in RENDERERS.items():
+        s = render([], LabConfig.for_machine(True, False), None)
+        assert s.id == sid and s.status == "skipped" and s.reason, sid
+
+
+def test_importing_the_lab_imports_no_jax():
+    code = ("import sys, attnlab, attnlab.lab, attnlab.lab.render, attnlab.lab.core, attnlab.lab.plots; "
+            "assert 'jax' not in sys.modules; attnlab.attention; assert 'jax' in sys.modules")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_measuring_steps_declare_sweeps():
+    from attnlab.lab import STEPS
+    from attnlab.lab.core import LabConfig
+    from attnlab.sweep.spec import Sweep
+
+    cfg = LabConfig.for_machine(True, False)
+    for sid in ("timing", "sweeps", "gqa", "next", "decode"):
+        sweeps = STEPS[sid].sweeps(cfg)
+        assert sweeps and all(isinstance(s, Sweep) for s in sweeps), sid
+    names = {s.name for s in STEPS["sweeps"].sweeps(cfg)}
+    assert names == {"seq_sweep", "batch_sweep"}
+    assert [(c.backend, c.dtype) for s in STEPS["timing"].sweeps(cfg) for c in s.cells()] == [
+        ("naive", "float32"), ("xla", "float32"), ("xla", "bfloat16"), ("cudnn", "bfloat16")]
+
+
+def test_run_lab_resumes_after_a_kill(tmp_path, monkeypatch):
+    """Killed after 3 cells (Ctrl-C in the engine), re-run with resume=True: only the missing cells are measured."""
+    from attnlab.lab import run_lab
+    from attnlab.lab.core import LabConfig
+    from attnlab.sweep import engine
+
+    cfg = LabConfig(batch=1, q_len=16, heads=2, head_dim=8, quick=True, gpu=False)
+    real = engine.measure_cell
+    measured = []
+
+    def killed_after(n):
+        def measure(cell, options=None):
+            if n is not None and len(measured) >= n:
+                raise KeyboardInterrupt
+            measured.append(cell.key())
+            return real(cell, options)
+        return measure
+
+    monkeypatch.setattr(engine, "measure_cell", killed_after(3))
+    with pytest.raises(KeyboardInterrupt):
+        run_lab(str(tmp_path), sections=["timing", "sweeps"], config=cfg)
+    first = list(measured)
+    assert len(first) == 3
+    measured.clear()
+    monkeypatch.setattr(engine, "measure_cell", killed_after(None))
+    secs = run_lab(str(tmp_path), sections=["timing", "sweeps"], config=cfg, resume=True)
+    assert [s.status for s in secs] == ["ok", "ok"], [(s.id, s.reason) for s in secs]
+    assert measured and not set(first) & set(measured)          # nothing measured twice
+    assert len(set(measured)) == len(measured)
+    recs = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    cells = [r for r in recs if r["kind"] == "cell"]
+    assert [r["step"] for r in cells] == ["timing"] * 4 + ["seq_sweep"] * 4 + ["batch_sweep"] * 4
+    assert len({json.dumps([r[k] for k in ("backend", "batch", "q_len", "dtype")]) for r in cells}) == len(first) + len(measured)
+    # the timing step's cells reappear in the batch sweep (B=1, T=16), measured once
+    again = [r for r in cells if r["step"] == "batch_sweep" and r["batch"] == 1]
+    assert again and all(r.get("same_as") == "timing" for r in again)
+    # a fresh run (no resume) measures everything again
+    measured.clear()
+    run_lab(str(tmp_path), sections=["timing"], config=cfg)
+    assert len(measured) == 4
+
+
+def test_cli_run_resume_measures_nothing_already_measured(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from attnlab.cli import main
+    from attnlab.sweep import engine
+
+    out = str(tmp_path / "o")
+    r = CliRunner().invoke(main, ["run", "--out", out, "--quick", "--sections", "timing"])
+    assert r.exit_code == 0, r.output
+    calls = []
+    real = engine.measure_cell
+    monkeypatch.setattr(engine, "measure_cell", lambda cell, options=None: calls.append(cell) or real(cell, options))
+    r = CliRunner().invoke(main, ["run", "--out", out, "--quick", "--sections", "timing", "--resume"])
+    assert r.exit_code == 0, r.output
+    assert calls == []
+    steps = [json.loads(line) for line in open(os.path.join(out, "results.jsonl"))]
+    assert [x["step"] for x in steps if x["kind"] == "lab_step"] == ["timing"]
+    assert sum(x["kind"] == "cell" for x in steps) == 4
