@@ -258,7 +258,7 @@ def bench_cell_text(r: dict, ridge_intensity: float | None, bw_tbps: float | Non
 
 def _print_bench_table(records, out_dir):
     from .measure import peaks
-    from .sweep.engine import config_label
+    from .records import config_label
 
     backends_ = list(dict.fromkeys(r["backend"] for r in records))
     rows: dict[str, dict] = {}

@@ -9,10 +9,9 @@ from ..measure import Cell
 from ..measure.cell import classify
 from ..measure.memory import compiled_memory
 from ..measure.peaks import format_flops, peak_tflops, roofs
-from ..records import timing
+from ..records import time_ms, timing
 from ..reference import default_matmul_is_tf32
 from ..spec import prepare
-from ..sweep.engine import time_ms
 from . import plots, tables
 from .core import LabContext, Section, Table
 

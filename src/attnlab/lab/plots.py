@@ -13,8 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ..records import timing  # noqa: E402
-from ..sweep.engine import time_ms  # noqa: E402
+from ..records import time_ms, timing  # noqa: E402
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINESTYLES = ("-", "--", ":", "-.")
