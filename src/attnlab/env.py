@@ -7,25 +7,11 @@ import subprocess
 import sys
 
 from . import __version__, backends, device
-from .backends._optional import dist_version
-
-OPTIONAL = {  # import name -> distribution names to ask for a version
-    "flax": ("flax",),
-    "transformer_engine": ("transformer_engine", "transformer-engine", "transformer_engine_jax"),
-    "tokamax": ("tokamax",),
-    "torch": ("torch",),
-}
-
 
 def optional_libraries() -> dict[str, str | None]:
-    """Import name -> installed version, or None when absent (found without importing it)."""
-    import importlib.util
-
-    out = {}
-    for mod, dists in OPTIONAL.items():
-        found = importlib.util.find_spec(mod) is not None
-        out[mod] = (dist_version(*dists) or "unknown version") if found else None
-    return out
+    """Import name -> installed version, or None when absent (found without importing it): the
+    libraries the registered backends declare (``Backend.library``)."""
+    return backends.library_versions()
 
 
 def git_commit() -> str | None:

@@ -75,7 +75,7 @@ def plot_sweep(records, x: str = "q_len", y: str = "time", *, title: str = "", l
     """One line per backend of ``y`` ("time" = kernel or wall ms, or any record field) against ``x``."""
     import matplotlib.pyplot as plt
 
-    from .sweep.engine import time_ms
+    from .records import time_ms
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     ok = [r for r in records if r.get("status") == "ok"]

@@ -155,3 +155,24 @@ def upgrade(rec: dict) -> dict:
     if isinstance(r.get("grad_check"), str) and r["grad_check"].startswith("skipped"):
         r["grad_checked_fraction"] = 0.0
     return r
+
+
+def time_ms(rec: dict) -> float | None:
+    """The record's headline time: kernel time where measured, else wall time."""
+    return rec.get("kernel_ms") if rec.get("kernel_ms") is not None else rec.get("wall_ms")
+
+
+def config_label(rec: dict, mesh: bool = True) -> str:
+    w = rec.get("window")
+    parts = [f"B{rec['batch']}", f"T{rec['q_len']}", f"S{rec['kv_len']}", f"N{rec['heads']}/{rec['kv_heads']}",
+             f"H{rec['head_dim']}", rec["dtype"]]
+    if rec.get("causal"):
+        parts.append("causal")
+    if w:
+        parts.append(f"w{w[0]}:{w[1]}")
+    if rec.get("lengths"):
+        parts.append(f"decode-{rec['lengths']}")
+    parts.append(rec["mode"])
+    if mesh and rec.get("strategy"):
+        parts.append(f"{rec['strategy']}x{rec.get('devices', 1)}")
+    return " ".join(parts)

@@ -1,10 +1,11 @@
 """The backend registry: implementations plug in by name, auto-selection walks ``AUTO_ORDER``.
 
-Add a backend by subclassing ``Backend`` in its own module and calling ``register``.
+Add a backend by subclassing ``Backend`` (``NativeBackend`` for one that is not a JAX op) in its own
+module and adding one line to ``BUILTINS`` (or calling ``register`` / ``load`` from outside).
 """
 from __future__ import annotations
 
-from .base import Backend
+from .base import Backend, NativeBackend
 
 _REGISTRY: dict[str, Backend] = {}
 #: Preference order for implementation=None / "auto": the first that can run wins. ``naive`` is the
@@ -37,32 +38,58 @@ def all_backends() -> list[Backend]:
     return list(_REGISTRY.values())
 
 
-def _register_builtins() -> None:
-    from .cudnn import CudnnBackend
-    from .cudnn_fp8 import CudnnFp8Backend, CudnnFp8UnitBackend
-    from .naive import NaiveBackend
-    from .pallas import PallasMosaicBackend, PallasTritonBackend
-    from .te import TeBackend, TeFp8Backend
-    from .tokamax_ import TokamaxBackend
-    from .torch_sdpa import TorchSdpaBackend
-    from .xla import XlaBackend
-
-    for b in (NaiveBackend(), XlaBackend(), CudnnBackend(), CudnnFp8Backend(), CudnnFp8UnitBackend(),
-              TeBackend(), TeFp8Backend(), TokamaxBackend("mosaic"), TokamaxBackend("triton"), TokamaxBackend("xla"),
-              PallasTritonBackend(), PallasMosaicBackend(), TorchSdpaBackend("flash"), TorchSdpaBackend("cudnn"),
-              TorchSdpaBackend("efficient")):
-        register(b)
-    _register_decode()
-
-
-def _register_decode() -> None:
-    from .attnlab_decode import AttnlabDecodeBackend
-    from .pallas_paged import PallasPagedBackend
-
-    register(AttnlabDecodeBackend())
-    register(PallasPagedBackend())
+#: The built-in backends, in registration order: (module, class, constructor arguments). Adding a
+#: backend is one new module (a ``Backend`` subclass declaring its ``library`` and
+#: ``min_compute_capability``) and one line here (or ``load``/``register`` from outside).
+BUILTINS: list[tuple[str, str, tuple]] = [
+    (".naive", "NaiveBackend", ()),
+    (".xla", "XlaBackend", ()),
+    (".cudnn", "CudnnBackend", ()),
+    (".cudnn_fp8", "CudnnFp8Backend", ()),
+    (".cudnn_fp8", "CudnnFp8UnitBackend", ()),
+    (".te", "TeBackend", ()),
+    (".te", "TeFp8Backend", ()),
+    (".tokamax_", "TokamaxBackend", ("mosaic",)),
+    (".tokamax_", "TokamaxBackend", ("triton",)),
+    (".tokamax_", "TokamaxBackend", ("xla",)),
+    (".pallas", "PallasTritonBackend", ()),
+    (".pallas", "PallasMosaicBackend", ()),
+    (".torch_sdpa", "TorchSdpaBackend", ("flash",)),
+    (".torch_sdpa", "TorchSdpaBackend", ("cudnn",)),
+    (".torch_sdpa", "TorchSdpaBackend", ("efficient",)),
+    (".attnlab_decode", "AttnlabDecodeBackend", ()),
+    (".pallas_paged", "PallasPagedBackend", ()),
+]
 
 
-_register_builtins()
+def load(module: str, cls: str, args: tuple = (), *, auto_rank: int | None = None) -> Backend:
+    """Import ``module`` (relative to this package when it starts with "."), build ``cls(*args)``, register it."""
+    import importlib
 
-__all__ = ["Backend", "register", "get", "names", "all_backends", "AUTO_ORDER"]
+    return register(getattr(importlib.import_module(module, __name__), cls)(*args), auto_rank=auto_rank)
+
+
+def optional_libraries() -> dict[str, tuple[str, ...]]:
+    """The optional libraries the registered backends declare: import name -> distribution names."""
+    out: dict[str, tuple[str, ...]] = {}
+    for b in _REGISTRY.values():
+        for mod, dists in b.libraries().items():
+            out.setdefault(mod, dists)
+    return out
+
+
+def library_versions() -> dict[str, str | None]:
+    """Import name -> installed version ("unknown version" when found without one), or None when
+    absent, for every library in ``optional_libraries`` (found without importing it)."""
+    from . import _optional
+
+    return {mod: ((_optional.dist_version(*dists) or "unknown version") if _optional.missing(mod, "") is None else None)
+            for mod, dists in optional_libraries().items()}
+
+
+for _entry in BUILTINS:
+    load(*_entry)
+del _entry
+
+__all__ = ["Backend", "NativeBackend", "register", "load", "get", "names", "all_backends", "optional_libraries",
+           "library_versions", "AUTO_ORDER", "BUILTINS"]

@@ -1,7 +1,10 @@
 """What every attention backend is: a name, an availability check, a capability check, a call."""
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 from ..spec import AttentionSpec, Prepared
+from . import _optional
 
 
 def zero_padded_queries(out, p: Prepared):
@@ -20,10 +23,25 @@ class Backend:
     Subclasses set ``name`` and ``description`` and implement ``run``. ``available``
     answers for this machine (library installed, right device); ``supports`` for one
     call. Both return ``None`` when fine, else a human reason (no backend name prefix).
+
+    What a backend needs is declared as data: ``library`` (the optional library and the pip extra
+    that installs it) and ``min_compute_capability`` (an NVIDIA GPU of at least that compute
+    capability); the default ``available`` and ``version`` come from them, and the environment
+    report (``attnlab env``) names every registered backend's library.
     """
 
     name: str = ""
     description: str = ""
+    #: (import name, pip extra) of the optional library this backend calls; None: JAX alone suffices.
+    library: tuple[str, str] | None = None
+    #: Distribution names to ask for the library's version (default: the import name).
+    library_dists: tuple[str, ...] = ()
+    #: Further libraries the environment report names with this one (import name -> distribution names).
+    companion_libraries: dict[str, tuple[str, ...]] = {}
+    #: The NVIDIA compute capability this backend needs; None: any device JAX runs on.
+    min_compute_capability: tuple[int, int] | None = None
+    #: True for a backend that is not a JAX op (``NativeBackend``): sweeps time it through ``native_fn``.
+    native: bool = False
     #: True when the backend's output is the same computation on every platform, so
     #: auto-selection may use it as a last resort.
     portable: bool = False
@@ -39,7 +57,21 @@ class Backend:
     residual: bool = False
 
     def available(self) -> str | None:
-        return None
+        """The declared needs, device first: ``min_compute_capability``, then ``library``."""
+        why = _optional.needs_nvidia(self.min_compute_capability) if self.min_compute_capability else None
+        return why or self.library_missing()
+
+    def library_missing(self) -> str | None:
+        """Why ``library`` cannot be imported (and how to install it), or None (also when none is declared)."""
+        return _optional.missing(*self.library) if self.library else None
+
+    def libraries(self) -> dict[str, tuple[str, ...]]:
+        """Import name -> distribution names of the optional libraries this backend declares
+        (libraries shipped inside JAX, ``jax.*``, are not optional libraries of the environment)."""
+        out = dict(self.companion_libraries)
+        if self.library and self.library[0].split(".")[0] != "jax":
+            out[self.library[0]] = self.library_dists or (self.library[0],)
+        return out
 
     def supports(self, spec: AttentionSpec) -> str | None:
         return None
@@ -66,8 +98,10 @@ class Backend:
         raise NotImplementedError
 
     def version(self) -> str | None:
-        """Version of the library behind this backend, if any."""
-        return None
+        """Version of the library behind this backend, if any (the declared ``library``'s distribution)."""
+        if self.library is None or self.library[0].split(".")[0] == "jax":
+            return None
+        return _optional.dist_version(*(self.library_dists or (self.library[0],)))
 
     def facts(self, fwd, q, k, v, fwd_as=None) -> dict | None:
         """What a sweep record should say about how this backend ran ``fwd(q, k, v)`` (e.g. whether
@@ -77,3 +111,36 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"<attnlab backend {self.name!r}>"
+
+
+class NativeCall(NamedTuple):
+    """How to time a native backend's kernel (``NativeBackend.native_fn``); the loop is
+    ``attnlab.measure.native.measure_native``."""
+    #: fn(*inputs) launches the kernel on one input set (asynchronously, like a CUDA stream).
+    fn: Callable
+    #: Waits until the device has finished everything launched.
+    sync: Callable[[], None]
+    #: The input sets in the library's own arrays (handed over from JAX without a copy).
+    sets: list
+    #: Optional hooks, each a callable: ``event_ms(call)`` times one call with device events (the
+    #: fallback when CUPTI is unusable), ``reset_peak()`` starts this cell's memory peak and
+    #: ``peak_bytes()`` reads it; ``peak_scope`` (a str) says what that peak covers.
+    extras: dict
+
+
+class NativeBackend(Backend):
+    """A backend that is not a JAX op (PyTorch): it runs on concrete arrays outside ``jax.jit``.
+
+    ``run`` computes on concrete JAX arrays; ``native_fn`` hands sweeps the kernel itself, timed by
+    ``attnlab.measure.native.measure_native`` (CUPTI, as for the JAX paths). The library comes
+    first: without it nothing about the device can be asked of it."""
+
+    native = True
+
+    def available(self) -> str | None:
+        return self.library_missing() or super().available()
+
+    def native_fn(self, spec: AttentionSpec, scale: float, arg_sets, decode: tuple | None = None) -> NativeCall:
+        """The kernel for ``spec`` (``decode``: (kv_lengths, causal) of a decode cell) on ``arg_sets``
+        (JAX arrays (q, k, v) per set) as a ``NativeCall``."""
+        raise NotImplementedError

@@ -22,6 +22,7 @@ class CudnnBackend(Backend):
     #: jax.nn's cuDNN path returns cuDNN's softmax statistics as the (B, T, N) residual (in the output
     #: dtype); its backward ignores the residual's cotangent, as the XLA path's stop_gradient does.
     residual = True
+    min_compute_capability = (8, 0)   # checked below with cuDNN's own messages (and cuDNN loaded)
 
     def available(self) -> str | None:
         info = device.current()

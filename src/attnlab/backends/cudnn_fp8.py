@@ -61,13 +61,14 @@ class CudnnFp8Backend(CudnnBackend):
     rel_l2_limit = 0.1
     rel_l2_rule = "float8 e4m3 inside: rel L2 <= 0.1, worst row <= 0.2"
     compute_dtype = "float8_e4m3fn"
+    min_compute_capability = (9, 0)
 
     def available(self) -> str | None:
         why = super().available()   # an NVIDIA GPU >= sm80 with cuDNN loaded
         if why:
             return why
         info = device.current()
-        if info.compute_capability < (9, 0):
+        if info.compute_capability < self.min_compute_capability:
             return f"FP8 attention needs compute capability >= 9.0 (Hopper), device has {info.compute_capability}"
         if info.cudnn_version == 91000:
             return "cuDNN 9.10.0 does not support SDPA FP8"

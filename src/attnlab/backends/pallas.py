@@ -13,8 +13,8 @@ class PallasTritonBackend(Backend):
     description = "jax.experimental.pallas.ops.gpu.attention.mha (Pallas Triton FlashAttention-2)"
     block = 128
 
-    def available(self) -> str | None:
-        return _optional.needs_nvidia() or _optional.missing("jax.experimental.pallas.ops.gpu.attention", "cuda13")
+    library = ("jax.experimental.pallas.ops.gpu.attention", "cuda13")
+    min_compute_capability = (8, 0)
 
     def supports(self, spec: AttentionSpec) -> str | None:
         if spec.dtype not in ("float16", "bfloat16", "float32"):
@@ -37,8 +37,8 @@ class PallasMosaicBackend(Backend):
     description = "jax.experimental.pallas.ops.gpu.attention_mgpu (Pallas Mosaic GPU FlashAttention-3, Hopper)"
     block_q, block_kv = 64, 128
 
-    def available(self) -> str | None:
-        return _optional.needs_nvidia((9, 0)) or _optional.missing("jax.experimental.pallas.ops.gpu.attention_mgpu", "cuda13")
+    library = ("jax.experimental.pallas.ops.gpu.attention_mgpu", "cuda13")
+    min_compute_capability = (9, 0)
 
     def supports(self, spec: AttentionSpec) -> str | None:
         if spec.dtype != "float16":

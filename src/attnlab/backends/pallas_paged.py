@@ -18,7 +18,6 @@ from __future__ import annotations
 import warnings
 
 from ..spec import AttentionSpec, Prepared
-from . import _optional
 from .base import Backend
 
 PAGE_SIZE = 16
@@ -82,8 +81,8 @@ class PallasPagedBackend(Backend):
     forward_only = True
     page_size = PAGE_SIZE
 
-    def available(self) -> str | None:
-        return _optional.needs_nvidia() or _optional.missing(MODULE, "cuda13")
+    library = (MODULE, "cuda13")
+    min_compute_capability = (8, 0)
 
     def supports(self, spec: AttentionSpec) -> str | None:
         if spec.q_len != 1:

@@ -57,11 +57,10 @@ class TeBackend(Backend):
     name = "te"
     description = "TransformerEngine-JAX DotProductAttention (cuDNN fused attention through TE)"
 
-    def available(self) -> str | None:
-        return _optional.needs_nvidia() or _optional.missing("transformer_engine", "te")
-
-    def version(self) -> str | None:
-        return _optional.dist_version("transformer_engine", "transformer-engine", "transformer_engine_jax")
+    library = ("transformer_engine", "te")
+    library_dists = ("transformer_engine", "transformer-engine", "transformer_engine_jax")
+    companion_libraries = {"flax": ("flax",)}   # TE-JAX's DotProductAttention is a flax module
+    min_compute_capability = (8, 0)
 
     def supports(self, spec: AttentionSpec) -> str | None:
         if spec.dtype not in ("float16", "bfloat16"):

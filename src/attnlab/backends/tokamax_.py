@@ -10,25 +10,22 @@ import jax.numpy as jnp
 
 from ..errors import UnsupportedError
 from ..spec import AttentionSpec, Prepared
-from . import _optional
 from .base import Backend, zero_padded_queries
 
 
 class TokamaxBackend(Backend):
     def __init__(self, impl: str):
         self.impl = impl
+        # tokamax's XLA path runs anywhere JAX does; the Mosaic GPU kernel needs Hopper
+        self.min_compute_capability = None if impl == "xla" else (9, 0) if impl == "mosaic" else (8, 0)
         self.name = f"tokamax-{impl}"
         kind = "XLA" if impl == "xla" else f"Pallas {impl} GPU kernel"
         self.description = f"tokamax.dot_product_attention(implementation='{impl}') ({kind})"
 
-    def available(self) -> str | None:
-        missing = _optional.missing("tokamax", "tokamax")
-        if missing or self.impl == "xla":  # tokamax's XLA path runs anywhere JAX does
-            return missing
-        return _optional.needs_nvidia((9, 0) if self.impl == "mosaic" else (8, 0))
+    library = ("tokamax", "tokamax")
 
-    def version(self) -> str | None:
-        return _optional.dist_version("tokamax")
+    def available(self) -> str | None:
+        return self.library_missing() or super().available()   # the library first, then the device
 
     def supports(self, spec: AttentionSpec) -> str | None:
         if spec.dtype not in ("float16", "bfloat16") and self.impl == "mosaic":

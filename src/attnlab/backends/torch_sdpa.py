@@ -2,20 +2,18 @@
 
 The same inputs are handed over from JAX by DLPack (no copy). These kernels cannot run inside
 ``jax.jit``: ``attention(..., implementation="torch-flash")`` works on concrete arrays only, and
-sweeps check their whole output like every backend's and time them through ``measure_native`` with
-CUPTI, as the JAX paths (``attnlab.measure.timers.cupti_per_call``; CUDA events only where CUPTI
+sweeps check their whole output like every backend's and time them through ``native_fn`` with
+CUPTI, as the JAX paths (``attnlab.measure.native.measure_native``; CUDA events only where CUPTI
 cannot be used, and then the record's ``timer`` says ``cuda_events``).
 """
 from __future__ import annotations
-
-import time
 
 import jax
 
 from ..errors import UnsupportedError
 from ..spec import AttentionSpec, Prepared
 from . import _optional
-from .base import Backend
+from .base import NativeBackend, NativeCall
 
 _KERNELS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
 
@@ -26,8 +24,9 @@ def _to_torch(x):
     return torch.from_dlpack(x)
 
 
-class TorchSdpaBackend(Backend):
-    native = True
+class TorchSdpaBackend(NativeBackend):
+    library = ("torch", "torch")
+    min_compute_capability = (8, 0)
     decode = True         # decode sweep cells: see ``decode_reason`` / ``decode_fn``
     forward_only = True   # measured forward only: a PyTorch backward pass is not attnlab's to time
 
@@ -37,7 +36,7 @@ class TorchSdpaBackend(Backend):
         self.description = f"PyTorch scaled_dot_product_attention under sdpa_kernel({_KERNELS[kind]})"
 
     def available(self) -> str | None:
-        why = _optional.missing("torch", "torch") or _optional.needs_nvidia()
+        why = super().available()   # torch installed, an NVIDIA GPU
         if why:
             return why
         import torch
@@ -45,9 +44,6 @@ class TorchSdpaBackend(Backend):
         if not torch.cuda.is_available():
             return f"torch {torch.__version__} has no CUDA device (a CPU-only build?)"
         return None
-
-    def version(self) -> str | None:
-        return _optional.dist_version("torch")
 
     def supports(self, spec: AttentionSpec) -> str | None:
         if spec.dtype not in ("float16", "bfloat16") and self.kind != "efficient":
@@ -136,55 +132,30 @@ class TorchSdpaBackend(Backend):
         torch.cuda.synchronize()
         return jax.dlpack.from_dlpack(out.contiguous())
 
-    def measure_native(self, spec: AttentionSpec, scale: float, arg_sets, repeats: int, warmup: int,
-                       decode: tuple | None = None) -> dict:
-        """Time the kernel on the JAX input sets (handed over by DLPack): CUPTI kernel ms (as for every
-        JAX backend), wall ms, first-call s, and this cell's peak of PyTorch allocations.
-
-        Where CUPTI cannot be used the record says so: ``timer: cuda_events`` and ``timer_note``.
-        ``decode``: (kv_lengths, causal) of a decode cell (``decode_fn``)."""
-        from ..measure.stats import Stats
-        from ..measure.timers import cupti_per_call
-
+    def native_fn(self, spec: AttentionSpec, scale: float, arg_sets, decode: tuple | None = None) -> NativeCall:
+        """The kernel on the JAX input sets (handed over by DLPack), for ``attnlab.measure.native``: CUPTI
+        kernel ms (as for every JAX backend; CUDA events where CUPTI cannot be used), and this cell's
+        peak of PyTorch allocations. ``decode``: (kv_lengths, causal) of a decode cell (``decode_fn``)."""
         torch, fn = self._fn(spec, scale) if decode is None else self.decode_fn(spec, scale, *decode)
         sets = [tuple(_to_torch(x) for x in s) for s in arg_sets]
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        t0 = time.perf_counter()
-        fn(*sets[0])
-        torch.cuda.synchronize()
-        first_s = time.perf_counter() - t0
-        for i in range(max(warmup, len(sets))):
-            fn(*sets[i % len(sets)])
-        torch.cuda.synchronize()
-        out: dict = {"compile_s": first_s, "lower_s": 0.0}
-        try:
-            out.update(cupti_per_call(fn, sets, repeats, torch.cuda.synchronize).as_dict("kernel"), timer="cupti")
-        except Exception as e:  # noqa: BLE001 - CUDA events instead, and the record says why
-            samples = []
-            for i in range(repeats):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn(*sets[i % len(sets)])
-                b.record()
-                torch.cuda.synchronize()
-                samples.append(a.elapsed_time(b))
-            out.update(Stats.of(samples).as_dict("kernel"), timer="cuda_events",
-                       timer_note=f"CUPTI unusable for torch ({type(e).__name__}: {e}): CUDA events")
-        wall = []
-        for i in range(repeats):
-            t0 = time.perf_counter()
-            fn(*sets[i % len(sets)])
+        state = {}
+
+        def event_ms(call) -> float:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            call()
+            b.record()
             torch.cuda.synchronize()
-            wall.append((time.perf_counter() - t0) * 1e3)
-        out.update(Stats.of(wall).as_dict("wall"))
-        t0 = time.perf_counter()
-        for i in range(20):
-            fn(*sets[i % len(sets)])
-        torch.cuda.synchronize()
-        out["pipelined_ms"] = (time.perf_counter() - t0) * 1e3 / 20
-        # this cell's own peak: PyTorch's allocator was reset above (its inputs live in JAX's allocator)
-        out["runtime_peak_bytes"] = int(torch.cuda.max_memory_allocated() - base)
-        out["runtime_peak_scope"] = "PyTorch allocations of this cell (inputs are JAX's)"
-        return out
+            return a.elapsed_time(b)
+
+        def reset_peak() -> None:
+            torch.cuda.reset_peak_memory_stats()
+            state["base"] = torch.cuda.memory_allocated()
+
+        def peak_bytes() -> int:
+            return int(torch.cuda.max_memory_allocated() - state["base"])
+
+        # this cell's own peak: PyTorch's allocator is reset first (its inputs live in JAX's allocator)
+        return NativeCall(fn, torch.cuda.synchronize, sets,
+                          {"event_ms": event_ms, "reset_peak": reset_peak, "peak_bytes": peak_bytes,
+                           "peak_scope": "PyTorch allocations of this cell (inputs are JAX's)"})

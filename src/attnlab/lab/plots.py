@@ -13,14 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ..records import timing  # noqa: E402
-
-# No JAX here (the lab's renderers plot from records alone): not ``attnlab.sweep.engine.time_ms``.
-
-
-def time_ms(rec: dict) -> float | None:
-    """The record's headline time: kernel time where measured, else wall time."""
-    return rec.get("kernel_ms") if rec.get("kernel_ms") is not None else rec.get("wall_ms")
+from ..records import time_ms, timing  # noqa: E402, F401 - JAX-free: the renderers plot from records alone
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINESTYLES = ("-", "--", ":", "-.")

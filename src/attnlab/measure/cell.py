@@ -26,6 +26,7 @@ from ..spec import prepare
 from ..workload import Workload
 from ..records import SCHEMA_VERSION, STATUSES  # noqa: F401  (STATUSES re-exported)
 from . import check, memory, peaks, timers
+from .native import measure_native
 
 MODES = ("fwd", "fwd+bwd", "bwd")
 IDENTITY = ("backend", "batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype", "causal", "window", "mode",
@@ -454,7 +455,7 @@ def _measure_native(backend, cell: Cell, spec, sets, opts: Options, rec: dict, i
             _check_into(rec, out, sets[0], cell, backend, opts)
         repeats = opts.repeats or 20
         rec["repeats"] = repeats
-        rec.update(backend.measure_native(spec, scale, sets, repeats, opts.warmup, decode=decode))
+        rec.update(measure_native(backend, spec, scale, sets, repeats, opts.warmup, decode=decode))
         rec["process_peak_bytes"] = memory.process_peak_bytes()
         if not opts.check:
             rec["status"] = "unchecked"

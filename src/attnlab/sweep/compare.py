@@ -22,9 +22,8 @@ import dataclasses
 import os
 
 from ..measure.cell import record_key
-from ..records import is_cell, timing
+from ..records import config_label, is_cell, timing
 from ..store import read_records
-from .engine import config_label
 
 VERDICTS = ("faster", "same", "slower", "failed", "not comparable", "only in A", "only in B")
 

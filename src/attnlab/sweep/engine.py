@@ -7,6 +7,7 @@ from typing import Callable
 
 from .. import env as envmod
 from ..measure.cell import IDENTITY, Cell, Options, measure_cell, record_key
+from ..records import config_label, time_ms  # noqa: F401  (re-exported: the helpers live in records)
 from ..store import ResultStore, read_jsonl, read_records, write_csv
 from .spec import Sweep, SweepError
 
@@ -96,24 +97,3 @@ def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, overwrite: bo
     records = [done[c.key()] for c in cells if c.key() in done]
     write_csv(read_records(path), os.path.join(out_dir, "results.csv"), CSV_COLUMNS)
     return records
-
-
-def time_ms(rec: dict) -> float | None:
-    """The record's headline time: kernel time where measured, else wall time."""
-    return rec.get("kernel_ms") if rec.get("kernel_ms") is not None else rec.get("wall_ms")
-
-
-def config_label(rec: dict, mesh: bool = True) -> str:
-    w = rec.get("window")
-    parts = [f"B{rec['batch']}", f"T{rec['q_len']}", f"S{rec['kv_len']}", f"N{rec['heads']}/{rec['kv_heads']}",
-             f"H{rec['head_dim']}", rec["dtype"]]
-    if rec.get("causal"):
-        parts.append("causal")
-    if w:
-        parts.append(f"w{w[0]}:{w[1]}")
-    if rec.get("lengths"):
-        parts.append(f"decode-{rec['lengths']}")
-    parts.append(rec["mode"])
-    if mesh and rec.get("strategy"):
-        parts.append(f"{rec['strategy']}x{rec.get('devices', 1)}")
-    return " ".join(parts)

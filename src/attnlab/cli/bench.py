@@ -1,123 +1,18 @@
-"""The ``attnlab`` command line: ``run``, ``env``, ``backends``."""
+"""``attnlab bench`` (a sweep of cells), ``attnlab scaling`` and ``attnlab compare`` (its results).
+
+The flags and a sweep.toml are merged by ``attnlab.sweep.flags``."""
 from __future__ import annotations
 
-import json
 import sys
 
 import click
-from rich.console import Console
 from rich.table import Table as RichTable
 
-console = Console()
+from ._app import _fail, console, main
 
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="attnlab")
-def main():
-    """attnlab: which attention path should I use, is it correct, how fast is it, what does it cost?"""
-
-
-@main.command()
-@click.option("--out", "out_dir", default="attnlab-out", show_default=True, type=click.Path(file_okay=False),
-              help="Folder for report.html, results.jsonl, results.csv and plots/.")
-@click.option("--label", default=None, help="A name for this run, shown in the report.")
-@click.option("--quick", is_flag=True, help="Smallest sizes: a smoke test of every step.")
-@click.option("--sections", default=None, help="Comma-separated step ids to run (default: all).")
-@click.option("--resume", is_flag=True, help="Go on with a stopped run in --out: cells measured there are not measured again.")
-def run(out_dir, label, quick, sections, resume):
-    """Run the codelab's steps and write a report."""
-    from .lab import STEPS, run_lab
-
-    chosen = [s.strip() for s in sections.split(",") if s.strip()] if sections else None
-    if chosen:
-        bad = [s for s in chosen if s not in STEPS]
-        if bad:
-            raise click.BadParameter(f"unknown section(s) {', '.join(bad)}; choose from {', '.join(STEPS)}", param_hint="--sections")
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as prog:
-        task = prog.add_task("attnlab run", total=len(chosen or STEPS))
-
-        def progress(sid, i, n):
-            prog.update(task, completed=i, description=f"step {sid}")
-
-        done = run_lab(out_dir, label=label, quick=quick, sections=chosen, progress=progress, resume=resume)
-        prog.update(task, completed=len(done), description="done")
-    t = RichTable(title=f"attnlab run → {out_dir}/report.html")
-    t.add_column("step")
-    t.add_column("status")
-    t.add_column("note", overflow="fold")
-    colours = {"ok": "green", "skipped": "yellow", "failed": "red"}
-    for s in done:
-        t.add_row(s.title, f"[{colours.get(s.status, 'white')}]{s.status}[/]", s.reason or "")
-    console.print(t)
-    if any(s.status == "failed" for s in done):
-        sys.exit(1)
-
-
-@main.command("env")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def env_cmd(as_json):
-    """Versions, devices, optional libraries and which backends can run here."""
-    from . import env as envmod
-
-    e = envmod.collect()
-    if as_json:
-        click.echo(json.dumps(e, indent=2))
-        return
-    t = RichTable(title="attnlab environment", show_header=False)
-    for k in ("attnlab", "git_commit", "python", "jax", "jaxlib", "platform", "device_kind", "device_count",
-              "compute_capability", "cudnn", "xla_flags"):
-        t.add_row(k, str(e.get(k)))
-    for lib, ver in e["optional"].items():
-        t.add_row(f"optional: {lib}", ver or "not installed")
-    console.print(t)
-    _print_backends(e["backends"])
-    if e.get("gpu_note"):
-        console.print(f"[yellow]{e['gpu_note']}[/]")
-
-
-def _print_backends(status: dict):
-    t = RichTable(title="backends")
-    for c in ("backend", "available", "why not", "version"):
-        t.add_column(c, overflow="fold")
-    from rich.markup import escape
-
-    for name, s in status.items():
-        t.add_row(name, "[green]yes[/]" if s["available"] else "[red]no[/]", escape(s["reason"] or ""), s["version"] or "")
-    console.print(t)
-
-
-@main.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def backends(as_json):
-    """Every registered backend, available or not, why not, and its library's version."""
-    from . import env as envmod
-
-    status = envmod.collect()["backends"]
-    if as_json:
-        click.echo(json.dumps(status, indent=2))
-    else:
-        _print_backends(status)
-
-
-def _fail(msg: str):
-    from rich.markup import escape
-
-    Console(stderr=True, soft_wrap=True).print(f"[red]error:[/] {escape(msg)}", highlight=False)
-    sys.exit(2)
-
-
-#: Flags that set the same axis two ways: refused together, and a flag replaces the config file's other way.
-CONTRADICTIONS = (("seq", "q_len"), ("seq", "kv_len"), ("tokens", "batch"))
 WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys before each query and none after) "
                "or an int W, read as jax.nn.dot_product_attention reads local_window_size=W: (W, W), W keys before "
                "and W after (2W+1 keys), not a causal window of W.")
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 @main.command()
@@ -153,42 +48,24 @@ def _flag(name: str) -> str:
 @click.option("--no-check", is_flag=True, help="Skip the per-cell comparison with the reference (not recommended).")
 def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget, no_check, name, **flags):
     """Sweep attention cells: check each against the reference, time it, record it."""
-    from .measure import Options
-    from .sweep import SweepError, build, load_toml, run_sweep
-    from .sweep.engine import SweepInterrupted, existing_records
+    from ..measure import Options
+    from ..sweep import SweepError, build, run_sweep
+    from ..sweep.flags import check_contradictions, flag_name, merge, run_options
+    from ..sweep.engine import SweepInterrupted, existing_records
 
     given = {k: v for k, v in flags.items() if v is not None}
-    for a, b in CONTRADICTIONS:
-        if a in given and b in given:
-            _fail(f"{_flag(a)} and {_flag(b)} contradict each other: {_flag(a)} sets "
-                  f"{'q_len = kv_len' if a == 'seq' else 'batch = tokens // q_len'}; give one of them")
-    if resume and overwrite:
-        _fail("--resume and --overwrite contradict each other: give one of them")
-    values, run_opts = {}, {}
-    notes = []
     try:
-        if config:
-            values, run_opts = load_toml(config)
-        for k, v in given.items():
-            for a, b in CONTRADICTIONS:
-                other = b if k == a else a if k == b else None
-                if other and values.pop(other, None) is not None:
-                    notes.append(f"{_flag(k)} replaces {other} from {config}")
-            values[k] = v
-        if name:
-            values["name"] = name
-        sweep = build(values)
+        check_contradictions(given)
     except SweepError as e:
         _fail(str(e))
-    reps = repeats if repeats is not None else run_opts.get("repeats")
-    if reps is not None and (not isinstance(reps, int) or reps < 1):
-        _fail(f"repeats: {reps!r} is not a positive integer")
-    budget = compile_budget if compile_budget is not None else run_opts.get("compile_budget", 300.0)
-    if budget is not None and budget <= 0:
-        _fail(f"compile budget: {budget!r} must be > 0 seconds")
-    mt = min_time if min_time is not None else run_opts.get("min_time", 0.1)
-    if isinstance(mt, bool) or not isinstance(mt, (int, float)) or mt < 0:
-        _fail(f"min time: {mt!r} must be >= 0 seconds")
+    if resume and overwrite:
+        _fail("--resume and --overwrite contradict each other: give one of them")
+    try:
+        values, run_opts, notes = merge(config, given, name)
+        sweep = build(values)
+        reps, budget, mt = run_options(run_opts, repeats=repeats, compile_budget=compile_budget, min_time=min_time)
+    except SweepError as e:
+        _fail(str(e))
     n_old = existing_records(out_dir)
     if n_old and not (resume or overwrite):
         _fail(f"{out_dir} already holds {n_old} result(s) in results.jsonl; give --resume to skip the cells "
@@ -231,9 +108,11 @@ def _resume_command(config, out_dir, repeats, min_time, compile_budget, no_check
     """The ``attnlab bench`` command line that goes on where an interrupted one stopped."""
     import shlex
 
+    from ..sweep.flags import flag_name
+
     parts = ["attnlab", "bench"]
     for k, v in given.items():
-        parts += [_flag(k), str(v)]
+        parts += [flag_name(k), str(v)]
     for flag, v in (("--config", config), ("--name", name), ("--repeats", repeats), ("--min-time", min_time),
                     ("--compile-budget", compile_budget)):
         if v is not None:
@@ -247,7 +126,7 @@ def _resume_command(config, out_dir, repeats, min_time, compile_budget, no_check
 def bench_cell_text(r: dict, ridge_intensity: float | None, bw_tbps: float | None) -> str:
     """One ok cell of the bench table: ms · TFLOP/s · % of peak, or for a memory-bound cell
     (``peaks.memory_bound``: decode-like, intensity below the ridge) ms · GB/s · % of bandwidth."""
-    from .measure import peaks
+    from ..measure import peaks
 
     ms = r["kernel_ms"] if r.get("kernel_ms") is not None else r["wall_ms"]
     if peaks.memory_bound(r, ridge_intensity) and r.get("gbps") is not None:
@@ -258,8 +137,8 @@ def bench_cell_text(r: dict, ridge_intensity: float | None, bw_tbps: float | Non
 
 
 def _print_bench_table(records, out_dir):
-    from .measure import peaks
-    from .sweep.engine import config_label
+    from ..measure import peaks
+    from ..records import config_label
 
     backends_ = list(dict.fromkeys(r["backend"] for r in records))
     rows: dict[str, dict] = {}
@@ -300,8 +179,8 @@ def _print_bench_table(records, out_dir):
 @click.argument("results", type=click.Path(exists=True))
 def scaling(results):
     """Scaling efficiency of sharded cells: time on 1 device / (n x time on n devices)."""
-    from .sweep import load
-    from .sweep.scaling import scaling_rows
+    from ..sweep import load
+    from ..sweep.scaling import scaling_rows
 
     rows = scaling_rows(load(results))
     t = RichTable(title="strong scaling (same global problem)")
@@ -325,8 +204,8 @@ def compare_cmd(a, b, threshold):
     failing in B counts too. Exit 0: no regression; 1: a regression; 2: nothing comparable
     (unreadable file, no cell records, no cell in common).
     """
-    from .sweep import compare, load
-    from .sweep.compare import CompareError, counts
+    from ..sweep import compare, load
+    from ..sweep.compare import CompareError, counts
 
     if threshold < 0:
         _fail(f"threshold: {threshold:g} must be >= 0 percent")
@@ -353,40 +232,3 @@ def compare_cmd(a, b, threshold):
         console.print(f"[red]regression: {n['slower']} cell(s) slower beyond {threshold:g}% and their spreads, "
                       f"{n['failed']} failed in B[/]", soft_wrap=True)
         sys.exit(1)
-
-
-@main.command()
-@click.option("--force", is_flag=True, help="Measure again even if cached.")
-def ceilings(force):
-    """Measure this device's bf16 matmul TFLOP/s and copy GB/s, and cache them for %-of-ceiling."""
-    from .measure import peaks
-
-    res = None if force else peaks.load_ceilings()
-    if res is None:
-        with console.status("measuring matmul and copy"):
-            res = peaks.measure_ceilings()
-        path = peaks.save_ceilings(res)
-    else:
-        path = peaks.cache_path() + " (cached; --force to measure again)"
-    console.print(ceilings_table(res, path))
-
-
-def ceilings_table(res: dict, path: str) -> RichTable:
-    """The measured ceilings beside the datasheet's, each in the unit that fits its size."""
-    from .measure import peaks
-
-    t = RichTable(title=f"ceilings of {res['device_kind']} → {path}")
-    t.add_column("what")
-    t.add_column("measured", justify="right")
-    t.add_column("datasheet")
-    p = peaks.peak_for_kind(res["device_kind"])
-    peak_ = p.tflops.get(peaks.dtype_class(res["matmul_dtype"])) if p else None
-    t.add_row(f"{res['matmul_dtype']} matmul {res['matmul_n']}³ ({res['timer']})", peaks.format_flops(res["matmul_tflops"] * 1e12),
-              f"{peaks.format_flops(peak_ * 1e12)} ({p.source})" if peak_ else "– (no datasheet for this device)")
-    t.add_row(f"copy {res['copy_bytes'] / 2**30:.3g} GiB read+write", peaks.format_bandwidth(res["copy_gbps"] * 1e9),
-              peaks.format_bandwidth(p.hbm_tbps * 1e12) if p else "–")
-    return t
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

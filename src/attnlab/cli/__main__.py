@@ -1,0 +1,4 @@
+"""``python -m attnlab.cli``."""
+from . import main
+
+main()

@@ -1,0 +1,88 @@
+"""``attnlab env``, ``attnlab backends``, ``attnlab ceilings``: this machine, its backends, its measured ceilings."""
+from __future__ import annotations
+
+import json
+
+import click
+from rich.table import Table as RichTable
+
+from ._app import console, main
+
+
+@main.command("env")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def env_cmd(as_json):
+    """Versions, devices, optional libraries and which backends can run here."""
+    from .. import env as envmod
+
+    e = envmod.collect()
+    if as_json:
+        click.echo(json.dumps(e, indent=2))
+        return
+    t = RichTable(title="attnlab environment", show_header=False)
+    for k in ("attnlab", "git_commit", "python", "jax", "jaxlib", "platform", "device_kind", "device_count",
+              "compute_capability", "cudnn", "xla_flags"):
+        t.add_row(k, str(e.get(k)))
+    for lib, ver in e["optional"].items():
+        t.add_row(f"optional: {lib}", ver or "not installed")
+    console.print(t)
+    _print_backends(e["backends"])
+    if e.get("gpu_note"):
+        console.print(f"[yellow]{e['gpu_note']}[/]")
+
+
+def _print_backends(status: dict):
+    t = RichTable(title="backends")
+    for c in ("backend", "available", "why not", "version"):
+        t.add_column(c, overflow="fold")
+    from rich.markup import escape
+
+    for name, s in status.items():
+        t.add_row(name, "[green]yes[/]" if s["available"] else "[red]no[/]", escape(s["reason"] or ""), s["version"] or "")
+    console.print(t)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def backends(as_json):
+    """Every registered backend, available or not, why not, and its library's version."""
+    from .. import env as envmod
+
+    status = envmod.collect()["backends"]
+    if as_json:
+        click.echo(json.dumps(status, indent=2))
+    else:
+        _print_backends(status)
+
+
+@main.command()
+@click.option("--force", is_flag=True, help="Measure again even if cached.")
+def ceilings(force):
+    """Measure this device's bf16 matmul TFLOP/s and copy GB/s, and cache them for %-of-ceiling."""
+    from ..measure import peaks
+
+    res = None if force else peaks.load_ceilings()
+    if res is None:
+        with console.status("measuring matmul and copy"):
+            res = peaks.measure_ceilings()
+        path = peaks.save_ceilings(res)
+    else:
+        path = peaks.cache_path() + " (cached; --force to measure again)"
+    console.print(ceilings_table(res, path))
+
+
+def ceilings_table(res: dict, path: str) -> RichTable:
+    """The measured ceilings beside the datasheet's, each in the unit that fits its size."""
+    from ..measure import peaks
+
+    t = RichTable(title=f"ceilings of {res['device_kind']} → {path}")
+    t.add_column("what")
+    t.add_column("measured", justify="right")
+    t.add_column("datasheet")
+    p = peaks.peak_for_kind(res["device_kind"])
+    peak_ = p.tflops.get(peaks.dtype_class(res["matmul_dtype"])) if p else None
+    t.add_row(f"{res['matmul_dtype']} matmul {res['matmul_n']}³ ({res['timer']})", peaks.format_flops(res["matmul_tflops"] * 1e12),
+              f"{peaks.format_flops(peak_ * 1e12)} ({p.source})" if peak_ else "– (no datasheet for this device)")
+    t.add_row(f"copy {res['copy_bytes'] / 2**30:.3g} GiB read+write", peaks.format_bandwidth(res["copy_gbps"] * 1e9),
+              peaks.format_bandwidth(p.hbm_tbps * 1e12) if p else "–")
+    return t

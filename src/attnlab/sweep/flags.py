@@ -1,0 +1,57 @@
+"""A bench's flags and its sweep.toml, merged: contradictions refused, a flag replacing the file's value.
+
+``attnlab bench`` gives ``merge`` the flags it was given (axis name -> the flag's text) and its
+``--config`` file; the result goes to ``attnlab.sweep.build``. Errors are ``SweepError``.
+"""
+from __future__ import annotations
+
+from .spec import SweepError, load_toml
+
+#: Flags that set the same axis two ways: refused together, and a flag replaces the config file's other way.
+CONTRADICTIONS = (("seq", "q_len"), ("seq", "kv_len"), ("tokens", "batch"))
+
+
+def flag_name(name: str) -> str:
+    """The command-line flag of an axis: q_len -> --q-len."""
+    return "--" + name.replace("_", "-")
+
+
+def check_contradictions(given: dict) -> None:
+    """Refuse two flags that set the same axis two ways (``CONTRADICTIONS``)."""
+    for a, b in CONTRADICTIONS:
+        if a in given and b in given:
+            raise SweepError(f"{flag_name(a)} and {flag_name(b)} contradict each other: {flag_name(a)} sets "
+                             f"{'q_len = kv_len' if a == 'seq' else 'batch = tokens // q_len'}; give one of them")
+
+
+def merge(config: str | None, given: dict, name: str | None = None) -> tuple[dict, dict, list[str]]:
+    """(sweep values for ``build``, the file's [run] options, notes) from the file and the flags: a flag
+    replaces the file's value of its axis, and the other way of setting it (--seq the file's q_len and
+    kv_len, --tokens its batch, and the other way round), with a note saying so."""
+    values, run_opts = {}, {}
+    notes = []
+    if config:
+        values, run_opts = load_toml(config)
+    for k, v in given.items():
+        for a, b in CONTRADICTIONS:
+            other = b if k == a else a if k == b else None
+            if other and values.pop(other, None) is not None:
+                notes.append(f"{flag_name(k)} replaces {other} from {config}")
+        values[k] = v
+    if name:
+        values["name"] = name
+    return values, run_opts, notes
+
+
+def run_options(run_opts: dict, *, repeats=None, compile_budget=None, min_time=None) -> tuple:
+    """(repeats, compile budget s, min time s): a flag, else the file's [run] value, else the default; checked."""
+    reps = repeats if repeats is not None else run_opts.get("repeats")
+    if reps is not None and (not isinstance(reps, int) or reps < 1):
+        raise SweepError(f"repeats: {reps!r} is not a positive integer")
+    budget = compile_budget if compile_budget is not None else run_opts.get("compile_budget", 300.0)
+    if budget is not None and budget <= 0:
+        raise SweepError(f"compile budget: {budget!r} must be > 0 seconds")
+    mt = min_time if min_time is not None else run_opts.get("min_time", 0.1)
+    if isinstance(mt, bool) or not isinstance(mt, (int, float)) or mt < 0:
+        raise SweepError(f"min time: {mt!r} must be >= 0 seconds")
+    return reps, budget, mt
