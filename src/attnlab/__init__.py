@@ -6,7 +6,8 @@ Public API::
     attnlab.explain(q, k, v, ...)            # which backend auto runs, and why not the others
     attnlab.reference_attention(q, k, v, ...)  # NumPy float64 truth
     attnlab.UnsupportedError                 # a forced backend that cannot run the input
-    attnlab.Workload                         # FLOP / byte model
+    attnlab.Problem                          # one problem: B T S N K H dtype causal window
+    attnlab.Workload                         # FLOP / byte model (a Problem with decode lengths)
     attnlab.hlo_uses_cudnn(fn, *args)        # did cuDNN's fused attention really get lowered?
     attnlab.decode_attention(q, k_cache, v_cache, kv_lengths)  # T new tokens against a KV cache
     attnlab.reference_decode_attention(...)  # its NumPy float64 truth
@@ -23,6 +24,7 @@ from .errors import UnsupportedError
 from .reference import check_close, reference_attention, reference_attention_grads, rel_l2
 from .reference_decode import reference_decode_attention
 from .spec import AttentionSpec
+from .problem import Problem
 from .workload import Workload
 
 __version__ = "0.1.0"
@@ -30,7 +32,7 @@ __version__ = "0.1.0"
 __all__ = [
     "attention", "explain", "select", "Explanation", "Backend", "register", "hlo_uses_cudnn",
     "UnsupportedError", "reference_attention", "reference_attention_grads", "check_close", "rel_l2",
-    "AttentionSpec", "Workload", "__version__",
+    "AttentionSpec", "Problem", "Workload", "__version__",
     "decode_attention", "explain_decode", "reference_decode_attention", "sharded_attention", "make_mesh",
 ]
 

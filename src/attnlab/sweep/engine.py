@@ -6,10 +6,12 @@ import os
 from typing import Callable
 
 from .. import env as envmod
-from ..measure.cell import IDENTITY, Cell, Options, measure_cell, record_key
+from .. import sharded  # noqa: F401  (registers the batch / heads / ring strategies: attnlab.strategies)
+from ..measure.cell import IDENTITY, Cell, Options, config_label, measure_cell, record_key  # noqa: F401
 from ..store import ResultStore, read_jsonl, read_records, write_csv
 from .spec import Sweep, SweepError
 
+#: The record's identity (the Cell's fields, derived from the dataclasses), then what was measured.
 CSV_COLUMNS = list(IDENTITY) + [
     "status", "reason", "timer", "kernel_ms", "wall_ms", "pipelined_ms", "dispatch_ms", "compile_s", "tflops", "gbps",
     "pct_peak", "peak_dtype", "pct_ceiling", "pct_bandwidth", "roofline_ms", "pct_roofline", "checked_fraction", "rel_err", "row_err", "rel_err_f64", "max_abs_err",
@@ -101,19 +103,3 @@ def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, overwrite: bo
 def time_ms(rec: dict) -> float | None:
     """The record's headline time: kernel time where measured, else wall time."""
     return rec.get("kernel_ms") if rec.get("kernel_ms") is not None else rec.get("wall_ms")
-
-
-def config_label(rec: dict, mesh: bool = True) -> str:
-    w = rec.get("window")
-    parts = [f"B{rec['batch']}", f"T{rec['q_len']}", f"S{rec['kv_len']}", f"N{rec['heads']}/{rec['kv_heads']}",
-             f"H{rec['head_dim']}", rec["dtype"]]
-    if rec.get("causal"):
-        parts.append("causal")
-    if w:
-        parts.append(f"w{w[0]}:{w[1]}")
-    if rec.get("lengths"):
-        parts.append(f"decode-{rec['lengths']}")
-    parts.append(rec["mode"])
-    if mesh and rec.get("strategy"):
-        parts.append(f"{rec['strategy']}x{rec.get('devices', 1)}")
-    return " ".join(parts)
