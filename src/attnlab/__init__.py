@@ -6,7 +6,8 @@ Public API::
     attnlab.explain(q, k, v, ...)            # which backend auto runs, and why not the others
     attnlab.reference_attention(q, k, v, ...)  # NumPy float64 truth
     attnlab.UnsupportedError                 # a forced backend that cannot run the input
-    attnlab.Workload                         # FLOP / byte model
+    attnlab.Problem                          # one problem: B T S N K H dtype causal window
+    attnlab.Workload                         # FLOP / byte model (a Problem with decode lengths)
     attnlab.hlo_uses_cudnn(fn, *args)        # did cuDNN's fused attention really get lowered?
     attnlab.decode_attention(q, k_cache, v_cache, kv_lengths)  # T new tokens against a KV cache
     attnlab.reference_decode_attention(...)  # its NumPy float64 truth
@@ -21,7 +22,7 @@ __version__ = "0.1.0"
 __all__ = [
     "attention", "explain", "select", "Explanation", "Backend", "register", "hlo_uses_cudnn",
     "UnsupportedError", "reference_attention", "reference_attention_grads", "check_close", "rel_l2",
-    "AttentionSpec", "Workload", "__version__",
+    "AttentionSpec", "Problem", "Workload", "__version__",
     "decode_attention", "explain_decode", "reference_decode_attention", "sharded_attention", "make_mesh",
 ]
 
@@ -36,6 +37,7 @@ _LAZY = {
     "reference_decode_attention": ".reference_decode",
     "AttentionSpec": ".spec",
     "Workload": ".workload",
+    "Problem": ".problem",
     "sharded_attention": ".sharded", "make_mesh": ".sharded",
 }
 

@@ -190,3 +190,41 @@ def make_mesh(devices: int, axis_name: str = "x") -> Mesh:
 
 def place(x, mesh: Mesh, spec: P):
     return jax.device_put(x, NamedSharding(mesh, spec))
+
+
+# --- registration: how measure and sweep run these strategies (``attnlab.strategies``) ---------
+
+#: Where each strategy puts q, k and v (B, T|S, N|K, H) on the mesh axis "x".
+_PLACEMENT = {"batch": P("x"), "heads": P(None, None, "x"), "ring": P(None, "x")}
+
+
+def _builder(strategy: str):
+    def build(mesh: Mesh, backend: str, causal: bool):
+        # ring computes its blocks itself: the naive backend is its blockwise kernel
+        impl = None if strategy == "ring" and backend == "naive" else backend
+
+        def fwd(q, k, v):
+            return sharded_attention(q, k, v, mesh=mesh, strategy=strategy, is_causal=causal, implementation=impl)
+        return fwd
+    return build
+
+
+def _why_not(strategy: str):
+    def why_not(backend: str, window) -> str | None:
+        if window is not None:
+            return "sharded cells take no window"
+        if strategy == "ring" and backend != "naive":
+            return "ring attention computes its blocks with attnlab's blockwise kernel: use backend naive"
+        return None
+    return why_not
+
+
+def _register() -> None:
+    from .strategies import register_strategy
+
+    for name in STRATEGIES:
+        register_strategy(name, mesh=make_mesh, placement=lambda mesh, name=name: NamedSharding(mesh, _PLACEMENT[name]),
+                          build=_builder(name), why_not=_why_not(name))
+
+
+_register()

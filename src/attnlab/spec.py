@@ -26,32 +26,43 @@ from typing import Any
 
 import numpy as np
 
+from .problem import Problem, delegate_fields
+
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, init=False)
 class AttentionSpec:
-    """Static description of one attention call (shapes, dtype, mask modes)."""
+    """Static description of one attention call: its ``Problem`` (shapes, dtype, causal, window)
+    and what else the call carries (scale, bias/mask shapes, lengths, return_residual).
 
-    batch: int
-    q_len: int
-    kv_len: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    dtype: str
+    Built as before, ``AttentionSpec(batch=, q_len=, ..., dtype=, scale=, is_causal=, window=, ...)``
+    (or with ``problem=``); the problem's fields read as attributes (``spec.heads``, ``spec.is_causal``)."""
+
+    problem: Problem
     scale: float | None
-    is_causal: bool = False
     bias_shape: tuple[int, ...] | None = None
     mask_shape: tuple[int, ...] | None = None
     has_q_lengths: bool = False
     has_kv_lengths: bool = False
-    window: tuple[int, int] | None = None
     return_residual: bool = False   # also return the (B, T, N) logsumexp, as jax.nn's return_residual
+
+    def __init__(self, batch=None, q_len=None, kv_len=None, heads=None, kv_heads=None, head_dim=None, dtype=None,
+                 scale=None, is_causal=False, bias_shape=None, mask_shape=None, has_q_lengths=False,
+                 has_kv_lengths=False, window=None, return_residual=False, *, problem: Problem | None = None):
+        if problem is None:
+            problem = Problem(batch, q_len, kv_len, heads, kv_heads, head_dim, dtype, bool(is_causal), window)
+        for name, value in (("problem", problem), ("scale", scale), ("bias_shape", bias_shape),
+                            ("mask_shape", mask_shape), ("has_q_lengths", has_q_lengths),
+                            ("has_kv_lengths", has_kv_lengths), ("return_residual", return_residual)):
+            object.__setattr__(self, name, value)
 
     @property
     def groups(self) -> int:
-        return self.heads // self.kv_heads
+        return self.problem.groups
+
+
+delegate_fields(AttentionSpec, is_causal="causal")
 
 
 @dataclasses.dataclass

@@ -1,59 +1,77 @@
 """Measure one sweep cell: check it against the references, then time it, and return one record.
 
-A cell is one (backend, shape, dtype, mask, mode). Its record (schema: ``attnlab.records``) has a
-``status``: ``ok`` (whole output and gradients checked, then timed), ``unchecked`` (timed with the
-check off), or ``incorrect``, ``unsupported``, ``oom``, ``compile_error``, ``runtime_error``,
-``over_budget`` with ``reason`` saying why. An incorrect cell is never timed.
+A cell is one (backend, problem, mode[, mesh strategy, decode lengths]); its problem is an
+``attnlab.problem.Problem``. Its record (schema: ``attnlab.records``) has a ``status``: ``ok``
+(whole output and gradients checked, then timed), ``unchecked`` (timed with the check off), or
+``incorrect``, ``unsupported``, ``oom``, ``compile_error``, ``runtime_error``, ``over_budget`` with
+``reason`` saying why. An incorrect cell is never timed.
+
+This module is the cell and its state machine; the concerns it walks through live beside it:
+``inputs`` (input sets, mesh placement, the mode builders), ``check`` (references and the check
+policy), ``budget`` (the compile watchdog), ``record`` (classification, metrics, finishing).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
-import threading
 import time
 import traceback
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from .. import api, backends, device
-from ..errors import UnsupportedError
-from ..inputs import _normal, random_qkv
-from ..reference import default_matmul_is_tf32
+from .. import backends, device, strategies
+from ..inputs import _normal
+from ..problem import FIELDS as PROBLEM_FIELDS, Problem, delegate_fields, label as problem_label
+from ..records import SCHEMA_VERSION, STATUSES  # noqa: F401  (STATUSES re-exported)
 from ..spec import prepare
 from ..workload import Workload
-from ..records import SCHEMA_VERSION, STATUSES  # noqa: F401  (STATUSES re-exported)
-from . import check, memory, peaks, timers
+from . import check, memory, timers
 from .native import measure_native
+# re-exported: the names tests, the lab and benchmarks import from attnlab.measure.cell
+from .budget import _with_budget  # noqa: F401
+from .check import _check_grads_into, _check_into, ref_key, semantics  # noqa: F401
+from .inputs import _functions, _input_sets, _mesh_record, _place_sharded, strategy_refusal  # noqa: F401
+from .record import MEASURED_FIELDS, TIMING_FIELDS, Skip as _Skip, _finish, _metrics, _short, classify  # noqa: F401
 
 MODES = ("fwd", "fwd+bwd", "bwd")
-IDENTITY = ("backend", "batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype", "causal", "window", "mode",
-            "devices", "strategy", "lengths")
-IDENTITY_DEFAULTS = {"devices": 1, "strategy": None, "lengths": None}
 #: Decode cells (``lengths`` set): the q_len queries are the last tokens of each sequence of the cache.
 LENGTHS = ("full", "ragged")
+#: Read in records written before the field existed as this default (``record_key``).
+_SINCE = {"record_default": True}
+_UNSET = object()
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, init=False)
 class Cell:
-    backend: str
-    batch: int
-    q_len: int
-    kv_len: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    dtype: str = "bfloat16"
-    causal: bool = False
-    window: tuple[int, int] | None = None
-    mode: str = "fwd"
-    devices: int = 1                 # mesh size, for sharded cells
-    strategy: str | None = None      # None (one device, no mesh) or a sharded_attention strategy
-    lengths: str | None = None       # None: attention(); "full"/"ragged": decode_attention() on a cache
+    """``Cell(backend, B, T, S, N, K, H, dtype, causal, window, mode, devices, strategy, lengths)``
+    (positional or keyword, or ``Cell(backend, problem=Problem(...), mode=...)``); the problem's
+    fields read as attributes (``cell.batch``, ``cell.window``)."""
 
-    def __post_init__(self):
+    backend: str
+    problem: Problem
+    mode: str = "fwd"
+    devices: int = dataclasses.field(default=1, metadata=_SINCE)                 # mesh size, for sharded cells
+    strategy: str | None = dataclasses.field(default=None, metadata=_SINCE)      # None or a registered strategy
+    lengths: str | None = dataclasses.field(default=None, metadata=_SINCE)       # None: attention(); full/ragged: decode
+
+    def __init__(self, backend, batch=_UNSET, q_len=_UNSET, kv_len=_UNSET, heads=_UNSET, kv_heads=_UNSET,
+                 head_dim=_UNSET, dtype=_UNSET, causal=_UNSET, window=_UNSET, mode="fwd", devices=1, strategy=None,
+                 lengths=None, *, problem: Problem | None = None):
+        given = {k: v for k, v in zip(PROBLEM_FIELDS, (batch, q_len, kv_len, heads, kv_heads, head_dim, dtype, causal,
+                                                       window)) if v is not _UNSET}
+        if problem is None:
+            problem = Problem(**{f: given.get(f) for f in PROBLEM_FIELDS[:6]},
+                              **{f: given[f] for f in PROBLEM_FIELDS[6:] if f in given})
+        elif given:  # dataclasses.replace(cell, heads=...)
+            problem = dataclasses.replace(problem, **given)
+        for name, value in (("backend", backend), ("problem", problem), ("mode", mode), ("devices", devices),
+                            ("strategy", strategy), ("lengths", lengths)):
+            object.__setattr__(self, name, value)
+        self._validate()
+
+    def _validate(self):
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.lengths is not None:
@@ -62,10 +80,8 @@ class Cell:
             if self.q_len > self.kv_len or self.window is not None or self.strategy is not None:
                 raise ValueError("decode cells (lengths) need q_len <= kv_len, no window and no strategy")
         if self.strategy is not None:
-            from ..sharded import STRATEGIES
-
-            if self.strategy not in STRATEGIES:
-                raise ValueError(f"strategy must be None or one of {STRATEGIES}, got {self.strategy!r}")
+            if self.strategy not in strategies.names():
+                raise ValueError(strategies.unknown(self.strategy))
         elif self.devices != 1:
             raise ValueError("devices > 1 needs a strategy (batch, heads or ring)")
 
@@ -83,9 +99,7 @@ class Cell:
 
     @property
     def workload(self) -> Workload:
-        return Workload(self.batch, self.q_len, self.kv_len, self.heads, self.kv_heads, self.head_dim,
-                        self.dtype, self.causal, self.window, kv_lengths=self.kv_lengths(),
-                        decode=self.lengths is not None)
+        return Workload.from_problem(self.problem, kv_lengths=self.kv_lengths(), decode=self.lengths is not None)
 
     def identity(self) -> dict:
         d = {k: getattr(self, k) for k in IDENTITY}
@@ -97,15 +111,32 @@ class Cell:
 
     @property
     def config_label(self) -> str:
-        mesh = f" {self.strategy}x{self.devices}" if self.strategy else ""
-        dec = f" decode-{self.lengths}" if self.lengths else ""
-        return f"{self.workload.label}{dec} {self.mode}{mesh}"
+        return config_label(self.identity())
+
+
+delegate_fields(Cell)
+
+#: A record's identity: the Cell's fields in order, its problem spelled out as the Problem's fields.
+IDENTITY = tuple(n for f in dataclasses.fields(Cell) for n in (PROBLEM_FIELDS if f.name == "problem" else (f.name,)))
+#: Identity fields older records may lack, read as the Cell's defaults.
+IDENTITY_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Cell) if f.metadata.get("record_default")}
 
 
 def record_key(rec: dict) -> str:
     d = {k: rec.get(k, IDENTITY_DEFAULTS.get(k)) for k in IDENTITY}
     d["window"] = list(d["window"]) if d["window"] else None
     return json.dumps(d, sort_keys=True)
+
+
+def config_label(rec: dict, mesh: bool = True) -> str:
+    """``<problem label> [decode-L] mode [strategy x devices]`` of a record or ``Cell.identity()``."""
+    parts = [problem_label(rec)]
+    if rec.get("lengths"):
+        parts.append(f"decode-{rec['lengths']}")
+    parts.append(rec["mode"])
+    if mesh and rec.get("strategy"):
+        parts.append(f"{rec['strategy']}x{rec.get('devices', 1)}")
+    return " ".join(parts)
 
 
 @dataclasses.dataclass
@@ -120,153 +151,6 @@ class Options:
     pipelined_calls: int = 20
     seed: int = 0
     min_time_s: float = 0.1             # wall-clock timing (no CUPTI): keep sampling at least this long
-
-
-class _Skip(Exception):
-    def __init__(self, status, reason):
-        super().__init__(reason)
-        self.status, self.reason = status, reason
-
-
-def classify(exc: BaseException, phase: str) -> tuple[str, str]:
-    """Map an exception raised while compiling ('compile') or running ('run') to (status, reason)."""
-    msg = f"{type(exc).__name__}: {exc}"
-    low = msg.lower()
-    if isinstance(exc, MemoryError) or "resource_exhausted" in low or "out of memory" in low or "oom" in low.split():
-        return "oom", _short(msg)
-    if isinstance(exc, (UnsupportedError, NotImplementedError)):
-        return "unsupported", _short(msg)
-    return ("compile_error" if phase == "compile" else "runtime_error"), _short(msg)
-
-
-def _short(msg: str, n: int = 500) -> str:
-    """One line; long messages keep their head and their tail (where the cause usually is)."""
-    msg = " ".join(msg.split())
-    return msg if len(msg) <= n else msg[: n // 2] + " ... " + msg[-(n // 2):]
-
-
-def _place_sharded(sets, cell: Cell):
-    """Put each input set on the mesh as the strategy splits it, so timing excludes the initial scatter."""
-    from jax.sharding import NamedSharding, PartitionSpec as P
-
-    from ..sharded import make_mesh
-
-    mesh = make_mesh(cell.devices)
-    spec = {"batch": P("x"), "heads": P(None, None, "x"), "ring": P(None, "x")}[cell.strategy]
-    sh = NamedSharding(mesh, spec)
-    return [tuple(jax.device_put(x, sh) for x in s) for s in sets]
-
-
-def _mesh_record(cell: Cell) -> dict:
-    if cell.devices > jax.device_count():
-        raise _Skip("unsupported", f"{cell.devices} devices asked, JAX sees {jax.device_count()}")
-    devs = jax.devices()[: cell.devices]
-    return {"devices": cell.devices, "axis": "x", "strategy": cell.strategy, "kinds": sorted({d.device_kind for d in devs})}
-
-
-def _with_budget(fn, budget_s):
-    """Run fn() in a daemon thread; (result, None) or raise; _Skip('over_budget') past the budget.
-
-    JAX's config contexts are thread-local: the caller's x64 setting (on for float64 cells) is
-    carried into the thread, or the thread would trace float64 inputs as float32."""
-    if not budget_s:
-        return fn()
-    box: dict = {}
-    x64 = bool(jax.config.jax_enable_x64)
-
-    def target():
-        try:
-            with jax.enable_x64(x64):
-                box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            box["error"] = e
-
-    t = threading.Thread(target=target, daemon=True, name="attnlab-compile")
-    t.start()
-    t.join(budget_s)
-    if t.is_alive():
-        raise _Skip("over_budget", f"compile ran past its {budget_s:g} s budget; abandoned and skipped")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
-def _input_sets(cell: Cell, opts: Options):
-    w = cell.workload
-    one = w.bytes("fwd") - w.batch * w.q_len * w.heads * w.head_dim * w.itemsize  # q, k, v
-    rotate = opts.rotate_bytes
-    if rotate is None:
-        p = peaks.peak_for_kind(device.current().kind)
-        rotate = 3 * (p.l2_bytes if p else 64 * 2**20)
-    n = max(1, min(opts.max_input_sets, math.ceil(rotate / max(one, 1)), max(1, (4 * 2**30) // max(one, 1))))
-    return [random_qkv(w.batch, w.q_len, w.kv_len, w.heads, w.kv_heads, w.head_dim, w.dtype, seed=opts.seed + i)
-            for i in range(n)]
-
-
-def _functions(cell: Cell):
-    """(forward fn(q, k, v), timed fn, a maker of its argument tuple from (q, k, v, ct))."""
-    kw = dict(is_causal=cell.causal, local_window_size=cell.window, implementation=cell.backend)
-
-    if cell.lengths is not None:
-        import attnlab
-
-        lens = jnp.asarray(cell.kv_lengths(), jnp.int32)
-
-        def fwd(q, k, v):
-            return attnlab.decode_attention(q, k, v, lens, causal=cell.causal, implementation=cell.backend)
-    elif cell.strategy is None:
-        def fwd(q, k, v):
-            return api.attention(q, k, v, **kw)
-    else:
-        from ..sharded import make_mesh, sharded_attention
-
-        mesh = make_mesh(cell.devices)
-        impl = None if cell.strategy == "ring" and cell.backend == "naive" else cell.backend
-
-        def fwd(q, k, v):
-            return sharded_attention(q, k, v, mesh=mesh, strategy=cell.strategy, is_causal=cell.causal, implementation=impl)
-
-    if cell.mode == "fwd":
-        return fwd, fwd, lambda q, k, v, ct: (q, k, v)
-
-    def loss(q, k, v, ct):
-        return jnp.sum(fwd(q, k, v).astype(jnp.float32) * ct)
-
-    if cell.mode == "fwd+bwd":
-        return fwd, jax.grad(loss, argnums=(0, 1, 2)), lambda q, k, v, ct: (q, k, v, ct)
-
-    treedef = []
-
-    def make_bwd_args(q, k, v, ct):
-        # The backward pass alone: residuals of the forward pass are the timed function's inputs.
-        # Every input set reuses the first set's tree structure so one compilation serves all.
-        _, vjp_fn = jax.vjp(fwd, q, k, v)
-        leaves, tdef = jax.tree_util.tree_flatten(vjp_fn)
-        treedef.append(tdef)
-        return (jax.tree_util.tree_unflatten(treedef[0], leaves), ct.astype(q.dtype))
-
-    return fwd, lambda vjp_fn, ct: vjp_fn(ct), make_bwd_args
-
-
-def ref_key(cell: Cell, seed: int) -> str:
-    """The identity of a cell's problem and inputs: every backend and mode of it shares references."""
-    ident = {k: v for k, v in cell.identity().items() if k not in ("backend", "mode")}
-    return json.dumps({**ident, "seed": seed}, sort_keys=True)
-
-
-def semantics(cell: Cell) -> check.Semantics:
-    lens = cell.kv_lengths()
-    if lens is None:
-        return check.Semantics(causal=cell.causal, window=cell.window)
-    return check.Semantics(causal=cell.causal, kv_lengths=lens, q_offsets=tuple(n - cell.q_len for n in lens))
-
-
-#: Fields every cell record has (None until measured); see ``attnlab.records`` for the schema.
-MEASURED_FIELDS = ("kernel_ms", "wall_ms", "pipelined_ms", "dispatch_ms", "compile_s", "lower_s", "tflops", "gbps",
-                   "pct_peak", "pct_ceiling", "rel_err", "max_abs_err", "temp_bytes", "peak_bytes", "process_peak_bytes",
-                   "checked_fraction", "grad_check")
-TIMING_FIELDS = ("kernel_ms", "wall_ms", "pipelined_ms", "dispatch_ms", "tflops", "gbps", "pct_peak", "pct_ceiling",
-                 "pct_bandwidth", "roofline_ms", "pct_roofline")
 
 
 def measure_cell(cell: Cell, opts: Options | None = None) -> dict:
@@ -321,10 +205,9 @@ def _measure_cell(cell: Cell, opts: Options | None) -> dict:
             rec["mesh"] = _mesh_record(cell)
             sets = _place_sharded(sets, cell)
             q0, k0, v0 = sets[0]
-            if cell.window is not None:
-                raise _Skip("unsupported", "sharded cells take no window")
-            if cell.strategy == "ring" and cell.backend != "naive":
-                raise _Skip("unsupported", "ring attention computes its blocks with attnlab's blockwise kernel: use backend naive")
+            why_strategy = strategy_refusal(cell)
+            if why_strategy:
+                raise _Skip("unsupported", why_strategy)
         if getattr(backend, "native", False):
             if cell.lengths is not None and not getattr(backend, "decode", False):
                 raise _Skip("unsupported", f"{cell.backend}: no decode (cache) semantics")
@@ -387,54 +270,6 @@ def _measure_cell(cell: Cell, opts: Options | None) -> dict:
     return _finish(rec, t_start)
 
 
-def _check_into(rec: dict, out, inputs, cell: Cell, backend, opts: Options) -> None:
-    """Check the whole forward output; record it; raise _Skip('incorrect') when it fails."""
-    q, k, v = inputs
-    rec["out_dtype"] = np.dtype(out.dtype).name
-    if rec["out_dtype"] != cell.dtype:
-        raise _Skip("incorrect", f"output dtype {rec['out_dtype']} is not the cell's dtype {cell.dtype}")
-    chk = check.check_forward(check.device_array(out), q, k, v, semantics(cell), ref_key=ref_key(cell, opts.seed),
-                              fixed_limit=backend.rel_l2_limit, fixed_rule=backend.rel_l2_rule)
-    ok, why = chk.pop("ok"), chk.pop("reason")
-    rec.update(chk)
-    if not ok:
-        raise _Skip("incorrect", f"output wrong: {why} ({chk['tolerance']})")
-
-
-def _check_grads_into(rec: dict, grads, inputs, ct, cell: Cell, opts: Options) -> None:
-    q, k, v = inputs
-    chk = check.check_grads(grads, q, k, v, ct.astype(q.dtype), semantics(cell), ref_key=ref_key(cell, opts.seed))
-    why = chk.pop("grad_reason")
-    rec.update(chk)
-    if chk["grad_check"] != "ok":
-        raise _Skip("incorrect", why)
-
-
-def _metrics(rec: dict, cell: Cell, info, backend=None) -> None:
-    """TFLOP/s, GB/s and % of peak from the record's headline time (kernel time where measured).
-
-    The peak is the one of the dtype the backend computes in (``Backend.compute_dtype``, e.g. FP8)."""
-    t_ms = rec["kernel_ms"] if rec["kernel_ms"] is not None else rec["wall_ms"]
-    if rec["kernel_ms"] is not None and rec["wall_ms"] is not None:
-        rec["dispatch_ms"] = rec["wall_ms"] - rec["kernel_ms"]
-    rec["tflops"] = rec["flops"] / (t_ms * 1e-3) / 1e12
-    rec["gbps"] = rec["bytes"] / (t_ms * 1e-3) / 1e9
-    peak_dtype = getattr(backend, "compute_dtype", None) or cell.dtype
-    pk = peaks.peak_tflops(info.kind, peak_dtype, tf32=default_matmul_is_tf32())
-    rec["peak_dtype"] = peaks.dtype_class(peak_dtype, default_matmul_is_tf32())
-    rec["peak_tflops"] = pk
-    rec["pct_peak"] = 100 * rec["tflops"] / pk if pk else None
-    sheet = peaks.peak_for_kind(info.kind)
-    if sheet and pk:
-        # the roofline bound of this cell: max(bytes / HBM bandwidth, FLOPs / compute peak)
-        rec["pct_bandwidth"] = 100 * rec["gbps"] / (sheet.hbm_tbps * 1e3)
-        rec["roofline_ms"] = max(rec["bytes"] / (sheet.hbm_tbps * 1e12), rec["flops"] / (pk * 1e12)) * 1e3
-        rec["pct_roofline"] = 100 * rec["roofline_ms"] / t_ms
-    ceil = peaks.load_ceilings(info.kind)
-    if ceil and cell.dtype in ("bfloat16", "float16"):
-        rec["pct_ceiling"] = 100 * rec["tflops"] / ceil["matmul_tflops"]
-
-
 def _measure_native(backend, cell: Cell, spec, sets, opts: Options, rec: dict, info) -> None:
     """A backend outside JAX (PyTorch): check its whole output on the same inputs, then time it
     with the backend's own hook (CUPTI where it works, said in ``timer``)."""
@@ -464,14 +299,3 @@ def _measure_native(backend, cell: Cell, spec, sets, opts: Options, rec: dict, i
     except Exception as e:  # noqa: BLE001
         raise _Skip(*classify(e, "run"))
     _metrics(rec, cell, info, backend)
-
-
-def _finish(rec: dict, t_start: float) -> dict:
-    if rec["status"] not in ("ok", "unchecked"):
-        for k_ in TIMING_FIELDS:
-            rec[k_] = None
-        for k_ in [k for k in rec if k.startswith(("kernel_", "wall_"))]:
-            rec[k_] = None
-    rec["cell_s"] = time.perf_counter() - t_start
-    rec["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    return rec

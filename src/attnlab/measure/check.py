@@ -12,11 +12,13 @@ outputs, the worst row's relative error — must be at most 2x the same error of
 emulation (scores in float32, probabilities rounded to the dtype before P·V, float32 accumulation,
 output rounded) plus a small floor. Backends that compute in float8 set their own fixed limit.
 References are shared by every backend measured on the same inputs (``ref_key``).
+``_check_into`` / ``_check_grads_into`` apply the policy to a cell and put the verdict in its record.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
 from collections import OrderedDict
 
@@ -26,6 +28,7 @@ import numpy as np
 
 from ..reference import LIMIT_FACTOR, policy_limit, reference_attention, rel_l2, row_rel_err
 from ..reference_device import blockwise_attention, blockwise_grads, rel_errors
+from .record import Skip
 
 TILE = 64
 INTERIOR_TILES = 2
@@ -178,3 +181,42 @@ def check_grads(grads, q, k, v, cotangent, sem: Semantics, *, ref_key: str) -> d
 def device_array(x):
     """A JAX array on the default device (outputs of non-JAX backends arrive by DLPack)."""
     return x if isinstance(x, jax.Array) else jnp.asarray(x)
+
+
+# --- the check of a cell (``attnlab.measure.cell``): its semantics, reference key and verdicts --------
+
+def ref_key(cell, seed: int) -> str:
+    """The identity of a cell's problem and inputs: every backend and mode of it shares references."""
+    ident = {k: v for k, v in cell.identity().items() if k not in ("backend", "mode")}
+    return json.dumps({**ident, "seed": seed}, sort_keys=True)
+
+
+def semantics(cell) -> Semantics:
+    lens = cell.kv_lengths()
+    if lens is None:
+        return Semantics(causal=cell.causal, window=cell.window)
+    return Semantics(causal=cell.causal, kv_lengths=lens, q_offsets=tuple(n - cell.q_len for n in lens))
+
+
+def _check_into(rec: dict, out, inputs, cell, backend, opts) -> None:
+    """Check the whole forward output; record it; raise Skip('incorrect') when it fails."""
+    q, k, v = inputs
+    rec["out_dtype"] = np.dtype(out.dtype).name
+    if rec["out_dtype"] != cell.dtype:
+        raise Skip("incorrect", f"output dtype {rec['out_dtype']} is not the cell's dtype {cell.dtype}")
+    chk = check_forward(device_array(out), q, k, v, semantics(cell), ref_key=ref_key(cell, opts.seed),
+                        fixed_limit=backend.rel_l2_limit, fixed_rule=backend.rel_l2_rule)
+    ok, why = chk.pop("ok"), chk.pop("reason")
+    rec.update(chk)
+    if not ok:
+        raise Skip("incorrect", f"output wrong: {why} ({chk['tolerance']})")
+
+
+def _check_grads_into(rec: dict, grads, inputs, ct, cell, opts) -> None:
+    """Check every gradient; record it; raise Skip('incorrect') when one fails."""
+    q, k, v = inputs
+    chk = check_grads(grads, q, k, v, ct.astype(q.dtype), semantics(cell), ref_key=ref_key(cell, opts.seed))
+    why = chk.pop("grad_reason")
+    rec.update(chk)
+    if chk["grad_check"] != "ok":
+        raise Skip("incorrect", why)

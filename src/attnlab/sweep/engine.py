@@ -6,11 +6,13 @@ import os
 from typing import Callable
 
 from .. import env as envmod
+from .. import sharded  # noqa: F401  (registers the batch / heads / ring strategies: attnlab.strategies)
 from ..measure.cell import IDENTITY, Cell, Options, measure_cell, record_key
 from ..records import config_label, time_ms  # noqa: F401  (re-exported: the helpers live in records)
 from ..store import ResultStore, read_jsonl, read_records, write_csv
 from .spec import Sweep, SweepError
 
+#: The record's identity (the Cell's fields, derived from the dataclasses), then what was measured.
 CSV_COLUMNS = list(IDENTITY) + [
     "status", "reason", "timer", "kernel_ms", "wall_ms", "pipelined_ms", "dispatch_ms", "compile_s", "tflops", "gbps",
     "pct_peak", "peak_dtype", "pct_ceiling", "pct_bandwidth", "roofline_ms", "pct_roofline", "checked_fraction", "rel_err", "row_err", "rel_err_f64", "max_abs_err",

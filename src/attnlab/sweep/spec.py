@@ -17,7 +17,7 @@ import dataclasses
 import itertools
 import tomllib
 
-from .. import backends
+from .. import backends, strategies
 from ..measure.cell import LENGTHS, MODES, Cell
 from ..spec import FLOAT_DTYPES
 
@@ -70,11 +70,9 @@ class Sweep:
         for m in self.mode:
             if m not in MODES:
                 raise SweepError(f"mode: {m!r} is not one of {', '.join(MODES)}")
-        from ..sharded import STRATEGIES
-
         for st in self.strategy:
-            if st is not None and st not in STRATEGIES:
-                raise SweepError(f"strategy: {st!r} is not none or one of {', '.join(STRATEGIES)}")
+            if st is not None and st not in strategies.names():
+                raise SweepError(f"strategy: {st!r} is not none or one of {', '.join(strategies.names())}")
         for ln in self.lengths:
             if ln is not None and ln not in LENGTHS:
                 raise SweepError(f"lengths: {ln!r} is not none or one of {', '.join(LENGTHS)}")

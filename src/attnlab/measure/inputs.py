@@ -1,0 +1,89 @@
+"""What a cell runs, on which inputs: input sets, mesh placement and the three mode builders.
+
+Sharded cells get their mesh, input placement and attention function from the strategy registry
+(``attnlab.strategies``), which the layer implementing the strategies fills (``attnlab.sharded``,
+imported by ``attnlab.sweep``): measure looks a strategy up by name and imports no part of it.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from .. import api, device, strategies
+from ..inputs import random_qkv
+from . import peaks
+from .record import Skip
+
+
+def _input_sets(cell, opts):
+    """As many (q, k, v) sets as rotate past the L2 cache (at most ``opts.max_input_sets``, 4 GiB)."""
+    w = cell.workload
+    one = w.bytes("fwd") - w.batch * w.q_len * w.heads * w.head_dim * w.itemsize  # q, k, v
+    rotate = opts.rotate_bytes
+    if rotate is None:
+        p = peaks.peak_for_kind(device.current().kind)
+        rotate = 3 * (p.l2_bytes if p else 64 * 2**20)
+    n = max(1, min(opts.max_input_sets, math.ceil(rotate / max(one, 1)), max(1, (4 * 2**30) // max(one, 1))))
+    return [random_qkv(w.batch, w.q_len, w.kv_len, w.heads, w.kv_heads, w.head_dim, w.dtype, seed=opts.seed + i)
+            for i in range(n)]
+
+
+def _place_sharded(sets, cell):
+    """Put each input set on the mesh as the strategy splits it, so timing excludes the initial scatter."""
+    st = strategies.get(cell.strategy)
+    sh = st.placement(st.mesh(cell.devices))
+    return [tuple(jax.device_put(x, sh) for x in s) for s in sets]
+
+
+def _mesh_record(cell) -> dict:
+    if cell.devices > jax.device_count():
+        raise Skip("unsupported", f"{cell.devices} devices asked, JAX sees {jax.device_count()}")
+    devs = jax.devices()[: cell.devices]
+    return {"devices": cell.devices, "axis": "x", "strategy": cell.strategy, "kinds": sorted({d.device_kind for d in devs})}
+
+
+def strategy_refusal(cell) -> str | None:
+    """Why the cell's strategy cannot run it (None: it can, or the cell has no strategy)."""
+    return None if cell.strategy is None else strategies.get(cell.strategy).why_not(cell.backend, cell.window)
+
+
+def _functions(cell):
+    """(forward fn(q, k, v), timed fn, a maker of its argument tuple from (q, k, v, ct))."""
+    kw = dict(is_causal=cell.causal, local_window_size=cell.window, implementation=cell.backend)
+
+    if cell.lengths is not None:
+        import attnlab
+
+        lens = jnp.asarray(cell.kv_lengths(), jnp.int32)
+
+        def fwd(q, k, v):
+            return attnlab.decode_attention(q, k, v, lens, causal=cell.causal, implementation=cell.backend)
+    elif cell.strategy is None:
+        def fwd(q, k, v):
+            return api.attention(q, k, v, **kw)
+    else:
+        st = strategies.get(cell.strategy)
+        fwd = st.build(st.mesh(cell.devices), cell.backend, cell.causal)
+
+    if cell.mode == "fwd":
+        return fwd, fwd, lambda q, k, v, ct: (q, k, v)
+
+    def loss(q, k, v, ct):
+        return jnp.sum(fwd(q, k, v).astype(jnp.float32) * ct)
+
+    if cell.mode == "fwd+bwd":
+        return fwd, jax.grad(loss, argnums=(0, 1, 2)), lambda q, k, v, ct: (q, k, v, ct)
+
+    treedef = []
+
+    def make_bwd_args(q, k, v, ct):
+        # The backward pass alone: residuals of the forward pass are the timed function's inputs.
+        # Every input set reuses the first set's tree structure so one compilation serves all.
+        _, vjp_fn = jax.vjp(fwd, q, k, v)
+        leaves, tdef = jax.tree_util.tree_flatten(vjp_fn)
+        treedef.append(tdef)
+        return (jax.tree_util.tree_unflatten(treedef[0], leaves), ct.astype(q.dtype))
+
+    return fwd, lambda vjp_fn, ct: vjp_fn(ct), make_bwd_args

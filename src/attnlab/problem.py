@@ -1,0 +1,178 @@
+"""One attention problem: the nine numbers every layer of attnlab describes a call by.
+
+``Problem(batch B, q_len T, kv_len S, heads N, kv_heads K, head_dim H, dtype, causal, window)``
+(shape letters as in ``attnlab.spec``). It is the one place that
+
+- validates a problem (positive sizes, N a multiple of K, a dtype NumPy knows, window
+  ``(left, right)`` of non-negative ints), raising ``ValueError`` naming the argument;
+- counts its cost (FLOPs and bytes in the FlashAttention convention, ``attnlab.workload``);
+- names it: ``label`` (``B2 T128 S128 N8/2 H64 bfloat16 causal w64:0``, the format of the
+  sweep's configuration labels) and ``key``/``identity`` (the JSON fields a record stores).
+
+``AttentionSpec`` (the prepared call), ``Workload`` (the cost model, with decode lengths) and
+``measure.Cell`` (one sweep cell) hold or extend a Problem instead of repeating its fields.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Mapping
+
+import numpy as np
+
+BWD_FLOP_FACTOR = 2.5
+#: The size fields, in record order; each must be a positive int.
+SIZES = ("batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim")
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of ``dtype`` (bfloat16 and float8 names included); ValueError naming dtype."""
+    import ml_dtypes  # noqa: F401  (registers bfloat16 and float8 names with NumPy)
+
+    try:
+        return np.dtype(dtype).itemsize
+    except TypeError:
+        raise ValueError(f"dtype must be a dtype name NumPy knows (e.g. bfloat16, float32), got {dtype!r}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One attention problem (see the module docstring)."""
+
+    batch: int
+    q_len: int
+    kv_len: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: str = "bfloat16"
+    causal: bool = False
+    window: tuple[int, int] | None = None
+
+    def __post_init__(self):
+        for f in SIZES:
+            v = getattr(self, f)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{f} must be a positive int, got {v!r}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads}")
+        w = self.window
+        if w is not None:
+            if (not isinstance(w, (tuple, list)) or len(w) != 2
+                    or any(isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 0 for x in w)):
+                raise ValueError(f"window must be (left, right) with both >= 0, got {w!r}")
+            if isinstance(w, list):
+                object.__setattr__(self, "window", tuple(w))
+        itemsize(self.dtype)
+
+    @classmethod
+    def of(cls, obj) -> "Problem":
+        """The Problem of anything holding its fields: a record dict or an object with the attributes."""
+        get = obj.get if isinstance(obj, Mapping) else lambda k, d=None: getattr(obj, k, d)
+        w = get("window")
+        return cls(*(get(f) for f in SIZES), get("dtype", "bfloat16"), bool(get("causal", False)),
+                   tuple(w) if w else None)
+
+    def as_problem(self) -> "Problem":
+        """This problem alone (a subclass such as ``Workload`` drops its extra fields)."""
+        return Problem(*(getattr(self, f.name) for f in dataclasses.fields(Problem)))
+
+    # --- names --------------------------------------------------------------
+    def identity(self) -> dict:
+        """The record fields of the problem, in field order (window as a JSON list)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(Problem)}
+        d["window"] = list(self.window) if self.window else None
+        return d
+
+    def key(self) -> str:
+        return json.dumps(self.identity(), sort_keys=True)
+
+    @property
+    def label(self) -> str:
+        return label(self.identity())
+
+    # --- counts -------------------------------------------------------------
+    @property
+    def groups(self) -> int:
+        return self.heads // self.kv_heads
+
+    @property
+    def itemsize(self) -> int:
+        return itemsize(self.dtype)
+
+    def _kept(self, q_lens, kv_lens, decode: bool) -> int:
+        t = np.arange(self.q_len, dtype=np.int64)
+        total = 0
+        cache: dict[tuple[int, int], int] = {}
+        for ql, kl in zip(q_lens, kv_lens):
+            if (ql, kl) not in cache:
+                pos = t + (kl - self.q_len if decode else 0)
+                lo = np.zeros_like(t)
+                hi = np.full_like(t, kl - 1)
+                if self.causal:
+                    hi = np.minimum(hi, pos)
+                if self.window is not None:
+                    lo = np.maximum(lo, pos - self.window[0])
+                    hi = np.minimum(hi, pos + self.window[1])
+                per_row = np.clip(hi - lo + 1, 0, None)[:ql]
+                cache[(ql, kl)] = int(per_row.sum())
+            total += cache[(ql, kl)]
+        return total
+
+    def kept_pairs(self) -> int:
+        """Number of (b, t, s) triples a query actually attends to (per head)."""
+        return self._kept((self.q_len,) * self.batch, (self.kv_len,) * self.batch, False)
+
+    def kv_tokens(self) -> int:
+        """Key/value positions read over the batch."""
+        return self.batch * self.kv_len
+
+    def flops(self, mode: str = "fwd") -> float:
+        """FLOPs for ``mode`` in {"fwd", "bwd", "fwd+bwd"}."""
+        fwd = 4.0 * self.heads * self.head_dim * self.kept_pairs()
+        return {"fwd": fwd, "bwd": BWD_FLOP_FACTOR * fwd, "fwd+bwd": (1 + BWD_FLOP_FACTOR) * fwd}[_mode(mode)]
+
+    def bytes(self, mode: str = "fwd") -> float:
+        """Fewest bytes moved through device memory for ``mode``."""
+        q = self.batch * self.q_len * self.heads * self.head_dim
+        kv = self.kv_tokens() * self.kv_heads * self.head_dim
+        fwd = (q + 2 * kv + q) * self.itemsize
+        bwd = (3 * q + 2 * kv + q + 2 * kv) * self.itemsize  # read q,k,v,o,do; write dq,dk,dv
+        return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[_mode(mode)]
+
+    def intensity(self, mode: str = "fwd") -> float:
+        """Arithmetic intensity in FLOP per byte."""
+        return self.flops(mode) / self.bytes(mode)
+
+
+#: Problem's field names, in record order (the identity of a record starts with them after backend).
+FIELDS = tuple(f.name for f in dataclasses.fields(Problem))
+
+
+def label(fields: Mapping) -> str:
+    """``B T S N/K H dtype [causal] [wL:R]`` of a problem's fields (a record or ``Problem.identity()``)."""
+    w = fields.get("window")
+    parts = [f"B{fields['batch']}", f"T{fields['q_len']}", f"S{fields['kv_len']}",
+             f"N{fields['heads']}/{fields['kv_heads']}", f"H{fields['head_dim']}", fields["dtype"]]
+    if fields.get("causal"):
+        parts.append("causal")
+    if w:
+        parts.append(f"w{w[0]}:{w[1]}")
+    return " ".join(parts)
+
+
+def _mode(mode: str) -> str:
+    if mode not in ("fwd", "bwd", "fwd+bwd"):
+        raise ValueError(f"mode must be 'fwd', 'bwd' or 'fwd+bwd', got {mode!r}")
+    return mode
+
+
+def delegate_fields(cls, **aliases):
+    """Give ``cls`` (which holds a ``problem``) read-only properties for the problem's fields, so
+    ``obj.heads`` reads ``obj.problem.heads``; ``aliases`` renames some (``is_causal="causal"``)."""
+    names = {f: f for f in FIELDS if f not in aliases.values()}
+    names.update(aliases)
+    for attr, field in names.items():
+        setattr(cls, attr, property(lambda self, field=field: getattr(self.problem, field),
+                                    doc=f"``problem.{field}``"))
+    return cls
