@@ -25,6 +25,8 @@ The anchor is ``attnlab.reference.reference_attention(..., emulate="bfloat16")``
 bf16 emulation). Errors: relative L2 against float64 attention of the same (float32) inputs.
 
     PYTHONPATH=src python benchmarks/fp8_emulation.py --out results/cpu-2026-12-03-fp8-emulation
+    PYTHONPATH=src python benchmarks/fp8_emulation.py --out results/cpu-2026-12-03-fp8-emulation \
+        --T 4096 --N 1 --causal no --name results-T4096
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ E4M3 = ml_dtypes.float8_e4m3fn
 FP8_MAX = 448.0
 BLOCK = 64
 TENSORS = ("q", "k", "v", "P", "O")
-COLUMNS = TENSORS + ("all",)
+COLUMNS = TENSORS + ("qkvP", "all")     # qkvP: all but O (output kept in float64, as with a bf16 output)
 RECIPES = {
     "unit": dict(scale="unit"),
     "amax": dict(scale="amax"),
@@ -164,17 +166,18 @@ def versions() -> dict:
             "jax": jax.__version__, "scipy": scipy.__version__}
 
 
-def run(out_dir: str, T_list=(1024,), B=1, N=4, H=128, seed=0, recipes=None, dists=None) -> list[dict]:
+def run(out_dir: str, T_list=(1024,), B=1, N=4, H=128, seed=0, recipes=None, dists=None,
+        causals=(False, True), name="results.jsonl") -> list[dict]:
     from attnlab.distributions import DISTRIBUTIONS, make_qkv
     from attnlab.reference import reference_attention
     os.makedirs(out_dir, exist_ok=True)
     rows = []
-    path = os.path.join(out_dir, "results.jsonl")
+    path = os.path.join(out_dir, name)
     with open(path, "w") as f:
         for T in T_list:
             for dist in dists or DISTRIBUTIONS:
                 q, k, v = make_qkv(dist, B, T, T, N, N, H, "float32", seed)
-                for causal in (False, True):
+                for causal in causals:
                     t0 = time.perf_counter()
                     ref = reference(q, k, v, causal)
                     bf16 = rel_l2(reference_attention(q, k, v, is_causal=causal, emulate="bfloat16"), ref)
@@ -183,7 +186,7 @@ def run(out_dir: str, T_list=(1024,), B=1, N=4, H=128, seed=0, recipes=None, dis
                     f.write(json.dumps(rows[-1]) + "\n")
                     for recipe in recipes or RECIPES:
                         for col in COLUMNS:
-                            qz = TENSORS if col == "all" else (col,)
+                            qz = {"all": TENSORS, "qkvP": ("q", "k", "v", "P")}.get(col, (col,))
                             err = rel_l2(fp8_attention(q, k, v, is_causal=causal, quantize=qz, recipe=recipe,
                                                        seed=seed), ref)
                             rows.append(dict(base, recipe=recipe, quantized=col, rel_l2=err))
@@ -191,6 +194,9 @@ def run(out_dir: str, T_list=(1024,), B=1, N=4, H=128, seed=0, recipes=None, dis
                     f.flush()
                     print(f"T={T} {dist:17s} causal={causal!s:5s} {time.perf_counter() - t0:6.1f}s", flush=True)
     return rows
+
+
+_HEAD = {"qkvP": "q,k,v,P (not O)", "all": "all"}
 
 
 def table(rows: list[dict]) -> str:
@@ -202,16 +208,17 @@ def table(rows: list[dict]) -> str:
     get = {(r["T"], r["causal"], r["dist"], r["recipe"], r["quantized"]): r["rel_l2"] for r in rows}
     for T, causal in keys:
         out.append(f"\n### T = S = {T}, {'causal' if causal else 'non-causal'} (rel L2 vs float64, %)\n")
-        out.append("| recipe | distribution | " + " | ".join(f"only {c}" if c != "all" else "all" for c in COLUMNS)
-                   + " | bf16 anchor | amax-all / all |")
+        out.append("| recipe | distribution | " + " | ".join(_HEAD.get(c, f"only {c}") for c in COLUMNS)
+                   + " | bf16 anchor | amax / recipe (qkvP) | amax / recipe (all) |")
         out.append("|---|---|" + "---:|" * (len(COLUMNS) + 2))
         for recipe in recipes:
             for dist in dists:
                 vals = [get.get((T, causal, dist, recipe, c)) for c in COLUMNS]
                 bf = get.get((T, causal, dist, "bf16-emulation", "all"))
+                r4 = get.get((T, causal, dist, "amax", "qkvP"), math.nan) / vals[-2]
                 ratio = get.get((T, causal, dist, "amax", "all"), math.nan) / vals[-1]
                 out.append(f"| {recipe} | {dist} | " + " | ".join(f"{100 * x:.3f}" for x in vals)
-                           + f" | {100 * bf:.3f} | {ratio:.2f}x |")
+                           + f" | {100 * bf:.3f} | {r4:.2f}x | {ratio:.2f}x |")
     return "\n".join(out) + "\n"
 
 
@@ -221,10 +228,13 @@ def main(argv=None):
     ap.add_argument("--T", type=int, nargs="+", default=[1024])
     ap.add_argument("--N", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--causal", choices=["both", "yes", "no"], default="both")
+    ap.add_argument("--name", default="results", help="file stem: NAME.jsonl and NAME.md")
     a = ap.parse_args(argv)
-    rows = run(a.out, tuple(a.T), N=a.N, seed=a.seed)
+    causals = {"both": (False, True), "yes": (True,), "no": (False,)}[a.causal]
+    rows = run(a.out, tuple(a.T), N=a.N, seed=a.seed, causals=causals, name=a.name + ".jsonl")
     md = table(rows)
-    with open(os.path.join(a.out, "table.md"), "w") as f:
+    with open(os.path.join(a.out, a.name + ".md"), "w") as f:
         f.write(md)
     with open(os.path.join(a.out, "versions.json"), "w") as f:
         json.dump(versions(), f, indent=1)
