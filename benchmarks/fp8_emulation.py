@@ -210,7 +210,7 @@ def table(rows: list[dict]) -> str:
         out.append(f"\n### T = S = {T}, {'causal' if causal else 'non-causal'} (rel L2 vs float64, %)\n")
         out.append("| recipe | distribution | " + " | ".join(_HEAD.get(c, f"only {c}") for c in COLUMNS)
                    + " | bf16 anchor | amax / recipe (qkvP) | amax / recipe (all) |")
-        out.append("|---|---|" + "---:|" * (len(COLUMNS) + 2))
+        out.append("|---|---|" + "---:|" * (len(COLUMNS) + 3))
         for recipe in recipes:
             for dist in dists:
                 vals = [get.get((T, causal, dist, recipe, c)) for c in COLUMNS]
@@ -230,7 +230,14 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--causal", choices=["both", "yes", "no"], default="both")
     ap.add_argument("--name", default="results", help="file stem: NAME.jsonl and NAME.md")
+    ap.add_argument("--render", action="store_true", help="only rewrite NAME.md from an existing NAME.jsonl")
     a = ap.parse_args(argv)
+    if a.render:
+        with open(os.path.join(a.out, a.name + ".jsonl")) as f:
+            md = table([json.loads(line) for line in f])
+        with open(os.path.join(a.out, a.name + ".md"), "w") as f:
+            f.write(md)
+        return
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[a.causal]
     rows = run(a.out, tuple(a.T), N=a.N, seed=a.seed, causals=causals, name=a.name + ".jsonl")
     md = table(rows)
