@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 
 from ..records import timing
+from ..units import format_flops
 from . import plots, tables
 from .core import LabConfig, Section, Table
 from .decode import render_decode
@@ -83,18 +84,6 @@ def spread(rec, prefix: str | None = None) -> str:
 def time_text(rec) -> str:
     """"0.354 ms [0.33–0.36]": the median and, in brackets, the 25th–75th percentile of the repeats."""
     return status_or(rec, f"{time_ms(rec):.4g} ms [{spread(rec)}]" if rec["status"] == "ok" else "")
-
-
-def _sig(x: float) -> str:
-    return f"{x:.0f}" if x >= 1000 else f"{x:.1f}" if x >= 100 else f"{x:.2f}"
-
-
-def format_flops(flop_per_s: float) -> str:
-    """As ``attnlab.measure.peaks.format_flops`` (which imports JAX): the unit that fits the size."""
-    for scale, unit in ((1e12, "TFLOP/s"), (1e9, "GFLOP/s"), (1e6, "MFLOP/s")):
-        if flop_per_s >= scale:
-            return f"{_sig(flop_per_s / scale)} {unit}"
-    return f"{flop_per_s:.3g} FLOP/s"
 
 
 def timer_note(recs) -> str:
