@@ -1,0 +1,78 @@
+"""Model presets: the attention shapes of published models, as data with their source.
+
+Each preset is what a model's published configuration (its Hugging Face ``config.json``) says about
+attention: layers, query heads N, key/value heads K, head dim H, the context it was released for,
+and what changes attention's semantics (a sliding window and on which layers, a logit soft-cap).
+``preset(name).problem(batch, context)`` gives the ``Problem`` of one layer's prefill.
+No network: the numbers are copied here, with the file they come from in ``source``.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .problem import Problem
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelPreset:
+    name: str
+    layers: int
+    heads: int            # N, query heads
+    kv_heads: int         # K, key/value heads (GQA when K < N)
+    head_dim: int         # H
+    hidden: int
+    context: int          # max_position_embeddings of the config
+    source: str
+    window: int | None = None          # sliding window (keys before the query), None: full attention
+    window_layers: str | None = None   # which layers use the window ("all", "every other layer")
+    softcap: float | None = None       # attention logit soft-cap (tanh), None: none
+    note: str = ""
+
+    def __post_init__(self):
+        if self.heads % self.kv_heads:
+            raise ValueError(f"{self.name}: heads {self.heads} not a multiple of kv_heads {self.kv_heads}")
+
+    def problem(self, batch: int, context: int, *, dtype: str = "bfloat16", causal: bool = True) -> Problem:
+        """One layer's attention at ``context`` tokens (prefill: T = S = context)."""
+        window = (self.window, 0) if self.window is not None and self.window_layers == "all" else None
+        return Problem(batch, context, context, self.heads, self.kv_heads, self.head_dim, dtype, causal, window)
+
+    def kv_cache_bytes(self, context: int, itemsize: int = 2) -> int:
+        """K and V cache bytes of one sequence of ``context`` tokens over every layer."""
+        return 2 * self.layers * context * self.kv_heads * self.head_dim * itemsize
+
+
+_HF = "https://huggingface.co/{}/blob/main/config.json"
+
+PRESETS: tuple[ModelPreset, ...] = (
+    ModelPreset("llama-3.1-8b", 32, 32, 8, 128, 4096, 131072, _HF.format("meta-llama/Llama-3.1-8B")),
+    ModelPreset("llama-3.1-70b", 80, 64, 8, 128, 8192, 131072, _HF.format("meta-llama/Llama-3.1-70B")),
+    ModelPreset("llama-3.1-405b", 126, 128, 8, 128, 16384, 131072, _HF.format("meta-llama/Llama-3.1-405B")),
+    ModelPreset("mistral-7b", 32, 32, 8, 128, 4096, 32768, _HF.format("mistralai/Mistral-7B-v0.1"), window=4096,
+                window_layers="all", note="v0.1 (sliding_window 4096); v0.2 and later have none"),
+    ModelPreset("mixtral-8x7b", 32, 32, 8, 128, 4096, 32768, _HF.format("mistralai/Mixtral-8x7B-v0.1"),
+                note="sliding_window null; 8 experts are in the MLP, attention is dense"),
+    ModelPreset("qwen2.5-7b", 28, 28, 4, 128, 3584, 131072, _HF.format("Qwen/Qwen2.5-7B"),
+                note="use_sliding_window false"),
+    ModelPreset("qwen2.5-72b", 80, 64, 8, 128, 8192, 131072, _HF.format("Qwen/Qwen2.5-72B"),
+                note="use_sliding_window false"),
+    ModelPreset("gemma-2-9b", 42, 16, 8, 256, 3584, 8192, _HF.format("google/gemma-2-9b"), window=4096,
+                window_layers="every other layer", softcap=50.0, note="query_pre_attn_scalar 256"),
+    ModelPreset("gemma-2-27b", 46, 32, 16, 128, 4608, 8192, _HF.format("google/gemma-2-27b"), window=4096,
+                window_layers="every other layer", softcap=50.0,
+                note="query_pre_attn_scalar 144: logits scaled by 1/sqrt(144), not 1/sqrt(H)"),
+    ModelPreset("phi-3-mini", 32, 32, 32, 96, 3072, 4096, _HF.format("microsoft/Phi-3-mini-4k-instruct"),
+                window=2047, window_layers="all", note="4k-instruct; head dim 96 (cuDNN needs a multiple of 8: ok)"),
+)
+BY_NAME = {p.name: p for p in PRESETS}
+
+
+def preset(name: str) -> ModelPreset:
+    """The preset called ``name`` (case-insensitive), or ValueError listing the known ones."""
+    try:
+        return BY_NAME[name.lower()]
+    except KeyError:
+        raise ValueError(f"model: unknown preset {name!r}; known: {', '.join(BY_NAME)}") from None
+
+
+__all__ = ["ModelPreset", "PRESETS", "BY_NAME", "preset"]
