@@ -1,5 +1,4 @@
 """attnlab.attention as a drop-in for the installed jax.nn.dot_product_attention, and the top-level API."""
-import contextlib
 import inspect
 import os
 import subprocess
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 
 import attnlab
+from _dtypes import dtype_context, skip_xla_float64
 import attnlab.inputs
 from attnlab import cases
 
@@ -55,29 +55,19 @@ def test_signature_matches_installed_jax():
 
 # --- return_residual ----------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def dtype_context(dtype):
-    if dtype == "float64":
-        with jax.enable_x64(True):
-            yield
-    else:
-        yield
 
 
 RES_MODES = ("none", "causal+padding", "custom+padding", "bias+window+padding")
 TOL = {"float32": 1e-5, "float64": 1e-5, "bfloat16": 2e-2}
 
 
-def _skip_xla_float64(impl, dtype):
-    if impl == "xla" and dtype == "float64":
-        pytest.skip("xla refuses float64 (jax.nn's softmax is float32): tests/test_dtype_cells.py::test_xla_refuses_float64")
 
 
 @pytest.mark.parametrize("impl", ["naive", "xla", None])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
 @pytest.mark.parametrize("mode", RES_MODES)
 def test_return_residual_matches_jax(impl, dtype, mode):
-    _skip_xla_float64(impl, dtype)
+    skip_xla_float64(impl, dtype)
     with dtype_context(dtype):
         q, k, v, kw = cases.build(mode, batch=2, q_len=8, kv_len=12, heads=4, kv_heads=2, head_dim=8, dtype=dtype, seed=2)
         want_out, want_lse = jax.nn.dot_product_attention(q, k, v, return_residual=True, **kw)
@@ -107,7 +97,7 @@ def test_return_residual_three_dim_and_jit(impl):
 @pytest.mark.parametrize("mode", ["causal+padding", "bias+window+padding"])
 def test_return_residual_gradients_match_jax(impl, dtype, mode):
     """Gradients of a loss through both outputs equal jax.nn's (whose residual carries no gradient)."""
-    _skip_xla_float64(impl, dtype)
+    skip_xla_float64(impl, dtype)
     with dtype_context(dtype):
         q, k, v, kw = cases.build(mode, batch=2, q_len=8, kv_len=12, heads=4, kv_heads=2, head_dim=8, dtype=dtype, seed=4)
         rng = np.random.default_rng(0)

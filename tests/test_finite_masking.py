@@ -5,7 +5,6 @@ never ``-inf``; attnlab's own paths do the same, so a masked, causal or windowed
 gradient) never produces an Inf anywhere, and rows that see no key give 0 (naive) or a finite
 row (xla). float64 cases run inside ``jax.enable_x64(True)``, which does not leak into other tests.
 """
-import contextlib
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +12,7 @@ import numpy as np
 import pytest
 
 import attnlab
+from _dtypes import dtype_context, skip_xla_float64
 from attnlab import cases
 from attnlab.reference import check_close
 
@@ -20,14 +20,6 @@ MODES = ("causal", "custom", "padding", "window", "causal+window", "custom+paddi
 DTYPES = ("float32", "bfloat16", "float64")
 
 
-@contextlib.contextmanager
-def dtype_context(dtype):
-    """x64 on for float64 cases only, restored afterwards."""
-    if dtype == "float64":
-        with jax.enable_x64(True):
-            yield
-    else:
-        yield
 
 
 def _finite(tree):
@@ -38,16 +30,13 @@ def _loss(fn):
     return lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) ** 2)
 
 
-def _skip_xla_float64(impl, dtype):
-    if impl == "xla" and dtype == "float64":
-        pytest.skip("xla refuses float64 (jax.nn's softmax is float32): tests/test_dtype_cells.py::test_xla_refuses_float64")
 
 
 @pytest.mark.parametrize("impl", ["naive", "xla", None])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("mode", MODES)
 def test_masked_attention_and_grads_stay_finite_eagerly(impl, dtype, mode):
-    _skip_xla_float64(impl, dtype)
+    skip_xla_float64(impl, dtype)
     with dtype_context(dtype):
         q, k, v, kw = cases.build(mode, batch=2, q_len=8, kv_len=12, heads=2, kv_heads=1, head_dim=8, dtype=dtype, seed=5)
         assert q.dtype == np.dtype(dtype)
@@ -64,7 +53,7 @@ def test_masked_attention_and_grads_stay_finite_eagerly(impl, dtype, mode):
 @pytest.mark.parametrize("impl", ["naive", "xla"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_masked_attention_stays_finite_under_jit(impl, dtype):
-    _skip_xla_float64(impl, dtype)
+    skip_xla_float64(impl, dtype)
     with dtype_context(dtype):
         q, k, v, kw = cases.build("causal+window", batch=1, q_len=8, kv_len=8, heads=2, kv_heads=2, head_dim=8,
                                   dtype=dtype, seed=2)
@@ -78,7 +67,7 @@ def test_masked_attention_stays_finite_under_jit(impl, dtype):
 @pytest.mark.parametrize("impl", ["naive", "xla"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rows_that_see_no_key_stay_finite(impl, dtype):
-    _skip_xla_float64(impl, dtype)
+    skip_xla_float64(impl, dtype)
     with dtype_context(dtype):
         q, k, v = attnlab.inputs.random_qkv(1, 4, 6, 2, 2, 8, dtype, seed=4)
         mask = np.ones((1, 1, 4, 6), bool)
@@ -95,7 +84,7 @@ def test_rows_that_see_no_key_stay_finite(impl, dtype):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("impl", ["attnlab-decode", "naive", "xla"])
 def test_decode_attention_stays_finite(impl, dtype):
-    _skip_xla_float64(impl, dtype)
+    skip_xla_float64(impl, dtype)
     q, k, v = attnlab.inputs.random_qkv(3, 2, 40, 4, 2, 16, dtype, seed=6)
     lengths = jnp.asarray([2, 17, 40], jnp.int32)     # ragged; the kernel's empty splits: test below
     with jax.debug_infs(True):
