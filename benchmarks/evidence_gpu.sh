@@ -2,6 +2,7 @@
 # The H200 evidence at a commit (issue 11): GPU tests and the peers sweep, in two calls of < 10 minutes.
 #   source .gpu/setup_device.sh; bash benchmarks/evidence_gpu.sh a $OUT   # GPU tests (-v, JUnit) + peers fwd64, fwd16
 #   source .gpu/setup_device.sh; bash benchmarks/evidence_gpu.sh b $OUT   # peers fwd128, train, decode, fp8
+#   source .gpu/setup_device.sh; bash benchmarks/evidence_gpu.sh c $OUT   # every GPU test + decode goal shape
 # TransformerEngine's five parts must have been carried first (../shared/gpu/README.md).
 # Each call writes OUT/bundle_X.tgz holding part-X/{results.jsonl,results.csv}, peers_X.log and (a) gpu_tests.{log,xml};
 # the two results files are one sweep (disjoint cells), merged by `cat` into the results folder.
@@ -20,6 +21,15 @@ if [ "$part" = a ]; then
   echo "gpu tests rc=$? $(( $(date +%s) - t0 ))s: $(tail -1 "$out/gpu_tests.log")"
   grep -E "^(FAILED|ERROR)" "$out/gpu_tests.log" | head -20
   timeout $(( 570 - ($(date +%s) - t0) )) python3 benchmarks/peers_gpu.py "$out/part-a" fwd64 fwd16 > "$out/peers_a.log" 2>&1
+elif [ "$part" = c ]; then   # issues 13/14: every GPU test at a commit, then the decode goal shape's peers
+  timeout 330 python3 -m pytest -v -m gpu -p no:cacheprovider tests/gpu \
+    --junitxml="$out/gpu_tests.xml" > "$out/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$? $(( $(date +%s) - t0 ))s: $(tail -1 "$out/gpu_tests.log")"
+  grep -E "^(FAILED|ERROR)" "$out/gpu_tests.log" | head -20
+  timeout $(( 560 - ($(date +%s) - t0) )) python3 benchmarks/decode_peers.py "$out/decode" goal > "$out/peers_c.log" 2>&1
+  echo "decode goal rc=$?"
+  python3 benchmarks/decode_peers.py --table "$out/decode/results.jsonl" > "$out/decode_table.md" 2>&1
+  tail -12 "$out/decode_table.md"
 else
   timeout 470 python3 benchmarks/peers_gpu.py "$out/part-$part" fwd128 train decode fp8 > "$out/peers_$part.log" 2>&1
 fi
