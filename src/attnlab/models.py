@@ -27,6 +27,7 @@ class ModelPreset:
     window_layers: str | None = None   # which layers use the window ("all", "every other layer")
     softcap: float | None = None       # attention logit soft-cap (tanh), None: none
     note: str = ""
+    params: float | None = None        # parameters, billions, from the model's published name/size (weights only)
 
     def __post_init__(self):
         if self.heads % self.kv_heads:
@@ -37,32 +38,65 @@ class ModelPreset:
         window = (self.window, 0) if self.window is not None and self.window_layers == "all" else None
         return Problem(batch, context, context, self.heads, self.kv_heads, self.head_dim, dtype, causal, window)
 
-    def kv_cache_bytes(self, context: int, itemsize: int = 2) -> int:
-        """K and V cache bytes of one sequence of ``context`` tokens over every layer."""
-        return 2 * self.layers * context * self.kv_heads * self.head_dim * itemsize
+    def kv_cache_bytes(self, context: int, itemsize: int = 2, *, windowed: bool = False) -> int:
+        """K and V cache bytes of one sequence of ``context`` tokens over every layer.
+
+        ``windowed=False``: every layer caches all ``context`` tokens. ``windowed=True``: a layer with a
+        sliding window W caches only ``min(context, W + 1)`` tokens (a rolling buffer: the W keys before
+        the newest query and its own), a global layer all of them."""
+        per_token = 2 * self.kv_heads * self.head_dim * itemsize
+        return sum(k.layers * per_token * (k.cached_tokens(context) if windowed else context)
+                   for k in self.layer_kinds())
+
+    def layer_kinds(self) -> tuple[LayerKind, ...]:
+        """The layer kinds of one forward pass: all global, all windowed, or (Gemma-2) half each."""
+        if self.window is None:
+            return (LayerKind("global", self.layers, None),)
+        if self.window_layers == "all":
+            return (LayerKind("windowed", self.layers, self.window),)
+        if self.window_layers == "every other layer":
+            return (LayerKind("windowed", (self.layers + 1) // 2, self.window),
+                    LayerKind("global", self.layers // 2, None))
+        raise ValueError(f"{self.name}: window_layers {self.window_layers!r} is not 'all' or 'every other layer'")
+
+    def weight_bytes(self, itemsize: int = 2) -> int | None:
+        """Bytes of the weights at ``itemsize`` bytes per parameter (bf16: 2), or None without ``params``."""
+        return None if self.params is None else int(round(self.params * 1e9)) * itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerKind:
+    """Layers of one attention kind: ``window`` keys before each query (None: global, full causal)."""
+    kind: str             # "global" or "windowed"
+    layers: int
+    window: int | None
+
+    def cached_tokens(self, context: int) -> int:
+        """Tokens this kind of layer keeps in its KV cache at ``context`` (rolling buffer when windowed)."""
+        return context if self.window is None else min(context, self.window + 1)
 
 
 _HF = "https://huggingface.co/{}/blob/main/config.json"
 
 PRESETS: tuple[ModelPreset, ...] = (
-    ModelPreset("llama-3.1-8b", 32, 32, 8, 128, 4096, 131072, _HF.format("meta-llama/Llama-3.1-8B")),
-    ModelPreset("llama-3.1-70b", 80, 64, 8, 128, 8192, 131072, _HF.format("meta-llama/Llama-3.1-70B")),
-    ModelPreset("llama-3.1-405b", 126, 128, 8, 128, 16384, 131072, _HF.format("meta-llama/Llama-3.1-405B")),
+    ModelPreset("llama-3.1-8b", 32, 32, 8, 128, 4096, 131072, _HF.format("meta-llama/Llama-3.1-8B"), params=8.03),
+    ModelPreset("llama-3.1-70b", 80, 64, 8, 128, 8192, 131072, _HF.format("meta-llama/Llama-3.1-70B"), params=70.6),
+    ModelPreset("llama-3.1-405b", 126, 128, 8, 128, 16384, 131072, _HF.format("meta-llama/Llama-3.1-405B"), params=405.9),
     ModelPreset("mistral-7b", 32, 32, 8, 128, 4096, 32768, _HF.format("mistralai/Mistral-7B-v0.1"), window=4096,
-                window_layers="all", note="v0.1 (sliding_window 4096); v0.2 and later have none"),
+                window_layers="all", note="v0.1 (sliding_window 4096); v0.2 and later have none", params=7.24),
     ModelPreset("mixtral-8x7b", 32, 32, 8, 128, 4096, 32768, _HF.format("mistralai/Mixtral-8x7B-v0.1"),
-                note="sliding_window null; 8 experts are in the MLP, attention is dense"),
+                note="sliding_window null; 8 experts are in the MLP, attention is dense", params=46.7),
     ModelPreset("qwen2.5-7b", 28, 28, 4, 128, 3584, 131072, _HF.format("Qwen/Qwen2.5-7B"),
-                note="use_sliding_window false"),
+                note="use_sliding_window false", params=7.62),
     ModelPreset("qwen2.5-72b", 80, 64, 8, 128, 8192, 131072, _HF.format("Qwen/Qwen2.5-72B"),
-                note="use_sliding_window false"),
+                note="use_sliding_window false", params=72.7),
     ModelPreset("gemma-2-9b", 42, 16, 8, 256, 3584, 8192, _HF.format("google/gemma-2-9b"), window=4096,
-                window_layers="every other layer", softcap=50.0, note="query_pre_attn_scalar 256"),
+                window_layers="every other layer", softcap=50.0, note="query_pre_attn_scalar 256", params=9.24),
     ModelPreset("gemma-2-27b", 46, 32, 16, 128, 4608, 8192, _HF.format("google/gemma-2-27b"), window=4096,
                 window_layers="every other layer", softcap=50.0,
-                note="query_pre_attn_scalar 144: logits scaled by 1/sqrt(144), not 1/sqrt(H)"),
+                note="query_pre_attn_scalar 144: logits scaled by 1/sqrt(144), not 1/sqrt(H)", params=27.2),
     ModelPreset("phi-3-mini", 32, 32, 32, 96, 3072, 4096, _HF.format("microsoft/Phi-3-mini-4k-instruct"),
-                window=2047, window_layers="all", note="4k-instruct; head dim 96 (cuDNN needs a multiple of 8: ok)"),
+                window=2047, window_layers="all", note="4k-instruct; head dim 96 (cuDNN needs a multiple of 8: ok)", params=3.82),
 )
 BY_NAME = {p.name: p for p in PRESETS}
 

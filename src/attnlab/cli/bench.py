@@ -33,6 +33,9 @@ WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys
 @click.option("--strategy", help="none, batch, heads, ring (comma-separated): sharded_attention strategies.")
 @click.option("--lengths", help="none, full, ragged (comma-separated): full/ragged make decode cells, "
               "decode_attention of the q_len newest tokens against a kv_len cache.")
+@click.option("--model", help="A model preset (attnlab models): the cells come from its shape, --phase and --context.")
+@click.option("--phase", help="With --model: prefill, decode, train (comma-separated; default all three).")
+@click.option("--context", help="With --model: context lengths, e.g. 4k,32k,128k (k = 1024) or 256 (default 4k).")
 @click.option("--config", "config", type=click.Path(dir_okay=False),
               help="A sweep.toml ([sweep] and [run] tables); a flag replaces the file's value of its axis "
                    "(--seq its q_len/kv_len, --tokens its batch and the other way round).")
@@ -61,8 +64,13 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
     if resume and overwrite:
         _fail("--resume and --overwrite contradict each other: give one of them")
     try:
-        values, run_opts, notes = merge(config, given, name)
-        sweep = build(values)
+        if given.get("model"):
+            sweep, run_opts, notes = _model_sweep(config, given, name)
+        elif "phase" in given or "context" in given:
+            raise SweepError("--phase and --context need --model (a preset from `attnlab models`)")
+        else:
+            values, run_opts, notes = merge(config, given, name)
+            sweep = build(values)
         reps, budget, mt = run_options(run_opts, repeats=repeats, compile_budget=compile_budget, min_time=min_time)
     except SweepError as e:
         _fail(str(e))
@@ -102,6 +110,36 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
         console.print(f"resumed: skipped {len(skipped)} of {len(cells)} cells already in {out_dir}/results.jsonl, "
                       f"measured {len(cells) - len(skipped)}", highlight=False)
     _print_bench_table(records, out_dir)
+
+
+def _model_sweep(config, given: dict, name):
+    """(ModelSweep, run options, notes) of ``bench --model``: flags that contradict the preset refused."""
+    from ..model_plan import notes as plan_notes
+    from ..models import preset
+    from ..sweep import SweepError
+    from ..sweep.model_cells import check_model_flags, model_sweep
+    from ..sweep.spec import _ints, _strs
+
+    if config:
+        raise SweepError("--config and --model contradict each other: the model's cells come from --phase/--context")
+    try:
+        p = preset(given["model"])
+    except ValueError as e:
+        raise SweepError(str(e)) from None
+    check_model_flags(p, given)
+    batch = _ints("batch", given.get("batch", "1"))
+    if len(batch) != 1:
+        raise SweepError(f"--batch: one value with --model, got {given['batch']!r}")
+    dtype = _strs(given.get("dtype", "bfloat16"))
+    if len(dtype) != 1:
+        raise SweepError(f"--dtype: one value with --model, got {given['dtype']!r}")
+    contexts = given.get("context", "4k")
+    sweep = model_sweep(p, given.get("phase", "prefill,decode,train"), contexts, batch[0],
+                        _strs(given["backends"]) if given.get("backends") else None, name, dtype[0])
+    notes = plan_notes(p, contexts)
+    if not given.get("backends"):
+        notes.append("backends: every one available here (FP8 ones left out): " + ", ".join(sweep.sweeps[0].backends))
+    return sweep, {}, notes
 
 
 def _resume_command(config, out_dir, repeats, min_time, compile_budget, no_check, name, given) -> str:

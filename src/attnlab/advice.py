@@ -1,0 +1,164 @@
+"""``attnlab advise``'s answer from records: pure (no JAX), so it is tested on canned records.
+
+``advise(preset, entries, records, device_bytes=...)`` -> a JSON-able dict:
+
+- ``cells``: one row per plan entry (phase, context, layer kind, T): every backend's status and time
+  (ms, one layer), the fastest **correct** backend (status ``ok`` only: an incorrect, unsupported,
+  failed or unchecked cell is never chosen) and its time per layer;
+- ``phases``: one row per (phase, context, T): the whole model's time in ms (sum over layer kinds of
+  the kind's fastest time x its layers; Gemma-2: windowed and global layers weighted by count), and
+  for decode ms per token (the step's time / T: every sequence of the batch gains T tokens a step);
+- ``memory``: per context, KV-cache bytes per sequence (bf16; windowed layers cache only their window,
+  a rolling buffer of min(context, W + 1) tokens; the every-layer-caches-all figure beside it), the
+  weights in bf16 (``params`` x 2 bytes), and the largest batch whose KV cache fits in the device's
+  memory beside the weights (activations and workspace not counted).
+Times are milliseconds, sizes bytes.
+"""
+from __future__ import annotations
+
+from .model_plan import PlanEntry, notes as plan_notes
+from .models import ModelPreset
+from .records import time_ms
+
+KV_CONVENTION = ("KV cache: K and V in bf16; a windowed layer caches only min(context, W + 1) tokens (rolling "
+                 "buffer), a global layer every token")
+MEMORY_CONVENTION = "max batch: (device memory - weights in bf16) // KV bytes per sequence; weights bf16 assumed, " \
+                    "activations and workspace not counted"
+
+
+def _best(by: dict[str, dict]) -> tuple[str | None, float | None]:
+    ok = [(time_ms(r), b) for b, r in by.items() if r.get("status") == "ok" and time_ms(r) is not None]
+    if not ok:
+        return None, None
+    ms, b = min(ok)
+    return b, ms
+
+
+def cell_rows(entries: list[PlanEntry], records: list[dict]) -> list[dict]:
+    """One row per entry: ``backends`` (name -> status, ms, reason), ``best``, ``best_ms`` (one layer)."""
+    rows = []
+    for e in entries:
+        by: dict[str, dict] = {}
+        for r in records:
+            if e.matches(r):
+                by.setdefault(r["backend"], r)
+        best, best_ms = _best(by)
+        rows.append({"phase": e.phase, "context": e.context, "kind": e.kind, "layers": e.layers, "q_len": e.q_len,
+                     "kv_len": e.kv_len, "window": list(e.window) if e.window else None, "mode": e.mode,
+                     "backends": {b: {"status": r["status"], "ms": time_ms(r) if r["status"] in ("ok", "unchecked")
+                                      else None, "reason": r.get("reason")} for b, r in by.items()},
+                     "best": best, "best_ms": best_ms})
+    return rows
+
+
+def phase_rows(cells: list[dict]) -> list[dict]:
+    """Per (phase, context, T): whole-model ms (None when a layer kind has no correct backend), per token."""
+    groups: dict[tuple, list[dict]] = {}
+    for c in cells:
+        groups.setdefault((c["phase"], c["context"], c["q_len"]), []).append(c)
+    out = []
+    for (phase, ctx, t), cs in groups.items():
+        missing = [c["kind"] for c in cs if c["best_ms"] is None]
+        model_ms = None if missing else sum(c["best_ms"] * c["layers"] for c in cs)
+        out.append({"phase": phase, "context": ctx, "q_len": t,
+                    "per_layer": {c["kind"]: {"best": c["best"], "ms": c["best_ms"], "layers": c["layers"]} for c in cs},
+                    "model_ms": model_ms, "per_token_ms": model_ms / t if model_ms is not None and phase == "decode" else None,
+                    "missing": missing})
+    return out
+
+
+def memory_rows(preset: ModelPreset, contexts: list[int], device_bytes: int | None) -> list[dict]:
+    """Per context: KV bytes per sequence (windowed and full conventions), weights, the largest batch."""
+    weights = preset.weight_bytes(2)
+    out = []
+    for ctx in contexts:
+        kv = preset.kv_cache_bytes(ctx, 2, windowed=True)
+        free = None if device_bytes is None or weights is None else device_bytes - weights
+        out.append({"context": ctx, "kv_bytes_per_seq": kv, "kv_bytes_per_seq_all_layers_full":
+                    preset.kv_cache_bytes(ctx, 2), "weights_bytes": weights, "device_bytes": device_bytes,
+                    "free_bytes": free, "max_batch": None if free is None else max(0, free // kv)})
+    return out
+
+
+def advise(preset: ModelPreset, entries: list[PlanEntry], records: list[dict], *, batch: int = 1,
+           device_bytes: int | None = None, device_kind: str | None = None,
+           device_bytes_source: str | None = None) -> dict:
+    """The whole answer (see the module docstring) as a JSON-able dict."""
+    contexts = list(dict.fromkeys(e.context for e in entries))
+    cells = cell_rows(entries, records)
+    backends_ = list(dict.fromkeys(b for c in cells for b in c["backends"]))
+    notes = plan_notes(preset, contexts) + [KV_CONVENTION, MEMORY_CONVENTION,
+                                            "decode per token = whole-model step time / T (T new tokens per sequence "
+                                            "a step, all sequences of the batch at once)",
+                                            "fastest = the fastest backend whose cell is ok (checked correct, then "
+                                            "timed); incorrect, unsupported or failed cells are never chosen"]
+    if device_bytes is None:
+        notes.append("device memory unknown here (no memory_stats and no datasheet entry): no max batch")
+    mem = memory_rows(preset, contexts, device_bytes)
+    if any(m["free_bytes"] is not None and m["free_bytes"] <= 0 for m in mem):
+        notes.append(f"{preset.name}: the bf16 weights alone ({preset.weight_bytes(2) / 2**30:.0f} GiB) exceed this "
+                     f"device's memory: the model needs several devices (max batch 0 on one)")
+    return {"model": preset.name, "batch": batch, "contexts": contexts, "device_kind": device_kind,
+            "device_bytes": device_bytes, "device_bytes_source": device_bytes_source, "params_billion": preset.params,
+            "backends": backends_, "cells": cells, "phases": phase_rows(cells), "memory": mem, "notes": notes}
+
+
+# --- text for the terminal and the HTML page ------------------------------------------------------
+
+def fmt_ms(ms: float | None) -> str:
+    return "–" if ms is None else f"{ms:.4g}"
+
+
+def fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "–"
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} B"
+
+
+def _step(c: dict) -> str:
+    return f"T={c['q_len']}" if c["phase"] == "decode" else c["mode"]
+
+
+def tables(adv: dict) -> list[dict]:
+    """The advice as tables: {title, columns, rows (strings)}; the CLI and the HTML page both show these."""
+    be = adv["backends"]
+    side = {"title": "one layer, every backend (ms; fastest correct marked *)",
+            "columns": ["phase", "context", "layers", "cell", *be, "fastest correct"], "rows": []}
+    for c in adv["cells"]:
+        cells = []
+        for b in be:
+            x = c["backends"].get(b)
+            if x is None:
+                cells.append("")
+            elif x["status"] == "ok":
+                cells.append(fmt_ms(x["ms"]) + (" *" if b == c["best"] else ""))
+            else:
+                cells.append(x["status"])
+        cell = f"T{c['q_len']} S{c['kv_len']}" + (f" w{c['window'][0]}:0" if c["window"] else "")
+        side["rows"].append([c["phase"] + " " + _step(c) if c["phase"] == "decode" else c["phase"], str(c["context"]),
+                             f"{c['layers']} {c['kind']}", cell, *cells, c["best"] or "none correct"])
+    summary = {"title": f"{adv['model']}, batch {adv['batch']}: the fastest correct path per phase",
+               "columns": ["phase", "context", "backend per layer kind", "ms / layer", "ms whole model",
+                           "ms / token"], "rows": []}
+    for p in adv["phases"]:
+        kinds = p["per_layer"]
+        backend = ", ".join(f"{k}: {v['best'] or 'none correct'}" for k, v in kinds.items())
+        per_layer = ", ".join(f"{k}: {fmt_ms(v['ms'])}" for k, v in kinds.items()) if len(kinds) > 1 else \
+            fmt_ms(next(iter(kinds.values()))["ms"])
+        name = f"decode T={p['q_len']}" if p["phase"] == "decode" else p["phase"]
+        summary["rows"].append([name, str(p["context"]), backend, per_layer, fmt_ms(p["model_ms"]),
+                                fmt_ms(p["per_token_ms"]) if p["phase"] == "decode" else ""])
+    memory = {"title": f"KV cache and the largest batch ({adv.get('device_kind') or 'this device'}: "
+                       f"{fmt_bytes(adv.get('device_bytes'))}" + (f", {adv['device_bytes_source']}"
+                                                                  if adv.get("device_bytes_source") else "") + ")",
+              "columns": ["context", "KV / sequence", "KV / seq. (every layer full)", "weights (bf16)", "max batch"],
+              "rows": [[str(m["context"]), fmt_bytes(m["kv_bytes_per_seq"]),
+                        fmt_bytes(m["kv_bytes_per_seq_all_layers_full"]), fmt_bytes(m["weights_bytes"]),
+                        "–" if m["max_batch"] is None else str(m["max_batch"])] for m in adv["memory"]]}
+    return [summary, side, memory]
+
+
+__all__ = ["advise", "cell_rows", "phase_rows", "memory_rows", "tables", "fmt_bytes", "fmt_ms"]
