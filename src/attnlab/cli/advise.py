@@ -74,13 +74,16 @@ def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, r
     with open(os.path.join(out_dir, "advise.json"), "w", encoding="utf-8") as f:
         json.dump(adv, f, indent=2)
     tabs = advice.tables(adv)
+    from rich.console import Console
+
+    out = console if console.is_terminal else Console(width=max(console.width, 220))   # a log: no squeezing
     for t in tabs:
         rt = RichTable(title=escape(t["title"]))
         for c in t["columns"]:
             rt.add_column(escape(c))
         for r in t["rows"]:
             rt.add_row(*[escape(x) for x in r])
-        console.print(rt)
+        out.print(rt)
     for n in adv["notes"]:
         console.print(f"[yellow]note:[/] {escape(n)}", highlight=False, soft_wrap=True)
     html = _write_html(os.path.join(out_dir, "advise.html"), adv, tabs, env)
