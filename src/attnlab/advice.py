@@ -93,7 +93,7 @@ def advise(preset: ModelPreset, entries: list[PlanEntry], records: list[dict], *
                                             "fastest = the fastest backend whose cell is ok (checked correct, then "
                                             "timed); incorrect, unsupported or failed cells are never chosen"]
     if device_bytes is None:
-        notes.append("device memory unknown here (no memory_stats and no datasheet entry): no max batch")
+        notes.append("device memory unknown here (JAX gives no memory_stats, e.g. on a CPU; --device-memory GiB sets it): no max batch")
     mem = memory_rows(preset, contexts, device_bytes)
     if any(m["free_bytes"] is not None and m["free_bytes"] <= 0 for m in mem):
         notes.append(f"{preset.name}: the bf16 weights alone ({preset.weight_bytes(2) / 2**30:.0f} GiB) exceed this "

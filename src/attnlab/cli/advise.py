@@ -71,6 +71,7 @@ def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, r
     adv = advice.advise(p, ms.entries, records, batch=batch, device_bytes=dev_bytes,
                         device_kind=env.get("device_kind"), device_bytes_source=source)
     adv["env"] = env
+    adv["notes"].append(f"why a cell is not ok (unsupported, incorrect, oom, ...): its reason in {out_dir}/results.jsonl")
     with open(os.path.join(out_dir, "advise.json"), "w", encoding="utf-8") as f:
         json.dump(adv, f, indent=2)
     tabs = advice.tables(adv)
