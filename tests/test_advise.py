@@ -134,3 +134,13 @@ def test_advise_end_to_end_on_cpu(tmp_path):
     assert "fastest correct path per phase" in r.output
     r2 = CliRunner().invoke(main, args, terminal_width=250)          # resumes: nothing measured again
     assert r2.exit_code == 0 and r2.output.count("resumed") == 6, r2.output
+
+
+def test_model_sweep_is_one_cell_per_entry_and_backend():
+    from attnlab.sweep.model_cells import NOT_BY_DEFAULT, default_backends, model_sweep
+
+    assert not set(default_backends()) & set(NOT_BY_DEFAULT) and "naive" in default_backends()
+    ms = model_sweep(preset("gemma-2-9b"), "prefill,decode,train", "8k", 1, ["naive", "xla"])
+    assert len(ms.entries) == 2 + 4 + 2 and len(ms.cells()) == 2 * len(ms.entries)
+    assert {c.window for c in ms.cells() if c.mode == "fwd+bwd"} == {(4096, 0), None}
+    assert all(c.lengths == "full" and c.window is None for c in ms.cells() if c.q_len in (1, 4))
