@@ -15,7 +15,10 @@ from attnlab.sweep.model_cells import default_backends
 here = default_backends()
 print(','.join(b for b in '$want'.split(',') if b in here))")
 echo "backends here: $backends"
-timeout 420 python3 -m attnlab.cli advise --model llama-3.1-70b --context 32k --batch 1 \
+# The whole device's memory (nvidia-smi, MiB -> GiB), not JAX's allocator share (setup_device.sh sets 0.6).
+mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | awk '{printf "%.1f", $1/1024}')
+timeout 420 python3 -m attnlab.cli advise --device-memory "$mem" \
+  --model llama-3.1-70b --context 32k --batch 1 \
   --phase prefill,decode,train --backends "$backends" --repeats 10 --compile-budget 60 \
   --out "$out/advise" > "$out/advise.log" 2>&1
 echo "advise rc=$? $(( $(date +%s) - t0 ))s"
