@@ -95,7 +95,9 @@ def auto_ineligible(b: backends.Backend) -> str | None:
     return None
 
 
-def _static(spec: AttentionSpec) -> tuple[backends.Backend, str]:
+def static_rule(spec: AttentionSpec) -> tuple[backends.Backend, str]:
+    """The static rule's backend and why: a backend's ``auto_claim``, else the first of ``AUTO_ORDER``
+    that can run ``spec`` (what auto runs without a usable dispatch entry)."""
     # backends outside AUTO_ORDER that claim a class of inputs (attnlab-decode: small T, long S)
     for b in backends.all_backends():
         claim = getattr(b, "auto_claim", None)
@@ -139,7 +141,7 @@ def auto(spec: AttentionSpec, mode: str = "fwd") -> tuple[backends.Backend, str]
     b, why = _measured(spec, mode)
     if b is not None:
         return b, why
-    s, rule = _static(spec)
+    s, rule = static_rule(spec)
     return s, f"{why}: {rule}" if why else rule
 
 
