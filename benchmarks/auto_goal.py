@@ -32,7 +32,7 @@ JAX_BACKENDS = ["cudnn", "tokamax-mosaic", "te", "tokamax-triton", "pallas-trito
 ALL_BACKENDS = JAX_BACKENDS + ["torch-cudnn", "torch-flash"]
 WITHIN = 0.05       # auto's time may exceed the best correct backend's by at most this fraction
 GOAL = 0.95         # ... on at least this fraction of held-out cells
-TUNE_SHARE = 0.5    # with ``all``: tune stops starting cells after this share of --max-seconds
+TUNE_SHARE = 0.45   # with ``all``: tune stops starting cells after this share of --max-seconds
 BF = "bfloat16"
 
 
@@ -40,7 +40,8 @@ def P(B, T, N, K, H, causal):
     return Problem(B, T, T, N, K, H, BF, causal=causal)
 
 
-#: (problem, mode). The first eight are the buckets of the held-out shapes below, then extra coverage.
+#: (problem, mode), each the bucket of one held-out shape below (the most telling first: a time-out cuts the last).
+#: Measured cost on the H200: ~20 s a shape (the references ~9 s, then ~1-2 s a backend).
 TUNE = [
     (P(1, 16384, 16, 16, 128, True), "fwd"),      # issue 16: static rule loses 8.8% here (tokamax-mosaic)
     (P(4, 4096, 8, 8, 128, False), "fwd"),
@@ -52,8 +53,6 @@ TUNE = [
     (P(1, 16384, 16, 16, 64, True), "fwd+bwd"),
     (P(8, 2048, 32, 32, 64, True), "fwd"),
     (P(1, 16384, 32, 8, 128, False), "fwd"),
-    (P(8, 2048, 16, 4, 128, True), "fwd+bwd"),
-    (P(4, 2048, 16, 16, 256, False), "fwd+bwd"),
 ]
 #: Held-out shapes: each in a bucket of TUNE (T rounds up to the tuned power of two, B·N too), none tuned.
 HELDOUT = [
