@@ -213,6 +213,9 @@ def test_load_refuses_other_files(tmp_path):
     with pytest.raises(dispatch.DispatchError):
         dispatch.load(str(p))
     assert dispatch.load(str(tmp_path / "absent.json")).entries == ()
+    p.write_text(json.dumps({"schema": 1, "kind": "attnlab-dispatch", "entries": [{"bucket": "x", "backend": "naive"}]}))
+    with pytest.raises(dispatch.DispatchError, match="entry 0"):
+        dispatch.load(str(p))
 
 
 # --- attnlab tune, end to end -----------------------------------------------------------------

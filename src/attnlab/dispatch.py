@@ -37,6 +37,11 @@ BASE_VERSIONS = ("jax", "jaxlib", "cudnn")
 MODES = {"fwd": "fwd", "fwd+bwd": "train", "bwd": "bwd"}
 
 
+#: What an entry must hold to be used (``load`` refuses a file with an entry that lacks one).
+ENTRY_TYPES = {"device_kind": str, "versions": dict, "bucket": str, "backend": str, "ms": (int, float),
+               "runner_up": list}
+
+
 class DispatchError(ValueError):
     """A dispatch file that cannot be read as one (bad JSON, other schema)."""
 
@@ -138,7 +143,7 @@ def build(records: Iterable[dict], library_of: Callable[[str], Iterable[str]] = 
     that are ``ok`` in *every* measured cell of the bucket by the geometric mean of their median
     times (ms) there; a backend not ok in one cell of the bucket is left out of it, so an entry never
     names a backend that failed, was unchecked or refused. Decode cells (``lengths``) and cells of
-    ``devices`` > 1 or a strategy are left out. ``library_of(backend)`` names the optional libraries a
+    ``devices`` > 1 or a strategy, and records without ``env.device_kind``, are left out. ``library_of(backend)`` names the optional libraries a
     backend calls (import names, as in the record's ``env.optional``)."""
     import datetime as _dt
 
@@ -148,6 +153,8 @@ def build(records: Iterable[dict], library_of: Callable[[str], Iterable[str]] = 
         if r.get("strategy") or (r.get("devices") or 1) != 1 or r.get("lengths"):
             continue
         env = r.get("env") or {}
+        if not isinstance(env.get("device_kind"), str):
+            continue                      # a record that does not say where it ran keys no entry
         key = (env.get("device_kind"), json.dumps({k: env.get(k) for k in BASE_VERSIONS}, sort_keys=True), bucket(r))
         g = groups.setdefault(key, {"env": env, "cells": {}, "fields": bucket_fields(r)})
         g["cells"].setdefault(Problem.of(r).label, {})[r["backend"]] = r
@@ -210,6 +217,10 @@ def load(path: str | None = None) -> Table:
     entries = data.get("entries")
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise DispatchError(f"{path}: 'entries' is not a list of objects")
+    for i, e in enumerate(entries):
+        bad = [k for k, typ in ENTRY_TYPES.items() if not isinstance(e.get(k), typ) or isinstance(e.get(k), bool)]
+        if bad:
+            raise DispatchError(f"{path}: entry {i}: field(s) {', '.join(bad)} missing or of the wrong type")
     return Table(tuple(entries), path)
 
 
