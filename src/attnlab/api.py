@@ -128,7 +128,7 @@ def _measured(spec: AttentionSpec, mode: str) -> tuple[backends.Backend | None, 
         b = backends.get(name)
     except ValueError:
         return None, f"dispatch entry names {name}, which is not registered here"
-    why = b.why_not(spec) or auto_ineligible(b)
+    why = b.why_not(spec) or auto_ineligible(b) or (b.mode_reason(spec, "fwd+bwd") if mode == "train" else None)
     if why:
         return None, f"dispatch entry names {name}, which cannot run this input ({why})"
     return b, dispatch.describe(found.entry, found.path)

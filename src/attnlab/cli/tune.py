@@ -5,6 +5,7 @@ Every cell is checked against the references before it is timed (CUPTI kernel ti
 from __future__ import annotations
 
 import os
+import sys
 
 import click
 
@@ -78,6 +79,9 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
     from .. import dispatch
     from ..measure import Options
     from ..sweep import SweepError, build, run_sweep
+    from ..measure.cell import record_key
+    from ..store import read_records
+    from ..sweep.engine import SweepInterrupted
     from ..sweep.flags import check_contradictions, merge, run_options
 
     given = {k: v for k, v in flags.items() if v is not None}
@@ -105,13 +109,21 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
             console.print(f"[{i + 1}/{total}] {cell.backend:<15} {cell.config_label:<52} {rec['status']:<12} "
                           + (f"{t:.4g} ms" if t is not None else (rec.get("reason") or "")[:60]), highlight=False, soft_wrap=True)
 
+    interrupted = False
     try:
         records = run_sweep(sweep, records_dir, resume=True, options=opts, on_cell=on_cell)
     except SweepError as e:
         _fail(str(e))
+    except SweepInterrupted as e:   # Ctrl-C: the table of the cells finished so far
+        interrupted = True
+        console.print(f"[yellow]interrupted:[/] {e.finished} of {e.total} cells finished", highlight=False)
+        keys = {c.key() for c in sweep.cells()}
+        records = [r for r in read_records(os.path.join(records_dir, "results.jsonl")) if record_key(r) in keys]
     path, entries = write_table(records, out, replace=replace)
     for e in entries:
         ru = ", ".join(f"{r['backend']} {r['ms']:.4g}" for r in e["runner_up"][:3])
         console.print(f"{e['bucket']}: [bold]{e['backend']}[/] {e['ms']:.4g} ms" + (f" (then {ru})" if ru else ""),
                       highlight=False, soft_wrap=True)
     console.print(f"{len(entries)} dispatch entries -> {path}", highlight=False, soft_wrap=True)
+    if interrupted:
+        sys.exit(130)
