@@ -238,3 +238,14 @@ def test_tune_writes_the_table_auto_then_uses(tmp_path, monkeypatch):
     monkeypatch.setenv(dispatch.ENV_VAR, str(out))
     ex = attnlab.explain(*_qkv(), is_causal=True)
     assert ex.chosen == e["backend"] and ex.why.startswith("measured")
+
+
+def test_tune_is_a_command():
+    from click.testing import CliRunner
+
+    from attnlab.cli import main
+
+    r = CliRunner().invoke(main, ["--help"])
+    assert r.exit_code == 0 and "tune" in r.output
+    r = CliRunner().invoke(main, ["tune", "--help"])
+    assert r.exit_code == 0 and "--out" in r.output and "--config" in r.output
