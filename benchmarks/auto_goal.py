@@ -194,7 +194,7 @@ def _ms(r):
 def score(records, pick_rows, within=WITHIN):
     """One row per held-out cell measured: best correct backend and time (ms), auto's and the static
     rule's pick, time and ratio to the best, and whether each is within ``within``. A pick whose record
-    is not ``ok`` (or missing) has no time and is not within."""
+    is not ``ok`` has no time and is not within; a cell without a record of both picks is left out."""
     by: dict[tuple, dict] = {}
     for r in records:
         by.setdefault((Problem.of(r), r["mode"]), {})[r["backend"]] = r
@@ -205,8 +205,8 @@ def score(records, pick_rows, within=WITHIN):
         if not cell:
             continue
         ok = {b: _ms(r) for b, r in cell.items() if _ms(r)}
-        if not ok:
-            continue
+        if not ok or pk["auto"] not in cell or pk["static"] not in cell:
+            continue     # not (fully) measured: a time-out stopped it; a pick measured and not ok is a miss
         best = min(ok, key=ok.get)
         row = {"label": f"{key[0].label} {key[1]}", "best": best, "best_ms": ok[best]}
         for who in ("auto", "static"):
