@@ -1,8 +1,12 @@
 import os
+import tempfile
 
 import pytest
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+# auto's dispatch table (attnlab.dispatch): never the user's cache; a test that wants one writes it here
+os.environ["ATTNLAB_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnlab-test-cache-")
+os.environ.pop("ATTNLAB_DISPATCH", None)
 
 
 def _has_gpu() -> bool:

@@ -5,8 +5,9 @@ Shape letters (B, T, S, N, K, H) are explained in ``attnlab.spec``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
-from . import backends
+from . import backends, device, dispatch
 from .errors import UnsupportedError
 from .spec import AttentionSpec, prepare
 
@@ -30,8 +31,10 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
       query_seq_lengths: (B,) ints in [0, T]; output rows t >= length are zero.
       key_value_seq_lengths: (B,) ints in [0, S]; keys s >= length are hidden.
       local_window_size: w or (left, right): query t sees keys t-left <= s <= t+right.
-      implementation: None or "auto" (the best correct path available: cuDNN on an NVIDIA
-        GPU when it supports the input, else XLA, else naive: float16 on a CPU, float64; a
+      implementation: None or "auto" (the best correct path available: the measured pick of
+        ``attnlab tune``'s dispatch table when it holds an entry for this device, these library
+        versions and this shape bucket (``attnlab.dispatch``), else the static rule: cuDNN on an
+        NVIDIA GPU when it supports the input, else XLA, else naive: float16 on a CPU, float64; a
         backend may claim a class of inputs through its ``auto_claim`` hook), or a
         registered backend name ("naive", "xla", "cudnn", ...). A named backend that cannot run the input raises
         ``UnsupportedError`` with the reason; nothing falls back silently.
@@ -50,7 +53,7 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
     p = prepare(query, key, value, bias, mask, scale=scale, is_causal=is_causal,
                 query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
                 local_window_size=local_window_size, return_residual=return_residual)
-    backend = select(p.spec, implementation)
+    backend = select(p.spec, implementation, mode=_mode_of(query))
     if p.spec.return_residual:
         out, lse = backend.run(p)
         return out.reshape(p.out_shape), lse.reshape(p.out_shape[:-1])
@@ -58,21 +61,96 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
     return out.reshape(p.out_shape)
 
 
-def select(spec: AttentionSpec, implementation=None) -> backends.Backend:
-    """The backend that runs ``spec``: the named one (or UnsupportedError), or auto's choice."""
+def _mode_of(x) -> str:
+    """"train" when ``x`` is being differentiated (jax.grad / vjp / jvp trace it), else "fwd": the
+    dispatch table's mode for this call (best effort, from the tracer's type)."""
+    return "train" if type(x).__name__ in ("JVPTracer", "LinearizeTracer") else "fwd"
+
+
+@functools.lru_cache(maxsize=None)
+def running_version(name: str) -> str | None:
+    """The running version of jax, jaxlib, cudnn (the device's; None without one) or an optional
+    backend library (import name; None when absent): what a dispatch entry's versions must equal."""
+    if name == "jax":
+        import jax
+
+        return jax.__version__
+    if name == "jaxlib":
+        import jaxlib
+
+        return jaxlib.__version__
+    if name == "cudnn":
+        return device.current().cudnn_version_str
+    return backends.library_versions().get(name)
+
+
+def auto_ineligible(b: backends.Backend) -> str | None:
+    """Why the dispatch table may never pick ``b`` (None: it may): a PyTorch peer is no JAX op (it
+    cannot run under jit/grad), and a backend judged at its own looser limit (FP8) is not as accurate
+    as the static rule's choice."""
+    if getattr(b, "native", False):
+        return "not a JAX op (cannot run under jax.jit or jax.grad)"
+    if getattr(b, "rel_l2_limit", None) is not None:
+        return f"judged at its own looser limit (rel L2 <= {b.rel_l2_limit})"
+    return None
+
+
+def static_rule(spec: AttentionSpec) -> tuple[backends.Backend, str]:
+    """The static rule's backend and why: a backend's ``auto_claim``, else the first of ``AUTO_ORDER``
+    that can run ``spec`` (what auto runs without a usable dispatch entry)."""
+    # backends outside AUTO_ORDER that claim a class of inputs (attnlab-decode: small T, long S)
+    for b in backends.all_backends():
+        claim = getattr(b, "auto_claim", None)
+        if claim is not None and claim(spec) is None:
+            return b, f"static rule: {b.name} claims this input"
+    for name in backends.AUTO_ORDER:
+        b = backends.get(name)
+        if b.why_not(spec) is None:
+            return b, f"static rule: first of {', '.join(backends.AUTO_ORDER)} that can run it"
+    raise UnsupportedError("auto", "no registered backend supports this input")
+
+
+def _measured(spec: AttentionSpec, mode: str) -> tuple[backends.Backend | None, str | None]:
+    """(the dispatch table's backend, why) or (None, why it was not used; None when there is no table)."""
+    if not dispatch.enabled():
+        return None, f"{dispatch.ENV_VAR}=off"
+    try:
+        table = dispatch.load_cached()
+    except dispatch.DispatchError as e:
+        return None, str(e)
+    if not table.entries:
+        return None, None
+    found = dispatch.lookup(table, dispatch.bucket(spec, mode), device.current().kind, running_version)
+    if found.entry is None:
+        return None, found.reason
+    name = found.entry["backend"]
+    try:
+        b = backends.get(name)
+    except ValueError:
+        return None, f"dispatch entry names {name}, which is not registered here"
+    why = b.why_not(spec) or auto_ineligible(b) or (b.mode_reason(spec, "fwd+bwd") if mode == "train" else None)
+    if why:
+        return None, f"dispatch entry names {name}, which cannot run this input ({why})"
+    return b, dispatch.describe(found.entry, found.path)
+
+
+def auto(spec: AttentionSpec, mode: str = "fwd") -> tuple[backends.Backend, str]:
+    """Auto's backend for ``spec`` and why: the dispatch table's measured pick when it has a usable
+    entry for this device, versions and bucket (``mode`` "fwd" or "train"), else the static rule
+    (saying why the table was not used)."""
+    b, why = _measured(spec, mode)
+    if b is not None:
+        return b, why
+    s, rule = static_rule(spec)
+    return s, f"{why}: {rule}" if why else rule
+
+
+def select(spec: AttentionSpec, implementation=None, *, mode: str = "fwd") -> backends.Backend:
+    """The backend that runs ``spec``: the named one (or UnsupportedError), or auto's choice (``auto``)."""
     if implementation is not None and not isinstance(implementation, str):
         raise TypeError(f"implementation must be None or a str, got {type(implementation).__name__}")
     if implementation in (None, "auto"):
-        # backends outside AUTO_ORDER that claim a class of inputs (attnlab-decode: small T, long S)
-        for b in backends.all_backends():
-            claim = getattr(b, "auto_claim", None)
-            if claim is not None and claim(spec) is None:
-                return b
-        for name in backends.AUTO_ORDER:
-            b = backends.get(name)
-            if b.why_not(spec) is None:
-                return b
-        raise UnsupportedError("auto", "no registered backend supports this input")
+        return auto(spec, mode)[0]
     b = backends.get(implementation)
     reason = b.why_not(spec)
     if reason:
@@ -87,18 +165,22 @@ class Explanation:
     chosen: str
     reasons: dict[str, str | None]   # backend name -> None (can run) or the reason it can't
     spec: AttentionSpec
+    #: why auto picks ``chosen``: the dispatch table's measurement, or the static rule and why the
+    #: table was not used (``dispatch entry tuned with jax 0.11.1, running jax 0.11.2: static rule: ...``)
+    why: str = ""
 
     def __str__(self) -> str:
-        lines = [f"auto runs: {self.chosen}"]
+        lines = [f"auto runs: {self.chosen}" + (f": {self.why}" if self.why else "")]
         for name, why in self.reasons.items():
             lines.append(f"  {name:<14} {'ok' if why is None else 'no: ' + why}")
         return "\n".join(lines)
 
 
-def explain(query, key, value, bias=None, mask=None, **kwargs) -> Explanation:
-    """Say which backend ``implementation=None`` would run on these inputs, and why not the others."""
+def explain(query, key, value, bias=None, mask=None, *, mode: str = "fwd", **kwargs) -> Explanation:
+    """Say which backend ``implementation=None`` would run on these inputs (``mode="train"``: when
+    differentiated), why (measured or the static rule), and why not the others."""
     kwargs.pop("implementation", None)
     p = prepare(query, key, value, bias, mask, **kwargs)
-    chosen = select(p.spec, None).name
+    chosen, why = auto(p.spec, mode)
     reasons = {b.name: b.why_not(p.spec) for b in backends.all_backends()}
-    return Explanation(chosen, reasons, p.spec)
+    return Explanation(chosen.name, reasons, p.spec, why)

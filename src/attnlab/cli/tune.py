@@ -1,0 +1,129 @@
+"""``attnlab tune``: measure cells with the sweep engine and write auto's dispatch table (``attnlab.dispatch``).
+
+Every cell is checked against the references before it is timed (CUPTI kernel time on a GPU); only
+``ok`` records enter the table. The sweep's records stay in ``--records`` (``attnlab bench``'s format)."""
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from ._app import _fail, console, main
+from .bench import WINDOW_HELP
+
+AXES = (("batch", "Batch sizes, e.g. 1,4."), ("seq", "Sequence lengths, q_len = kv_len, e.g. 1024,4096."),
+        ("q_len", "Query lengths (with --kv-len)."), ("kv_len", "Key/value lengths (with --q-len)."),
+        ("heads", "Query heads N."), ("kv_heads", "Key/value heads K (default: = heads)."),
+        ("head_dim", "Head dims H."), ("dtype", "Dtypes, e.g. bfloat16."), ("causal", "true, false or both."),
+        ("window", WINDOW_HELP), ("mode", "fwd, fwd+bwd (comma-separated)."),
+        ("tokens", "Fix batch x q_len: batch = tokens // q_len (not with --batch)."))
+
+
+def tune_backends() -> list[str]:
+    """The backends ``tune`` measures by default: every registered one available here that auto may
+    pick (``api.auto_ineligible``: no PyTorch peer, no FP8)."""
+    from .. import backends
+    from ..api import auto_ineligible
+
+    return [b.name for b in backends.all_backends() if b.available() is None and auto_ineligible(b) is None]
+
+
+def library_of(name: str) -> list[str]:
+    """The optional libraries (import names) backend ``name`` calls: the versions its entry is keyed by."""
+    from .. import backends
+
+    try:
+        return list(backends.get(name).libraries())
+    except ValueError:
+        return []
+
+
+def write_table(records, out: str, *, replace: bool = False) -> tuple[str, list[dict]]:
+    """Build entries from ``records`` (only auto-eligible backends ranked) and merge them into ``out``."""
+    from .. import backends, dispatch
+    from ..api import auto_ineligible
+
+    def eligible(r):
+        try:
+            return auto_ineligible(backends.get(r["backend"])) is None
+        except ValueError:
+            return False
+
+    entries = dispatch.build([r for r in records if eligible(r)], library_of)
+    old = [] if replace or not os.path.exists(out) else list(dispatch.load(out).entries)
+    return dispatch.save(dispatch.merge(old, entries), out), entries
+
+
+def _axis_options(f):
+    for name, help_ in reversed(AXES):
+        f = click.option("--" + name.replace("_", "-"), name, help=help_)(f)
+    return f
+
+
+@main.command()
+@click.option("--backends", help="Comma-separated backends (default: every one available here that auto may pick).")
+@_axis_options
+@click.option("--config", "config", type=click.Path(dir_okay=False), help="A sweep.toml ([sweep] and [run]); flags replace its axes.")
+@click.option("--out", "out", default=None, type=click.Path(dir_okay=False),
+              help="The dispatch table to write (default: ATTNLAB_DISPATCH's path, else $ATTNLAB_CACHE_DIR/dispatch.json, "
+                   "else ~/.cache/attnlab/dispatch.json). Entries of other buckets, devices or versions are kept.")
+@click.option("--records", "records_dir", default=None, type=click.Path(file_okay=False),
+              help="Folder for the sweep's results.jsonl (default: OUT's folder/tune-records); resumed if it holds results.")
+@click.option("--replace", is_flag=True, help="Drop the file's other entries instead of merging.")
+@click.option("--repeats", type=int, default=None, help="Timed calls per cell (default 20 GPU, 5 CPU).")
+@click.option("--min-time", type=float, default=None, help="Wall clock (no GPU): seconds to keep timing a cell (default 0.1).")
+@click.option("--compile-budget", type=float, default=None, help="Seconds a compile may take (default 300).")
+def tune(backends, config, out, records_dir, replace, repeats, min_time, compile_budget, **flags):
+    """Measure cells (checked, then timed) and write auto's dispatch table: per shape bucket the fastest correct backend."""
+    from .. import dispatch
+    from ..measure import Options
+    from ..sweep import SweepError, build, run_sweep
+    from ..measure.cell import record_key
+    from ..store import read_records
+    from ..sweep.engine import SweepInterrupted
+    from ..sweep.flags import check_contradictions, merge, run_options
+
+    given = {k: v for k, v in flags.items() if v is not None}
+    if backends:
+        given["backends"] = backends
+    try:
+        check_contradictions(given)
+        values, run_opts, notes = merge(config, given, "tune")
+        values.setdefault("backends", ",".join(tune_backends()))
+        sweep = build(values)
+        reps, budget, mt = run_options(run_opts, repeats=repeats, compile_budget=compile_budget, min_time=min_time)
+    except SweepError as e:
+        _fail(str(e))
+    for n in notes:
+        console.print(f"[yellow]note:[/] {n}", highlight=False, soft_wrap=True)
+    out = out or dispatch.default_path()
+    records_dir = records_dir or os.path.join(os.path.dirname(os.path.abspath(out)), "tune-records")
+    opts = Options(repeats=reps, compile_budget_s=budget, check=True, min_time_s=float(mt))
+    n = len(sweep.cells())
+    console.print(f"tune: {n} cells ({', '.join(sweep.backends)}) -> {records_dir}/results.jsonl", highlight=False, soft_wrap=True)
+
+    def on_cell(cell, rec, i, total):
+        if rec is not None:
+            t = rec.get("kernel_ms") if rec.get("kernel_ms") is not None else rec.get("wall_ms")
+            console.print(f"[{i + 1}/{total}] {cell.backend:<15} {cell.config_label:<52} {rec['status']:<12} "
+                          + (f"{t:.4g} ms" if t is not None else (rec.get("reason") or "")[:60]), highlight=False, soft_wrap=True)
+
+    interrupted = False
+    try:
+        records = run_sweep(sweep, records_dir, resume=True, options=opts, on_cell=on_cell)
+    except SweepError as e:
+        _fail(str(e))
+    except SweepInterrupted as e:   # Ctrl-C: the table of the cells finished so far
+        interrupted = True
+        console.print(f"[yellow]interrupted:[/] {e.finished} of {e.total} cells finished", highlight=False)
+        keys = {c.key() for c in sweep.cells()}
+        records = [r for r in read_records(os.path.join(records_dir, "results.jsonl")) if record_key(r) in keys]
+    path, entries = write_table(records, out, replace=replace)
+    for e in entries:
+        ru = ", ".join(f"{r['backend']} {r['ms']:.4g}" for r in e["runner_up"][:3])
+        console.print(f"{e['bucket']}: [bold]{e['backend']}[/] {e['ms']:.4g} ms" + (f" (then {ru})" if ru else ""),
+                      highlight=False, soft_wrap=True)
+    console.print(f"{len(entries)} dispatch entries -> {path}", highlight=False, soft_wrap=True)
+    if interrupted:
+        sys.exit(130)
