@@ -33,6 +33,8 @@ WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys
 @click.option("--strategy", help="none, batch, heads, ring (comma-separated): sharded_attention strategies.")
 @click.option("--lengths", help="none, full, ragged (comma-separated): full/ragged make decode cells, "
               "decode_attention of the q_len newest tokens against a kv_len cache.")
+@click.option("--inputs", help="Input distributions of q, k, v (comma-separated): gaussian, outliers, channel-outliers, "
+              "shifted-keys (attnlab.distributions; default gaussian).")
 @click.option("--config", "config", type=click.Path(dir_okay=False),
               help="A sweep.toml ([sweep] and [run] tables); a flag replaces the file's value of its axis "
                    "(--seq its q_len/kv_len, --tokens its batch and the other way round).")

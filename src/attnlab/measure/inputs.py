@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import api, device, strategies
+from ..distributions import make_qkv
 from ..inputs import random_qkv
 from . import peaks
 from .record import Skip
@@ -26,8 +27,16 @@ def _input_sets(cell, opts):
         p = peaks.peak_for_kind(device.current().kind)
         rotate = 3 * (p.l2_bytes if p else 64 * 2**20)
     n = max(1, min(opts.max_input_sets, math.ceil(rotate / max(one, 1)), max(1, (4 * 2**30) // max(one, 1))))
-    return [random_qkv(w.batch, w.q_len, w.kv_len, w.heads, w.kv_heads, w.head_dim, w.dtype, seed=opts.seed + i)
-            for i in range(n)]
+    return [_draw(getattr(cell, "inputs", "gaussian"), w, opts.seed + i) for i in range(n)]
+
+
+def _draw(dist: str, w, seed: int):
+    """One (q, k, v) set as JAX arrays: q (B, T, N, H), k, v (B, S, K, H) in the cell's dtype, drawn from
+    ``attnlab.distributions``' ``dist``; ``gaussian`` is ``random_qkv`` itself (bit-identical to before)."""
+    if dist == "gaussian":
+        return random_qkv(w.batch, w.q_len, w.kv_len, w.heads, w.kv_heads, w.head_dim, w.dtype, seed=seed)
+    arrays = make_qkv(dist, w.batch, w.q_len, w.kv_len, w.heads, w.kv_heads, w.head_dim, "float32", seed=seed)
+    return tuple(jnp.asarray(a).astype(w.dtype) for a in arrays)
 
 
 def _place_sharded(sets, cell):
