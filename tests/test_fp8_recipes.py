@@ -103,6 +103,12 @@ def test_every_recipe_is_a_registered_backend_that_records_it():
     assert backends.get("cudnn-fp8-unit").unit_scales and not backends.get("cudnn-fp8").unit_scales
     with pytest.raises(ValueError):
         Fp8Recipe(scales="block")
+    sd = jax.ShapeDtypeStruct
+    from attnlab.spec import prepare
+
+    spec96 = prepare(sd((1, 64, 2, 96), "bfloat16"), sd((1, 64, 2, 96), "bfloat16"), sd((1, 64, 2, 96), "bfloat16")).spec
+    assert "power of two" in backends.get("cudnn-fp8-hadamard").supports(spec96)
+    assert backends.get("cudnn-fp8-smoothk").supports(spec96) is None
 
 
 def test_jax_fp8_output_dtype_follows_the_query():
