@@ -157,3 +157,44 @@ def test_cli_run_resume_measures_nothing_already_measured(tmp_path, monkeypatch)
     steps = [json.loads(line) for line in open(os.path.join(out, "results.jsonl"))]
     assert [x["step"] for x in steps if x["kind"] == "lab_step"] == ["timing"]
     assert sum(x["kind"] == "cell" for x in steps) == 4
+
+
+def _fp8_cell(step, backend, T, err, ms, inputs="gaussian", status="ok"):
+    return {"kind": "cell", "step": step, "backend": backend, "inputs": inputs, "batch": 1, "q_len": T, "kv_len": T,
+            "heads": 16, "kv_heads": 16, "head_dim": 128, "dtype": "bfloat16", "causal": True, "window": None,
+            "mode": "fwd", "status": status, "reason": None if status == "ok" else "output wrong", "timer": "cupti",
+            "kernel_ms": ms if status == "ok" else None, "rel_err": err, "rel_err_f64": err,
+            "kernel_p25_ms": ms, "kernel_p75_ms": ms}
+
+
+def test_step10_shows_the_best_fp8_recipe_and_its_cost():
+    """Canned H200-like records: the recipe table, the best recipe per inputs (rule: lowest error within
+    5% of the fastest FP8 recipe) and its cost against bf16 cuDNN; without recipe records it still renders."""
+    from attnlab.lab.core import LabConfig
+    from attnlab.lab.render import best_fp8_recipe, render_te_fp8
+
+    probe = {"kind": "lab_step", "step": "te_fp8", "status": "ok", "probe": {
+        "te_why": "TransformerEngine is not installed", "fp8_why": {"te-fp8": "TransformerEngine is not installed",
+                                                                    "cudnn-fp8": None},
+        "recipes_why": {"cudnn-fp8": None, "cudnn-fp8-hadamard": None, "cudnn-fp8-smoothk": None}}}
+    recs = [probe] + [_fp8_cell("fp8", b, T, e, ms) for T in (1024, 4096)
+                      for b, e, ms in (("cudnn-fp8", 0.055, 0.1 * T / 1024), ("cudnn", 0.0025, 0.13 * T / 1024))]
+    recs += [_fp8_cell("fp8-recipes", b, 4096, e, ms, inputs=d) for b, d, e, ms in (
+        ("cudnn-fp8", "gaussian", 0.055, 0.40), ("cudnn-fp8-hadamard", "gaussian", 0.054, 0.41),
+        ("cudnn-fp8-smoothk", "gaussian", 0.050, 0.45), ("cudnn", "gaussian", 0.0025, 0.52),
+        ("cudnn-fp8-hadamard", "channel-outliers", 0.09, 0.41), ("cudnn", "channel-outliers", 0.03, 0.52))]
+    recs.insert(-2, _fp8_cell("fp8-recipes", "cudnn-fp8", 4096, 0.36, None, inputs="channel-outliers", status="incorrect"))
+    s = render_te_fp8(recs, LabConfig.for_machine(False, True), None)
+    t = next(t for t in s.tables if t.title.startswith("FP8 recipes vs bf16 cuDNN (T=S=4096"))
+    assert t.columns == ["backend", "inputs = gaussian", "inputs = channel-outliers"]
+    assert t.rows[0] == ["cudnn-fp8", "5.50% · 0.4 ms", "36.00% · incorrect"]
+    text = " ".join(s.paragraphs)
+    assert "Best FP8 recipe on gaussian inputs (lowest error among the recipes within 5% of the fastest): " \
+           "cudnn-fp8-hadamard, 5.40% at 0.41 ms; bf16 cuDNN: 0.25% at 0.52 ms, so FP8 is 1.27x as fast at 21.6x the error" in text
+    assert "Best FP8 recipe on channel-outliers inputs" in text and "cudnn-fp8-hadamard, 9.00%" in text
+    assert best_fp8_recipe([r for r in recs if r["step"] == "fp8-recipes" and r["inputs"] == "gaussian"])["backend"] \
+        == "cudnn-fp8-hadamard"   # smoothk has less error but is 12% slower than the fastest
+    # a CPU probe: every recipe unavailable, said in one line; no records at all still renders
+    cpu = dict(probe, probe={**probe["probe"], "recipes_why": {"cudnn-fp8": "needs an NVIDIA GPU", "cudnn-fp8-pow2": "needs an NVIDIA GPU"}})
+    s = render_te_fp8([cpu], LabConfig.for_machine(True, False), None)
+    assert any(p.startswith("FP8 recipes (cudnn-fp8, cudnn-fp8-pow2): skipped — needs an NVIDIA GPU") for p in s.paragraphs)

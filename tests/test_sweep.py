@@ -55,6 +55,7 @@ def test_sweep_axes():
     ({"backends": "xla", "heads": "3", "kv_heads": "2"}, "no valid cell"),
     ({"backends": "xla", "colour": "red"}, "unknown sweep key"),
     ({"seq": "8"}, "backends"),
+    ({"backends": "xla", "inputs": "gaussian,cauchy"}, "inputs: 'cauchy'"),
 ])
 def test_bad_sweep_values(values, words):
     with pytest.raises(SweepError) as e:
@@ -358,3 +359,38 @@ def test_window_int_is_symmetric_as_jax_reads_it():
     assert w.kept_pairs() == sum(min(63, t + 8) - max(0, t - 8) + 1 for t in range(64))   # 2W+1 keys inside
     r = CliRunner().invoke(main, ["bench", "--help"])
     assert "(W, W)" in " ".join(r.output.split()) and "local_window_size" in r.output
+
+
+def test_inputs_axis_records_and_separates_references(tmp_path):
+    """--inputs: one cell per distribution, recorded, each checked against its own reference."""
+    import numpy as np
+
+    from attnlab.distributions import make_qkv
+    from attnlab.measure.cell import Cell, Options, ref_key
+    from attnlab.measure.inputs import _input_sets
+    from attnlab.inputs import random_qkv
+
+    s = build({"backends": "xla", "seq": "16", "heads": "2", "head_dim": "16", "inputs": "gaussian,Outliers"})
+    assert [c.inputs for c in s.cells()] == ["gaussian", "outliers"]
+    g, o = s.cells()
+    assert ref_key(g, 0) != ref_key(o, 0) and "outliers" in o.config_label
+    opts = Options(max_input_sets=1)
+    (q, k, v), = _input_sets(g, opts)
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip((q, k, v), random_qkv(1, 16, 16, 2, 2, 16, "bfloat16", 0)))
+    (q, k, v), = _input_sets(dataclasses_replace(g, inputs="channel-outliers"), opts)
+    want = make_qkv("channel-outliers", 1, 16, 16, 2, 2, 16, "float32", 0)
+    assert np.array_equal(np.asarray(q.astype("float32")), want[0].astype("bfloat16").astype("float32"))
+    out = tmp_path / "b"
+    r = CliRunner().invoke(main, ["bench", "--backends", "xla", "--seq", "16", "--heads", "2", "--head-dim", "16",
+                                  "--dtype", "float32", "--inputs", "gaussian,shifted-keys", "--out", str(out),
+                                  "--repeats", "1", "--min-time", "0"])
+    assert r.exit_code == 0, r.output
+    recs = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert [x["inputs"] for x in recs] == ["gaussian", "shifted-keys"] and all(x["status"] == "ok" for x in recs)
+    assert (out / "results.csv").read_text().splitlines()[0].count("inputs") == 1
+
+
+def dataclasses_replace(cell, **kw):
+    import dataclasses
+
+    return dataclasses.replace(cell, **kw)

@@ -175,4 +175,6 @@ def config_label(rec: dict, mesh: bool = True) -> str:
     parts.append(rec["mode"])
     if mesh and rec.get("strategy"):
         parts.append(f"{rec['strategy']}x{rec.get('devices', 1)}")
+    if rec.get("inputs", "gaussian") != "gaussian":
+        parts.append(f"inputs={rec['inputs']}")
     return " ".join(parts)

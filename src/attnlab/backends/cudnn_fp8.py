@@ -1,12 +1,18 @@
-"""cuDNN's FP8 flash attention through JAX's private API (forward only).
+"""cuDNN's FP8 flash attention through JAX's private API (forward only), one backend per FP8 recipe.
 
 ``jax._src.cudnn.fused_attention_stablehlo.dot_product_attention(..., use_fp8=True,
 fp8_params=...)`` takes q, k, v in float8_e4m3fn with per-tensor descale factors and returns
-the output in float8_e4m3fn. This backend takes bf16/fp16 inputs, quantises each of q, k, v
-with its own amax scale (``cudnn-fp8``) or with unit scales as JAX's own tests do
-(``cudnn-fp8-unit``), scales the softmax probabilities into e4m3's range, and dequantises
-the output back to the input dtype. It is a private API: it is guarded by feature checks and
-raises ``UnsupportedError`` where they fail.
+the output in float8_e4m3fn. This backend takes bf16/fp16 q (B, T, N, H), k, v (B, S, N, H),
+applies its recipe (``attnlab.backends.fp8_recipe``: scales, the P scale, a Hadamard rotation of q
+and k, K smoothing), quantises q, k, v to e4m3, scales the softmax probabilities into e4m3's range,
+and dequantises the output back to the input dtype, all inside one jitted call (transforms timed).
+
+The output is always e4m3: JAX's ``_dot_product_attention_fp8_fwd_abstract`` builds the output
+aval from the query's (``_attention_out_aval(query, ...)``) and the FP8 path needs the query in
+float8, so cuDNN's bf16-output FP8 mode cannot be asked for through JAX (tests/test_fp8_recipes.py
+reads that function; the H200 probe: results/gpu-2026-12-03b-final/fp8_api_probe.txt).
+
+It is a private API: it is guarded by feature checks and raises ``UnsupportedError`` where they fail.
 """
 from __future__ import annotations
 
@@ -19,10 +25,12 @@ import jax.numpy as jnp
 from .. import device
 from ..spec import AttentionSpec, Prepared
 from .cudnn import CudnnBackend
+from .fp8_recipe import E4M3_MAX, RECIPES, Fp8Recipe, backend_name, quantise, tensor_scale, transform
 
-E4M3_MAX = 448.0
 FP8_KEYS = ("amax_dQ", "amax_dK", "amax_dV", "amax_dP", "descale_q", "descale_k", "descale_v", "descale_s",
             "scale_s", "scale_o", "descale_o", "descale_dO", "descale_dP", "scale_dQ", "scale_dK", "scale_dV", "scale_dP")
+#: The private function whose output aval follows the query's dtype (always e4m3 on the FP8 path).
+FP8_ABSTRACT = "_dot_product_attention_fp8_fwd_abstract"
 
 
 @functools.lru_cache(maxsize=None)
@@ -43,25 +51,46 @@ def _private_api():
     return fa, None
 
 
-def _amax_scale(x):
-    amax = jnp.max(jnp.abs(x.astype(jnp.float32)))
-    return E4M3_MAX / jnp.maximum(amax, 1e-12)
+def _cudnn_call(q8, k8, v8, params: dict, scale: float, causal: bool):
+    """cuDNN's FP8 forward: e4m3 q (B, T, N, H), k, v (B, S, N, H) and (1, 1, 1, 1) float32 scale
+    factors -> e4m3 output (B, T, N, H). Tests replace it with a float32 emulation."""
+    fa, _ = _private_api()
+    mask_type = fa.MaskType.CAUSAL if causal else fa.MaskType.NO_MASK
+    out8, _, _ = fa.dot_product_attention(q8, k8, v8, fp8_params=params, scale=scale, mask_type=mask_type,
+                                          qkv_layout="BTNH", use_fp8=True)
+    return out8
 
 
-def _quantise(x, scale):
-    y = jnp.clip(x.astype(jnp.float32) * scale, -E4M3_MAX, E4M3_MAX)
-    return y.astype(jnp.float8_e4m3fn)
+def fp8_attention(q, k, v, recipe: Fp8Recipe, *, scale: float, causal: bool):
+    """Attention of q (B, T, N, H), k, v (B, S, N, H) through e4m3 as ``recipe`` says; out in q's dtype."""
+    qt, kt = transform(recipe, q, k)
+    sq, sk, sv = (tensor_scale(x, recipe.scales) for x in (qt, kt, v))
+    ss = jnp.float32(recipe.softmax_scale)            # softmax probabilities lie in [0, 1]
+    so = jnp.float32(1.0) if recipe.scales == "unit" else sv   # |out| <= max |v|: the output shares v's scale
+    one = jnp.ones((1, 1, 1, 1), jnp.float32)
+    params = {n: one for n in FP8_KEYS}
+    params.update(descale_q=one / sq, descale_k=one / sk, descale_v=one / sv, descale_s=one / ss,
+                  scale_s=one * ss, scale_o=one * so)
+    out8 = _cudnn_call(quantise(qt, sq), quantise(kt, sk), quantise(v, sv), params, float(scale), causal)
+    return (out8.astype(jnp.float32) / so).astype(q.dtype)
 
 
 class CudnnFp8Backend(CudnnBackend):
-    name = "cudnn-fp8"
-    description = "cuDNN FP8 (e4m3) flash attention via JAX's private API, per-tensor amax scaling"
+    """``CudnnFp8Backend(suffix)``: the recipe ``fp8_recipe.RECIPES[suffix]``, named ``cudnn-fp8-<suffix>``."""
     forward_only = True
-    unit_scales = False
     rel_l2_limit = 0.1
     rel_l2_rule = "float8 e4m3 inside: rel L2 <= 0.1, worst row <= 0.2"
     compute_dtype = "float8_e4m3fn"
     min_compute_capability = (9, 0)
+
+    def __init__(self, suffix: str = ""):
+        self.recipe = RECIPES[suffix]
+        self.name = backend_name(suffix)
+        self.description = f"cuDNN FP8 (e4m3) flash attention via JAX's private API: {self.recipe.describe()}"
+
+    @property
+    def unit_scales(self) -> bool:
+        return self.recipe.scales == "unit"
 
     def available(self) -> str | None:
         why = super().available()   # an NVIDIA GPU >= sm80 with cuDNN loaded
@@ -80,6 +109,8 @@ class CudnnFp8Backend(CudnnBackend):
             return f"dtype {spec.dtype} not supported (takes float16/bfloat16, computes in float8_e4m3fn)"
         if spec.head_dim > 256 or spec.head_dim % 16:
             return f"head dim {spec.head_dim} must be <= 256 and a multiple of 16 for FP8"
+        if self.recipe.hadamard and spec.head_dim & (spec.head_dim - 1):
+            return f"head dim {spec.head_dim} is not a power of two (the Hadamard rotation needs one)"
         if spec.kv_heads != spec.heads:
             return "grouped key/value heads (K != N) are not exercised by JAX's FP8 path"
         if spec.bias_shape or spec.mask_shape or spec.has_q_lengths or spec.has_kv_lengths or spec.window:
@@ -87,27 +118,15 @@ class CudnnFp8Backend(CudnnBackend):
         return None
 
     def run(self, p: Prepared):
-        fa, _ = _private_api()
-        q, k, v = p.query, p.key, p.value
-        if self.unit_scales:
-            sq = sk = sv = jnp.float32(1.0)
-            ss = so = jnp.float32(1.0)
-        else:
-            sq, sk, sv = _amax_scale(q), _amax_scale(k), _amax_scale(v)
-            ss = jnp.float32(E4M3_MAX)   # softmax probabilities lie in [0, 1]
-            so = sv                      # |out| <= max |v|: the output shares v's scale
-        one = jnp.ones((1, 1, 1, 1), jnp.float32)
-        params = {n: one for n in FP8_KEYS}
-        params.update(descale_q=one / sq, descale_k=one / sk, descale_v=one / sv, descale_s=one / ss,
-                      scale_s=one * ss, scale_o=one * so)
-        mask_type = fa.MaskType.CAUSAL if p.spec.is_causal else fa.MaskType.NO_MASK
-        out8, _, _ = fa.dot_product_attention(
-            _quantise(q, sq), _quantise(k, sk), _quantise(v, sv), fp8_params=params,
-            scale=float(p.scale), mask_type=mask_type, qkv_layout="BTNH", use_fp8=True)
-        return (out8.astype(jnp.float32) / so).astype(q.dtype)
+        return fp8_attention(p.query, p.key, p.value, self.recipe, scale=float(p.scale), causal=p.spec.is_causal)
+
+    def facts(self, fwd, q, k, v, fwd_as=None) -> dict | None:
+        """The recipe this record ran (``fp8_recipe.Fp8Recipe`` as a dict) and that the output was e4m3."""
+        return {"fp8_recipe": self.recipe.as_dict(), "fp8_output_dtype": "float8_e4m3fn"}
 
 
 class CudnnFp8UnitBackend(CudnnFp8Backend):
-    name = "cudnn-fp8-unit"
-    description = "cuDNN FP8 attention with unit scales (as JAX's own tests call it)"
-    unit_scales = True
+    """``cudnn-fp8-unit``: unit scales, as JAX's own tests call the kernel."""
+
+    def __init__(self):
+        super().__init__("unit")

@@ -10,7 +10,7 @@ from .. import backends
 from ..sweep.spec import Sweep
 from . import render, tables
 from .core import LabConfig, LabContext, Step
-from .render import fp8_seqs, gqa_shape, memory_seqs, perf_backends
+from .render import FP8_RECIPE_INPUTS, fp8_recipe_names, fp8_seqs, gqa_shape, memory_seqs, perf_backends
 
 
 def sweeps_timing(cfg: LabConfig) -> list[Sweep]:
@@ -56,6 +56,11 @@ def _te_fp8_why() -> tuple[str | None, dict[str, str | None]]:
     return te_why, fp8
 
 
+def _recipes_why() -> dict[str, str | None]:
+    """{FP8 recipe backend (cudnn-fp8*): why it cannot run here, None where it can}."""
+    return {n: backends.get(n).available() for n in fp8_recipe_names(backends.names())}
+
+
 def sweeps_te_fp8(cfg: LabConfig) -> list[Sweep]:
     c = cfg
     te_why, fp8 = _te_fp8_why()
@@ -67,12 +72,16 @@ def sweeps_te_fp8(cfg: LabConfig) -> list[Sweep]:
     for name, why in fp8.items():
         if not why:
             out.append(Sweep([name, "cudnn"], q_len=fp8_seqs(c), head_dim=[128], name="fp8", **common))
+    recipes = [n for n, why in _recipes_why().items() if not why]
+    if recipes:   # every recipe on gaussian and outlier-channel inputs at the largest FP8 length
+        out.append(Sweep(recipes + ["cudnn"], q_len=[max(fp8_seqs(c))], head_dim=[128], inputs=list(FP8_RECIPE_INPUTS),
+                         name="fp8-recipes", **common))
     return out
 
 
 def probe_te_fp8(ctx: LabContext) -> dict:
     te_why, fp8 = _te_fp8_why()
-    return {"te_why": te_why, "fp8_why": fp8}
+    return {"te_why": te_why, "fp8_why": fp8, "recipes_why": _recipes_why()}
 
 
 def _cudnn_verdicts(cfg: LabConfig):

@@ -342,6 +342,73 @@ def fp8_seqs(cfg: LabConfig) -> list[int]:
     return [1024, 4096] if cfg.gpu else [256]
 
 
+#: Inputs the lab's FP8-recipe sweep draws (``attnlab.distributions``): plain, and outlier channels.
+FP8_RECIPE_INPUTS = ("gaussian", "channel-outliers")
+#: The best recipe is the lowest-error one among those at most this much slower than the fastest FP8 recipe.
+FP8_BEST_WITHIN = 0.05
+
+
+def fp8_recipe_names(names) -> list[str]:
+    """The cuDNN FP8 recipe backends (``cudnn-fp8``, ``cudnn-fp8-*``) among ``names``, in order."""
+    return [n for n in names if n == "cudnn-fp8" or n.startswith("cudnn-fp8-")]
+
+
+def best_fp8_recipe(recs: list[dict]) -> dict | None:
+    """Of the timed FP8 recipe records of one shape and inputs: the lowest rel L2 vs float64 among those
+    at most ``FP8_BEST_WITHIN`` slower than the fastest one (None when none was timed)."""
+    ok = [r for r in recs if r["backend"] != "cudnn" and r["status"] == "ok" and time_ms(r)]
+    if not ok:
+        return None
+    fastest = min(time_ms(r) for r in ok)
+    near = [r for r in ok if time_ms(r) <= (1 + FP8_BEST_WITHIN) * fastest]
+    return min(near, key=lambda r: r.get("rel_err_f64") if r.get("rel_err_f64") is not None else r["rel_err"])
+
+
+def _err_pct(r) -> str:
+    e = r.get("rel_err_f64") if r.get("rel_err_f64") is not None else r.get("rel_err")
+    return "–" if e is None else f"{100 * e:.2f}%"
+
+
+def _fp8_recipes(records, p: dict, s: Section) -> None:
+    """Step 10's recipe table (rows: recipes, columns: inputs) and, per inputs, the best recipe and its cost."""
+    why = p.get("recipes_why") or {}
+    if why and all(why.values()):
+        first = next(iter(why.values()))
+        s.paragraphs.append(f"FP8 recipes ({', '.join(why)}): skipped — {first}.")
+        return
+    recs = cells(records, "fp8-recipes")
+    if not recs:
+        return
+    T = recs[0]["q_len"]
+    dists = [d for d in FP8_RECIPE_INPUTS if any(r.get("inputs", "gaussian") == d for r in recs)]
+    names = list(dict.fromkeys(r["backend"] for r in recs))
+    by = {(r["backend"], r.get("inputs", "gaussian")): r for r in recs}
+    rows = []
+    for n in names:
+        row = [n]
+        for d in dists:
+            r = by.get((n, d))
+            row.append("" if r is None else f"{_err_pct(r)} · " + (f"{time_ms(r):.4g} ms" if r["status"] == "ok" else r["status"]))
+        rows.append(row)
+    s.tables.append(Table(f"FP8 recipes vs bf16 cuDNN (T=S={T}, causal, H=128): rel L2 vs float64 · time",
+                          ["backend"] + [f"inputs = {d}" for d in dists], rows))
+    for d in dists:
+        best = best_fp8_recipe([r for r in recs if r.get("inputs", "gaussian") == d])
+        anchor = by.get(("cudnn", d))
+        if best is None:
+            s.paragraphs.append(f"On {d} inputs no FP8 recipe was timed.")
+            continue
+        cost = ""
+        if anchor is not None and anchor["status"] == "ok":
+            e8 = best.get("rel_err_f64") or best["rel_err"]
+            e16 = anchor.get("rel_err_f64") or anchor["rel_err"]
+            cost = (f"; bf16 cuDNN: {_err_pct(anchor)} at {time_ms(anchor):.4g} ms, so FP8 is "
+                    f"{time_ms(anchor) / time_ms(best):.2f}x as fast at {e8 / e16:.1f}x the error" if e16 else "")
+        s.paragraphs.append(f"Best FP8 recipe on {d} inputs (lowest error among the recipes within "
+                            f"{100 * FP8_BEST_WITHIN:.0f}% of the fastest): {best['backend']}, {_err_pct(best)} at "
+                            f"{time_ms(best):.4g} ms{cost}.")
+
+
 def render_te_fp8(records, cfg: LabConfig, plots_dir=None) -> Section:
     c = cfg
     s = Section("te_fp8", TITLES["te_fp8"])
@@ -392,6 +459,7 @@ def render_te_fp8(records, cfg: LabConfig, plots_dir=None) -> Section:
         s.paragraphs.append("'te-fp8' runs TransformerEngine's DotProductAttention under te.autocast and records whether FP8 "
                             "engaged (fp8_in_program) and whether its output equals plain 'te' bit for bit; cudnn-fp8 is "
                             "cuDNN's FP8 attention through JAX.")
+    _fp8_recipes(records, p, s)
     if te_why and all(r[2].startswith("skipped: ") for r in fp8_rows):
         s.status, s.reason = "skipped", (f"TransformerEngine: {te_why}; FP8: "
                                          + "; ".join(f"{r[0]}: {r[2].removeprefix('skipped: ')}" for r in fp8_rows))

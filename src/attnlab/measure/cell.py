@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from .. import backends, device, strategies
+from ..distributions import DISTRIBUTIONS
 from ..inputs import _normal
 from ..problem import FIELDS as PROBLEM_FIELDS, Problem, delegate_fields, label as problem_label
 from ..records import SCHEMA_VERSION, STATUSES  # noqa: F401  (STATUSES re-exported)
@@ -45,7 +46,7 @@ _UNSET = object()
 
 @dataclasses.dataclass(frozen=True, init=False)
 class Cell:
-    """``Cell(backend, B, T, S, N, K, H, dtype, causal, window, mode, devices, strategy, lengths)``
+    """``Cell(backend, B, T, S, N, K, H, dtype, causal, window, mode, devices, strategy, lengths, inputs)``
     (positional or keyword, or ``Cell(backend, problem=Problem(...), mode=...)``); the problem's
     fields read as attributes (``cell.batch``, ``cell.window``)."""
 
@@ -55,10 +56,11 @@ class Cell:
     devices: int = dataclasses.field(default=1, metadata=_SINCE)                 # mesh size, for sharded cells
     strategy: str | None = dataclasses.field(default=None, metadata=_SINCE)      # None or a registered strategy
     lengths: str | None = dataclasses.field(default=None, metadata=_SINCE)       # None: attention(); full/ragged: decode
+    inputs: str = dataclasses.field(default="gaussian", metadata=_SINCE)         # attnlab.distributions name
 
     def __init__(self, backend, batch=_UNSET, q_len=_UNSET, kv_len=_UNSET, heads=_UNSET, kv_heads=_UNSET,
                  head_dim=_UNSET, dtype=_UNSET, causal=_UNSET, window=_UNSET, mode="fwd", devices=1, strategy=None,
-                 lengths=None, *, problem: Problem | None = None):
+                 lengths=None, inputs="gaussian", *, problem: Problem | None = None):
         given = {k: v for k, v in zip(PROBLEM_FIELDS, (batch, q_len, kv_len, heads, kv_heads, head_dim, dtype, causal,
                                                        window)) if v is not _UNSET}
         if problem is None:
@@ -67,11 +69,13 @@ class Cell:
         elif given:  # dataclasses.replace(cell, heads=...)
             problem = dataclasses.replace(problem, **given)
         for name, value in (("backend", backend), ("problem", problem), ("mode", mode), ("devices", devices),
-                            ("strategy", strategy), ("lengths", lengths)):
+                            ("strategy", strategy), ("lengths", lengths), ("inputs", inputs)):
             object.__setattr__(self, name, value)
         self._validate()
 
     def _validate(self):
+        if self.inputs not in DISTRIBUTIONS:
+            raise ValueError(f"inputs must be one of {DISTRIBUTIONS}, got {self.inputs!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.lengths is not None:
@@ -136,6 +140,8 @@ def config_label(rec: dict, mesh: bool = True) -> str:
     parts.append(rec["mode"])
     if mesh and rec.get("strategy"):
         parts.append(f"{rec['strategy']}x{rec.get('devices', 1)}")
+    if rec.get("inputs", "gaussian") != "gaussian":
+        parts.append(f"inputs={rec['inputs']}")
     return " ".join(parts)
 
 

@@ -7,11 +7,13 @@ imported by ``attnlab.sweep``): measure looks a strategy up by name and imports 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 
 import jax
 import jax.numpy as jnp
 
 from .. import api, device, strategies
+from ..distributions import make_qkv
 from ..inputs import random_qkv
 from . import peaks
 from .record import Skip
@@ -26,8 +28,29 @@ def _input_sets(cell, opts):
         p = peaks.peak_for_kind(device.current().kind)
         rotate = 3 * (p.l2_bytes if p else 64 * 2**20)
     n = max(1, min(opts.max_input_sets, math.ceil(rotate / max(one, 1)), max(1, (4 * 2**30) // max(one, 1))))
-    return [random_qkv(w.batch, w.q_len, w.kv_len, w.heads, w.kv_heads, w.head_dim, w.dtype, seed=opts.seed + i)
-            for i in range(n)]
+    return [_draw(getattr(cell, "inputs", "gaussian"), w, opts.seed + i) for i in range(n)]
+
+
+#: The last non-gaussian draws (NumPy makes them on the host, ~1 s at T=16k): every backend of a
+#: sweep measured on one (distribution, shape, seed) reuses them.
+_DRAWS: OrderedDict = OrderedDict()
+_DRAWS_KEPT = 8
+
+
+def _draw(dist: str, w, seed: int):
+    """One (q, k, v) set as JAX arrays: q (B, T, N, H), k, v (B, S, K, H) in the cell's dtype, drawn from
+    ``attnlab.distributions``' ``dist``; ``gaussian`` is ``random_qkv`` itself (bit-identical to before)."""
+    shape = (w.batch, w.q_len, w.kv_len, w.heads, w.kv_heads, w.head_dim)
+    if dist == "gaussian":
+        return random_qkv(*shape, w.dtype, seed=seed)
+    key = (dist, shape, w.dtype, seed)
+    if key not in _DRAWS:
+        arrays = make_qkv(dist, *shape, "float32", seed=seed)
+        _DRAWS[key] = tuple(jnp.asarray(a).astype(w.dtype) for a in arrays)
+        while len(_DRAWS) > _DRAWS_KEPT:
+            _DRAWS.popitem(last=False)
+    _DRAWS.move_to_end(key)
+    return _DRAWS[key]
 
 
 def _place_sharded(sets, cell):

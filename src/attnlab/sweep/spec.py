@@ -2,7 +2,8 @@
 
 Axes: backend, batch, q_len, kv_len, heads, kv_heads, head_dim, dtype, causal, window, mode,
 lengths (none: ``attention``; full/ragged: ``decode_attention`` of the q_len newest tokens against
-an S-long cache, every sequence full or of ragged valid lengths).
+an S-long cache, every sequence full or of ragged valid lengths), inputs (the distribution q, k, v
+are drawn from: a name of ``attnlab.distributions.DISTRIBUTIONS``, default gaussian).
 ``seq`` ties q_len = kv_len (not with q_len/kv_len); ``tokens`` fixes batch * q_len (batch =
 tokens // q_len; not with batch). ``window`` entries are ``none``, ``LEFT:RIGHT`` or an int ``W``,
 which means ``(W, W)`` exactly as ``jax.nn.dot_product_attention`` reads an int
@@ -18,6 +19,7 @@ import itertools
 import tomllib
 
 from .. import backends, strategies
+from ..distributions import DISTRIBUTIONS
 from ..measure.cell import LENGTHS, MODES, Cell
 from ..spec import FLOAT_DTYPES
 
@@ -42,6 +44,7 @@ class Sweep:
     devices: list[int] = dataclasses.field(default_factory=lambda: [1])
     strategy: list[str | None] = dataclasses.field(default_factory=lambda: [None])
     lengths: list[str | None] = dataclasses.field(default_factory=lambda: [None])
+    inputs: list[str] = dataclasses.field(default_factory=lambda: ["gaussian"])
     tokens: int | None = None
     name: str = "sweep"
 
@@ -76,6 +79,11 @@ class Sweep:
         for ln in self.lengths:
             if ln is not None and ln not in LENGTHS:
                 raise SweepError(f"lengths: {ln!r} is not none or one of {', '.join(LENGTHS)}")
+        if not self.inputs:
+            raise SweepError("inputs: no values")
+        for d in self.inputs:
+            if d not in DISTRIBUTIONS:
+                raise SweepError(f"inputs: {d!r} is not one of {', '.join(DISTRIBUTIONS)}")
         for c in self.causal:
             if not isinstance(c, bool):
                 raise SweepError(f"causal: {c!r} is not a bool")
@@ -91,9 +99,9 @@ class Sweep:
         out = []
         kv_lens = self.kv_len or [None]
         kv_heads = self.kv_heads or [None]
-        for (T, S, N, K, H, dt, c, w, m, st, nd, ln) in itertools.product(
+        for (T, S, N, K, H, dt, c, w, m, st, nd, ln, dist) in itertools.product(
                 self.q_len, kv_lens, self.heads, kv_heads, self.head_dim, self.dtype, self.causal, self.window, self.mode,
-                self.strategy, self.devices, self.lengths):
+                self.strategy, self.devices, self.lengths, self.inputs):
             S = T if S is None else S
             K = N if K is None else K
             if N % K or (st is None and nd != 1):
@@ -103,7 +111,7 @@ class Sweep:
             batches = [max(1, self.tokens // T)] if self.tokens else self.batch
             for B in batches:
                 for b in self.backends:
-                    out.append(Cell(b, B, T, S, N, K, H, dt, c, tuple(w) if w else None, m, nd, st, ln))
+                    out.append(Cell(b, B, T, S, N, K, H, dt, c, tuple(w) if w else None, m, nd, st, ln, dist))
         return out
 
 
@@ -178,7 +186,7 @@ def _windows(text) -> list[tuple[int, int] | None]:
 def build(values: dict) -> Sweep:
     """A Sweep from loosely typed values (CLI strings or TOML values); keys as in the TOML file."""
     known = {"backends", "backend", "batch", "seq", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype",
-             "causal", "window", "mode", "tokens", "name", "devices", "strategy", "lengths"}
+             "causal", "window", "mode", "tokens", "name", "devices", "strategy", "lengths", "inputs"}
     unknown = set(values) - known
     if unknown:
         raise SweepError(f"unknown sweep key(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
@@ -208,6 +216,8 @@ def build(values: dict) -> Sweep:
         kw["strategy"] = [None if x.lower() == "none" else x for x in _strs(values["strategy"])]
     if values.get("lengths") is not None:
         kw["lengths"] = [None if x.lower() == "none" else x.lower() for x in _strs(values["lengths"])]
+    if values.get("inputs") is not None:
+        kw["inputs"] = [x.lower() for x in _strs(values["inputs"])]
     if values.get("tokens") is not None:
         if values.get("batch") is not None:
             raise SweepError("tokens sets batch = tokens // q_len: give either tokens or batch")

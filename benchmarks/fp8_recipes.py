@@ -1,0 +1,279 @@
+"""Issue 15's FP8 study: every cuDNN FP8 recipe against bf16 cuDNN, error vs float64 against speed.
+
+    PYTHONPATH=src python3 benchmarks/fp8_recipes.py OUT [--max-seconds 390]     # measure (resumable)
+    python3 benchmarks/fp8_recipes.py --table OUT/results.jsonl [--plot P.png]   # table, goals, plot
+
+Grid (through the sweep engine, each cell checked on its whole output then timed, CUPTI kernel time,
+written as it finishes; a rerun on the same OUT resumes): every ``cudnn-fp8*`` recipe + ``cudnn``
+(the bf16 anchor) x inputs {gaussian, outliers, channel-outliers, shifted-keys}
+(``attnlab.distributions``) x T = S in {16384, 4096} x causal {False, True}; B=1, N=K=16 (FP8 takes
+MHA only), H=128, bf16 in, forward. Order: the goal shape (T=16384, non-causal) first, then
+T=16384 causal, T=4096 non-causal, T=4096 causal; within a shape every backend of one input
+distribution in a row, so the reference is computed once per (inputs, shape). ``--max-seconds``
+stops starting new cells after that many seconds (the finished ones stay written).
+
+FP8 cells are judged at the backend's rel L2 limit (0.1): a recipe beyond it is ``incorrect`` and
+untimed (its error is still recorded: a finding). The error column is ``rel_err_f64``, rel L2 of the
+output against NumPy float64 attention on sampled rows (``attnlab.measure.check``); speed is
+``tflops`` (non-causal FLOPs 4 B N T S H, causal about half, per CUPTI kernel time).
+
+Goals (issue 15, item 4), evaluated by ``goals``: gaussian, T=16k non-causal: some FP8 recipe at
+<= 3% rel L2 and >= 1000 TFLOP/s; outliers and channel-outliers: the best recipe among those at most
+5% slower than ``cudnn-fp8`` (per-tensor amax) has >= 2.5x lower error than it.
+
+The table, goals and plot read records only (no JAX).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+
+RECIPES = ["cudnn-fp8", "cudnn-fp8-unit", "cudnn-fp8-pow2", "cudnn-fp8-s256", "cudnn-fp8-s1", "cudnn-fp8-hadamard",
+           "cudnn-fp8-smoothk", "cudnn-fp8-hadamard-smoothk"]
+ANCHOR = "cudnn"
+BACKENDS = [ANCHOR] + RECIPES
+INPUTS = ["gaussian", "outliers", "channel-outliers", "shifted-keys"]
+#: (T, causal) in the order measured: the goal shape first.
+SHAPES = [(16384, False), (16384, True), (4096, False), (4096, True)]
+GOAL_SHAPE = (16384, False)
+GAUSSIAN_MAX_ERR, GAUSSIAN_MIN_TFLOPS = 0.03, 1000.0
+OUTLIER_GAIN, SPEED_COST = 2.5, 0.05
+DEFAULT_MAX_SECONDS = 390.0
+
+
+class _OutOfTime(Exception):
+    pass
+
+
+def sweeps():
+    """One Sweep per (T, causal, inputs), in measuring order."""
+    from attnlab.sweep import Sweep
+
+    return [Sweep(BACKENDS, batch=[1], q_len=[T], heads=[16], head_dim=[128], dtype=["bfloat16"], causal=[c],
+                  inputs=[d], mode=["fwd"], name=f"fp8-T{T}{'-causal' if c else ''}")
+            for T, c in SHAPES for d in INPUTS]
+
+
+def measure(out: str, max_seconds: float = DEFAULT_MAX_SECONDS) -> None:
+    from attnlab.measure import Options
+    from attnlab.store import read_records
+    from attnlab.sweep import run_sweep
+    from attnlab.sweep.engine import CSV_COLUMNS, write_csv
+
+    opts = Options(repeats=20, compile_budget_s=60)
+    t0 = time.perf_counter()
+    n_cells = 0
+
+    def show(c, r, i, n):
+        if r:
+            print(f"[{time.perf_counter() - t0:6.1f}s] {c.backend:<27} {c.inputs:<17} T{c.q_len} "
+                  f"{'causal' if c.causal else 'full  '} {r['status']:<12} {r.get('kernel_ms') or 0:8.4f} ms "
+                  f"{r.get('tflops') or 0:7.1f} TFLOP/s rel L2 f64 {100 * (r.get('rel_err_f64') or 0):6.2f}% "
+                  f"{(r['reason'] or '')[:60]}", flush=True)
+        if time.perf_counter() - t0 > max_seconds:
+            raise _OutOfTime
+
+    try:
+        for sw in sweeps():
+            if time.perf_counter() - t0 > max_seconds:
+                raise _OutOfTime
+            n_cells += len(run_sweep(sw, out, resume=True, options=opts, on_cell=show))
+    except _OutOfTime:
+        path = os.path.join(out, "results.jsonl")
+        write_csv(read_records(path), os.path.join(out, "results.csv"), CSV_COLUMNS)
+        print(json.dumps({"stopped": f"--max-seconds {max_seconds:g} reached; rerun to resume"}), flush=True)
+    print(json.dumps({"out": out, "seconds": round(time.perf_counter() - t0, 1)}), flush=True)
+
+
+# --- reading the records (no JAX) ----------------------------------------------------------------
+
+def load(path: str) -> list[dict]:
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                try:
+                    r = json.loads(line)
+                except json.JSONDecodeError:
+                    continue   # a torn last line
+                if r.get("backend") in BACKENDS:
+                    out.append(r)
+    return out
+
+
+def _key(r) -> tuple:
+    return (r.get("inputs", "gaussian"), r["q_len"], bool(r["causal"]))
+
+
+def _index(recs) -> dict:
+    return {(_key(r), r["backend"]): r for r in recs}
+
+
+def _ms(r):
+    return r.get("kernel_ms") if r.get("kernel_ms") is not None else r.get("wall_ms")
+
+
+def _err(r):
+    return r.get("rel_err_f64") if r.get("rel_err_f64") is not None else r.get("rel_err")
+
+
+def _cell(r) -> str:
+    if r is None:
+        return ""
+    err = _err(r)
+    e = f"{100 * err:.2f}%" if err is not None else "–"
+    if r["status"] in ("ok", "unchecked") and r.get("tflops"):
+        return f"{e} · {r['tflops']:.0f}"
+    return f"{e} · ✗ {r['status']}" if err is not None else f"✗ {r['status']}"
+
+
+def table(recs) -> list[str]:
+    """Markdown: rows inputs x T x causal, columns backends, cells 'rel L2 vs float64 % · TFLOP/s'."""
+    idx = _index(recs)
+    names = [b for b in BACKENDS if any(r["backend"] == b for r in recs)]
+    lines = ["rel L2 vs float64 (sampled rows) · TFLOP/s (CUPTI kernel time); ✗ = not timed (status in the record; "
+             "FP8 limit rel L2 0.1)", "",
+             "| inputs | T=S | causal | " + " | ".join(n.removeprefix("cudnn-fp8-") if n.startswith("cudnn-fp8-") else n
+                                                      for n in names) + " |",
+             "|" + " --- |" * (len(names) + 3)]
+    keys = sorted({_key(r) for r in recs}, key=lambda k: (INPUTS.index(k[0]) if k[0] in INPUTS else 99, -k[1], k[2]))
+    for k in keys:
+        lines.append(f"| {k[0]} | {k[1]} | {'yes' if k[2] else 'no'} | "
+                     + " | ".join(_cell(idx.get((k, n))) for n in names) + " |")
+    return lines
+
+
+def amax_ms(idx, key) -> tuple[float | None, str]:
+    """(cudnn-fp8's kernel ms on ``key``, where it comes from). An amax cell beyond the limit is not
+    timed; FP8 kernel time does not depend on the values, so its gaussian time of the same shape stands in."""
+    r = idx.get((key, "cudnn-fp8"))
+    if r is not None and r["status"] == "ok" and _ms(r):
+        return _ms(r), ""
+    g = idx.get((("gaussian",) + tuple(key[1:]), "cudnn-fp8"))
+    if g is not None and g["status"] == "ok" and _ms(g):
+        return _ms(g), " (amax's time on gaussian inputs: its own cell was not timed)"
+    return None, " (amax not timed)"
+
+
+def best_recipe(idx, key, *, within: float = SPEED_COST):
+    """(name, record) of the lowest-error FP8 recipe timed at most ``within`` slower than ``cudnn-fp8``
+    on ``key`` (``amax_ms``; among all timed recipes if it has no time); None when none was timed."""
+    base, _ = amax_ms(idx, key)
+    timed = [(n, idx[(key, n)]) for n in RECIPES if (key, n) in idx and idx[(key, n)]["status"] == "ok" and _ms(idx[(key, n)])]
+    if base:
+        timed = [(n, r) for n, r in timed if _ms(r) <= (1 + within) * base]
+    timed = [(n, r) for n, r in timed if _err(r) is not None]
+    return min(timed, key=lambda nr: _err(nr[1])) if timed else None
+
+
+def goals(recs) -> list[str]:
+    """Issue 15's goals, each met or MISSED with its numbers."""
+    idx = _index(recs)
+    T, causal = GOAL_SHAPE
+    out = [f"**Goals (issue 15, item 4; T=S={T}, non-causal, B=1, N=16, H=128, bf16 in)**", ""]
+    g = ("gaussian", T, causal)
+    cands = [(n, idx[(g, n)]) for n in RECIPES if (g, n) in idx and idx[(g, n)]["status"] == "ok"]
+    hits = [(n, r) for n, r in cands if _err(r) <= GAUSSIAN_MAX_ERR and (r.get("tflops") or 0) >= GAUSSIAN_MIN_TFLOPS]
+    if not cands:
+        out.append("- gaussian: no timed FP8 record")
+    else:
+        n, r = min(hits or cands, key=lambda nr: _err(nr[1]))
+        fast = max(cands, key=lambda nr: nr[1].get("tflops") or 0)
+        out.append(f"- gaussian <= {100 * GAUSSIAN_MAX_ERR:.0f}% rel L2 at >= {GAUSSIAN_MIN_TFLOPS:.0f} TFLOP/s: "
+                   f"{'met' if hits else 'MISSED'}: lowest error {n} {100 * _err(r):.2f}% at {r.get('tflops') or 0:.0f} "
+                   f"TFLOP/s; fastest {fast[0]} {fast[1].get('tflops') or 0:.0f} TFLOP/s at {100 * _err(fast[1]):.2f}%")
+    for dist in ("outliers", "channel-outliers"):
+        for (t, c) in SHAPES:
+            key = (dist, t, c)
+            amax = idx.get((key, "cudnn-fp8"))
+            if amax is None or _err(amax) is None:
+                if (t, c) == GOAL_SHAPE:
+                    out.append(f"- {dist} T={t}{' causal' if c else ''}: no cudnn-fp8 (amax) record")
+                continue
+            best = best_recipe(idx, key)
+            where = f"{dist} T={t}{' causal' if c else ''}"
+            if best is None:
+                out.append(f"- {where}: no recipe timed within {100 * SPEED_COST:.0f}% of amax")
+                continue
+            n, r = best
+            gain = _err(amax) / _err(r) if _err(r) else float("inf")
+            base, note = amax_ms(idx, key)
+            cost = f"{100 * (_ms(r) / base - 1):+.1f}% time{note}" if base else f"speed cost unknown{note}"
+            out.append(f"- {where} >= {OUTLIER_GAIN:g}x lower error than amax at <= {100 * SPEED_COST:.0f}% cost: "
+                       f"{'met' if gain >= OUTLIER_GAIN else 'MISSED'}: {n} {100 * _err(r):.2f}% vs amax "
+                       f"{100 * _err(amax):.2f}% ({gain:.2f}x), {cost}")
+    anchor = idx.get((g, ANCHOR))
+    if anchor is not None and anchor["status"] == "ok":
+        out.append(f"- anchor: bf16 cudnn on gaussian {100 * _err(anchor):.2f}% at {anchor.get('tflops') or 0:.0f} TFLOP/s")
+    return out
+
+
+def plot(recs, path: str) -> str | None:
+    """PNG: rel L2 vs float64 (log) against TFLOP/s, one panel per inputs, one marker per backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h")   # attnlab.lab.plots' markers (+1)
+    ok = [r for r in recs if r["status"] == "ok" and r.get("tflops") and _err(r)]
+    if not ok:
+        return None
+    dists = [d for d in INPUTS if any(r.get("inputs", "gaussian") == d for r in ok)]
+    from matplotlib.ticker import FormatStrFormatter
+
+    colours = plt.get_cmap("tab10").colors
+    fig, axes = plt.subplots(1, len(dists), figsize=(4.2 * len(dists), 4.2), squeeze=False)
+    handles = {}
+    for ax, d in zip(axes[0], dists):
+        for i, b in enumerate(BACKENDS):   # one marker and colour per backend, the same in every panel
+            rs = [r for r in ok if r["backend"] == b and r.get("inputs", "gaussian") == d]
+            if not rs:
+                continue
+            handles[b] = ax.scatter([r["tflops"] for r in rs], [100 * _err(r) for r in rs], marker=MARKERS[i % len(MARKERS)],
+                                    color=colours[i % len(colours)], s=[46 if r["q_len"] >= 16384 else 22 for r in rs],
+                                    label=b, alpha=0.85)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
+        ax.tick_params(axis="y", which="minor", labelsize=6)
+        ax.set_title(f"inputs = {d}")
+        ax.set_xlabel("TFLOP/s (CUPTI kernel time)")
+        ax.set_ylabel("rel L2 vs float64 (%)")
+        ax.axhline(100 * GAUSSIAN_MAX_ERR, color="grey", lw=0.8, ls=":")
+        ax.grid(True, which="both", alpha=0.3)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(5, len(handles)), fontsize=7)
+    fig.suptitle("FP8 recipes vs bf16 cuDNN: error against speed (large markers: T=16k, small: T=4k; "
+                 "dotted: the 3% goal)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def report(path: str, plot_path: str | None = None) -> str:
+    recs = load(path)
+    plot_path = plot_path or os.path.join(os.path.dirname(os.path.abspath(path)), "fp8_recipes.png")
+    png = plot(recs, plot_path)
+    lines = table(recs) + [""] + goals(recs)
+    if png:
+        lines += ["", f"plot: {png}"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> None:
+    if argv and argv[0] == "--table":
+        plot_path = argv[argv.index("--plot") + 1] if "--plot" in argv else None
+        print(report(argv[1], plot_path))
+        return
+    max_s = float(argv[argv.index("--max-seconds") + 1]) if "--max-seconds" in argv else DEFAULT_MAX_SECONDS
+    measure(argv[0], max_s)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

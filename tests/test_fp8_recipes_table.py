@@ -1,0 +1,67 @@
+"""benchmarks/fp8_recipes.py's table, goals and plot on canned records (no JAX, no GPU)."""
+import importlib.util
+import json
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("fp8_recipes_bench", os.path.join(ROOT, "benchmarks", "fp8_recipes.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _rec(backend, inputs, T, causal, err, ms, status="ok", tflops=None):
+    flops = 4 * 16 * T * T * 128 / (2 if causal else 1)
+    return {"backend": backend, "inputs": inputs, "batch": 1, "q_len": T, "kv_len": T, "heads": 16, "kv_heads": 16,
+            "head_dim": 128, "dtype": "bfloat16", "causal": causal, "mode": "fwd", "status": status,
+            "kernel_ms": ms if status == "ok" else None, "timer": "cupti", "rel_err_f64": err, "rel_err": err,
+            "tflops": (tflops or flops / ms / 1e9) if status == "ok" else None,
+            "reason": None if status == "ok" else "output wrong"}
+
+
+def _canned(tmp_path):
+    T = 16384
+    recs = [_rec("cudnn", "gaussian", T, False, 0.0025, 3.2),
+            _rec("cudnn-fp8", "gaussian", T, False, 0.055, 2.38),
+            _rec("cudnn-fp8-hadamard", "gaussian", T, False, 0.054, 2.45),
+            _rec("cudnn-fp8", "outliers", T, False, 0.09, 2.38),
+            _rec("cudnn-fp8-hadamard", "outliers", T, False, 0.058, 2.45),     # 1.55x: missed
+            _rec("cudnn-fp8-smoothk", "outliers", T, False, 0.02, 2.60),       # 2.60 > 1.05 x 2.38: too slow
+            _rec("cudnn-fp8", "channel-outliers", T, False, 0.36, 0, status="incorrect"),
+            _rec("cudnn-fp8-hadamard", "channel-outliers", T, False, 0.09, 2.45),   # amax untimed: 4x, met
+            _rec("cudnn-fp8-pow2", "gaussian", 4096, True, 0.05, 0.3)]
+    path = tmp_path / "results.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in recs) + "\n{torn")
+    return path
+
+
+def test_table_goals_and_plot(tmp_path):
+    mod = _module()
+    path = _canned(tmp_path)
+    recs = mod.load(str(path))
+    assert len(recs) == 9
+    lines = mod.table(recs)
+    head = next(x for x in lines if x.startswith("| inputs"))
+    assert "| cudnn | cudnn-fp8 | pow2 |" in head and "hadamard |" in head
+    row = next(x for x in lines if x.startswith("| gaussian | 16384 | no"))
+    assert "5.50% · 924" in row and "0.25% · 687" in row
+    assert any("36.00% · ✗ incorrect" in x for x in lines)
+    assert lines.index(row) < lines.index(next(x for x in lines if x.startswith("| gaussian | 4096")))
+    goals = "\n".join(mod.goals(recs))
+    assert "gaussian <= 3% rel L2 at >= 1000 TFLOP/s: MISSED" in goals
+    assert "outliers T=16384 >= 2.5x" in goals and "MISSED: cudnn-fp8-hadamard 5.80% vs amax 9.00% (1.55x), +2.9% time" in goals
+    assert "channel-outliers T=16384" in goals and "met: cudnn-fp8-hadamard 9.00% vs amax 36.00% (4.00x), +2.9% time " \
+        "(amax's time on gaussian inputs" in goals
+    assert "anchor: bf16 cudnn on gaussian 0.25% at 687 TFLOP/s" in goals
+    out = mod.report(str(path), str(tmp_path / "p.png"))
+    assert os.path.getsize(tmp_path / "p.png") > 1000 and "plot:" in out
+
+
+def test_gaussian_goal_met_and_the_grid():
+    mod = _module()
+    recs = [_rec("cudnn-fp8-s256", "gaussian", 16384, False, 0.029, 2.0, tflops=1100.0)]
+    assert "met: lowest error cudnn-fp8-s256 2.90% at 1100" in "\n".join(mod.goals(recs))
+    assert mod.SHAPES[0] == mod.GOAL_SHAPE and len(mod.BACKENDS) == 9 and mod.BACKENDS[0] == "cudnn"
