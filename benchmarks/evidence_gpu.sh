@@ -3,6 +3,8 @@
 #   source .gpu/setup_device.sh; bash benchmarks/evidence_gpu.sh a $OUT   # GPU tests (-v, JUnit) + peers fwd64, fwd16
 #   source .gpu/setup_device.sh; bash benchmarks/evidence_gpu.sh b $OUT   # peers fwd128, train, decode, fp8
 #   source .gpu/setup_device.sh; bash benchmarks/evidence_gpu.sh c $OUT   # every GPU test + decode goal shape
+#   source .gpu/setup_device.sh; bash benchmarks/evidence_gpu.sh d $OUT   # issue 15: FP8 GPU tests + fp8_recipes.py
+#   source .gpu/setup_device.sh; bash benchmarks/evidence_gpu.sh e $OUT   # issue 16: auto_goal.py all + advise_gpu.sh
 # TransformerEngine's five parts must have been carried first (../shared/gpu/README.md).
 # Each call writes OUT/bundle_X.tgz holding part-X/{results.jsonl,results.csv}, peers_X.log and (a) gpu_tests.{log,xml};
 # the two results files are one sweep (disjoint cells), merged by `cat` into the results folder.
@@ -30,6 +32,23 @@ elif [ "$part" = c ]; then   # issues 13/14: every GPU test at a commit, then th
   echo "decode goal rc=$?"
   python3 benchmarks/decode_peers.py --table "$out/decode/results.jsonl" > "$out/decode_table.md" 2>&1
   tail -12 "$out/decode_table.md"
+elif [ "$part" = d ]; then   # issue 15: the FP8 recipes on the GPU, then the error-vs-speed grid
+  timeout 100 python3 -m pytest -v -m gpu -p no:cacheprovider tests/gpu/test_fp8_gpu.py tests/gpu/test_advise_gpu.py \
+    --junitxml="$out/gpu_tests_fp8.xml" > "$out/gpu_tests_fp8.log" 2>&1
+  echo "fp8 gpu tests rc=$? $(( $(date +%s) - t0 ))s: $(tail -1 "$out/gpu_tests_fp8.log")"
+  grep -E "^(FAILED|ERROR)" "$out/gpu_tests_fp8.log" | head -20
+  timeout $(( ${FP8_SECONDS:-420} + 40 - ($(date +%s) - t0) )) python3 benchmarks/fp8_recipes.py "$out/fp8-recipes" \
+    --max-seconds $(( ${FP8_SECONDS:-420} - ($(date +%s) - t0) )) > "$out/peers_d.log" 2>&1
+  echo "fp8 recipes rc=$? $(( $(date +%s) - t0 ))s"
+  python3 benchmarks/fp8_recipes.py --table "$out/fp8-recipes/results.jsonl" > "$out/fp8_table.md" 2>&1
+  grep -iE "goal|met|missed" "$out/fp8_table.md" | head -12
+elif [ "$part" = e ]; then   # issue 16: advise for Llama-3.1-70B at 32k, then measured auto on held-out shapes
+  ADVISE_SECONDS=${ADVISE_SECONDS:-230} ADVISE_TESTS=0 bash benchmarks/advise_gpu.sh "$out/advise_run"
+  echo "advise rc=$? $(( $(date +%s) - t0 ))s"
+  timeout $(( 590 - ($(date +%s) - t0) )) python3 benchmarks/auto_goal.py all "$out/auto" \
+    --max-seconds $(( 545 - ($(date +%s) - t0) )) > "$out/peers_e.log" 2>&1
+  echo "auto goal rc=$? $(( $(date +%s) - t0 ))s"; tail -4 "$out/peers_e.log"
+  python3 benchmarks/auto_goal.py --table "$out/auto" > /dev/null 2>&1; tail -14 "$out/auto/goal.md"
 else
   timeout 470 python3 benchmarks/peers_gpu.py "$out/part-$part" fwd128 train decode fp8 > "$out/peers_$part.log" 2>&1
 fi
