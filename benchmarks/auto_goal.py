@@ -161,14 +161,21 @@ def picks(shapes, table):
     from attnlab import api, dispatch
     from attnlab.spec import AttentionSpec
 
+    before = os.environ.get(dispatch.ENV_VAR)
     os.environ[dispatch.ENV_VAR] = os.path.abspath(table)
     out = []
-    for p, mode in shapes:
-        spec = AttentionSpec(problem=p, scale=None)
-        a, why = api.auto(spec, "train" if mode != "fwd" else "fwd")
-        s, swhy = api.static_rule(spec)
-        out.append({**p.identity(), "mode": mode, "bucket": dispatch.bucket(p, mode), "auto": a.name, "auto_why": why,
-                    "static": s.name, "static_why": swhy})
+    try:
+        for p, mode in shapes:
+            spec = AttentionSpec(problem=p, scale=None)
+            a, why = api.auto(spec, "train" if mode != "fwd" else "fwd")
+            s, swhy = api.static_rule(spec)
+            out.append({**p.identity(), "mode": mode, "bucket": dispatch.bucket(p, mode), "auto": a.name, "auto_why": why,
+                        "static": s.name, "static_why": swhy})
+    finally:   # the table is this run's, not the process's (a test process goes on after it)
+        if before is None:
+            os.environ.pop(dispatch.ENV_VAR, None)
+        else:
+            os.environ[dispatch.ENV_VAR] = before
     return out
 
 
@@ -218,11 +225,16 @@ def score(records, pick_rows, within=WITHIN):
     return rows
 
 
-def summary(rows):
+def summary(rows, held_out: int | None = None):
+    """Counts of ``rows`` (scored cells): within 5%, for auto and the static rule; ``held_out`` the
+    number of held-out shapes there were (those not scored were cut by the time budget), and how
+    many scored picks came from a dispatch entry (the rest fell back to the static rule)."""
     n = len(rows)
     a = sum(r["auto_within"] for r in rows)
     s = sum(r["static_within"] for r in rows)
-    return {"cells": n, "auto_within": a, "static_within": s, "auto_fraction": a / n if n else None,
+    measured = sum((r.get("auto_why") or "").startswith("measured") for r in rows)
+    return {"cells": n, "held_out": held_out if held_out is not None else n, "measured_picks": measured,
+            "auto_within": a, "static_within": s, "auto_fraction": a / n if n else None,
             "static_fraction": s / n if n else None, "goal": GOAL, "within": WITHIN,
             "met": bool(n) and a / n >= GOAL}
 
@@ -240,7 +252,12 @@ def markdown(rows, summ) -> str:
     lines.append("")
     lines.append(f"auto within {100 * WITHIN:.0f}% of the best correct backend on {summ['auto_within']} of {n} held-out "
                  f"cells ({100 * (summ['auto_fraction'] or 0):.0f}%; goal >= {100 * GOAL:.0f}%: "
-                 f"{'met' if summ['met'] else 'NOT met'}); static rule: {summ['static_within']} of {n}.")
+                 f"{'met' if summ['met'] else 'NOT met'} on the cells scored); static rule: {summ['static_within']} of {n}.")
+    left = summ.get("held_out", n) - n
+    lines.append(f"Scored {n} of {summ.get('held_out', n)} held-out shapes"
+                 + (f" ({left} not measured: the time budget stopped them; left out)" if left else "")
+                 + f"; {summ.get('measured_picks', n)} of the {n} picks came from a dispatch entry, the others from"
+                   " the static rule (their bucket has no entry).")
     return "\n".join(lines) + "\n"
 
 
@@ -249,7 +266,7 @@ def table(out):
     with open(os.path.join(out, "picks.jsonl")) as f:
         pk = [json.loads(line) for line in f if line.strip()]
     rows = score(recs, pk)
-    summ = summary(rows)
+    summ = summary(rows, held_out=len(pk))
     md = markdown(rows, summ)
     with open(os.path.join(out, "goal.md"), "w") as f:
         f.write(md)

@@ -67,6 +67,11 @@ def test_advice_picks_the_fastest_correct_and_weights_layer_kinds():
                  _rec(e, "fast-unchecked", "unchecked", base / 10)]
     adv = advise(p, es, recs, batch=1, device_bytes=141 * 10**9, device_kind="NVIDIA H200")
     assert all(c["best"] == "b" for c in adv["cells"])          # never incorrect or unchecked
+    # a PyTorch peer may be the fastest correct backend: the fastest JAX path is named beside it
+    adv2 = advise(p, es, recs + [_rec(e, "torch-x", "ok", 0.01) for e in es], non_jax={"torch-x"})
+    c = adv2["cells"][0]
+    assert c["best"] == "torch-x" and c["best_native"] and c["best_jax"] == "b"
+    assert any(r[-1].startswith("torch-x (PyTorch; JAX: b ") for t in tables(adv2) for r in t["rows"] if t["rows"])
     pre = next(r for r in adv["phases"] if r["phase"] == "prefill")
     assert pre["model_ms"] == pytest.approx(21 * 0.5 + 21 * 1.0) and pre["per_token_ms"] is None
     d4 = next(r for r in adv["phases"] if r["phase"] == "decode" and r["q_len"] == 4)
@@ -92,7 +97,7 @@ def test_bench_model_refuses_contradicting_flags():
     from attnlab.cli import main
 
     for args, msg in ((["--heads", "8"], "--heads 8 contradicts --model llama-3.1-8b (heads = 32)"),
-                      (["--seq", "64"], "--seq contradicts --model"), (["--context", "4q"], "'4q' is not a token count"),
+                      (["--seq", "64"], "--seq contradicts --model"), (["--inputs", "outliers"], "measured on gaussian inputs"), (["--context", "4q"], "'4q' is not a token count"),
                       (["--batch", "1,2"], "one value with --model")):
         r = CliRunner().invoke(main, ["bench", "--model", "llama-3.1-8b", *args], terminal_width=200)
         assert r.exit_code == 2 and msg in r.output, r.output

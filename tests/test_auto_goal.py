@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -63,7 +64,9 @@ def test_score_on_canned_records():
     assert (s["cells"], s["auto_within"], s["static_within"]) == (3, 2, 2) and not s["met"]
     md = goal.markdown(rows, s)
     assert "| B1 T12288 S12288 N16/16 H128 bfloat16 causal fwd | tokamax-mosaic 1.58 |" in md
-    assert "on 2 of 3 held-out cells (67%; goal >= 95%: NOT met); static rule: 2 of 3." in md
+    assert "on 2 of 3 held-out cells (67%; goal >= 95%: NOT met on the cells scored); static rule: 2 of 3." in md
+    s10 = goal.summary(rows, held_out=5)
+    assert s10["held_out"] == 5 and "Scored 3 of 5 held-out shapes (2 not measured" in goal.markdown(rows, s10)
 
 
 def test_table_from_files(tmp_path):
@@ -92,3 +95,4 @@ def test_all_end_to_end_on_cpu_at_tiny_shapes(tmp_path, monkeypatch):
     assert pk["auto"] == e["backend"] and pk["static"] == "xla" and pk["auto_why"].startswith("measured")
     s = json.loads((tmp_path / "goal.json").read_text())["summary"]
     assert s["cells"] == 1
+    assert os.environ.get(dispatch.ENV_VAR) is None      # the run's table does not leak into the process

@@ -178,6 +178,49 @@ def test_gradients_look_up_the_train_bucket(table, monkeypatch):
     assert calls
 
 
+def test_fp8_pytorch_and_forward_only_entries_are_never_used(table, monkeypatch):
+    """auto_ineligible and the backward check guard the measured pick (a forward entry too: a gradient
+    call may not be recognised as one, e.g. grad(checkpoint(f)))."""
+    from attnlab.backends.base import Backend
+
+    for name in ("cudnn-fp8-hadamard", "te-fp8", "torch-cudnn"):
+        b = backends.get(name)
+        monkeypatch.setattr(b, "available", lambda: None)
+        monkeypatch.setattr(b, "supports", lambda spec: None)
+        table(_entry(name))
+        e = attnlab.explain(*_qkv(), is_causal=True)
+        assert e.chosen == "xla" and f"dispatch entry names {name}" in e.why, (name, e.why)
+        assert ("FP8" in e.why) if "fp8" in name else ("not a JAX op" in e.why)
+
+    class FwdOnly(Backend):
+        name = "fwd-only-test"
+        forward_only = True
+        portable = True
+
+        def run(self, p):
+            raise AssertionError("never run")
+
+    backends.register(FwdOnly())
+    try:
+        table(_entry("fwd-only-test"))
+        e = attnlab.explain(*_qkv(), is_causal=True)
+        assert e.chosen == "xla" and "dispatch entry names fwd-only-test" in e.why
+    finally:
+        backends._REGISTRY.pop("fwd-only-test")
+
+
+def test_the_newest_usable_entry_wins(table):
+    """A second tune that measured another library's backends (its entry holds that version too)
+    replaces the first one's entry of the bucket (merge), and lookup takes the newest."""
+    old = [_entry("naive", date="2026-12-01")]
+    new = [_entry("xla", date="2026-12-02", versions={**_entry()["versions"], "tokamax": running_version("tokamax")})]
+    merged = dispatch.merge(old, new)
+    assert [e["backend"] for e in merged] == ["xla"]
+    table(*(old + new))          # a table with both (written by an older attnlab): the newest is used
+    assert attnlab.explain(*_qkv(), is_causal=True).why.startswith("measured")
+    assert attnlab.explain(*_qkv(), is_causal=True).chosen == "xla"
+
+
 # --- building the table from records ----------------------------------------------------------
 
 def _rec(backend, ms, status="ok", problem=P, mode="fwd", kind="cpu", jax_v="0.10.2", **env):
@@ -207,6 +250,12 @@ def test_build_keys_by_device_and_versions_and_merge_replaces_only_the_same():
     assert sorted((e["versions"]["jax"], e["backend"]) for e in merged) == [("0.10.2", "xla"), ("0.9.0", "xla")]
 
 
+def test_build_ignores_other_input_distributions():
+    recs = [_rec("naive", 1.0), _rec("xla", 2.0), {**_rec("xla", 0.1), "inputs": "outliers"}]
+    (e,) = dispatch.build(recs)
+    assert e["backend"] == "naive" and e["cells"] == 1
+
+
 def test_load_refuses_other_files(tmp_path):
     p = tmp_path / "x.json"
     p.write_text(json.dumps({"schema": 99, "kind": "attnlab-dispatch", "entries": []}))
@@ -234,7 +283,8 @@ def test_tune_writes_the_table_auto_then_uses(tmp_path, monkeypatch):
     (e,) = t.entries
     assert e["bucket"] == dispatch.bucket(P) and e["backend"] in ("naive", "xla") and e["device_kind"] == "cpu"
     assert [x["backend"] for x in e["runner_up"]] == [{"naive": "xla", "xla": "naive"}[e["backend"]]]
-    assert (tmp_path / "tune-records" / "results.jsonl").exists()
+    (recs,) = list((tmp_path / "tune-records").glob("*/results.jsonl"))   # one folder per device + versions
+    assert recs.parent.name.startswith("cpu-jax") and f"jax{running_version('jax')}" in recs.parent.name
     monkeypatch.setenv(dispatch.ENV_VAR, str(out))
     ex = attnlab.explain(*_qkv(), is_causal=True)
     assert ex.chosen == e["backend"] and ex.why.startswith("measured")

@@ -109,6 +109,20 @@ def test_every_recipe_is_a_registered_backend_that_records_it():
     spec96 = prepare(sd((1, 64, 2, 96), "bfloat16"), sd((1, 64, 2, 96), "bfloat16"), sd((1, 64, 2, 96), "bfloat16")).spec
     assert "power of two" in backends.get("cudnn-fp8-hadamard").supports(spec96)
     assert backends.get("cudnn-fp8-smoothk").supports(spec96) is None
+    # every FP8 path says so (never auto's pick, not in a bf16 model's defaults) and returns no residual
+    for s in RECIPES:
+        be = backends.get(fp8_recipe.backend_name(s))
+        assert be.fp8 and not be.residual
+        be_avail = be.available
+        be.available = lambda: None
+        try:
+            res = prepare(sd((1, 64, 2, 64), "bfloat16"), sd((1, 64, 2, 64), "bfloat16"), sd((1, 64, 2, 64), "bfloat16"),
+                          return_residual=True).spec
+            assert be.why_not(res) == "return_residual=True: this backend returns no logsumexp residual"
+        finally:
+            del be.available
+            assert be.available == be_avail
+    assert backends.get("te-fp8").fp8 and not backends.get("cudnn").fp8
 
 
 def test_jax_fp8_output_dtype_follows_the_query():

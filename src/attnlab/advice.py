@@ -26,16 +26,19 @@ MEMORY_CONVENTION = "max batch: (device memory - weights in bf16) // KV bytes pe
                     "activations and workspace not counted"
 
 
-def _best(by: dict[str, dict]) -> tuple[str | None, float | None]:
-    ok = [(time_ms(r), b) for b, r in by.items() if r.get("status") == "ok" and time_ms(r) is not None]
+def _best(by: dict[str, dict], leave_out=frozenset()) -> tuple[str | None, float | None]:
+    ok = [(time_ms(r), b) for b, r in by.items()
+          if r.get("status") == "ok" and time_ms(r) is not None and b not in leave_out]
     if not ok:
         return None, None
     ms, b = min(ok)
     return b, ms
 
 
-def cell_rows(entries: list[PlanEntry], records: list[dict]) -> list[dict]:
-    """One row per entry: ``backends`` (name -> status, ms, reason), ``best``, ``best_ms`` (one layer)."""
+def cell_rows(entries: list[PlanEntry], records: list[dict], non_jax=frozenset()) -> list[dict]:
+    """One row per entry: ``backends`` (name -> status, ms, reason), ``best``, ``best_ms`` (one layer);
+    when ``best`` is in ``non_jax`` (a PyTorch peer: not callable from JAX), ``best_jax``/``best_jax_ms``
+    name the fastest correct JAX path beside it."""
     rows = []
     for e in entries:
         by: dict[str, dict] = {}
@@ -43,11 +46,13 @@ def cell_rows(entries: list[PlanEntry], records: list[dict]) -> list[dict]:
             if e.matches(r):
                 by.setdefault(r["backend"], r)
         best, best_ms = _best(by)
+        jax_best, jax_ms = _best(by, non_jax) if best in non_jax else (None, None)
         rows.append({"phase": e.phase, "context": e.context, "kind": e.kind, "layers": e.layers, "q_len": e.q_len,
                      "kv_len": e.kv_len, "window": list(e.window) if e.window else None, "mode": e.mode,
                      "backends": {b: {"status": r["status"], "ms": time_ms(r) if r["status"] in ("ok", "unchecked")
                                       else None, "reason": r.get("reason")} for b, r in by.items()},
-                     "best": best, "best_ms": best_ms})
+                     "best": best, "best_ms": best_ms, "best_native": best in non_jax,
+                     "best_jax": jax_best, "best_jax_ms": jax_ms})
     return rows
 
 
@@ -61,7 +66,8 @@ def phase_rows(cells: list[dict]) -> list[dict]:
         missing = [c["kind"] for c in cs if c["best_ms"] is None]
         model_ms = None if missing else sum(c["best_ms"] * c["layers"] for c in cs)
         out.append({"phase": phase, "context": ctx, "q_len": t,
-                    "per_layer": {c["kind"]: {"best": c["best"], "ms": c["best_ms"], "layers": c["layers"]} for c in cs},
+                    "per_layer": {c["kind"]: {"best": c["best"], "ms": c["best_ms"], "layers": c["layers"],
+                                              "text": _best_text(c)} for c in cs},
                     "model_ms": model_ms, "per_token_ms": model_ms / t if model_ms is not None and phase == "decode" else None,
                     "missing": missing})
     return out
@@ -82,10 +88,11 @@ def memory_rows(preset: ModelPreset, contexts: list[int], device_bytes: int | No
 
 def advise(preset: ModelPreset, entries: list[PlanEntry], records: list[dict], *, batch: int = 1,
            device_bytes: int | None = None, device_kind: str | None = None,
-           device_bytes_source: str | None = None) -> dict:
-    """The whole answer (see the module docstring) as a JSON-able dict."""
+           device_bytes_source: str | None = None, non_jax=frozenset()) -> dict:
+    """The whole answer (see the module docstring) as a JSON-able dict; ``non_jax``: the backends that
+    are not JAX ops (PyTorch peers), for which the fastest JAX path is named beside them."""
     contexts = list(dict.fromkeys(e.context for e in entries))
-    cells = cell_rows(entries, records)
+    cells = cell_rows(entries, records, frozenset(non_jax))
     backends_ = list(dict.fromkeys(b for c in cells for b in c["backends"]))
     notes = plan_notes(preset, contexts) + [KV_CONVENTION, MEMORY_CONVENTION,
                                             "decode per token = whole-model step time / T (T new tokens per sequence "
@@ -118,6 +125,16 @@ def fmt_bytes(n: int | None) -> str:
     return f"{n} B"
 
 
+def _best_text(c: dict) -> str:
+    """``cudnn``, or ``torch-cudnn (PyTorch; JAX: cudnn 0.0379 ms)`` when the fastest is no JAX op."""
+    if not c["best"]:
+        return "none correct"
+    if not c.get("best_native"):
+        return c["best"]
+    jax_ = f"{c['best_jax']} {fmt_ms(c['best_jax_ms'])} ms" if c.get("best_jax") else "none correct"
+    return f"{c['best']} (PyTorch; JAX: {jax_})"
+
+
 def _step(c: dict) -> str:
     return f"T={c['q_len']}" if c["phase"] == "decode" else c["mode"]
 
@@ -139,13 +156,13 @@ def tables(adv: dict) -> list[dict]:
                 cells.append(x["status"])
         cell = f"T{c['q_len']} S{c['kv_len']}" + (f" w{c['window'][0]}:0" if c["window"] else "")
         side["rows"].append([c["phase"] + " " + _step(c) if c["phase"] == "decode" else c["phase"], str(c["context"]),
-                             f"{c['layers']} {c['kind']}", cell, *cells, c["best"] or "none correct"])
+                             f"{c['layers']} {c['kind']}", cell, *cells, _best_text(c)])
     summary = {"title": f"{adv['model']}, batch {adv['batch']}: the fastest correct path per phase",
                "columns": ["phase", "context", "backend per layer kind", "ms / layer", "ms whole model",
                            "ms / token"], "rows": []}
     for p in adv["phases"]:
         kinds = p["per_layer"]
-        backend = ", ".join(f"{k}: {v['best'] or 'none correct'}" for k, v in kinds.items())
+        backend = ", ".join(f"{k}: {v['text']}" for k, v in kinds.items())
         per_layer = ", ".join(f"{k}: {fmt_ms(v['ms'])}" for k, v in kinds.items()) if len(kinds) > 1 else \
             fmt_ms(next(iter(kinds.values()))["ms"])
         name = f"decode T={p['q_len']}" if p["phase"] == "decode" else p["phase"]

@@ -90,6 +90,8 @@ def auto_ineligible(b: backends.Backend) -> str | None:
     as the static rule's choice."""
     if getattr(b, "native", False):
         return "not a JAX op (cannot run under jax.jit or jax.grad)"
+    if getattr(b, "fp8", False):
+        return "an FP8 path (computes in float8 whatever its inputs)"
     if getattr(b, "rel_l2_limit", None) is not None:
         return f"judged at its own looser limit (rel L2 <= {b.rel_l2_limit})"
     return None
@@ -128,7 +130,9 @@ def _measured(spec: AttentionSpec, mode: str) -> tuple[backends.Backend | None, 
         b = backends.get(name)
     except ValueError:
         return None, f"dispatch entry names {name}, which is not registered here"
-    why = b.why_not(spec) or auto_ineligible(b) or (b.mode_reason(spec, "fwd+bwd") if mode == "train" else None)
+    # Always ask for the backward pass too: ``_mode_of`` sees jax.grad but not grad(checkpoint(f)),
+    # grad(jit(f)) or grad(vmap(f)), so a forward entry must never name a backend a gradient would break.
+    why = b.why_not(spec) or auto_ineligible(b) or b.mode_reason(spec, "fwd+bwd")
     if why:
         return None, f"dispatch entry names {name}, which cannot run this input ({why})"
     return b, dispatch.describe(found.entry, found.path)

@@ -152,6 +152,8 @@ def build(records: Iterable[dict], library_of: Callable[[str], Iterable[str]] = 
     for r in records:
         if r.get("strategy") or (r.get("devices") or 1) != 1 or r.get("lengths"):
             continue
+        if r.get("inputs", "gaussian") != "gaussian":
+            continue                      # other input distributions time the same kernels: one entry per shape
         env = r.get("env") or {}
         if not isinstance(env.get("device_kind"), str):
             continue                      # a record that does not say where it ran keys no entry
@@ -183,8 +185,12 @@ def build(records: Iterable[dict], library_of: Callable[[str], Iterable[str]] = 
 
 
 def merge(old: Iterable[dict], new: Iterable[dict]) -> list[dict]:
-    """``old`` entries with those of ``new`` replacing any of the same (device kind, versions, bucket)."""
-    ident = lambda e: (e.get("device_kind"), json.dumps(e.get("versions"), sort_keys=True), e.get("bucket"))  # noqa: E731
+    """``old`` entries with those of ``new`` replacing any of the same (device kind, jax/jaxlib/cuDNN
+    versions, bucket): a newer run replaces an older one even when it measured other libraries'
+    backends (whose versions an entry also holds)."""
+    ident = lambda e: (e.get("device_kind"),  # noqa: E731
+                       json.dumps({k: (e.get("versions") or {}).get(k) for k in BASE_VERSIONS}, sort_keys=True),
+                       e.get("bucket"))
     fresh = {ident(e): e for e in new}
     return [e for e in old if ident(e) not in fresh] + list(fresh.values())
 
@@ -274,7 +280,7 @@ def lookup(table: Table, key: str, device_kind: str | None, versions: Callable[[
     if not cands:
         return Lookup(None, f"no dispatch entry for this bucket in {name}", table.path)
     reasons = []
-    for e in cands:
+    for e in reversed(cands):   # the newest first: ``merge`` appends what a run measured
         why = stale_reason(e, device_kind, versions)
         if why is None:
             return Lookup(e, "measured", table.path)

@@ -55,6 +55,9 @@ class Backend:
     compute_dtype: str | None = None
     #: True when ``run`` can also return the logsumexp residual (``return_residual=True``).
     residual: bool = False
+    #: True for a path that computes in FP8 (e4m3/e5m2) whatever its inputs: never auto's pick and
+    #: left out of the bf16/fp16 defaults of ``bench --model``, ``advise`` and ``tune``.
+    fp8: bool = False
 
     def available(self) -> str | None:
         """The declared needs, device first: ``min_compute_capability``, then ``library``."""

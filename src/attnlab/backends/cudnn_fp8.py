@@ -81,6 +81,8 @@ class CudnnFp8Backend(CudnnBackend):
     rel_l2_limit = 0.1
     rel_l2_rule = "float8 e4m3 inside: rel L2 <= 0.1, worst row <= 0.2"
     compute_dtype = "float8_e4m3fn"
+    fp8 = True
+    residual = False   # the FP8 entry point returns no logsumexp here
     min_compute_capability = (9, 0)
 
     def __init__(self, suffix: str = ""):

@@ -119,6 +119,7 @@ class TeBackend(Backend):
 
 class TeFp8Backend(TeBackend):
     name = "te-fp8"
+    fp8 = True
     description = "TransformerEngine DotProductAttention under te.autocast(DelayedScaling): FP8 if TE engages it"
 
     def _context(self):

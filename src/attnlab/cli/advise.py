@@ -19,6 +19,13 @@ from rich.table import Table as RichTable
 from ._app import _fail, console, main
 
 
+def _non_jax() -> set[str]:
+    """The registered backends that are not JAX ops (PyTorch peers): advise names a JAX path beside them."""
+    from .. import backends as registry
+
+    return {b.name for b in registry.all_backends() if b.native}
+
+
 @main.command("advise")
 @click.option("--model", required=True, help="A model preset (attnlab models), e.g. llama-3.1-70b.")
 @click.option("--context", required=True, help="Context length(s) in tokens: 32k (k = 1024), 4096, or 4k,32k.")
@@ -69,7 +76,8 @@ def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, r
     dev_bytes, source = _device_memory(device_memory)
     env = next((r["env"] for r in records if isinstance(r.get("env"), dict)), {})
     adv = advice.advise(p, ms.entries, records, batch=batch, device_bytes=dev_bytes,
-                        device_kind=env.get("device_kind"), device_bytes_source=source)
+                        device_kind=env.get("device_kind"), device_bytes_source=source,
+                        non_jax=_non_jax())
     adv["env"] = env
     adv["notes"].append(f"why a cell is not ok (unsupported, incorrect, oom, ...): its reason in {out_dir}/results.jsonl")
     with open(os.path.join(out_dir, "advise.json"), "w", encoding="utf-8") as f:

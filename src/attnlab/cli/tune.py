@@ -29,6 +29,18 @@ def tune_backends() -> list[str]:
     return [b.name for b in backends.all_backends() if b.available() is None and auto_ineligible(b) is None]
 
 
+def _env_slug() -> str:
+    """``NVIDIA_H200-jax0.11.2-jaxlib0.11.2-cudnn9.19.0``: the default records folder of this device and
+    these versions, so a resumed tune never reuses cells measured on another device or before an upgrade."""
+    import re
+
+    from .. import device
+    from ..api import running_version
+
+    parts = [device.current().kind] + [f"{n}{running_version(n) or '-'}" for n in ("jax", "jaxlib", "cudnn")]
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(parts))
+
+
 def library_of(name: str) -> list[str]:
     """The optional libraries (import names) backend ``name`` calls: the versions its entry is keyed by."""
     from .. import backends
@@ -69,7 +81,7 @@ def _axis_options(f):
               help="The dispatch table to write (default: ATTNLAB_DISPATCH's path, else $ATTNLAB_CACHE_DIR/dispatch.json, "
                    "else ~/.cache/attnlab/dispatch.json). Entries of other buckets, devices or versions are kept.")
 @click.option("--records", "records_dir", default=None, type=click.Path(file_okay=False),
-              help="Folder for the sweep's results.jsonl (default: OUT's folder/tune-records); resumed if it holds results.")
+              help="Folder for the sweep's results.jsonl (default: OUT's folder/tune-records/DEVICE-VERSIONS); resumed if it holds results.")
 @click.option("--replace", is_flag=True, help="Drop the file's other entries instead of merging.")
 @click.option("--repeats", type=int, default=None, help="Timed calls per cell (default 20 GPU, 5 CPU).")
 @click.option("--min-time", type=float, default=None, help="Wall clock (no GPU): seconds to keep timing a cell (default 0.1).")
@@ -98,7 +110,7 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
     for n in notes:
         console.print(f"[yellow]note:[/] {n}", highlight=False, soft_wrap=True)
     out = out or dispatch.default_path()
-    records_dir = records_dir or os.path.join(os.path.dirname(os.path.abspath(out)), "tune-records")
+    records_dir = records_dir or os.path.join(os.path.dirname(os.path.abspath(out)), "tune-records", _env_slug())
     opts = Options(repeats=reps, compile_budget_s=budget, check=True, min_time_s=float(mt))
     n = len(sweep.cells())
     console.print(f"tune: {n} cells ({', '.join(sweep.backends)}) -> {records_dir}/results.jsonl", highlight=False, soft_wrap=True)

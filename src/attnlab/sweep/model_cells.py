@@ -16,12 +16,16 @@ from ..measure.cell import Cell
 from .spec import Sweep, SweepError
 
 #: Backends left out of the default (every available one): FP8 paths change the numerics of a bf16 model.
-NOT_BY_DEFAULT = ("cudnn-fp8", "cudnn-fp8-unit", "te-fp8")
+def _fp8_names() -> tuple[str, ...]:
+    return tuple(b.name for b in backends_mod.all_backends() if getattr(b, "fp8", False))
+
+
+NOT_BY_DEFAULT = _fp8_names()   # every FP8 path (``Backend.fp8``): a bf16 model's numerics are not FP8's
 
 
 def default_backends() -> list[str]:
     """Every registered backend that can run on this machine (``available()`` is None), FP8 ones left out."""
-    return [b.name for b in backends_mod.all_backends() if b.available() is None and b.name not in NOT_BY_DEFAULT]
+    return [b.name for b in backends_mod.all_backends() if b.available() is None and not getattr(b, "fp8", False)]
 
 
 @dataclasses.dataclass
@@ -57,8 +61,7 @@ def model_sweep(preset: ModelPreset, phases, contexts, batch: int = 1, backends:
 #: bench flags that set a shape the preset fixes: given with --model, they must agree with it.
 SHAPE_FLAGS = {"heads": "heads", "kv_heads": "kv_heads", "head_dim": "head_dim"}
 #: bench flags --model replaces (the phases and contexts set them): refused with --model.
-REPLACED_FLAGS = ("seq", "q_len", "kv_len", "causal", "window", "mode", "lengths", "tokens", "devices", "strategy",
-                  "inputs")  # a model's cells are measured on gaussian inputs
+REPLACED_FLAGS = ("seq", "q_len", "kv_len", "causal", "window", "mode", "lengths", "tokens", "devices", "strategy")
 
 
 def check_model_flags(preset: ModelPreset, given: dict) -> None:
@@ -72,6 +75,9 @@ def check_model_flags(preset: ModelPreset, given: dict) -> None:
             if vals != [str(want)]:
                 raise SweepError(f"{flag_name(flag)} {given[flag]} contradicts --model {preset.name} ({attr} = {want}): "
                                  f"drop {flag_name(flag)} or the model")
+    if "inputs" in given:
+        raise SweepError(f"--inputs contradicts --model {preset.name}: a model's cells are measured on gaussian inputs "
+                         f"(other distributions: `attnlab bench --inputs` with the shape flags)")
     for flag in REPLACED_FLAGS:
         if flag in given:
             raise SweepError(f"{flag_name(flag)} contradicts --model {preset.name}: with --model the cells come from "
