@@ -26,6 +26,7 @@ import os
 from typing import Callable, Iterable, Mapping
 
 from .problem import Problem
+from .records import time_ms
 
 SCHEMA = 1
 KIND = "attnlab-dispatch"
@@ -129,7 +130,8 @@ class Table:
 
 
 def _time(rec: dict) -> float | None:
-    t = rec.get("kernel_ms") if rec.get("kernel_ms") is not None else rec.get("wall_ms")
+    """``records.time_ms`` (kernel ms where measured, else wall ms) as a float."""
+    t = time_ms(rec)
     return float(t) if t is not None else None
 
 

@@ -126,9 +126,3 @@ class CudnnFp8Backend(CudnnBackend):
         """The recipe this record ran (``fp8_recipe.Fp8Recipe`` as a dict) and that the output was e4m3."""
         return {"fp8_recipe": self.recipe.as_dict(), "fp8_output_dtype": "float8_e4m3fn"}
 
-
-class CudnnFp8UnitBackend(CudnnFp8Backend):
-    """``cudnn-fp8-unit``: unit scales, as JAX's own tests call the kernel."""
-
-    def __init__(self):
-        super().__init__("unit")

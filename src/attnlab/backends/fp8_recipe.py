@@ -6,8 +6,9 @@ into float8_e4m3fn for cuDNN's FP8 attention, and what the P (softmax) scale is:
 ``scales``
     ``amax``: per-tensor ``448 / amax(|x|)`` (the largest value lands on e4m3's maximum);
     ``unit``: every scale 1, P's included (as JAX's own tests call the kernel);
-    ``pow2``: the amax scale rounded down to a power of two, ``2^floor(log2(448 / amax))``, so every
-    scale and descale is exact in float32 and the largest value stays <= 448.
+    ``pow2``: the amax scale rounded down to a power of two, ``2^floor(log2(448 / amax))``, so the
+    scales and descales of q, k, v are exact in float32 and the largest value stays <= 448 (P's scale
+    is ``softmax_scale``'s: 448 unless a variant sets 256).
 ``softmax_scale``
     The scale of the unnormalised probabilities P~ = exp(s - rowmax) in [0, 1] before they are
     rounded to e4m3 (the ``unit`` recipe sets it to 1). 448 (today's) maps P~ = 1 onto e4m3's maximum
