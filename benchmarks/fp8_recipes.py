@@ -33,7 +33,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 RECIPES = ["cudnn-fp8", "cudnn-fp8-unit", "cudnn-fp8-pow2", "cudnn-fp8-s256", "cudnn-fp8-s1", "cudnn-fp8-hadamard",
-           "cudnn-fp8-smoothk", "cudnn-fp8-hadamard-smoothk"]
+           "cudnn-fp8-hadamard-f32", "cudnn-fp8-hadamard-fused", "cudnn-fp8-smoothk", "cudnn-fp8-hadamard-smoothk"]
 ANCHOR = "cudnn"
 BACKENDS = [ANCHOR] + RECIPES
 INPUTS = ["gaussian", "outliers", "channel-outliers", "shifted-keys"]

@@ -80,4 +80,4 @@ def test_gaussian_goal_met_and_the_grid():
     mod = _module()
     recs = [_rec("cudnn-fp8-s256", "gaussian", 16384, False, 0.029, 2.0, tflops=1100.0)]
     assert "met: lowest error cudnn-fp8-s256 2.90% at 1100" in "\n".join(mod.goals(recs))
-    assert mod.SHAPES[0] == mod.GOAL_SHAPE and len(mod.BACKENDS) == 9 and mod.BACKENDS[0] == "cudnn"
+    assert mod.SHAPES[0] == mod.GOAL_SHAPE and len(mod.BACKENDS) == 11 and mod.BACKENDS[0] == "cudnn"

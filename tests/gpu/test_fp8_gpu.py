@@ -29,8 +29,8 @@ def test_amax_scaling_is_no_worse_than_unit_scales():
     assert errs["cudnn-fp8"] <= errs["cudnn-fp8-unit"] * 1.05, errs
 
 
-RECIPE_BACKENDS = ["cudnn-fp8-pow2", "cudnn-fp8-s256", "cudnn-fp8-s1", "cudnn-fp8-hadamard", "cudnn-fp8-smoothk",
-                   "cudnn-fp8-hadamard-smoothk"]
+RECIPE_BACKENDS = ["cudnn-fp8-pow2", "cudnn-fp8-s256", "cudnn-fp8-s1", "cudnn-fp8-hadamard", "cudnn-fp8-hadamard-f32",
+                   "cudnn-fp8-hadamard-fused", "cudnn-fp8-smoothk", "cudnn-fp8-hadamard-smoothk"]
 
 
 @pytest.mark.parametrize("name", RECIPE_BACKENDS)
@@ -50,5 +50,6 @@ def test_hadamard_lowers_the_error_on_channel_outliers():
 
     q, k, v = (jnp.asarray(x).astype(jnp.bfloat16) for x in make_qkv("channel-outliers", 1, 1024, 1024, 4, 4, 128, seed=0))
     errs = {n: check_close(attnlab.attention(q, k, v, implementation=n), q, k, v, limit=1, rule="").rel_err
-            for n in ("cudnn-fp8", "cudnn-fp8-hadamard")}
-    assert errs["cudnn-fp8-hadamard"] < 0.7 * errs["cudnn-fp8"], errs
+            for n in ("cudnn-fp8", "cudnn-fp8-hadamard", "cudnn-fp8-hadamard-f32", "cudnn-fp8-hadamard-fused")}
+    for n in ("cudnn-fp8-hadamard", "cudnn-fp8-hadamard-f32", "cudnn-fp8-hadamard-fused"):
+        assert errs[n] < 0.7 * errs["cudnn-fp8"], errs

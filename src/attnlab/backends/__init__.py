@@ -51,6 +51,8 @@ BUILTINS: list[tuple[str, str, tuple]] = [
     (".cudnn_fp8", "CudnnFp8Backend", ("s256",)),
     (".cudnn_fp8", "CudnnFp8Backend", ("s1",)),
     (".cudnn_fp8", "CudnnFp8Backend", ("hadamard",)),
+    (".cudnn_fp8", "CudnnFp8Backend", ("hadamard-f32",)),
+    (".cudnn_fp8", "CudnnFp8Backend", ("hadamard-fused",)),
     (".cudnn_fp8", "CudnnFp8Backend", ("smoothk",)),
     (".cudnn_fp8", "CudnnFp8Backend", ("hadamard-smoothk",)),
     (".te", "TeBackend", ()),

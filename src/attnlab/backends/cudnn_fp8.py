@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from .. import device
 from ..spec import AttentionSpec, Prepared
 from .cudnn import CudnnBackend
-from .fp8_recipe import E4M3_MAX, RECIPES, Fp8Recipe, backend_name, quantise, tensor_scale, transform
+from .fp8_recipe import RECIPES, Fp8Recipe, backend_name, quantise, quantised_qk, tensor_scale
 
 FP8_KEYS = ("amax_dQ", "amax_dK", "amax_dV", "amax_dP", "descale_q", "descale_k", "descale_v", "descale_s",
             "scale_s", "scale_o", "descale_o", "descale_dO", "descale_dP", "scale_dQ", "scale_dK", "scale_dV", "scale_dP")
@@ -63,15 +63,15 @@ def _cudnn_call(q8, k8, v8, params: dict, scale: float, causal: bool):
 
 def fp8_attention(q, k, v, recipe: Fp8Recipe, *, scale: float, causal: bool):
     """Attention of q (B, T, N, H), k, v (B, S, N, H) through e4m3 as ``recipe`` says; out in q's dtype."""
-    qt, kt = transform(recipe, q, k)
-    sq, sk, sv = (tensor_scale(x, recipe.scales) for x in (qt, kt, v))
+    q8, k8, sq, sk, gain = quantised_qk(recipe, q, k)
+    sv = tensor_scale(v, recipe.scales)
     ss = jnp.float32(recipe.softmax_scale)            # softmax probabilities lie in [0, 1]
     so = jnp.float32(1.0) if recipe.scales == "unit" else sv   # |out| <= max |v|: the output shares v's scale
     one = jnp.ones((1, 1, 1, 1), jnp.float32)
     params = {n: one for n in FP8_KEYS}
     params.update(descale_q=one / sq, descale_k=one / sk, descale_v=one / sv, descale_s=one / ss,
                   scale_s=one * ss, scale_o=one * so)
-    out8 = _cudnn_call(quantise(qt, sq), quantise(kt, sk), quantise(v, sv), params, float(scale), causal)
+    out8 = _cudnn_call(q8, k8, quantise(v, sv), params, float(scale) / gain, causal)
     return (out8.astype(jnp.float32) / so).astype(q.dtype)
 
 
