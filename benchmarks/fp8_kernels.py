@@ -8,8 +8,8 @@ For each recipe (per-tensor amax, unit scales, and the three Hadamard rotations)
 launches, with its median CUPTI time over ``--iterations`` calls
 (``jax.experimental.mosaic.gpu.profiler.measure(aggregate=False)``), so the cost of the amax
 passes, the rotation and the quantisation stand apart from cuDNN's attention kernel. The output is
-not checked here (fp8_recipes.py checks every recipe at these shapes); this is a breakdown, not a
-benchmark record of correctness.
+checked on 64 evenly spaced query rows against NumPy float64 (``rel_err_f64_rows``); the whole
+output of every recipe is checked by fp8_recipes.py at these shapes.
 """
 from __future__ import annotations
 
@@ -30,6 +30,22 @@ ATTENTION_HINTS = ("fmha", "cudnn", "sdpa", "flash", "attn", "fprop")
 def _short(name: str) -> str:
     low = name.lower()
     return "cudnn fmha (attention)" if any(h in low for h in ATTENTION_HINTS) else name[:60]
+
+
+CHECK_ROWS = 64
+
+
+def _rel_err_f64(out, q, k, v) -> float:
+    """rel L2 of ``CHECK_ROWS`` evenly spaced query rows of out (1, T, N, H) against NumPy float64
+    attention of those rows over every key (non-causal: a row needs only itself)."""
+    import numpy as np
+
+    from attnlab.reference import reference_attention, rel_l2
+
+    rows = np.linspace(0, q.shape[1] - 1, CHECK_ROWS).astype(int)
+    f = lambda x: np.asarray(x.astype("float32"), np.float64)  # noqa: E731
+    ref = reference_attention(f(q)[:, rows], f(k), f(v))
+    return float(rel_l2(f(out)[:, rows], ref))
 
 
 def measure(out: str, iterations: int = 10) -> dict:
@@ -58,10 +74,11 @@ def measure(out: str, iterations: int = 10) -> dict:
             kernels = [{"kernel": kname, "label": _short(kname), "median_ms": float(np.median(ms))}
                        for (i, kname), ms in sorted(per.items())]
             total = sum(x["median_ms"] for x in kernels)
+            err = _rel_err_f64(fn(q, k, v), q, k, v)
             flops = 4 * T * T * 16 * 128
             rows.append({"backend": name, "q_len": T, "kernels": kernels, "total_ms": total,
-                         "tflops": flops / total / 1e9})
-            print(f"T={T} {name:<26} {total:8.4f} ms {flops / total / 1e9:6.0f} TFLOP/s "
+                         "tflops": flops / total / 1e9, "rel_err_f64_rows": err, "rows_checked": CHECK_ROWS})
+            print(f"T={T} {name:<26} {total:8.4f} ms {flops / total / 1e9:6.0f} TFLOP/s rel L2 {100 * err:.2f}% "
                   + ", ".join(f"{x['label'][:28]} {x['median_ms']:.4f}" for x in kernels), flush=True)
     rec = {"timer": "CUPTI per kernel (mosaic.gpu.profiler.measure aggregate=False), median of "
                     f"{iterations} calls", "shape": "B=1 N=16 H=128 bf16 non-causal gaussian",
@@ -74,12 +91,13 @@ def measure(out: str, iterations: int = 10) -> dict:
 
 def table(rec: dict) -> list[str]:
     lines = [f"Timer: {rec['timer']}; {rec['shape']}.", "",
-             "| T | recipe | total ms | TFLOP/s | attention kernel ms | other kernels (ms each) |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "| T | recipe | rel L2 f64 (rows) | total ms | TFLOP/s | attention kernel ms | other kernels (ms each) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rec["rows"]:
         att = [x for x in r["kernels"] if _short(x["kernel"]).startswith("cudnn fmha")]
         rest = [x for x in r["kernels"] if not _short(x["kernel"]).startswith("cudnn fmha")]
-        lines.append(f"| {r['q_len']} | {r['backend']} | {r['total_ms']:.4f} | {r['tflops']:.0f} | "
+        err = r.get("rel_err_f64_rows")
+        lines.append(f"| {r['q_len']} | {r['backend']} | {'-' if err is None else f'{100 * err:.2f}%'} | {r['total_ms']:.4f} | {r['tflops']:.0f} | "
                      f"{sum(x['median_ms'] for x in att):.4f} | "
                      + ", ".join(f"`{x['kernel'][:40]}` {x['median_ms']:.4f}" for x in rest) + " |")
     return lines

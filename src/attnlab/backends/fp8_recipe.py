@@ -193,6 +193,10 @@ def quantised_qk(recipe: Fp8Recipe, q, k):
     elif recipe.hadamard:   # fused: scale from the unrotated rows, quantised from the float32 product
         sq, sk = norm_bound_scale(q), norm_bound_scale(k)
         q8 = quantise(rotate_unnormalised(q, dtype, jnp.float32), sq)
+        # k's product waits for q8: otherwise XLA's dot merger joins the two matmuls (they share S)
+        # into one float32 matmul whose output it cannot quantise in the epilogue (H200, T=4096:
+        # 131072x128 f32 written then converted; results/gpu-2026-12-03d-fp8-rotation/hlo)
+        k, _ = jax.lax.optimization_barrier((k, q8))
         k8 = quantise(rotate_unnormalised(k, dtype, jnp.float32), sk)
         return q8, k8, sq, sk, float(q.shape[-1])
     sq, sk = tensor_scale(q, recipe.scales), tensor_scale(k, recipe.scales)
