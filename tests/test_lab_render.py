@@ -194,6 +194,13 @@ def test_step10_shows_the_best_fp8_recipe_and_its_cost():
     assert "Best FP8 recipe on channel-outliers inputs" in text and "cudnn-fp8-hadamard, 9.00%" in text
     assert best_fp8_recipe([r for r in recs if r["step"] == "fp8-recipes" and r["inputs"] == "gaussian"])["backend"] \
         == "cudnn-fp8-hadamard"   # smoothk has less error but is 12% slower than the fastest
+    # no recipe timed on some inputs (all over the FP8 limit): the lowest error and its gain are still said
+    untimed = [r for r in recs if not (r.get("inputs") == "channel-outliers" and r["backend"] == "cudnn-fp8-hadamard")]
+    untimed.append(_fp8_cell("fp8-recipes", "cudnn-fp8-hadamard", 4096, 0.12, None, inputs="channel-outliers",
+                             status="incorrect"))
+    text = " ".join(render_te_fp8(untimed, LabConfig.for_machine(False, True), None).paragraphs)
+    assert "On channel-outliers inputs no FP8 recipe was timed (each over the FP8 limit); lowest error " \
+           "cudnn-fp8-hadamard 12.00% against per-tensor amax's 36.00% (3.0x lower)." in text
     # a CPU probe: every recipe unavailable, said in one line; no records at all still renders
     cpu = dict(probe, probe={**probe["probe"], "recipes_why": {"cudnn-fp8": "needs an NVIDIA GPU", "cudnn-fp8-pow2": "needs an NVIDIA GPU"}})
     s = render_te_fp8([cpu], LabConfig.for_machine(True, False), None)

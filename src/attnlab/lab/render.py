@@ -369,6 +369,18 @@ def _err_pct(r) -> str:
     return "–" if e is None else f"{100 * e:.2f}%"
 
 
+def _lowest_error_note(recs: list[dict]) -> str:
+    """'; lowest error X e% against per-tensor amax's a% (g x lower)' over the FP8 recipes measured."""
+    errs = {r["backend"]: r.get("rel_err_f64") or r.get("rel_err") for r in recs if r["backend"] != "cudnn"}
+    errs = {n: e for n, e in errs.items() if e}
+    if not errs:
+        return ""
+    n = min(errs, key=errs.get)
+    amax = errs.get("cudnn-fp8")
+    gain = f" against per-tensor amax's {100 * amax:.2f}% ({amax / errs[n]:.1f}x lower)" if amax else ""
+    return f"; lowest error {n} {100 * errs[n]:.2f}%{gain}"
+
+
 def _fp8_recipes(records, p: dict, s: Section) -> None:
     """Step 10's recipe table (rows: recipes, columns: inputs) and, per inputs, the best recipe and its cost."""
     why = p.get("recipes_why") or {}
@@ -396,7 +408,8 @@ def _fp8_recipes(records, p: dict, s: Section) -> None:
         best = best_fp8_recipe([r for r in recs if r.get("inputs", "gaussian") == d])
         anchor = by.get(("cudnn", d))
         if best is None:
-            s.paragraphs.append(f"On {d} inputs no FP8 recipe was timed.")
+            s.paragraphs.append(f"On {d} inputs no FP8 recipe was timed (each over the FP8 limit)"
+                                + _lowest_error_note([r for r in recs if r.get("inputs", "gaussian") == d]) + ".")
             continue
         cost = ""
         if anchor is not None and anchor["status"] == "ok":
