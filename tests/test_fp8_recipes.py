@@ -177,3 +177,13 @@ def test_jax_fp8_output_dtype_follows_the_query():
     assert "output_shape = query.shape" in src
     assert "_attention_out_aval(query, output_shape)" in src or "ShapedArray(output_shape, query.dtype" in src
     assert "dtype" not in inspect.signature(fn).parameters and "out_dtype" not in src
+
+
+def test_the_fused_rotation_keeps_the_q_and_k_matmuls_apart(emulated):
+    """k's matmul waits for q8 (optimization_barrier): on the H200 XLA otherwise merged the two matmuls
+    at T=4096 into one float32 matmul and lost the e4m3 epilogue (results/gpu-2026-12-03d-fp8-rotation)."""
+    x = jax.ShapeDtypeStruct((1, 64, 2, 128), jnp.bfloat16)
+    lower = lambda name: jax.jit(lambda a, b, c: cudnn_fp8.fp8_attention(  # noqa: E731
+        a, b, c, backends.get(name).recipe, scale=128 ** -0.5, causal=False)).lower(x, x, x).as_text()
+    assert "optimization_barrier" in lower("cudnn-fp8-hadamard-fused")
+    assert "optimization_barrier" not in lower("cudnn-fp8")
