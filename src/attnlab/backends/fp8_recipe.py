@@ -201,14 +201,3 @@ def quantised_qk(recipe: Fp8Recipe, q, k):
         return q8, k8, sq, sk, float(q.shape[-1])
     sq, sk = tensor_scale(q, recipe.scales), tensor_scale(k, recipe.scales)
     return quantise(q, sq), quantise(k, sk), sq, sk, gain
-
-
-def transform(recipe: Fp8Recipe, q, k):
-    """(q, k) after the recipe's smoothing and rotation, float32 and normalised (q·k kept; v never
-    transformed): what ``quantised_qk`` quantises, for tests and the float32 emulation."""
-    if recipe.smooth_k:
-        k = smooth_keys(k)
-    if recipe.hadamard:
-        R = hadamard_matrix(q.shape[-1])
-        q, k = rotate(q, R), rotate(k, R)
-    return q.astype(jnp.float32), k.astype(jnp.float32)
