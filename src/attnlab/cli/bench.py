@@ -24,7 +24,7 @@ WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys
 @click.option("--heads", help="Query heads N.")
 @click.option("--kv-heads", help="Key/value heads K (default: = heads).")
 @click.option("--head-dim", help="Head dims H.")
-@click.option("--dtype", help="float32, bfloat16, float16, float64 (comma-separated).")
+@click.option("--dtype", help="float32, bfloat16, float16, float64 or bf16, fp16, f32, ... (comma-separated).")
 @click.option("--causal", help="true, false or both.")
 @click.option("--window", help=WINDOW_HELP)
 @click.option("--mode", help="fwd, fwd+bwd, bwd (comma-separated).")
@@ -120,6 +120,7 @@ def _model_sweep(config, given: dict, name):
     from ..models import preset
     from ..sweep import SweepError
     from ..sweep.model_cells import check_model_flags, model_sweep
+    from ..names import canonical_dtype
     from ..sweep.spec import _ints, _strs
 
     if config:
@@ -132,7 +133,7 @@ def _model_sweep(config, given: dict, name):
     batch = _ints("batch", given.get("batch", "1"))
     if len(batch) != 1:
         raise SweepError(f"--batch: one value with --model, got {given['batch']!r}")
-    dtype = _strs(given.get("dtype", "bfloat16"))
+    dtype = [canonical_dtype(d) for d in _strs(given.get("dtype", "bfloat16"))]
     if len(dtype) != 1:
         raise SweepError(f"--dtype: one value with --model, got {given['dtype']!r}")
     contexts = given.get("context", "4k")

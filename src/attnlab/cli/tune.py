@@ -15,7 +15,7 @@ from .bench import WINDOW_HELP
 AXES = (("batch", "Batch sizes, e.g. 1,4."), ("seq", "Sequence lengths, q_len = kv_len, e.g. 1024,4096."),
         ("q_len", "Query lengths (with --kv-len)."), ("kv_len", "Key/value lengths (with --q-len)."),
         ("heads", "Query heads N."), ("kv_heads", "Key/value heads K (default: = heads)."),
-        ("head_dim", "Head dims H."), ("dtype", "Dtypes, e.g. bfloat16."), ("causal", "true, false or both."),
+        ("head_dim", "Head dims H."), ("dtype", "Dtypes, e.g. bfloat16 (or bf16, fp16, f32)."), ("causal", "true, false or both."),
         ("window", WINDOW_HELP), ("mode", "fwd, fwd+bwd (comma-separated)."),
         ("tokens", "Fix batch x q_len: batch = tokens // q_len (not with --batch)."))
 
