@@ -8,7 +8,7 @@ import sys
 import click
 from rich.table import Table as RichTable
 
-from ._app import _fail, console, main
+from ._app import _fail, console, main, writable_folder, writes_to
 
 WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys before each query and none after) "
                "or an int W, read as jax.nn.dot_product_attention reads local_window_size=W: (W, W), W keys before "
@@ -76,6 +76,7 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
         reps, budget, mt = run_options(run_opts, repeats=repeats, compile_budget=compile_budget, min_time=min_time)
     except SweepError as e:
         _fail(str(e))
+    writable_folder(out_dir)
     n_old = existing_records(out_dir)
     if n_old and not (resume or overwrite):
         _fail(f"{out_dir} already holds {n_old} result(s) in results.jsonl; give --resume to skip the cells "
@@ -99,7 +100,8 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
                 status = "resumed" if rec is None else rec["status"]
                 prog.update(task, advance=1, description=f"{cell.backend} {cell.config_label} [{status}]"[:70])
 
-            records = run_sweep(sweep, out_dir, resume=resume, overwrite=overwrite, options=opts, on_cell=on_cell)
+            with writes_to(out_dir):
+                records = run_sweep(sweep, out_dir, resume=resume, overwrite=overwrite, options=opts, on_cell=on_cell)
     except SweepInterrupted as e:
         console.print(f"[yellow]interrupted:[/] {e.finished} of {e.total} cells finished, written to "
                       f"{out_dir}/results.jsonl and {out_dir}/results.csv", highlight=False)

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import json
+import os
 
 import click
 from rich.table import Table as RichTable
 
-from ._app import console, main
+from ._app import console, main, writable_folder, writes_to
 
 
 @main.command("env")
@@ -63,9 +64,11 @@ def ceilings(force):
 
     res = None if force else peaks.load_ceilings()
     if res is None:
+        folder = writable_folder(os.path.dirname(peaks.cache_path()), "the ceilings cache ($ATTNLAB_CACHE_DIR)")
         with console.status("measuring matmul and copy"):
             res = peaks.measure_ceilings()
-        path = peaks.save_ceilings(res)
+        with writes_to(folder, "the ceilings cache ($ATTNLAB_CACHE_DIR)"):
+            path = peaks.save_ceilings(res)
     else:
         path = peaks.cache_path() + " (cached; --force to measure again)"
     console.print(ceilings_table(res, path))

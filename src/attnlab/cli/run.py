@@ -6,7 +6,7 @@ import sys
 import click
 from rich.table import Table as RichTable
 
-from ._app import console, main
+from ._app import console, main, writable_folder, writes_to
 
 #: The lab's step ids, in order (``attnlab.lab.STEPS``; a test keeps the two equal): listed by ``--help``
 #: without importing JAX.
@@ -42,6 +42,7 @@ def run(out_dir, label, quick, sections, resume):
     from ..lab import STEPS, run_lab
 
     chosen = step_ids(sections, STEPS) if sections else None
+    writable_folder(out_dir)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -51,7 +52,8 @@ def run(out_dir, label, quick, sections, resume):
         def progress(sid, i, n):
             prog.update(task, completed=i, description=f"step {sid}")
 
-        done = run_lab(out_dir, label=label, quick=quick, sections=chosen, progress=progress, resume=resume)
+        with writes_to(out_dir):
+            done = run_lab(out_dir, label=label, quick=quick, sections=chosen, progress=progress, resume=resume)
         prog.update(task, completed=len(done), description="done")
     t = RichTable(title=f"attnlab run → {out_dir}/report.html")
     t.add_column("step")
