@@ -9,6 +9,7 @@ import click
 from rich.table import Table as RichTable
 
 from ._app import _fail, console, main, writable_folder, writes_to
+from ._layout import packed, wide_option
 
 WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys before each query and none after) "
                "or an int W, read as jax.nn.dot_product_attention reads local_window_size=W: (W, W), W keys before "
@@ -51,7 +52,8 @@ WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys
               help="Wall clock (no GPU): keep timing a cell for at least this many seconds (default 0.1).")
 @click.option("--compile-budget", type=float, default=None, help="Seconds a compile may take before the cell is skipped (default 300).")
 @click.option("--no-check", is_flag=True, help="Skip the per-cell comparison with the reference (not recommended).")
-def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget, no_check, name, **flags):
+@wide_option
+def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget, no_check, name, wide, **flags):
     """Sweep attention cells: check each against the reference, time it, record it."""
     from ..measure import Options
     from ..sweep import SweepError, build, run_sweep
@@ -113,7 +115,7 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
     if resume:
         console.print(f"resumed: skipped {len(skipped)} of {len(cells)} cells already in {out_dir}/results.jsonl, "
                       f"measured {len(cells) - len(skipped)}", highlight=False)
-    _print_bench_table(records, out_dir)
+    _print_bench_table(records, out_dir, wide)
 
 
 def _model_sweep(config, given: dict, name):
@@ -179,43 +181,10 @@ def bench_cell_text(r: dict, ridge_intensity: float | None, bw_tbps: float | Non
     return f"{ms:.4g} · {r['tflops']:.3g} · {pk}"
 
 
-def _print_bench_table(records, out_dir):
-    from ..measure import peaks
-    from ..records import config_label
+def _print_bench_table(records, out_dir, wide: bool = False):
+    from .tables import print_bench_table
 
-    backends_ = list(dict.fromkeys(r["backend"] for r in records))
-    rows: dict[str, dict] = {}
-    for r in records:
-        rows.setdefault(config_label(r), {})[r["backend"]] = r
-    timer = next((r.get("timer") for r in records if r.get("timer")), "wall")
-    kind = next((r["env"].get("device_kind") for r in records if isinstance(r.get("env"), dict)), None) or ""
-    bw_tbps, bw_source = peaks.bandwidth_tbps(kind)
-    ridges = {d: peaks.ridge(kind, d) for d in {r.get("dtype", "bfloat16") for r in records}}
-    timed = lambda r: r is not None and r["status"] in ("ok", "unchecked")  # noqa: E731
-    mb_rows = {label for label, by in rows.items()
-               if any(timed(r) and peaks.memory_bound(r, ridges[r.get("dtype", "bfloat16")]) for r in by.values())}
-    any_mb = bool(mb_rows)
-    t = RichTable(title=f"{len(records)} cells → {out_dir}/results.jsonl  (time: {'CUPTI kernel' if timer == 'cupti' else 'wall clock, no GPU'})")
-    t.add_column("configuration")
-    for b in backends_:
-        t.add_column(f"{b}\nms · TFLOP/s · %peak" + ("\n(memory-bound: GB/s · %BW)" if any_mb else ""), justify="right")
-    for label, by in rows.items():
-        cells = []
-        for b in backends_:
-            r = by.get(b)
-            if r is None:
-                cells.append("")
-            elif not timed(r):
-                cells.append(f"[yellow]{r['status']}[/]")  # reasons are in results.jsonl
-            else:
-                cells.append(bench_cell_text(r, ridges[r.get("dtype", "bfloat16")], bw_tbps))
-        t.add_row(label + (" [cyan](memory-bound)[/]" if label in mb_rows else ""), *cells)
-    console.print(t)
-    if any_mb:
-        console.print("memory-bound rows (decode: few queries against a long KV cache, intensity below the ridge) show "
-                      "GB/s and % of " + (f"the {bw_source} bandwidth ({bw_tbps * 1000:.4g} GB/s)" if bw_tbps else
-                                          "bandwidth (unknown here: run `attnlab ceilings`)") + " instead of TFLOP/s",
-                      highlight=False, soft_wrap=True)
+    print_bench_table(records, out_dir, wide)
 
 
 @main.command()
@@ -239,7 +208,8 @@ def scaling(results):
 @click.argument("a", type=click.Path(exists=True))
 @click.argument("b", type=click.Path(exists=True))
 @click.option("--threshold", type=float, default=5.0, show_default=True, help="Percent slower that counts as a regression.")
-def compare_cmd(a, b, threshold):
+@wide_option
+def compare_cmd(a, b, threshold, wide):
     """Per-cell time ratios B/A of two bench or run folders (or results.jsonl files).
 
     A cell is SLOWER only when B's median and B's fastest call are both more than the threshold
@@ -256,22 +226,13 @@ def compare_cmd(a, b, threshold):
         rows, regressed = compare(load(a), load(b), threshold)
     except (OSError, ValueError) as e:   # CompareError and RecordError are ValueErrors
         _fail(str(e))
-    from rich.markup import escape
+    from .tables import print_compare
 
-    t = RichTable(title=escape(f"B / A  (threshold {threshold:g}%; spread = [min, p75] of the repeats)"))
-    for c in ("configuration", "backend", "A ms", "A [min, p75]", "B ms", "B [min, p75]", "B/A", "note"):
-        t.add_column(escape(c))
-    fmt = lambda x: "" if x is None else f"{x:.4g}"  # noqa: E731
-    span = lambda s: "" if s is None else escape(f"[{s[0]:.4g}, {s[1]:.4g}]")  # noqa: E731
-    colour = {"slower": "red", "failed": "red", "faster": "green"}
-    for r in rows:
-        note = f"[{colour[r.verdict]}]{escape(r.note)}[/]" if r.verdict in colour else escape(r.note)
-        t.add_row(escape(r.label), escape(r.backend), fmt(r.a_ms), span(r.a_spread), fmt(r.b_ms), span(r.b_spread),
-                  fmt(r.ratio), note)
-    console.print(t)
+    print_compare(rows, threshold, wide)
     n = counts(rows)
-    console.print("  ·  ".join(f"{k}: {v}" for k, v in n.items()), highlight=False, soft_wrap=True)
+    for line in packed([f"{k}: {v}" for k, v in n.items()], console.width):
+        console.print(line, highlight=False, soft_wrap=True)
     if regressed:
         console.print(f"[red]regression: {n['slower']} cell(s) slower beyond {threshold:g}% and their spreads, "
-                      f"{n['failed']} failed in B[/]", soft_wrap=True)
+                      f"{n['failed']} failed in B[/]")
         sys.exit(1)
