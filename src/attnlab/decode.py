@@ -218,10 +218,9 @@ class DecodeExplanation:
     spec: DecodeSpec
 
     def __str__(self) -> str:
-        lines = [f"auto runs: {self.chosen}"]
-        for name, why in self.reasons.items():
-            lines.append(f"  {name:<14} {'ok' if why is None else 'no: ' + why}")
-        return "\n".join(lines)
+        from .api import reason_lines
+
+        return "\n".join([f"auto runs: {self.chosen}", *reason_lines(self.reasons)])
 
 
 def explain_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None) -> DecodeExplanation:

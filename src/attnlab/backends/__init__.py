@@ -30,7 +30,7 @@ def get(name: str) -> Backend:
     if found is None:
         from ..names import unknown
 
-        msg = unknown("backend", name, names(), listed_by="attnlab.backends.names() (or `attnlab backends`)")
+        msg = unknown("backend", name, names())     # the closest name, else every registered one
         raise ValueError(f"implementation must be None, 'auto' or one of the registered backends: {msg}")
     return _REGISTRY[found]
 
