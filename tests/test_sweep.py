@@ -431,3 +431,23 @@ def test_seq_flag_over_the_file_seq_is_said(tmp_path):
     assert "--seq replaces seq = [32, 64]" in r.output
     recs = [json.loads(x) for x in (tmp_path / "o" / "results.jsonl").read_text().splitlines()]
     assert [x["q_len"] for x in recs] == [16]
+
+
+def test_run_table_warmup_reaches_the_measurement(tmp_path, monkeypatch):
+    """[run] warmup was accepted and then ignored; now it sets the untimed calls (and a bad one is refused)."""
+    import attnlab.sweep
+
+    seen = {}
+
+    def capture(sweep, out, **kw):
+        seen["opts"] = kw["options"]
+        raise SweepError("captured")
+
+    monkeypatch.setattr(attnlab.sweep, "run_sweep", capture)
+    p = tmp_path / "s.toml"
+    p.write_text('[sweep]\nbackends = ["naive"]\n[run]\nwarmup = 0\n')
+    r = CliRunner().invoke(main, ["bench", "--config", str(p), "--out", str(tmp_path / "o")])
+    assert "captured" in r.output and seen["opts"].warmup == 0
+    p.write_text('[sweep]\nbackends = ["naive"]\n[run]\nwarmup = -1\n')
+    r = CliRunner().invoke(main, ["bench", "--config", str(p), "--out", str(tmp_path / "o2")])
+    assert r.exit_code == 2 and "warmup: -1" in r.output

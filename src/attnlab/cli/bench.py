@@ -57,7 +57,7 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
     """Sweep attention cells: check each against the reference, time it, record it."""
     from ..measure import Options
     from ..sweep import SweepError, build, run_sweep
-    from ..sweep.flags import check_contradictions, flag_name, merge, run_options
+    from ..sweep.flags import check_contradictions, merge, run_options, warmup_of
     from ..sweep.engine import SweepInterrupted, existing_records
 
     given = {k: v for k, v in flags.items() if v is not None}
@@ -76,6 +76,7 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
             values, run_opts, notes = merge(config, given, name)
             sweep = build(values)
         reps, budget, mt = run_options(run_opts, repeats=repeats, compile_budget=compile_budget, min_time=min_time)
+        warmup = warmup_of(run_opts)
     except SweepError as e:
         _fail(str(e))
     writable_folder(out_dir)
@@ -86,7 +87,7 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
     for n in notes:
         console.print(f"[yellow]note:[/] {n}", highlight=False)
     opts = Options(repeats=reps, compile_budget_s=budget, check=not no_check and run_opts.get("check", True),
-                   min_time_s=float(mt))
+                   min_time_s=float(mt), warmup=warmup)
     cells = sweep.cells()
     skipped = []
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn

@@ -94,7 +94,7 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
     from ..measure.cell import record_key
     from ..store import read_records
     from ..sweep.engine import SweepInterrupted
-    from ..sweep.flags import check_contradictions, merge, run_options
+    from ..sweep.flags import check_contradictions, merge, run_options, warmup_of
 
     given = {k: v for k, v in flags.items() if v is not None}
     if backends:
@@ -105,6 +105,7 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
         values.setdefault("backends", ",".join(tune_backends()))
         sweep = build(values)
         reps, budget, mt = run_options(run_opts, repeats=repeats, compile_budget=compile_budget, min_time=min_time)
+        warmup = warmup_of(run_opts)
     except SweepError as e:
         _fail(str(e))
     for n in notes:
@@ -113,7 +114,7 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
     records_dir = records_dir or os.path.join(os.path.dirname(os.path.abspath(out)), "tune-records", _env_slug())
     writable_folder(os.path.dirname(os.path.abspath(out)), "--out's folder")
     writable_folder(records_dir, "--records")
-    opts = Options(repeats=reps, compile_budget_s=budget, check=True, min_time_s=float(mt))
+    opts = Options(repeats=reps, compile_budget_s=budget, check=True, min_time_s=float(mt), warmup=warmup)
     n = len(sweep.cells())
     console.print(f"tune: {n} cells ({', '.join(sweep.backends)}) -> {records_dir}/results.jsonl", highlight=False, soft_wrap=True)
 

@@ -72,3 +72,11 @@ def run_options(run_opts: dict, *, repeats=None, compile_budget=None, min_time=N
     if isinstance(mt, bool) or not isinstance(mt, (int, float)) or mt < 0:
         raise SweepError(f"min time: {mt!r} must be >= 0 seconds")
     return reps, budget, mt
+
+
+def warmup_of(run_opts: dict, default: int = 2) -> int:
+    """The file's [run] ``warmup`` (untimed calls before the timed ones), else ``default``; checked."""
+    w = run_opts.get("warmup", default)
+    if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+        raise SweepError(f"warmup: {w!r} is not a non-negative integer")
+    return w
