@@ -133,3 +133,9 @@ def test_explain_on_this_machine_says_each_reason_once():
     for why in {w for w in e.reasons.values() if w}:
         assert text.count(why) == 1
     assert not _whole_names(text)
+
+
+def test_models_at_80_columns_fits(at_80_columns):
+    r = CliRunner().invoke(main, ["models"])
+    assert r.exit_code == 0 and "gemma-2-27b: query_pre_attn_scalar 144" in " ".join(r.output.split())
+    _fits(r.output)

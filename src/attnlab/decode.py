@@ -179,7 +179,7 @@ def select_decode(spec: DecodeSpec, implementation=None):
         if own.auto_reason(spec) is None:
             return own, True
         return api.select(spec.attention_spec(), None), False
-    if implementation == own.name:
+    if backends.canonical(implementation) == own.name:      # any case: "Attnlab-Decode"
         why = own.available() or own.supports_decode(spec)
         if why:
             raise UnsupportedError(own.name, why)
