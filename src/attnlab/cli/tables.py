@@ -63,7 +63,7 @@ def print_bench_table(records: list[dict], out_dir: str, wide: bool = False) -> 
     if compact(wide):
         console.print(escape(title), highlight=False)
         console.print(f"each cell: {unit}", highlight=False)
-        width = max(map(len, backends_))
+        width = max(map(len, backends_), default=0)
         for label, by in rows.items():
             console.print(escape(label) + (mb if label in mb_rows else ""), highlight=False)
             for b, r in by.items():
