@@ -394,3 +394,60 @@ def dataclasses_replace(cell, **kw):
     import dataclasses
 
     return dataclasses.replace(cell, **kw)
+
+
+# --- a flag replaces the file's value of its axis, and says so (issue 23 item 6) ----------------------
+
+AXIS_FLAGS = [("backends", "backends", '["naive"]', "xla"), ("backends", "backend", '["naive"]', "xla"),
+              ("batch", "batch", "[1]", "2"), ("seq", "seq", "[32, 64]", "16"), ("q_len", "q_len", "[8]", "16"),
+              ("kv_len", "kv_len", "[8]", "16"), ("heads", "heads", "[4]", "2"), ("kv_heads", "kv_heads", "[1]", "2"),
+              ("head_dim", "head_dim", "[8]", "4"), ("dtype", "dtype", '["bfloat16"]', "float32"),
+              ("causal", "causal", '"both"', "true"), ("window", "window", '["none"]', "4:0"),
+              ("mode", "mode", '["fwd+bwd"]', "fwd"), ("inputs", "inputs", '["outliers"]', "gaussian"),
+              ("tokens", "tokens", "64", "32"), ("lengths", "lengths", '["full"]', "none")]
+
+
+@pytest.mark.parametrize("axis,key,file_value,flag_value", AXIS_FLAGS)
+def test_every_axis_flag_replaces_the_file_value_and_says_so(tmp_path, axis, key, file_value, flag_value):
+    from attnlab.sweep.flags import flag_name, merge
+
+    p = tmp_path / "s.toml"
+    base = {"backends": '["naive"]', "heads": "[2]", "head_dim": "[4]"}
+    base = {k: v for k, v in base.items() if k not in (axis, key)}
+    p.write_text("[sweep]\n" + "".join(f"{k} = {v}\n" for k, v in {**base, key: file_value}.items()))
+    values, _, notes = merge(str(p), {axis: flag_value})
+    assert values[axis] == flag_value and key not in (set(values) - {axis})
+    assert any(n.startswith(f"{flag_name(axis)} replaces {key} = {file_value}") and n.endswith(flag_value)
+               for n in notes), notes
+    build(values)
+
+
+def test_seq_flag_over_the_file_seq_is_said(tmp_path):
+    p = tmp_path / "s.toml"
+    p.write_text('[sweep]\nbackends = ["naive"]\nseq = [32, 64]\nheads = [2]\nhead_dim = [4]\ndtype = ["float32"]\n'
+                 '[run]\nrepeats = 1\nmin_time = 0\n')
+    r = CliRunner().invoke(main, ["bench", "--config", str(p), "--seq", "16", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    assert "--seq replaces seq = [32, 64]" in r.output
+    recs = [json.loads(x) for x in (tmp_path / "o" / "results.jsonl").read_text().splitlines()]
+    assert [x["q_len"] for x in recs] == [16]
+
+
+def test_run_table_warmup_reaches_the_measurement(tmp_path, monkeypatch):
+    """[run] warmup was accepted and then ignored; now it sets the untimed calls (and a bad one is refused)."""
+    import attnlab.sweep
+
+    seen = {}
+
+    def capture(sweep, out, **kw):
+        seen["opts"] = kw["options"]
+        raise SweepError("captured")
+
+    monkeypatch.setattr(attnlab.sweep, "run_sweep", capture)
+    p = tmp_path / "s.toml"
+    p.write_text('[sweep]\nbackends = ["naive"]\n[run]\nwarmup = 0\n')
+    r = CliRunner().invoke(main, ["bench", "--config", str(p), "--out", str(tmp_path / "o")])
+    assert "captured" in r.output and seen["opts"].warmup == 0
+    p.write_text('[sweep]\nbackends = ["naive"]\n[run]\nwarmup = -1\n')
+    r = CliRunner().invoke(main, ["bench", "--config", str(p), "--out", str(tmp_path / "o2")])
+    assert r.exit_code == 2 and "warmup: -1" in r.output

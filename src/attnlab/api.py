@@ -174,10 +174,33 @@ class Explanation:
     why: str = ""
 
     def __str__(self) -> str:
-        lines = [f"auto runs: {self.chosen}" + (f": {self.why}" if self.why else "")]
-        for name, why in self.reasons.items():
-            lines.append(f"  {name:<14} {'ok' if why is None else 'no: ' + why}")
-        return "\n".join(lines)
+        return "\n".join([f"auto runs: {self.chosen}" + (f": {self.why}" if self.why else ""), *reason_lines(self.reasons)])
+
+
+def group_reasons(reasons: dict[str, str | None]) -> dict[str | None, list[str]]:
+    """Backend names by the reason they cannot run (None: they can), each reason once, in first-seen order."""
+    out: dict[str | None, list[str]] = {}
+    for name, why in reasons.items():
+        out.setdefault(why, []).append(name)
+    return out
+
+
+def reason_lines(reasons: dict[str, str | None], width: int = 88) -> list[str]:
+    """``explain``'s lines: a line per backend that can run (``ok``) or has a reason of its own, its
+    name padded to the longest such name; a reason shared by several backends once, its names after it
+    (wrapped at ``width`` between names, never inside one)."""
+    import textwrap
+
+    groups = group_reasons(reasons)
+    own = [(n, why) for why, names in groups.items() for n in names if why is None or len(names) == 1]
+    pad = max((len(n) for n, _ in own), default=0)
+    lines = [f"  {n:<{pad}}  {'ok' if why is None else 'no: ' + why}" for n, why in own]
+    for why, names in groups.items():
+        if why is not None and len(names) > 1:
+            lines.append(f"  no: {why} ({len(names)} backends):")
+            lines += textwrap.wrap(", ".join(names), width, initial_indent=" " * 6, subsequent_indent=" " * 6,
+                                   break_on_hyphens=False, break_long_words=False)
+    return lines
 
 
 def explain(query, key, value, bias=None, mask=None, *, mode: str = "fwd", **kwargs) -> Explanation:

@@ -179,7 +179,7 @@ def select_decode(spec: DecodeSpec, implementation=None):
         if own.auto_reason(spec) is None:
             return own, True
         return api.select(spec.attention_spec(), None), False
-    if implementation == own.name:
+    if backends.canonical(implementation) == own.name:      # any case: "Attnlab-Decode"
         why = own.available() or own.supports_decode(spec)
         if why:
             raise UnsupportedError(own.name, why)
@@ -218,10 +218,9 @@ class DecodeExplanation:
     spec: DecodeSpec
 
     def __str__(self) -> str:
-        lines = [f"auto runs: {self.chosen}"]
-        for name, why in self.reasons.items():
-            lines.append(f"  {name:<14} {'ok' if why is None else 'no: ' + why}")
-        return "\n".join(lines)
+        from .api import reason_lines
+
+        return "\n".join([f"auto runs: {self.chosen}", *reason_lines(self.reasons)])
 
 
 def explain_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None) -> DecodeExplanation:

@@ -102,11 +102,14 @@ BY_NAME = {p.name: p for p in PRESETS}
 
 
 def preset(name: str) -> ModelPreset:
-    """The preset called ``name`` (case-insensitive), or ValueError listing the known ones."""
+    """The preset called ``name`` (case-insensitive), or ValueError naming the closest one ("did you
+    mean 'llama-3.1-8b'?") or, with none close, listing the known ones."""
     try:
         return BY_NAME[name.lower()]
     except KeyError:
-        raise ValueError(f"model: unknown preset {name!r}; known: {', '.join(BY_NAME)}") from None
+        from .names import unknown
+
+        raise ValueError(f"model: {unknown('preset', name, BY_NAME)}") from None
 
 
 __all__ = ["ModelPreset", "PRESETS", "BY_NAME", "preset"]

@@ -3,7 +3,8 @@
 ``Problem(batch B, q_len T, kv_len S, heads N, kv_heads K, head_dim H, dtype, causal, window)``
 (shape letters as in ``attnlab.spec``). It is the one place that
 
-- validates a problem (positive sizes, N a multiple of K, a dtype NumPy knows, window
+- validates a problem (positive sizes, N a multiple of K, a dtype NumPy knows or a short name such as
+  ``bf16`` (read as ``bfloat16``, ``attnlab.names``), window
   ``(left, right)`` of non-negative ints), raising ``ValueError`` naming the argument;
 - counts its cost (FLOPs and bytes in the FlashAttention convention, ``attnlab.workload``);
 - names it: ``label`` (``B2 T128 S128 N8/2 H64 bfloat16 causal w64:0``, the format of the
@@ -19,6 +20,8 @@ import json
 from typing import Mapping
 
 import numpy as np
+
+from .names import canonical_dtype
 
 BWD_FLOP_FACTOR = 2.5
 #: The size fields, in record order; each must be a positive int.
@@ -63,6 +66,7 @@ class Problem:
                 raise ValueError(f"window must be (left, right) with both >= 0, got {w!r}")
             if isinstance(w, list):
                 object.__setattr__(self, "window", tuple(w))
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))   # bf16 -> bfloat16
         itemsize(self.dtype)
 
     @classmethod

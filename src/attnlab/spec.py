@@ -26,9 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from .names import FLOAT_DTYPES
 from .problem import Problem, delegate_fields
-
-FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 @dataclasses.dataclass(frozen=True, init=False)

@@ -24,10 +24,22 @@ def register(backend: Backend, *, auto_rank: int | None = None) -> Backend:
 
 
 def get(name: str) -> Backend:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"implementation must be None, 'auto' or one of {names()}, got {name!r}") from None
+    """The backend registered as ``name``, in any case (``cuDNN`` is ``cudnn``); ValueError naming the
+    closest registered name ("did you mean 'xla'?") when there is none."""
+    found = canonical(name)
+    if found is None:
+        from ..names import unknown
+
+        msg = unknown("backend", name, names())     # the closest name, else every registered one
+        raise ValueError(f"implementation must be None, 'auto' or one of the registered backends: {msg}")
+    return _REGISTRY[found]
+
+
+def canonical(name: str) -> str | None:
+    """The registered name ``name`` means, ignoring case (``cuDNN`` -> ``cudnn``), or None."""
+    from ..names import match
+
+    return match(name, _REGISTRY) if isinstance(name, str) else None
 
 
 def names() -> list[str]:
@@ -99,5 +111,5 @@ for _entry in BUILTINS:
     load(*_entry)
 del _entry
 
-__all__ = ["Backend", "NativeBackend", "register", "load", "get", "names", "all_backends", "optional_libraries",
+__all__ = ["Backend", "NativeBackend", "register", "load", "get", "canonical", "names", "all_backends", "optional_libraries",
            "library_versions", "AUTO_ORDER", "BUILTINS"]

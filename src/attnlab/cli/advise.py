@@ -16,7 +16,7 @@ import click
 from rich.markup import escape
 from rich.table import Table as RichTable
 
-from ._app import _fail, console, main
+from ._app import _fail, console, main, writable_folder, writes_to
 
 
 def _non_jax() -> set[str]:
@@ -55,7 +55,7 @@ def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, r
         _fail(str(e))
     if repeats is not None and repeats < 1:
         _fail(f"--repeats: {repeats} is not a positive integer")
-    out_dir = out_dir or os.path.join("attnlab-out", f"advise-{p.name}")
+    out_dir = writable_folder(out_dir or os.path.join("attnlab-out", f"advise-{p.name}"))
     cells = ms.cells()
     console.print(f"{p.name}: {len(ms.entries)} cell shapes x {len(ms.sweeps[0].backends)} backends "
                   f"({', '.join(ms.sweeps[0].backends)}) = {len(cells)} cells → {out_dir}/results.jsonl (resumes)",
@@ -66,7 +66,8 @@ def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, r
             status = "resumed" if rec is None else rec["status"]
             console.print(f"  [{i + 1}/{n}] {cell.backend:<15} {escape(cell.config_label)}  {status}", highlight=False)
 
-        records = run_sweep(ms, out_dir, resume=True, options=opts, on_cell=on_cell)
+        with writes_to(out_dir):
+            records = run_sweep(ms, out_dir, resume=True, options=opts, on_cell=on_cell)
     except SweepInterrupted as e:
         console.print(f"[yellow]interrupted:[/] {e.finished} of {e.total} cells in {out_dir}; run the same command "
                       f"again to go on", highlight=False)
@@ -80,7 +81,7 @@ def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, r
                         non_jax=_non_jax())
     adv["env"] = env
     adv["notes"].append(f"why a cell is not ok (unsupported, incorrect, oom, ...): its reason in {out_dir}/results.jsonl")
-    with open(os.path.join(out_dir, "advise.json"), "w", encoding="utf-8") as f:
+    with writes_to(out_dir), open(os.path.join(out_dir, "advise.json"), "w", encoding="utf-8") as f:
         json.dump(adv, f, indent=2)
     tabs = advice.tables(adv)
     from rich.console import Console
@@ -95,7 +96,8 @@ def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, r
         out.print(rt)
     for n in adv["notes"]:
         console.print(f"[yellow]note:[/] {escape(n)}", highlight=False, soft_wrap=True)
-    html = _write_html(os.path.join(out_dir, "advise.html"), adv, tabs, env)
+    with writes_to(out_dir):
+        html = _write_html(os.path.join(out_dir, "advise.html"), adv, tabs, env)
     console.print(f"→ {html}, {out_dir}/advise.json", highlight=False)
 
 

@@ -8,7 +8,8 @@ import sys
 import click
 from rich.table import Table as RichTable
 
-from ._app import _fail, console, main
+from ._app import _fail, console, main, writable_folder, writes_to
+from ._layout import packed, wide_option
 
 WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys before each query and none after) "
                "or an int W, read as jax.nn.dot_product_attention reads local_window_size=W: (W, W), W keys before "
@@ -24,7 +25,7 @@ WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys
 @click.option("--heads", help="Query heads N.")
 @click.option("--kv-heads", help="Key/value heads K (default: = heads).")
 @click.option("--head-dim", help="Head dims H.")
-@click.option("--dtype", help="float32, bfloat16, float16, float64 (comma-separated).")
+@click.option("--dtype", help="float32, bfloat16, float16, float64 or bf16, fp16, f32, ... (comma-separated).")
 @click.option("--causal", help="true, false or both.")
 @click.option("--window", help=WINDOW_HELP)
 @click.option("--mode", help="fwd, fwd+bwd, bwd (comma-separated).")
@@ -51,11 +52,12 @@ WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys
               help="Wall clock (no GPU): keep timing a cell for at least this many seconds (default 0.1).")
 @click.option("--compile-budget", type=float, default=None, help="Seconds a compile may take before the cell is skipped (default 300).")
 @click.option("--no-check", is_flag=True, help="Skip the per-cell comparison with the reference (not recommended).")
-def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget, no_check, name, **flags):
+@wide_option
+def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget, no_check, name, wide, **flags):
     """Sweep attention cells: check each against the reference, time it, record it."""
     from ..measure import Options
     from ..sweep import SweepError, build, run_sweep
-    from ..sweep.flags import check_contradictions, flag_name, merge, run_options
+    from ..sweep.flags import check_contradictions, merge, run_options, warmup_of
     from ..sweep.engine import SweepInterrupted, existing_records
 
     given = {k: v for k, v in flags.items() if v is not None}
@@ -74,8 +76,10 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
             values, run_opts, notes = merge(config, given, name)
             sweep = build(values)
         reps, budget, mt = run_options(run_opts, repeats=repeats, compile_budget=compile_budget, min_time=min_time)
+        warmup = warmup_of(run_opts)
     except SweepError as e:
         _fail(str(e))
+    writable_folder(out_dir)
     n_old = existing_records(out_dir)
     if n_old and not (resume or overwrite):
         _fail(f"{out_dir} already holds {n_old} result(s) in results.jsonl; give --resume to skip the cells "
@@ -83,7 +87,7 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
     for n in notes:
         console.print(f"[yellow]note:[/] {n}", highlight=False)
     opts = Options(repeats=reps, compile_budget_s=budget, check=not no_check and run_opts.get("check", True),
-                   min_time_s=float(mt))
+                   min_time_s=float(mt), warmup=warmup)
     cells = sweep.cells()
     skipped = []
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -99,7 +103,8 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
                 status = "resumed" if rec is None else rec["status"]
                 prog.update(task, advance=1, description=f"{cell.backend} {cell.config_label} [{status}]"[:70])
 
-            records = run_sweep(sweep, out_dir, resume=resume, overwrite=overwrite, options=opts, on_cell=on_cell)
+            with writes_to(out_dir):
+                records = run_sweep(sweep, out_dir, resume=resume, overwrite=overwrite, options=opts, on_cell=on_cell)
     except SweepInterrupted as e:
         console.print(f"[yellow]interrupted:[/] {e.finished} of {e.total} cells finished, written to "
                       f"{out_dir}/results.jsonl and {out_dir}/results.csv", highlight=False)
@@ -111,7 +116,7 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
     if resume:
         console.print(f"resumed: skipped {len(skipped)} of {len(cells)} cells already in {out_dir}/results.jsonl, "
                       f"measured {len(cells) - len(skipped)}", highlight=False)
-    _print_bench_table(records, out_dir)
+    _print_bench_table(records, out_dir, wide)
 
 
 def _model_sweep(config, given: dict, name):
@@ -120,6 +125,7 @@ def _model_sweep(config, given: dict, name):
     from ..models import preset
     from ..sweep import SweepError
     from ..sweep.model_cells import check_model_flags, model_sweep
+    from ..names import canonical_dtype
     from ..sweep.spec import _ints, _strs
 
     if config:
@@ -132,7 +138,7 @@ def _model_sweep(config, given: dict, name):
     batch = _ints("batch", given.get("batch", "1"))
     if len(batch) != 1:
         raise SweepError(f"--batch: one value with --model, got {given['batch']!r}")
-    dtype = _strs(given.get("dtype", "bfloat16"))
+    dtype = [canonical_dtype(d) for d in _strs(given.get("dtype", "bfloat16"))]
     if len(dtype) != 1:
         raise SweepError(f"--dtype: one value with --model, got {given['dtype']!r}")
     contexts = given.get("context", "4k")
@@ -176,43 +182,10 @@ def bench_cell_text(r: dict, ridge_intensity: float | None, bw_tbps: float | Non
     return f"{ms:.4g} · {r['tflops']:.3g} · {pk}"
 
 
-def _print_bench_table(records, out_dir):
-    from ..measure import peaks
-    from ..records import config_label
+def _print_bench_table(records, out_dir, wide: bool = False):
+    from .tables import print_bench_table
 
-    backends_ = list(dict.fromkeys(r["backend"] for r in records))
-    rows: dict[str, dict] = {}
-    for r in records:
-        rows.setdefault(config_label(r), {})[r["backend"]] = r
-    timer = next((r.get("timer") for r in records if r.get("timer")), "wall")
-    kind = next((r["env"].get("device_kind") for r in records if isinstance(r.get("env"), dict)), None) or ""
-    bw_tbps, bw_source = peaks.bandwidth_tbps(kind)
-    ridges = {d: peaks.ridge(kind, d) for d in {r.get("dtype", "bfloat16") for r in records}}
-    timed = lambda r: r is not None and r["status"] in ("ok", "unchecked")  # noqa: E731
-    mb_rows = {label for label, by in rows.items()
-               if any(timed(r) and peaks.memory_bound(r, ridges[r.get("dtype", "bfloat16")]) for r in by.values())}
-    any_mb = bool(mb_rows)
-    t = RichTable(title=f"{len(records)} cells → {out_dir}/results.jsonl  (time: {'CUPTI kernel' if timer == 'cupti' else 'wall clock, no GPU'})")
-    t.add_column("configuration")
-    for b in backends_:
-        t.add_column(f"{b}\nms · TFLOP/s · %peak" + ("\n(memory-bound: GB/s · %BW)" if any_mb else ""), justify="right")
-    for label, by in rows.items():
-        cells = []
-        for b in backends_:
-            r = by.get(b)
-            if r is None:
-                cells.append("")
-            elif not timed(r):
-                cells.append(f"[yellow]{r['status']}[/]")  # reasons are in results.jsonl
-            else:
-                cells.append(bench_cell_text(r, ridges[r.get("dtype", "bfloat16")], bw_tbps))
-        t.add_row(label + (" [cyan](memory-bound)[/]" if label in mb_rows else ""), *cells)
-    console.print(t)
-    if any_mb:
-        console.print("memory-bound rows (decode: few queries against a long KV cache, intensity below the ridge) show "
-                      "GB/s and % of " + (f"the {bw_source} bandwidth ({bw_tbps * 1000:.4g} GB/s)" if bw_tbps else
-                                          "bandwidth (unknown here: run `attnlab ceilings`)") + " instead of TFLOP/s",
-                      highlight=False, soft_wrap=True)
+    print_bench_table(records, out_dir, wide)
 
 
 @main.command()
@@ -236,7 +209,8 @@ def scaling(results):
 @click.argument("a", type=click.Path(exists=True))
 @click.argument("b", type=click.Path(exists=True))
 @click.option("--threshold", type=float, default=5.0, show_default=True, help="Percent slower that counts as a regression.")
-def compare_cmd(a, b, threshold):
+@wide_option
+def compare_cmd(a, b, threshold, wide):
     """Per-cell time ratios B/A of two bench or run folders (or results.jsonl files).
 
     A cell is SLOWER only when B's median and B's fastest call are both more than the threshold
@@ -253,22 +227,13 @@ def compare_cmd(a, b, threshold):
         rows, regressed = compare(load(a), load(b), threshold)
     except (OSError, ValueError) as e:   # CompareError and RecordError are ValueErrors
         _fail(str(e))
-    from rich.markup import escape
+    from .tables import print_compare
 
-    t = RichTable(title=escape(f"B / A  (threshold {threshold:g}%; spread = [min, p75] of the repeats)"))
-    for c in ("configuration", "backend", "A ms", "A [min, p75]", "B ms", "B [min, p75]", "B/A", "note"):
-        t.add_column(escape(c))
-    fmt = lambda x: "" if x is None else f"{x:.4g}"  # noqa: E731
-    span = lambda s: "" if s is None else escape(f"[{s[0]:.4g}, {s[1]:.4g}]")  # noqa: E731
-    colour = {"slower": "red", "failed": "red", "faster": "green"}
-    for r in rows:
-        note = f"[{colour[r.verdict]}]{escape(r.note)}[/]" if r.verdict in colour else escape(r.note)
-        t.add_row(escape(r.label), escape(r.backend), fmt(r.a_ms), span(r.a_spread), fmt(r.b_ms), span(r.b_spread),
-                  fmt(r.ratio), note)
-    console.print(t)
+    print_compare(rows, threshold, wide)
     n = counts(rows)
-    console.print("  ·  ".join(f"{k}: {v}" for k, v in n.items()), highlight=False, soft_wrap=True)
+    for line in packed([f"{k}: {v}" for k, v in n.items()], console.width):
+        console.print(line, highlight=False, soft_wrap=True)
     if regressed:
         console.print(f"[red]regression: {n['slower']} cell(s) slower beyond {threshold:g}% and their spreads, "
-                      f"{n['failed']} failed in B[/]", soft_wrap=True)
+                      f"{n['failed']} failed in B[/]")
         sys.exit(1)

@@ -2,16 +2,19 @@
 from __future__ import annotations
 
 import json
+import os
 
 import click
 from rich.table import Table as RichTable
 
-from ._app import console, main
+from ._app import console, main, writable_folder, writes_to
+from ._layout import packed, table_console, wide_option
 
 
 @main.command("env")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def env_cmd(as_json):
+@wide_option
+def env_cmd(as_json, wide):
     """Versions, devices, optional libraries and which backends can run here."""
     from .. import env as envmod
 
@@ -26,25 +29,47 @@ def env_cmd(as_json):
     for lib, ver in e["optional"].items():
         t.add_row(f"optional: {lib}", ver or "not installed")
     console.print(t)
-    _print_backends(e["backends"])
+    _print_backends(e["backends"], wide)
     if e.get("gpu_note"):
         console.print(f"[yellow]{e['gpu_note']}[/]")
 
 
-def _print_backends(status: dict):
-    t = RichTable(title="backends")
-    for c in ("backend", "available", "why not", "version"):
-        t.add_column(c, overflow="fold")
+def _print_backends(status: dict, wide: bool = False):
+    """The registered backends: those available here with their library's version, then the others
+    grouped by the reason they are not (one reason, then its backends), or with ``wide`` a row each."""
     from rich.markup import escape
 
-    for name, s in status.items():
-        t.add_row(name, "[green]yes[/]" if s["available"] else "[red]no[/]", escape(s["reason"] or ""), s["version"] or "")
+    from ..api import group_reasons
+
+    if wide:
+        t = RichTable(title="backends")
+        t.add_column("backend", no_wrap=True)          # a backend name is never split
+        for c in ("available", "why not", "version"):
+            t.add_column(c, overflow="fold")
+        for name, s in status.items():
+            t.add_row(name, "[green]yes[/]" if s["available"] else "[red]no[/]", escape(s["reason"] or ""),
+                      s["version"] or "")
+        table_console().print(t)
+        return
+    ok = [n for n, s in status.items() if s["available"]]
+    console.print(f"backends available here: {len(ok)} of {len(status)}", highlight=False)
+    t = RichTable()
+    t.add_column("backend", no_wrap=True)
+    t.add_column("version", overflow="fold")
+    for n in ok:
+        t.add_row(n, status[n]["version"] or "")
     console.print(t)
-
-
+    groups = group_reasons({n: s["reason"] or "not available" for n, s in status.items() if not s["available"]})
+    if groups:
+        console.print(f"not available here ({len(status) - len(ok)}; --wide: a row each):", highlight=False)
+    for why, names in groups.items():
+        console.print(f"  [red]no[/]: {escape(why)}", highlight=False)
+        for line in packed(names, console.width, sep=", ", indent="      "):
+            console.print(line, highlight=False, soft_wrap=True)
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def backends(as_json):
+@wide_option
+def backends(as_json, wide):
     """Every registered backend, available or not, why not, and its library's version."""
     from .. import env as envmod
 
@@ -52,7 +77,7 @@ def backends(as_json):
     if as_json:
         click.echo(json.dumps(status, indent=2))
     else:
-        _print_backends(status)
+        _print_backends(status, wide)
 
 
 @main.command()
@@ -63,9 +88,11 @@ def ceilings(force):
 
     res = None if force else peaks.load_ceilings()
     if res is None:
+        folder = writable_folder(os.path.dirname(peaks.cache_path()), "the ceilings cache ($ATTNLAB_CACHE_DIR)")
         with console.status("measuring matmul and copy"):
             res = peaks.measure_ceilings()
-        path = peaks.save_ceilings(res)
+        with writes_to(folder, "the ceilings cache ($ATTNLAB_CACHE_DIR)"):
+            path = peaks.save_ceilings(res)
     else:
         path = peaks.cache_path() + " (cached; --force to measure again)"
     console.print(ceilings_table(res, path))

@@ -31,6 +31,6 @@ def models_cmd(as_json):
             notes.append(f"{p.name}: {p.note}")
     console.print(t)
     console.print("window*: on every other layer; cap: attention logit soft-cap; KV/token: K+V cache of one token "
-                  "over all layers in bf16", soft_wrap=True)
+                  "over all layers in bf16")
     for n in notes:
-        console.print(n, soft_wrap=True, highlight=False)
+        console.print(n, highlight=False)

@@ -6,7 +6,28 @@ import sys
 import click
 from rich.table import Table as RichTable
 
-from ._app import console, main
+from ._app import console, main, writable_folder, writes_to
+
+#: The lab's step ids, in order (``attnlab.lab.STEPS``; a test keeps the two equal): listed by ``--help``
+#: without importing JAX.
+STEP_IDS = ("environment", "qkv", "naive", "jax_nn", "cudnn", "causal", "timing", "sweeps", "gqa", "te_fp8", "next",
+            "decode")
+
+
+def step_ids(text: str, steps) -> list[str]:
+    """The step ids of ``--sections``, any case (``GQA`` is ``gqa``); an unknown one is refused naming
+    the closest id ("did you mean 'jax_nn'?")."""
+    from ..names import match, unknown
+
+    out = []
+    for s in (p.strip() for p in text.split(",")):
+        if s:
+            found = match(s, steps)
+            if found is None:
+                raise click.BadParameter(unknown("step id", s, steps) + " (`attnlab run --help` lists them)",
+                                         param_hint="--sections")
+            out.append(found)
+    return out
 
 
 @main.command()
@@ -14,17 +35,14 @@ from ._app import console, main
               help="Folder for report.html, results.jsonl, results.csv and plots/.")
 @click.option("--label", default=None, help="A name for this run, shown in the report.")
 @click.option("--quick", is_flag=True, help="Smallest sizes: a smoke test of every step.")
-@click.option("--sections", default=None, help="Comma-separated step ids to run (default: all).")
+@click.option("--sections", default=None, help="Comma-separated step ids to run (default: all): " + ", ".join(STEP_IDS) + ".")
 @click.option("--resume", is_flag=True, help="Go on with a stopped run in --out: cells measured there are not measured again.")
 def run(out_dir, label, quick, sections, resume):
     """Run the codelab's steps and write a report."""
     from ..lab import STEPS, run_lab
 
-    chosen = [s.strip() for s in sections.split(",") if s.strip()] if sections else None
-    if chosen:
-        bad = [s for s in chosen if s not in STEPS]
-        if bad:
-            raise click.BadParameter(f"unknown section(s) {', '.join(bad)}; choose from {', '.join(STEPS)}", param_hint="--sections")
+    chosen = step_ids(sections, STEPS) if sections else None
+    writable_folder(out_dir)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -34,7 +52,8 @@ def run(out_dir, label, quick, sections, resume):
         def progress(sid, i, n):
             prog.update(task, completed=i, description=f"step {sid}")
 
-        done = run_lab(out_dir, label=label, quick=quick, sections=chosen, progress=progress, resume=resume)
+        with writes_to(out_dir):
+            done = run_lab(out_dir, label=label, quick=quick, sections=chosen, progress=progress, resume=resume)
         prog.update(task, completed=len(done), description="done")
     t = RichTable(title=f"attnlab run → {out_dir}/report.html")
     t.add_column("step")

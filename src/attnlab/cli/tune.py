@@ -9,13 +9,13 @@ import sys
 
 import click
 
-from ._app import _fail, console, main
+from ._app import _fail, console, main, writable_folder, writes_to
 from .bench import WINDOW_HELP
 
 AXES = (("batch", "Batch sizes, e.g. 1,4."), ("seq", "Sequence lengths, q_len = kv_len, e.g. 1024,4096."),
         ("q_len", "Query lengths (with --kv-len)."), ("kv_len", "Key/value lengths (with --q-len)."),
         ("heads", "Query heads N."), ("kv_heads", "Key/value heads K (default: = heads)."),
-        ("head_dim", "Head dims H."), ("dtype", "Dtypes, e.g. bfloat16."), ("causal", "true, false or both."),
+        ("head_dim", "Head dims H."), ("dtype", "Dtypes, e.g. bfloat16 (or bf16, fp16, f32)."), ("causal", "true, false or both."),
         ("window", WINDOW_HELP), ("mode", "fwd, fwd+bwd (comma-separated)."),
         ("tokens", "Fix batch x q_len: batch = tokens // q_len (not with --batch)."))
 
@@ -94,7 +94,7 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
     from ..measure.cell import record_key
     from ..store import read_records
     from ..sweep.engine import SweepInterrupted
-    from ..sweep.flags import check_contradictions, merge, run_options
+    from ..sweep.flags import check_contradictions, merge, run_options, warmup_of
 
     given = {k: v for k, v in flags.items() if v is not None}
     if backends:
@@ -105,13 +105,16 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
         values.setdefault("backends", ",".join(tune_backends()))
         sweep = build(values)
         reps, budget, mt = run_options(run_opts, repeats=repeats, compile_budget=compile_budget, min_time=min_time)
+        warmup = warmup_of(run_opts)
     except SweepError as e:
         _fail(str(e))
     for n in notes:
         console.print(f"[yellow]note:[/] {n}", highlight=False, soft_wrap=True)
     out = out or dispatch.default_path()
     records_dir = records_dir or os.path.join(os.path.dirname(os.path.abspath(out)), "tune-records", _env_slug())
-    opts = Options(repeats=reps, compile_budget_s=budget, check=True, min_time_s=float(mt))
+    writable_folder(os.path.dirname(os.path.abspath(out)), "--out's folder")
+    writable_folder(records_dir, "--records")
+    opts = Options(repeats=reps, compile_budget_s=budget, check=True, min_time_s=float(mt), warmup=warmup)
     n = len(sweep.cells())
     console.print(f"tune: {n} cells ({', '.join(sweep.backends)}) -> {records_dir}/results.jsonl", highlight=False, soft_wrap=True)
 
@@ -123,7 +126,8 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
 
     interrupted = False
     try:
-        records = run_sweep(sweep, records_dir, resume=True, options=opts, on_cell=on_cell)
+        with writes_to(records_dir, "--records"):
+            records = run_sweep(sweep, records_dir, resume=True, options=opts, on_cell=on_cell)
     except SweepError as e:
         _fail(str(e))
     except SweepInterrupted as e:   # Ctrl-C: the table of the cells finished so far
@@ -131,7 +135,8 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
         console.print(f"[yellow]interrupted:[/] {e.finished} of {e.total} cells finished", highlight=False)
         keys = {c.key() for c in sweep.cells()}
         records = [r for r in read_records(os.path.join(records_dir, "results.jsonl")) if record_key(r) in keys]
-    path, entries = write_table(records, out, replace=replace)
+    with writes_to(os.path.dirname(os.path.abspath(out)), "--out's folder"):
+        path, entries = write_table(records, out, replace=replace)
     for e in entries:
         ru = ", ".join(f"{r['backend']} {r['ms']:.4g}" for r in e["runner_up"][:3])
         console.print(f"{e['bucket']}: [bold]{e['backend']}[/] {e['ms']:.4g} ms" + (f" (then {ru})" if ru else ""),

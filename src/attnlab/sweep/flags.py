@@ -24,23 +24,40 @@ def check_contradictions(given: dict) -> None:
                              f"{'q_len = kv_len' if a == 'seq' else 'batch = tokens // q_len'}; give one of them")
 
 
+#: A file key that is another spelling of a flag's axis (``backend = [...]`` for ``--backends``).
+SPELLINGS = {"backends": ("backend",)}
+
+
 def merge(config: str | None, given: dict, name: str | None = None) -> tuple[dict, dict, list[str]]:
     """(sweep values for ``build``, the file's [run] options, notes) from the file and the flags: a flag
-    replaces the file's value of its axis, and the other way of setting it (--seq the file's q_len and
-    kv_len, --tokens its batch, and the other way round), with a note saying so."""
+    replaces the file's value of its axis (``--seq 64`` the file's ``seq = [...]``), and the other way of
+    setting it (--seq the file's q_len and kv_len, --tokens its batch, and the other way round), with a
+    note saying so for each value it replaces."""
     values, run_opts = {}, {}
     notes = []
     if config:
         values, run_opts = load_toml(config)
     for k, v in given.items():
+        replaced = [k, *SPELLINGS.get(k, ())]
         for a, b in CONTRADICTIONS:
-            other = b if k == a else a if k == b else None
-            if other and values.pop(other, None) is not None:
-                notes.append(f"{flag_name(k)} replaces {other} from {config}")
+            replaced += [b] if k == a else [a] if k == b else []
+        for key in replaced:
+            old = values.pop(key, None)
+            if old is not None:
+                notes.append(f"{flag_name(k)} replaces {key} = {_toml_text(old)} from {config} with {v}")
         values[k] = v
     if name:
+        if values.get("name") is not None:
+            notes.append(f"--name replaces name = {_toml_text(values['name'])} from {config} with {name}")
         values["name"] = name
     return values, run_opts, notes
+
+
+def _toml_text(value) -> str:
+    """A file's value as the file spells it: [32, 64], "both", true."""
+    import json
+
+    return json.dumps(value) if not isinstance(value, str) else f'"{value}"'
 
 
 def run_options(run_opts: dict, *, repeats=None, compile_budget=None, min_time=None) -> tuple:
@@ -55,3 +72,11 @@ def run_options(run_opts: dict, *, repeats=None, compile_budget=None, min_time=N
     if isinstance(mt, bool) or not isinstance(mt, (int, float)) or mt < 0:
         raise SweepError(f"min time: {mt!r} must be >= 0 seconds")
     return reps, budget, mt
+
+
+def warmup_of(run_opts: dict, default: int = 2) -> int:
+    """The file's [run] ``warmup`` (untimed calls before the timed ones), else ``default``; checked."""
+    w = run_opts.get("warmup", default)
+    if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+        raise SweepError(f"warmup: {w!r} is not a non-negative integer")
+    return w

@@ -21,7 +21,7 @@ import tomllib
 from .. import backends, strategies
 from ..distributions import DISTRIBUTIONS
 from ..measure.cell import LENGTHS, MODES, Cell
-from ..spec import FLOAT_DTYPES
+from ..names import DTYPE_ALIASES, FLOAT_DTYPES, canonical_dtype, closest, dtype_choices, unknown
 
 
 class SweepError(ValueError):
@@ -53,9 +53,10 @@ class Sweep:
 
     def validate(self):
         known = backends.names()
-        for b in self.backends:
-            if b not in known:
-                raise SweepError(f"unknown backend {b!r}; known: {', '.join(known)}")
+        for i, b in enumerate(self.backends):
+            if backends.canonical(b) is None:
+                raise SweepError(unknown("backend", b, known, listed_by="`attnlab backends`"))
+            self.backends[i] = backends.canonical(b)          # cuDNN -> cudnn
         if not self.backends:
             raise SweepError("no backend given")
         for axis in ("batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "devices"):
@@ -67,12 +68,15 @@ class Sweep:
             for v in vals:
                 if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                     raise SweepError(f"{axis}: {v!r} is not a positive integer")
+        self.dtype = [canonical_dtype(d) for d in self.dtype]    # bf16 -> bfloat16
         for d in self.dtype:
             if d not in FLOAT_DTYPES:
-                raise SweepError(f"dtype: unknown dtype {d!r}; choose from {', '.join(FLOAT_DTYPES)}")
+                guess = closest(str(d), FLOAT_DTYPES + tuple(DTYPE_ALIASES))
+                raise SweepError(f"dtype: unknown dtype {d!r}; " + (f"did you mean {canonical_dtype(guess)!r}?" if guess
+                                                                     else f"choose from {dtype_choices()}"))
         for m in self.mode:
             if m not in MODES:
-                raise SweepError(f"mode: {m!r} is not one of {', '.join(MODES)}")
+                raise SweepError(f"mode: {m!r} is not one of {', '.join(MODES)}" + _did_you_mean(m, MODES))
         for st in self.strategy:
             if st is not None and st not in strategies.names():
                 raise SweepError(f"strategy: {st!r} is not none or one of {', '.join(strategies.names())}")
@@ -83,7 +87,7 @@ class Sweep:
             raise SweepError("inputs: no values")
         for d in self.inputs:
             if d not in DISTRIBUTIONS:
-                raise SweepError(f"inputs: {d!r} is not one of {', '.join(DISTRIBUTIONS)}")
+                raise SweepError(f"inputs: {d!r} is not one of {', '.join(DISTRIBUTIONS)}" + _did_you_mean(d, DISTRIBUTIONS))
         for c in self.causal:
             if not isinstance(c, bool):
                 raise SweepError(f"causal: {c!r} is not a bool")
@@ -113,6 +117,11 @@ class Sweep:
                 for b in self.backends:
                     out.append(Cell(b, B, T, S, N, K, H, dt, c, tuple(w) if w else None, m, nd, st, ln, dist))
         return out
+
+
+def _did_you_mean(name, choices) -> str:
+    guess = closest(str(name), choices)
+    return f"; did you mean {guess!r}?" if guess else ""
 
 
 # --- parsing ---------------------------------------------------------------------------------
