@@ -2,8 +2,11 @@
 
 Add a backend by subclassing ``Backend`` (``NativeBackend`` for one that is not a JAX op) in its own
 module and adding one line to ``BUILTINS`` (or calling ``register`` / ``load`` from outside).
+``unregister`` removes one; ``with registered(b1, b2):`` plugs backends in for a block (tests).
 """
 from __future__ import annotations
+
+import contextlib
 
 from .base import Backend, NativeBackend
 
@@ -21,6 +24,30 @@ def register(backend: Backend, *, auto_rank: int | None = None) -> Backend:
     if auto_rank is not None and backend.name not in AUTO_ORDER:
         AUTO_ORDER.insert(auto_rank, backend.name)
     return backend
+
+
+def unregister(name: str) -> Backend:
+    """Remove the backend called ``name`` from the registry (and from ``AUTO_ORDER``); return it."""
+    backend = get(name)
+    del _REGISTRY[name]
+    if name in AUTO_ORDER:
+        AUTO_ORDER.remove(name)
+    return backend
+
+
+@contextlib.contextmanager
+def registered(*new: Backend):
+    """Register ``new`` for the ``with`` block, then restore the registry and ``AUTO_ORDER`` as they were
+    (a backend it replaced by name comes back)."""
+    saved, order = dict(_REGISTRY), list(AUTO_ORDER)
+    try:
+        for b in new:
+            register(b)
+        yield new[0] if len(new) == 1 else new
+    finally:
+        _REGISTRY.clear()
+        _REGISTRY.update(saved)
+        AUTO_ORDER[:] = order
 
 
 def get(name: str) -> Backend:
@@ -99,5 +126,5 @@ for _entry in BUILTINS:
     load(*_entry)
 del _entry
 
-__all__ = ["Backend", "NativeBackend", "register", "load", "get", "names", "all_backends", "optional_libraries",
+__all__ = ["Backend", "NativeBackend", "register", "unregister", "registered", "load", "get", "names", "all_backends", "optional_libraries",
            "library_versions", "AUTO_ORDER", "BUILTINS"]
