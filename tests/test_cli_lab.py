@@ -1,4 +1,5 @@
 import json
+import re
 import subprocess
 import sys
 
@@ -24,7 +25,7 @@ DOCUMENTED_COMMANDS = {"run", "bench", "compare", "tune", "advise", "env", "back
 
 def listed_commands(help_text: str) -> dict[str, str]:
     """name -> one-line help of each row of the "Commands:" section of ``--help``."""
-    section = help_text.split("\nCommands:\n", 1)[1]
+    section = re.split(r"^Commands:$", help_text, maxsplit=1, flags=re.M)[1]
     rows = [line.split(None, 1) for line in section.splitlines() if line.startswith("  ") and line.strip()]
     return {row[0]: row[1] if len(row) > 1 else "" for row in rows}
 

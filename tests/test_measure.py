@@ -117,7 +117,7 @@ def test_over_budget_compile_is_skipped(fake_backend):
     release, traced = threading.Event(), threading.Event()
 
     def run(p):
-        release.wait(60)  # tracing takes "forever": until released
+        release.wait(30)  # tracing takes "forever": until released
         traced.set()
         return backends.get("naive").run(p)
 

@@ -155,6 +155,7 @@ def test_registered_plugs_a_backend_in_for_a_block_and_restores_the_registry():
     replacement = type("Naive2", (Backend,), {"name": "naive", "run": lambda self, p: None})()
     with backends.registered(Toy(), replacement) as (toy, _):
         assert backends.get("test-toy-block") is toy and backends.get("naive") is replacement
+        backends.register(type("Ranked", (Toy,), {"name": "test-toy-ranked"})(), auto_rank=0)  # inside the block
     assert backends.names() == before and backends.AUTO_ORDER == order and backends.get("naive") is naive
     with pytest.raises(RuntimeError), backends.registered(Toy()):
         raise RuntimeError("a failing test body")
