@@ -51,10 +51,21 @@ def registered(*new: Backend):
 
 
 def get(name: str) -> Backend:
-    try:
+    """The backend called ``name``: a registered one, or a configured variant of one (``cudnn-fp8-hadamard``:
+    ``cudnn-fp8`` with that FP8 recipe; ``Backend.variant_names``)."""
+    if name in _REGISTRY:
         return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"implementation must be None, 'auto' or one of {names()}, got {name!r}") from None
+    for b in _REGISTRY.values():
+        variant = b.configured(name) if isinstance(name, str) else None
+        if variant is not None:
+            return variant
+    raise ValueError(f"implementation must be None, 'auto' or one of {names()} (or a variant: "
+                     f"{', '.join(n for n in variant_names() if n not in _REGISTRY)}), got {name!r}")
+
+
+def variant_names() -> list[str]:
+    """Every name ``get`` resolves: each registered backend's own and its configured variants'."""
+    return [n for b in _REGISTRY.values() for n in b.variant_names()]
 
 
 def names() -> list[str]:
@@ -73,15 +84,6 @@ BUILTINS: list[tuple[str, str, tuple]] = [
     (".xla", "XlaBackend", ()),
     (".cudnn", "CudnnBackend", ()),
     (".cudnn_fp8", "CudnnFp8Backend", ()),
-    (".cudnn_fp8", "CudnnFp8Backend", ("unit",)),
-    (".cudnn_fp8", "CudnnFp8Backend", ("pow2",)),
-    (".cudnn_fp8", "CudnnFp8Backend", ("s256",)),
-    (".cudnn_fp8", "CudnnFp8Backend", ("s1",)),
-    (".cudnn_fp8", "CudnnFp8Backend", ("hadamard",)),
-    (".cudnn_fp8", "CudnnFp8Backend", ("hadamard-f32",)),
-    (".cudnn_fp8", "CudnnFp8Backend", ("hadamard-fused",)),
-    (".cudnn_fp8", "CudnnFp8Backend", ("smoothk",)),
-    (".cudnn_fp8", "CudnnFp8Backend", ("hadamard-smoothk",)),
     (".te", "TeBackend", ()),
     (".te", "TeFp8Backend", ()),
     (".tokamax_", "TokamaxBackend", ("mosaic",)),
@@ -126,5 +128,5 @@ for _entry in BUILTINS:
     load(*_entry)
 del _entry
 
-__all__ = ["Backend", "NativeBackend", "register", "unregister", "registered", "load", "get", "names", "all_backends", "optional_libraries",
+__all__ = ["Backend", "NativeBackend", "register", "unregister", "registered", "load", "get", "variant_names", "names", "all_backends", "optional_libraries",
            "library_versions", "AUTO_ORDER", "BUILTINS"]
