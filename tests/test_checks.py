@@ -147,7 +147,7 @@ def registered():
 
     yield add
     for n in names:
-        backends._REGISTRY.pop(n, None)
+        backends.unregister(n)
 
 
 MUTANT_SHAPE = dict(batch=4, q_len=256, kv_len=256, heads=4, kv_heads=2, head_dim=32)

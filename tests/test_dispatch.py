@@ -200,13 +200,10 @@ def test_fp8_pytorch_and_forward_only_entries_are_never_used(table, monkeypatch)
         def run(self, p):
             raise AssertionError("never run")
 
-    backends.register(FwdOnly())
-    try:
+    with backends.registered(FwdOnly()):
         table(_entry("fwd-only-test"))
         e = attnlab.explain(*_qkv(), is_causal=True)
         assert e.chosen == "xla" and "dispatch entry names fwd-only-test" in e.why
-    finally:
-        backends._REGISTRY.pop("fwd-only-test")
 
 
 def test_the_newest_usable_entry_wins(table):

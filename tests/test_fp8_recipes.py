@@ -130,7 +130,7 @@ def test_recipe_pipeline_in_emulation(emulated):
 
 def test_every_recipe_is_a_registered_backend_that_records_it():
     names = [fp8_recipe.backend_name(s) for s in RECIPES]
-    assert names[:2] == ["cudnn-fp8", "cudnn-fp8-unit"] and set(names) <= set(backends.names())
+    assert names[:2] == ["cudnn-fp8", "cudnn-fp8-unit"] and set(names) <= set(backends.variant_names())
     for s, r in RECIPES.items():
         be = backends.get(fp8_recipe.backend_name(s))
         assert be.recipe == r and be.facts(None, None, None, None)["fp8_recipe"] == r.as_dict()

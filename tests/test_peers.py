@@ -36,16 +36,23 @@ def test_peer_is_registered_and_says_why_not_here(name):
     with pytest.raises(UnsupportedError) as e:
         attnlab.attention(q, k, v, implementation=name)
     assert str(e.value).startswith(f"{name}: ")
-    assert name in attnlab.explain(q, k, v).reasons
+    registered = [b.name for b in backends.all_backends() if name in b.variant_names()]   # an FP8 recipe: cudnn-fp8
+    assert registered and registered[0] in attnlab.explain(q, k, v).reasons
 
 
 def test_backends_json_lists_every_backend_with_reason_and_version():
     r = CliRunner().invoke(main, ["backends", "--json"])
     assert r.exit_code == 0
     data = json.loads(r.output)
-    for name in PEERS + ["naive", "xla", "cudnn", "tokamax-xla"]:
-        assert {"available", "reason", "version"} <= set(data[name])
-        assert data[name]["available"] or data[name]["reason"]
+    assert set(data) == set(backends.names())
+    for name in backends.names():
+        entry, why_not = data[name], backends.get(name).available()
+        assert {"available", "reason", "version"} <= set(entry)
+        # available exactly when the backend says so, and then without a reason; else its own reason
+        assert entry["available"] is (why_not is None) and entry["reason"] == why_not, (name, entry, why_not)
+    assert data["naive"] == {**data["naive"], "available": True, "reason": None}
+    if jax.default_backend() != "gpu":
+        assert data["cudnn"]["available"] is False and "GPU" in data["cudnn"]["reason"]
 
 
 def test_capability_reasons_from_specs():
@@ -86,14 +93,11 @@ def test_forward_only_backends_record_backward_as_unsupported():
         def run(self, p):
             return backends.get("naive").run(p)
 
-    backends.register(FwdOnly())
-    try:
+    with backends.registered(FwdOnly()):
         r = measure_cell(Cell("test-fwd-only", 1, 32, 32, 2, 2, 8, "float32", mode="bwd"), Options(repeats=2))
         assert r["status"] == "unsupported" and "forward only" in r["reason"]
         r = measure_cell(Cell("test-fwd-only", 1, 32, 32, 2, 2, 8, "float32"), Options(repeats=2, max_input_sets=1))
         assert r["status"] == "ok"
-    finally:
-        backends._REGISTRY.pop("test-fwd-only")
 
 
 def test_fixed_limit_backends_are_judged_by_their_limit():
@@ -105,12 +109,9 @@ def test_fixed_limit_backends_are_judged_by_their_limit():
         def run(self, p):
             return backends.get("naive").run(p) * 1.02   # 2% off: wrong for float32, fine for this limit
 
-    backends.register(Loose())
-    try:
+    with backends.registered(Loose()):
         r = measure_cell(Cell("test-loose", 1, 32, 32, 2, 2, 8, "float32"), Options(repeats=2, max_input_sets=1))
         assert r["status"] == "ok" and r["tolerance"] == "test: rel L2 <= 0.1"
-    finally:
-        backends._REGISTRY.pop("test-loose")
 
 
 def test_backend_facts_land_in_the_record_and_a_failing_fact_is_reported():
@@ -130,18 +131,13 @@ def test_backend_facts_land_in_the_record_and_a_failing_fact_is_reported():
         def facts(self, fwd, q, k, v, fwd_as=None):
             raise RuntimeError("cannot read the program")
 
-    backends.register(Facts())
-    backends.register(BadFacts())
-    try:
+    with backends.registered(Facts(), BadFacts()):
         r = measure_cell(Cell("test-facts", 1, 32, 32, 2, 2, 8, "float32", True), Options(repeats=2, max_input_sets=1))
         assert r["status"] == "ok" and r["facts"] == {"q_shape": [1, 32, 2, 8], "bit_identical_to_naive": True}
         r = measure_cell(Cell("test-bad-facts", 1, 32, 32, 2, 2, 8, "float32"), Options(repeats=2, max_input_sets=1))
         assert r["status"] == "ok" and "cannot read the program" in r["facts"]["error"]
         r = measure_cell(Cell("naive", 1, 32, 32, 2, 2, 8, "float32"), Options(repeats=2, max_input_sets=1))
         assert "facts" not in r
-    finally:
-        backends._REGISTRY.pop("test-facts")
-        backends._REGISTRY.pop("test-bad-facts")
 
 
 @pytest.mark.skipif(not HAS_TOKAMAX, reason="tokamax not installed")

@@ -39,7 +39,8 @@ def toy_module(tmp_path, monkeypatch):
     (tmp_path / "attnlab_toy_lib" / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
     yield "attnlab_toy_backend"
-    backends._REGISTRY.pop("toy-plain", None)
+    if "toy-plain" in backends.names():
+        backends.unregister("toy-plain")
     for m in ("attnlab_toy_backend", "attnlab_toy_lib"):
         sys.modules.pop(m, None)
 
@@ -98,15 +99,23 @@ def test_a_new_backend_module_plugs_in(toy_module):
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-6, atol=1e-6)
 
 
-def test_native_timing_loop_lives_in_measure():
+def test_native_timing_loop_lives_in_measure(monkeypatch):
     """A NativeBackend hands over (fn, sync, sets, extras); measure.native times it (device events
-    where CUPTI cannot be used, as here on a CPU), with the backend's own memory hooks."""
-    import time
+    where CUPTI cannot be used, as here on a CPU), with the backend's own memory hooks. The clock is
+    fake: every call of the kernel takes exactly 2 ms of it, so each timer must say 2 ms."""
+    import types
 
     from attnlab.backends.base import NativeCall
+    from attnlab.measure import native
     from attnlab.measure.native import measure_native
 
     calls = []
+    clock = types.SimpleNamespace(now=100.0)
+    monkeypatch.setattr(native, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
+
+    def kernel(q, k, v):
+        calls.append(q.shape)
+        clock.now += 0.002
 
     class FakeNative(NativeBackend):
         name = "fake-native"
@@ -115,16 +124,54 @@ def test_native_timing_loop_lives_in_measure():
             sets = [tuple(np.asarray(x) for x in s) for s in arg_sets]
 
             def event_ms(call):
-                t0 = time.perf_counter()
+                t0 = clock.now
                 call()
-                return (time.perf_counter() - t0) * 1e3
+                return (clock.now - t0) * 1e3
 
-            return NativeCall(lambda q, k, v: calls.append(q.shape), lambda: None, sets,
+            return NativeCall(kernel, lambda: None, sets,
                               {"event_ms": event_ms, "reset_peak": lambda: None, "peak_bytes": lambda: 123,
                                "peak_scope": "fake"})
 
     x = jax.numpy.zeros((1, 4, 2, 8))
     rec = measure_native(FakeNative(), None, 1.0, [(x, x, x)], repeats=3, warmup=1)
     assert rec["timer"] in ("cupti", "cuda_events") and rec["runtime_peak_bytes"] == 123
-    assert rec["runtime_peak_scope"] == "fake" and rec["pipelined_ms"] >= 0 and rec["wall_n"] == 3 and rec["kernel_n"] == 3
+    assert rec["runtime_peak_scope"] == "fake" and rec["wall_n"] == 3 and rec["kernel_n"] == 3
+    assert rec["pipelined_ms"] == pytest.approx(2.0) and rec["wall_ms"] == pytest.approx(2.0)
+    assert rec["compile_s"] == pytest.approx(0.002)
+    if rec["timer"] == "cuda_events":
+        assert rec["kernel_ms"] == pytest.approx(2.0)
     assert calls and FakeNative().available() is None
+
+
+def test_registered_plugs_a_backend_in_for_a_block_and_restores_the_registry():
+    class Toy(Backend):
+        name = "test-toy-block"
+
+        def run(self, p):
+            return backends.get("naive").run(p)
+
+    before, order = backends.names(), list(backends.AUTO_ORDER)
+    naive = backends.get("naive")
+    replacement = type("Naive2", (Backend,), {"name": "naive", "run": lambda self, p: None})()
+    with backends.registered(Toy(), replacement) as (toy, _):
+        assert backends.get("test-toy-block") is toy and backends.get("naive") is replacement
+        backends.register(type("Ranked", (Toy,), {"name": "test-toy-ranked"})(), auto_rank=0)  # inside the block
+    assert backends.names() == before and backends.AUTO_ORDER == order and backends.get("naive") is naive
+    with pytest.raises(RuntimeError), backends.registered(Toy()):
+        raise RuntimeError("a failing test body")
+    assert "test-toy-block" not in backends.names()
+
+
+def test_unregister_removes_a_backend_and_its_auto_rank():
+    class Toy(Backend):
+        name = "test-toy-gone"
+
+        def run(self, p):
+            return backends.get("naive").run(p)
+
+    backends.register(Toy(), auto_rank=0)
+    assert backends.AUTO_ORDER[0] == "test-toy-gone"
+    assert backends.unregister("test-toy-gone").name == "test-toy-gone"
+    assert "test-toy-gone" not in backends.names() and "test-toy-gone" not in backends.AUTO_ORDER
+    with pytest.raises(ValueError, match="test-toy-gone"):
+        backends.unregister("test-toy-gone")

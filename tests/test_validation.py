@@ -109,10 +109,8 @@ def test_registry_plugs_in_a_backend():
         def run(self, p):
             return backends.get("naive").run(p) * 2
 
-    backends.register(Doubling())
-    try:
+    with backends.registered(Doubling()):
         out = call(implementation="test-double")
         np.testing.assert_allclose(np.asarray(out), 2 * np.asarray(call(implementation="naive")), rtol=1e-6)
         assert "test-double" in attnlab.explain(Q, K, V).reasons
-    finally:
-        backends._REGISTRY.pop("test-double")
+    assert "test-double" not in backends.names()

@@ -27,7 +27,10 @@ def test_window_and_lengths():
 def test_kv_cache_and_intensity():
     w = Workload(1, 1, 4096, 32, 8, 128, "bfloat16")
     assert w.kv_cache_bytes_per_token() == 2 * 8 * 128 * 2
-    assert w.intensity() == w.flops() / w.bytes()
+    # by hand: FLOPs 4 N H S = 4*32*128*4096 = 67_108_864; bytes: q and out 2 * 32*128*2 = 16_384,
+    # K and V 2 * 4096*8*128*2 = 16_777_216, together 16_793_600; 67_108_864 / 16_793_600 = 3.99610
+    assert w.flops() == 67_108_864 and w.bytes() == 16_793_600
+    assert w.intensity() == pytest.approx(3.99610, abs=1e-5)
 
 
 @pytest.mark.parametrize("kw", [dict(batch=0), dict(heads=6, kv_heads=4), dict(dtype="int9"), dict(window=(-1, 0)),

@@ -14,7 +14,7 @@ from .spec import AttentionSpec, prepare
 
 def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
               query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
-              implementation=None, return_residual=False):
+              implementation=None, return_residual=False, fp8_recipe=None):
     """Scaled dot-product attention with ``jax.nn.dot_product_attention``'s arguments and semantics.
 
     Args:
@@ -40,6 +40,8 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
         ``UnsupportedError`` with the reason; nothing falls back silently.
       return_residual: also return the logsumexp of each query row's logits, as jax.nn does
         (naive, xla and cudnn can; other backends raise ``UnsupportedError``).
+      fp8_recipe: with ``implementation="cudnn-fp8"``: the FP8 recipe by name (``amax``, the default,
+        ``unit``, ``hadamard``, ...; ``attnlab.backends.fp8_recipe``), i.e. the backend ``cudnn-fp8-<recipe>``.
 
     Returns:
       An array shaped and typed like ``query``. Rows that see no key at all are
@@ -53,12 +55,23 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
     p = prepare(query, key, value, bias, mask, scale=scale, is_causal=is_causal,
                 query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
                 local_window_size=local_window_size, return_residual=return_residual)
-    backend = select(p.spec, implementation, mode=_mode_of(query))
+    backend = select(p.spec, with_fp8_recipe(implementation, fp8_recipe), mode=_mode_of(query))
     if p.spec.return_residual:
         out, lse = backend.run(p)
         return out.reshape(p.out_shape), lse.reshape(p.out_shape[:-1])
     out = backend.run(p)
     return out.reshape(p.out_shape)
+
+
+def with_fp8_recipe(implementation, fp8_recipe):
+    """``implementation`` with the FP8 recipe applied: ("cudnn-fp8", "hadamard") -> "cudnn-fp8-hadamard"."""
+    if fp8_recipe is None:
+        return implementation
+    if implementation != "cudnn-fp8":
+        raise ValueError(f"fp8_recipe needs implementation='cudnn-fp8', got implementation={implementation!r}")
+    from .backends.fp8_recipe import name_of_recipe
+
+    return name_of_recipe(fp8_recipe)
 
 
 def _mode_of(x) -> str:

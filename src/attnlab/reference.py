@@ -4,23 +4,9 @@
 convertible by ``np.asarray``) and returns a float64 ``np.ndarray`` shaped like query.
 ``reference_attention_grads`` gives d(sum(out * cotangent))/d(q, k, v) in float64.
 ``reference_attention(..., emulate=dtype)`` computes like the fused kernels do, in a low
-precision ``dtype``: scores of the dtype's operands in float32, softmax in float32,
-probabilities rounded to the dtype before P·V, float32 accumulation, output rounded to the
-dtype. It is the baseline of the tolerance policy below.
-
-Tolerance policy (``tolerance``, ``check_close``), as FlashAttention's authors judge their kernels:
-    An output passes when both its relative L2 error ||out - ref|| / ||ref|| and its worst row's
-    relative error (a row: one query position of one batch element, over every head and head dim)
-    are at most ``2 x`` the same error of the kernel-like emulation in the output's dtype, plus a
-    small floor (``FLOORS``: 1e-4 for bfloat16/float16, 1e-5 for float32, 1e-10 for float64).
-    For float32 the emulation is plain float32 arithmetic; on an NVIDIA GPU at JAX's default
-    matmul precision that is TF32, so the device check's emulation (``attnlab.reference_device``)
-    runs at the default precision and carries TF32's error into the limit. ``check_close`` here,
-    in NumPy, assumes full float32 unless ``tf32=True`` (then: rel L2 <= 2e-3).
-    The row criterion catches a wrong row or tile that a global norm would average away.
-    Paths that compute in float8 set a fixed limit instead (``limit=``; rows: 2 x that limit).
-    NaN or Inf anywhere in the output never passes.
-Rows that see no key at all (every key masked) are given 0 here.
+precision ``dtype``: the baseline of the tolerance policy. ``LIMIT_FACTOR``, ``FLOORS``,
+``policy_limit``, ``tolerance`` and ``check_close`` are its code; the policy in words, written
+once, is docs/measuring.md ("Tolerance policy"). Rows that see no key at all are given 0 here.
 """
 from __future__ import annotations
 

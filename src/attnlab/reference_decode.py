@@ -10,9 +10,8 @@ scores in float32, softmax numerator P = exp(s - max) in float32 and rounded to 
 P.V, float32 accumulation, division by the float32 sum, output rounded to the dtype. Its error
 against float64 is the baseline of the decode tolerance policy (``check_decode_close``).
 
-Tolerance policy for decode (one place: ``decode_tolerance``)
-    float32/float64: ``attnlab.reference.tolerance`` (1e-5; 2e-3 for TF32 matmuls on a GPU).
-    bfloat16/float16: rel L2 <= DECODE_FACTOR x (error of the kernel-like emulation) + DECODE_FLOOR.
+The decode rule of the tolerance policy (docs/measuring.md, "Tolerance policy") is coded once,
+in ``decode_tolerance`` (``DECODE_FACTOR``, ``DECODE_FLOOR``).
 """
 from __future__ import annotations
 

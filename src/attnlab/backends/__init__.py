@@ -2,8 +2,11 @@
 
 Add a backend by subclassing ``Backend`` (``NativeBackend`` for one that is not a JAX op) in its own
 module and adding one line to ``BUILTINS`` (or calling ``register`` / ``load`` from outside).
+``unregister`` removes one; ``with registered(b1, b2):`` plugs backends in for a block (tests).
 """
 from __future__ import annotations
+
+import contextlib
 
 from .base import Backend, NativeBackend
 
@@ -23,23 +26,55 @@ def register(backend: Backend, *, auto_rank: int | None = None) -> Backend:
     return backend
 
 
+def unregister(name: str) -> Backend:
+    """Remove the backend called ``name`` from the registry (and from ``AUTO_ORDER``); return it."""
+    backend = get(name)
+    del _REGISTRY[name]
+    if name in AUTO_ORDER:
+        AUTO_ORDER.remove(name)
+    return backend
+
+
+@contextlib.contextmanager
+def registered(*new: Backend):
+    """Register ``new`` for the ``with`` block, then restore the registry and ``AUTO_ORDER`` as they were
+    (a backend it replaced by name comes back)."""
+    saved, order = dict(_REGISTRY), list(AUTO_ORDER)
+    try:
+        for b in new:
+            register(b)
+        yield new[0] if len(new) == 1 else new
+    finally:
+        _REGISTRY.clear()
+        _REGISTRY.update(saved)
+        AUTO_ORDER[:] = order
+
+
 def get(name: str) -> Backend:
-    """The backend registered as ``name``, in any case (``cuDNN`` is ``cudnn``); ValueError naming the
-    closest registered name ("did you mean 'xla'?") when there is none."""
+    """The backend called ``name``, in any case (``cuDNN`` is ``cudnn``): a registered one, or a configured
+    variant of one (``cudnn-fp8-hadamard``: ``cudnn-fp8`` with that FP8 recipe; ``Backend.variant_names``).
+    ValueError naming the closest known name ("did you mean 'xla'?") when there is none."""
     found = canonical(name)
     if found is None:
         from ..names import unknown
 
         msg = unknown("backend", name, names())     # the closest name, else every registered one
         raise ValueError(f"implementation must be None, 'auto' or one of the registered backends: {msg}")
-    return _REGISTRY[found]
+    if found in _REGISTRY:
+        return _REGISTRY[found]
+    return next(v for b in _REGISTRY.values() if (v := b.configured(found)) is not None)
 
 
 def canonical(name: str) -> str | None:
-    """The registered name ``name`` means, ignoring case (``cuDNN`` -> ``cudnn``), or None."""
+    """The backend or variant name ``name`` means, ignoring case (``cuDNN`` -> ``cudnn``), or None."""
     from ..names import match
 
-    return match(name, _REGISTRY) if isinstance(name, str) else None
+    return match(name, variant_names()) if isinstance(name, str) else None
+
+
+def variant_names() -> list[str]:
+    """Every name ``get`` resolves: each registered backend's own and its configured variants'."""
+    return [n for b in _REGISTRY.values() for n in b.variant_names()]
 
 
 def names() -> list[str]:
@@ -58,15 +93,6 @@ BUILTINS: list[tuple[str, str, tuple]] = [
     (".xla", "XlaBackend", ()),
     (".cudnn", "CudnnBackend", ()),
     (".cudnn_fp8", "CudnnFp8Backend", ()),
-    (".cudnn_fp8", "CudnnFp8Backend", ("unit",)),
-    (".cudnn_fp8", "CudnnFp8Backend", ("pow2",)),
-    (".cudnn_fp8", "CudnnFp8Backend", ("s256",)),
-    (".cudnn_fp8", "CudnnFp8Backend", ("s1",)),
-    (".cudnn_fp8", "CudnnFp8Backend", ("hadamard",)),
-    (".cudnn_fp8", "CudnnFp8Backend", ("hadamard-f32",)),
-    (".cudnn_fp8", "CudnnFp8Backend", ("hadamard-fused",)),
-    (".cudnn_fp8", "CudnnFp8Backend", ("smoothk",)),
-    (".cudnn_fp8", "CudnnFp8Backend", ("hadamard-smoothk",)),
     (".te", "TeBackend", ()),
     (".te", "TeFp8Backend", ()),
     (".tokamax_", "TokamaxBackend", ("mosaic",)),
@@ -111,5 +137,5 @@ for _entry in BUILTINS:
     load(*_entry)
 del _entry
 
-__all__ = ["Backend", "NativeBackend", "register", "load", "get", "canonical", "names", "all_backends", "optional_libraries",
+__all__ = ["Backend", "NativeBackend", "register", "unregister", "registered", "load", "get", "canonical", "variant_names", "names", "all_backends", "optional_libraries",
            "library_versions", "AUTO_ORDER", "BUILTINS"]

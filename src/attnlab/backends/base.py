@@ -79,6 +79,15 @@ class Backend:
     def supports(self, spec: AttentionSpec) -> str | None:
         return None
 
+    def variant_names(self) -> list[str]:
+        """The names this one registered backend answers to: its own, and those of its configured
+        variants (``cudnn-fp8``: one per FP8 recipe). ``backends.get`` resolves each."""
+        return [self.name]
+
+    def configured(self, name: str) -> Backend | None:
+        """The configured variant of this backend called ``name`` (one of ``variant_names``), else None."""
+        return self if name == self.name else None
+
     def why_not(self, spec: AttentionSpec) -> str | None:
         """``available()``, the residual, then ``supports(spec)``: the first reason this backend cannot run."""
         why = self.available()

@@ -1,4 +1,8 @@
-"""cuDNN's FP8 flash attention through JAX's private API (forward only), one backend per FP8 recipe.
+"""cuDNN's FP8 flash attention through JAX's private API (forward only); the FP8 recipe is an option.
+
+One backend is registered, ``cudnn-fp8`` (the amax recipe); each recipe is a configured variant of it,
+reached as ``cudnn-fp8-<recipe>`` (``backends.get``, ``implementation=``, sweeps' ``--fp8-recipe``), the
+name its records carry as before, with the recipe in ``facts.fp8_recipe``.
 
 ``jax._src.cudnn.fused_attention_stablehlo.dot_product_attention(..., use_fp8=True,
 fp8_params=...)`` takes q, k, v in float8_e4m3fn with per-tensor descale factors and returns
@@ -25,7 +29,7 @@ import jax.numpy as jnp
 from .. import device
 from ..spec import AttentionSpec, Prepared
 from .cudnn import CudnnBackend
-from .fp8_recipe import RECIPES, Fp8Recipe, backend_name, quantise, quantised_qk, tensor_scale
+from .fp8_recipe import RECIPES, Fp8Recipe, backend_name, quantise, quantised_qk, suffix_of, tensor_scale
 
 FP8_KEYS = ("amax_dQ", "amax_dK", "amax_dV", "amax_dP", "descale_q", "descale_k", "descale_v", "descale_s",
             "scale_s", "scale_o", "descale_o", "descale_dO", "descale_dP", "scale_dQ", "scale_dK", "scale_dV", "scale_dP")
@@ -90,6 +94,20 @@ class CudnnFp8Backend(CudnnBackend):
         self.name = backend_name(suffix)
         self.description = f"cuDNN FP8 (e4m3) flash attention via JAX's private API: {self.recipe.describe()}"
 
+    def variant_names(self) -> list[str]:
+        return [backend_name(s) for s in RECIPES]
+
+    def configured(self, name: str) -> CudnnFp8Backend | None:
+        """The recipe variant called ``name`` (``cudnn-fp8-hadamard``), one instance per recipe."""
+        suffix = suffix_of(name)
+        if suffix is None:
+            return None
+        return self if suffix == self.recipe_suffix else _variant(suffix)
+
+    @property
+    def recipe_suffix(self) -> str:
+        return suffix_of(self.name)
+
     @property
     def unit_scales(self) -> bool:
         return self.recipe.scales == "unit"
@@ -126,3 +144,8 @@ class CudnnFp8Backend(CudnnBackend):
         """The recipe this record ran (``fp8_recipe.Fp8Recipe`` as a dict) and that the output was e4m3."""
         return {"fp8_recipe": self.recipe.as_dict(), "fp8_output_dtype": "float8_e4m3fn"}
 
+
+
+@functools.lru_cache(maxsize=None)
+def _variant(suffix: str) -> CudnnFp8Backend:
+    return CudnnFp8Backend(suffix)

@@ -107,8 +107,36 @@ RECIPES: dict[str, Fp8Recipe] = {
 }
 
 
+#: The recipe called by name (``--fp8-recipe``, ``attention(fp8_recipe=...)``): ``amax`` is the empty suffix.
+AMAX = "amax"
+
+
 def backend_name(suffix: str) -> str:
+    """``cudnn-fp8`` + ``-suffix``: the name a recipe's records carry (the backend's configured variant)."""
     return "cudnn-fp8" + (f"-{suffix}" if suffix else "")
+
+
+def recipe_names() -> list[str]:
+    """The recipes by name, as ``--fp8-recipe`` takes them: amax, unit, pow2, ..."""
+    return [s or AMAX for s in RECIPES]
+
+
+def suffix_of(name: str) -> str | None:
+    """The recipe suffix a backend name carries (``cudnn-fp8-hadamard`` -> ``hadamard``, ``cudnn-fp8`` -> ""),
+    None for a name that is no recipe's: how old records' recipes are recovered from their names."""
+    if name == "cudnn-fp8":
+        return ""
+    suffix = name.removeprefix("cudnn-fp8-")
+    return suffix if suffix != name and suffix in RECIPES else None
+
+
+def name_of_recipe(recipe: str) -> str:
+    """The backend name of the recipe called ``recipe`` (``hadamard`` -> ``cudnn-fp8-hadamard``); ValueError
+    naming the known recipes otherwise."""
+    suffix = "" if recipe == AMAX else recipe
+    if not isinstance(recipe, str) or recipe == "" or suffix not in RECIPES:
+        raise ValueError(f"fp8_recipe must be one of {', '.join(recipe_names())}, got {recipe!r}")
+    return backend_name(suffix)
 
 
 def amax_scale(x) -> jax.Array:

@@ -58,7 +58,7 @@ def _te_fp8_why() -> tuple[str | None, dict[str, str | None]]:
 
 def _recipes_why() -> dict[str, str | None]:
     """{FP8 recipe backend (cudnn-fp8*): why it cannot run here, None where it can}."""
-    return {n: backends.get(n).available() for n in fp8_recipe_names(backends.names())}
+    return {n: backends.get(n).available() for n in fp8_recipe_names(backends.variant_names())}
 
 
 def sweeps_te_fp8(cfg: LabConfig) -> list[Sweep]:

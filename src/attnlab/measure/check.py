@@ -7,10 +7,9 @@
   drawn at random), drawn from a seed derived from the cell's problem (not from Python's ``hash``),
   so every backend of one problem is checked on the same rows.
 
-Policy (``attnlab.reference.policy_limit``): each error — relative L2 over the whole tensor and, for
-outputs, the worst row's relative error — must be at most 2x the same error of a kernel-like
-emulation (scores in float32, probabilities rounded to the dtype before P·V, float32 accumulation,
-output rounded) plus a small floor. Backends that compute in float8 set their own fixed limit.
+The policy (``attnlab.reference.policy_limit``; in words, once: docs/measuring.md "Tolerance policy")
+applies to each error: relative L2 over the whole tensor and, for outputs, the worst row's.
+Backends that compute in float8 set their own fixed limit.
 References are shared by every backend measured on the same inputs (``ref_key``).
 ``_check_into`` / ``_check_grads_into`` apply the policy to a cell and put the verdict in its record.
 """

@@ -17,7 +17,7 @@ from .spec import Sweep, SweepError
 
 #: Backends left out of the default (every available one): FP8 paths change the numerics of a bf16 model.
 def _fp8_names() -> tuple[str, ...]:
-    return tuple(b.name for b in backends_mod.all_backends() if getattr(b, "fp8", False))
+    return tuple(n for b in backends_mod.all_backends() if getattr(b, "fp8", False) for n in b.variant_names())
 
 
 NOT_BY_DEFAULT = _fp8_names()   # every FP8 path (``Backend.fp8``): a bf16 model's numerics are not FP8's

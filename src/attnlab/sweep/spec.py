@@ -52,7 +52,7 @@ class Sweep:
         self.validate()
 
     def validate(self):
-        known = backends.names()
+        known = backends.variant_names()
         for i, b in enumerate(self.backends):
             if backends.canonical(b) is None:
                 raise SweepError(unknown("backend", b, known, listed_by="`attnlab backends`"))
@@ -192,10 +192,27 @@ def _windows(text) -> list[tuple[int, int] | None]:
     return out
 
 
+def with_fp8_recipes(names: list[str], recipes: list[str]) -> list[str]:
+    """The sweep axis ``fp8_recipe``: ``cudnn-fp8`` among ``names`` becomes one backend per recipe
+    (``hadamard`` -> ``cudnn-fp8-hadamard``, the name its records carry; ``amax`` -> ``cudnn-fp8``)."""
+    from ..backends.fp8_recipe import name_of_recipe
+
+    if "cudnn-fp8" not in names:
+        raise SweepError(f"fp8_recipe: needs the cudnn-fp8 backend among the backends, got {', '.join(names)}")
+    try:
+        variants = [name_of_recipe(r.lower()) for r in recipes]
+    except ValueError as e:
+        raise SweepError(str(e)) from None
+    out = []
+    for n in names:
+        out.extend(variants if n == "cudnn-fp8" else [n])
+    return list(dict.fromkeys(out))
+
+
 def build(values: dict) -> Sweep:
     """A Sweep from loosely typed values (CLI strings or TOML values); keys as in the TOML file."""
     known = {"backends", "backend", "batch", "seq", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype",
-             "causal", "window", "mode", "tokens", "name", "devices", "strategy", "lengths", "inputs"}
+             "causal", "window", "mode", "tokens", "name", "devices", "strategy", "lengths", "inputs", "fp8_recipe"}
     unknown = set(values) - known
     if unknown:
         raise SweepError(f"unknown sweep key(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
@@ -204,6 +221,8 @@ def build(values: dict) -> Sweep:
     if be is None:
         raise SweepError("backends: none given")
     kw["backends"] = _strs(be)
+    if values.get("fp8_recipe") is not None:
+        kw["backends"] = with_fp8_recipes(kw["backends"], _strs(values["fp8_recipe"]))
     for axis in ("batch", "heads", "kv_heads", "head_dim", "q_len", "kv_len"):
         if values.get(axis) is not None:
             kw[axis] = _ints(axis, values[axis])
