@@ -324,13 +324,17 @@ def cuda_lowering_context(device_kind: str = "NVIDIA H200", cores: int = 132):
         return contextlib.nullcontext()
 
 
-def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, q_len: int, groups: int, rows: int,
-            kv_len: int, block_r: int, block_k: int, num_splits: int, causal: bool, qk_scale: float):
+def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, block_r: int, block_k: int,
+            num_splits: int, causal: bool, qk_scale: float, page_size: int | None = None):
     import jax.numpy as jnp
     from jax import lax
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as plgpu
 
+    from .paged_load import load_kv_block
+
+    # paged: refs start with this sequence's page table row, and k_ref / v_ref are (P, page_size, H)
+    table_ref, (q_ref, k_ref, v_ref, o_ref, m_ref, l_ref) = (refs[0], refs[1:]) if page_size else (None, refs)
     H = q_ref.shape[-1]
     tile, split = pl.program_id(0), pl.program_id(1)
     # Lengths are clamped to [0, S]: under jit they are not checked, and nothing past S is ever read.
@@ -348,8 +352,9 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, q_len: int, gr
         start = pl.multiple_of((first + i) * block_k, block_k)
         pos = start + cols
         kv_ok = pos < length
-        kv_mask = jnp.broadcast_to(kv_ok[:, None], (block_k, H))
-        k = plgpu.load(k_ref.at[pl.ds(start, block_k), :], mask=kv_mask, other=0)
+        load = functools.partial(load_kv_block, start=start, kv_ok=kv_ok, length=length, block_k=block_k,
+                                 page_size=page_size, table_ref=table_ref)
+        k = load(k_ref)
         s = plgpu.dot(q, k, trans_b=True) * qk_scale        # (block_r, block_k) float32, log2 units
         visible = kv_ok[None, :]
         if causal:
@@ -362,7 +367,7 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, q_len: int, gr
         alpha = jnp.exp2(m - m_use)
         p = jnp.exp2(s - m_use[:, None])
         l = l * alpha + jnp.sum(p, axis=1)
-        v = plgpu.load(v_ref.at[pl.ds(start, block_k), :], mask=kv_mask, other=0)
+        v = load(v_ref)
         acc = acc * alpha[:, None] + plgpu.dot(p.astype(v.dtype), v)
         return acc, m_new, l
 
@@ -392,12 +397,14 @@ def combine(o, m, l):
 
 def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: float | None = None,
                             config: DecodeConfig | None = None, interpret: bool | None = None,
-                            plan: Plan | None = None):
+                            plan: Plan | None = None, page_table=None):
     """The kernel on already validated inputs (see ``attnlab.decode_attention`` for the checks).
 
     q (B, T, N, H); k, v (B, S, K, H), one dtype (float16, bfloat16 or float32); lengths (B,)
-    int, traced or not. ``scale`` must be a Python float (default 1/sqrt(H)): it is compiled
-    in. ``interpret`` defaults to True when JAX's default backend is not a GPU.
+    int, traced or not. With ``page_table`` (B, pages_per_seq) int32, k and v are pages
+    (P, page_size, K, H) in vLLM's layout (``attnlab.kernels.pages``; page_size a power of two)
+    and S = pages_per_seq * page_size. ``scale`` must be a Python float (default 1/sqrt(H)): it
+    is compiled in. ``interpret`` defaults to True when JAX's default backend is not a GPU.
     Returns (B, T, N, H) in q's dtype.
     """
     import jax
@@ -407,7 +414,12 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
     from jax.experimental.pallas import triton as plgpu
 
     B, T, N, H = (int(d) for d in q.shape)
-    _, S, K, _ = (int(d) for d in k.shape)
+    if page_table is None:
+        _, S, K, _ = (int(d) for d in k.shape)
+        page_size = None
+    else:
+        n_pages, page_size, K, _ = (int(d) for d in k.shape)
+        S = int(page_table.shape[1]) * page_size
     G = N // K
     scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
     if interpret is None:
@@ -426,15 +438,24 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
         return lax.div(x, K), lax.rem(x, K)
 
     kernel = functools.partial(_kernel, q_len=T, groups=G, rows=R, kv_len=S, block_r=br, block_k=plan.block_k,
-                               num_splits=P, causal=bool(causal) and T > 1, qk_scale=scale * LOG2E)
+                               num_splits=P, causal=bool(causal) and T > 1, qk_scale=scale * LOG2E,
+                               page_size=page_size)
+    if page_table is None:
+        kv_spec = pl.BlockSpec((None, S, None, H), lambda r, j, x: (bk(x)[0], 0, bk(x)[1], 0))
+        table_specs, tables = [], []
+    else:   # one kv head's pages, all of them; the sequence's row of the table
+        kv_spec = pl.BlockSpec((n_pages, page_size, None, H), lambda r, j, x: (0, 0, bk(x)[1], 0))
+        table_specs = [pl.BlockSpec((None, S // page_size), lambda r, j, x: (bk(x)[0], 0))]
+        tables = [jnp.asarray(page_table).astype(jnp.int32)]
     o, m, l = pl.pallas_call(
         kernel,
         grid=(plan.row_tiles, P, B * K),
         in_specs=[
             pl.BlockSpec((1,), lambda r, j, x: (bk(x)[0],)),
+            *table_specs,
             pl.BlockSpec((None, None, br, H), lambda r, j, x: (*bk(x), r, 0)),
-            pl.BlockSpec((None, S, None, H), lambda r, j, x: (bk(x)[0], 0, bk(x)[1], 0)),
-            pl.BlockSpec((None, S, None, H), lambda r, j, x: (bk(x)[0], 0, bk(x)[1], 0)),
+            kv_spec,
+            kv_spec,
         ],
         out_specs=[
             pl.BlockSpec((None, None, None, br, H), lambda r, j, x: (*bk(x), j, r, 0)),
@@ -448,7 +469,7 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
         ],
         compiler_params=plgpu.CompilerParams(num_warps=plan.num_warps, num_stages=plan.num_stages),
         interpret=interpret,
-        name=f"attnlab_decode_r{br}_k{plan.block_k}",
-    )(lengths, qp, k, v)
+        name=f"attnlab_decode_r{br}_k{plan.block_k}" + (f"_p{page_size}" if page_size else ""),
+    )(lengths, *tables, qp, k, v)
     out = combine(o, m, l).reshape(B, K, T, G, H)
     return jnp.transpose(out, (0, 2, 1, 3, 4)).reshape(B, T, N, H).astype(q.dtype)
