@@ -74,3 +74,37 @@ def page_table_errors(page_table, lengths, num_pages: int, page_size: int) -> st
             return (f"page_table[{b}, {i}]={int(row[i])} is not a page index in [0, {num_pages}) "
                     f"(slot {i} holds keys of kv_lengths[{b}]={int(np.asarray(lengths)[b])})")
     return None
+
+
+def validate_paged(k_pages, v_pages, page_table, kv_lengths, *, batch: int, q_len: int) -> tuple[int, int]:
+    """Check a paged call's cache arguments; return (page_size, S_max). Errors name the argument and rule.
+
+    k_pages, v_pages (P, page_size, K, H); page_table (B, pages_per_seq) int; the used slots of a
+    concrete table must be page indices in [0, P) (``page_table_errors``); traced tables are not
+    checked (the kernel clamps every index into [0, P) and never reads past a length).
+    """
+    ks = tuple(int(d) for d in k_pages.shape)
+    if len(ks) != 4:
+        raise ValueError(f"k_pages must have rank 4 (P, page_size, K, H) with page_table, got shape {ks}")
+    if tuple(int(d) for d in v_pages.shape) != ks:
+        raise ValueError(f"v_pages shape {tuple(v_pages.shape)} must equal k_pages shape {ks}")
+    if not hasattr(page_table, "shape") or not hasattr(page_table, "dtype"):
+        page_table = np.asarray(page_table)
+    ts = tuple(int(d) for d in page_table.shape)
+    if len(ts) != 2 or ts[0] != batch or ts[1] < 1:
+        raise ValueError(f"page_table must have shape (B, pages_per_seq) = ({batch}, >= 1), got {ts}")
+    if np.dtype(page_table.dtype).kind not in "iu":
+        raise TypeError(f"page_table must be an integer array (int32), got dtype {np.dtype(page_table.dtype).name}")
+    P, page_size = ks[0], ks[1]
+    if P < 1 or page_size < 1:
+        raise ValueError(f"k_pages needs >= 1 page of >= 1 token, got shape {ks}")
+    S = ts[1] * page_size
+    from jax.core import Tracer
+
+    if not isinstance(page_table, Tracer) and not isinstance(kv_lengths, Tracer):
+        lens = np.asarray(kv_lengths)
+        if lens.shape == (batch,) and np.all(lens <= S):
+            why = page_table_errors(page_table, lens, P, page_size)
+            if why:
+                raise ValueError(why)
+    return page_size, S
