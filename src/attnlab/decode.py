@@ -184,6 +184,14 @@ def decode_mask(kv_lengths, q_len: int, max_len: int):
     return (jnp.arange(max_len)[None, None, :] <= q_pos[:, :, None])[:, None]
 
 
+def paged_refusal(backend) -> str | None:
+    """Why a sweep's paged cell does not time ``backend`` (it has no paged path of its own and would
+    run on a gathered copy of the cache), or None."""
+    if backend is _decode_backend() or hasattr(backend, "run_paged_decode"):
+        return None
+    return "no paged KV cache path of its own (decode_attention would gather the pages into a contiguous copy)"
+
+
 def _decode_backend():
     return backends.get("attnlab-decode")
 
