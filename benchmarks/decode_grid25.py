@@ -3,7 +3,7 @@
     PYTHONPATH=src python3 benchmarks/decode_grid25.py OUT_DIR [part ...] [--max-seconds 300]   # measure (resumable)
     python3 benchmarks/decode_grid25.py --table OUT_DIR                                         # markdown + goals
 
-Parts, in order (each stops starting cells once the run's --max-seconds are spent; rerun to resume):
+Parts (run in ``SCHEDULE``'s order, which stops starting cells once --max-seconds are spent; rerun to resume):
   grid   sweep engine, B=8, S=32768, H=128, bf16, causal, full lengths; G in {4, 7, 16, 8, 1} as
          (N, K) = (32, 8), (28, 4), (64, 4), (64, 8), (8, 8); T = 1..64; attnlab-decode and cudnn
   paged  the same shapes at T = 1, 4, 16 with paged caches (page size 16 and 64: ``--lengths
@@ -40,16 +40,22 @@ class _OutOfTime(Exception):
     pass
 
 
-def sweeps(part: str):
+#: What runs first when --max-seconds cuts the run short: the goal's GQA and the odd group size, their
+#: paged twins, the row-tile variants, then the other group sizes.
+SCHEDULE = [("grid", (32, 8)), ("grid", (28, 4)), ("paged", (32, 8)), ("paged", (28, 4)), ("tiles", None),
+            ("grid", (64, 4)), ("grid", (64, 8)), ("grid", (8, 8)), ("paged", (64, 4)), ("paged", (64, 8)),
+            ("paged", (8, 8))]
+
+
+def sweep_of(part: str, pair):
     from attnlab.sweep import Sweep
 
     common = dict(batch=[SIZE["B"]], kv_len=[SIZE["S"]], head_dim=[128], dtype=["bfloat16"], causal=[True])
-    for N, K in PAIRS:
-        if part == "grid":
-            yield Sweep(BACKENDS, q_len=T_ALL, heads=[N], kv_heads=[K], lengths=["full"], name="grid", **common)
-        elif part == "paged":
-            yield Sweep(BACKENDS, q_len=T_PAGED, heads=[N], kv_heads=[K], lengths=["paged16", "paged64"],
-                        name="paged", **common)
+    N, K = pair
+    if part == "grid":
+        return Sweep(BACKENDS, q_len=T_ALL, heads=[N], kv_heads=[K], lengths=["full"], name="grid", **common)
+    return Sweep(BACKENDS, q_len=T_PAGED, heads=[N], kv_heads=[K], lengths=["paged16", "paged64"],
+                 name="paged", **common)
 
 
 def tiles(out: str, deadline: float) -> None:
@@ -120,14 +126,15 @@ def measure(out: str, names: list[str], max_seconds: float) -> None:
 
     os.makedirs(out, exist_ok=True)
     try:
-        for part in names or ["grid", "paged", "tiles"]:
+        for part, pair in SCHEDULE:
+            if names and part not in names:
+                continue
+            if time.perf_counter() > deadline:
+                raise _OutOfTime
             if part == "tiles":
                 tiles(out, deadline)
-                continue
-            for sw in sweeps(part):
-                if time.perf_counter() > deadline:
-                    raise _OutOfTime
-                run_sweep(sw, out, resume=True, options=opts, on_cell=show)
+            else:
+                run_sweep(sweep_of(part, pair), out, resume=True, options=opts, on_cell=show)
     except _OutOfTime:
         print(json.dumps({"stopped": f"--max-seconds {max_seconds:g} reached; rerun to resume"}), flush=True)
     print(json.dumps({"out": out, "seconds": round(time.perf_counter() - t0, 1)}), flush=True)
