@@ -333,7 +333,7 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
 
     from .paged_load import load_kv_block
 
-    # paged: refs start with this sequence's page table row, and k_ref / v_ref are (P, page_size, H)
+    # paged: refs start with this sequence's page table row, and k_ref / v_ref are (P * page_size, H)
     table_ref, (q_ref, k_ref, v_ref, o_ref, m_ref, l_ref) = (refs[0], refs[1:]) if page_size else (None, refs)
     H = q_ref.shape[-1]
     tile, split = pl.program_id(0), pl.program_id(1)
@@ -443,8 +443,9 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
     if page_table is None:
         kv_spec = pl.BlockSpec((None, S, None, H), lambda r, j, x: (bk(x)[0], 0, bk(x)[1], 0))
         table_specs, tables = [], []
-    else:   # one kv head's pages, all of them; the sequence's row of the table
-        kv_spec = pl.BlockSpec((n_pages, page_size, None, H), lambda r, j, x: (0, 0, bk(x)[1], 0))
+    else:   # one kv head's pages, all of them, as (P * page_size, H) rows; the sequence's row of the table
+        k, v = (x.reshape(n_pages * page_size, K, H) for x in (k, v))
+        kv_spec = pl.BlockSpec((n_pages * page_size, None, H), lambda r, j, x: (0, bk(x)[1], 0))
         table_specs = [pl.BlockSpec((None, S // page_size), lambda r, j, x: (bk(x)[0], 0))]
         tables = [jnp.asarray(page_table).astype(jnp.int32)]
     o, m, l = pl.pallas_call(
