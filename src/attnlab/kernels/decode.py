@@ -47,7 +47,9 @@ Why Triton and not Mosaic GPU
 
 Tuning parameters (``DecodeConfig``; None = the default)
     block_k    keys per loop step: 128 for H <= 64, 64 for H = 128, 32 for H = 256
-    block_r    query rows per tile: next power of two >= max(T*G, 16), at most 128 (64 at H = 256)
+    block_r    query rows per tile: next power of two >= max(T*G, 16), at most 128 (64 at H = 256);
+               one 256-row tile (8 warps) measured slower than two 128-row tiles on the H200 at
+               T*G = 256 (0.78 vs 0.72 ms, results/gpu-2026-12-04-decode), so it is not the default
     num_warps  4, or 8 when block_r * (H + block_k) > 12288 (float32 acc + scores past ~96 registers)
     num_stages 3 (software pipeline depth of the K/V loads; 2 before Hopper), given or default
                clamped to what fits one program's shared memory (``fit_stages``: 227 KB on
@@ -55,7 +57,10 @@ Tuning parameters (``DecodeConfig``; None = the default)
     num_splits from ``choose_num_splits(S, B*K, ...)``: the count that fills the GPU's program
                slots (SMs x ``programs_per_sm``, estimated from shared memory and registers)
                in the fewest whole waves, weighed against the partial outputs' traffic
-               (<= 25% of the KV bytes), at least 4 blocks per split.
+               (<= 25% of the KV bytes), at least 4 blocks per split. With lengths known at
+               trace time and ragged, ``decode_splits.choose_num_splits_ragged`` instead (the grid
+               simulated with each sequence's own length; modelled, not yet measured).
+Paged caches (``page_table``): ``paged_load.load_kv_block`` reads each block through the table.
 SM count: ``sm_count()``: the device's ``core_count`` where jaxlib exposes it, else a table by
 device kind (132 for H100/H200/GH200 SXM, 108 for A100, ...), else 108; on the CPU (interpret
 mode, which runs programs one after another) 8, to keep the grid small.
@@ -257,8 +262,11 @@ def default_block_k(head_dim: int) -> int:
 
 
 def make_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: int, dtype="bfloat16",
-              config: DecodeConfig | None = None, *, sms: int | None = None, compute_capability=None) -> Plan:
-    """Fill ``config``'s unset parameters for this shape (see the module docstring)."""
+              config: DecodeConfig | None = None, *, sms: int | None = None, compute_capability=None,
+              lengths=None) -> Plan:
+    """Fill ``config``'s unset parameters for this shape (see the module docstring). ``lengths``: the
+    batch's valid lengths when known at trace time; a ragged batch's split count then follows them
+    (``kernels.decode_splits``)."""
     import numpy as np
 
     cfg = config or DecodeConfig()
@@ -281,9 +289,13 @@ def make_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, he
     splits = cfg.num_splits
     if splits is None:
         occ = programs_per_sm(block_r, block_k, head_dim, num_warps, stages, itemsize)
-        splits = choose_num_splits(kv_len, batch * kv_heads, rows=rows, block_k=block_k, head_dim=head_dim,
-                                   row_tiles=row_tiles, itemsize=itemsize,
-                                   sm_count=sms if sms is not None else sm_count(), occupancy=occ)
+        kw = dict(rows=rows, block_k=block_k, head_dim=head_dim, row_tiles=row_tiles, itemsize=itemsize,
+                  sm_count=sms if sms is not None else sm_count(), occupancy=occ)
+        splits = choose_num_splits(kv_len, batch * kv_heads, **kw)
+        if lengths is not None:
+            from .decode_splits import choose_num_splits_ragged
+
+            splits = choose_num_splits_ragged(lengths, kv_heads, uniform_choice=splits, **kw)
     if splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {splits}")
     return Plan(rows=rows, block_r=block_r, row_tiles=row_tiles, block_k=block_k, num_splits=int(splits),
@@ -408,6 +420,7 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
     Returns (B, T, N, H) in q's dtype.
     """
     import jax
+    import numpy as np
     import jax.numpy as jnp
     from jax import lax
     from jax.experimental import pallas as pl
@@ -428,7 +441,8 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
         from .. import device
 
         cc = device.current().compute_capability
-        plan = make_plan(B, T, S, N, K, H, q.dtype, config, compute_capability=cc)
+        known = None if isinstance(lengths, jax.core.Tracer) else [int(n) for n in np.asarray(lengths)]
+        plan = make_plan(B, T, S, N, K, H, q.dtype, config, compute_capability=cc, lengths=known)
     R, br, P = plan.rows, plan.block_r, plan.num_splits
     qp = q.reshape(B, T, K, G, H)
     qp = (qp.reshape(B, K, R, H) if T == 1 else jnp.transpose(qp, (0, 2, 1, 3, 4)).reshape(B, K, R, H))
