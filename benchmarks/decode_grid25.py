@@ -9,6 +9,7 @@ Parts (run in ``SCHEDULE``'s order, which stops starting cells once --max-second
   paged  the same shapes at T = 1, 4, 16 with paged caches (page size 16 and 64: ``--lengths
          paged16,paged64``; pages shuffled, made before timing, checked as the contiguous twin);
          attnlab-decode and cudnn (cuDNN's own paged attention)
+  ragged the same shapes at T = 1, 4, 16 with ragged lengths (the split count follows them)
   tiles  the kernel called directly at T*G > 128 rows: the default plan (row tiles of 128) against
          one 256-row tile (8 warps, block_k 16/32); CUPTI time and error against a float32 reference
 Every sweep cell's whole output is checked before CUPTI timing; records carry ``pct_roofline``
@@ -42,9 +43,9 @@ class _OutOfTime(Exception):
 
 #: What runs first when --max-seconds cuts the run short: the goal's GQA and the odd group size, their
 #: paged twins, the row-tile variants, then the other group sizes.
-SCHEDULE = [("grid", (32, 8)), ("grid", (28, 4)), ("paged", (32, 8)), ("paged", (28, 4)), ("tiles", None),
-            ("grid", (64, 4)), ("grid", (64, 8)), ("grid", (8, 8)), ("paged", (64, 4)), ("paged", (64, 8)),
-            ("paged", (8, 8))]
+SCHEDULE = [("grid", (32, 8)), ("grid", (28, 4)), ("paged", (32, 8)), ("paged", (28, 4)), ("ragged", (32, 8)),
+            ("tiles", None), ("grid", (64, 4)), ("grid", (64, 8)), ("grid", (8, 8)), ("paged", (64, 4)),
+            ("ragged", (28, 4)), ("paged", (64, 8)), ("paged", (8, 8))]
 
 
 def sweep_of(part: str, pair):
@@ -54,6 +55,8 @@ def sweep_of(part: str, pair):
     N, K = pair
     if part == "grid":
         return Sweep(BACKENDS, q_len=T_ALL, heads=[N], kv_heads=[K], lengths=["full"], name="grid", **common)
+    if part == "ragged":
+        return Sweep(BACKENDS, q_len=T_PAGED, heads=[N], kv_heads=[K], lengths=["ragged"], name="ragged", **common)
     return Sweep(BACKENDS, q_len=T_PAGED, heads=[N], kv_heads=[K], lengths=["paged16", "paged64"],
                  name="paged", **common)
 
@@ -211,8 +214,16 @@ def table(out: str) -> str:
                 r = by.get(("cudnn", N, K, T, "paged", ps))
                 row.append(cell(r)[0].split(" · ")[0] if r and r["status"] == "ok"
                            else (f"✗ {(r.get('reason') or r['status'])[:60]}" if r else ""))
-            if any(row[2:]):
+            if any(by.get((b, N, K, T, "paged", ps)) for b in BACKENDS for ps in (16, 64)):
                 lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "**ragged** (same shapes, ragged lengths): ms · TB/s · % of roofline; T = 1 goal: within 5% of cuDNN",
+              "", "| G (N/K) | T | attnlab-decode | cudnn | attnlab / cuDNN |", "|" + " --- |" * 5]
+    for N, K in PAIRS:
+        for T in T_PAGED:
+            o, oms = cell(by.get(("attnlab-decode", N, K, T, "ragged", None)))
+            c, cms = cell(by.get(("cudnn", N, K, T, "ragged", None)))
+            if o or c:
+                lines.append(f"| {N // K} ({N}/{K}) | {T} | {o} | {c} | {f'{oms / cms:.3f}' if oms and cms else '–'} |")
     tl = _load(os.path.join(out, "tiles.jsonl"))
     if tl:
         lines += ["", "**tiles** (kernel alone, B=8, S=32768, H=128, full): CUPTI ms, % roofline, rel err vs float32", "",

@@ -179,3 +179,14 @@ def test_paged_cells_and_sweep_values():
     assert [(c.lengths, c.page_size) for c in sw.cells()] == [("paged", 16), ("paged", 32), ("full", None)]
     with pytest.raises(SweepError, match="pagedN"):
         Sweep(backends=["xla"], batch=[2], q_len=[1], kv_len=[64], heads=[4], lengths=["pagedx"])
+
+
+def test_a_paged_cell_shares_its_contiguous_twins_reference():
+    from attnlab.measure.cell import Cell
+    from attnlab.measure.check import ref_key
+
+    full = Cell("cudnn", 2, 4, 64, 8, 2, 32, "bfloat16", True, lengths="full")
+    for ps in (16, 32):
+        paged = Cell("attnlab-decode", 2, 4, 64, 8, 2, 32, "bfloat16", True, lengths="paged", page_size=ps)
+        assert ref_key(paged, 0) == ref_key(full, 0)
+    assert ref_key(Cell("cudnn", 2, 4, 64, 8, 2, 32, "bfloat16", True, lengths="ragged"), 0) != ref_key(full, 0)
