@@ -190,3 +190,23 @@ def test_a_paged_cell_shares_its_contiguous_twins_reference():
         paged = Cell("attnlab-decode", 2, 4, 64, 8, 2, 32, "bfloat16", True, lengths="paged", page_size=ps)
         assert ref_key(paged, 0) == ref_key(full, 0)
     assert ref_key(Cell("cudnn", 2, 4, 64, 8, 2, 32, "bfloat16", True, lengths="ragged"), 0) != ref_key(full, 0)
+
+
+def test_paged_cells_through_the_sweep_engine_on_the_cpu():
+    """attnlab-decode on a paged cell is checked on the whole output (as its contiguous twin) and timed;
+    a backend without a paged path of its own is refused with the reason, not timed on a gathered copy."""
+    from attnlab.measure import Cell, Options, measure_cell
+
+    opts = Options(repeats=1, warmup=0, pipelined_calls=1, min_time_s=0.0)
+    cell = Cell("attnlab-decode", 2, 3, 64, 8, 2, 32, "bfloat16", True, lengths="paged", page_size=16)
+    rec = measure_cell(cell, opts)
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["checked_fraction"] == 1.0 and rec["page_size"] == 16 and rec["lengths"] == "paged"
+    rec = measure_cell(Cell("xla", 2, 3, 64, 8, 2, 32, "bfloat16", True, lengths="paged", page_size=16), opts)
+    assert rec["status"] == "unsupported" and "no paged KV cache path of its own" in rec["reason"]
+
+
+def test_explain_decode_with_a_page_table():
+    q, kpg, vpg, table = _paged_args()
+    e = attnlab.explain_decode(q, kpg, vpg, [64, 30], page_table=table)
+    assert e.spec.page_size == 16 and e.spec.max_len == 64 and e.reasons["attnlab-decode"] is None

@@ -261,9 +261,9 @@ class DecodeExplanation:
         return "\n".join(lines)
 
 
-def explain_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None) -> DecodeExplanation:
+def explain_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, page_table=None) -> DecodeExplanation:
     """Which path ``decode_attention(implementation=None)`` runs, and why not each other one."""
-    d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale)
+    d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale, page_table=page_table)
     chosen = select_decode(d.spec, None)[0].name
     own = _decode_backend()
     att = d.spec.attention_spec()
