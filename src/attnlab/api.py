@@ -120,7 +120,8 @@ def static_rule(spec: AttentionSpec) -> tuple[backends.Backend, str]:
             return b, f"static rule: {b.name} claims this input"
     for name in backends.AUTO_ORDER:
         b = backends.get(name)
-        if b.why_not(spec) is None:
+        # the backward pass too: auto cannot see grad(jit(f)), so it never picks a path a gradient breaks
+        if b.why_not(spec) is None and b.mode_reason(spec, "fwd+bwd") is None:
             return b, f"static rule: first of {', '.join(backends.AUTO_ORDER)} that can run it"
     raise UnsupportedError("auto", "no registered backend supports this input")
 
@@ -169,7 +170,7 @@ def select(spec: AttentionSpec, implementation=None, *, mode: str = "fwd") -> ba
     if implementation in (None, "auto"):
         return auto(spec, mode)[0]
     b = backends.get(implementation)
-    reason = b.why_not(spec)
+    reason = b.why_not(spec) or (b.mode_reason(spec, "fwd+bwd") if mode == "train" else None)
     if reason:
         raise UnsupportedError(b.name, reason)
     return b

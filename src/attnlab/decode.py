@@ -58,6 +58,7 @@ class DecodeSpec:
     causal: bool
     scale: float | None          # None: default 1/sqrt(H), or traced
     scale_is_static: bool = True
+    page_size: int | None = None  # paged KV cache (vLLM layout); max_len = pages_per_seq * page_size
 
     @property
     def groups(self) -> int:
@@ -84,6 +85,17 @@ class DecodeCall:
     kv_lengths: Any      # int32, (B,)
     scale: Any           # effective scale: float, or a tracer
     spec: DecodeSpec
+    page_table: Any = None   # (B, pages_per_seq) int32 when k_cache/v_cache are pages
+
+    def contiguous(self):
+        """(k, v) as contiguous (B, S_max, K, H) caches: the pages gathered through the table (the
+        paged call's twin), or the caches themselves."""
+        if self.page_table is None:
+            return self.k_cache, self.v_cache
+        from .kernels.pages import gather_pages
+
+        return (gather_pages(self.k_cache, self.page_table, self.kv_lengths),
+                gather_pages(self.v_cache, self.page_table, self.kv_lengths))
 
 
 def _shape(name, x) -> tuple[int, ...]:
@@ -92,11 +104,17 @@ def _shape(name, x) -> tuple[int, ...]:
     return tuple(int(d) for d in x.shape)
 
 
-def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None) -> DecodeCall:
+def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, page_table=None) -> DecodeCall:
     """Check every argument of a decode call (see the module docstring) and describe it."""
     qs, ks, vs = _shape("q", q), _shape("k_cache", k_cache), _shape("v_cache", v_cache)
     if len(qs) != 4:
         raise ValueError(f"q must have rank 4 (B, T, N, H), got shape {qs}")
+    page_size = None
+    if page_table is not None:
+        from .kernels.pages import validate_paged
+
+        page_size, s_max = validate_paged(k_cache, v_cache, page_table, kv_lengths, batch=qs[0], q_len=qs[1])
+        ks = vs = (qs[0], s_max, ks[2], ks[3])     # checked below as its contiguous twin
     if len(ks) != 4:
         raise ValueError(f"k_cache must have rank 4 (B, S_max, K, H), got shape {ks}")
     if vs != ks:
@@ -147,12 +165,14 @@ def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None) 
                 raise ValueError(f"scale must be positive and finite, got {s}")
             scale = s
     spec = DecodeSpec(batch=B, q_len=T, max_len=S, heads=N, kv_heads=K, head_dim=H, dtype=dts["q"],
-                      causal=bool(causal), scale=scale if static_scale else None, scale_is_static=static_scale)
+                      causal=bool(causal), scale=scale if static_scale else None, scale_is_static=static_scale,
+                      page_size=page_size)
     import jax.numpy as jnp
 
     lengths = jnp.asarray(kv_lengths).astype(jnp.int32)
     effective = 1.0 / math.sqrt(H) if scale is None else scale
-    return DecodeCall(q, k_cache, v_cache, lengths, effective, spec)
+    table = None if page_table is None else jnp.asarray(page_table).astype(jnp.int32)
+    return DecodeCall(q, k_cache, v_cache, lengths, effective, spec, table)
 
 
 def decode_mask(kv_lengths, q_len: int, max_len: int):
@@ -162,6 +182,14 @@ def decode_mask(kv_lengths, q_len: int, max_len: int):
     lengths = jnp.asarray(kv_lengths, jnp.int32)
     q_pos = lengths[:, None] - q_len + jnp.arange(q_len)[None, :]          # (B, T)
     return (jnp.arange(max_len)[None, None, :] <= q_pos[:, :, None])[:, None]
+
+
+def paged_refusal(backend) -> str | None:
+    """Why a sweep's paged cell does not time ``backend`` (it has no paged path of its own and would
+    run on a gathered copy of the cache), or None."""
+    if backend is _decode_backend() or hasattr(backend, "run_paged_decode"):
+        return None
+    return "no paged KV cache path of its own (decode_attention would gather the pages into a contiguous copy)"
 
 
 def _decode_backend():
@@ -187,7 +215,8 @@ def select_decode(spec: DecodeSpec, implementation=None):
     return api.select(spec.attention_spec(), implementation), False
 
 
-def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, implementation=None):
+def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, implementation=None,
+                     page_table=None):
     """Attention of T new tokens against a KV cache of valid lengths (see the module docstring).
 
     Args:
@@ -197,17 +226,25 @@ def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None
       causal: query t sees keys at positions <= kv_lengths[b] - T + t (else every valid key).
       scale: logits scale, default 1 / sqrt(H).
       implementation: None/"auto", "attnlab-decode", or any registered backend name.
+      page_table: (B, pages_per_seq) int32 for a paged cache (vLLM's layout): then k_cache and
+        v_cache are pages (P, page_size, K, H), sequence b's logical page i is physical page
+        page_table[b, i], and S_max = pages_per_seq * page_size. attnlab-decode reads the pages
+        through the table; a backend with a paged path of its own (``run_paged_decode``: cudnn)
+        uses it; any other backend runs on the gathered contiguous twin (a copy of the cache).
 
     Returns:
       (B, T, N, H) in q's dtype.
     """
-    d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale)
+    d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale, page_table=page_table)
     backend, native = select_decode(d.spec, implementation)
     if native:
         return backend.run_decode(d)
     sp = d.spec
     mask = decode_mask(d.kv_lengths, sp.q_len, sp.max_len) if sp.needs_mask else None
-    p = prepare(d.query, d.k_cache, d.v_cache, None, mask, scale=scale, key_value_seq_lengths=d.kv_lengths)
+    if d.page_table is not None and hasattr(backend, "run_paged_decode"):
+        return backend.run_paged_decode(d, mask)
+    k, v = d.contiguous()
+    p = prepare(d.query, k, v, None, mask, scale=scale, key_value_seq_lengths=d.kv_lengths)
     return backend.run(p).reshape(p.out_shape)
 
 
@@ -223,9 +260,9 @@ class DecodeExplanation:
         return "\n".join([f"auto runs: {self.chosen}", *reason_lines(self.reasons)])
 
 
-def explain_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None) -> DecodeExplanation:
+def explain_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, page_table=None) -> DecodeExplanation:
     """Which path ``decode_attention(implementation=None)`` runs, and why not each other one."""
-    d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale)
+    d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale, page_table=page_table)
     chosen = select_decode(d.spec, None)[0].name
     own = _decode_backend()
     att = d.spec.attention_spec()

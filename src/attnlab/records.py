@@ -171,7 +171,7 @@ def config_label(rec: dict, mesh: bool = True) -> str:
     if w:
         parts.append(f"w{w[0]}:{w[1]}")
     if rec.get("lengths"):
-        parts.append(f"decode-{rec['lengths']}")
+        parts.append(f"decode-{rec['lengths']}{rec.get('page_size') or ''}")
     parts.append(rec["mode"])
     if mesh and rec.get("strategy"):
         parts.append(f"{rec['strategy']}x{rec.get('devices', 1)}")

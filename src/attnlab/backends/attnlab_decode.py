@@ -84,6 +84,9 @@ class AttnlabDecodeBackend(Backend):
             return why
         if not spec.scale_is_static:
             return "scale is traced: the kernel compiles the scale in (pass a Python float)"
+        ps = getattr(spec, "page_size", None)
+        if ps is not None and ps & (ps - 1):
+            return f"page size {ps} is not a power of two (the kernel loads whole pages or power-of-two parts)"
         return None
 
     def auto_reason(self, spec) -> str | None:
@@ -115,11 +118,11 @@ class AttnlabDecodeBackend(Backend):
 
         return f"jax {jax.__version__}"
 
-    def _call(self, q, k, v, lengths, causal, scale):
+    def _call(self, q, k, v, lengths, causal, scale, page_table=None):
         if _is_tracer(scale):
             raise UnsupportedError(self.name, "scale is traced: the kernel compiles the scale in (pass a Python float)")
         return kd.decode_attention_pallas(q, k, v, lengths, causal=causal, scale=float(scale), config=self.config,
-                                          interpret=self.interpret)
+                                          interpret=self.interpret, page_table=page_table)
 
     def run(self, p: Prepared):
         import jax.numpy as jnp
@@ -130,7 +133,7 @@ class AttnlabDecodeBackend(Backend):
 
     def run_decode(self, d):
         """Run an ``attnlab.decode.DecodeCall`` with its causal rule."""
-        return self._call(d.query, d.k_cache, d.v_cache, d.kv_lengths, d.spec.causal, d.scale)
+        return self._call(d.query, d.k_cache, d.v_cache, d.kv_lengths, d.spec.causal, d.scale, d.page_table)
 
 
 def kv_bytes(lengths, kv_heads: int, head_dim: int, itemsize: int) -> int:

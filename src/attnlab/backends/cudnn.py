@@ -53,9 +53,21 @@ class CudnnBackend(Backend):
             # jax-ml/jax#39576: without a causal mask, JAX hands cuDNN only the left edge of the
             # window, and every query attends to its whole future.
             return "local_window_size without is_causal attends to future keys (jax-ml/jax#39576)"
-        if (spec.bias_shape or spec.mask_shape) and (spec.q_len % 2 or spec.kv_len % 2):
-            return f"bias or mask needs even sequence lengths for the backward pass, got T={spec.q_len}, S={spec.kv_len}"
+        if spec.return_residual and _odd_masked(spec):
+            return (f"return_residual runs JAX's cuDNN training kernel, where {_odd_masked(spec)}")
         return residual_reason(spec)
+
+    def mode_reason(self, spec: AttentionSpec, mode: str) -> str | None:
+        """A forward call with a bias or mask runs at odd T or S; only the backward pass refuses it."""
+        if mode != "fwd" and _odd_masked(spec):
+            return f"backward pass: {_odd_masked(spec)}"
+        return super().mode_reason(spec, mode)
+
+    def run_paged_decode(self, d, mask):
+        """``decode_attention`` with a page table: cuDNN's own paged attention (``cudnn_paged``)."""
+        from .cudnn_paged import run_paged_decode
+
+        return run_paged_decode(self, d, mask)
 
     def run(self, p: Prepared):
         sp = p.spec
@@ -74,6 +86,13 @@ class CudnnBackend(Backend):
             query_seq_lengths=q_lengths, key_value_seq_lengths=kv_lengths,
             local_window_size=window, implementation="cudnn", **extra,
         )
+
+
+def _odd_masked(spec: AttentionSpec) -> str | None:
+    """JAX's cuDNN rule (``check_is_flash_attention``, is_training only): a bias or mask needs even T and S."""
+    if (spec.bias_shape or spec.mask_shape) and (spec.q_len % 2 or spec.kv_len % 2):
+        return f"a bias or mask needs even sequence lengths (T % 2 == 0 and S % 2 == 0), got T={spec.q_len}, S={spec.kv_len}"
+    return None
 
 
 def hlo_uses_cudnn(fn, *args, **kwargs) -> bool:

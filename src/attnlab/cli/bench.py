@@ -32,8 +32,9 @@ WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys
 @click.option("--tokens", help="Fix batch x q_len: batch = tokens // q_len (not with --batch).")
 @click.option("--devices", help="Mesh sizes for sharded cells, e.g. 1,2,4,8 (with --strategy).")
 @click.option("--strategy", help="none, batch, heads, ring (comma-separated): sharded_attention strategies.")
-@click.option("--lengths", help="none, full, ragged (comma-separated): full/ragged make decode cells, "
-              "decode_attention of the q_len newest tokens against a kv_len cache.")
+@click.option("--lengths", help="none, full, ragged, paged, pagedN (comma-separated): full/ragged/paged make decode "
+              "cells, decode_attention of the q_len newest tokens against a kv_len cache; paged (page size 16) "
+              "and pagedN: full lengths in a paged cache of N-token pages (vLLM layout).")
 @click.option("--model", help="A model preset (attnlab models): the cells come from its shape, --phase and --context.")
 @click.option("--phase", help="With --model: prefill, decode, train (comma-separated; default all three).")
 @click.option("--context", help="With --model: context lengths, e.g. 4k,32k,128k (k = 1024) or 256 (default 4k).")

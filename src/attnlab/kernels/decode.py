@@ -47,7 +47,9 @@ Why Triton and not Mosaic GPU
 
 Tuning parameters (``DecodeConfig``; None = the default)
     block_k    keys per loop step: 128 for H <= 64, 64 for H = 128, 32 for H = 256
-    block_r    query rows per tile: next power of two >= max(T*G, 16), at most 128 (64 at H = 256)
+    block_r    query rows per tile: next power of two >= max(T*G, 16), at most 128 (64 at H = 256);
+               one 256-row tile (8 warps) measured slower than two 128-row tiles on the H200 at
+               T*G = 256 (0.78 vs 0.72 ms, results/gpu-2026-12-04-decode), so it is not the default
     num_warps  4, or 8 when block_r * (H + block_k) > 12288 (float32 acc + scores past ~96 registers)
     num_stages 3 (software pipeline depth of the K/V loads; 2 before Hopper), given or default
                clamped to what fits one program's shared memory (``fit_stages``: 227 KB on
@@ -55,7 +57,10 @@ Tuning parameters (``DecodeConfig``; None = the default)
     num_splits from ``choose_num_splits(S, B*K, ...)``: the count that fills the GPU's program
                slots (SMs x ``programs_per_sm``, estimated from shared memory and registers)
                in the fewest whole waves, weighed against the partial outputs' traffic
-               (<= 25% of the KV bytes), at least 4 blocks per split.
+               (<= 25% of the KV bytes), at least 4 blocks per split. With lengths known at
+               trace time and ragged, ``decode_splits.choose_num_splits_ragged`` instead (the grid
+               simulated with each sequence's own length; modelled, not yet measured).
+Paged caches (``page_table``): ``paged_load.load_kv_block`` reads each block through the table.
 SM count: ``sm_count()``: the device's ``core_count`` where jaxlib exposes it, else a table by
 device kind (132 for H100/H200/GH200 SXM, 108 for A100, ...), else 108; on the CPU (interpret
 mode, which runs programs one after another) 8, to keep the grid small.
@@ -257,8 +262,11 @@ def default_block_k(head_dim: int) -> int:
 
 
 def make_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: int, dtype="bfloat16",
-              config: DecodeConfig | None = None, *, sms: int | None = None, compute_capability=None) -> Plan:
-    """Fill ``config``'s unset parameters for this shape (see the module docstring)."""
+              config: DecodeConfig | None = None, *, sms: int | None = None, compute_capability=None,
+              lengths=None) -> Plan:
+    """Fill ``config``'s unset parameters for this shape (see the module docstring). ``lengths``: the
+    batch's valid lengths when known at trace time; a ragged batch's split count then follows them
+    (``kernels.decode_splits``)."""
     import numpy as np
 
     cfg = config or DecodeConfig()
@@ -281,9 +289,13 @@ def make_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, he
     splits = cfg.num_splits
     if splits is None:
         occ = programs_per_sm(block_r, block_k, head_dim, num_warps, stages, itemsize)
-        splits = choose_num_splits(kv_len, batch * kv_heads, rows=rows, block_k=block_k, head_dim=head_dim,
-                                   row_tiles=row_tiles, itemsize=itemsize,
-                                   sm_count=sms if sms is not None else sm_count(), occupancy=occ)
+        kw = dict(rows=rows, block_k=block_k, head_dim=head_dim, row_tiles=row_tiles, itemsize=itemsize,
+                  sm_count=sms if sms is not None else sm_count(), occupancy=occ)
+        splits = choose_num_splits(kv_len, batch * kv_heads, **kw)
+        if lengths is not None:
+            from .decode_splits import choose_num_splits_ragged
+
+            splits = choose_num_splits_ragged(lengths, kv_heads, uniform_choice=splits, **kw)
     if splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {splits}")
     return Plan(rows=rows, block_r=block_r, row_tiles=row_tiles, block_k=block_k, num_splits=int(splits),
@@ -324,13 +336,17 @@ def cuda_lowering_context(device_kind: str = "NVIDIA H200", cores: int = 132):
         return contextlib.nullcontext()
 
 
-def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, q_len: int, groups: int, rows: int,
-            kv_len: int, block_r: int, block_k: int, num_splits: int, causal: bool, qk_scale: float):
+def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, block_r: int, block_k: int,
+            num_splits: int, causal: bool, qk_scale: float, page_size: int | None = None):
     import jax.numpy as jnp
     from jax import lax
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as plgpu
 
+    from .paged_load import load_kv_block
+
+    # paged: refs start with this sequence's page table row, and k_ref / v_ref are (P * page_size, H)
+    table_ref, (q_ref, k_ref, v_ref, o_ref, m_ref, l_ref) = (refs[0], refs[1:]) if page_size else (None, refs)
     H = q_ref.shape[-1]
     tile, split = pl.program_id(0), pl.program_id(1)
     # Lengths are clamped to [0, S]: under jit they are not checked, and nothing past S is ever read.
@@ -348,8 +364,9 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, q_len: int, gr
         start = pl.multiple_of((first + i) * block_k, block_k)
         pos = start + cols
         kv_ok = pos < length
-        kv_mask = jnp.broadcast_to(kv_ok[:, None], (block_k, H))
-        k = plgpu.load(k_ref.at[pl.ds(start, block_k), :], mask=kv_mask, other=0)
+        load = functools.partial(load_kv_block, start=start, kv_ok=kv_ok, length=length, block_k=block_k,
+                                 page_size=page_size, table_ref=table_ref)
+        k = load(k_ref)
         s = plgpu.dot(q, k, trans_b=True) * qk_scale        # (block_r, block_k) float32, log2 units
         visible = kv_ok[None, :]
         if causal:
@@ -362,7 +379,7 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, q_len: int, gr
         alpha = jnp.exp2(m - m_use)
         p = jnp.exp2(s - m_use[:, None])
         l = l * alpha + jnp.sum(p, axis=1)
-        v = plgpu.load(v_ref.at[pl.ds(start, block_k), :], mask=kv_mask, other=0)
+        v = load(v_ref)
         acc = acc * alpha[:, None] + plgpu.dot(p.astype(v.dtype), v)
         return acc, m_new, l
 
@@ -392,22 +409,30 @@ def combine(o, m, l):
 
 def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: float | None = None,
                             config: DecodeConfig | None = None, interpret: bool | None = None,
-                            plan: Plan | None = None):
+                            plan: Plan | None = None, page_table=None):
     """The kernel on already validated inputs (see ``attnlab.decode_attention`` for the checks).
 
     q (B, T, N, H); k, v (B, S, K, H), one dtype (float16, bfloat16 or float32); lengths (B,)
-    int, traced or not. ``scale`` must be a Python float (default 1/sqrt(H)): it is compiled
-    in. ``interpret`` defaults to True when JAX's default backend is not a GPU.
+    int, traced or not. With ``page_table`` (B, pages_per_seq) int32, k and v are pages
+    (P, page_size, K, H) in vLLM's layout (``attnlab.kernels.pages``; page_size a power of two)
+    and S = pages_per_seq * page_size. ``scale`` must be a Python float (default 1/sqrt(H)): it
+    is compiled in. ``interpret`` defaults to True when JAX's default backend is not a GPU.
     Returns (B, T, N, H) in q's dtype.
     """
     import jax
+    import numpy as np
     import jax.numpy as jnp
     from jax import lax
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as plgpu
 
     B, T, N, H = (int(d) for d in q.shape)
-    _, S, K, _ = (int(d) for d in k.shape)
+    if page_table is None:
+        _, S, K, _ = (int(d) for d in k.shape)
+        page_size = None
+    else:
+        n_pages, page_size, K, _ = (int(d) for d in k.shape)
+        S = int(page_table.shape[1]) * page_size
     G = N // K
     scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
     if interpret is None:
@@ -416,7 +441,8 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
         from .. import device
 
         cc = device.current().compute_capability
-        plan = make_plan(B, T, S, N, K, H, q.dtype, config, compute_capability=cc)
+        known = None if isinstance(lengths, jax.core.Tracer) else [int(n) for n in np.asarray(lengths)]
+        plan = make_plan(B, T, S, N, K, H, q.dtype, config, compute_capability=cc, lengths=known)
     R, br, P = plan.rows, plan.block_r, plan.num_splits
     qp = q.reshape(B, T, K, G, H)
     qp = (qp.reshape(B, K, R, H) if T == 1 else jnp.transpose(qp, (0, 2, 1, 3, 4)).reshape(B, K, R, H))
@@ -426,15 +452,25 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
         return lax.div(x, K), lax.rem(x, K)
 
     kernel = functools.partial(_kernel, q_len=T, groups=G, rows=R, kv_len=S, block_r=br, block_k=plan.block_k,
-                               num_splits=P, causal=bool(causal) and T > 1, qk_scale=scale * LOG2E)
+                               num_splits=P, causal=bool(causal) and T > 1, qk_scale=scale * LOG2E,
+                               page_size=page_size)
+    if page_table is None:
+        kv_spec = pl.BlockSpec((None, S, None, H), lambda r, j, x: (bk(x)[0], 0, bk(x)[1], 0))
+        table_specs, tables = [], []
+    else:   # one kv head's pages, all of them, as (P * page_size, H) rows; the sequence's row of the table
+        k, v = (x.reshape(n_pages * page_size, K, H) for x in (k, v))
+        kv_spec = pl.BlockSpec((n_pages * page_size, None, H), lambda r, j, x: (0, bk(x)[1], 0))
+        table_specs = [pl.BlockSpec((None, S // page_size), lambda r, j, x: (bk(x)[0], 0))]
+        tables = [jnp.asarray(page_table).astype(jnp.int32)]
     o, m, l = pl.pallas_call(
         kernel,
         grid=(plan.row_tiles, P, B * K),
         in_specs=[
             pl.BlockSpec((1,), lambda r, j, x: (bk(x)[0],)),
+            *table_specs,
             pl.BlockSpec((None, None, br, H), lambda r, j, x: (*bk(x), r, 0)),
-            pl.BlockSpec((None, S, None, H), lambda r, j, x: (bk(x)[0], 0, bk(x)[1], 0)),
-            pl.BlockSpec((None, S, None, H), lambda r, j, x: (bk(x)[0], 0, bk(x)[1], 0)),
+            kv_spec,
+            kv_spec,
         ],
         out_specs=[
             pl.BlockSpec((None, None, None, br, H), lambda r, j, x: (*bk(x), j, r, 0)),
@@ -448,7 +484,7 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
         ],
         compiler_params=plgpu.CompilerParams(num_warps=plan.num_warps, num_stages=plan.num_stages),
         interpret=interpret,
-        name=f"attnlab_decode_r{br}_k{plan.block_k}",
-    )(lengths, qp, k, v)
+        name=f"attnlab_decode_r{br}_k{plan.block_k}" + (f"_p{page_size}" if page_size else ""),
+    )(lengths, *tables, qp, k, v)
     out = combine(o, m, l).reshape(B, K, T, G, H)
     return jnp.transpose(out, (0, 2, 1, 3, 4)).reshape(B, T, N, H).astype(q.dtype)

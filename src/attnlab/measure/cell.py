@@ -38,7 +38,7 @@ from .record import MEASURED_FIELDS, TIMING_FIELDS, Skip as _Skip, _finish, _met
 
 MODES = ("fwd", "fwd+bwd", "bwd")
 #: Decode cells (``lengths`` set): the q_len queries are the last tokens of each sequence of the cache.
-LENGTHS = ("full", "ragged")
+LENGTHS = ("full", "ragged", "paged")     # paged: full lengths in a paged cache of ``page_size`` (vLLM layout)
 #: Read in records written before the field existed as this default (``record_key``).
 _SINCE = {"record_default": True}
 _UNSET = object()
@@ -57,10 +57,11 @@ class Cell:
     strategy: str | None = dataclasses.field(default=None, metadata=_SINCE)      # None or a registered strategy
     lengths: str | None = dataclasses.field(default=None, metadata=_SINCE)       # None: attention(); full/ragged: decode
     inputs: str = dataclasses.field(default="gaussian", metadata=_SINCE)         # attnlab.distributions name
+    page_size: int | None = dataclasses.field(default=None, metadata=_SINCE)     # lengths "paged": tokens per page
 
     def __init__(self, backend, batch=_UNSET, q_len=_UNSET, kv_len=_UNSET, heads=_UNSET, kv_heads=_UNSET,
                  head_dim=_UNSET, dtype=_UNSET, causal=_UNSET, window=_UNSET, mode="fwd", devices=1, strategy=None,
-                 lengths=None, inputs="gaussian", *, problem: Problem | None = None):
+                 lengths=None, inputs="gaussian", page_size=None, *, problem: Problem | None = None):
         given = {k: v for k, v in zip(PROBLEM_FIELDS, (batch, q_len, kv_len, heads, kv_heads, head_dim, dtype, causal,
                                                        window)) if v is not _UNSET}
         if problem is None:
@@ -69,7 +70,7 @@ class Cell:
         elif given:  # dataclasses.replace(cell, heads=...)
             problem = dataclasses.replace(problem, **given)
         for name, value in (("backend", backend), ("problem", problem), ("mode", mode), ("devices", devices),
-                            ("strategy", strategy), ("lengths", lengths), ("inputs", inputs)):
+                            ("strategy", strategy), ("lengths", lengths), ("inputs", inputs), ("page_size", page_size)):
             object.__setattr__(self, name, value)
         self._validate()
 
@@ -83,6 +84,11 @@ class Cell:
                 raise ValueError(f"lengths must be None or one of {LENGTHS}, got {self.lengths!r}")
             if self.q_len > self.kv_len or self.window is not None or self.strategy is not None:
                 raise ValueError("decode cells (lengths) need q_len <= kv_len, no window and no strategy")
+        if (self.lengths == "paged") != (self.page_size is not None):
+            raise ValueError(f"page_size is given exactly for lengths 'paged', got lengths={self.lengths!r}, "
+                             f"page_size={self.page_size!r}")
+        if self.page_size is not None and (self.page_size < 1 or self.kv_len % self.page_size):
+            raise ValueError(f"page_size must divide kv_len={self.kv_len}, got {self.page_size}")
         if self.strategy is not None:
             if self.strategy not in strategies.names():
                 raise ValueError(strategies.unknown(self.strategy))
@@ -96,7 +102,7 @@ class Cell:
         with a seed fixed by the shape, so every backend and every run sees the same batch."""
         if self.lengths is None:
             return None
-        if self.lengths == "full":
+        if self.lengths in ("full", "paged"):
             return (self.kv_len,) * self.batch
         rng = np.random.default_rng(check.seed_of(f"ragged B{self.batch} T{self.q_len} S{self.kv_len}"))
         return tuple(int(x) for x in rng.integers(self.q_len, self.kv_len + 1, size=self.batch))
@@ -136,7 +142,7 @@ def config_label(rec: dict, mesh: bool = True) -> str:
     """``<problem label> [decode-L] mode [strategy x devices]`` of a record or ``Cell.identity()``."""
     parts = [problem_label(rec)]
     if rec.get("lengths"):
-        parts.append(f"decode-{rec['lengths']}")
+        parts.append(f"decode-{rec['lengths']}{rec.get('page_size') or ''}")
     parts.append(rec["mode"])
     if mesh and rec.get("strategy"):
         parts.append(f"{rec['strategy']}x{rec.get('devices', 1)}")
@@ -202,6 +208,10 @@ def _measure_cell(cell: Cell, opts: Options | None) -> dict:
         spec = prepare(q0, k0, v0, is_causal=cell.causal, local_window_size=cell.window).spec
         # decode cells: the backend's refusal comes from decode_attention itself when it is traced
         why = backend.why_not(spec) if cell.lengths is None else backend.available()
+        if not why and cell.lengths == "paged":
+            from ..decode import paged_refusal
+
+            why = paged_refusal(backend)
         if why:
             raise _Skip("unsupported", f"{cell.backend}: {why}")
         why_mode = backend.mode_reason(spec, cell.mode)

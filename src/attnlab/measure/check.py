@@ -185,8 +185,11 @@ def device_array(x):
 # --- the check of a cell (``attnlab.measure.cell``): its semantics, reference key and verdicts --------
 
 def ref_key(cell, seed: int) -> str:
-    """The identity of a cell's problem and inputs: every backend and mode of it shares references."""
-    ident = {k: v for k, v in cell.identity().items() if k not in ("backend", "mode")}
+    """The identity of a cell's problem and inputs: every backend and mode of it shares references, and
+    a paged cell its contiguous twin's (the same inputs and lengths, only laid out in pages)."""
+    ident = {k: v for k, v in cell.identity().items() if k not in ("backend", "mode", "page_size")}
+    if ident.get("lengths") == "paged":
+        ident["lengths"] = "full"
     return json.dumps({**ident, "seed": seed}, sort_keys=True)
 
 

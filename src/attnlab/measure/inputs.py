@@ -83,6 +83,19 @@ def _functions(cell):
 
         def fwd(q, k, v):
             return attnlab.decode_attention(q, k, v, lens, causal=cell.causal, implementation=cell.backend)
+
+        if cell.lengths == "paged" and cell.mode == "fwd":
+            # timed on pages made beforehand (shuffled, vLLM layout); checked as its contiguous twin (q, k, v)
+            from ..kernels.pages import to_pages
+
+            def paged(q, k_pages, v_pages, table):
+                return attnlab.decode_attention(q, k_pages, v_pages, lens, causal=cell.causal,
+                                                implementation=cell.backend, page_table=table)
+
+            def fwd(q, k, v):   # noqa: F811 - the paged call on pages made from (q, k, v)
+                return paged(q, *to_pages(k, v, cell.page_size))
+
+            return fwd, paged, lambda q, k, v, ct: (q, *to_pages(k, v, cell.page_size))
     elif cell.strategy is None:
         def fwd(q, k, v):
             return api.attention(q, k, v, **kw)

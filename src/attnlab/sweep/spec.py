@@ -81,8 +81,9 @@ class Sweep:
             if st is not None and st not in strategies.names():
                 raise SweepError(f"strategy: {st!r} is not none or one of {', '.join(strategies.names())}")
         for ln in self.lengths:
-            if ln is not None and ln not in LENGTHS:
-                raise SweepError(f"lengths: {ln!r} is not none or one of {', '.join(LENGTHS)}")
+            if ln is not None and ln not in LENGTHS and not _page_size_of(ln):
+                raise SweepError(f"lengths: {ln!r} is not none, one of {', '.join(LENGTHS)} or pagedN "
+                                 f"(N tokens per page, e.g. paged64; paged is paged{DEFAULT_PAGE_SIZE})")
         if not self.inputs:
             raise SweepError("inputs: no values")
         for d in self.inputs:
@@ -112,16 +113,32 @@ class Sweep:
                 continue
             if ln is not None and (T > S or w or st):   # decode cells: T new tokens in an S-long cache
                 continue
+            page = _page_size_of(ln) if ln is not None else None
+            if page and S % page:
+                continue
             batches = [max(1, self.tokens // T)] if self.tokens else self.batch
             for B in batches:
                 for b in self.backends:
-                    out.append(Cell(b, B, T, S, N, K, H, dt, c, tuple(w) if w else None, m, nd, st, ln, dist))
+                    out.append(Cell(b, B, T, S, N, K, H, dt, c, tuple(w) if w else None, m, nd, st,
+                                    "paged" if page else ln, dist, page))
         return out
 
 
 def _did_you_mean(name, choices) -> str:
     guess = closest(str(name), choices)
     return f"; did you mean {guess!r}?" if guess else ""
+
+
+DEFAULT_PAGE_SIZE = 16
+
+
+def _page_size_of(lengths: str) -> int | None:
+    """The page size of a ``paged`` / ``pagedN`` lengths value (decode cells on a paged cache), else None."""
+    if lengths == "paged":
+        return DEFAULT_PAGE_SIZE
+    if lengths.startswith("paged") and lengths[5:].isdigit() and int(lengths[5:]) > 0:
+        return int(lengths[5:])
+    return None
 
 
 # --- parsing ---------------------------------------------------------------------------------
