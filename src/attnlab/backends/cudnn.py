@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from .. import device
 from ..spec import AttentionSpec, Prepared
+from . import cudnn_packed
 from .base import Backend
 from .xla import residual_reason
 
@@ -23,6 +24,9 @@ class CudnnBackend(Backend):
     #: dtype); its backward ignores the residual's cotangent, as the XLA path's stop_gradient does.
     residual = True
     min_compute_capability = (8, 0)   # checked below with cuDNN's own messages (and cuDNN loaded)
+    #: packed segments through JAX's private packed entry point (``cudnn_packed``)
+    takes_segment_ids = True
+    soft_cap_reason = "logits_soft_cap: cuDNN through JAX (jax.nn and the fused entry point) takes no soft cap"
 
     def available(self) -> str | None:
         info = device.current()
@@ -53,12 +57,20 @@ class CudnnBackend(Backend):
             # jax-ml/jax#39576: without a causal mask, JAX hands cuDNN only the left edge of the
             # window, and every query attends to its whole future.
             return "local_window_size without is_causal attends to future keys (jax-ml/jax#39576)"
+        if spec.has_segment_ids:
+            if cc is not None and cc < (9, 0):
+                return "segment ids: JAX's packed cuDNN layout needs Hopper (compute capability >= 9.0)"
+            why = cudnn_packed.refusal(spec)
+            if why:
+                return why
         if (spec.bias_shape or spec.mask_shape) and (spec.q_len % 2 or spec.kv_len % 2):
             return f"bias or mask needs even sequence lengths for the backward pass, got T={spec.q_len}, S={spec.kv_len}"
         return residual_reason(spec)
 
     def run(self, p: Prepared):
         sp = p.spec
+        if sp.has_segment_ids:
+            return cudnn_packed.run(p)
         window = None
         if sp.window is not None:
             # Under a causal mask the right edge is already 0; cuDNN takes only the left edge.
