@@ -41,7 +41,7 @@ import numpy as np
 
 from . import backends
 from .errors import UnsupportedError
-from .spec import FLOAT_DTYPES, AttentionSpec, _dtype_name, _is_tracer, prepare
+from .spec import FLOAT_DTYPES, AttentionSpec, _dtype_name, _is_tracer, check_soft_cap, prepare
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +58,7 @@ class DecodeSpec:
     causal: bool
     scale: float | None          # None: default 1/sqrt(H), or traced
     scale_is_static: bool = True
+    soft_cap: float | None = None   # logits_soft_cap: cap * tanh(logits / cap) before masking
 
     @property
     def groups(self) -> int:
@@ -73,7 +74,7 @@ class DecodeSpec:
         mask = (self.batch, 1, self.q_len, self.max_len) if self.needs_mask else None
         return AttentionSpec(batch=self.batch, q_len=self.q_len, kv_len=self.max_len, heads=self.heads,
                              kv_heads=self.kv_heads, head_dim=self.head_dim, dtype=self.dtype, scale=self.scale,
-                             mask_shape=mask, has_kv_lengths=True)
+                             mask_shape=mask, has_kv_lengths=True, soft_cap=self.soft_cap)
 
 
 @dataclasses.dataclass
@@ -92,7 +93,7 @@ def _shape(name, x) -> tuple[int, ...]:
     return tuple(int(d) for d in x.shape)
 
 
-def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None) -> DecodeCall:
+def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, logits_soft_cap=None) -> DecodeCall:
     """Check every argument of a decode call (see the module docstring) and describe it."""
     qs, ks, vs = _shape("q", q), _shape("k_cache", k_cache), _shape("v_cache", v_cache)
     if len(qs) != 4:
@@ -147,7 +148,8 @@ def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None) 
                 raise ValueError(f"scale must be positive and finite, got {s}")
             scale = s
     spec = DecodeSpec(batch=B, q_len=T, max_len=S, heads=N, kv_heads=K, head_dim=H, dtype=dts["q"],
-                      causal=bool(causal), scale=scale if static_scale else None, scale_is_static=static_scale)
+                      causal=bool(causal), scale=scale if static_scale else None, scale_is_static=static_scale,
+                      soft_cap=check_soft_cap(logits_soft_cap))
     import jax.numpy as jnp
 
     lengths = jnp.asarray(kv_lengths).astype(jnp.int32)
@@ -187,7 +189,8 @@ def select_decode(spec: DecodeSpec, implementation=None):
     return api.select(spec.attention_spec(), implementation), False
 
 
-def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, implementation=None):
+def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, implementation=None,
+                     logits_soft_cap=None):
     """Attention of T new tokens against a KV cache of valid lengths (see the module docstring).
 
     Args:
@@ -197,17 +200,20 @@ def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None
       causal: query t sees keys at positions <= kv_lengths[b] - T + t (else every valid key).
       scale: logits scale, default 1 / sqrt(H).
       implementation: None/"auto", "attnlab-decode", or any registered backend name.
+      logits_soft_cap: None or a positive float c: logits -> c * tanh(logits / c) before masking
+        (attnlab-decode applies it in the kernel; generic paths as ``attention`` does).
 
     Returns:
       (B, T, N, H) in q's dtype.
     """
-    d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale)
+    d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale, logits_soft_cap=logits_soft_cap)
     backend, native = select_decode(d.spec, implementation)
     if native:
         return backend.run_decode(d)
     sp = d.spec
     mask = decode_mask(d.kv_lengths, sp.q_len, sp.max_len) if sp.needs_mask else None
-    p = prepare(d.query, d.k_cache, d.v_cache, None, mask, scale=scale, key_value_seq_lengths=d.kv_lengths)
+    p = prepare(d.query, d.k_cache, d.v_cache, None, mask, scale=scale, key_value_seq_lengths=d.kv_lengths,
+                logits_soft_cap=logits_soft_cap)
     return backend.run(p).reshape(p.out_shape)
 
 
@@ -224,9 +230,10 @@ class DecodeExplanation:
         return "\n".join(lines)
 
 
-def explain_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None) -> DecodeExplanation:
+def explain_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None,
+                   logits_soft_cap=None) -> DecodeExplanation:
     """Which path ``decode_attention(implementation=None)`` runs, and why not each other one."""
-    d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale)
+    d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale, logits_soft_cap=logits_soft_cap)
     chosen = select_decode(d.spec, None)[0].name
     own = _decode_backend()
     att = d.spec.attention_spec()

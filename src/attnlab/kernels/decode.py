@@ -325,7 +325,8 @@ def cuda_lowering_context(device_kind: str = "NVIDIA H200", cores: int = 132):
 
 
 def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, q_len: int, groups: int, rows: int,
-            kv_len: int, block_r: int, block_k: int, num_splits: int, causal: bool, qk_scale: float):
+            kv_len: int, block_r: int, block_k: int, num_splits: int, causal: bool, qk_scale: float,
+            soft_cap: float | None = None):
     import jax.numpy as jnp
     from jax import lax
     from jax.experimental import pallas as pl
@@ -351,6 +352,8 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, q_len: int, gr
         kv_mask = jnp.broadcast_to(kv_ok[:, None], (block_k, H))
         k = plgpu.load(k_ref.at[pl.ds(start, block_k), :], mask=kv_mask, other=0)
         s = plgpu.dot(q, k, trans_b=True) * qk_scale        # (block_r, block_k) float32, log2 units
+        if soft_cap is not None:                             # cap * tanh(x / cap), cap in log2 units too
+            s = soft_cap * jnp.tanh(s / soft_cap)
         visible = kv_ok[None, :]
         if causal:
             visible = visible & (pos[None, :] <= q_pos[:, None])
@@ -392,12 +395,12 @@ def combine(o, m, l):
 
 def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: float | None = None,
                             config: DecodeConfig | None = None, interpret: bool | None = None,
-                            plan: Plan | None = None):
+                            plan: Plan | None = None, soft_cap: float | None = None):
     """The kernel on already validated inputs (see ``attnlab.decode_attention`` for the checks).
 
     q (B, T, N, H); k, v (B, S, K, H), one dtype (float16, bfloat16 or float32); lengths (B,)
     int, traced or not. ``scale`` must be a Python float (default 1/sqrt(H)): it is compiled
-    in. ``interpret`` defaults to True when JAX's default backend is not a GPU.
+    in, as is ``soft_cap`` (logits -> soft_cap * tanh(logits / soft_cap), None: no cap). ``interpret`` defaults to True when JAX's default backend is not a GPU.
     Returns (B, T, N, H) in q's dtype.
     """
     import jax
@@ -426,7 +429,8 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
         return lax.div(x, K), lax.rem(x, K)
 
     kernel = functools.partial(_kernel, q_len=T, groups=G, rows=R, kv_len=S, block_r=br, block_k=plan.block_k,
-                               num_splits=P, causal=bool(causal) and T > 1, qk_scale=scale * LOG2E)
+                               num_splits=P, causal=bool(causal) and T > 1, qk_scale=scale * LOG2E,
+                               soft_cap=None if soft_cap is None else float(soft_cap) * LOG2E)
     o, m, l = pl.pallas_call(
         kernel,
         grid=(plan.row_tiles, P, B * K),
