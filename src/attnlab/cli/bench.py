@@ -38,6 +38,10 @@ WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys
 @click.option("--context", help="With --model: context lengths, e.g. 4k,32k,128k (k = 1024) or 256 (default 4k).")
 @click.option("--inputs", help="Input distributions of q, k, v (comma-separated): gaussian, outliers, channel-outliers, "
               "shifted-keys (attnlab.distributions; default gaussian).")
+@click.option("--soft-cap", help="Logit soft caps, comma-separated: none or a positive number (Gemma-2: 50); "
+              "logits -> cap * tanh(logits / cap) before masking.")
+@click.option("--packing", help="none or docs:N (comma-separated): N documents of random lengths packed in each row "
+              "(segment ids; seeded by the shape; self-attention cells, q_len == kv_len).")
 @click.option("--config", "config", type=click.Path(dir_okay=False),
               help="A sweep.toml ([sweep] and [run] tables); a flag replaces the file's value of its axis "
                    "(--seq its q_len/kv_len, --tokens its batch and the other way round).")
