@@ -173,3 +173,54 @@ def test_docs_packing_is_seeded_contiguous_and_parsed():
     assert segments.parse_packing("docs:4") == 4 and segments.parse_packing("none") is None
     with pytest.raises(ValueError, match="packing: 'docs:x' must be none or docs:N"):
         segments.parse_packing("docs:x")
+
+
+# --- sweeps: the cell's check applies the cap and the segment masks ---------------------------
+
+class _Blind(attnlab.backends.Backend):
+    """Claims to take the cap and segments, but runs plain attention: the check must catch it."""
+    takes_soft_cap = takes_segment_ids = True
+
+    def __init__(self, name):
+        self.name = name
+
+    def run(self, p):
+        import dataclasses
+
+        from attnlab.backends.naive import NaiveBackend
+
+        plain = dataclasses.replace(p, q_segment_ids=None, kv_segment_ids=None,
+                                    spec=dataclasses.replace(p.spec, soft_cap=None, has_segment_ids=False))
+        return NaiveBackend().run(plain)
+
+
+@pytest.mark.parametrize("field,value", [("packing", "docs:4"), ("soft_cap", 1.0)])
+@pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
+def test_cell_check_catches_a_backend_that_ignores_cap_or_segments(field, value, mode):
+    from attnlab import backends
+    from attnlab.measure.cell import Cell, Options, measure_cell
+
+    name = f"blind-{field}"
+    backends.register(_Blind(name))
+    try:
+        opts = Options(repeats=1, warmup=0, min_time_s=0.0, max_input_sets=1)
+        kw = {field: value}
+        good = measure_cell(Cell("naive", 1, 64, 64, 2, 2, 16, "float32", True, mode=mode, **kw), opts)
+        assert good["status"] == "ok" and good[field] == value, good["reason"]
+        bad = measure_cell(Cell(name, 1, 64, 64, 2, 2, 16, "float32", True, mode=mode, **kw), opts)
+        assert bad["status"] == "incorrect", bad
+    finally:
+        backends._REGISTRY.pop(name, None)
+
+
+def test_sweep_flags_make_cap_and_packing_cells():
+    from attnlab.sweep import SweepError, build
+
+    s = build({"backends": "naive", "seq": "64", "soft_cap": "none,50", "packing": "none,docs:4"})
+    cells = s.cells()
+    assert sorted((c.soft_cap or 0, c.packing or "") for c in cells) == [(0, ""), (0, "docs:4"), (50.0, ""), (50.0, "docs:4")]
+    assert "cap=50 packing=docs:4" in cells[-1].config_label
+    with pytest.raises(SweepError, match="soft_cap: 'big' is not none or a positive number"):
+        build({"backends": "naive", "seq": "64", "soft_cap": "big"})
+    with pytest.raises(SweepError, match="packing: 'docs' must be none or docs:N"):
+        build({"backends": "naive", "seq": "64", "packing": "docs"})
