@@ -33,7 +33,9 @@ WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys
 @click.option("--strategy", help="none, batch, heads, ring (comma-separated): sharded_attention strategies.")
 @click.option("--lengths", help="none, full, ragged (comma-separated): full/ragged make decode cells, "
               "decode_attention of the q_len newest tokens against a kv_len cache.")
-@click.option("--model", help="A model preset (attnlab models): the cells come from its shape, --phase and --context.")
+@click.option("--model", help="A model: a preset (attnlab models), a Hugging Face id or alias of one "
+              "(meta-llama/Llama-3.1-8B, llama3.1-8b) or a path to its config.json; the cells come from its shape, "
+              "--phase and --context.")
 @click.option("--phase", help="With --model: prefill, decode, train (comma-separated; default all three).")
 @click.option("--context", help="With --model: context lengths, e.g. 4k,32k,128k (k = 1024) or 256 (default 4k).")
 @click.option("--inputs", help="Input distributions of q, k, v (comma-separated): gaussian, outliers, channel-outliers, "
@@ -121,7 +123,7 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
 def _model_sweep(config, given: dict, name):
     """(ModelSweep, run options, notes) of ``bench --model``: flags that contradict the preset refused."""
     from ..model_plan import notes as plan_notes
-    from ..models import preset
+    from ..model_config import resolve
     from ..sweep import SweepError
     from ..sweep.model_cells import check_model_flags, model_sweep
     from ..sweep.spec import _ints, _strs
@@ -129,7 +131,7 @@ def _model_sweep(config, given: dict, name):
     if config:
         raise SweepError("--config and --model contradict each other: the model's cells come from --phase/--context")
     try:
-        p = preset(given["model"])
+        p = resolve(given["model"])
     except ValueError as e:
         raise SweepError(str(e)) from None
     check_model_flags(p, given)
