@@ -224,3 +224,14 @@ def test_sweep_flags_make_cap_and_packing_cells():
         build({"backends": "naive", "seq": "64", "soft_cap": "big"})
     with pytest.raises(SweepError, match="packing: 'docs' must be none or docs:N"):
         build({"backends": "naive", "seq": "64", "packing": "docs"})
+
+
+def test_peers_refuse_the_soft_cap_naming_themselves():
+    from attnlab import backends
+    from attnlab.spec import AttentionSpec
+
+    spec = AttentionSpec(1, 64, 64, 2, 2, 64, "bfloat16", soft_cap=50.0)
+    for name, words in (("cudnn", "cuDNN"), ("te", "TransformerEngine"), ("torch-flash", "PyTorch"), ("xla", "jax.nn")):
+        b = backends.get(name)
+        assert words in b.soft_cap_reason and not b.takes_soft_cap
+    assert backends.get("naive").why_not(spec) is None
