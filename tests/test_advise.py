@@ -37,7 +37,7 @@ def test_windows_every_layer_and_gemma_alternate_layers():
     # a window that covers the context is global attention: measured once, with every layer
     assert [(e.kind, e.layers) for e in plan(preset("gemma-2-9b"), "prefill", "1k")] == [("global", 42)]
     text = " ".join(notes(preset("gemma-2-9b"), "8k"))
-    assert "soft-cap 50 is NOT modelled" in text and "21 windowed and 21 global" in text
+    assert "soft-cap 50 measured" in text and "NOT modelled" not in text and "21 windowed and 21 global" in text
 
 
 def test_presets_have_params_and_windowed_kv_bytes():
@@ -53,7 +53,7 @@ def _rec(e, backend, status, ms):
     return {"backend": backend, "batch": e.batch, "q_len": e.q_len, "kv_len": e.kv_len, "heads": e.heads,
             "kv_heads": e.kv_heads, "head_dim": e.head_dim, "dtype": e.dtype, "causal": True,
             "window": list(e.window) if e.window else None, "mode": e.mode, "lengths": e.lengths, "devices": 1,
-            "strategy": None, "status": status, "kernel_ms": ms if status in ("ok", "unchecked") else None,
+            "strategy": None, "soft_cap": e.soft_cap, "status": status, "kernel_ms": ms if status in ("ok", "unchecked") else None,
             "wall_ms": None, "reason": None if status == "ok" else "why"}
 
 

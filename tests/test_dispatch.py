@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import attnlab
+import attnlab.inputs
 from attnlab import backends, dispatch
 from attnlab.api import running_version
 from attnlab.problem import Problem
@@ -296,3 +297,15 @@ def test_tune_is_a_command():
     assert r.exit_code == 0 and "tune" in r.output
     r = CliRunner().invoke(main, ["tune", "--help"])
     assert r.exit_code == 0 and "--out" in r.output and "--config" in r.output
+
+
+def test_capped_and_packed_calls_are_their_own_never_tuned_buckets():
+    """A soft-capped or packed record keys no entry, and such a call never looks up a plain entry."""
+    assert dispatch.build([_rec("xla", 1.0) | {"soft_cap": 50.0}, _rec("naive", 1.0) | {"packing": "docs:4"}]) == []
+    q, k, v = attnlab.inputs.random_qkv(1, 48, 48, 4, 2, 16, "float32", seed=0)
+    ids = np.zeros((1, 48), np.int32)
+    plain = dispatch.bucket(attnlab.explain(q, k, v, is_causal=True).spec)
+    capped = dispatch.bucket(attnlab.explain(q, k, v, is_causal=True, logits_soft_cap=30.0).spec)
+    packed = dispatch.bucket(attnlab.explain(q, k, v, is_causal=True, query_segment_ids=ids,
+                                             key_value_segment_ids=ids).spec)
+    assert capped == plain + " softcap" and packed == plain + " segments"

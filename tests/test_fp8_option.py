@@ -26,7 +26,7 @@ def test_one_fp8_backend_is_registered_and_every_old_name_resolves():
     for name in OLD_NAMES:
         b = backends.get(name)
         assert b.name == name and b.recipe == RECIPES[suffix_of(name)] and backends.get(name) is b
-    with pytest.raises(ValueError, match="cudnn-fp8-hadamard"):   # the error lists the variants
+    with pytest.raises(ValueError, match="did you mean 'cudnn-fp8"):   # the closest variant is named
         backends.get("cudnn-fp8-nope")
 
 

@@ -14,7 +14,8 @@ from .spec import AttentionSpec, prepare
 
 def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
               query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
-              implementation=None, return_residual=False, fp8_recipe=None):
+              implementation=None, return_residual=False, fp8_recipe=None, logits_soft_cap=None,
+              query_segment_ids=None, key_value_segment_ids=None):
     """Scaled dot-product attention with ``jax.nn.dot_product_attention``'s arguments and semantics.
 
     Args:
@@ -42,6 +43,13 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
         (naive, xla and cudnn can; other backends raise ``UnsupportedError``).
       fp8_recipe: with ``implementation="cudnn-fp8"``: the FP8 recipe by name (``amax``, the default,
         ``unit``, ``hadamard``, ...; ``attnlab.backends.fp8_recipe``), i.e. the backend ``cudnn-fp8-<recipe>``.
+      logits_soft_cap: None or a positive float c (beyond jax.nn; Gemma-2 uses 50): the logits
+        ``scale * q.k + bias`` become ``c * tanh(logits / c)`` before masking. naive, tokamax and
+        attnlab-decode run it; xla, cuDNN, TransformerEngine and the PyTorch peers refuse it.
+      query_segment_ids, key_value_segment_ids: None, or (B, T) and (B, S) ints given together
+        (beyond jax.nn; packed rows): query t sees key s only when their ids are equal and >= 0, on
+        top of every other rule; query rows with a negative id are padding and give 0. naive, xla
+        and tokamax apply them as a dense mask; cuDNN runs them packed (Hopper, contiguous ids).
 
     Returns:
       An array shaped and typed like ``query``. Rows that see no key at all are
@@ -54,7 +62,9 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
     """
     p = prepare(query, key, value, bias, mask, scale=scale, is_causal=is_causal,
                 query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
-                local_window_size=local_window_size, return_residual=return_residual)
+                local_window_size=local_window_size, return_residual=return_residual,
+                logits_soft_cap=logits_soft_cap, query_segment_ids=query_segment_ids,
+                key_value_segment_ids=key_value_segment_ids)
     backend = select(p.spec, with_fp8_recipe(implementation, fp8_recipe), mode=_mode_of(query))
     if p.spec.return_residual:
         out, lse = backend.run(p)

@@ -41,7 +41,7 @@ import numpy as np
 
 from . import backends
 from .errors import UnsupportedError
-from .spec import FLOAT_DTYPES, AttentionSpec, _dtype_name, _is_tracer, prepare
+from .spec import FLOAT_DTYPES, AttentionSpec, _dtype_name, _is_tracer, check_soft_cap, prepare
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +59,7 @@ class DecodeSpec:
     scale: float | None          # None: default 1/sqrt(H), or traced
     scale_is_static: bool = True
     page_size: int | None = None  # paged KV cache (vLLM layout); max_len = pages_per_seq * page_size
+    soft_cap: float | None = None   # logits_soft_cap: cap * tanh(logits / cap) before masking
 
     @property
     def groups(self) -> int:
@@ -74,7 +75,7 @@ class DecodeSpec:
         mask = (self.batch, 1, self.q_len, self.max_len) if self.needs_mask else None
         return AttentionSpec(batch=self.batch, q_len=self.q_len, kv_len=self.max_len, heads=self.heads,
                              kv_heads=self.kv_heads, head_dim=self.head_dim, dtype=self.dtype, scale=self.scale,
-                             mask_shape=mask, has_kv_lengths=True)
+                             mask_shape=mask, has_kv_lengths=True, soft_cap=self.soft_cap)
 
 
 @dataclasses.dataclass
@@ -104,7 +105,8 @@ def _shape(name, x) -> tuple[int, ...]:
     return tuple(int(d) for d in x.shape)
 
 
-def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, page_table=None) -> DecodeCall:
+def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, page_table=None,
+                   logits_soft_cap=None) -> DecodeCall:
     """Check every argument of a decode call (see the module docstring) and describe it."""
     qs, ks, vs = _shape("q", q), _shape("k_cache", k_cache), _shape("v_cache", v_cache)
     if len(qs) != 4:
@@ -166,7 +168,7 @@ def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, 
             scale = s
     spec = DecodeSpec(batch=B, q_len=T, max_len=S, heads=N, kv_heads=K, head_dim=H, dtype=dts["q"],
                       causal=bool(causal), scale=scale if static_scale else None, scale_is_static=static_scale,
-                      page_size=page_size)
+                      page_size=page_size, soft_cap=check_soft_cap(logits_soft_cap))
     import jax.numpy as jnp
 
     lengths = jnp.asarray(kv_lengths).astype(jnp.int32)
@@ -216,7 +218,7 @@ def select_decode(spec: DecodeSpec, implementation=None):
 
 
 def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, implementation=None,
-                     page_table=None):
+                     page_table=None, logits_soft_cap=None):
     """Attention of T new tokens against a KV cache of valid lengths (see the module docstring).
 
     Args:
@@ -231,11 +233,14 @@ def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None
         page_table[b, i], and S_max = pages_per_seq * page_size. attnlab-decode reads the pages
         through the table; a backend with a paged path of its own (``run_paged_decode``: cudnn)
         uses it; any other backend runs on the gathered contiguous twin (a copy of the cache).
+      logits_soft_cap: None or a positive float c: logits -> c * tanh(logits / c) before masking
+        (attnlab-decode applies it in the kernel; generic paths as ``attention`` does).
 
     Returns:
       (B, T, N, H) in q's dtype.
     """
-    d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale, page_table=page_table)
+    d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale, page_table=page_table,
+                       logits_soft_cap=logits_soft_cap)
     backend, native = select_decode(d.spec, implementation)
     if native:
         return backend.run_decode(d)
@@ -244,7 +249,8 @@ def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None
     if d.page_table is not None and hasattr(backend, "run_paged_decode"):
         return backend.run_paged_decode(d, mask)
     k, v = d.contiguous()
-    p = prepare(d.query, k, v, None, mask, scale=scale, key_value_seq_lengths=d.kv_lengths)
+    p = prepare(d.query, k, v, None, mask, scale=scale, key_value_seq_lengths=d.kv_lengths,
+                logits_soft_cap=logits_soft_cap)
     return backend.run(p).reshape(p.out_shape)
 
 
@@ -260,9 +266,11 @@ class DecodeExplanation:
         return "\n".join([f"auto runs: {self.chosen}", *reason_lines(self.reasons)])
 
 
-def explain_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, page_table=None) -> DecodeExplanation:
+def explain_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, page_table=None,
+                   logits_soft_cap=None) -> DecodeExplanation:
     """Which path ``decode_attention(implementation=None)`` runs, and why not each other one."""
-    d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale, page_table=page_table)
+    d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale, page_table=page_table,
+                       logits_soft_cap=logits_soft_cap)
     chosen = select_decode(d.spec, None)[0].name
     own = _decode_backend()
     att = d.spec.attention_spec()

@@ -88,7 +88,8 @@ def bucket_fields(obj, mode: str | None = None) -> dict:
 
     dtype, causal, window kind, mode (fwd | train | bwd), head dim H exactly, group kind
     (mha/gqa/mqa), T and S rounded up to a power of two, B·N rounded up to a power of two,
-    ``lengths`` (query/key lengths given: ragged), ``extra`` (bias, mask or residual: never tuned)."""
+    ``lengths`` (query/key lengths given: ragged), ``extra`` (bias, mask, residual, a soft cap or
+    segment ids: never tuned)."""
     get = obj.get if isinstance(obj, Mapping) else lambda k, d=None: getattr(obj, k, d)
     p = get("problem") if not isinstance(obj, Mapping) and get("problem") is not None else Problem.of(obj)
     if mode is None:
@@ -98,7 +99,8 @@ def bucket_fields(obj, mode: str | None = None) -> dict:
         raise ValueError(f"mode must be one of {sorted(MODES) + sorted(MODES.values())}, got {mode!r}")
     lengths = bool(get("lengths", None) or get("has_q_lengths", False) or get("has_kv_lengths", False))
     extra = [n for n, v in (("bias", get("bias_shape", None)), ("mask", get("mask_shape", None)),
-                            ("residual", get("return_residual", False))) if v]
+                            ("residual", get("return_residual", False)), ("softcap", get("soft_cap", None)),
+                            ("segments", get("has_segment_ids", False) or get("packing", None))) if v]
     return {"dtype": p.dtype, "causal": bool(p.causal), "window": window_kind(p.window), "mode": mode,
             "H": p.head_dim, "group": group_kind(p.heads, p.kv_heads), "T": pow2_ceil(p.q_len),
             "S": pow2_ceil(p.kv_len), "BN": pow2_ceil(p.batch * p.heads), "lengths": lengths,
@@ -156,6 +158,8 @@ def build(records: Iterable[dict], library_of: Callable[[str], Iterable[str]] = 
             continue
         if r.get("inputs", "gaussian") != "gaussian":
             continue                      # other input distributions time the same kernels: one entry per shape
+        if r.get("soft_cap") is not None or r.get("packing"):
+            continue                      # capped or packed cells: not what a plain call of the shape runs
         env = r.get("env") or {}
         if not isinstance(env.get("device_kind"), str):
             continue                      # a record that does not say where it ran keys no entry

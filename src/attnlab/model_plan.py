@@ -13,7 +13,8 @@ Layer kinds come from ``ModelPreset.layer_kinds``: a window on every layer (Mist
 Decode cells take no window (``decode_attention`` has none), so a windowed layer's decode is measured
 against the cache a rolling buffer holds: ``min(context, W + T)`` tokens (exact for T = 1: the W keys
 before the query and its own; for T > 1 the first queries see up to T - 1 keys more than their window).
-The attention logit soft-cap (Gemma-2) is not modelled: attnlab's attention has no soft-cap argument.
+The attention logit soft-cap (Gemma-2: 50) is measured: every cell of such a model carries it
+(``soft_cap``), so only backends that apply it (naive, tokamax, attnlab-decode) can be its fastest.
 """
 from __future__ import annotations
 
@@ -76,6 +77,7 @@ class PlanEntry:
     window: tuple[int, int] | None
     mode: str
     lengths: str | None    # "full": a decode cell
+    soft_cap: float | None = None   # the model's attention logit soft-cap
 
     @property
     def tokens_per_step(self) -> int:
@@ -86,16 +88,17 @@ class PlanEntry:
         """The ``Sweep`` keyword axes of this entry (one value each), without backends."""
         return dict(batch=[self.batch], q_len=[self.q_len], kv_len=[self.kv_len], heads=[self.heads],
                     kv_heads=[self.kv_heads], head_dim=[self.head_dim], dtype=[self.dtype], causal=[True],
-                    window=[self.window], mode=[self.mode], lengths=[self.lengths])
+                    window=[self.window], mode=[self.mode], lengths=[self.lengths], soft_cap=[self.soft_cap])
 
     def matches(self, rec: dict) -> bool:
         """Whether ``rec`` is a record of this entry's cell (any backend, one device)."""
         w = rec.get("window")
         return (rec.get("batch"), rec.get("q_len"), rec.get("kv_len"), rec.get("heads"), rec.get("kv_heads"),
                 rec.get("head_dim"), rec.get("dtype"), bool(rec.get("causal")), tuple(w) if w else None,
-                rec.get("mode"), rec.get("lengths"), rec.get("strategy"), rec.get("devices", 1)) == (
+                rec.get("mode"), rec.get("lengths"), rec.get("strategy"), rec.get("devices", 1),
+                rec.get("soft_cap"), rec.get("packing")) == (
             self.batch, self.q_len, self.kv_len, self.heads, self.kv_heads, self.head_dim, self.dtype, True,
-            self.window, self.mode, self.lengths, None, 1)
+            self.window, self.mode, self.lengths, None, 1, self.soft_cap, None)
 
 
 def plan(preset: ModelPreset, phases, contexts, batch: int = 1, dtype: str = "bfloat16") -> list[PlanEntry]:
@@ -112,7 +115,7 @@ def plan(preset: ModelPreset, phases, contexts, batch: int = 1, dtype: str = "bf
             for kind in _kinds(preset, ctx):
                 common = dict(phase=phase, context=ctx, kind=kind.kind, layers=kind.layers, batch=batch,
                               heads=preset.heads, kv_heads=preset.kv_heads, head_dim=preset.head_dim, dtype=dtype,
-                              mode=MODE[phase])
+                              mode=MODE[phase], soft_cap=preset.softcap)
                 if phase == "decode":
                     for t in DECODE_T:
                         if t > ctx:
@@ -147,8 +150,8 @@ def notes(preset: ModelPreset, contexts) -> list[str]:
                 out.append(f"context {c}: the window {preset.window} covers the whole sequence, so every layer is "
                            f"measured as global")
     if preset.softcap is not None:
-        out.append(f"{preset.name}: attention logit soft-cap {preset.softcap:g} is NOT modelled (attnlab's attention "
-                   f"has no soft-cap argument): times are of uncapped attention")
+        out.append(f"{preset.name}: attention logit soft-cap {preset.softcap:g} measured (logits_soft_cap on every "
+                   f"cell); backends without a soft cap (cuDNN, xla, TransformerEngine, PyTorch) are unsupported")
     if preset.note:
         out.append(f"{preset.name}: {preset.note}")
     return out

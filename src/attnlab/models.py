@@ -9,6 +9,7 @@ No network: the numbers are copied here, with the file they come from in ``sourc
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from .problem import Problem
 
@@ -24,7 +25,7 @@ class ModelPreset:
     context: int          # max_position_embeddings of the config
     source: str
     window: int | None = None          # sliding window (keys before the query), None: full attention
-    window_layers: str | None = None   # which layers use the window ("all", "every other layer")
+    window_layers: str | None = None   # which layers use the window ("all", "every other layer", "N of L layers")
     softcap: float | None = None       # attention logit soft-cap (tanh), None: none
     note: str = ""
     params: float | None = None        # parameters, billions, from the model's published name/size (weights only)
@@ -57,7 +58,13 @@ class ModelPreset:
         if self.window_layers == "every other layer":
             return (LayerKind("windowed", (self.layers + 1) // 2, self.window),
                     LayerKind("global", self.layers // 2, None))
-        raise ValueError(f"{self.name}: window_layers {self.window_layers!r} is not 'all' or 'every other layer'")
+        m = re.fullmatch(r"(\d+) of (\d+) layers", self.window_layers or "")
+        if m and int(m.group(2)) == self.layers and 0 < int(m.group(1)) <= self.layers:
+            n = int(m.group(1))
+            kinds = (LayerKind("windowed", n, self.window),)
+            return kinds + ((LayerKind("global", self.layers - n, None),) if n < self.layers else ())
+        raise ValueError(f"{self.name}: window_layers {self.window_layers!r} is not 'all', 'every other layer' "
+                         f"or 'N of {self.layers} layers'")
 
     def weight_bytes(self, itemsize: int = 2) -> int | None:
         """Bytes of the weights at ``itemsize`` bytes per parameter (bf16: 2), or None without ``params``."""

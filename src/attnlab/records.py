@@ -177,4 +177,8 @@ def config_label(rec: dict, mesh: bool = True) -> str:
         parts.append(f"{rec['strategy']}x{rec.get('devices', 1)}")
     if rec.get("inputs", "gaussian") != "gaussian":
         parts.append(f"inputs={rec['inputs']}")
+    if rec.get("soft_cap") is not None:
+        parts.append(f"cap={rec['soft_cap']:g}")
+    if rec.get("packing"):
+        parts.append(f"packing={rec['packing']}")
     return " ".join(parts)

@@ -16,6 +16,7 @@ import math
 import ml_dtypes
 import numpy as np
 
+from . import segments
 from .spec import prepare
 
 _LOW = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
@@ -75,14 +76,17 @@ class _Forward:
     q_keep: np.ndarray     # (B, T) bool
     head_of: np.ndarray    # query head -> key/value head
     out_shape: tuple
+    cap_slope: np.ndarray | None = None   # d(capped logits)/d(logits) = 1 - tanh^2, with a soft cap
 
 
 def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
              query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
-             emulate=None, query_offset=0, query_positions=None) -> _Forward:
+             emulate=None, query_offset=0, query_positions=None, logits_soft_cap=None,
+             query_segment_ids=None, key_value_segment_ids=None) -> _Forward:
     p = prepare(query, key, value, bias, mask, scale=scale, is_causal=is_causal,
                 query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
-                local_window_size=local_window_size)
+                local_window_size=local_window_size, logits_soft_cap=logits_soft_cap,
+                query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids)
     sp = p.spec
     low = _LOW.get(np.dtype(emulate).name) if emulate is not None else None
     B, T, N, S, K = sp.batch, sp.q_len, sp.heads, sp.kv_len, sp.kv_heads
@@ -95,8 +99,14 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
     logits = _f32(np.einsum("btnh,bsnh->bnts", q, kN, optimize=True) * sc, low)
     if p.bias is not None:
         logits = logits + _np(p.bias)
-    vis = np.broadcast_to(_visible(T, S, B, sp.is_causal, sp.window, p.mask, p.kv_lengths, query_offset,
-                                   query_positions), (B, N, T, S))
+    cap_slope = None
+    if sp.soft_cap is not None:                 # after scale and bias, before masking
+        th = np.tanh(logits / sp.soft_cap)
+        logits, cap_slope = _f32(sp.soft_cap * th, low), 1.0 - th**2
+    vis = _visible(T, S, B, sp.is_causal, sp.window, p.mask, p.kv_lengths, query_offset, query_positions)
+    if p.q_segment_ids is not None:
+        vis = vis & segments.visible_np(p.q_segment_ids, p.kv_segment_ids)
+    vis = np.broadcast_to(vis, (B, N, T, S))
     logits = np.where(vis, logits, -np.inf)
     row_max = logits.max(axis=-1, keepdims=True)
     row_max = np.where(np.isfinite(row_max), row_max, 0.0)
@@ -109,14 +119,21 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
     q_keep = np.ones((B, T), bool)
     if p.q_lengths is not None:
         q_keep = np.arange(T)[None, :] < np.asarray(p.q_lengths).reshape(B, 1)
+    if p.q_segment_ids is not None:
+        q_keep = q_keep & (np.asarray(p.q_segment_ids) >= 0)
     out = out * q_keep[:, :, None, None]
-    return _Forward(probs, out, q, kN, vN, sc, q_keep, head_of, p.out_shape)
+    return _Forward(probs, out, q, kN, vN, sc, q_keep, head_of, p.out_shape, cap_slope)
 
 
 def reference_attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
                         query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
-                        implementation=None, emulate=None, query_offset=0, query_positions=None) -> np.ndarray:
+                        implementation=None, emulate=None, query_offset=0, query_positions=None,
+                        logits_soft_cap=None, query_segment_ids=None, key_value_segment_ids=None) -> np.ndarray:
     """Float64 attention with ``attnlab.attention``'s semantics; ``implementation`` is ignored.
+
+    ``logits_soft_cap``: logits = cap * tanh((scale * q.k + bias) / cap), then masking.
+    ``query_segment_ids`` (B, T) / ``key_value_segment_ids`` (B, S): query t sees key s only when their
+    ids are equal and >= 0; rows with a negative id give 0 (with sampled rows, pass their ids only).
 
     ``query_offset``: the given query rows sit at positions offset, offset+1, ... of a longer
     sequence; ``query_positions`` ((T,) or (B, T) ints) gives each row's position instead. Both
@@ -128,22 +145,28 @@ def reference_attention(query, key, value, bias=None, mask=None, *, scale=None, 
     f = _forward(query, key, value, bias, mask, scale=scale, is_causal=is_causal,
                  query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
                  local_window_size=local_window_size, emulate=emulate, query_offset=query_offset,
-                 query_positions=query_positions)
+                 query_positions=query_positions, logits_soft_cap=logits_soft_cap,
+                 query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids)
     return f.out.reshape(f.out_shape)
 
 
 def reference_attention_grads(query, key, value, cotangent, bias=None, mask=None, *, scale=None,
                               is_causal=False, query_seq_lengths=None, key_value_seq_lengths=None,
-                              local_window_size=None):
-    """(dq, dk, dv) in float64 for the loss sum(out * cotangent), by the analytic backward pass."""
+                              local_window_size=None, logits_soft_cap=None, query_segment_ids=None,
+                              key_value_segment_ids=None):
+    """(dq, dk, dv) in float64 for the loss sum(out * cotangent), by the analytic backward pass
+    (through the soft cap's tanh when ``logits_soft_cap`` is given)."""
     f = _forward(query, key, value, bias, mask, scale=scale, is_causal=is_causal,
                  query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
-                 local_window_size=local_window_size)
+                 local_window_size=local_window_size, logits_soft_cap=logits_soft_cap,
+                 query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids)
     B, T, N, H = f.out.shape
     dout = _np(cotangent).reshape(B, T, N, H) * f.q_keep[:, :, None, None]
     dv_n = np.einsum("bnts,btnh->bsnh", f.probs, dout, optimize=True)
     dprobs = np.einsum("btnh,bsnh->bnts", dout, f.v, optimize=True)
     dlogits = f.probs * (dprobs - np.sum(dprobs * f.probs, axis=-1, keepdims=True))
+    if f.cap_slope is not None:
+        dlogits = dlogits * f.cap_slope
     dq = np.einsum("bnts,bsnh->btnh", dlogits, f.k, optimize=True) * f.scale
     dk_n = np.einsum("bnts,btnh->bsnh", dlogits, f.q, optimize=True) * f.scale
     K = int(np.asarray(key).shape[-2])

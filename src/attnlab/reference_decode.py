@@ -21,6 +21,7 @@ import ml_dtypes
 import numpy as np
 
 from .reference import Verdict, rel_l2, tolerance
+from .spec import check_soft_cap
 
 _LOW = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 DECODE_FACTOR = 2.0
@@ -43,8 +44,9 @@ def _f32(x):
 
 
 def reference_decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, emulate=None,
-                               implementation=None) -> np.ndarray:
-    """Float64 decode attention (see the module docstring); ``implementation`` is ignored."""
+                               implementation=None, logits_soft_cap=None) -> np.ndarray:
+    """Float64 decode attention (see the module docstring); ``implementation`` is ignored.
+    ``logits_soft_cap``: logits -> cap * tanh(logits / cap) before masking."""
     del implementation
     q, k, v = (np.asarray(x).astype(np.float64) for x in (q, k_cache, v_cache))
     if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape:
@@ -63,6 +65,11 @@ def reference_decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, 
         logits = _f32(_f32(logits) * np.float32(sc))
     else:
         logits = logits * sc
+    if logits_soft_cap is not None:
+        cap = check_soft_cap(logits_soft_cap)
+        logits = cap * np.tanh(logits / cap)
+        if low is not None:
+            logits = _f32(logits)
     vis = decode_visible(lengths, T, S, causal)[:, None, None]          # (B, 1, 1, T, S)
     logits = np.where(vis, logits, -np.inf)
     w = np.where(vis, np.exp(logits - logits.max(axis=-1, keepdims=True)), 0.0)
@@ -90,14 +97,16 @@ def decode_tolerance(dtype, *, baseline_err: float | None = None, tf32: bool | N
 
 
 def check_decode_close(out, q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, ref=None,
-                       tf32: bool | None = None) -> Verdict:
+                       tf32: bool | None = None, logits_soft_cap=None) -> Verdict:
     """Judge a decode output against float64 by the decode tolerance policy (whole output)."""
     if ref is None:
-        ref = reference_decode_attention(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale)
+        ref = reference_decode_attention(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale,
+                                         logits_soft_cap=logits_soft_cap)
     dtype = np.dtype(out.dtype)
     baseline = None
     if dtype.name in _LOW:
-        emu = reference_decode_attention(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale, emulate=dtype)
+        emu = reference_decode_attention(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale, emulate=dtype,
+                                         logits_soft_cap=logits_soft_cap)
         baseline = rel_l2(emu, ref)
     limit, rule = decode_tolerance(dtype, baseline_err=baseline, tf32=tf32)
     err = rel_l2(out, ref)

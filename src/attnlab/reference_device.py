@@ -49,8 +49,9 @@ def _acc(dtype):
     return jnp.promote_types(dtype, jnp.float32)
 
 
-def _tile(qt, pos, k, v, kv_lengths, *, scale, causal, window, emulate):
-    """One query tile: qt (B, R, K, G, H), pos (B, R) -> (B, R, K, G, H)."""
+def _tile(qt, pos, k, v, kv_lengths, *, scale, causal, window, emulate, soft_cap=None, q_seg=None, kv_seg=None):
+    """One query tile: qt (B, R, K, G, H), pos (B, R) -> (B, R, K, G, H); q_seg (B, R) and kv_seg (B, S)
+    segment ids or None."""
     S = k.shape[1]
     acc = _acc(qt.dtype)
     if emulate:
@@ -59,6 +60,8 @@ def _tile(qt, pos, k, v, kv_lengths, *, scale, causal, window, emulate):
         prec = jax.lax.Precision.HIGHEST
         qt, k, v = qt.astype(acc), k.astype(acc), v.astype(acc)
     s = jnp.einsum("brkgh,bskh->bkgrs", qt, k, preferred_element_type=acc, precision=prec) * scale
+    if soft_cap is not None:
+        s = soft_cap * jnp.tanh(s / soft_cap)
     key = jnp.arange(S)[None, None, :]
     p_ = pos[:, :, None]
     vis = jnp.ones(p_.shape[:2] + (S,), bool)
@@ -68,6 +71,8 @@ def _tile(qt, pos, k, v, kv_lengths, *, scale, causal, window, emulate):
         vis &= key <= p_
     if window is not None:
         vis &= (key >= p_ - window[0]) & (key <= p_ + window[1])
+    if q_seg is not None:
+        vis &= (q_seg[:, :, None] == kv_seg[:, None, :]) & (kv_seg[:, None, :] >= 0)
     vis = vis[:, None, None]                                   # (B, 1, 1, R, S)
     s = jnp.where(vis, s, large_negative(acc))                 # finite, as jax.nn (attnlab.masking)
     m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
@@ -77,6 +82,8 @@ def _tile(qt, pos, k, v, kv_lengths, *, scale, causal, window, emulate):
     if emulate:
         p = p.astype(v.dtype)
     o = jnp.einsum("bkgrs,bskh->brkgh", p, v, preferred_element_type=acc, precision=prec)
+    if q_seg is not None:                                      # padding rows (id < 0) give 0
+        o = jnp.where((q_seg >= 0)[:, :, None, None, None], o, 0.0)
     return o.astype(qt.dtype) if emulate else o
 
 
@@ -117,23 +124,46 @@ def _zero_rows(out, q_lengths):
     return jnp.where(keep[:, :, None, None], out, 0).astype(out.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "window", "emulate", "tile", "budget"))
+def _segs(q_segments, kv_segments, B, T, R, n):
+    """(query ids as tiles (n, B, R), key ids (B, S)) or (None, None); padded tile rows get id -1."""
+    if q_segments is None:
+        return None, None
+    qs = jnp.asarray(q_segments, jnp.int32).reshape(B, T)
+    pad = n * R - T
+    if pad:
+        qs = jnp.concatenate([qs, jnp.full((B, pad), -1, jnp.int32)], axis=1)
+    return jnp.moveaxis(qs.reshape(B, n, R), 1, 0), jnp.asarray(kv_segments, jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "window", "emulate", "tile", "budget", "soft_cap"))
 def blockwise_attention(q, k, v, *, scale=None, causal=False, window=None, kv_lengths=None, q_positions=None,
-                        q_lengths=None, emulate=False, tile=None, budget=None):
-    """Attention output (B, T, N, H): float32 reference, or the kernel-like emulation (see module doc)."""
+                        q_lengths=None, emulate=False, tile=None, budget=None, soft_cap=None, q_segments=None,
+                        kv_segments=None):
+    """Attention output (B, T, N, H): float32 reference, or the kernel-like emulation (see module doc).
+    ``soft_cap``: logits -> cap * tanh(logits / cap) before masking; ``q_segments`` (B, T) and
+    ``kv_segments`` (B, S): packed segment ids (equal ids see each other; id < 0: padding, row 0)."""
     B, T, N, H, K, R, n, qg, pos, lens = _prepare(q, k, v, q_positions, kv_lengths, tile, budget)
     scale = 1.0 / math.sqrt(H) if scale is None else scale
+    qseg, kvseg = _segs(q_segments, kv_segments, B, T, R, n)
     fn = functools.partial(_tile, k=k, v=v, kv_lengths=lens, scale=scale, causal=causal,
-                           window=None if window is None else tuple(window), emulate=emulate)
-    out = jax.lax.map(lambda xs: fn(xs[0], xs[1]), (_tiles(qg, R, n), _tiles(pos, R, n)))
+                           window=None if window is None else tuple(window), emulate=emulate, soft_cap=soft_cap,
+                           kv_seg=kvseg)
+    if qseg is None:
+        out = jax.lax.map(lambda xs: fn(xs[0], xs[1]), (_tiles(qg, R, n), _tiles(pos, R, n)))
+    else:
+        out = jax.lax.map(lambda xs: fn(xs[0], xs[1], q_seg=xs[2]), (_tiles(qg, R, n), _tiles(pos, R, n), qseg))
     return _zero_rows(_untile(out, T).reshape(B, T, N, H), q_lengths)
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "window", "emulate", "tile", "budget"))
+@functools.partial(jax.jit, static_argnames=("causal", "window", "emulate", "tile", "budget", "soft_cap"))
 def blockwise_grads(q, k, v, cotangent, *, scale=None, causal=False, window=None, kv_lengths=None,
-                    q_positions=None, q_lengths=None, emulate=False, tile=None, budget=None):
+                    q_positions=None, q_lengths=None, emulate=False, tile=None, budget=None, soft_cap=None,
+                    q_segments=None, kv_segments=None):
     """(dq, dk, dv) of sum(out * cotangent): float32 (q's dtype with ``emulate``), per-tile vjp."""
     B, T, N, H, K, R, n, qg, pos, lens = _prepare(q, k, v, q_positions, kv_lengths, tile, budget)
+    qseg, kvseg = _segs(q_segments, kv_segments, B, T, R, n)
+    if qseg is None:
+        qseg = jnp.zeros((n, 0), jnp.int32)      # a scanned placeholder: no segments
     scale = 1.0 / math.sqrt(H) if scale is None else scale
     acc = _acc(q.dtype)
     ct = _zero_rows(jnp.asarray(cotangent).astype(q.dtype if emulate else acc), q_lengths)
@@ -142,14 +172,15 @@ def blockwise_grads(q, k, v, cotangent, *, scale=None, causal=False, window=None
 
     def body(carry, xs):
         dk, dv = carry
-        qt, pt, ctt = xs
-        f = functools.partial(_tile, pos=pt, kv_lengths=lens, scale=scale, causal=causal, window=win, emulate=emulate)
+        qt, pt, ctt, st = xs
+        f = functools.partial(_tile, pos=pt, kv_lengths=lens, scale=scale, causal=causal, window=win, emulate=emulate,
+                              soft_cap=soft_cap, q_seg=None if kvseg is None else st, kv_seg=kvseg)
         _, vjp = jax.vjp(lambda a, b, c: f(a, k=b, v=c), qt, k, v)
         dqt, dkt, dvt = vjp(ctt)
         return (dk + dkt.astype(acc), dv + dvt.astype(acc)), dqt
 
     zeros = jnp.zeros(k.shape, acc)
-    (dk, dv), dq = jax.lax.scan(body, (zeros, zeros), (_tiles(qg, R, n), _tiles(pos, R, n), _tiles(ctg, R, n)))
+    (dk, dv), dq = jax.lax.scan(body, (zeros, zeros), (_tiles(qg, R, n), _tiles(pos, R, n), _tiles(ctg, R, n), qseg))
     dq = _untile(dq, T).reshape(B, T, N, H)
     out_dtype = q.dtype if emulate else acc
     return dq.astype(out_dtype), dk.astype(out_dtype), dv.astype(out_dtype)

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from .names import FLOAT_DTYPES
+from . import segments
 from .problem import Problem, delegate_fields
 
 
@@ -45,15 +46,24 @@ class AttentionSpec:
     has_q_lengths: bool = False
     has_kv_lengths: bool = False
     return_residual: bool = False   # also return the (B, T, N) logsumexp, as jax.nn's return_residual
+    soft_cap: float | None = None   # logits_soft_cap: logits -> cap * tanh(logits / cap) before masking
+    has_segment_ids: bool = False   # query_segment_ids / key_value_segment_ids given (packed rows)
+    #: with concrete segment ids: the most segments in a row (query or key side) and whether every row's
+    #: segments are contiguous; None when the ids are traced (unknown until run)
+    max_segments: int | None = None
+    segments_contiguous: bool | None = None
 
     def __init__(self, batch=None, q_len=None, kv_len=None, heads=None, kv_heads=None, head_dim=None, dtype=None,
                  scale=None, is_causal=False, bias_shape=None, mask_shape=None, has_q_lengths=False,
-                 has_kv_lengths=False, window=None, return_residual=False, *, problem: Problem | None = None):
+                 has_kv_lengths=False, window=None, return_residual=False, soft_cap=None, has_segment_ids=False,
+                 max_segments=None, segments_contiguous=None, *, problem: Problem | None = None):
         if problem is None:
             problem = Problem(batch, q_len, kv_len, heads, kv_heads, head_dim, dtype, bool(is_causal), window)
         for name, value in (("problem", problem), ("scale", scale), ("bias_shape", bias_shape),
                             ("mask_shape", mask_shape), ("has_q_lengths", has_q_lengths),
-                            ("has_kv_lengths", has_kv_lengths), ("return_residual", return_residual)):
+                            ("has_kv_lengths", has_kv_lengths), ("return_residual", return_residual),
+                            ("soft_cap", soft_cap), ("has_segment_ids", has_segment_ids),
+                            ("max_segments", max_segments), ("segments_contiguous", segments_contiguous)):
             object.__setattr__(self, name, value)
 
     @property
@@ -78,6 +88,8 @@ class Prepared:
     spec: AttentionSpec
     out_shape: tuple[int, ...]
     scale: Any  # the logits' scale: a float, or a tracer when scale was traced
+    q_segment_ids: Any = None    # (B, T) ints or None
+    kv_segment_ids: Any = None   # (B, S) ints or None
 
 
 def _dtype_name(x) -> str:
@@ -157,7 +169,8 @@ def normalise_window(local_window_size) -> tuple[int, int] | None:
 
 def prepare(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
             query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
-            return_residual=False) -> Prepared:
+            return_residual=False, logits_soft_cap=None, query_segment_ids=None,
+            key_value_segment_ids=None) -> Prepared:
     """Check every argument of an attention call and normalise it. See the module docstring."""
     qs, ks, vs = _shape("query", query), _shape("key", key), _shape("value", value)
     if len(qs) not in (3, 4):
@@ -219,12 +232,36 @@ def prepare(query, key, value, bias=None, mask=None, *, scale=None, is_causal=Fa
             if not (math.isfinite(s) and s > 0):
                 raise ValueError(f"scale must be positive and finite, got {s}")
             scale = s
+    soft_cap = check_soft_cap(logits_soft_cap)
+    if len(qs) == 3:   # an unbatched call takes (T,) and (S,) ids
+        query_segment_ids, key_value_segment_ids = (_expand(x, 2) if hasattr(x, "shape") and len(x.shape) == 1 else x
+                                                    for x in (query_segment_ids, key_value_segment_ids))
+    segments.check_segment_ids(query_segment_ids, key_value_segment_ids, B, T, S)
+    most = contiguous = None
+    if query_segment_ids is not None and not (_is_tracer(query_segment_ids) or _is_tracer(key_value_segment_ids)):
+        (mq, cq), (mk, ck) = segments.host_layout(query_segment_ids), segments.host_layout(key_value_segment_ids)
+        most, contiguous = max(mq, mk), cq and ck
     spec = AttentionSpec(
         batch=B, q_len=T, kv_len=S, heads=N, kv_heads=K, head_dim=H, dtype=dts["query"],
         scale=scale if isinstance(scale, float) or scale is None else None,
         is_causal=bool(is_causal), bias_shape=bias_shape, mask_shape=mask_shape,
         has_q_lengths=query_seq_lengths is not None, has_kv_lengths=key_value_seq_lengths is not None,
-        window=window, return_residual=bool(return_residual),
+        window=window, return_residual=bool(return_residual), soft_cap=soft_cap,
+        has_segment_ids=query_segment_ids is not None, max_segments=most, segments_contiguous=contiguous,
     )
     effective_scale = 1.0 / math.sqrt(H) if scale is None else scale
-    return Prepared(q4, k4, v4, bias, mask, query_seq_lengths, key_value_seq_lengths, spec, qs, effective_scale)
+    return Prepared(q4, k4, v4, bias, mask, query_seq_lengths, key_value_seq_lengths, spec, qs, effective_scale,
+                    query_segment_ids, key_value_segment_ids)
+
+
+def check_soft_cap(cap) -> float | None:
+    """None, or a positive finite Python/NumPy float (compiled in: it may not be traced)."""
+    if cap is None:
+        return None
+    if isinstance(cap, bool) or not isinstance(cap, numbers.Real) or _is_tracer(cap):
+        raise TypeError(f"logits_soft_cap must be None or a positive finite float (a Python number, not an array), "
+                        f"got {type(cap).__name__} {cap!r}")
+    c = float(cap)
+    if not (math.isfinite(c) and c > 0):
+        raise ValueError(f"logits_soft_cap must be positive and finite (logits -> cap * tanh(logits / cap)), got {c}")
+    return c

@@ -58,7 +58,7 @@ def get(name: str) -> Backend:
     if found is None:
         from ..names import unknown
 
-        msg = unknown("backend", name, names())     # the closest name, else every registered one
+        msg = unknown("backend", name, variant_names())     # the closest name, else every known one
         raise ValueError(f"implementation must be None, 'auto' or one of the registered backends: {msg}")
     if found in _REGISTRY:
         return _REGISTRY[found]

@@ -46,6 +46,7 @@ class AttnlabDecodeBackend(Backend):
     name = "attnlab-decode"
     description = "attnlab's Pallas (Triton) flash-decoding kernel: GQA-packed rows, split KV, valid lengths only"
     forward_only = True
+    takes_soft_cap = True   # one tanh on the kernel's scores
     #: Tuning parameters used by run/run_decode (None: the defaults of attnlab.kernels.decode).
     config: kd.DecodeConfig | None = None
 
@@ -118,22 +119,22 @@ class AttnlabDecodeBackend(Backend):
 
         return f"jax {jax.__version__}"
 
-    def _call(self, q, k, v, lengths, causal, scale, page_table=None):
+    def _call(self, q, k, v, lengths, causal, scale, page_table=None, soft_cap=None):
         if _is_tracer(scale):
             raise UnsupportedError(self.name, "scale is traced: the kernel compiles the scale in (pass a Python float)")
         return kd.decode_attention_pallas(q, k, v, lengths, causal=causal, scale=float(scale), config=self.config,
-                                          interpret=self.interpret, page_table=page_table)
+                                          interpret=self.interpret, page_table=page_table, soft_cap=soft_cap)
 
     def run(self, p: Prepared):
         import jax.numpy as jnp
 
         B, S = p.spec.batch, p.spec.kv_len
         lengths = jnp.full((B,), S, jnp.int32) if p.kv_lengths is None else p.kv_lengths
-        return self._call(p.query, p.key, p.value, lengths, False, p.scale)
+        return self._call(p.query, p.key, p.value, lengths, False, p.scale, soft_cap=p.spec.soft_cap)
 
     def run_decode(self, d):
         """Run an ``attnlab.decode.DecodeCall`` with its causal rule."""
-        return self._call(d.query, d.k_cache, d.v_cache, d.kv_lengths, d.spec.causal, d.scale, d.page_table)
+        return self._call(d.query, d.k_cache, d.v_cache, d.kv_lengths, d.spec.causal, d.scale, d.page_table, d.spec.soft_cap)
 
 
 def kv_bytes(lengths, kv_heads: int, head_dim: int, itemsize: int) -> int:

@@ -7,14 +7,44 @@ from ..spec import AttentionSpec, Prepared
 from . import _optional
 
 
+def query_keep(p: Prepared):
+    """(B, T) bool: the query rows that are not padding (t < query_seq_lengths[b], segment id >= 0),
+    or None when every row is kept."""
+    import jax.numpy as jnp
+
+    keep = None
+    if p.q_lengths is not None:
+        keep = jnp.arange(p.spec.q_len)[None, :] < jnp.asarray(p.q_lengths, jnp.int32)[:, None]
+    if p.q_segment_ids is not None:
+        seg = jnp.asarray(p.q_segment_ids) >= 0
+        keep = seg if keep is None else keep & seg
+    return keep
+
+
 def zero_padded_queries(out, p: Prepared):
-    """jax.nn's rule: output rows t >= query_seq_lengths[b] are 0. ``out`` is (B, T, N, H)."""
-    if p.q_lengths is None:
+    """jax.nn's rule: output rows t >= query_seq_lengths[b] are 0; so are rows of padding segment ids
+    (< 0). ``out`` is (B, T, N, H)."""
+    keep = query_keep(p)
+    if keep is None:
         return out
     import jax.numpy as jnp
 
-    keep = jnp.arange(p.spec.q_len)[None, :] < jnp.asarray(p.q_lengths, jnp.int32)[:, None]
     return jnp.where(keep[:, :, None, None], out, 0).astype(out.dtype)
+
+
+def segments_as_mask(p: Prepared) -> Prepared:
+    """``p`` with its segment ids folded into a dense (B, 1, T, S) bool mask (and the ids dropped from the
+    mask's point of view: ``q_segment_ids`` stays, for zeroing padding rows). For the dense paths."""
+    if p.q_segment_ids is None:
+        return p
+    import dataclasses
+
+    from .. import segments
+
+    seg = segments.visible(p.q_segment_ids, p.kv_segment_ids)
+    mask = seg if p.mask is None else p.mask & seg
+    spec = dataclasses.replace(p.spec, mask_shape=tuple(int(d) for d in mask.shape))
+    return dataclasses.replace(p, mask=mask, spec=spec)
 
 
 class Backend:
@@ -58,6 +88,12 @@ class Backend:
     #: True for a path that computes in FP8 (e4m3/e5m2) whatever its inputs: never auto's pick and
     #: left out of the bf16/fp16 defaults of ``bench --model``, ``advise`` and ``tune``.
     fp8: bool = False
+    #: True when ``run`` applies ``logits_soft_cap`` (cap * tanh(logits / cap) before masking) exactly.
+    takes_soft_cap: bool = False
+    soft_cap_reason: str = "logits_soft_cap: this backend has no soft-capped logits"
+    #: True when ``run`` applies query/key_value segment ids (packed rows) exactly.
+    takes_segment_ids: bool = False
+    segment_reason: str = "query_segment_ids/key_value_segment_ids: this backend takes no packed segments"
 
     def available(self) -> str | None:
         """The declared needs, device first: ``min_compute_capability``, then ``library``."""
@@ -89,10 +125,15 @@ class Backend:
         return self if name == self.name else None
 
     def why_not(self, spec: AttentionSpec) -> str | None:
-        """``available()``, the residual, then ``supports(spec)``: the first reason this backend cannot run."""
+        """``available()``, the residual, the soft cap, segment ids, then ``supports(spec)``: the first reason
+        this backend cannot run."""
         why = self.available()
         if why is None and spec.return_residual and not self.residual:
             why = "return_residual=True: this backend returns no logsumexp residual"
+        if why is None and spec.soft_cap is not None and not self.takes_soft_cap:
+            why = self.soft_cap_reason
+        if why is None and spec.has_segment_ids and not self.takes_segment_ids:
+            why = self.segment_reason
         return why or self.supports(spec)
 
     def mode_reason(self, spec: AttentionSpec, mode: str) -> str | None:

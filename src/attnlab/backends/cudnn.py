@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from .. import device
 from ..spec import AttentionSpec, Prepared
+from . import cudnn_packed
 from .base import Backend
 from .xla import residual_reason
 
@@ -23,6 +24,9 @@ class CudnnBackend(Backend):
     #: dtype); its backward ignores the residual's cotangent, as the XLA path's stop_gradient does.
     residual = True
     min_compute_capability = (8, 0)   # checked below with cuDNN's own messages (and cuDNN loaded)
+    #: packed segments through JAX's private packed entry point (``cudnn_packed``)
+    takes_segment_ids = True
+    soft_cap_reason = "logits_soft_cap: cuDNN through JAX (jax.nn and the fused entry point) takes no soft cap"
 
     def available(self) -> str | None:
         info = device.current()
@@ -55,6 +59,12 @@ class CudnnBackend(Backend):
             return "local_window_size without is_causal attends to future keys (jax-ml/jax#39576)"
         if spec.return_residual and _odd_masked(spec):
             return (f"return_residual runs JAX's cuDNN training kernel, where {_odd_masked(spec)}")
+        if spec.has_segment_ids:
+            if cc is not None and cc < (9, 0):
+                return "segment ids: JAX's packed cuDNN layout needs Hopper (compute capability >= 9.0)"
+            why = cudnn_packed.refusal(spec)
+            if why:
+                return why
         return residual_reason(spec)
 
     def mode_reason(self, spec: AttentionSpec, mode: str) -> str | None:
@@ -71,6 +81,8 @@ class CudnnBackend(Backend):
 
     def run(self, p: Prepared):
         sp = p.spec
+        if sp.has_segment_ids:
+            return cudnn_packed.run(p)
         window = None
         if sp.window is not None:
             # Under a causal mask the right edge is already 0; cuDNN takes only the left edge.

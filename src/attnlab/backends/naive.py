@@ -11,9 +11,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from .. import segments
 from ..masking import large_negative, large_negative_value
 from ..spec import Prepared
-from .base import Backend, zero_padded_queries
+from .base import Backend, query_keep, zero_padded_queries
 
 
 def _grouped(x, K: int, G: int):
@@ -40,7 +41,14 @@ def visible_mask(p: Prepared):
     if p.kv_lengths is not None:
         kv = jnp.asarray(p.kv_lengths, jnp.int32)
         vis = vis & (jnp.arange(S)[None, :] < kv[:, None])[:, None, None, None, :]
+    if p.q_segment_ids is not None:
+        vis = vis & segments.visible(p.q_segment_ids, p.kv_segment_ids)[:, :, None]
     return vis
+
+
+def soft_capped(logits, cap):
+    """``cap * tanh(logits / cap)`` (Gemma-2, Grok-1), or ``logits`` when ``cap`` is None."""
+    return logits if cap is None else cap * jnp.tanh(logits / cap)
 
 
 def _logsumexp(row_max, denom, p: Prepared):
@@ -51,8 +59,9 @@ def _logsumexp(row_max, denom, p: Prepared):
     flows through it (jax.nn stops it too)."""
     B, K, G, T, _ = row_max.shape
     seen = denom[..., 0] > 0
-    if p.q_lengths is not None:
-        seen &= (jnp.arange(T)[None, :] < jnp.asarray(p.q_lengths, jnp.int32)[:, None])[:, None, None, :]
+    keep = query_keep(p)
+    if keep is not None:
+        seen &= keep[:, None, None, :]
     lse = jnp.log(jnp.where(seen, denom[..., 0], 1.0)) + row_max[..., 0]
     lse = jnp.where(seen, lse, jnp.asarray(large_negative_value(p.query.dtype), lse.dtype))
     lse = jnp.transpose(lse, (0, 3, 1, 2)).reshape(B, T, K * G)
@@ -64,6 +73,8 @@ class NaiveBackend(Backend):
     description = "attention written out in jax.numpy (the codelab's four steps)"
     portable = True
     residual = True
+    takes_soft_cap = True
+    takes_segment_ids = True
 
     def run(self, p: Prepared):
         sp = p.spec
@@ -73,10 +84,11 @@ class NaiveBackend(Backend):
         # 1. scores: (B, K, G, T, S), accumulated in float32 (float64 stays float64)
         acc = jnp.promote_types(p.query.dtype, jnp.float32)
         scores = jnp.einsum("btkgh,bskh->bkgts", q, p.key, preferred_element_type=acc)
-        # 2. scale, bias, masks, softmax in float32
+        # 2. scale, bias, soft cap, masks, softmax in float32
         scores = scores * jnp.asarray(p.scale, acc)
         if p.bias is not None:
             scores = scores + _grouped(p.bias, K, G).astype(acc)
+        scores = soft_capped(scores, sp.soft_cap)
         vis = visible_mask(p)
         scores = jnp.where(vis, scores, large_negative(acc))
         row_max = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))

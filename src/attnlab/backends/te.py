@@ -56,6 +56,7 @@ def _te_rejection(args) -> str:
 class TeBackend(Backend):
     name = "te"
     description = "TransformerEngine-JAX DotProductAttention (cuDNN fused attention through TE)"
+    soft_cap_reason = "logits_soft_cap: TransformerEngine-JAX's DotProductAttention takes no soft cap"
 
     library = ("transformer_engine", "te")
     library_dists = ("transformer_engine", "transformer-engine", "transformer_engine_jax")

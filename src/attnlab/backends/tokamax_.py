@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from ..errors import UnsupportedError
 from ..spec import AttentionSpec, Prepared
-from .base import Backend, zero_padded_queries
+from .base import Backend, segments_as_mask, zero_padded_queries
 
 
 class TokamaxBackend(Backend):
@@ -23,6 +23,8 @@ class TokamaxBackend(Backend):
         self.description = f"tokamax.dot_product_attention(implementation='{impl}') ({kind})"
 
     library = ("tokamax", "tokamax")
+    takes_soft_cap = True        # tokamax's logits_soft_cap: cap * tanh((scale q.k + bias) / cap), then masks
+    takes_segment_ids = True     # as a dense (B, 1, T, S) mask: tokamax's API takes no segment ids
 
     def available(self) -> str | None:
         return self.library_missing() or super().available()   # the library first, then the device
@@ -40,12 +42,13 @@ class TokamaxBackend(Backend):
             # tokamax reads absl flags; unparsed, absl would parse the host program's argv (pytest's, a CLI's).
             flags.FLAGS.mark_as_parsed()
 
+        p = segments_as_mask(p)
         ln = lambda x: None if x is None else jnp.asarray(x, jnp.int32)  # noqa: E731
         try:
             out = tokamax.dot_product_attention(
                 p.query, p.key, p.value, p.bias, p.mask, scale=p.scale, is_causal=p.spec.is_causal,
                 query_seq_lengths=ln(p.q_lengths), key_value_seq_lengths=ln(p.kv_lengths),
-                local_window_size=p.spec.window, implementation=self.impl)
+                local_window_size=p.spec.window, logits_soft_cap=p.spec.soft_cap, implementation=self.impl)
         except NotImplementedError as e:
             raise UnsupportedError(self.name, str(e) or type(e).__name__) from e
         except ExceptionGroup as e:  # tokamax groups the reasons of every implementation it tried

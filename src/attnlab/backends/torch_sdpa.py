@@ -29,6 +29,7 @@ class TorchSdpaBackend(NativeBackend):
     min_compute_capability = (8, 0)
     decode = True         # decode sweep cells: see ``decode_reason`` / ``decode_fn``
     forward_only = True   # measured forward only: a PyTorch backward pass is not attnlab's to time
+    soft_cap_reason = "logits_soft_cap: PyTorch's scaled_dot_product_attention takes no soft cap"
 
     def __init__(self, kind: str):
         self.kind = kind

@@ -27,7 +27,8 @@ def _non_jax() -> set[str]:
 
 
 @main.command("advise")
-@click.option("--model", required=True, help="A model preset (attnlab models), e.g. llama-3.1-70b.")
+@click.option("--model", required=True, help="A model: a preset (attnlab models, e.g. llama-3.1-70b), a Hugging Face "
+              "id or alias of one (meta-llama/Llama-3.1-8B, llama3.1-8b) or a path to its config.json.")
 @click.option("--context", required=True, help="Context length(s) in tokens: 32k (k = 1024), 4096, or 4k,32k.")
 @click.option("--batch", type=int, default=1, show_default=True, help="Sequences per step.")
 @click.option("--phase", default="prefill,decode,train", show_default=True, help="prefill, decode, train (comma-separated).")
@@ -43,19 +44,19 @@ def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, r
     """Which attention path, how long per layer and per model, how much KV cache, how large a batch fits."""
     from .. import advice
     from ..measure import Options
-    from ..models import preset
+    from ..model_config import resolve
     from ..sweep import SweepError, run_sweep
     from ..sweep.engine import SweepInterrupted
     from ..sweep.model_cells import model_sweep
 
     try:
-        p = preset(model)
+        p = resolve(model)
         ms = model_sweep(p, phase, context, batch, [b.strip() for b in backends.split(",")] if backends else None)
     except (ValueError, SweepError) as e:
         _fail(str(e))
     if repeats is not None and repeats < 1:
         _fail(f"--repeats: {repeats} is not a positive integer")
-    out_dir = writable_folder(out_dir or os.path.join("attnlab-out", f"advise-{p.name}"))
+    out_dir = writable_folder(out_dir or os.path.join("attnlab-out", f"advise-{p.name.replace('/', '--')}"))
     cells = ms.cells()
     console.print(f"{p.name}: {len(ms.entries)} cell shapes x {len(ms.sweeps[0].backends)} backends "
                   f"({', '.join(ms.sweeps[0].backends)}) = {len(cells)} cells → {out_dir}/results.jsonl (resumes)",

@@ -35,13 +35,19 @@ WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys
 @click.option("--lengths", help="none, full, ragged, paged, pagedN (comma-separated): full/ragged/paged make decode "
               "cells, decode_attention of the q_len newest tokens against a kv_len cache; paged (page size 16) "
               "and pagedN: full lengths in a paged cache of N-token pages (vLLM layout).")
-@click.option("--model", help="A model preset (attnlab models): the cells come from its shape, --phase and --context.")
+@click.option("--model", help="A model: a preset (attnlab models), a Hugging Face id or alias of one "
+              "(meta-llama/Llama-3.1-8B, llama3.1-8b) or a path to its config.json; the cells come from its shape, "
+              "--phase and --context.")
 @click.option("--phase", help="With --model: prefill, decode, train (comma-separated; default all three).")
 @click.option("--context", help="With --model: context lengths, e.g. 4k,32k,128k (k = 1024) or 256 (default 4k).")
 @click.option("--inputs", help="Input distributions of q, k, v (comma-separated): gaussian, outliers, channel-outliers, "
               "shifted-keys (attnlab.distributions; default gaussian).")
 @click.option("--fp8-recipe", help="With the cudnn-fp8 backend: FP8 recipes (comma-separated): amax, unit, pow2, s256, "
               "s1, hadamard, hadamard-f32, hadamard-fused, smoothk, hadamard-smoothk; each runs as cudnn-fp8-RECIPE.")
+@click.option("--soft-cap", help="Logit soft caps, comma-separated: none or a positive number (Gemma-2: 50); "
+              "logits -> cap * tanh(logits / cap) before masking.")
+@click.option("--packing", help="none or docs:N (comma-separated): N documents of random lengths packed in each row "
+              "(segment ids; seeded by the shape; self-attention cells, q_len == kv_len).")
 @click.option("--config", "config", type=click.Path(dir_okay=False),
               help="A sweep.toml ([sweep] and [run] tables); a flag replaces the file's value of its axis "
                    "(--seq its q_len/kv_len, --tokens its batch and the other way round).")
@@ -125,7 +131,7 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
 def _model_sweep(config, given: dict, name):
     """(ModelSweep, run options, notes) of ``bench --model``: flags that contradict the preset refused."""
     from ..model_plan import notes as plan_notes
-    from ..models import preset
+    from ..model_config import resolve
     from ..sweep import SweepError
     from ..sweep.model_cells import check_model_flags, model_sweep
     from ..names import canonical_dtype
@@ -134,7 +140,7 @@ def _model_sweep(config, given: dict, name):
     if config:
         raise SweepError("--config and --model contradict each other: the model's cells come from --phase/--context")
     try:
-        p = preset(given["model"])
+        p = resolve(given["model"])
     except ValueError as e:
         raise SweepError(str(e)) from None
     check_model_flags(p, given)

@@ -337,7 +337,8 @@ def cuda_lowering_context(device_kind: str = "NVIDIA H200", cores: int = 132):
 
 
 def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, block_r: int, block_k: int,
-            num_splits: int, causal: bool, qk_scale: float, page_size: int | None = None):
+            num_splits: int, causal: bool, qk_scale: float, page_size: int | None = None,
+            soft_cap: float | None = None):
     import jax.numpy as jnp
     from jax import lax
     from jax.experimental import pallas as pl
@@ -368,6 +369,8 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
                                  page_size=page_size, table_ref=table_ref)
         k = load(k_ref)
         s = plgpu.dot(q, k, trans_b=True) * qk_scale        # (block_r, block_k) float32, log2 units
+        if soft_cap is not None:                             # cap * tanh(x / cap), cap in log2 units too
+            s = soft_cap * jnp.tanh(s / soft_cap)
         visible = kv_ok[None, :]
         if causal:
             visible = visible & (pos[None, :] <= q_pos[:, None])
@@ -409,14 +412,16 @@ def combine(o, m, l):
 
 def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: float | None = None,
                             config: DecodeConfig | None = None, interpret: bool | None = None,
-                            plan: Plan | None = None, page_table=None):
+                            plan: Plan | None = None, page_table=None,
+                            soft_cap: float | None = None):
     """The kernel on already validated inputs (see ``attnlab.decode_attention`` for the checks).
 
     q (B, T, N, H); k, v (B, S, K, H), one dtype (float16, bfloat16 or float32); lengths (B,)
     int, traced or not. With ``page_table`` (B, pages_per_seq) int32, k and v are pages
     (P, page_size, K, H) in vLLM's layout (``attnlab.kernels.pages``; page_size a power of two)
     and S = pages_per_seq * page_size. ``scale`` must be a Python float (default 1/sqrt(H)): it
-    is compiled in. ``interpret`` defaults to True when JAX's default backend is not a GPU.
+    is compiled in, as is
+    ``soft_cap`` (logits -> soft_cap * tanh(logits / soft_cap), None: no cap). ``interpret`` defaults to True when JAX's default backend is not a GPU.
     Returns (B, T, N, H) in q's dtype.
     """
     import jax
@@ -453,7 +458,8 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
 
     kernel = functools.partial(_kernel, q_len=T, groups=G, rows=R, kv_len=S, block_r=br, block_k=plan.block_k,
                                num_splits=P, causal=bool(causal) and T > 1, qk_scale=scale * LOG2E,
-                               page_size=page_size)
+                               page_size=page_size,
+                               soft_cap=None if soft_cap is None else float(soft_cap) * LOG2E)
     if page_table is None:
         kv_spec = pl.BlockSpec((None, S, None, H), lambda r, j, x: (bk(x)[0], 0, bk(x)[1], 0))
         table_specs, tables = [], []

@@ -26,14 +26,15 @@ from ..distributions import DISTRIBUTIONS
 from ..inputs import _normal
 from ..problem import FIELDS as PROBLEM_FIELDS, Problem, delegate_fields, label as problem_label
 from ..records import SCHEMA_VERSION, STATUSES  # noqa: F401  (STATUSES re-exported)
-from ..spec import prepare
+from .. import segments
+from ..spec import check_soft_cap, prepare
 from ..workload import Workload
 from . import check, memory, timers
 from .native import measure_native
 # re-exported: the names tests, the lab and benchmarks import from attnlab.measure.cell
 from .budget import _with_budget  # noqa: F401
 from .check import _check_grads_into, _check_into, ref_key, semantics  # noqa: F401
-from .inputs import _functions, _input_sets, _mesh_record, _place_sharded, strategy_refusal  # noqa: F401
+from .inputs import _functions, call_extras, _input_sets, _mesh_record, _place_sharded, strategy_refusal  # noqa: F401
 from .record import MEASURED_FIELDS, TIMING_FIELDS, Skip as _Skip, _finish, _metrics, _short, classify  # noqa: F401
 
 MODES = ("fwd", "fwd+bwd", "bwd")
@@ -58,10 +59,13 @@ class Cell:
     lengths: str | None = dataclasses.field(default=None, metadata=_SINCE)       # None: attention(); full/ragged: decode
     inputs: str = dataclasses.field(default="gaussian", metadata=_SINCE)         # attnlab.distributions name
     page_size: int | None = dataclasses.field(default=None, metadata=_SINCE)     # lengths "paged": tokens per page
+    soft_cap: float | None = dataclasses.field(default=None, metadata=_SINCE)    # logits_soft_cap
+    packing: str | None = dataclasses.field(default=None, metadata=_SINCE)       # None or "docs:N" (segment ids)
 
     def __init__(self, backend, batch=_UNSET, q_len=_UNSET, kv_len=_UNSET, heads=_UNSET, kv_heads=_UNSET,
                  head_dim=_UNSET, dtype=_UNSET, causal=_UNSET, window=_UNSET, mode="fwd", devices=1, strategy=None,
-                 lengths=None, inputs="gaussian", page_size=None, *, problem: Problem | None = None):
+                 lengths=None, inputs="gaussian", page_size=None, soft_cap=None,
+                 packing=None, *, problem: Problem | None = None):
         given = {k: v for k, v in zip(PROBLEM_FIELDS, (batch, q_len, kv_len, heads, kv_heads, head_dim, dtype, causal,
                                                        window)) if v is not _UNSET}
         if problem is None:
@@ -70,7 +74,8 @@ class Cell:
         elif given:  # dataclasses.replace(cell, heads=...)
             problem = dataclasses.replace(problem, **given)
         for name, value in (("backend", backend), ("problem", problem), ("mode", mode), ("devices", devices),
-                            ("strategy", strategy), ("lengths", lengths), ("inputs", inputs), ("page_size", page_size)):
+                            ("strategy", strategy), ("lengths", lengths), ("inputs", inputs), ("page_size", page_size),
+                            ("soft_cap", None if soft_cap is None else float(soft_cap)), ("packing", packing)):
             object.__setattr__(self, name, value)
         self._validate()
 
@@ -89,6 +94,12 @@ class Cell:
                              f"page_size={self.page_size!r}")
         if self.page_size is not None and (self.page_size < 1 or self.kv_len % self.page_size):
             raise ValueError(f"page_size must divide kv_len={self.kv_len}, got {self.page_size}")
+        if self.soft_cap is not None:
+            check_soft_cap(self.soft_cap)
+        if self.packing is not None:
+            segments.parse_packing(self.packing)
+            if self.q_len != self.kv_len or self.lengths is not None or self.strategy is not None:
+                raise ValueError("packing needs q_len == kv_len, no decode lengths and no strategy")
         if self.strategy is not None:
             if self.strategy not in strategies.names():
                 raise ValueError(strategies.unknown(self.strategy))
@@ -106,6 +117,14 @@ class Cell:
             return (self.kv_len,) * self.batch
         rng = np.random.default_rng(check.seed_of(f"ragged B{self.batch} T{self.q_len} S{self.kv_len}"))
         return tuple(int(x) for x in rng.integers(self.q_len, self.kv_len + 1, size=self.batch))
+
+    def segment_ids(self) -> np.ndarray | None:
+        """(B, T) int32 ids of ``packing`` ("docs:N": N contiguous documents of random lengths per row,
+        seeded by the shape, so every backend and run sees the same packing), or None."""
+        n = segments.parse_packing(self.packing)
+        if n is None:
+            return None
+        return segments.docs(self.batch, self.q_len, n, check.seed_of(f"packing {self.packing} B{self.batch} T{self.q_len}"))
 
     @property
     def workload(self) -> Workload:
@@ -148,6 +167,10 @@ def config_label(rec: dict, mesh: bool = True) -> str:
         parts.append(f"{rec['strategy']}x{rec.get('devices', 1)}")
     if rec.get("inputs", "gaussian") != "gaussian":
         parts.append(f"inputs={rec['inputs']}")
+    if rec.get("soft_cap") is not None:
+        parts.append(f"cap={rec['soft_cap']:g}")
+    if rec.get("packing"):
+        parts.append(f"packing={rec['packing']}")
     return " ".join(parts)
 
 
@@ -205,7 +228,7 @@ def _measure_cell(cell: Cell, opts: Options | None) -> dict:
         if np.dtype(q0.dtype).name != cell.dtype:
             raise _Skip("unsupported", f"dtype {cell.dtype}: JAX made {np.dtype(q0.dtype).name} inputs "
                                        f"(jax_enable_x64={jax.config.jax_enable_x64}); not run under a wrong label")
-        spec = prepare(q0, k0, v0, is_causal=cell.causal, local_window_size=cell.window).spec
+        spec = prepare(q0, k0, v0, is_causal=cell.causal, local_window_size=cell.window, **call_extras(cell)).spec
         # decode cells: the backend's refusal comes from decode_attention itself when it is traced
         why = backend.why_not(spec) if cell.lengths is None else backend.available()
         if not why and cell.lengths == "paged":
@@ -300,7 +323,8 @@ def _measure_native(backend, cell: Cell, spec, sets, opts: Options, rec: dict, i
     try:
         if opts.check:
             if decode is None:
-                out = backend.run(prepare(q0, k0, v0, is_causal=cell.causal, local_window_size=cell.window))
+                out = backend.run(prepare(q0, k0, v0, is_causal=cell.causal, local_window_size=cell.window,
+                                          **call_extras(cell)))
             else:
                 out = backend.run_decode(q0, k0, v0, spec, scale, *decode)
             _check_into(rec, out, sets[0], cell, backend, opts)

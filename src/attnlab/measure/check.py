@@ -43,9 +43,13 @@ class Semantics:
     window: tuple[int, int] | None = None
     kv_lengths: tuple[int, ...] | None = None       # (B,) valid key lengths
     q_offsets: tuple[int, ...] | None = None        # (B,) position of query row 0 (decode: kv_len - T)
+    soft_cap: float | None = None                   # logits_soft_cap
+    segment_ids: np.ndarray | None = None           # (B, T) packed ids of a self-attention cell (T == S)
 
     def device_kwargs(self, T: int) -> dict:
-        kw: dict = dict(causal=self.causal, window=self.window)
+        kw: dict = dict(causal=self.causal, window=self.window, soft_cap=self.soft_cap)
+        if self.segment_ids is not None:
+            kw["q_segments"] = kw["kv_segments"] = jnp.asarray(self.segment_ids, jnp.int32)
         if self.kv_lengths is not None:
             kw["kv_lengths"] = jnp.asarray(self.kv_lengths, jnp.int32)
         if self.q_offsets is not None:
@@ -53,7 +57,10 @@ class Semantics:
         return kw
 
     def numpy_kwargs(self, batch_idx, rows) -> dict:
-        kw: dict = dict(is_causal=self.causal, local_window_size=self.window)
+        kw: dict = dict(is_causal=self.causal, local_window_size=self.window, logits_soft_cap=self.soft_cap)
+        if self.segment_ids is not None:
+            ids = np.asarray(self.segment_ids)[np.asarray(batch_idx)]
+            kw["query_segment_ids"], kw["key_value_segment_ids"] = ids[:, np.asarray(rows)], ids
         pos = np.asarray(rows)[None, :]
         if self.q_offsets is not None:
             pos = np.asarray(self.q_offsets)[batch_idx][:, None] + pos
@@ -195,9 +202,11 @@ def ref_key(cell, seed: int) -> str:
 
 def semantics(cell) -> Semantics:
     lens = cell.kv_lengths()
+    cap = getattr(cell, "soft_cap", None)
     if lens is None:
-        return Semantics(causal=cell.causal, window=cell.window)
-    return Semantics(causal=cell.causal, kv_lengths=lens, q_offsets=tuple(n - cell.q_len for n in lens))
+        ids = cell.segment_ids() if getattr(cell, "packing", None) else None
+        return Semantics(causal=cell.causal, window=cell.window, soft_cap=cap, segment_ids=ids)
+    return Semantics(causal=cell.causal, kv_lengths=lens, q_offsets=tuple(n - cell.q_len for n in lens), soft_cap=cap)
 
 
 def _check_into(rec: dict, out, inputs, cell, backend, opts) -> None:

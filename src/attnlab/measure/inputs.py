@@ -72,9 +72,20 @@ def strategy_refusal(cell) -> str | None:
     return None if cell.strategy is None else strategies.get(cell.strategy).why_not(cell.backend, cell.window)
 
 
+def call_extras(cell) -> dict:
+    """``attention``'s keyword arguments for the cell's soft cap and packing (none when unset)."""
+    kw = {}
+    if getattr(cell, "soft_cap", None) is not None:
+        kw["logits_soft_cap"] = cell.soft_cap
+    ids = cell.segment_ids() if getattr(cell, "packing", None) else None
+    if ids is not None:
+        kw["query_segment_ids"] = kw["key_value_segment_ids"] = ids   # concrete: compiled in, as a model's would be
+    return kw
+
+
 def _functions(cell):
     """(forward fn(q, k, v), timed fn, a maker of its argument tuple from (q, k, v, ct))."""
-    kw = dict(is_causal=cell.causal, local_window_size=cell.window, implementation=cell.backend)
+    kw = dict(is_causal=cell.causal, local_window_size=cell.window, implementation=cell.backend, **call_extras(cell))
 
     if cell.lengths is not None:
         import attnlab
@@ -82,7 +93,8 @@ def _functions(cell):
         lens = jnp.asarray(cell.kv_lengths(), jnp.int32)
 
         def fwd(q, k, v):
-            return attnlab.decode_attention(q, k, v, lens, causal=cell.causal, implementation=cell.backend)
+            return attnlab.decode_attention(q, k, v, lens, causal=cell.causal, implementation=cell.backend,
+                                            logits_soft_cap=cell.soft_cap)
 
         if cell.lengths == "paged" and cell.mode == "fwd":
             # timed on pages made beforehand (shuffled, vLLM layout); checked as its contiguous twin (q, k, v)
@@ -90,7 +102,8 @@ def _functions(cell):
 
             def paged(q, k_pages, v_pages, table):
                 return attnlab.decode_attention(q, k_pages, v_pages, lens, causal=cell.causal,
-                                                implementation=cell.backend, page_table=table)
+                                                implementation=cell.backend, page_table=table,
+                                                logits_soft_cap=cell.soft_cap)
 
             def fwd(q, k, v):   # noqa: F811 - the paged call on pages made from (q, k, v)
                 return paged(q, *to_pages(k, v, cell.page_size))

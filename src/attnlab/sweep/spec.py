@@ -3,7 +3,9 @@
 Axes: backend, batch, q_len, kv_len, heads, kv_heads, head_dim, dtype, causal, window, mode,
 lengths (none: ``attention``; full/ragged: ``decode_attention`` of the q_len newest tokens against
 an S-long cache, every sequence full or of ragged valid lengths), inputs (the distribution q, k, v
-are drawn from: a name of ``attnlab.distributions.DISTRIBUTIONS``, default gaussian).
+are drawn from: a name of ``attnlab.distributions.DISTRIBUTIONS``, default gaussian), soft_cap
+(none or the logits' soft cap, e.g. 50) and packing (none or ``docs:N``: N documents of random
+lengths packed in each row, as segment ids; self-attention cells only, q_len == kv_len).
 ``seq`` ties q_len = kv_len (not with q_len/kv_len); ``tokens`` fixes batch * q_len (batch =
 tokens // q_len; not with batch). ``window`` entries are ``none``, ``LEFT:RIGHT`` or an int ``W``,
 which means ``(W, W)`` exactly as ``jax.nn.dot_product_attention`` reads an int
@@ -22,6 +24,7 @@ from .. import backends, strategies
 from ..distributions import DISTRIBUTIONS
 from ..measure.cell import LENGTHS, MODES, Cell
 from ..names import DTYPE_ALIASES, FLOAT_DTYPES, canonical_dtype, closest, dtype_choices, unknown
+from ..segments import parse_packing
 
 
 class SweepError(ValueError):
@@ -45,6 +48,8 @@ class Sweep:
     strategy: list[str | None] = dataclasses.field(default_factory=lambda: [None])
     lengths: list[str | None] = dataclasses.field(default_factory=lambda: [None])
     inputs: list[str] = dataclasses.field(default_factory=lambda: ["gaussian"])
+    soft_cap: list[float | None] = dataclasses.field(default_factory=lambda: [None])
+    packing: list[str | None] = dataclasses.field(default_factory=lambda: [None])
     tokens: int | None = None
     name: str = "sweep"
 
@@ -89,6 +94,14 @@ class Sweep:
         for d in self.inputs:
             if d not in DISTRIBUTIONS:
                 raise SweepError(f"inputs: {d!r} is not one of {', '.join(DISTRIBUTIONS)}" + _did_you_mean(d, DISTRIBUTIONS))
+        for c in self.soft_cap:
+            if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c < float("inf")):
+                raise SweepError(f"soft_cap: {c!r} is not none or a positive number")
+        for pk in self.packing:
+            try:
+                parse_packing(pk)
+            except ValueError as e:
+                raise SweepError(str(e)) from None
         for c in self.causal:
             if not isinstance(c, bool):
                 raise SweepError(f"causal: {c!r} is not a bool")
@@ -104,9 +117,9 @@ class Sweep:
         out = []
         kv_lens = self.kv_len or [None]
         kv_heads = self.kv_heads or [None]
-        for (T, S, N, K, H, dt, c, w, m, st, nd, ln, dist) in itertools.product(
+        for (T, S, N, K, H, dt, c, w, m, st, nd, ln, dist, cap, pk) in itertools.product(
                 self.q_len, kv_lens, self.heads, kv_heads, self.head_dim, self.dtype, self.causal, self.window, self.mode,
-                self.strategy, self.devices, self.lengths, self.inputs):
+                self.strategy, self.devices, self.lengths, self.inputs, self.soft_cap, self.packing):
             S = T if S is None else S
             K = N if K is None else K
             if N % K or (st is None and nd != 1):
@@ -116,11 +129,14 @@ class Sweep:
             page = _page_size_of(ln) if ln is not None else None
             if page and S % page:
                 continue
+            if pk is not None and (T != S or ln is not None or st):   # packing: self-attention rows only
+                continue
             batches = [max(1, self.tokens // T)] if self.tokens else self.batch
             for B in batches:
                 for b in self.backends:
                     out.append(Cell(b, B, T, S, N, K, H, dt, c, tuple(w) if w else None, m, nd, st,
-                                    "paged" if page else ln, dist, page))
+                                    "paged" if page else ln, dist, page,
+                                    cap, pk))
         return out
 
 
@@ -226,10 +242,29 @@ def with_fp8_recipes(names: list[str], recipes: list[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def _caps(text) -> list[float | None]:
+    """"none,50" (CLI) or a TOML list: logits soft caps, none = uncapped."""
+    items = list(text) if isinstance(text, (list, tuple)) else [text] if isinstance(text, (int, float)) else _strs(text)
+    out = []
+    for it in items:
+        if it is None or str(it).strip().lower() == "none":
+            out.append(None)
+            continue
+        try:
+            v = float(it)
+        except (TypeError, ValueError):
+            raise SweepError(f"soft_cap: {it!r} is not none or a positive number (e.g. 50)") from None
+        if not 0 < v < float("inf"):
+            raise SweepError(f"soft_cap: {it!r} is not none or a positive number (e.g. 50)")
+        out.append(v)
+    return out
+
+
 def build(values: dict) -> Sweep:
     """A Sweep from loosely typed values (CLI strings or TOML values); keys as in the TOML file."""
     known = {"backends", "backend", "batch", "seq", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype",
-             "causal", "window", "mode", "tokens", "name", "devices", "strategy", "lengths", "inputs", "fp8_recipe"}
+             "causal", "window", "mode", "tokens", "name", "devices", "strategy", "lengths", "inputs", "fp8_recipe",
+             "soft_cap", "packing"}
     unknown = set(values) - known
     if unknown:
         raise SweepError(f"unknown sweep key(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
@@ -263,6 +298,10 @@ def build(values: dict) -> Sweep:
         kw["lengths"] = [None if x.lower() == "none" else x.lower() for x in _strs(values["lengths"])]
     if values.get("inputs") is not None:
         kw["inputs"] = [x.lower() for x in _strs(values["inputs"])]
+    if values.get("soft_cap") is not None:
+        kw["soft_cap"] = _caps(values["soft_cap"])
+    if values.get("packing") is not None:
+        kw["packing"] = [None if x.lower() == "none" else x.lower() for x in _strs(values["packing"])]
     if values.get("tokens") is not None:
         if values.get("batch") is not None:
             raise SweepError("tokens sets batch = tokens // q_len: give either tokens or batch")
