@@ -160,6 +160,7 @@ class Options:
     seed: int = 0
     min_time_s: float = 0.1             # wall-clock timing (no CUPTI): keep sampling at least this long
     cell_budget_s: float | None = None  # a cell estimated (attnlab.measure.estimate) above this: over_budget, not run
+    compile_ahead: bool = True          # sweeps: compile the next cell while this one runs (attnlab.measure.ahead)
 
 
 def measure_cell(cell: Cell, opts: Options | None = None, *, on_phase=None, compiled=None) -> dict:
