@@ -133,7 +133,7 @@ def test_the_next_compile_finishes_before_this_cells_timing(tmp_path, monkeypatc
         fut = Future()
 
         def finish():
-            time.sleep(3)   # longer than the first cell takes to reach its timing
+            time.sleep(8)   # far longer than the first cell takes to reach its timing
             events.append(f"ahead done {cell.q_len}")
             fut.set_exception(RuntimeError("compiled elsewhere"))
         threading.Thread(target=finish, daemon=True).start()
