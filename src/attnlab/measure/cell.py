@@ -246,7 +246,7 @@ def _measure_cell(cell: Cell, opts: Options | None, on_phase=None, ahead=None) -
                 arg_sets = [make_args(q, k, v, ct) for (q, k, v), ct in zip(sets, cts)]
             except Exception as e:  # noqa: BLE001
                 raise _Skip(*classify(e, "compile"))
-        with phases("compile", record=False):
+        with phases("compile", key="compile_wait_s"):
             try:
                 compiled, lower_s, compile_s = compile_within_budget(timed, arg_sets[0], opts.compile_budget_s, ahead)
             except _Skip:

@@ -2,8 +2,9 @@
 
 ``Phases(rec, on_phase)`` is used as ``with phases("check"): ...``: the seconds spent inside are
 added to ``rec["check_s"]`` and ``on_phase("check")`` is told when the phase starts (a progress
-display shows it). The compile phase is announced but its seconds are ``compile_s`` =
-lower + compile, measured around the compiler alone (``timers.compile_seconds``).
+display shows it). The compile phase's seconds are ``compile_s`` = lower + compile, measured
+around the compiler alone (``timers.compile_seconds``); the cell's wall seconds in that phase are
+``compile_wait_s`` (less than ``compile_s`` when the cell was compiled ahead: ``measure.ahead``).
 """
 from __future__ import annotations
 
@@ -19,11 +20,10 @@ class Phases:
     def __init__(self, rec: dict, on_phase: Callable[[str], None] | None = None):
         self.rec, self.on_phase = rec, on_phase
         for name in PHASES:
-            if name != "compile":
-                rec[f"{name}_s"] = None
+            rec[f"{name}_s" if name != "compile" else "compile_wait_s"] = None
 
     @contextlib.contextmanager
-    def __call__(self, name: str, record: bool = True):
+    def __call__(self, name: str, key: str | None = None):
         if name not in PHASES:
             raise ValueError(f"phase must be one of {PHASES}, got {name!r}")
         if self.on_phase is not None:
@@ -32,6 +32,5 @@ class Phases:
         try:
             yield
         finally:
-            if record:
-                key = f"{name}_s"
-                self.rec[key] = (self.rec.get(key) or 0.0) + time.perf_counter() - t0
+            key = key or f"{name}_s"
+            self.rec[key] = (self.rec.get(key) or 0.0) + time.perf_counter() - t0
