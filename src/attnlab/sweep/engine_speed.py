@@ -22,7 +22,7 @@ import time
 
 from .. import backends
 from ..measure import Options
-from ..measure.check import ref_key
+from ..measure.cell import IDENTITY, IDENTITY_DEFAULTS
 from ..records import cost_summary
 from .engine import SweepInterrupted, run_sweep
 from .spec import Sweep
@@ -41,7 +41,7 @@ def peers_sweeps(quick: bool = False) -> list[Sweep]:
     """The peers sweep (``benchmarks/peers_gpu.py``'s parts), available backends only; ``quick``: a tiny CPU grid."""
     if quick:
         return [Sweep(_available(["xla", "naive", "cudnn"]), batch=[1], q_len=[64, 128], heads=[2], head_dim=[16],
-                      dtype=["float32"], causal=[False, True], mode=["fwd", "fwd+bwd"], name="quick")]
+                      dtype=["float32"], causal=[True], mode=["fwd", "fwd+bwd"], name="quick")]
     parts = [
         Sweep(_JAX + _TORCH, q_len=[1024, 4096, 16384], heads=[16], head_dim=[64, 128], dtype=["bfloat16"],
               causal=[False, True], tokens=16384, name="fwd"),
@@ -84,21 +84,23 @@ def measure(out: str, quick: bool = False, max_seconds: float = 480.0, options: 
     return summary(records, time.perf_counter() - t0, complete)
 
 
+def _shape_key(r: dict) -> str:
+    """A record's problem and inputs, without backend and mode: the cells that share references (``ref_key``)."""
+    d = {k: r.get(k, IDENTITY_DEFAULTS.get(k)) for k in IDENTITY if k not in ("backend", "mode")}
+    d["window"] = list(d["window"]) if d["window"] else None
+    return json.dumps(d, sort_keys=True)
+
+
 def _overhead(r: dict) -> float:
     return max(0.0, (r.get("cell_s") or 0.0) - (r.get("compile_wait_s") or 0.0) - (r.get("timing_s") or 0.0))
 
 
 def summary(records: list[dict], wall_s: float, complete: bool = True) -> dict:
     """Cells, per-phase seconds, overheads and the goals' verdicts (see module doc) of a sweep's records."""
-    from ..measure import Cell
-
     cells = [r for r in records if r.get("kind", "cell") == "cell"]
     seen, first = set(), []
     for r in cells:
-        ident = {k: r.get(k) for k in ("batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype", "causal",
-                                       "window", "devices", "strategy", "lengths", "inputs")}
-        key = ref_key(Cell(r["backend"], **{**ident, "window": tuple(ident["window"]) if ident["window"] else None},
-                           mode=r["mode"]), 0)
+        key = _shape_key(r)
         if key not in seen and r.get("check_s") is not None:
             seen.add(key)
             first.append(r)
