@@ -1,6 +1,6 @@
 """Issue 22's measuring-engine benchmark: the peers sweep's cost cell by cell, and optionally a cold lab run.
 
-    PYTHONPATH=src python3 benchmarks/engine_speed.py --out OUT [--quick] [--lab] [--max-seconds 480]
+    PYTHONPATH=src python3 benchmarks/engine_speed.py --out OUT [--quick] [--lab | --lab-only] [--max-seconds 480]
 
 Writes OUT/engine_speed.json and OUT/engine_speed.md (goals met / missed by how much, where the time went).
 The logic lives in attnlab.sweep.engine_speed.
@@ -18,12 +18,15 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="a tiny grid (a CPU runs it in seconds)")
     ap.add_argument("--lab", action="store_true", help="also time a cold `attnlab run` (with --quick: run --quick)")
+    ap.add_argument("--lab-only", action="store_true", help="only the cold `attnlab run`, no peers sweep")
     ap.add_argument("--max-seconds", type=float, default=480.0, help="stop the peers sweep after this long")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     info = device.current()
-    result = {"device": info.kind, "peers": engine_speed.measure(args.out, args.quick, args.max_seconds)}
-    if args.lab:
+    result = {"device": info.kind,
+              "peers": engine_speed.summary([], 0.0, complete=False) if args.lab_only else
+              engine_speed.measure(args.out, args.quick, args.max_seconds)}
+    if args.lab or args.lab_only:
         result["lab"] = engine_speed.lab_run(args.out, args.quick)
     with open(os.path.join(args.out, "engine_speed.json"), "w", encoding="utf-8") as f:
         json.dump(result, f, indent=2, default=str)
