@@ -142,6 +142,17 @@ def _goal(name: str, measured: float | None, target: float) -> dict:
             "by_s": round(target - measured, 3)}
 
 
+def lab_goal_s(quick: bool) -> float:
+    """Issue 22's goal for a cold lab run here: GPU 120 s (150 s with TransformerEngine), --quick 30 s;
+    CPU 60 s, --quick 15 s."""
+    from .. import device
+
+    if device.current().platform != "gpu":
+        return 15.0 if quick else 60.0
+    te = "te" in backends.names() and backends.get("te").available() is None
+    return 30.0 if quick else (150.0 if te else 120.0)
+
+
 def lab_run(out: str, quick: bool = False, timeout_s: float = 600.0) -> dict:
     """A cold ``attnlab run`` (a subprocess) into ``out/lab``: its wall seconds and the run/step records it wrote."""
     folder = os.path.join(out, "lab")
@@ -160,7 +171,9 @@ def lab_run(out: str, quick: bool = False, timeout_s: float = 600.0) -> dict:
     except (OSError, ValueError):
         pass
     steps = {r.get("step"): r.get("seconds", r.get("wall_s")) for r in recs if r.get("kind") == "lab_step"}
-    return {"command": " ".join(cmd), "rc": rc, "wall_s": round(wall, 2), "run": next((r for r in recs if r.get("kind") == "run"), None),
+    target = lab_goal_s(quick)
+    goal = _goal(f"cold `attnlab run{' --quick' if quick else ''}` wall seconds", wall if rc == 0 else None, target)
+    return {"command": " ".join(cmd), "rc": rc, "wall_s": round(wall, 2), "goal": goal, "run": next((r for r in recs if r.get("kind") == "run"), None),
             "step_s": steps, "cost_summary": cost_summary(recs), "tail": tail if rc else ""}
 
 
@@ -171,7 +184,7 @@ def markdown(result: dict) -> str:
              f"peers sweep: {p['cells']} cells in {p['wall_s']} s wall ({'complete' if p['complete'] else 'INCOMPLETE'}); "
              f"statuses {p['statuses']}", "", f"`{p['cost_summary']}`", "",
              "| goal | target s | measured s | verdict |", "|---|---|---|---|"]
-    for g in p["goals"] + result.get("lab_goals", []):
+    for g in p["goals"] + ([result["lab"]["goal"]] if result.get("lab") else []):
         verdict = "–" if g["met"] is None else ("met" if g["met"] else f"missed by {-g['by_s']:.3g} s")
         lines.append(f"| {g['goal']} | {g['target_s']:g} | {g['measured_s'] if g['measured_s'] is not None else '–'} | {verdict} |")
     lines += ["", "phase seconds (sum over cells): " + ", ".join(f"{k} {v}" for k, v in p["phase_s"].items()), "",
