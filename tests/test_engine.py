@@ -105,6 +105,7 @@ def test_a_cell_compiled_ahead_measures_as_one_compiled_in_place():
     assert fut is not None
     r = measure_cell(c, FAST, compiled=fut)
     assert r["status"] == "ok" and r["compiled_ahead"] is True and r["compile_s"] > 0
+    assert len(fut.result()) == 4    # fwd+bwd: the check's forward program compiled ahead too
     assert ahead.start(Cell("naive", 1, 32, 32, 2, 2, 8, "float32", mode="bwd")) is None
     assert ahead.why_not(Cell("cudnn", 1, 32, 32, 2, 2, 512, "bfloat16"))   # refused here: never compiled ahead
 

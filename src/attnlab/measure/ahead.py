@@ -9,7 +9,8 @@ arrays do not exist yet) and compiled AOT, or None where the cell is not compile
   per-thread setting), or a cell its backend refuses (``why_not`` / ``mode_reason``: it is never
   compiled, so it is not compiled ahead either).
 
-``measure_cell(cell, compiled=future)`` takes the result; a failure in the ahead compile is that
+For a fwd+bwd cell the future's result has a 4th element where it compiles: the forward program
+the check runs, compiled beside it. ``measure_cell(cell, compiled=future)`` takes the result; a failure in the ahead compile is that
 cell's ``compile_error`` (or ``oom`` / ``unsupported``, by ``record.classify``), nothing else's.
 The sweep engine waits for the next cell's compile before the current cell's timing starts: XLA's
 GPU autotuner runs candidate kernels on the device while it compiles, and CUPTI would count them,
@@ -69,7 +70,14 @@ def start(cell) -> Future | None:
 
     def run():
         try:
-            fut.set_result(compile_seconds(_functions(cell)[1], shapes(cell)))
+            fwd, timed, _ = _functions(cell)
+            result = compile_seconds(timed, shapes(cell))
+            if cell.mode != "fwd":   # the check's forward output; where it fails, the cell fails on it as always
+                try:
+                    result = (*result, jax.jit(fwd).lower(*shapes(cell)[:3]).compile())
+                except Exception:  # noqa: BLE001
+                    pass
+            fut.set_result(result)
         except BaseException as e:  # noqa: BLE001 - the cell's own failure, raised where it is measured
             fut.set_exception(e)
 

@@ -248,7 +248,7 @@ def _measure_cell(cell: Cell, opts: Options | None, on_phase=None, ahead=None) -
                 raise _Skip(*classify(e, "compile"))
         with phases("compile", key="compile_wait_s"):
             try:
-                compiled, lower_s, compile_s = compile_within_budget(timed, arg_sets[0], opts.compile_budget_s, ahead)
+                compiled, lower_s, compile_s, *fwd_ahead = compile_within_budget(timed, arg_sets[0], opts.compile_budget_s, ahead)
             except _Skip:
                 raise
             except Exception as e:  # noqa: BLE001
@@ -261,7 +261,7 @@ def _measure_cell(cell: Cell, opts: Options | None, on_phase=None, ahead=None) -
         if opts.check:
             with phases("check"):
                 try:
-                    out = compiled(*arg_sets[0]) if cell.mode == "fwd" else jax.jit(fwd)(q0, k0, v0)
+                    out = (compiled if cell.mode == "fwd" else fwd_ahead[0] if fwd_ahead else jax.jit(fwd))(q0, k0, v0)
                     _check_into(rec, out, sets[0], cell, backend, opts)
                     if cell.mode != "fwd":
                         grads = compiled(*arg_sets[0])
