@@ -186,3 +186,19 @@ def test_ctrl_c_inside_a_stuck_cell_exits_at_once_keeping_finished_cells(tmp_pat
     recs = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert [(r["q_len"], r["status"]) for r in recs] == [(16, "ok")]
     assert (out / "results.csv").exists()
+
+
+def test_the_recorded_draw_threefry_v1_is_the_draw_of_earlier_records():
+    """Keys are now cached per seed; the values are those every earlier record was measured on."""
+    import jax
+    import numpy as np
+
+    from attnlab.inputs import _normal, cotangent, random_qkv
+
+    kq, kk, kv = jax.random.split(jax.random.key(3), 3)
+    want = (_normal(kq, (1, 16, 2, 8)), _normal(kk, (1, 24, 2, 8)), _normal(kv, (1, 24, 2, 8)))
+    for _ in range(2):   # the second call reads the cached keys
+        got = random_qkv(1, 16, 24, 2, 2, 8, "float32", seed=3)
+        assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(got, want))
+    assert np.array_equal(np.asarray(cotangent(103, (1, 16, 2, 8))),
+                          np.asarray(jax.random.normal(jax.random.key(103), (1, 16, 2, 8))))
