@@ -153,7 +153,7 @@ def lab_goal_s(quick: bool) -> float:
     return 30.0 if quick else (150.0 if te else 120.0)
 
 
-def lab_run(out: str, quick: bool = False, timeout_s: float = 600.0) -> dict:
+def lab_run(out: str, quick: bool = False, timeout_s: float = 480.0) -> dict:
     """A cold ``attnlab run`` (a subprocess) into ``out/lab``: its wall seconds and the run/step records it wrote."""
     folder = os.path.join(out, "lab")
     cmd = [sys.executable, "-m", "attnlab.cli", "run", "--out", folder] + (["--quick"] if quick else [])
