@@ -308,3 +308,18 @@ def test_a_results_file_line_breaking_the_schema_names_line_and_field(tmp_path):
     p.write_text(json.dumps(good) + "\n" + json.dumps({**good, "status": "ok", "timer": "sundial"}) + "\n")
     with pytest.raises(RecordError, match="record 2: record field 'timer'"):
         read_records(p)
+
+
+def test_reference_cache_keeps_recent_inputs_within_its_byte_cap(monkeypatch):
+    import numpy as np
+
+    check.clear_cache()
+    monkeypatch.setattr(check, "_CACHE_BYTES", 2500)
+    for i in range(4):   # 1 KB each: the cap keeps the newest 2 (3 would pass it)
+        check._cached(("fwd", f"k{i}"), lambda: np.zeros(125))
+        check._cached(("f64", f"k{i}"), lambda: np.zeros(0))
+    assert list(check._CACHE) == ["k2", "k3"] and set(check._CACHE["k3"]) == {"fwd", "f64"}
+    monkeypatch.setattr(check, "_CACHE_BYTES", 10)
+    check._cached(("fwd", "big"), lambda: np.zeros(1000))   # over the cap alone: still kept (the cell needs it)
+    assert list(check._CACHE) == ["big"]
+    check.clear_cache()

@@ -37,7 +37,7 @@ from .record import Skip
 TILE = 64
 INTERIOR_TILES = 2
 _CACHE: OrderedDict = OrderedDict()   # ref_key -> {"fwd": ..., "f64": ..., "grad": ...}
-_CACHE_SIZE = 2
+_CACHE_SIZE = 8
 _CACHE_BYTES = 2 * 2**30
 
 
