@@ -92,7 +92,10 @@ def _shape_key(r: dict) -> str:
 
 
 def _overhead(r: dict) -> float:
-    return max(0.0, (r.get("cell_s") or 0.0) - (r.get("compile_wait_s") or 0.0) - (r.get("timing_s") or 0.0))
+    """``cell_s - compile_wait_s - timing_s``; records from before issue 22 (no compile_wait_s, no
+    timing_s) count ``compile_s`` as their compile wait and their timing as overhead."""
+    wait = r["compile_wait_s"] if "compile_wait_s" in r else r.get("compile_s")
+    return max(0.0, (r.get("cell_s") or 0.0) - (wait or 0.0) - (r.get("timing_s") or 0.0))
 
 
 def summary(records: list[dict], wall_s: float, complete: bool = True) -> dict:
@@ -101,7 +104,7 @@ def summary(records: list[dict], wall_s: float, complete: bool = True) -> dict:
     seen, first = set(), []
     for r in cells:
         key = _shape_key(r)
-        if key not in seen and r.get("check_s") is not None:
+        if key not in seen and r.get("status") in ("ok", "incorrect") and r.get("checked_fraction") is not None:
             seen.add(key)
             first.append(r)
     over = [_overhead(r) for r in cells if r.get("cell_s") is not None]
