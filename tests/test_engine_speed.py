@@ -9,7 +9,8 @@ from attnlab.sweep import engine_speed
 def _rec(backend, T, cell_s, timing_s, wait_s=0.0, check_s=0.1, mode="fwd"):
     return {"backend": backend, "batch": 1, "q_len": T, "kv_len": T, "heads": 2, "kv_heads": 2, "head_dim": 16,
             "dtype": "float32", "causal": True, "window": None, "mode": mode, "status": "ok", "cell_s": cell_s,
-            "timing_s": timing_s, "compile_wait_s": wait_s, "compile_s": wait_s, "check_s": check_s, "inputs_s": 0.01}
+            "timing_s": timing_s, "compile_wait_s": wait_s, "compile_s": wait_s, "check_s": check_s, "inputs_s": 0.01,
+            "checked_fraction": 1.0}
 
 
 def test_summary_judges_the_goals_and_says_by_how_much():
