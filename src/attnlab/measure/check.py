@@ -136,7 +136,7 @@ def check_forward(out, q, k, v, sem: Semantics, *, ref_key: str, fixed_limit: fl
 
     def reference():
         ref32, emul = blockwise_pair(q, k, v, **sem.device_kwargs(T))
-        return ref32, tuple(float(x) for x in errors(emul, ref32)[:2]), take(emul)
+        return ref32, tuple(float(x) for x in jax.device_get(errors(emul, ref32))[:2]), take(emul)
 
     ref32, (b_err, b_row), e64 = _cached(("fwd", ref_key), reference)
     err, row, mx = rel_errors(out, ref32)
@@ -181,7 +181,7 @@ def check_grads(grads, q, k, v, cotangent, sem: Semantics, *, ref_key: str) -> d
 
     def reference():
         refs, emuls = blockwise_grads_pair(q, k, v, ct, **dkw)
-        return refs, [float(errors(e, r)[0]) for e, r in zip(emuls, refs)]
+        return refs, [float(x) for x in jax.device_get([errors(e, r)[0] for e, r in zip(emuls, refs)])]
 
     refs, bases = _cached(("grad", ref_key), reference)
     per = {}
