@@ -188,12 +188,26 @@ def test_a_clean_backend_passes_with_margin_recorded(registered, dtype, mode):
 
 def test_references_are_shared_by_backends_of_one_problem(monkeypatch):
     calls = []
-    real = check.blockwise_attention
-    monkeypatch.setattr(check, "blockwise_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = check.blockwise_pair
+    monkeypatch.setattr(check, "blockwise_pair", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     check.clear_cache()
     for b in ("naive", "xla"):
         assert measure_cell(Cell(b, 1, 64, 64, 2, 2, 16, "float32", True), FAST)["status"] == "ok"
-    assert len(calls) == 2   # the reference and its emulation, once for both backends
+    assert len(calls) == 1   # the reference and its emulation (one program), once for both backends
+
+
+def test_fwd_bwd_cells_of_one_problem_share_forward_rows_and_grad_references(monkeypatch):
+    """A fwd+bwd cell needs three references (forward, float64 rows, gradients): all three stay cached
+    for the next backend (a 2-entry cache of single references used to evict each one before its reuse)."""
+    calls = {"fwd": 0, "grad": 0, "f64": 0}
+    for name, kind in (("blockwise_pair", "fwd"), ("blockwise_grads_pair", "grad"), ("reference_attention", "f64")):
+        real = getattr(check, name)
+        monkeypatch.setattr(check, name, lambda *a, _r=real, _k=kind, **kw: calls.__setitem__(_k, calls[_k] + 1) or _r(*a, **kw))
+    check.clear_cache()
+    for b in ("naive", "xla", "naive"):
+        r = measure_cell(Cell(b, 1, 64, 64, 2, 2, 16, "float32", True, mode="fwd+bwd"), FAST)
+        assert r["status"] == "ok" and r["check_s"] > 0
+    assert calls == {"fwd": 1, "grad": 1, "f64": 1}
 
 
 # --- records: a typed schema with invariants --------------------------------------------------
@@ -294,3 +308,18 @@ def test_a_results_file_line_breaking_the_schema_names_line_and_field(tmp_path):
     p.write_text(json.dumps(good) + "\n" + json.dumps({**good, "status": "ok", "timer": "sundial"}) + "\n")
     with pytest.raises(RecordError, match="record 2: record field 'timer'"):
         read_records(p)
+
+
+def test_reference_cache_keeps_recent_inputs_within_its_byte_cap(monkeypatch):
+    import numpy as np
+
+    check.clear_cache()
+    monkeypatch.setattr(check, "_CACHE_BYTES", 2500)
+    for i in range(4):   # 1 KB each: the cap keeps the newest 2 (3 would pass it)
+        check._cached(("fwd", f"k{i}"), lambda: np.zeros(125))
+        check._cached(("f64", f"k{i}"), lambda: np.zeros(0))
+    assert list(check._CACHE) == ["k2", "k3"] and set(check._CACHE["k3"]) == {"fwd", "f64"}
+    monkeypatch.setattr(check, "_CACHE_BYTES", 10)
+    check._cached(("fwd", "big"), lambda: np.zeros(1000))   # over the cap alone: still kept (the cell needs it)
+    assert list(check._CACHE) == ["big"]
+    check.clear_cache()

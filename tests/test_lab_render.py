@@ -108,11 +108,11 @@ def test_run_lab_resumes_after_a_kill(tmp_path, monkeypatch):
     measured = []
 
     def killed_after(n):
-        def measure(cell, options=None):
+        def measure(cell, options=None, **kw):
             if n is not None and len(measured) >= n:
                 raise KeyboardInterrupt
             measured.append(cell.key())
-            return real(cell, options)
+            return real(cell, options, **kw)
         return measure
 
     monkeypatch.setattr(engine, "measure_cell", killed_after(3))
@@ -150,7 +150,7 @@ def test_cli_run_resume_measures_nothing_already_measured(tmp_path, monkeypatch)
     assert r.exit_code == 0, r.output
     calls = []
     real = engine.measure_cell
-    monkeypatch.setattr(engine, "measure_cell", lambda cell, options=None: calls.append(cell) or real(cell, options))
+    monkeypatch.setattr(engine, "measure_cell", lambda cell, options=None, **kw: calls.append(cell) or real(cell, options, **kw))
     r = CliRunner().invoke(main, ["run", "--out", out, "--quick", "--sections", "timing", "--resume"])
     assert r.exit_code == 0, r.output
     assert calls == []

@@ -32,6 +32,9 @@ OLD_CSV_COLUMNS = list(NEW_IDENTITY) + [
     "kernel_p25_ms", "kernel_p75_ms", "kernel_max_ms", "kernel_iqr_ms", "wall_min_ms", "wall_p25_ms", "wall_p75_ms",
     "wall_max_ms", "wall_iqr_ms", "flops", "bytes", "intensity", "input_sets", "repeats", "devices", "strategy", "mesh",
     "sweep", "schema", "timestamp", "env",
+    # issue 22: where a cell's time went, and how it was drawn and compiled
+    "inputs_s", "check_s", "timing_s", "cell_s", "lower_s", "compile_wait_s", "compiled_ahead", "estimate_s",
+    "inputs_draw", "pipelined_calls",
 ]
 
 

@@ -1,10 +1,16 @@
 """Random attention inputs (standard normal, never zeros) for tests, benchmarks and the lab."""
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
+
+#: How the inputs are drawn, recorded with each cell (``inputs_draw``): "threefry-v1" is the draw below
+#: (q, k, v from ``split(key(seed), 3)``, cotangents from ``key(seed + 100 + i)``, ``_normal``'s buckets),
+#: bit-identical to every attnlab draw before the field existed. A new draw must get a new name.
+INPUTS_DRAW = "threefry-v1"
 
 #: Tensors up to this many elements are drawn from one flat draw of a power-of-two size (see ``_normal``).
 _BUCKET_MAX = 2**22
@@ -25,10 +31,26 @@ def _normal(key, shape) -> jax.Array:
     return jax.random.normal(key, (size,), jnp.float32)[:n].reshape(shape)
 
 
+@functools.lru_cache(maxsize=256)
+def _key(seed: int):
+    """``jax.random.key(seed)``, made once per seed and process (making one cost 1.3 s on a GPU)."""
+    return jax.random.key(seed)
+
+
+@functools.lru_cache(maxsize=256)
+def _qkv_keys(seed: int):
+    return tuple(jax.random.split(_key(seed), 3))
+
+
+def cotangent(seed: int, shape) -> jax.Array:
+    """The float32 N(0, 1) cotangent a fwd+bwd / bwd cell's output receives: ``_normal(key(seed), shape)``."""
+    return _normal(_key(int(seed)), tuple(shape))
+
+
 def random_qkv(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: int,
                dtype="float32", seed: int = 0):
     """q (B, T, N, H), k and v (B, S, K, H), drawn N(0, 1) in float32 then cast to ``dtype``."""
-    kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+    kq, kk, kv = _qkv_keys(int(seed))
     q = _normal(kq, (batch, q_len, heads, head_dim)).astype(dtype)
     k = _normal(kk, (batch, kv_len, kv_heads, head_dim)).astype(dtype)
     v = _normal(kv, (batch, kv_len, kv_heads, head_dim)).astype(dtype)

@@ -186,6 +186,22 @@ def blockwise_grads(q, k, v, cotangent, *, scale=None, causal=False, window=None
     return dq.astype(out_dtype), dk.astype(out_dtype), dv.astype(out_dtype)
 
 
+_STATIC = ("causal", "window", "tile", "budget", "soft_cap")
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def blockwise_pair(q, k, v, **kw):
+    """(reference, emulation): ``blockwise_attention`` and its ``emulate=True``, one compiled program
+    (one compile per shape instead of two, one launch)."""
+    return blockwise_attention(q, k, v, **kw), blockwise_attention(q, k, v, emulate=True, **kw)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def blockwise_grads_pair(q, k, v, cotangent, **kw):
+    """((dq, dk, dv) float32, (dq, dk, dv) emulated): ``blockwise_grads`` both ways in one program."""
+    return blockwise_grads(q, k, v, cotangent, **kw), blockwise_grads(q, k, v, cotangent, emulate=True, **kw)
+
+
 @jax.jit
 def errors(out, ref):
     """(relative L2 error, worst row's relative error, max |out - ref|) on the device, in float32.
@@ -207,5 +223,5 @@ def errors(out, ref):
 
 
 def rel_errors(out, ref) -> tuple[float, float, float]:
-    """``errors`` as Python floats."""
-    return tuple(float(x) for x in errors(out, ref))
+    """``errors`` as Python floats (one transfer from the device)."""
+    return tuple(float(x) for x in jax.device_get(errors(out, ref)))

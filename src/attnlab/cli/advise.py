@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import types
 
 import click
@@ -17,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table as RichTable
 
 from ._app import _fail, console, main, writable_folder, writes_to
+from ._sweep_ui import cell_budget, cell_budget_option, cost_line, exit_after_interrupt, phase_spinner, print_estimate
 
 
 def _non_jax() -> set[str]:
@@ -40,7 +40,8 @@ def _non_jax() -> set[str]:
 @click.option("--repeats", type=int, default=None, help="Timed calls per cell (default 20 GPU, 5 CPU).")
 @click.option("--compile-budget", type=float, default=120.0, show_default=True,
               help="Seconds a compile may take before the cell is skipped.")
-def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, repeats, compile_budget):
+@cell_budget_option
+def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, repeats, compile_budget, cell_budget_s):
     """Which attention path, how long per layer and per model, how much KV cache, how large a batch fits."""
     from .. import advice
     from ..measure import Options
@@ -61,18 +62,19 @@ def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, r
     console.print(f"{p.name}: {len(ms.entries)} cell shapes x {len(ms.sweeps[0].backends)} backends "
                   f"({', '.join(ms.sweeps[0].backends)}) = {len(cells)} cells → {out_dir}/results.jsonl (resumes)",
                   highlight=False, soft_wrap=True)
-    opts = Options(repeats=repeats, compile_budget_s=compile_budget)
+    opts = Options(repeats=repeats, compile_budget_s=compile_budget, cell_budget_s=cell_budget(cell_budget_s))
+    print_estimate(cells, opts)
     try:
         def on_cell(cell, rec, i, n):
             status = "resumed" if rec is None else rec["status"]
             console.print(f"  [{i + 1}/{n}] {cell.backend:<15} {escape(cell.config_label)}  {status}", highlight=False)
 
-        with writes_to(out_dir):
-            records = run_sweep(ms, out_dir, resume=True, options=opts, on_cell=on_cell)
+        with writes_to(out_dir), phase_spinner() as on_phase:
+            records = run_sweep(ms, out_dir, resume=True, options=opts, on_cell=on_cell, on_phase=on_phase)
     except SweepInterrupted as e:
         console.print(f"[yellow]interrupted:[/] {e.finished} of {e.total} cells in {out_dir}; run the same command "
                       f"again to go on", highlight=False)
-        sys.exit(130)
+        exit_after_interrupt(e.abandoned)
     except SweepError as e:
         _fail(str(e))
     dev_bytes, source = _device_memory(device_memory)
@@ -100,6 +102,7 @@ def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, r
     with writes_to(out_dir):
         html = _write_html(os.path.join(out_dir, "advise.html"), adv, tabs, env)
     console.print(f"→ {html}, {out_dir}/advise.json", highlight=False)
+    cost_line(records)
 
 
 def _device_memory(gib: float | None) -> tuple[int | None, str | None]:

@@ -10,6 +10,7 @@ from rich.table import Table as RichTable
 
 from ._app import _fail, console, main, writable_folder, writes_to
 from ._layout import packed, wide_option
+from ._sweep_ui import cell_budget, cell_budget_option, cost_line, exit_after_interrupt, print_estimate
 
 WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys before each query and none after) "
                "or an int W, read as jax.nn.dot_product_attention reads local_window_size=W: (W, W), W keys before "
@@ -62,7 +63,9 @@ WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys
 @click.option("--compile-budget", type=float, default=None, help="Seconds a compile may take before the cell is skipped (default 300).")
 @click.option("--no-check", is_flag=True, help="Skip the per-cell comparison with the reference (not recommended).")
 @wide_option
-def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget, no_check, name, wide, **flags):
+@cell_budget_option
+def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget, no_check, name, wide, cell_budget_s=None,
+          **flags):
     """Sweep attention cells: check each against the reference, time it, record it."""
     from ..measure import Options
     from ..sweep import SweepError, build, run_sweep
@@ -96,14 +99,17 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
     for n in notes:
         console.print(f"[yellow]note:[/] {n}", highlight=False)
     opts = Options(repeats=reps, compile_budget_s=budget, check=not no_check and run_opts.get("check", True),
-                   min_time_s=float(mt), warmup=warmup)
+                   min_time_s=float(mt), warmup=warmup, cell_budget_s=cell_budget(cell_budget_s))
     cells = sweep.cells()
+    print_estimate(cells, opts)
     skipped = []
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
 
     try:
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=False) as prog:
+        with Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
+                      transient=False) as prog:
             task = prog.add_task("bench", total=len(cells))
 
             def on_cell(cell, rec, i, n):
@@ -112,20 +118,25 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
                 status = "resumed" if rec is None else rec["status"]
                 prog.update(task, advance=1, description=f"{cell.backend} {cell.config_label} [{status}]"[:70])
 
+            def on_phase(cell, phase):
+                prog.update(task, description=f"{cell.backend} {cell.config_label}"[:60] + f" · {phase}")
+
             with writes_to(out_dir):
-                records = run_sweep(sweep, out_dir, resume=resume, overwrite=overwrite, options=opts, on_cell=on_cell)
+                records = run_sweep(sweep, out_dir, resume=resume, overwrite=overwrite, options=opts, on_cell=on_cell,
+                                    on_phase=on_phase)
     except SweepInterrupted as e:
         console.print(f"[yellow]interrupted:[/] {e.finished} of {e.total} cells finished, written to "
                       f"{out_dir}/results.jsonl and {out_dir}/results.csv", highlight=False)
         console.print("resume with:  " + _resume_command(config, out_dir, repeats, min_time, compile_budget, no_check,
-                                                         name, given), highlight=False, soft_wrap=True)
-        sys.exit(130)
+                                                         name, given, cell_budget_s), highlight=False, soft_wrap=True)
+        exit_after_interrupt(e.abandoned)
     except SweepError as e:
         _fail(str(e))
     if resume:
         console.print(f"resumed: skipped {len(skipped)} of {len(cells)} cells already in {out_dir}/results.jsonl, "
                       f"measured {len(cells) - len(skipped)}", highlight=False)
     _print_bench_table(records, out_dir, wide)
+    cost_line(records)
 
 
 def _model_sweep(config, given: dict, name):
@@ -159,7 +170,8 @@ def _model_sweep(config, given: dict, name):
     return sweep, {}, notes
 
 
-def _resume_command(config, out_dir, repeats, min_time, compile_budget, no_check, name, given) -> str:
+def _resume_command(config, out_dir, repeats, min_time, compile_budget, no_check, name, given,
+                    cell_budget_s=None) -> str:
     """The ``attnlab bench`` command line that goes on where an interrupted one stopped."""
     import shlex
 
@@ -169,7 +181,7 @@ def _resume_command(config, out_dir, repeats, min_time, compile_budget, no_check
     for k, v in given.items():
         parts += [flag_name(k), str(v)]
     for flag, v in (("--config", config), ("--name", name), ("--repeats", repeats), ("--min-time", min_time),
-                    ("--compile-budget", compile_budget)):
+                    ("--compile-budget", compile_budget), ("--cell-budget", cell_budget_s)):
         if v is not None:
             parts += [flag, str(v)]
     if no_check:

@@ -5,11 +5,11 @@ Every cell is checked against the references before it is timed (CUPTI kernel ti
 from __future__ import annotations
 
 import os
-import sys
 
 import click
 
 from ._app import _fail, console, main, writable_folder, writes_to
+from ._sweep_ui import cell_budget, cell_budget_option, cost_line, exit_after_interrupt, phase_spinner, print_estimate
 from .bench import WINDOW_HELP
 
 AXES = (("batch", "Batch sizes, e.g. 1,4."), ("seq", "Sequence lengths, q_len = kv_len, e.g. 1024,4096."),
@@ -86,7 +86,8 @@ def _axis_options(f):
 @click.option("--repeats", type=int, default=None, help="Timed calls per cell (default 20 GPU, 5 CPU).")
 @click.option("--min-time", type=float, default=None, help="Wall clock (no GPU): seconds to keep timing a cell (default 0.1).")
 @click.option("--compile-budget", type=float, default=None, help="Seconds a compile may take (default 300).")
-def tune(backends, config, out, records_dir, replace, repeats, min_time, compile_budget, **flags):
+@cell_budget_option
+def tune(backends, config, out, records_dir, replace, repeats, min_time, compile_budget, cell_budget_s, **flags):
     """Measure cells (checked, then timed) and write auto's dispatch table: per shape bucket the fastest correct backend."""
     from .. import dispatch
     from ..measure import Options
@@ -114,9 +115,11 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
     records_dir = records_dir or os.path.join(os.path.dirname(os.path.abspath(out)), "tune-records", _env_slug())
     writable_folder(os.path.dirname(os.path.abspath(out)), "--out's folder")
     writable_folder(records_dir, "--records")
-    opts = Options(repeats=reps, compile_budget_s=budget, check=True, min_time_s=float(mt), warmup=warmup)
+    opts = Options(repeats=reps, compile_budget_s=budget, check=True, min_time_s=float(mt), warmup=warmup,
+                   cell_budget_s=cell_budget(cell_budget_s))
     n = len(sweep.cells())
     console.print(f"tune: {n} cells ({', '.join(sweep.backends)}) -> {records_dir}/results.jsonl", highlight=False, soft_wrap=True)
+    print_estimate(sweep.cells(), opts)
 
     def on_cell(cell, rec, i, total):
         if rec is not None:
@@ -124,14 +127,14 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
             console.print(f"[{i + 1}/{total}] {cell.backend:<15} {cell.config_label:<52} {rec['status']:<12} "
                           + (f"{t:.4g} ms" if t is not None else (rec.get("reason") or "")[:60]), highlight=False, soft_wrap=True)
 
-    interrupted = False
+    interrupted = abandoned = False
     try:
-        with writes_to(records_dir, "--records"):
-            records = run_sweep(sweep, records_dir, resume=True, options=opts, on_cell=on_cell)
+        with writes_to(records_dir, "--records"), phase_spinner() as on_phase:
+            records = run_sweep(sweep, records_dir, resume=True, options=opts, on_cell=on_cell, on_phase=on_phase)
     except SweepError as e:
         _fail(str(e))
     except SweepInterrupted as e:   # Ctrl-C: the table of the cells finished so far
-        interrupted = True
+        interrupted, abandoned = True, e.abandoned
         console.print(f"[yellow]interrupted:[/] {e.finished} of {e.total} cells finished", highlight=False)
         keys = {c.key() for c in sweep.cells()}
         records = [r for r in read_records(os.path.join(records_dir, "results.jsonl")) if record_key(r) in keys]
@@ -143,4 +146,5 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
                       highlight=False, soft_wrap=True)
     console.print(f"{len(entries)} dispatch entries -> {path}", highlight=False, soft_wrap=True)
     if interrupted:
-        sys.exit(130)
+        exit_after_interrupt(abandoned)
+    cost_line(records)

@@ -36,3 +36,14 @@ def _with_budget(fn, budget_s):
 
 
 with_budget = _with_budget
+
+
+def compile_within_budget(timed, args, budget_s, ahead=None):
+    """(compiled, lower_s, compile_s) of ``timed`` for ``args`` (``timers.compile_seconds``), or the
+    result of ``ahead``, a future of that same call started earlier (``attnlab.measure.ahead``);
+    Skip('over_budget') when it is not ready within ``budget_s`` seconds of asking."""
+    from . import timers
+
+    if ahead is not None:
+        return _with_budget(ahead.result, budget_s)
+    return _with_budget(lambda: timers.compile_seconds(timed, args), budget_s)

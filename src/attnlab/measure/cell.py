@@ -23,16 +23,17 @@ import numpy as np
 
 from .. import backends, device, strategies
 from ..distributions import DISTRIBUTIONS
-from ..inputs import _normal
+from ..inputs import INPUTS_DRAW, cotangent
 from ..problem import FIELDS as PROBLEM_FIELDS, Problem, delegate_fields, label as problem_label
 from ..records import SCHEMA_VERSION, STATUSES  # noqa: F401  (STATUSES re-exported)
 from .. import segments
 from ..spec import check_soft_cap, prepare
 from ..workload import Workload
-from . import check, memory, timers
-from .native import measure_native
+from . import check, estimate, memory, timers
+from .native_cell import _measure_native
+from .phases import Phases
 # re-exported: the names tests, the lab and benchmarks import from attnlab.measure.cell
-from .budget import _with_budget  # noqa: F401
+from .budget import _with_budget, compile_within_budget  # noqa: F401
 from .check import _check_grads_into, _check_into, ref_key, semantics  # noqa: F401
 from .inputs import _functions, call_extras, _input_sets, _mesh_record, _place_sharded, strategy_refusal  # noqa: F401
 from .record import MEASURED_FIELDS, TIMING_FIELDS, Skip as _Skip, _finish, _metrics, _short, classify  # noqa: F401
@@ -184,15 +185,24 @@ class Options:
     max_input_sets: int = 8
     rotate_bytes: int | None = None     # inputs rotate until they exceed this (default: 3 x L2)
     pipelined_calls: int = 20
+    pipelined_s: float = 0.5            # fewer pipelined calls (>= 2 a round) where 3 rounds would take longer
     seed: int = 0
     min_time_s: float = 0.1             # wall-clock timing (no CUPTI): keep sampling at least this long
+    cell_budget_s: float | None = None  # a cell estimated (attnlab.measure.estimate) above this: over_budget, not run
+    compile_ahead: bool = True          # sweeps: compile the next cell while this one runs (attnlab.measure.ahead)
 
 
-def measure_cell(cell: Cell, opts: Options | None = None) -> dict:
+def measure_cell(cell: Cell, opts: Options | None = None, *, on_phase=None, compiled=None) -> dict:
     """Check then time one cell; always returns a record (never raises for a failing cell).
 
     The whole forward output (and for fwd+bwd / bwd cells every gradient) is checked before any
     timing (``attnlab.measure.check``); an incorrect cell is never timed.
+
+    ``on_phase(name)`` is told when each phase starts (``phases.PHASES``: inputs, compile, check,
+    timing); the record gets each phase's seconds (``inputs_s``, ``compile_s``, ``check_s``,
+    ``timing_s``) and ``cell_s``. ``compiled``: a ``concurrent.futures.Future`` of
+    ``timers.compile_seconds`` for this cell, started ahead (``attnlab.measure.ahead``); its
+    failure is the cell's compile failure, exactly as if compiled here.
 
     float64 cells run inside ``jax.enable_x64(True)`` (inputs, compilation, check and timing), so
     their arrays really are float64 whatever the process's x64 setting; the setting is restored
@@ -200,30 +210,39 @@ def measure_cell(cell: Cell, opts: Options | None = None) -> dict:
     its label (``unsupported`` / ``incorrect``, saying which dtype JAX produced)."""
     if cell.dtype == "float64" and not jax.config.jax_enable_x64:
         with jax.enable_x64(True):
-            return _measure_cell(cell, opts)
-    return _measure_cell(cell, opts)
+            return _measure_cell(cell, opts, on_phase, compiled)
+    return _measure_cell(cell, opts, on_phase, compiled)
 
 
-def _measure_cell(cell: Cell, opts: Options | None) -> dict:
+def _measure_cell(cell: Cell, opts: Options | None, on_phase=None, ahead=None) -> dict:
     opts = opts or Options()
     info = device.current()
     rec: dict = {"schema": SCHEMA_VERSION, **cell.identity(), "status": "ok", "reason": None}
     w = cell.workload
     rec.update(flops=w.flops(cell.mode), bytes=w.bytes(cell.mode), intensity=w.intensity(cell.mode))
     rec.update({k_: None for k_ in MEASURED_FIELDS})
+    phases = Phases(rec, on_phase)
     no_cupti = timers.kernel_timer_available()
     rec["timer"] = "cupti" if no_cupti is None else "wall"
     t_start = time.perf_counter()
     try:
+        if opts.cell_budget_s:
+            est = estimate.estimate_cell(cell, opts, info)
+            rec["estimate_s"] = est.seconds
+            if est.seconds > opts.cell_budget_s:
+                raise _Skip("over_budget", f"estimated {est.text()} on {info.kind or info.platform}: more than the "
+                                           f"cell budget of {opts.cell_budget_s:g} s (--cell-budget); not run")
         try:
             backend = backends.get(cell.backend)
         except ValueError as e:
             raise _Skip("unsupported", str(e))
-        try:
-            sets = _input_sets(cell, opts)
-        except Exception as e:  # noqa: BLE001
-            raise _Skip(*classify(e, "run"))
+        with phases("inputs"):
+            try:
+                sets = _input_sets(cell, opts)
+            except Exception as e:  # noqa: BLE001
+                raise _Skip(*classify(e, "run"))
         rec["input_sets"] = len(sets)
+        rec["inputs_draw"] = INPUTS_DRAW
         q0, k0, v0 = sets[0]
         if np.dtype(q0.dtype).name != cell.dtype:
             raise _Skip("unsupported", f"dtype {cell.dtype}: JAX made {np.dtype(q0.dtype).name} inputs "
@@ -250,37 +269,41 @@ def _measure_cell(cell: Cell, opts: Options | None) -> dict:
         if getattr(backend, "native", False):
             if cell.lengths is not None and not getattr(backend, "decode", False):
                 raise _Skip("unsupported", f"{cell.backend}: no decode (cache) semantics")
-            _measure_native(backend, cell, spec, sets, opts, rec, info)
+            _measure_native(backend, cell, spec, sets, opts, rec, info, phases)
             return _finish(rec, t_start)
         fwd, timed, make_args = _functions(cell)
-        cts = [_normal(jax.random.key(opts.seed + 100 + i), q.shape) if cell.mode != "fwd" else None  # fwd: unused
-               for i, (q, _, _) in enumerate(sets)]
-        try:
-            arg_sets = [make_args(q, k, v, ct) for (q, k, v), ct in zip(sets, cts)]
-        except Exception as e:  # noqa: BLE001
-            raise _Skip(*classify(e, "compile"))
-        try:
-            compiled, lower_s, compile_s = _with_budget(lambda: timers.compile_seconds(timed, arg_sets[0]), opts.compile_budget_s)
-        except _Skip:
-            raise
-        except Exception as e:  # noqa: BLE001
-            raise _Skip(*classify(e, "compile"))
-        rec.update(lower_s=lower_s, compile_s=lower_s + compile_s)
+        with phases("inputs"):
+            cts = [cotangent(opts.seed + 100 + i, q.shape) if cell.mode != "fwd" else None  # fwd: unused
+                   for i, (q, _, _) in enumerate(sets)]
+            try:
+                arg_sets = [make_args(q, k, v, ct) for (q, k, v), ct in zip(sets, cts)]
+            except Exception as e:  # noqa: BLE001
+                raise _Skip(*classify(e, "compile"))
+        with phases("compile", key="compile_wait_s"):
+            try:
+                compiled, lower_s, compile_s, *fwd_ahead = compile_within_budget(timed, arg_sets[0], opts.compile_budget_s, ahead)
+            except _Skip:
+                raise
+            except Exception as e:  # noqa: BLE001
+                raise _Skip(*classify(e, "compile"))
+        rec.update(lower_s=lower_s, compile_s=lower_s + compile_s, compiled_ahead=ahead is not None)
         rec.update(memory.compiled_memory(compiled))
         limit = opts.max_bytes or memory.device_bytes_limit()
         if limit and rec["peak_bytes"] and rec["peak_bytes"] > limit:
             raise _Skip("oom", f"compiled peak {rec['peak_bytes']} bytes > device limit {limit} bytes; not run")
         if opts.check:
-            try:
-                out = compiled(*arg_sets[0]) if cell.mode == "fwd" else jax.jit(fwd)(q0, k0, v0)
-                _check_into(rec, out, sets[0], cell, backend, opts)
-                if cell.mode != "fwd":
-                    grads = compiled(*arg_sets[0])
-                    _check_grads_into(rec, grads, sets[0], cts[0], cell, opts)
-            except _Skip:
-                raise
-            except Exception as e:  # noqa: BLE001
-                raise _Skip(*classify(e, "run"))
+            with phases("check"):
+                try:
+                    out = (compiled(*arg_sets[0]) if cell.mode == "fwd"     # paged cells: (q, pages, table)
+                           else (fwd_ahead[0] if fwd_ahead else jax.jit(fwd))(q0, k0, v0))
+                    _check_into(rec, out, sets[0], cell, backend, opts)
+                    if cell.mode != "fwd":
+                        grads = compiled(*arg_sets[0])
+                        _check_grads_into(rec, grads, sets[0], cts[0], cell, opts)
+                except _Skip:
+                    raise
+                except Exception as e:  # noqa: BLE001
+                    raise _Skip(*classify(e, "run"))
         try:
             facts = backend.facts(fwd, q0, k0, v0, fwd_as=lambda name: _functions(dataclasses.replace(cell, backend=name))[0])
         except Exception as e:  # noqa: BLE001 - a fact that cannot be read is reported, not fatal
@@ -289,15 +312,17 @@ def _measure_cell(cell: Cell, opts: Options | None) -> dict:
             rec["facts"] = facts
         repeats = opts.repeats or (20 if info.platform == "gpu" else 5)
         rec["repeats"] = repeats
-        try:
-            timers.warm_up(compiled, arg_sets, opts.warmup)
-            if no_cupti is None:
-                rec.update(timers.kernel_per_call(compiled, arg_sets, repeats).as_dict("kernel"))
-            rec.update(timers.wall_per_call(compiled, arg_sets, repeats,
-                                            min_time_s=opts.min_time_s if no_cupti is not None else 0.0).as_dict("wall"))
-            rec["pipelined_ms"] = timers.wall_pipelined(compiled, arg_sets, opts.pipelined_calls).median
-        except Exception as e:  # noqa: BLE001
-            raise _Skip(*classify(e, "run"))
+        with phases("timing"):
+            try:
+                timers.warm_up(compiled, arg_sets, opts.warmup)
+                if no_cupti is None:
+                    rec.update(timers.kernel_per_call(compiled, arg_sets, repeats).as_dict("kernel"))
+                rec.update(timers.wall_per_call(compiled, arg_sets, repeats,
+                                                min_time_s=opts.min_time_s if no_cupti is not None else 0.0).as_dict("wall"))
+                rec["pipelined_calls"] = timers.pipelined_calls(rec["wall_ms"], opts.pipelined_calls, opts.pipelined_s)
+                rec["pipelined_ms"] = timers.wall_pipelined(compiled, arg_sets, rec["pipelined_calls"]).median
+            except Exception as e:  # noqa: BLE001
+                raise _Skip(*classify(e, "run"))
         rec["process_peak_bytes"] = memory.process_peak_bytes()
         _metrics(rec, cell, info, backend)
         if not opts.check:
@@ -307,35 +332,3 @@ def _measure_cell(cell: Cell, opts: Options | None) -> dict:
     except Exception as e:  # noqa: BLE001 - a failing cell must never stop a sweep
         rec["status"], rec["reason"] = "runtime_error", _short(f"{type(e).__name__}: {e} | {traceback.format_exc(limit=2)}")
     return _finish(rec, t_start)
-
-
-def _measure_native(backend, cell: Cell, spec, sets, opts: Options, rec: dict, info) -> None:
-    """A backend outside JAX (PyTorch): check its whole output on the same inputs, then time it
-    with the backend's own hook (CUPTI where it works, said in ``timer``)."""
-    q0, k0, v0 = sets[0]
-    scale = 1.0 / math.sqrt(cell.head_dim)
-    decode = None
-    if cell.lengths is not None:
-        why = backend.supports(spec) or backend.decode_reason(cell.kv_lengths(), cell.q_len, cell.kv_len)
-        if why:
-            raise _Skip("unsupported", f"{cell.backend}: {why}")
-        decode = (cell.kv_lengths(), cell.causal)
-    try:
-        if opts.check:
-            if decode is None:
-                out = backend.run(prepare(q0, k0, v0, is_causal=cell.causal, local_window_size=cell.window,
-                                          **call_extras(cell)))
-            else:
-                out = backend.run_decode(q0, k0, v0, spec, scale, *decode)
-            _check_into(rec, out, sets[0], cell, backend, opts)
-        repeats = opts.repeats or 20
-        rec["repeats"] = repeats
-        rec.update(measure_native(backend, spec, scale, sets, repeats, opts.warmup, decode=decode))
-        rec["process_peak_bytes"] = memory.process_peak_bytes()
-        if not opts.check:
-            rec["status"] = "unchecked"
-    except _Skip:
-        raise
-    except Exception as e:  # noqa: BLE001
-        raise _Skip(*classify(e, "run"))
-    _metrics(rec, cell, info, backend)

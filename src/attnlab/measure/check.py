@@ -10,7 +10,11 @@
 The policy (``attnlab.reference.policy_limit``; in words, once: docs/measuring.md "Tolerance policy")
 applies to each error: relative L2 over the whole tensor and, for outputs, the worst row's.
 Backends that compute in float8 set their own fixed limit.
-References are shared by every backend measured on the same inputs (``ref_key``).
+References are shared by every backend and mode measured on the same inputs (``ref_key``): the float32
+reference and its emulation come from one compiled program (``blockwise_pair``, jit-cached per shape
+for the whole process), and the emulation's errors (the policy's baselines) and the float64 rows are
+computed once per inputs; a cell then pays one comparison of its own output. The references of the
+last ``_CACHE_SIZE`` input sets are kept (``_CACHE_BYTES`` at most, the newest always).
 ``_check_into`` / ``_check_grads_into`` apply the policy to a cell and put the verdict in its record.
 """
 from __future__ import annotations
@@ -26,13 +30,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..reference import LIMIT_FACTOR, policy_limit, reference_attention, rel_l2, row_rel_err
-from ..reference_device import blockwise_attention, blockwise_grads, rel_errors
+from ..reference_device import blockwise_grads_pair, blockwise_pair, errors, rel_errors
 from .record import Skip
 
 TILE = 64
 INTERIOR_TILES = 2
-_CACHE: OrderedDict = OrderedDict()
-_CACHE_SIZE = 2
+_CACHE: OrderedDict = OrderedDict()   # ref_key -> {"fwd": ..., "f64": ..., "grad": ...}
+_CACHE_SIZE = 8
+_CACHE_BYTES = 2 * 2**30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,13 +94,20 @@ def sample_rows(seed: int, B: int, T: int, tile: int = TILE, interior: int = INT
     return sorted(batch), np.asarray(rows, np.int64)
 
 
+def _nbytes(x) -> int:
+    return sum(int(getattr(a, "nbytes", 0)) for a in jax.tree_util.tree_leaves(x))
+
+
 def _cached(key, make):
-    if key not in _CACHE:
-        _CACHE[key] = make()
-        while len(_CACHE) > _CACHE_SIZE:
+    """``make()`` of ``key`` = (kind, ref_key), kept with the other kinds of the same ref_key."""
+    kind, rk = key
+    entry = _CACHE.setdefault(rk, {})
+    _CACHE.move_to_end(rk)
+    if kind not in entry:
+        entry[kind] = make()
+        while len(_CACHE) > 1 and (len(_CACHE) > _CACHE_SIZE or sum(map(_nbytes, _CACHE.values())) > _CACHE_BYTES):
             _CACHE.popitem(last=False)
-    _CACHE.move_to_end(key)
-    return _CACHE[key]
+    return entry[kind]
 
 
 def clear_cache() -> None:
@@ -125,22 +137,26 @@ def check_forward(out, q, k, v, sem: Semantics, *, ref_key: str, fixed_limit: fl
     """Record fields for the forward output ``out`` (B, T, N, H) of inputs q, k, v (see module doc)."""
     B, T = q.shape[:2]
     dtype = np.dtype(out.dtype).name
-    dkw = sem.device_kwargs(T)
-    ref32, emul = _cached(("fwd", ref_key), lambda: (blockwise_attention(q, k, v, **dkw),
-                                                      blockwise_attention(q, k, v, emulate=True, **dkw)))
+    batch_idx, rows = sample_rows(seed_of(ref_key), B, T)
+    take = lambda x: np.asarray(jnp.asarray(x)[np.asarray(batch_idx)][:, rows]).astype(np.float64)  # noqa: E731
+
+    def reference():
+        ref32, emul = blockwise_pair(q, k, v, **sem.device_kwargs(T))
+        return ref32, tuple(float(x) for x in jax.device_get(errors(emul, ref32))[:2]), take(emul)
+
+    ref32, (b_err, b_row), e64 = _cached(("fwd", ref_key), reference)
     err, row, mx = rel_errors(out, ref32)
-    b_err, b_row, _ = rel_errors(emul, ref32)
     dev = _verdict(err, row, b_err, b_row, dtype, fixed_limit)
     dev.update(reference="float32 blockwise on the device, precision HIGHEST", fraction=1.0)
 
-    batch_idx, rows = sample_rows(seed_of(ref_key), B, T)
-    take = lambda x: np.asarray(jnp.asarray(x)[np.asarray(batch_idx)][:, rows]).astype(np.float64)  # noqa: E731
-    ref64 = _cached(("f64", ref_key), lambda: reference_attention(
-        np.asarray(q[np.asarray(batch_idx)][:, rows]), np.asarray(k[np.asarray(batch_idx)]),
-        np.asarray(v[np.asarray(batch_idx)]), **sem.numpy_kwargs(batch_idx, rows)))
-    o64, e64 = take(out), take(emul)
-    f64 = _verdict(rel_l2(o64, ref64), row_rel_err(o64, ref64), rel_l2(e64, ref64), row_rel_err(e64, ref64),
-                   dtype, fixed_limit)
+    def rows64():
+        ref64 = reference_attention(np.asarray(q[np.asarray(batch_idx)][:, rows]), np.asarray(k[np.asarray(batch_idx)]),
+                                    np.asarray(v[np.asarray(batch_idx)]), **sem.numpy_kwargs(batch_idx, rows))
+        return ref64, rel_l2(e64, ref64), row_rel_err(e64, ref64)
+
+    ref64, e_l2, e_row = _cached(("f64", ref_key), rows64)
+    o64 = take(out)
+    f64 = _verdict(rel_l2(o64, ref64), row_rel_err(o64, ref64), e_l2, e_row, dtype, fixed_limit)
     f64.update(reference="NumPy float64 on sampled rows", batch=batch_idx, rows=int(rows.size),
                fraction=rows.size * len(batch_idx) / (T * B))
     ok = dev["ok"] and f64["ok"]
@@ -168,12 +184,15 @@ def check_grads(grads, q, k, v, cotangent, sem: Semantics, *, ref_key: str) -> d
     dtype = np.dtype(q.dtype).name
     dkw = sem.device_kwargs(T)
     ct = jnp.asarray(cotangent).astype(q.dtype)
-    refs, emuls = _cached(("grad", ref_key), lambda: (blockwise_grads(q, k, v, ct, **dkw),
-                                                       blockwise_grads(q, k, v, ct, emulate=True, **dkw)))
+
+    def reference():
+        refs, emuls = blockwise_grads_pair(q, k, v, ct, **dkw)
+        return refs, [float(x) for x in jax.device_get([errors(e, r)[0] for e, r in zip(emuls, refs)])]
+
+    refs, bases = _cached(("grad", ref_key), reference)
     per = {}
-    for name, g, r, e in zip(("dq", "dk", "dv"), grads, refs, emuls):
+    for name, g, r, base in zip(("dq", "dk", "dv"), grads, refs, bases):
         err = rel_errors(g, r)[0]
-        base = rel_errors(e, r)[0]
         limit = policy_limit(dtype, base)
         per[name] = {"rel_err": err, "limit": limit, "baseline": base, "ok": bool(err <= limit)}
     ok = all(p["ok"] for p in per.values())

@@ -17,7 +17,7 @@ from . import peaks
 #: Fields every cell record has (None until measured); see ``attnlab.records`` for the schema.
 MEASURED_FIELDS = ("kernel_ms", "wall_ms", "pipelined_ms", "dispatch_ms", "compile_s", "lower_s", "tflops", "gbps",
                    "pct_peak", "pct_ceiling", "rel_err", "max_abs_err", "temp_bytes", "peak_bytes", "process_peak_bytes",
-                   "checked_fraction", "grad_check")
+                   "checked_fraction", "grad_check", "inputs_s", "check_s", "timing_s")
 TIMING_FIELDS = ("kernel_ms", "wall_ms", "pipelined_ms", "dispatch_ms", "tflops", "gbps", "pct_peak", "pct_ceiling",
                  "pct_bandwidth", "roofline_ms", "pct_roofline")
 

@@ -7,6 +7,7 @@ labelled as such. Inputs rotate among several sets so a small problem is not ser
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable, Sequence
 
@@ -58,6 +59,14 @@ def wall_per_call(compiled: Callable, arg_sets: Sequence[Sequence], repeats: int
         samples.append((time.perf_counter() - t0) * 1e3)
         i += 1
     return Stats.of(samples)
+
+
+def pipelined_calls(wall_ms: float | None, calls: int, seconds: float) -> int:
+    """``calls``, fewer (at least 2) where 3 rounds of ``calls`` calls of ``wall_ms`` would pass ``seconds``:
+    a slow cell (a CPU, a long sequence) has no dispatch gap left to hide, so 60 calls tell no more than 6."""
+    if not wall_ms or wall_ms <= 0:
+        return calls
+    return max(2, min(calls, math.ceil(seconds * 1e3 / (3 * wall_ms))))
 
 
 def wall_pipelined(compiled: Callable, arg_sets: Sequence[Sequence], calls: int, rounds: int = 3) -> Stats:

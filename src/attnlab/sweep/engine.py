@@ -7,10 +7,14 @@ from typing import Callable
 
 from .. import env as envmod
 from .. import sharded  # noqa: F401  (registers the batch / heads / ring strategies: attnlab.strategies)
+from concurrent.futures import wait
+
+from ..measure import ahead as ahead_compile
 from ..measure.cell import IDENTITY, Cell, Options, measure_cell, record_key
 from ..records import config_label, time_ms  # noqa: F401  (re-exported: the helpers live in records)
 from ..store import ResultStore, read_jsonl, read_records, write_csv
 from .spec import Sweep, SweepError
+from .worker import Abandoned, call_interruptibly
 
 #: The record's identity (the Cell's fields, derived from the dataclasses), then what was measured.
 CSV_COLUMNS = list(IDENTITY) + [
@@ -20,6 +24,8 @@ CSV_COLUMNS = list(IDENTITY) + [
     "peak_bytes", "runtime_peak_bytes", "process_peak_bytes", "kernel_min_ms", "kernel_p25_ms",
     "kernel_p75_ms", "kernel_max_ms", "kernel_iqr_ms", "wall_min_ms", "wall_p25_ms", "wall_p75_ms", "wall_max_ms", "wall_iqr_ms", "flops", "bytes", "intensity", "input_sets", "repeats", "devices",
     "strategy", "mesh", "sweep", "schema", "timestamp", "env",
+    "inputs_s", "check_s", "timing_s", "cell_s", "lower_s", "compile_wait_s", "compiled_ahead", "estimate_s", "inputs_draw",
+    "pipelined_calls",
 ]
 
 
@@ -45,9 +51,10 @@ def _compact(path: str) -> list[dict]:
 class SweepInterrupted(KeyboardInterrupt):
     """Ctrl-C during a sweep: the finished cells are in results.jsonl and results.csv (``--resume`` goes on)."""
 
-    def __init__(self, finished: int, total: int, out_dir: str):
+    def __init__(self, finished: int, total: int, out_dir: str, abandoned: bool = False):
         super().__init__(f"interrupted after {finished} of {total} cells; results so far in {out_dir}")
         self.finished, self.total, self.out_dir = finished, total, out_dir
+        self.abandoned = abandoned   # a cell's worker thread was left running (the CLI then exits with os._exit)
 
 
 def existing_records(out_dir: str) -> int:
@@ -56,13 +63,19 @@ def existing_records(out_dir: str) -> int:
 
 
 def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, overwrite: bool = False, options: Options | None = None,
-              on_cell: Callable[[Cell, dict | None, int, int], None] | None = None) -> list[dict]:
+              on_cell: Callable[[Cell, dict | None, int, int], None] | None = None,
+              on_phase: Callable[[Cell, str], None] | None = None) -> list[dict]:
     """Measure every cell of ``sweep`` into ``out_dir/results.jsonl`` (+ .csv); returns all records.
 
     Where ``out_dir`` already holds results, ``resume`` skips the cells recorded there and
     ``overwrite`` starts afresh; with neither, ``SweepError`` is raised and nothing is touched.
-    ``on_cell(cell, record_or_None_if_skipped, index, total)`` is called after each cell. On
-    KeyboardInterrupt the CSV of the finished cells is written and ``SweepInterrupted`` raised.
+    ``on_cell(cell, record_or_None_if_skipped, index, total)`` is called after each cell,
+    ``on_phase(cell, phase)`` when a cell enters a phase (``attnlab.measure.phases.PHASES``).
+
+    Each cell runs in a worker thread (``attnlab.sweep.worker``) so Ctrl-C lands within a fraction of
+    a second. With ``options.compile_ahead`` the next cell compiles while this one is measured
+    (``attnlab.measure.ahead``); this cell's timing waits for that compile, so it owns the device.
+    On KeyboardInterrupt the CSV of the finished cells is written and ``SweepInterrupted`` raised.
     """
     if resume and overwrite:
         raise SweepError("resume and overwrite contradict each other: give one of them")
@@ -80,22 +93,46 @@ def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, overwrite: bo
     store = ResultStore(path)
     env = envmod.short(envmod.collect())
     cells = sweep.cells()
+    opts = options or Options()
+    todo = [c for c in cells if c.key() not in done]
+    pending: dict = {}
     try:
         for i, cell in enumerate(cells):
             if cell.key() in done:
                 if on_cell:
                     on_cell(cell, None, i, len(cells))
                 continue
-            rec = measure_cell(cell, options)
+            rec = _measure(cell, todo, pending, opts, on_phase)
             rec["sweep"] = sweep.name
             rec["env"] = env
             store.append(rec)
             done[cell.key()] = rec
             if on_cell:
                 on_cell(cell, rec, i, len(cells))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         write_csv(read_records(path), os.path.join(out_dir, "results.csv"), CSV_COLUMNS)
-        raise SweepInterrupted(sum(c.key() in done for c in cells), len(cells), out_dir) from None
+        raise SweepInterrupted(sum(c.key() in done for c in cells), len(cells), out_dir,
+                               abandoned=isinstance(e, Abandoned)) from None
     records = [done[c.key()] for c in cells if c.key() in done]
     write_csv(read_records(path), os.path.join(out_dir, "results.csv"), CSV_COLUMNS)
     return records
+
+
+def _measure(cell: Cell, todo: list[Cell], pending: dict, opts: Options, on_phase) -> dict:
+    """measure_cell in a worker thread, with this cell's ahead compile and the next one's started."""
+    compiled = pending.pop(cell.key(), None)
+    nxt = None
+    if opts.compile_ahead:
+        i = next(j for j, c in enumerate(todo) if c.key() == cell.key())
+        if i + 1 < len(todo) and todo[i + 1].key() not in pending:
+            nxt = ahead_compile.start(todo[i + 1])
+            if nxt is not None:
+                pending[todo[i + 1].key()] = nxt
+
+    def phase(name: str) -> None:
+        if name == "timing" and nxt is not None:
+            wait([nxt], timeout=opts.compile_budget_s)   # the next compile must not run beside the timer
+        if on_phase:
+            on_phase(cell, name)
+
+    return call_interruptibly(lambda: measure_cell(cell, opts, on_phase=phase, compiled=compiled))

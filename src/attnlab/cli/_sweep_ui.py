@@ -1,0 +1,84 @@
+"""What bench, advise and tune share around a sweep: the estimate before it, ``--cell-budget``, the
+phase spinner, the cost line after it, and the exit after Ctrl-C."""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+
+import click
+
+from ._app import _fail, console
+
+#: ``--cell-budget``'s default, seconds, by platform: a cell estimated above it is recorded over_budget.
+CELL_BUDGET_S = {"cpu": 120.0, "gpu": 300.0}
+
+cell_budget_option = click.option(
+    "--cell-budget", "cell_budget_s", type=float, default=None,
+    help="Seconds one cell may be estimated to take (compile, check and timing, from its FLOPs and bytes and this "
+         "device's ceilings) before it is recorded over_budget instead of run (default 120 on a CPU, 300 on a GPU).")
+
+
+def cell_budget(value: float | None) -> float:
+    """The flag's value (checked), else the device's default."""
+    from .. import device
+
+    if value is None:
+        return CELL_BUDGET_S.get(device.current().platform, CELL_BUDGET_S["gpu"])
+    if value <= 0:
+        _fail(f"--cell-budget: {value:g} must be > 0 seconds")
+    return value
+
+
+def print_estimate(cells, opts) -> None:
+    """One line before the sweep: the cell count, the estimated time and memory per cell here, and
+    how many cells are over the cell budget (recorded over_budget, not run)."""
+    from .. import device
+    from ..measure.estimate import estimate_cell
+
+    if not cells:
+        return
+    info = device.current()
+    ests = [(estimate_cell(c, opts, info), c) for c in cells]
+    secs = [e.seconds for e, _ in ests]
+    big, big_cell = max(ests, key=lambda ec: ec[0].seconds)
+    over = sum(s > opts.cell_budget_s for s in secs) if opts.cell_budget_s else 0
+    text = (f"{len(cells)} cells on {info.kind or info.platform}: estimated ~{statistics.median(secs):.2g} s a cell "
+            f"(median), ~{sum(secs):.3g} s in all, up to ~{max(e.bytes for e, _ in ests) / 2**20:.4g} MiB; "
+            f"largest: {big_cell.backend} {big_cell.config_label} {big.text()}")
+    if over:
+        text += f"; [yellow]{over} cell(s) over the cell budget of {opts.cell_budget_s:g} s: recorded over_budget, not run[/]"
+    console.print(text, highlight=False, soft_wrap=True)
+
+
+def cost_line(records) -> None:
+    from ..records import cost_summary
+
+    console.print(cost_summary(records), highlight=False, soft_wrap=True)
+
+
+def phase_spinner():
+    """A spinner showing the running cell and its phase (inputs, compile, check, timing): a context
+    manager giving ``on_phase(cell, phase)`` for ``run_sweep``. Quiet where the console is no terminal."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def spinner():
+        if not console.is_terminal:
+            yield None
+            return
+        with console.status("") as status:
+            yield lambda cell, phase: status.update(f"{cell.backend} {cell.config_label} · {phase}")
+
+    return spinner()
+
+
+def exit_after_interrupt(abandoned: bool, code: int = 130):
+    """Exit after Ctrl-C. Where a cell's worker thread was abandoned inside XLA (``SweepInterrupted.abandoned``),
+    the interpreter's shutdown would wait for XLA's C++ (minutes): flush and leave with ``os._exit``."""
+    if abandoned:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        console.file.flush()
+        os._exit(code)
+    sys.exit(code)

@@ -1,0 +1,106 @@
+"""How long and how much memory a cell will take here, before it runs (``attnlab bench`` prints it;
+``Options.cell_budget_s`` refuses a cell whose estimate is above it: ``over_budget``).
+
+A deliberately rough, conservative model from the cell's FLOPs and bytes (``attnlab.workload``):
+
+- one call of the kernel: max(FLOPs / throughput, bytes / bandwidth). On a GPU the throughput is
+  ``GPU_EFFICIENCY`` of the datasheet peak of the dtype (``attnlab.measure.peaks``); on a CPU it is
+  a quarter of the measured matmul ceiling (``attnlab ceilings``) where one was measured, else
+  ``CPU_GFLOPS``, a throughput a small shared CPU reaches.
+- timed calls: warm-up (one per input set), ``repeats`` (at least ``min_time_s`` on a wall clock)
+  and 3 rounds of pipelined calls (``timers.pipelined_calls``).
+- the check: the float32 reference and its emulation over the whole (dense: the reference skips no
+  masked tile) problem, gradients too for fwd+bwd / bwd cells, at the fp32 throughput; the float64
+  rows at ``NUMPY_GFLOPS``.
+- compile: ``COMPILE_S`` for the kernel and the references.
+
+Memory: the input sets, the cotangents, the references' outputs and one tile of their scores.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ..problem import BWD_FLOP_FACTOR
+from . import peaks
+
+GPU_EFFICIENCY = 0.25
+CPU_GFLOPS = {"fp32": 10.0, "tf32": 10.0, "bf16": 8.0, "fp8": 1.0}   # a 2-core CPU under load: 9-18 f32
+CPU_FLOAT64_GFLOPS = 5.0
+CPU_GBPS = 5.0
+NUMPY_GFLOPS = 1.0
+COMPILE_S = {"gpu": 4.0, "cpu": 2.0}
+#: rows of the float64 check: first, last and 2 interior tiles of 64 rows, up to 3 batch elements
+F64_ROWS, F64_BATCH = 4 * 64, 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    seconds: float        # the whole cell
+    call_s: float         # one call of the kernel
+    calls: int            # calls the timing makes
+    check_s: float
+    compile_s: float
+    bytes: int            # device memory the cell holds at its peak, roughly
+
+    def text(self) -> str:
+        return (f"~{self.seconds:.3g} s (compile ~{self.compile_s:.2g} s, check ~{self.check_s:.3g} s, "
+                f"{self.calls} timed calls of ~{_ms(self.call_s)}), ~{self.bytes / 2**20:.4g} MiB")
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.3g} ms" if s < 10 else f"{s:.3g} s"
+
+
+def throughput(info, dtype: str) -> tuple[float, float]:
+    """(FLOP/s, bytes/s) a kernel of ``dtype`` reaches here, conservatively."""
+    cls = peaks.dtype_class(dtype)
+    if info.platform == "gpu":
+        sheet = peaks.peak_for_kind(info.kind)
+        pk = (sheet.tflops.get(cls) or sheet.tflops.get("fp32")) if sheet else (100.0 if cls == "bf16" else 20.0)
+        return GPU_EFFICIENCY * pk * 1e12, GPU_EFFICIENCY * (sheet.hbm_tbps if sheet else 1.0) * 1e12
+    ceil = peaks.load_ceilings(info.kind) if info.platform == "cpu" else None
+    if ceil and ceil.get("matmul_tflops") and cls == "fp32":
+        return 0.25 * ceil["matmul_tflops"] * 1e12, CPU_GBPS * 1e9
+    gflops = CPU_FLOAT64_GFLOPS if dtype == "float64" else CPU_GFLOPS.get(cls, 1.0)
+    return gflops * 1e9, CPU_GBPS * 1e9
+
+
+def _n_sets(w, opts, info) -> int:
+    one = max(1, w.bytes("fwd") - w.batch * w.q_len * w.heads * w.head_dim * w.itemsize)
+    sheet = peaks.peak_for_kind(info.kind)
+    rotate = opts.rotate_bytes if opts.rotate_bytes is not None else 3 * (sheet.l2_bytes if sheet else 64 * 2**20)
+    return max(1, min(opts.max_input_sets, math.ceil(rotate / one), max(1, (4 * 2**30) // one)))
+
+
+def estimate_cell(cell, opts, info) -> Estimate:
+    """The estimate of ``measure_cell(cell, opts)`` on the device ``info`` (``attnlab.device.current()``)."""
+    from . import timers
+
+    w = cell.workload
+    grads = cell.mode != "fwd"
+    flops, nbytes = throughput(info, cell.dtype)
+    call_s = max(w.flops(cell.mode) / flops, w.bytes(cell.mode) / nbytes) + 1e-4
+    n_sets = _n_sets(w, opts, info)
+    repeats = opts.repeats or (20 if info.platform == "gpu" else 5)
+    timed_s = repeats * call_s if info.platform == "gpu" else max(repeats * call_s, opts.min_time_s)
+    pipe = timers.pipelined_calls(call_s * 1e3, opts.pipelined_calls, opts.pipelined_s)
+    calls = max(opts.warmup, n_sets) + repeats + 3 * pipe
+    timing_s = (max(opts.warmup, n_sets) + 3 * pipe) * call_s + timed_s
+    dense = 4.0 * w.batch * w.q_len * w.kv_len * w.heads * w.head_dim        # the reference masks, skips nothing
+    check_s = 0.0
+    if opts.check:
+        ref_flops, _ = throughput(info, "float64" if cell.dtype == "float64" else "float32")
+        ref = 2 * dense * (1 + (1 + BWD_FLOP_FACTOR if grads else 0)) / ref_flops
+        rows = 4.0 * min(F64_ROWS, w.q_len) * min(F64_BATCH, w.batch) * w.kv_len * w.heads * w.head_dim
+        check_s = ref + rows / (NUMPY_GFLOPS * 1e9) + (3 if grads else 1) * call_s
+    compile_s = COMPILE_S.get(info.platform, COMPILE_S["cpu"]) * (2 if opts.check else 1)
+    qkv = w.bytes("fwd") - w.batch * w.q_len * w.heads * w.head_dim * w.itemsize
+    out32 = 4 * w.batch * w.q_len * w.heads * w.head_dim
+    mem = n_sets * (qkv + (out32 if grads else 0)) + (2 + (6 if grads else 0)) * out32
+    if opts.check:
+        from ..reference_device import TILE_BUDGET
+
+        mem += min(TILE_BUDGET.get(info.platform, TILE_BUDGET["cpu"]), 4 * w.batch * w.heads * w.q_len * w.kv_len)
+    return Estimate(seconds=compile_s + check_s + timing_s, call_s=call_s, calls=calls, check_s=check_s,
+                    compile_s=compile_s, bytes=int(mem))

@@ -1,0 +1,45 @@
+"""A cell of a backend outside JAX (PyTorch): its whole output checked on the cell's inputs, then timed."""
+from __future__ import annotations
+
+import math
+
+from ..spec import prepare
+from . import memory
+from .check import _check_into
+from .inputs import call_extras
+from .native import measure_native
+from .record import Skip, _metrics, classify
+
+
+def _measure_native(backend, cell, spec, sets, opts, rec: dict, info, phases) -> None:
+    """Check the backend's whole output on the same inputs, then time it with the backend's own hook
+    (CUPTI where it works, said in ``timer``)."""
+    q0, k0, v0 = sets[0]
+    scale = 1.0 / math.sqrt(cell.head_dim)
+    decode = None
+    if cell.lengths is not None:
+        why = backend.supports(spec) or backend.decode_reason(cell.kv_lengths(), cell.q_len, cell.kv_len)
+        if why:
+            raise Skip("unsupported", f"{cell.backend}: {why}")
+        decode = (cell.kv_lengths(), cell.causal)
+    try:
+        if opts.check:
+            with phases("check"):
+                if decode is None:
+                    out = backend.run(prepare(q0, k0, v0, is_causal=cell.causal, local_window_size=cell.window,
+                                              **call_extras(cell)))
+                else:
+                    out = backend.run_decode(q0, k0, v0, spec, scale, *decode)
+                _check_into(rec, out, sets[0], cell, backend, opts)
+        repeats = opts.repeats or 20
+        rec["repeats"] = repeats
+        with phases("timing"):
+            rec.update(measure_native(backend, spec, scale, sets, repeats, opts.warmup, decode=decode))
+        rec["process_peak_bytes"] = memory.process_peak_bytes()
+        if not opts.check:
+            rec["status"] = "unchecked"
+    except Skip:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise Skip(*classify(e, "run"))
+    _metrics(rec, cell, info, backend)

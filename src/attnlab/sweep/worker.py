@@ -1,0 +1,53 @@
+"""Ctrl-C within a second, whatever a cell is doing: each cell runs in a daemon worker thread.
+
+Python delivers SIGINT to the main thread only between bytecodes; a main thread inside one long
+XLA call (a compile, a reference check) would not see it for minutes. So the main thread only
+waits, in slices of ``POLL_S`` seconds, and a KeyboardInterrupt there abandons the worker: the
+cell is lost, the finished cells are on disk, and the caller exits. The abandoned thread may still
+be inside XLA's C++; the CLI then ends the process with ``os._exit`` after flushing its output
+(``attnlab.cli._app.exit_after_interrupt``), since an interpreter shutdown would wait for XLA.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable, TypeVar
+
+import jax
+
+T = TypeVar("T")
+POLL_S = 0.1
+
+
+class Abandoned(KeyboardInterrupt):
+    """Ctrl-C while a worker was still running; ``thread`` is the abandoned (daemon) thread."""
+
+    def __init__(self, thread: threading.Thread):
+        super().__init__("interrupted; the running cell was abandoned")
+        self.thread = thread
+
+
+def call_interruptibly(fn: Callable[[], T], name: str = "attnlab-cell") -> T:
+    """``fn()`` in a daemon thread; its result or its exception. KeyboardInterrupt while waiting
+    raises ``Abandoned``. JAX's x64 setting (per thread) is carried into the worker."""
+    box: dict = {}
+    x64 = bool(jax.config.jax_enable_x64)
+
+    def target():
+        try:
+            with jax.enable_x64(x64):
+                box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=target, daemon=True, name=name)
+    t.start()
+    try:
+        while t.is_alive():
+            t.join(POLL_S)
+    except KeyboardInterrupt:
+        if t.is_alive():
+            raise Abandoned(t) from None
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
