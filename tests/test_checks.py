@@ -323,3 +323,29 @@ def test_reference_cache_keeps_recent_inputs_within_its_byte_cap(monkeypatch):
     check._cached(("fwd", "big"), lambda: np.zeros(1000))   # over the cap alone: still kept (the cell needs it)
     assert list(check._CACHE) == ["big"]
     check.clear_cache()
+
+
+def test_reference_programs_are_compiled_once_per_shape_without_autotuning(monkeypatch):
+    """The float32 reference + emulation program compiles once per (shape, static options) and is reused;
+    it is compiled with XLA's GPU autotuner off (a reference runs once a shape: autotuning only costs)."""
+    import attnlab.reference_device as rd
+    from attnlab.inputs import random_qkv
+
+    options = []
+    real_lower = rd._pair_program.lower
+
+    class Spy:
+        def __init__(self, lowered):
+            self.lowered = lowered
+
+        def compile(self, compiler_options=None):
+            options.append(compiler_options)
+            return self.lowered.compile(compiler_options=compiler_options)
+
+    monkeypatch.setattr(rd, "_pair_program", type("P", (), {"__name__": "_pair_program",
+                                                             "lower": staticmethod(lambda *a, **k: Spy(real_lower(*a, **k)))})())
+    monkeypatch.setattr(rd, "_PROGRAMS", rd.OrderedDict())
+    q, k, v = random_qkv(1, 32, 32, 2, 2, 16, "float32", seed=0)
+    for causal in (True, True, False):
+        rd.blockwise_pair(q, k, v, causal=causal)
+    assert options == [rd.NO_AUTOTUNE, rd.NO_AUTOTUNE] and rd.NO_AUTOTUNE == {"xla_gpu_autotune_level": 0}

@@ -23,6 +23,7 @@ rows t >= q_lengths[b] (when given) give 0, as jax.nn does.
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 import math
 
 import jax
@@ -190,16 +191,47 @@ _STATIC = ("causal", "window", "tile", "budget", "soft_cap")
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
-def blockwise_pair(q, k, v, **kw):
-    """(reference, emulation): ``blockwise_attention`` and its ``emulate=True``, one compiled program
-    (one compile per shape instead of two, one launch)."""
+def _pair_program(q, k, v, **kw):
     return blockwise_attention(q, k, v, **kw), blockwise_attention(q, k, v, emulate=True, **kw)
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
+def _grads_pair_program(q, k, v, cotangent, **kw):
+    return blockwise_grads(q, k, v, cotangent, **kw), blockwise_grads(q, k, v, cotangent, emulate=True, **kw)
+
+
+def blockwise_pair(q, k, v, **kw):
+    """(reference, emulation): ``blockwise_attention`` and its ``emulate=True``, one program compiled once
+    per shape (``compiled_once``: one compile instead of two, one launch)."""
+    return compiled_once(_pair_program, q, k, v, **kw)
+
+
 def blockwise_grads_pair(q, k, v, cotangent, **kw):
     """((dq, dk, dv) float32, (dq, dk, dv) emulated): ``blockwise_grads`` both ways in one program."""
-    return blockwise_grads(q, k, v, cotangent, **kw), blockwise_grads(q, k, v, cotangent, emulate=True, **kw)
+    return compiled_once(_grads_pair_program, q, k, v, cotangent, **kw)
+
+
+#: Compiled reference programs by (program, argument shapes, static options); the newest kept.
+_PROGRAMS: OrderedDict = OrderedDict()
+_PROGRAMS_KEPT = 16
+#: A reference runs once per shape: XLA's GPU autotuner, which times GEMM algorithms while compiling
+#: (seconds per program on the H200), buys it nothing. The kernels under test keep their autotuning.
+NO_AUTOTUNE = {"xla_gpu_autotune_level": 0}
+
+
+def compiled_once(program, *args, **kw):
+    """``program(*args, **kw)``, compiled once per shape and static options without autotuning, and
+    reused for every later call of that shape."""
+    static = tuple(sorted((k, v) for k, v in kw.items() if k in _STATIC))
+    dynamic = {k: v for k, v in kw.items() if k not in _STATIC}
+    shape = lambda x: None if x is None else (tuple(x.shape), str(x.dtype))  # noqa: E731
+    key = (program.__name__, tuple(map(shape, args)), static, tuple(sorted((k, shape(v)) for k, v in dynamic.items())))
+    if key not in _PROGRAMS:
+        _PROGRAMS[key] = program.lower(*args, **kw).compile(compiler_options=NO_AUTOTUNE)
+        while len(_PROGRAMS) > _PROGRAMS_KEPT:
+            _PROGRAMS.popitem(last=False)
+    _PROGRAMS.move_to_end(key)
+    return _PROGRAMS[key](*args, **dynamic)
 
 
 @jax.jit

@@ -11,8 +11,8 @@ The policy (``attnlab.reference.policy_limit``; in words, once: docs/measuring.m
 applies to each error: relative L2 over the whole tensor and, for outputs, the worst row's.
 Backends that compute in float8 set their own fixed limit.
 References are shared by every backend and mode measured on the same inputs (``ref_key``): the float32
-reference and its emulation come from one compiled program (``blockwise_pair``, jit-cached per shape
-for the whole process), and the emulation's errors (the policy's baselines) and the float64 rows are
+reference and its emulation come from one compiled program (``blockwise_pair``, compiled once per shape
+without GPU autotuning, for the whole process: ``reference_device.compiled_once``), and the emulation's errors (the policy's baselines) and the float64 rows are
 computed once per inputs; a cell then pays one comparison of its own output. The references of the
 last ``_CACHE_SIZE`` input sets are kept (``_CACHE_BYTES`` at most, the newest always).
 ``_check_into`` / ``_check_grads_into`` apply the policy to a cell and put the verdict in its record.
