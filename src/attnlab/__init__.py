@@ -17,6 +17,8 @@ Every public name loads its submodule on first use (``sharded_attention`` and ``
 ``attnlab.sharded``), so ``import attnlab`` stays cheap and imports no JAX: the lab's renderers
 (``attnlab.lab.render``) run without it.
 """
+from .names import lazy_getattr as _lazy_getattr
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -42,14 +44,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'attnlab' has no attribute {name!r}")
+__getattr__ = _lazy_getattr(__name__, _LAZY)
 
 
 def __dir__():

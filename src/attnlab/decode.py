@@ -34,14 +34,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from typing import Any
 
 import numpy as np
 
 from . import backends
 from .errors import UnsupportedError
-from .spec import FLOAT_DTYPES, AttentionSpec, _dtype_name, _is_tracer, check_soft_cap, prepare
+from .spec import AttentionSpec, _is_tracer, _shape, check_scale, check_soft_cap, common_float_dtype, prepare
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,12 +98,6 @@ class DecodeCall:
                 gather_pages(self.v_cache, self.page_table, self.kv_lengths))
 
 
-def _shape(name, x) -> tuple[int, ...]:
-    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-        raise TypeError(f"{name} must be an array with .shape and .dtype, got {type(x).__name__}")
-    return tuple(int(d) for d in x.shape)
-
-
 def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, page_table=None,
                    logits_soft_cap=None) -> DecodeCall:
     """Check every argument of a decode call (see the module docstring) and describe it."""
@@ -121,12 +114,7 @@ def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, 
         raise ValueError(f"k_cache must have rank 4 (B, S_max, K, H), got shape {ks}")
     if vs != ks:
         raise ValueError(f"v_cache shape {vs} must equal k_cache shape {ks}")
-    dts = {n: _dtype_name(x) for n, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))}
-    for n, d in dts.items():
-        if d not in FLOAT_DTYPES:
-            raise TypeError(f"{n} must have a floating dtype ({', '.join(FLOAT_DTYPES)}), got {d}")
-    if len(set(dts.values())) != 1:
-        raise TypeError("q, k_cache and v_cache must share one dtype, got " + ", ".join(f"{n} {d}" for n, d in dts.items()))
+    dtype = common_float_dtype({"q": q, "k_cache": k_cache, "v_cache": v_cache})
     B, T, N, H = qs
     kB, S, K, kH = ks
     if kB != B:
@@ -155,18 +143,9 @@ def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, 
                 raise ValueError(f"kv_lengths[{b}]={n} > S_max={S}: lengths must fit in k_cache/v_cache")
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__} {causal!r}")
-    static_scale = True
-    if scale is not None:
-        if isinstance(scale, bool) or not (isinstance(scale, numbers.Real) or hasattr(scale, "dtype")):
-            raise TypeError(f"scale must be a positive finite float or None, got {scale!r}")
-        if _is_tracer(scale):
-            static_scale = False
-        else:
-            s = float(scale)
-            if not (math.isfinite(s) and s > 0):
-                raise ValueError(f"scale must be positive and finite, got {s}")
-            scale = s
-    spec = DecodeSpec(batch=B, q_len=T, max_len=S, heads=N, kv_heads=K, head_dim=H, dtype=dts["q"],
+    scale = check_scale(scale)
+    static_scale = not _is_tracer(scale)
+    spec = DecodeSpec(batch=B, q_len=T, max_len=S, heads=N, kv_heads=K, head_dim=H, dtype=dtype,
                       causal=bool(causal), scale=scale if static_scale else None, scale_is_static=static_scale,
                       page_size=page_size, soft_cap=check_soft_cap(logits_soft_cap))
     import jax.numpy as jnp

@@ -20,6 +20,7 @@ Where: ``ATTNLAB_DISPATCH=off`` disables it, ``ATTNLAB_DISPATCH=/path.json`` nam
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import math
 import os
@@ -36,7 +37,6 @@ CACHE_VAR = "ATTNLAB_CACHE_DIR"
 BASE_VERSIONS = ("jax", "jaxlib", "cudnn")
 #: Sweep mode -> bucket mode: forward alone, or a training step (forward and backward).
 MODES = {"fwd": "fwd", "fwd+bwd": "train", "bwd": "bwd"}
-
 
 #: What an entry must hold to be used (``load`` refuses a file with an entry that lacks one).
 ENTRY_TYPES = {"device_kind": str, "versions": dict, "bucket": str, "backend": str, "ms": (int, float),
@@ -133,8 +133,7 @@ class Table:
 
 def _time(rec: dict) -> float | None:
     """``records.time_ms`` (kernel ms where measured, else wall ms) as a float."""
-    t = time_ms(rec)
-    return float(t) if t is not None else None
+    return None if (t := time_ms(rec)) is None else float(t)
 
 
 def _gmean(xs: list[float]) -> float:
@@ -149,9 +148,7 @@ def build(records: Iterable[dict], library_of: Callable[[str], Iterable[str]] = 
     names a backend that failed, was unchecked or refused. Decode cells (``lengths``) and cells of
     ``devices`` > 1 or a strategy, and records without ``env.device_kind``, are left out. ``library_of(backend)`` names the optional libraries a
     backend calls (import names, as in the record's ``env.optional``)."""
-    import datetime as _dt
-
-    date = date or _dt.date.today().isoformat()
+    date = date or datetime.date.today().isoformat()
     groups: dict[tuple, dict] = {}
     for r in records:
         if r.get("strategy") or (r.get("devices") or 1) != 1 or r.get("lengths"):

@@ -3,6 +3,7 @@
 No JAX, no NumPy: every layer (the ``Problem``, the sweep files, the backend registry, the CLI) reads
 names through these helpers, so ``bf16`` means ``bfloat16`` wherever a dtype is given and an unknown
 backend, preset or step id gets the closest known one instead of a list of every name.
+``lazy_getattr`` serves a package's public names from its submodules on first use.
 """
 from __future__ import annotations
 
@@ -60,4 +61,21 @@ def unknown(what: str, name, choices, *, listed_by: str | None = None, max_liste
     return f"unknown {what} {name!r}; known: {', '.join(choices)}"
 
 
-__all__ = ["FLOAT_DTYPES", "DTYPE_ALIASES", "canonical_dtype", "dtype_choices", "match", "closest", "unknown"]
+def lazy_getattr(package: str, table: dict[str, str]):
+    """A module ``__getattr__`` for ``package`` that serves ``table``'s names (name -> submodule, relative
+    to ``package``) on first use and keeps them in the package, so importing it imports none of them."""
+    import importlib
+    import sys
+
+    def __getattr__(name: str):
+        if name in table:
+            value = getattr(importlib.import_module(table[name], package), name)
+            setattr(sys.modules[package], name, value)
+            return value
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__
+
+
+__all__ = ["FLOAT_DTYPES", "DTYPE_ALIASES", "canonical_dtype", "dtype_choices", "match", "closest", "unknown",
+           "lazy_getattr"]

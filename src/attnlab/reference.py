@@ -90,9 +90,7 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
     sp = p.spec
     low = _LOW.get(np.dtype(emulate).name) if emulate is not None else None
     B, T, N, S, K = sp.batch, sp.q_len, sp.heads, sp.kv_len, sp.kv_heads
-    q = _round(_np(p.query), low)
-    k = _round(_np(p.key), low)
-    v = _round(_np(p.value), low)
+    q, k, v = (_round(_np(x), low) for x in (p.query, p.key, p.value))
     head_of = np.arange(N) // (N // K)          # query head n reads key/value head n // G
     kN, vN = k[:, :, head_of, :], v[:, :, head_of, :]
     sc = float(p.scale)
@@ -184,12 +182,10 @@ def low_precision_baseline(query, key, value, *args, ref, emulate, **kwargs) -> 
 
 def rel_l2(out, ref) -> float:
     """||out - ref|| / ||ref|| in float64 (inf when out has NaN/Inf)."""
-    out = np.asarray(out).astype(np.float64)
-    ref = np.asarray(ref).astype(np.float64)
+    out, ref = (np.asarray(x).astype(np.float64) for x in (out, ref))
     if not np.all(np.isfinite(out)):
         return math.inf
-    denom = np.linalg.norm(ref)
-    num = np.linalg.norm(out - ref)
+    num, denom = np.linalg.norm(out - ref), np.linalg.norm(ref)
     return float(num / denom) if denom > 0 else float(num)
 
 
@@ -198,8 +194,7 @@ def row_rel_err(out, ref, row_axes: int = 2) -> float:
 
     A row whose reference is (near) zero is judged against 1e-3 of the mean row norm, so a zeroed
     padded row that should be zero counts 0 and one that is not counts large."""
-    out = np.asarray(out).astype(np.float64)
-    ref = np.asarray(ref).astype(np.float64)
+    out, ref = (np.asarray(x).astype(np.float64) for x in (out, ref))
     if not np.all(np.isfinite(out)):
         return math.inf
     if ref.size == 0:

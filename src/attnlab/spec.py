@@ -148,6 +148,34 @@ def _check_lengths(name: str, x, batch: int, limit: int, letter: str):
             raise ValueError(f"{name} values must lie in [0, {letter}]=[0, {limit}], got {vals.tolist()}")
 
 
+def common_float_dtype(arrays: dict[str, Any]) -> str:
+    """The one floating dtype name that ``arrays`` (argument name -> array) share; TypeError naming
+    the argument whose dtype is not floating, or every dtype when they differ."""
+    dts = {n: _dtype_name(x) for n, x in arrays.items()}
+    for n, d in dts.items():
+        if d not in FLOAT_DTYPES:
+            raise TypeError(f"{n} must have a floating dtype ({', '.join(FLOAT_DTYPES)}), got {d}")
+    if len(set(dts.values())) != 1:
+        *first, last = dts
+        raise TypeError(f"{', '.join(first)} and {last} must share one dtype, got "
+                        + ", ".join(f"{n} {d}" for n, d in dts.items()))
+    return next(iter(dts.values()))
+
+
+def check_scale(scale):
+    """None, a positive finite float (a Python float from any real), or a traced scalar as given."""
+    if scale is None:
+        return None
+    if isinstance(scale, bool) or not (isinstance(scale, numbers.Real) or hasattr(scale, "dtype")):
+        raise TypeError(f"scale must be a positive finite float or None, got {scale!r}")
+    if _is_tracer(scale):
+        return scale
+    s = float(scale)
+    if not (math.isfinite(s) and s > 0):
+        raise ValueError(f"scale must be positive and finite, got {s}")
+    return s
+
+
 def normalise_window(local_window_size) -> tuple[int, int] | None:
     """None, an int w (meaning (w, w)) or (left, right) with non-negative ints."""
     if local_window_size is None:
@@ -179,12 +207,7 @@ def prepare(query, key, value, bias=None, mask=None, *, scale=None, is_causal=Fa
         raise ValueError(f"key must have the same rank as query ({len(qs)}), got shape {ks}")
     if vs != ks:
         raise ValueError(f"value shape {vs} must equal key shape {ks}")
-    dts = {n: _dtype_name(x) for n, x in (("query", query), ("key", key), ("value", value))}
-    for n, d in dts.items():
-        if d not in FLOAT_DTYPES:
-            raise TypeError(f"{n} must have a floating dtype ({', '.join(FLOAT_DTYPES)}), got {d}")
-    if len(set(dts.values())) != 1:
-        raise TypeError("query, key and value must share one dtype, got " + ", ".join(f"{n} {d}" for n, d in dts.items()))
+    dtype = common_float_dtype({"query": query, "key": key, "value": value})
     q4, k4, v4 = _expand(query, 4), _expand(key, 4), _expand(value, 4)
     B, T, N, H = (int(d) for d in q4.shape)
     kB, S, K, kH = (int(d) for d in k4.shape)
@@ -224,14 +247,7 @@ def prepare(query, key, value, bias=None, mask=None, *, scale=None, is_causal=Fa
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__} {is_causal!r}")
     if not isinstance(return_residual, (bool, np.bool_)):
         raise TypeError(f"return_residual must be a bool, got {type(return_residual).__name__} {return_residual!r}")
-    if scale is not None:
-        if isinstance(scale, bool) or not (isinstance(scale, numbers.Real) or hasattr(scale, "dtype")):
-            raise TypeError(f"scale must be a positive finite float or None, got {scale!r}")
-        if not _is_tracer(scale):
-            s = float(scale)
-            if not (math.isfinite(s) and s > 0):
-                raise ValueError(f"scale must be positive and finite, got {s}")
-            scale = s
+    scale = check_scale(scale)
     soft_cap = check_soft_cap(logits_soft_cap)
     if len(qs) == 3:   # an unbatched call takes (T,) and (S,) ids
         query_segment_ids, key_value_segment_ids = (_expand(x, 2) if hasattr(x, "shape") and len(x.shape) == 1 else x
@@ -242,7 +258,7 @@ def prepare(query, key, value, bias=None, mask=None, *, scale=None, is_causal=Fa
         (mq, cq), (mk, ck) = segments.host_layout(query_segment_ids), segments.host_layout(key_value_segment_ids)
         most, contiguous = max(mq, mk), cq and ck
     spec = AttentionSpec(
-        batch=B, q_len=T, kv_len=S, heads=N, kv_heads=K, head_dim=H, dtype=dts["query"],
+        batch=B, q_len=T, kv_len=S, heads=N, kv_heads=K, head_dim=H, dtype=dtype,
         scale=scale if isinstance(scale, float) or scale is None else None,
         is_causal=bool(is_causal), bias_shape=bias_shape, mask_shape=mask_shape,
         has_q_lengths=query_seq_lengths is not None, has_kv_lengths=key_value_seq_lengths is not None,

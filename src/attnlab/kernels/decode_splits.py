@@ -1,6 +1,6 @@
 """Split counts for ragged batches: the decode grid simulated with each sequence's own length.
 
-``choose_num_splits`` (``kernels.decode``) sizes the splits for S_max, the cache's capacity: right
+``choose_num_splits`` (``kernels.decode_plan``) sizes the splits for S_max, the cache's capacity: right
 for a uniform batch, but in a ragged one the programs of short sequences finish early (they loop
 over their own valid blocks, ``split_range``) and the longest sequence's programs are the critical
 path. When the lengths are known when the kernel is traced (concrete, not a tracer: a sweep's
@@ -24,7 +24,7 @@ CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 def makespan(lengths, kv_heads: int, splits: int, *, block_k: int, row_tiles: int, slots: int,
              fill_blocks: int) -> int:
     """Simulated time of the grid in block-loads: list scheduling of its programs on ``slots`` slots."""
-    from .decode import split_range
+    from .decode_plan import split_range
 
     free = [0] * max(1, slots)
     for n in lengths:
@@ -43,7 +43,7 @@ def choose_num_splits_ragged(lengths, kv_heads: int, *, uniform_choice: int, row
                              max_splits: int = 128) -> int:
     """The split count for these concrete ``lengths`` (see the module docstring); ``uniform_choice`` is
     ``choose_num_splits``'s count for S_max, returned unchanged when all lengths are equal."""
-    from .decode import FILL_BLOCKS, cdiv
+    from .decode_plan import FILL_BLOCKS, cdiv
 
     lengths = [int(n) for n in lengths]
     if len(set(lengths)) <= 1:

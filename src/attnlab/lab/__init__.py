@@ -7,19 +7,13 @@ load the measuring modules on first use.
 """
 from __future__ import annotations
 
+from ..names import lazy_getattr
 from .core import LabConfig, LabContext, Section, Step, Table
 
 _LAZY = {"run_lab": ".run", "STEPS": ".run", "config_for_machine": ".run", "run_step": ".run"}
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'attnlab.lab' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = ["run_lab", "Section", "Table", "LabConfig", "LabContext", "Step", "STEPS", "config_for_machine"]

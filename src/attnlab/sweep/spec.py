@@ -11,24 +11,20 @@ tokens // q_len; not with batch). ``window`` entries are ``none``, ``LEFT:RIGHT`
 which means ``(W, W)`` exactly as ``jax.nn.dot_product_attention`` reads an int
 ``local_window_size``: query t sees keys t - W ... t + W (2W + 1 keys); a causal sliding window of
 W keys back is ``W:0``.
-Sweeps come from CLI flags (``from_flags``) or a TOML file (``load_toml``): every bad value
-raises ``SweepError`` naming it.
+Sweeps come from CLI flags (``from_flags``) or a TOML file (``load_toml``), their values parsed by
+``sweep.parse``: every bad value raises ``SweepError`` naming it.
 """
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import tomllib
 
 from .. import backends, strategies
 from ..distributions import DISTRIBUTIONS
 from ..measure.cell import LENGTHS, MODES, Cell
 from ..names import DTYPE_ALIASES, FLOAT_DTYPES, canonical_dtype, closest, dtype_choices, unknown
 from ..segments import parse_packing
-
-
-class SweepError(ValueError):
-    """A sweep definition that cannot be run (bad axis value, bad file)."""
+from .parse import SweepError, _caps, _causal, _ints, _strs, _windows, load_toml, with_fp8_recipes  # noqa: F401
 
 
 @dataclasses.dataclass
@@ -157,109 +153,6 @@ def _page_size_of(lengths: str) -> int | None:
     return None
 
 
-# --- parsing ---------------------------------------------------------------------------------
-
-def _ints(axis: str, text) -> list[int]:
-    if isinstance(text, (list, tuple)):
-        vals = list(text)
-    elif isinstance(text, int):
-        vals = [text]
-    else:
-        vals = []
-        for part in str(text).split(","):
-            part = part.strip()
-            try:
-                vals.append(int(part))
-            except ValueError:
-                raise SweepError(f"{axis}: {part!r} is not an integer") from None
-    for v in vals:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise SweepError(f"{axis}: {v!r} is not a positive integer")
-    return vals
-
-
-def _strs(text) -> list[str]:
-    if isinstance(text, (list, tuple)):
-        return [str(x) for x in text]
-    return [p.strip() for p in str(text).split(",") if p.strip()]
-
-
-def _causal(text) -> list[bool]:
-    if isinstance(text, bool):
-        return [text]
-    if isinstance(text, (list, tuple)):
-        return [_causal(x)[0] for x in text]
-    t = str(text).strip().lower()
-    table = {"both": [False, True], "true": [True], "yes": [True], "1": [True], "false": [False], "no": [False], "0": [False]}
-    if t not in table:
-        raise SweepError(f"causal: {text!r} must be true, false or both")
-    return table[t]
-
-
-def _windows(text) -> list[tuple[int, int] | None]:
-    """"none,128:0" (CLI) or a TOML list of entries, each "none", "L:R", [L, R] or an int W.
-
-    An int W is (W, W), as ``jax.nn.dot_product_attention`` reads ``local_window_size=W``: W keys
-    before and W keys after each query (2W + 1 in all), not a causal window of W keys."""
-    if isinstance(text, str):
-        items = [p.strip() for p in text.split(",")]
-    elif isinstance(text, (list, tuple)):
-        items = list(text)
-    else:
-        items = [text]
-    out = []
-    for it in items:
-        if it is None or (isinstance(it, str) and it.lower() in ("none", "")):
-            out.append(None)
-            continue
-        parts = list(it) if isinstance(it, (list, tuple)) else str(it).split(":")
-        try:
-            vals = [int(p) for p in parts]
-        except (TypeError, ValueError):
-            raise SweepError(f"window: {it!r} must be none or LEFT:RIGHT (e.g. 128:0)") from None
-        if len(vals) == 1:
-            vals = vals * 2
-        if len(vals) != 2 or min(vals) < 0:
-            raise SweepError(f"window: {it!r} must be none or LEFT:RIGHT with non-negative ints")
-        out.append((vals[0], vals[1]))
-    return out
-
-
-def with_fp8_recipes(names: list[str], recipes: list[str]) -> list[str]:
-    """The sweep axis ``fp8_recipe``: ``cudnn-fp8`` among ``names`` becomes one backend per recipe
-    (``hadamard`` -> ``cudnn-fp8-hadamard``, the name its records carry; ``amax`` -> ``cudnn-fp8``)."""
-    from ..backends.fp8_recipe import name_of_recipe
-
-    if "cudnn-fp8" not in names:
-        raise SweepError(f"fp8_recipe: needs the cudnn-fp8 backend among the backends, got {', '.join(names)}")
-    try:
-        variants = [name_of_recipe(r.lower()) for r in recipes]
-    except ValueError as e:
-        raise SweepError(str(e)) from None
-    out = []
-    for n in names:
-        out.extend(variants if n == "cudnn-fp8" else [n])
-    return list(dict.fromkeys(out))
-
-
-def _caps(text) -> list[float | None]:
-    """"none,50" (CLI) or a TOML list: logits soft caps, none = uncapped."""
-    items = list(text) if isinstance(text, (list, tuple)) else [text] if isinstance(text, (int, float)) else _strs(text)
-    out = []
-    for it in items:
-        if it is None or str(it).strip().lower() == "none":
-            out.append(None)
-            continue
-        try:
-            v = float(it)
-        except (TypeError, ValueError):
-            raise SweepError(f"soft_cap: {it!r} is not none or a positive number (e.g. 50)") from None
-        if not 0 < v < float("inf"):
-            raise SweepError(f"soft_cap: {it!r} is not none or a positive number (e.g. 50)")
-        out.append(v)
-    return out
-
-
 def build(values: dict) -> Sweep:
     """A Sweep from loosely typed values (CLI strings or TOML values); keys as in the TOML file."""
     known = {"backends", "backend", "batch", "seq", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype",
@@ -312,26 +205,3 @@ def build(values: dict) -> Sweep:
     if values.get("name") is not None:
         kw["name"] = str(values["name"])
     return Sweep(**kw)
-
-
-def load_toml(path) -> tuple[dict, dict]:
-    """(sweep values, run options) from a TOML file with a [sweep] table and an optional [run] table."""
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise SweepError(f"config file {path} not found") from None
-    except tomllib.TOMLDecodeError as e:
-        raise SweepError(f"config file {path} is not valid TOML: {e}") from None
-    except OSError as e:
-        raise SweepError(f"config file {path} cannot be read: {e}") from None
-    if "sweep" not in data or not isinstance(data["sweep"], dict):
-        raise SweepError(f"config file {path} has no [sweep] table")
-    extra = set(data) - {"sweep", "run"}
-    if extra:
-        raise SweepError(f"config file {path}: unknown table(s) {', '.join(sorted(extra))}; expected [sweep] and [run]")
-    run = data.get("run", {})
-    bad = set(run) - {"repeats", "compile_budget", "check", "warmup", "min_time"}
-    if bad:
-        raise SweepError(f"config file {path}: unknown [run] key(s) {', '.join(sorted(bad))}")
-    return data["sweep"], run

@@ -1,0 +1,186 @@
+"""The decode kernel's launch plan: tuning parameters, the split count, what the kernel supports.
+
+Tuning parameters (``DecodeConfig``; None = the default)
+    block_k    keys per loop step: 128 for H <= 64, 64 for H = 128, 32 for H = 256
+    block_r    query rows per tile: next power of two >= max(T*G, 16), at most 128 (64 at H = 256);
+               one 256-row tile (8 warps) measured slower than two 128-row tiles on the H200 at
+               T*G = 256 (0.78 vs 0.72 ms, results/gpu-2026-12-04-decode), so it is not the default
+    num_warps  4, or 8 when block_r * (H + block_k) > 12288 (float32 acc + scores past ~96 registers)
+    num_stages 3 (software pipeline depth of the K/V loads; 2 before Hopper), given or default
+               clamped to what fits one program's shared memory (``fit_stages``: 227 KB on
+               Hopper, with ``SMEM_SLACK`` for Triton's allocation beyond the estimate)
+    num_splits from ``choose_num_splits(S, B*K, ...)``: the count that fills the GPU's program
+               slots (SMs x ``programs_per_sm``, estimated from shared memory and registers)
+               in the fewest whole waves, weighed against the partial outputs' traffic
+               (<= 25% of the KV bytes), at least 4 blocks per split. With lengths known at
+               trace time and ragged, ``decode_splits.choose_num_splits_ragged`` instead (the grid
+               simulated with each sequence's own length; modelled, not yet measured).
+"""
+from __future__ import annotations
+
+import dataclasses
+import operator
+
+from .decode_resources import fit_stages, programs_per_sm, sm_count
+
+HEAD_DIMS = (16, 32, 64, 128, 256)
+DTYPES = ("float16", "bfloat16", "float32")
+MAX_ROWS = 512          # T * G beyond this is prefill, not decode: use a flash-attention kernel
+MIN_ROWS = 16           # the MMA's minimum M
+FILL_BLOCKS = 2         # a program's pipeline start-up, counted in blocks of work
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+    """Tuning parameters; None means the default for the shape (see the module docstring)."""
+
+    block_k: int | None = None
+    block_r: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    num_splits: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A resolved launch: every parameter concrete, for one (B, T, S, N, K, H, dtype)."""
+
+    rows: int           # T * G query rows per KV head
+    block_r: int
+    row_tiles: int
+    block_k: int
+    num_splits: int
+    num_warps: int
+    num_stages: int
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return (self.row_tiles, self.num_splits)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def wave_cost(splits: int, n_blocks: int, programs_per_split: int, slots: int) -> int:
+    """Model of the kernel's time in block-loads of one program: the programs run in
+    ceil(P / slots) waves, each as long as one program (its blocks plus pipeline fill)."""
+    waves = cdiv(programs_per_split * splits, slots)
+    return waves * (cdiv(n_blocks, splits) + FILL_BLOCKS)
+
+
+def choose_num_splits(kv_len: int, batch_kv_heads: int, *, rows: int, block_k: int, head_dim: int,
+                      row_tiles: int = 1, itemsize: int = 2, sm_count: int = 132, occupancy: int = 2,
+                      min_blocks_per_split: int = 4, max_partial_fraction: float = 0.25,
+                      max_splits: int = 128) -> int:
+    """How many programs share one (batch, kv head)'s keys (flash-decoding's split count).
+
+    The grid has P = B*K*row_tiles*splits programs of equal work and the GPU holds
+    ``sm_count * occupancy`` of them at once; the split count minimises ``wave_cost`` (whole
+    waves times the length of one program, so a last wave that is nearly empty costs as much
+    as a full one) times (1 + the partial outputs' traffic relative to the KV bytes: T*G rows
+    x (H + 2) float32, written and read once per split), preferring fewer splits on a tie.
+    Each split keeps at least ``min_blocks_per_split`` blocks and the partial traffic stays
+    within ``max_partial_fraction`` of the KV bytes.
+    The result is rounded to the count the block chunking really uses (no split empty at
+    full length). Always in [1, min(ceil(S / block_k), max_splits)].
+    """
+    n_blocks = cdiv(kv_len, block_k)
+    per_split = max(1, batch_kv_heads * row_tiles)
+    slots = max(1, sm_count * occupancy)
+    by_blocks = max(1, n_blocks // min_blocks_per_split)
+    kv_bytes = 2 * kv_len * head_dim * itemsize            # K and V of one (b, kv head)
+    partial = 2 * rows * (head_dim + 2) * 4                 # partials written + read, per split
+    by_traffic = max(1, int(max_partial_fraction * kv_bytes // partial))
+    cap = max(1, min(by_blocks, by_traffic, max_splits, n_blocks))
+    def cost(s):
+        return wave_cost(s, n_blocks, per_split, slots) * (1 + s * partial / kv_bytes)
+
+    best = min(range(1, cap + 1), key=lambda s: (round(cost(s), 6), s))
+    return cdiv(n_blocks, cdiv(n_blocks, best))
+
+
+def split_range(length, split, *, num_splits: int, block_k: int, div=operator.floordiv,
+                minimum=min, maximum=max):
+    """(first block, number of blocks) that split ``split`` reads of a sequence of ``length`` keys.
+
+    The ceil(length / block_k) valid blocks are cut into ``num_splits`` runs of
+    ceil(blocks / num_splits); the last runs may be short or empty. Works on Python ints
+    (the grid model) and, with ``div=lax.div`` etc., on traced int32 scalars (the kernel).
+    """
+    n_blocks = div(length + (block_k - 1), block_k)
+    per = div(n_blocks + (num_splits - 1), num_splits)
+    first = split * per
+    count = minimum(maximum(n_blocks - first, 0), per)
+    return first, count
+
+
+def blocks_visited(lengths, *, num_splits: int, block_k: int) -> list[list[int]]:
+    """Pure-Python model of the grid: blocks each (batch, split) program loads, per batch."""
+    return [[split_range(int(n), j, num_splits=num_splits, block_k=block_k)[1] for j in range(num_splits)]
+            for n in lengths]
+
+
+def default_block_k(head_dim: int) -> int:
+    return 128 if head_dim <= 64 else 64 if head_dim <= 128 else 32
+
+
+def make_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: int, dtype="bfloat16",
+              config: DecodeConfig | None = None, *, sms: int | None = None, compute_capability=None,
+              lengths=None) -> Plan:
+    """Fill ``config``'s unset parameters for this shape (see the module docstring). ``lengths``: the
+    batch's valid lengths when known at trace time; a ragged batch's split count then follows them
+    (``kernels.decode_splits``)."""
+    import numpy as np
+
+    cfg = config or DecodeConfig()
+    rows = q_len * (heads // kv_heads)
+    block_r = cfg.block_r or min(next_pow2(max(rows, MIN_ROWS)), 64 if head_dim > 128 else 128)
+    if block_r < MIN_ROWS or block_r & (block_r - 1):
+        raise ValueError(f"block_r must be a power of two >= {MIN_ROWS}, got {block_r}")
+    block_k = cfg.block_k or default_block_k(head_dim)
+    block_k = min(block_k, max(MIN_ROWS, next_pow2(kv_len)))
+    if block_k < 16 or block_k & (block_k - 1):
+        raise ValueError(f"block_k must be a power of two >= 16, got {block_k}")
+    row_tiles = cdiv(rows, block_r)
+    # acc (block_r x H) and scores (block_r x block_k) in float32 registers: 8 warps once they pass
+    # ~96 registers a thread at 4 warps (ptxas spilled at block_r=64, H=256 with 4 warps).
+    num_warps = cfg.num_warps or (8 if block_r * (head_dim + block_k) > 12288 else 4)
+    stages = cfg.num_stages or (2 if compute_capability is not None and compute_capability < (9, 0) else 3)
+    itemsize = np.dtype(dtype).itemsize
+    # a deeper pipeline than shared memory holds fails at launch (RESOURCE_EXHAUSTED): clamp it
+    stages = fit_stages(block_r, block_k, head_dim, stages, itemsize, compute_capability)
+    splits = cfg.num_splits
+    if splits is None:
+        occ = programs_per_sm(block_r, block_k, head_dim, num_warps, stages, itemsize)
+        kw = dict(rows=rows, block_k=block_k, head_dim=head_dim, row_tiles=row_tiles, itemsize=itemsize,
+                  sm_count=sms if sms is not None else sm_count(), occupancy=occ)
+        splits = choose_num_splits(kv_len, batch * kv_heads, **kw)
+        if lengths is not None:
+            from .decode_splits import choose_num_splits_ragged
+
+            splits = choose_num_splits_ragged(lengths, kv_heads, uniform_choice=splits, **kw)
+    if splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {splits}")
+    return Plan(rows=rows, block_r=block_r, row_tiles=row_tiles, block_k=block_k, num_splits=int(splits),
+                num_warps=num_warps, num_stages=stages)
+
+
+def unsupported(q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: int, dtype: str) -> str | None:
+    """Why the kernel cannot run this shape, or None."""
+    if dtype not in DTYPES:
+        return f"dtype {dtype} not supported (float16, bfloat16 or float32)"
+    if head_dim not in HEAD_DIMS:
+        return f"head dim {head_dim} not supported (one of {', '.join(map(str, HEAD_DIMS))})"
+    rows = q_len * (heads // kv_heads)
+    if rows > MAX_ROWS:
+        return f"T*G = {q_len}*{heads // kv_heads} = {rows} query rows per KV head > {MAX_ROWS} (not decode)"
+    if q_len > kv_len:
+        return f"T={q_len} > S={kv_len}: the T new tokens must fit in the cache"
+    return None
+
+

@@ -1,0 +1,49 @@
+"""attention and decode_attention validate through one set of helpers (spec.py), and the package's
+lazy names come from one loader (names.lazy_getattr): each call still names its own arguments."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attnlab
+import attnlab.lab
+from attnlab.decode import prepare_decode
+from attnlab.names import lazy_getattr
+from attnlab.spec import prepare
+
+Q = np.zeros((2, 1, 4, 16), np.float32)
+KV = np.zeros((2, 8, 2, 16), np.float32)
+LENGTHS = np.array([4, 8])
+
+
+def test_mixed_dtypes_name_each_calls_own_arguments():
+    with pytest.raises(TypeError, match=r"^query, key and value must share one dtype, got query float32, "
+                                        r"key bfloat16, value bfloat16$"):
+        prepare(Q, KV.astype(jnp.bfloat16), KV.astype(jnp.bfloat16))
+    with pytest.raises(TypeError, match=r"^q, k_cache and v_cache must share one dtype, got q bfloat16, "
+                                        r"k_cache float32, v_cache float32$"):
+        prepare_decode(Q.astype(jnp.bfloat16), KV, KV, LENGTHS)
+    with pytest.raises(TypeError, match=r"^k_cache must have a floating dtype"):
+        prepare_decode(Q, KV.astype(np.int32), KV, LENGTHS)
+
+
+def test_decode_scale_static_or_traced():
+    assert prepare_decode(Q, KV, KV, LENGTHS, scale=np.float32(0.5)).spec.scale == 0.5
+    assert prepare_decode(Q, KV, KV, LENGTHS).spec.scale_is_static
+    seen = []
+    jax.jit(lambda s: seen.append(prepare_decode(Q, KV, KV, LENGTHS, scale=s).spec) or s)(jnp.float32(0.5))
+    assert seen[0].scale is None and not seen[0].scale_is_static
+    with pytest.raises(ValueError, match="scale must be positive and finite, got -1.0"):
+        prepare_decode(Q, KV, KV, LENGTHS, scale=-1)
+    with pytest.raises(TypeError, match="scale must be a positive finite float or None, got True"):
+        prepare_decode(Q, KV, KV, LENGTHS, scale=True)
+
+
+def test_lazy_names_are_loaded_once_and_unknown_ones_name_the_package():
+    assert attnlab.Problem is attnlab.__dict__["Problem"]          # cached in the package after first use
+    assert callable(attnlab.lab.run_lab) and "run_lab" in attnlab.lab.__dict__
+    for pkg, name in ((attnlab, "attnlab"), (attnlab.lab, "attnlab.lab")):
+        with pytest.raises(AttributeError, match=f"module '{name}' has no attribute 'nope'"):
+            pkg.nope
+    with pytest.raises(ModuleNotFoundError):
+        lazy_getattr("attnlab", {"x": ".no_such_module"})("x")
