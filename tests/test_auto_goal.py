@@ -1,4 +1,5 @@
-"""attnlab.sweep.auto_goal (benchmarks/auto_goal.py; issue 16, item 5) on a CPU: the shape sets, the score on canned records, a tiny run."""
+"""attnlab.sweep.auto_goal (benchmarks/auto_goal.py; issue 16, item 5) on a CPU:
+the shape sets, the score on canned records, a tiny run."""
 from __future__ import annotations
 
 import json

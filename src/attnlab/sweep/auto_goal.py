@@ -281,7 +281,8 @@ def run(what, out, max_seconds=390.0, *, tune_shapes=TUNE, heldout_shapes=HELDOU
     os.makedirs(out, exist_ok=True)
     t0 = time.monotonic()
     if what in ("all", "tune"):
-        tune(out, t0 + (TUNE_SHARE * max_seconds if what == "all" else max_seconds), tune_shapes, tune_backends, options)
+        share = TUNE_SHARE if what == "all" else 1.0
+        tune(out, t0 + share * max_seconds, tune_shapes, tune_backends, options)
     if what in ("all", "heldout"):
         end = t0 + max_seconds if what == "all" else time.monotonic() + max_seconds
         heldout(out, end, heldout_shapes, all_backends, options)
