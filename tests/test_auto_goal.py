@@ -1,20 +1,20 @@
-"""benchmarks/auto_goal.py (issue 16, item 5) on a CPU: the shape sets, the score on canned records, a tiny run."""
+"""attnlab.sweep.auto_goal (benchmarks/auto_goal.py; issue 16, item 5) on a CPU:
+the shape sets, the score on canned records, a tiny run."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from attnlab import dispatch
 from attnlab.problem import Problem
+from attnlab.sweep import auto_goal as goal
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("auto_goal", ROOT / "benchmarks" / "auto_goal.py")
-goal = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(goal)
 
 
 def test_heldout_is_disjoint_from_tune_and_inside_its_buckets():
@@ -79,16 +79,14 @@ def test_table_from_files(tmp_path):
     assert "goal >= 95%: met" in (tmp_path / "goal.md").read_text()
 
 
-def test_all_end_to_end_on_cpu_at_tiny_shapes(tmp_path, monkeypatch):
+def test_all_end_to_end_on_cpu_at_tiny_shapes(tmp_path):
     f32 = "float32"
-    monkeypatch.setattr(goal, "TUNE", [(Problem(1, 64, 64, 2, 2, 16, f32, causal=True), "fwd")])
-    monkeypatch.setattr(goal, "HELDOUT", [(Problem(1, 48, 48, 2, 2, 16, f32, causal=True), "fwd")])
-    monkeypatch.setattr(goal, "JAX_BACKENDS", ["naive", "xla"])
-    monkeypatch.setattr(goal, "ALL_BACKENDS", ["naive", "xla"])
     from attnlab.measure import Options
 
-    monkeypatch.setattr(goal, "_options", lambda: Options(repeats=3, min_time_s=0.0, pipelined_calls=2))
-    goal.main(["all", str(tmp_path)])
+    goal.run("all", str(tmp_path), tune_shapes=[(Problem(1, 64, 64, 2, 2, 16, f32, causal=True), "fwd")],
+             heldout_shapes=[(Problem(1, 48, 48, 2, 2, 16, f32, causal=True), "fwd")],
+             tune_backends=["naive", "xla"], all_backends=["naive", "xla"],
+             options=Options(repeats=3, min_time_s=0.0, pipelined_calls=2))
     t = dispatch.load(str(tmp_path / "dispatch.json"))
     (e,) = t.entries
     (pk,) = [json.loads(x) for x in (tmp_path / "picks.jsonl").read_text().splitlines()]
@@ -96,3 +94,18 @@ def test_all_end_to_end_on_cpu_at_tiny_shapes(tmp_path, monkeypatch):
     s = json.loads((tmp_path / "goal.json").read_text())["summary"]
     assert s["cells"] == 1
     assert os.environ.get(dispatch.ENV_VAR) is None      # the run's table does not leak into the process
+
+
+def test_run_names_an_unknown_step(tmp_path):
+    with pytest.raises(ValueError, match="what: 'score' is not one of all, tune, heldout, table"):
+        goal.run("score", str(tmp_path))
+
+
+def test_the_script_scores_a_folder(tmp_path):
+    (tmp_path / "heldout").mkdir()
+    (tmp_path / "heldout" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in CANNED))
+    (tmp_path / "picks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in PICKS[:2]))
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "auto_goal.py"), "--table", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "goal >= 95%: met" in r.stdout and json.loads((tmp_path / "goal.json").read_text())["summary"]["met"]

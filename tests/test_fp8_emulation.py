@@ -1,22 +1,18 @@
-"""attnlab.distributions (issue 15's inputs) and benchmarks/fp8_emulation.py (e4m3 rounding in float64 attention)."""
+"""attnlab.distributions (issue 15's inputs) and attnlab.fp8_emulation (e4m3 rounding in float64 attention)."""
 from __future__ import annotations
 
-import importlib.util
-import os
+import subprocess
+import sys
 
 import ml_dtypes
 import numpy as np
 import pytest
 
+from attnlab import fp8_emulation as emu
 from attnlab.distributions import (CHANNEL_GAIN, DISTRIBUTIONS, KEY_SHIFT, OUTLIER_FRACTION, key_shift, make_qkv,
                                    outlier_channels)
 from attnlab.inputs import random_qkv
 from attnlab.reference import reference_attention
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("fp8_emulation", os.path.join(ROOT, "benchmarks", "fp8_emulation.py"))
-emu = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(emu)
 
 SHAPE = (1, 128, 128, 2, 2, 128)          # B, T, S, N, K, H
 
@@ -134,3 +130,18 @@ def test_all_quantized_gaussian_error_is_a_few_percent():
         assert err > 5 * bf16
         only_o = emu.rel_l2(emu.fp8_attention(q, k, v, quantize=("O",), recipe=recipe), ref)
         assert 0.01 < only_o < err                   # e4m3 output alone: ~2-3% rms
+
+
+def test_the_emulation_is_numpy_only():
+    code = "import sys, attnlab.fp8_emulation; assert 'jax' not in sys.modules, 'jax imported'"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_table_has_one_section_per_length_and_mask():
+    rows = [dict(T=T, causal=c, dist="gaussian", recipe=rc, quantized=col, rel_l2=0.02)
+            for T in (128, 256) for c in (False, True) for rc in ("bf16-emulation", "amax")
+            for col in emu.COLUMNS]
+    text = emu.table(rows)
+    assert text.count("### T = S =") == 4 and "### T = S = 256, causal" in text
+    assert "| amax | gaussian | 2.000 |" in text and "| 1.00x | 1.00x |" in text

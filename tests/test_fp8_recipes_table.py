@@ -1,16 +1,11 @@
-"""benchmarks/fp8_recipes.py's table, goals and plot on canned records (no JAX, no GPU)."""
-import importlib.util
+"""attnlab.fp8_recipes_report (benchmarks/fp8_recipes.py --table): table, goals and plot on canned records
+(no JAX, no GPU)."""
 import json
 import os
+import subprocess
+import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("fp8_recipes_bench", os.path.join(ROOT, "benchmarks", "fp8_recipes.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from attnlab import fp8_recipes_report as mod
 
 
 def _rec(backend, inputs, T, causal, err, ms, status="ok", tflops=None):
@@ -39,7 +34,6 @@ def _canned(tmp_path):
 
 
 def test_table_goals_and_plot(tmp_path):
-    mod = _module()
     path = _canned(tmp_path)
     recs = mod.load(str(path))
     assert len(recs) == 9
@@ -66,7 +60,6 @@ def test_table_goals_and_plot(tmp_path):
 
 
 def test_an_untimed_recipe_takes_its_gaussian_time():
-    mod = _module()
     T = 16384
     recs = [_rec("cudnn-fp8", "gaussian", T, False, 0.055, 2.0), _rec("cudnn-fp8-hadamard", "gaussian", T, False, 0.055, 2.4),
             _rec("cudnn-fp8", "outliers", T, False, 0.12, 0, status="incorrect"),
@@ -77,7 +70,12 @@ def test_an_untimed_recipe_takes_its_gaussian_time():
 
 
 def test_gaussian_goal_met_and_the_grid():
-    mod = _module()
     recs = [_rec("cudnn-fp8-s256", "gaussian", 16384, False, 0.029, 2.0, tflops=1100.0)]
     assert "met: lowest error cudnn-fp8-s256 2.90% at 1100" in "\n".join(mod.goals(recs))
     assert mod.SHAPES[0] == mod.GOAL_SHAPE and len(mod.BACKENDS) == 11 and mod.BACKENDS[0] == "cudnn"
+
+
+def test_the_report_imports_no_jax():
+    code = "import sys, attnlab.fp8_recipes_report; assert 'jax' not in sys.modules, 'jax imported'"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]

@@ -1,11 +1,9 @@
-"""benchmarks/peers_table.py: one clock per table, failing cells shown with their reason, what was checked."""
-import importlib.util
-import os
+"""attnlab.peers_table (the tables benchmarks/peers_table.py prints): one clock per table, failing cells shown
+with their reason, what was checked; no JAX."""
+import subprocess
+import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-spec = importlib.util.spec_from_file_location("peers_table", os.path.join(ROOT, "benchmarks", "peers_table.py"))
-peers_table = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(peers_table)
+from attnlab import peers_table
 
 
 def _rec(backend, timer="cupti", status="ok", mode="fwd", **kw):
@@ -35,3 +33,15 @@ def test_failing_cells_are_shown_with_their_reason():
 def test_the_check_line_says_what_the_records_checked():
     text = _text([_rec("a"), _rec("b", checked_fraction=0.016, margin=1.1), _rec("c", mode="fwd+bwd")])
     assert "whole output on 2 of 3 ok cells" in text and "dq, dk, dv whole on 1 of 1" in text and "1.10x" in text
+
+
+def test_the_tables_import_no_jax():
+    code = "import sys, attnlab.peers_table; assert 'jax' not in sys.modules, 'jax imported'"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_tables_skip_sweeps_the_records_lack():
+    texts = peers_table.tables([_rec("cudnn", pct_peak=10.0)])
+    assert len(texts) == 5 and texts[0].startswith("**Forward bf16") and "| 100 (10%) |" in texts[0]
+    assert texts[1:] == ["", "", "", ""]

@@ -41,32 +41,6 @@ def _env_slug() -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(parts))
 
 
-def library_of(name: str) -> list[str]:
-    """The optional libraries (import names) backend ``name`` calls: the versions its entry is keyed by."""
-    from .. import backends
-
-    try:
-        return list(backends.get(name).libraries())
-    except ValueError:
-        return []
-
-
-def write_table(records, out: str, *, replace: bool = False) -> tuple[str, list[dict]]:
-    """Build entries from ``records`` (only auto-eligible backends ranked) and merge them into ``out``."""
-    from .. import backends, dispatch
-    from ..api import auto_ineligible
-
-    def eligible(r):
-        try:
-            return auto_ineligible(backends.get(r["backend"])) is None
-        except ValueError:
-            return False
-
-    entries = dispatch.build([r for r in records if eligible(r)], library_of)
-    old = [] if replace or not os.path.exists(out) else list(dispatch.load(out).entries)
-    return dispatch.save(dispatch.merge(old, entries), out), entries
-
-
 def _axis_options(f):
     for name, help_ in reversed(AXES):
         f = click.option("--" + name.replace("_", "-"), name, help=help_)(f)
@@ -96,6 +70,7 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
     from ..store import read_records
     from ..sweep.engine import SweepInterrupted
     from ..sweep.flags import check_contradictions, merge, run_options, warmup_of
+    from ..sweep.tune import write_table
 
     given = {k: v for k, v in flags.items() if v is not None}
     if backends:

@@ -1,0 +1,31 @@
+"""Records -> auto's dispatch table (``attnlab.dispatch``): what ``attnlab tune`` and benchmarks/auto_goal.py write."""
+from __future__ import annotations
+
+import os
+
+
+def library_of(name: str) -> list[str]:
+    """The optional libraries (import names) backend ``name`` calls: the versions its entry is keyed by."""
+    from .. import backends
+
+    try:
+        return list(backends.get(name).libraries())
+    except ValueError:
+        return []
+
+
+def write_table(records, out: str, *, replace: bool = False) -> tuple[str, list[dict]]:
+    """Build entries from ``records`` (only auto-eligible backends ranked) and merge them into ``out``
+    (``replace``: drop the entries already there). Returns (the path written, the new entries)."""
+    from .. import backends, dispatch
+    from ..api import auto_ineligible
+
+    def eligible(r):
+        try:
+            return auto_ineligible(backends.get(r["backend"])) is None
+        except ValueError:
+            return False
+
+    entries = dispatch.build([r for r in records if eligible(r)], library_of)
+    old = [] if replace or not os.path.exists(out) else list(dispatch.load(out).entries)
+    return dispatch.save(dispatch.merge(old, entries), out), entries
