@@ -211,7 +211,7 @@ def blockwise_grads_pair(q, k, v, cotangent, **kw):
     return compiled_once(_grads_pair_program, q, k, v, cotangent, **kw)
 
 
-#: Compiled reference programs by (program, argument shapes, static options); the newest kept.
+#: Compiled reference programs by (program, argument shapes and shardings, static options); the newest kept.
 _PROGRAMS: OrderedDict = OrderedDict()
 _PROGRAMS_KEPT = 16
 #: A reference runs once per shape: XLA's GPU autotuner, which times GEMM algorithms while compiling
@@ -224,7 +224,8 @@ def compiled_once(program, *args, **kw):
     reused for every later call of that shape."""
     static = tuple(sorted((k, v) for k, v in kw.items() if k in _STATIC))
     dynamic = {k: v for k, v in kw.items() if k not in _STATIC}
-    shape = lambda x: None if x is None else (tuple(x.shape), str(x.dtype))  # noqa: E731
+    # a compiled program is bound to its arguments' shardings too (sharded cells place inputs on a mesh)
+    shape = lambda x: None if x is None else (tuple(x.shape), str(x.dtype), getattr(x, "sharding", None))  # noqa: E731
     key = (program.__name__, tuple(map(shape, args)), static, tuple(sorted((k, shape(v)) for k, v in dynamic.items())))
     if key not in _PROGRAMS:
         _PROGRAMS[key] = program.lower(*args, **kw).compile(compiler_options=NO_AUTOTUNE)
