@@ -19,6 +19,10 @@ Timed records also carry the spread of their repeats for the clock that timed th
 ``_n`` beside the median ``_ms``. ``timing(rec)`` reads them, filling what older files lack
 (no ``_p75_ms`` before schema 2's spread fields: ``min(max, median + iqr)``, an upper bound).
 
+The typed form of a cell record (one pydantic model per part: problem, timing, rates, correctness,
+memory, cost) is ``attnlab.record_model.CellRecord``; its validator runs ``check_status``, and every
+field list (``TIMED_FIELDS``, ``COST_FIELDS``, the CSV's columns, ...) is derived from its parts.
+
 Records are validated when written (``attnlab.store.ResultStore.append``) and when read
 (``attnlab.store.read_records``). Files written before this schema (no ``schema`` field, version
 1) still load: ``upgrade`` renames their fields and marks what they did not check.
