@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 import os
 
+from .records import time_ms
+
 #: The grid measured by benchmarks/fp8_recipes.py; the report reads these backends only.
 RECIPES = ["cudnn-fp8", "cudnn-fp8-unit", "cudnn-fp8-pow2", "cudnn-fp8-s256", "cudnn-fp8-s1", "cudnn-fp8-hadamard",
            "cudnn-fp8-hadamard-f32", "cudnn-fp8-hadamard-fused", "cudnn-fp8-smoothk", "cudnn-fp8-hadamard-smoothk"]
@@ -56,7 +58,7 @@ def _index(recs) -> dict:
 
 
 def _ms(r):
-    return r.get("kernel_ms") if r.get("kernel_ms") is not None else r.get("wall_ms")
+    return time_ms(r)
 
 
 def _err(r):

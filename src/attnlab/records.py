@@ -19,35 +19,28 @@ Timed records also carry the spread of their repeats for the clock that timed th
 ``_n`` beside the median ``_ms``. ``timing(rec)`` reads them, filling what older files lack
 (no ``_p75_ms`` before schema 2's spread fields: ``min(max, median + iqr)``, an upper bound).
 
+The typed form of a cell record (one pydantic model per part: problem, timing, rates, correctness,
+memory, cost) is ``attnlab.record_model.CellRecord``; its validator runs ``check_status``, and every
+field list (``TIMED_FIELDS``, ``COST_FIELDS``, the CSV's columns, ...) is derived from its parts.
+
 Records are validated when written (``attnlab.store.ResultStore.append``) and when read
 (``attnlab.store.read_records``). Files written before this schema (no ``schema`` field, version
 1) still load: ``upgrade`` renames their fields and marks what they did not check.
 """
 from __future__ import annotations
 
-import enum
 import math
 
+from .record_model import CellRecord, Status, fields_where  # noqa: F401  (Status re-exported)
+
 SCHEMA_VERSION = 2
-
-
-class Status(str, enum.Enum):
-    OK = "ok"
-    UNCHECKED = "unchecked"
-    INCORRECT = "incorrect"
-    UNSUPPORTED = "unsupported"
-    OOM = "oom"
-    COMPILE_ERROR = "compile_error"
-    RUNTIME_ERROR = "runtime_error"
-    OVER_BUDGET = "over_budget"
 
 
 STATUSES = tuple(s.value for s in Status)
 #: timer name -> the time field it fills
 TIMERS = {"cupti": "kernel_ms", "cuda_events": "kernel_ms", "wall": "wall_ms"}
-TIMED_FIELDS = ("kernel_ms", "wall_ms", "pipelined_ms", "tflops", "gbps", "pct_peak", "pct_bandwidth", "pct_roofline")
-IDENTITY_TYPES = {"backend": str, "batch": int, "q_len": int, "kv_len": int, "heads": int, "kv_heads": int,
-                  "head_dim": int, "dtype": str, "causal": bool, "mode": str}
+#: fields only a timed record may set (derived from the typed record's ``timed`` metadata)
+TIMED_FIELDS = fields_where("timed")
 GRAD_MODES = ("fwd+bwd", "bwd")
 
 
@@ -71,24 +64,32 @@ def _number(rec, field, where, positive=False):
 
 
 def validate(rec: dict, where: str = "") -> dict:
-    """Raise ``RecordError`` when ``rec`` breaks the schema; return it unchanged otherwise."""
+    """Raise ``RecordError`` when ``rec`` breaks the schema; return it unchanged otherwise.
+
+    A cell record is checked by the typed model (``attnlab.record_model.CellRecord``: each part's
+    types, then ``check_status``); records of other kinds only name a status."""
     if not isinstance(rec, dict):
         raise RecordError("<record>", f"must be a JSON object, got {type(rec).__name__}", where)
     if not is_cell(rec):
         if rec.get("kind") in ("lab_step", "memory") and not isinstance(rec.get("status"), str):
             raise RecordError("status", "must be a string", where)
         return rec
-    for field, typ in IDENTITY_TYPES.items():
-        x = rec.get(field)
-        if not isinstance(x, typ) or (typ is int and isinstance(x, bool)):
-            raise RecordError(field, f"must be {typ.__name__}, got {x!r}", where)
+    try:
+        CellRecord.from_flat(rec)
+    except RecordError as e:
+        raise RecordError(e.field, e.rule, where) from None
+    return rec
+
+
+def check_status(rec: dict, where: str = "") -> dict:
+    """The rules that tie a flat cell record's fields to its status (see the module docstring)."""
     w = rec.get("window")
     if w is not None and (not isinstance(w, (list, tuple)) or len(w) != 2):
         raise RecordError("window", f"must be null or [left, right], got {w!r}", where)
     status = rec.get("status")
     if status not in STATUSES:
         raise RecordError("status", f"must be one of {', '.join(STATUSES)}, got {status!r}", where)
-    legacy = rec.get("schema", 1) < SCHEMA_VERSION
+    legacy = (rec.get("schema") or 1) < SCHEMA_VERSION
     if status in ("ok", "unchecked"):
         if rec.get("reason") is not None:
             raise RecordError("reason", f"must be null for status {status!r}", where)
@@ -120,7 +121,7 @@ def timing(rec: dict) -> dict | None:
     made of: "recorded" (min and p75 stored), "estimated" (p25/p75 bounded from the IQR of an
     older file) or "none" (only a median stored: min = p25 = p75 = median)."""
     prefix = "kernel" if rec.get("kernel_ms") is not None else "wall"
-    med = rec.get(f"{prefix}_ms")
+    med = time_ms(rec)
     if med is None:
         return None
     lo, p25, p75, hi, iqr = (rec.get(f"{prefix}_{k}_ms") for k in ("min", "p25", "p75", "max", "iqr"))
@@ -185,7 +186,8 @@ def config_label(rec: dict, mesh: bool = True) -> str:
 
 
 #: Wall seconds a cell spent in each phase (``measure_cell`` records them); ``cell_s`` is the whole cell.
-COST_FIELDS = ("inputs_s", "compile_s", "check_s", "timing_s", "cell_s")
+#: Derived from the ``phase`` fields of the typed record's Cost part (``attnlab.record_model.Cost``).
+COST_FIELDS = fields_where("phase")
 
 
 def cost_summary(records) -> str:

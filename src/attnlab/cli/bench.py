@@ -11,6 +11,7 @@ from rich.table import Table as RichTable
 from ._app import _fail, console, main, writable_folder, writes_to
 from ._layout import packed, wide_option
 from ._sweep_ui import cell_budget, cell_budget_option, cost_line, exit_after_interrupt, print_estimate
+from ..records import time_ms
 
 WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys before each query and none after) "
                "or an int W, read as jax.nn.dot_product_attention reads local_window_size=W: (W, W), W keys before "
@@ -195,7 +196,7 @@ def bench_cell_text(r: dict, ridge_intensity: float | None, bw_tbps: float | Non
     (``peaks.memory_bound``: decode-like, intensity below the ridge) ms · GB/s · % of bandwidth."""
     from ..measure import peaks
 
-    ms = r["kernel_ms"] if r.get("kernel_ms") is not None else r["wall_ms"]
+    ms = time_ms(r)
     if peaks.memory_bound(r, ridge_intensity) and r.get("gbps") is not None:
         bw = f"{100 * r['gbps'] / (bw_tbps * 1000):.1f}% BW" if bw_tbps else "–"
         return f"{ms:.4g} · {r['gbps']:.4g} GB/s · {bw}"

@@ -11,6 +11,7 @@ import click
 from ._app import _fail, console, main, writable_folder, writes_to
 from ._sweep_ui import cell_budget, cell_budget_option, cost_line, exit_after_interrupt, phase_spinner, print_estimate
 from .bench import WINDOW_HELP
+from ..records import time_ms
 
 AXES = (("batch", "Batch sizes, e.g. 1,4."), ("seq", "Sequence lengths, q_len = kv_len, e.g. 1024,4096."),
         ("q_len", "Query lengths (with --kv-len)."), ("kv_len", "Key/value lengths (with --q-len)."),
@@ -98,7 +99,7 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
 
     def on_cell(cell, rec, i, total):
         if rec is not None:
-            t = rec.get("kernel_ms") if rec.get("kernel_ms") is not None else rec.get("wall_ms")
+            t = time_ms(rec)
             console.print(f"[{i + 1}/{total}] {cell.backend:<15} {cell.config_label:<52} {rec['status']:<12} "
                           + (f"{t:.4g} ms" if t is not None else (rec.get("reason") or "")[:60]), highlight=False, soft_wrap=True)
 

@@ -15,6 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .core import LabConfig, Section, Step, Table  # noqa: E402
+from ..records import time_ms  # noqa: E402
 
 GPU_PEERS = ["attnlab-decode", "cudnn", "torch-cudnn", "torch-flash", "tokamax-mosaic", "xla", "pallas-paged"]
 CPU_PEERS = ["attnlab-decode", "naive", "xla"]
@@ -30,7 +31,7 @@ def decode_shape(cfg: LabConfig) -> dict:
 
 
 def _time(r):
-    return r["kernel_ms"] if r.get("kernel_ms") is not None else r.get("wall_ms")
+    return time_ms(r)
 
 
 def render_decode(records: list[dict], cfg: LabConfig, plots_dir: str | None = None) -> Section:

@@ -11,15 +11,14 @@ import time
 
 from ..errors import UnsupportedError
 from ..reference import default_matmul_is_tf32
-from ..records import STATUSES  # noqa: F401  (re-exported)
+from ..record_model import fields_where
+from ..records import STATUSES, time_ms  # noqa: F401  (STATUSES re-exported)
 from . import peaks
 
-#: Fields every cell record has (None until measured); see ``attnlab.records`` for the schema.
-MEASURED_FIELDS = ("kernel_ms", "wall_ms", "pipelined_ms", "dispatch_ms", "compile_s", "lower_s", "tflops", "gbps",
-                   "pct_peak", "pct_ceiling", "rel_err", "max_abs_err", "temp_bytes", "peak_bytes", "process_peak_bytes",
-                   "checked_fraction", "grad_check", "inputs_s", "check_s", "timing_s")
-TIMING_FIELDS = ("kernel_ms", "wall_ms", "pipelined_ms", "dispatch_ms", "tflops", "gbps", "pct_peak", "pct_ceiling",
-                 "pct_bandwidth", "roofline_ms", "pct_roofline")
+#: Fields every cell record has (None until measured) and those cleared when a cell was not timed,
+#: derived from the typed record's metadata (``attnlab.record_model``: ``measured`` and ``cleared``).
+MEASURED_FIELDS = fields_where("measured")
+TIMING_FIELDS = fields_where("cleared")
 
 
 class Skip(Exception):
@@ -51,7 +50,7 @@ def _metrics(rec: dict, cell, info, backend=None) -> None:
     """TFLOP/s, GB/s and % of peak from the record's headline time (kernel time where measured).
 
     The peak is the one of the dtype the backend computes in (``Backend.compute_dtype``, e.g. FP8)."""
-    t_ms = rec["kernel_ms"] if rec["kernel_ms"] is not None else rec["wall_ms"]
+    t_ms = time_ms(rec)
     if rec["kernel_ms"] is not None and rec["wall_ms"] is not None:
         rec["dispatch_ms"] = rec["wall_ms"] - rec["kernel_ms"]
     rec["tflops"] = rec["flops"] / (t_ms * 1e-3) / 1e12

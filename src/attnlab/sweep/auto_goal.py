@@ -15,6 +15,7 @@ import os
 import time
 
 from ..problem import Problem
+from ..records import time_ms
 
 JAX_BACKENDS = ["cudnn", "tokamax-mosaic", "te", "tokamax-triton", "pallas-triton", "xla"]
 ALL_BACKENDS = JAX_BACKENDS + ["torch-cudnn", "torch-flash"]
@@ -190,7 +191,7 @@ def heldout(out, deadline, shapes=HELDOUT, backends=ALL_BACKENDS, options=None):
 def _ms(r):
     if r is None or r.get("status") != "ok":
         return None
-    return r["kernel_ms"] if r.get("kernel_ms") is not None else r.get("wall_ms")
+    return time_ms(r)
 
 
 def score(records, pick_rows, within=WITHIN):

@@ -11,22 +11,15 @@ from concurrent.futures import wait
 
 from ..measure import ahead as ahead_compile
 from ..measure.cell import IDENTITY, Cell, Options, measure_cell, record_key
+from ..record_model import csv_columns
 from ..records import config_label, time_ms  # noqa: F401  (re-exported: the helpers live in records)
 from ..store import ResultStore, read_jsonl, read_records, write_csv
 from .spec import Sweep, SweepError
 from .worker import Abandoned, call_interruptibly
 
 #: The record's identity (the Cell's fields, derived from the dataclasses), then what was measured.
-CSV_COLUMNS = list(IDENTITY) + [
-    "status", "reason", "timer", "kernel_ms", "wall_ms", "pipelined_ms", "dispatch_ms", "compile_s", "tflops", "gbps",
-    "pct_peak", "peak_dtype", "pct_ceiling", "pct_bandwidth", "roofline_ms", "pct_roofline", "checked_fraction", "rel_err", "row_err", "rel_err_f64", "max_abs_err",
-    "margin", "tolerance", "grad_check", "grad_rel_err", "grad_margin", "grad_checked_fraction", "temp_bytes",
-    "peak_bytes", "runtime_peak_bytes", "process_peak_bytes", "kernel_min_ms", "kernel_p25_ms",
-    "kernel_p75_ms", "kernel_max_ms", "kernel_iqr_ms", "wall_min_ms", "wall_p25_ms", "wall_p75_ms", "wall_max_ms", "wall_iqr_ms", "flops", "bytes", "intensity", "input_sets", "repeats", "devices",
-    "strategy", "mesh", "sweep", "schema", "timestamp", "env",
-    "inputs_s", "check_s", "timing_s", "cell_s", "lower_s", "compile_wait_s", "compiled_ahead", "estimate_s", "inputs_draw",
-    "pipelined_calls",
-]
+#: The CSV columns, derived from the typed record (``attnlab.record_model.csv_columns``).
+CSV_COLUMNS = csv_columns(IDENTITY)
 
 
 def _compact(path: str) -> list[dict]:

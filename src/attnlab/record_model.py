@@ -1,0 +1,234 @@
+"""The typed cell record: one pydantic model per part, a ``CellRecord`` that ties the parts to a status.
+
+On disk a record stays FLAT (one JSON object a line: CSV, compare and pandas read it as is);
+``CellRecord.from_flat(rec)`` splits it into its parts by field name and ``.flat()`` gives it back.
+Every field list of the code is derived from these models (``fields_where``), never written by hand:
+
+- ``Problem``: the cell's identity (backend, B, T, S, N, K, H, dtype, causal, window, mode, mesh, ...).
+- ``Timing``: the clock (``timer``) and the times of the repeats in ms (median ``*_ms``, spread).
+- ``Rates``: what the headline time means (TFLOP/s, GB/s, % of peak and roofline; FLOPs and bytes).
+- ``Correctness``: the check against the references (errors, tolerance, verdicts, gradient check).
+- ``Memory``: bytes the compiled program and the process used.
+- ``Cost``: wall seconds the cell spent in each phase (issue 22), and how it was compiled.
+
+Field metadata (``json_schema_extra``): ``timed`` (only a timed record may set it), ``measured``
+(every cell record has it, None until measured), ``cleared`` (set to None when the cell was not
+timed), ``phase`` (a cost phase summed by ``records.cost_summary``). Unknown top-level fields are
+kept (older and newer files load); a part itself forbids unknown fields.
+"""
+from __future__ import annotations
+
+import enum
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
+
+Num = Optional[float]
+
+
+class Status(str, enum.Enum):
+    OK = "ok"
+    UNCHECKED = "unchecked"
+    INCORRECT = "incorrect"
+    UNSUPPORTED = "unsupported"
+    OOM = "oom"
+    COMPILE_ERROR = "compile_error"
+    RUNTIME_ERROR = "runtime_error"
+    OVER_BUDGET = "over_budget"
+
+
+def _f(*flags: str, default=None):
+    return Field(default, json_schema_extra={f: True for f in flags} or None)
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Problem(_Part):
+    backend: StrictStr
+    batch: StrictInt
+    q_len: StrictInt
+    kv_len: StrictInt
+    heads: StrictInt
+    kv_heads: StrictInt
+    head_dim: StrictInt
+    dtype: StrictStr
+    causal: StrictBool
+    window: Any = None  # null or [left, right]: checked by the status rules
+    mode: StrictStr
+    devices: Optional[int] = 1
+    strategy: Optional[str] = None
+    lengths: Optional[str] = None
+    inputs: Optional[str] = "gaussian"
+    page_size: Optional[int] = None
+    soft_cap: Num = None
+    packing: Optional[str] = None
+
+
+_SPREAD = ("min", "p25", "p75", "max", "iqr")
+
+
+class Timing(_Part):
+    timer: Optional[str] = None
+    timer_note: Optional[str] = None
+    kernel_ms: Num = _f("timed", "measured", "cleared")
+    wall_ms: Num = _f("timed", "measured", "cleared")
+    pipelined_ms: Num = _f("timed", "measured", "cleared")
+    dispatch_ms: Num = _f("measured", "cleared")
+    kernel_min_ms: Num = None
+    kernel_p25_ms: Num = None
+    kernel_p75_ms: Num = None
+    kernel_max_ms: Num = None
+    kernel_iqr_ms: Num = None
+    kernel_n: Optional[int] = None
+    wall_min_ms: Num = None
+    wall_p25_ms: Num = None
+    wall_p75_ms: Num = None
+    wall_max_ms: Num = None
+    wall_iqr_ms: Num = None
+    wall_n: Optional[int] = None
+    repeats: Optional[int] = None
+    pipelined_calls: Optional[int] = None
+
+
+class Rates(_Part):
+    tflops: Num = _f("timed", "measured", "cleared")
+    gbps: Num = _f("timed", "measured", "cleared")
+    pct_peak: Num = _f("timed", "measured", "cleared")
+    peak_dtype: Optional[str] = None
+    peak_tflops: Num = None
+    pct_ceiling: Num = _f("measured", "cleared")
+    pct_bandwidth: Num = _f("timed", "cleared")
+    roofline_ms: Num = _f("cleared")
+    pct_roofline: Num = _f("timed", "cleared")
+    flops: Num = None
+    bytes: Num = None
+    intensity: Num = None
+
+
+class Correctness(_Part):
+    checked_fraction: Num = _f("measured")
+    checked_rows: Optional[int] = None
+    rel_err: Num = _f("measured")
+    row_err: Num = None
+    rel_err_f64: Num = None
+    max_abs_err: Num = _f("measured")
+    margin: Num = None
+    tolerance: Optional[str] = None
+    checks: Optional[dict] = None
+    grad_check: Optional[str] = _f("measured")
+    grad_rel_err: Num = None
+    grad_margin: Num = None
+    grad_checked_fraction: Num = None
+    same_as: Optional[str] = None
+
+
+class Memory(_Part):
+    temp_bytes: Optional[int] = _f("measured")
+    peak_bytes: Optional[int] = _f("measured")
+    runtime_peak_bytes: Optional[int] = None
+    process_peak_bytes: Optional[int] = _f("measured")
+    runtime_peak_scope: Optional[str] = None
+    torch_peak_bytes: Optional[int] = None
+    argument_bytes: Optional[int] = None
+    output_bytes: Optional[int] = None
+
+
+class Cost(_Part):
+    inputs_s: Num = _f("measured", "phase")
+    check_s: Num = _f("measured", "phase")
+    timing_s: Num = _f("measured", "phase")
+    cell_s: Num = _f("phase")
+    lower_s: Num = _f("measured")
+    compile_s: Num = _f("measured", "phase")
+    compile_wait_s: Num = None
+    compiled_ahead: Optional[bool] = None
+    estimate_s: Num = None
+
+
+#: part name -> model, in the order ``flat()`` and the CSV list them
+PARTS: dict[str, type[_Part]] = {"problem": Problem, "timing": Timing, "rates": Rates, "correctness": Correctness,
+                                 "memory": Memory, "cost": Cost}
+_PART_OF = {name: part for part, model in PARTS.items() for name in model.model_fields}
+
+
+class CellRecord(BaseModel):
+    """A cell record: ``status``, ``reason``, the parts and the top-level extras (unknown ones kept)."""
+    model_config = ConfigDict(extra="allow")
+
+    status: Status
+    reason: Optional[str] = None
+    problem: Problem
+    timing: Timing = Timing()
+    rates: Rates = Rates()
+    correctness: Correctness = Correctness()
+    memory: Memory = Memory()
+    cost: Cost = Cost()
+    input_sets: Any = _f("csv")
+    mesh: Any = _f("csv")
+    sweep: Any = _f("csv")
+    schema_: Optional[int] = Field(None, alias="schema", json_schema_extra={"csv": True})
+    timestamp: Optional[str] = _f("csv")
+    env: Optional[dict] = _f("csv")
+    inputs_draw: Any = _f("csv")
+    kind: Optional[str] = None
+    facts: Optional[dict] = None
+    label: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _status_rules(self):
+        from .records import check_status  # the rules live with the Status enum (records imports this module)
+        check_status(self.flat())
+        return self
+
+    @classmethod
+    def from_flat(cls, rec: dict) -> "CellRecord":
+        """Split a flat record into its parts; raises ``records.RecordError`` naming the field."""
+        nested: dict[str, Any] = {p: {} for p in PARTS}
+        for k, v in rec.items():
+            if k in _PART_OF:
+                nested[_PART_OF[k]][k] = v
+            else:
+                nested[k] = v
+        try:
+            return cls.model_validate(nested)
+        except ValidationError as e:
+            raise _record_error(e) from None
+
+    def flat(self) -> dict:
+        """The flat record (field names as on disk); unset optional fields are left out."""
+        out = {"status": self.status.value, "reason": self.reason}
+        for p in PARTS:
+            out.update(getattr(self, p).model_dump(exclude_unset=True))
+        out.update(self.model_dump(include=_top_fields(self), by_alias=True, exclude_unset=True))
+        return out
+
+
+def _top_fields(rec: CellRecord) -> set:
+    return {k for k in rec.model_fields_set if k not in PARTS and k not in ("status", "reason")} | set(rec.model_extra or {})
+
+
+def _record_error(e: ValidationError):
+    from .records import RecordError
+    err = e.errors()[0]
+    orig = (err.get("ctx") or {}).get("error")
+    if isinstance(orig, RecordError):
+        return orig
+    loc = [str(x) for x in err["loc"] if not isinstance(x, int)]
+    field = loc[-1] if loc else "<record>"
+    return RecordError(field, f"{err['msg']}, got {err.get('input')!r}")
+
+
+def fields_where(flag: str, parts=tuple(PARTS)) -> tuple[str, ...]:
+    """Names of the flat fields whose metadata sets ``flag``, in declaration order."""
+    return tuple(n for p in parts for n, f in PARTS[p].model_fields.items() if (f.json_schema_extra or {}).get(flag))
+
+
+def csv_columns(identity) -> list[str]:
+    """The CSV's columns: the cell identity, status and reason, each part's fields in declaration order
+    (identity ones not repeated), then the top-level extras marked ``csv``."""
+    names = list(identity) + ["status", "reason"]
+    names += [n for p in PARTS if p != "problem" for n in PARTS[p].model_fields if n not in names]
+    names += [f.alias or n for n, f in CellRecord.model_fields.items() if (f.json_schema_extra or {}).get("csv")]
+    return names

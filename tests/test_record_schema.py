@@ -1,0 +1,108 @@
+"""The typed cell record (attnlab.record_model): flat <-> typed round trip, derived field lists, status rules."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import pytest
+from pydantic import Field
+
+from attnlab import record_model
+from attnlab.measure.cell import IDENTITY, Cell, Options, measure_cell
+from attnlab.record_model import PARTS, CellRecord, Cost, csv_columns, fields_where
+from attnlab.records import RecordError, Status, time_ms, upgrade
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAST = Options(repeats=2, warmup=1, pipelined_calls=2, max_input_sets=1)
+
+
+@pytest.fixture(scope="module")
+def fresh():
+    return measure_cell(Cell("naive", 1, 32, 32, 2, 2, 8, "float32", mode="fwd+bwd"), FAST)
+
+
+def test_round_trip_of_a_fresh_cpu_record(fresh):
+    typed = CellRecord.from_flat(fresh)
+    assert typed.status is Status.OK and typed.problem.head_dim == 8 and typed.cost.cell_s == fresh["cell_s"]
+    assert typed.timing.wall_ms == time_ms(fresh) > 0 and typed.correctness.grad_check == "ok"
+    assert typed.flat() == fresh
+
+
+def _committed_cells():
+    for path in sorted(glob.glob(os.path.join(ROOT, "results", "*", "results.jsonl"))):
+        cells = []
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    r = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if r.get("kind", "cell") == "cell" and "backend" in r:
+                    cells.append(r)
+        if cells:
+            yield os.path.basename(os.path.dirname(path)), cells[:: max(1, len(cells) // 5)]
+
+
+@pytest.mark.parametrize("name, sample", list(_committed_cells()))
+def test_round_trip_of_committed_records(name, sample):
+    for rec in sample:
+        rec = upgrade(rec)
+        assert CellRecord.from_flat(rec).flat() == rec
+
+
+def test_parts_forbid_unknown_fields_and_top_level_keeps_them():
+    with pytest.raises(Exception, match="extra"):
+        Cost(inputs_s=1.0, bogus=2)
+    rec = {"backend": "naive", "batch": 1, "q_len": 4, "kv_len": 4, "heads": 1, "kv_heads": 1, "head_dim": 8,
+           "dtype": "float32", "causal": False, "mode": "fwd", "status": "unsupported", "reason": "why",
+           "from_the_future": [1, 2]}
+    assert CellRecord.from_flat(rec).flat() == rec
+
+
+def test_field_lists_are_derived_from_the_parts(monkeypatch):
+    assert set(fields_where("phase")) == {"inputs_s", "compile_s", "check_s", "timing_s", "cell_s"}
+    assert "kernel_ms" in fields_where("timed") and "rel_err" not in fields_where("timed")
+    # a new field added to a part shows up in the CSV, the measured list and the part's flat fields
+    New = type("Cost", (Cost,), {"__annotations__": {"queue_s": float | None},
+                                 "queue_s": Field(None, json_schema_extra={"measured": True})})
+    monkeypatch.setitem(PARTS, "cost", New)
+    assert "queue_s" in csv_columns(IDENTITY) and "queue_s" in fields_where("measured")
+    assert csv_columns(IDENTITY).count("devices") == 1
+
+
+def _ok():
+    return {"backend": "naive", "batch": 1, "q_len": 4, "kv_len": 4, "heads": 1, "kv_heads": 1, "head_dim": 8,
+            "dtype": "float32", "causal": False, "mode": "fwd+bwd", "status": "ok", "reason": None, "schema": 2,
+            "timer": "wall", "wall_ms": 1.0, "kernel_ms": None, "rel_err": 0.0, "checked_fraction": 1.0,
+            "tolerance": "f32", "checks": {"ref": "ok"}, "grad_check": "ok"}
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"status": "fine"}, "status"),
+    ({"batch": "1"}, "batch"),
+    ({"causal": 1}, "causal"),
+    ({"window": [1, 2, 3]}, "window"),
+    ({"reason": "why"}, "reason"),
+    ({"timer": "sundial"}, "timer"),
+    ({"wall_ms": 0.0}, "wall_ms"),
+    ({"rel_err": None}, "rel_err"),
+    ({"checked_fraction": 0.0}, "checked_fraction"),
+    ({"tolerance": None}, "checks"),
+    ({"grad_check": "skipped"}, "grad_check"),
+    ({"status": "oom", "reason": None, "wall_ms": None}, "reason"),
+    ({"status": "oom", "reason": "big"}, "wall_ms"),
+    ({"status": "oom", "reason": "big", "wall_ms": None, "tflops": 3.0}, "tflops"),
+    ({"cell_s": "slow"}, "cell_s"),
+])
+def test_each_status_rule_names_its_field(change, field):
+    assert CellRecord.from_flat(_ok()).status is Status.OK
+    with pytest.raises(RecordError) as e:
+        CellRecord.from_flat({**_ok(), **change})
+    assert e.value.field == field, str(e.value)
+
+
+def test_unchecked_records_need_no_correctness_fields():
+    rec = {k: v for k, v in _ok().items() if k not in ("rel_err", "checked_fraction", "tolerance", "checks", "grad_check")}
+    assert CellRecord.from_flat({**rec, "status": "unchecked"}).status is Status.UNCHECKED
+    assert record_model.Status is Status
