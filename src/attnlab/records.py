@@ -178,3 +178,20 @@ def config_label(rec: dict, mesh: bool = True) -> str:
     if rec.get("inputs", "gaussian") != "gaussian":
         parts.append(f"inputs={rec['inputs']}")
     return " ".join(parts)
+
+
+#: Wall seconds a cell spent in each phase (``measure_cell`` records them); ``cell_s`` is the whole cell.
+COST_FIELDS = ("inputs_s", "compile_s", "check_s", "timing_s", "cell_s")
+
+
+def cost_summary(records) -> str:
+    """Where a sweep's time went, in one line: ``N cells in X s: compile Y s, check Z s, timing W s, other V s``.
+
+    Sums the cost fields of the cell records (records of other kinds, e.g. ``lab_step`` or ``run``, are
+    skipped; a cell without ``cell_s`` counts 0 s). "other" is the rest of ``cell_s`` (inputs included)."""
+    cells = [r for r in records if r.get("kind", "cell") == "cell"]
+    total = sum(r.get("cell_s") or 0.0 for r in cells)
+    parts = {p: sum(r.get(f"{p}_s") or 0.0 for r in cells) for p in ("compile", "check", "timing")}
+    other = max(0.0, total - sum(parts.values()))
+    return (f"{len(cells)} cells in {total:.1f} s: compile {parts['compile']:.1f} s, check {parts['check']:.1f} s, "
+            f"timing {parts['timing']:.1f} s, other {other:.1f} s")
