@@ -131,6 +131,9 @@ class LabContext:
     label: str | None = None
     records: list = dataclasses.field(default_factory=list)  # every record this run stored, in order
     resume: bool = False       # going on from a stopped run: its sweeps folder (sweeps_dir) was kept
+    measured: dict = dataclasses.field(default_factory=dict)  # cell key -> record measured by this invocation
+    resumed: dict = dataclasses.field(default_factory=dict)   # cell key -> None: taken from the stopped run (``resume``)
+    on_cell: "Callable[[str, int, int], None] | None" = None   # (sweep name, index, total) after each cell
 
     @property
     def sweeps_dir(self) -> str:
@@ -151,8 +154,16 @@ class LabContext:
         sweep carries ``same_as`` naming it, so every table shows the same number for the same cell."""
         from ..sweep.engine import run_sweep
 
+        def counted(cell, rec, i, n):
+            if rec is not None:
+                self.measured[cell.key()] = rec
+            elif cell.key() not in self.measured:
+                self.resumed[cell.key()] = None
+            if self.on_cell:
+                self.on_cell(sweep.name, i + 1, n)
+
         out = []
-        for rec in run_sweep(sweep, self.sweeps_dir, resume=True, options=self.cfg.options):
+        for rec in run_sweep(sweep, self.sweeps_dir, resume=True, options=self.cfg.options, on_cell=counted):
             tagged = {**rec, "kind": "cell", "step": sweep.name, "label": self.label, "env": self.env}
             if rec.get("sweep") not in (None, sweep.name):
                 tagged["same_as"] = rec["sweep"]
