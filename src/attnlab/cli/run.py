@@ -79,7 +79,7 @@ def run(out_dir, label, quick, sections, resume, overwrite):
                       f"(finished: {finished}); {e.cells} cell(s) measured are kept in {out_dir}/sweeps.\n"
                       f"Go on with: {resume_command(out_dir, quick=quick, sections=chosen, label=label)}",
                       highlight=False, soft_wrap=True)
-        sys.exit(130)
+        _exit_interrupted()
     run_rec = next((r for r in reversed(read_jsonl(os.path.join(out_dir, "results.jsonl"))) if r.get("kind") == "run"), {})
     resumed = f"; resumed: {run_rec.get('cells_resumed', 0)} cell(s) from the stopped run" if resume else ""
     console.print(f"{run_rec.get('cost') or cost_summary([])}{resumed}", highlight=False, soft_wrap=True)
@@ -88,3 +88,17 @@ def run(out_dir, label, quick, sections, resume, overwrite):
     if any(s.status == "failed" for s in done):
         sys.exit(1)
 
+
+
+def _exit_interrupted():
+    """Exit 130 after Ctrl-C. A compile abandoned in a worker thread cannot be joined: the process
+    then ends without tearing down the interpreter (whose thread teardown would abort in XLA's C++);
+    every record is already on disk (fsync'd)."""
+    import threading
+
+    if any(t is not threading.main_thread() and t.is_alive() and not t.daemon for t in threading.enumerate()) \
+            or threading.active_count() > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    sys.exit(130)

@@ -10,6 +10,7 @@ from .. import backends
 from ..sweep.spec import Sweep
 from . import render, tables
 from .core import LabConfig, LabContext, Step
+from .memory_probe import compiled_temp
 from .render import FP8_RECIPE_INPUTS, fp8_recipe_names, fp8_seqs, gqa_shape, memory_seqs, perf_backends
 
 
@@ -100,27 +101,6 @@ def sweeps_next(cfg: LabConfig) -> list[Sweep]:
     return out
 
 
-def _compiled_temp(backend: str, T: int, c, dt) -> dict:
-    import jax
-
-    from .. import api
-    from ..measure.cell import classify
-    from ..measure.memory import compiled_memory
-    from ..spec import prepare
-
-    shapes = [jax.ShapeDtypeStruct((c.batch, T, c.heads, c.head_dim), dt) for _ in range(3)]
-    spec = prepare(*shapes).spec
-    why = backends.get(backend).why_not(spec)
-    if why:
-        return {"status": "unsupported", "reason": f"{backend}: {why}", "temp_bytes": None}
-    try:
-        comp = jax.jit(lambda q, k, v: api.attention(q, k, v, implementation=backend)).lower(*shapes).compile()
-    except Exception as e:  # noqa: BLE001
-        status, reason = classify(e, "compile")
-        return {"status": status, "reason": reason, "temp_bytes": None}
-    return {"status": "ok", "reason": None, **compiled_memory(comp)}
-
-
 def probe_next(ctx: LabContext) -> dict:
     """cuDNN's verdict per head dim, and the compiled temp memory per path and T (stored as
     ``memory`` records of step "next")."""
@@ -129,10 +109,10 @@ def probe_next(ctx: LabContext) -> dict:
     verdicts, cudnn_why = _cudnn_verdicts(c)
     for T_ in memory_seqs(c):
         for b in perf_backends(c):
-            m = _compiled_temp(b, T_, c, "bfloat16" if b == "cudnn" else dt)
+            m = compiled_temp(b, c.batch, T_, c.heads, c.head_dim, "bfloat16" if b == "cudnn" else dt)
             ctx.append({"kind": "memory", "step": "next", "backend": b, "q_len": T_, "batch": c.batch,
-                        "heads": c.heads, "head_dim": c.head_dim,
-                        **{k: m.get(k) for k in ("status", "reason", "temp_bytes", "peak_bytes")}, "env": ctx.env})
+                        "heads": c.heads, "head_dim": c.head_dim, "env": ctx.env,
+                        **{k: m.get(k) for k in ("status", "reason", "temp_bytes", "peak_bytes", "estimate_bytes")}})
     return {"verdicts": verdicts, "cudnn_why": cudnn_why}
 
 
