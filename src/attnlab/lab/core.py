@@ -92,7 +92,7 @@ class LabConfig:
     @property
     def batches(self) -> list[int]:
         """B of the batch sweep: the default B among them (measured by the sequence sweep already)."""
-        return [1, self.batch] if self.quick else [1, self.batch, 16]
+        return list(dict.fromkeys([1, self.batch] if self.quick else [1, self.batch, 16]))
 
     @property
     def batch_sweep_len(self) -> int:

@@ -87,7 +87,7 @@ def render_decode(records: list[dict], cfg: LabConfig, plots_dir: str | None = N
             "once), the sequence is not split so few programs run, and the causal tail of decode "
             "(query t at position L−T+t) is not jax.nn's top-left rule, so it arrives as a dense mask.")
     s.paragraphs.append(f"Cells: {KERNEL} at T = {', '.join(map(str, shp['q_lens']))}; "
-                        f"{', '.join(GPU_PEERS if cfg.gpu else CPU_PEERS)} at T = {', '.join(map(str, shp['peer_q_lens']))} "
+                        f"{', '.join(peers(cfg))} at T = {', '.join(map(str, shp['peer_q_lens']))} "
                         "(their decode path and their prefill kernel): enough to see who stays flat in T.")
     if not cupti:
         s.paragraphs.append("No GPU here: times are host wall clock of blocked calls on the CPU, and attnlab's kernel "
@@ -138,7 +138,14 @@ def sweeps_decode(cfg: LabConfig) -> list:
     return [Sweep(backends, batch=[shp["batch"]], q_len=q_lens, kv_len=[shp["kv_len"]],
                   heads=[shp["heads"]], kv_heads=[shp["kv_heads"]], head_dim=[shp["head_dim"]], dtype=[shp["dtype"]],
                   causal=[True], lengths=["full"], name="decode")
-            for backends, q_lens in (([KERNEL], shp["q_lens"]), (GPU_PEERS if cfg.gpu else CPU_PEERS, shp["peer_q_lens"]))]
+            for backends, q_lens in (([KERNEL], shp["q_lens"]), (peers(cfg), shp["peer_q_lens"]))]
+
+
+def peers(cfg: LabConfig) -> list[str]:
+    """The paths raced against attnlab's kernel (quick on a GPU: cuDNN's alone, a smoke test)."""
+    if cfg.gpu:
+        return GPU_PEERS[:1] if cfg.quick else GPU_PEERS
+    return CPU_PEERS
 
 
 def _render_step(records, cfg: LabConfig, plots_dir=None) -> Section:
