@@ -65,3 +65,25 @@ def test_every_measuring_step_says_which_cells_and_why():
         for sid in ("timing", "sweeps", "gqa", "te_fp8", "next"):
             note = cells_note(sid, cfg)
             assert note.startswith("Cells: ") and len(note) > 40, (sid, note)
+
+
+def _gqa(K, ms):
+    return {"kind": "cell", "step": "gqa", "backend": "xla", "batch": 4, "q_len": 128, "kv_len": 128, "heads": 8,
+            "kv_heads": K, "head_dim": 64, "dtype": "float32", "causal": True, "status": "ok", "rel_err": 1e-7,
+            "timer": "wall", "wall_ms": ms, "kernel_ms": None, "wall_p25_ms": ms * 0.95, "wall_p75_ms": ms * 1.05}
+
+
+def test_gqa_slower_than_mha_gets_its_measured_explanation():
+    """Issue 23 item 7: a GQA time that contradicts "same FLOPs as MHA" is explained from XLA's compiled programs."""
+    from attnlab.lab.render_gqa import render_gqa
+
+    probe = {"kind": "lab_step", "step": "gqa", "status": "ok", "probe": {"xla_programs": {
+        "MHA": {"K": 8, "dots": [["f32", [4, 8, 128, 128]]], "copy_bytes": 4_000_000},
+        "GQA": {"K": 2, "dots": [["f32", [4, 2, 512, 128]]], "copy_bytes": 6_000_000},
+        "MQA": {"K": 1, "dots": [["f32", [4, 1024, 128]]], "copy_bytes": 5_000_000}}}}
+    cfg = LabConfig.for_machine(False, False)
+    slow = render_gqa([probe, _gqa(8, 6.4), _gqa(2, 17.2), _gqa(1, 6.5)], cfg, None)
+    text = " ".join(slow.paragraphs)
+    assert "GQA/MQA is slower than its MHA" in text and "32 matmuls of 128×128" in text and "8 matmuls of 512×128" in text
+    same = render_gqa([probe, _gqa(8, 6.4), _gqa(2, 6.5), _gqa(1, 6.3)], cfg, None)
+    assert not any("compiled programs show why" in p for p in same.paragraphs)
