@@ -81,8 +81,11 @@ def quick_report(tmp_path_factory):
 def test_report_on_cpu(quick_report):
     secs, page = quick_report
     tabs = tables_of(page)
-    env = next(v for k, v in tabs.items() if k.startswith("Backends on this machine"))
-    assert "why not available" in env[0] and "why not this input" in env[0] and "why not" not in env[0]
+    env = next(v for k, v in tabs.items() if k.startswith("Backends available here"))
+    assert env[0][:2] == ["backend", "runs this input"] and {r[0] for r in env[1]} >= {"naive", "xla"}
+    assert "cudnn" not in {r[0] for r in env[1]}    # unavailable: folded, one line per reason
+    fold = page[page.index("<details>"):page.index("</details>")]
+    assert "backends not available here" in fold and "cudnn" in fold and fold.count("<li>") < 8
     timing = next(v for k, v in tabs.items() if k.startswith("Kernel time and wall time"))
     assert "wall p25–p75" in timing[0] and "kernel (CUPTI)" not in timing[0]
     assert all("–" in r[timing[0].index("wall p25–p75")] for r in timing[1] if r[-1] == "ok")

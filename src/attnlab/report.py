@@ -39,7 +39,8 @@ def _tables(tables):
 
 def render(sections, env: dict, *, label: str | None = None) -> str:
     view = [{"id": s.id, "title": s.title, "status": s.status, "reason": s.reason, "paragraphs": s.paragraphs,
-             "tables": _tables(s.tables), "images": _images(s.plots)} for s in sections]
+             "tables": _tables(s.tables), "images": _images(s.plots),
+             "folds": [{"summary": a, "lines": b} for a, b in getattr(s, "folds", [])]} for s in sections]
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return _environment().get_template("report.html").render(sections=view, env=env, label=label, generated=now)
 

@@ -1,12 +1,18 @@
-"""``attnlab run``: the codelab's steps and their report."""
+"""``attnlab run``: the codelab's steps and their report.
+
+The terminal shows the progress bar, one line per step as it ends and the cost summary; the logs of
+XLA, absl, TransformerEngine and tokamax go to ``OUT/run.log``. Like ``bench``, a folder that holds
+results is refused without ``--resume`` or ``--overwrite``, and Ctrl-C says what finished and how
+to go on.
+"""
 from __future__ import annotations
 
+import os
 import sys
 
 import click
-from rich.table import Table as RichTable
 
-from ._app import console, main, writable_folder, writes_to
+from ._app import _fail, console, main, writable_folder, writes_to
 
 #: The lab's step ids, in order (``attnlab.lab.STEPS``; a test keeps the two equal): listed by ``--help``
 #: without importing JAX.
@@ -29,39 +35,89 @@ def step_ids(text: str, steps) -> list[str]:
             out.append(found)
     return out
 
+COLOURS = {"ok": "green", "skipped": "yellow", "failed": "red"}
+
 
 @main.command()
 @click.option("--out", "out_dir", default="attnlab-out", show_default=True, type=click.Path(file_okay=False),
-              help="Folder for report.html, results.jsonl, results.csv and plots/.")
+              help="Folder for report.html, results.jsonl, results.csv, plots/ and run.log.")
 @click.option("--label", default=None, help="A name for this run, shown in the report.")
 @click.option("--quick", is_flag=True, help="Smallest sizes: a smoke test of every step.")
 @click.option("--sections", default=None, help="Comma-separated step ids to run (default: all): " + ", ".join(STEP_IDS) + ".")
 @click.option("--resume", is_flag=True, help="Go on with a stopped run in --out: cells measured there are not measured again.")
-def run(out_dir, label, quick, sections, resume):
+@click.option("--overwrite", is_flag=True, help="Erase the results in --out and start afresh (without it, or --resume, "
+                                                "a folder holding results is refused).")
+def run(out_dir, label, quick, sections, resume, overwrite):
     """Run the codelab's steps and write a report."""
+    from ..lab import quiet
+    from ..lab.record import held_results, resume_command
+
+    quiet.prepare_environment()   # before JAX loads XLA
+    if resume and overwrite:
+        _fail("--resume and --overwrite contradict each other: give one of them")
+    held = held_results(out_dir)
+    if held and not (resume or overwrite):
+        _fail(f"{out_dir} already holds {held} result(s) of an earlier run: give --resume to go on with it, "
+              f"or --overwrite to erase them and start afresh")
     from ..lab import STEPS, run_lab
+    from ..lab.record import LabInterrupted
+    from ..records import cost_summary
+    from ..store import read_jsonl
 
     chosen = step_ids(sections, STEPS) if sections else None
     writable_folder(out_dir)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as prog:
-        task = prog.add_task("attnlab run", total=len(chosen or STEPS))
+    log = os.path.join(out_dir, "run.log")
+    try:
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=True) as prog, quiet.logs_to(log, append=resume):
+            task = prog.add_task("attnlab run", total=len(chosen or STEPS))
 
-        def progress(sid, i, n):
-            prog.update(task, completed=i, description=f"step {sid}")
+            step = {"id": ""}
 
-        with writes_to(out_dir):
-            done = run_lab(out_dir, label=label, quick=quick, sections=chosen, progress=progress, resume=resume)
-        prog.update(task, completed=len(done), description="done")
-    t = RichTable(title=f"attnlab run → {out_dir}/report.html")
-    t.add_column("step")
-    t.add_column("status")
-    t.add_column("note", overflow="fold")
-    colours = {"ok": "green", "skipped": "yellow", "failed": "red"}
-    for s in done:
-        t.add_row(s.title, f"[{colours.get(s.status, 'white')}]{s.status}[/]", s.reason or "")
-    console.print(t)
+            def before(sid, i, n):
+                step["id"] = sid
+                prog.update(task, completed=i, description=f"step {sid}")
+
+            def cell(sweep, i, n):
+                prog.update(task, description=f"step {step['id']} · {sweep} cell {i}/{n}")
+
+            def after(sec, i, n):
+                prog.update(task, completed=i + 1)
+                reason = f" — {sec.reason}" if sec.reason else ""
+                prog.console.print(f"[{COLOURS.get(sec.status, 'white')}]{sec.status:7}[/] {sec.title} "
+                                   f"({sec.facts.get('seconds', 0):.1f} s){reason}", highlight=False, soft_wrap=True)
+
+            with writes_to(out_dir):
+                done = run_lab(out_dir, label=label, quick=quick, sections=chosen, progress=before, resume=resume,
+                               overwrite=overwrite, on_step=after, on_cell=cell)
+    except LabInterrupted as e:
+        finished = ", ".join(e.finished) or "none"
+        console.print(f"\nstopped in step {e.stopped_in} after {len(e.finished)} of {e.total} steps "
+                      f"(finished: {finished}); {e.cells} cell(s) measured are kept in {out_dir}/sweeps.\n"
+                      f"Go on with: {resume_command(out_dir, quick=quick, sections=chosen, label=label)}",
+                      highlight=False, soft_wrap=True)
+        _exit_interrupted()
+    run_rec = next((r for r in reversed(read_jsonl(os.path.join(out_dir, "results.jsonl"))) if r.get("kind") == "run"), {})
+    resumed = f"; resumed: {run_rec.get('cells_resumed', 0)} cell(s) from the stopped run" if resume else ""
+    console.print(f"{run_rec.get('cost') or cost_summary([])}{resumed}", highlight=False, soft_wrap=True)
+    console.print(f"{run_rec.get('steps_ok', 0)} of {len(done)} steps ok in {run_rec.get('wall_s', 0):.1f} s → "
+                  f"{out_dir}/report.html (logs: {log})", highlight=False, soft_wrap=True)
     if any(s.status == "failed" for s in done):
         sys.exit(1)
+
+
+
+def _exit_interrupted():
+    """Exit 130 after Ctrl-C. A compile abandoned in a worker thread cannot be joined: the process
+    then ends without tearing down the interpreter (whose thread teardown would abort in XLA's C++);
+    every record is already on disk (fsync'd)."""
+    import threading
+
+    if any(t is not threading.main_thread() and t.is_alive() and not t.daemon for t in threading.enumerate()) \
+            or threading.active_count() > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    sys.exit(130)

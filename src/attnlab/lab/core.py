@@ -45,6 +45,7 @@ class Section:
     paragraphs: list[str] = dataclasses.field(default_factory=list)
     tables: list[Table] = dataclasses.field(default_factory=list)
     plots: list[str] = dataclasses.field(default_factory=list)   # paths of PNG files
+    folds: list = dataclasses.field(default_factory=list)   # [(summary, [line, ...])]: shown folded (<details>)
     facts: dict[str, Any] = dataclasses.field(default_factory=dict)  # headline values, also stored
 
     def record(self) -> dict:
@@ -70,37 +71,40 @@ class LabConfig:
 
     @property
     def cpu_quick(self) -> bool:
-        """``attnlab run --quick`` on a CPU: every step at the smallest shapes, few distinct shapes
-        (each new shape costs compiles of the inputs, the path and both references)."""
+        """``attnlab run --quick`` on a CPU."""
         return self.quick and not self.gpu
 
     @classmethod
     def for_machine(cls, quick: bool, gpu: bool) -> "LabConfig":
-        if quick and not gpu:
-            return cls(batch=2, q_len=64, heads=4, head_dim=32, quick=True, gpu=False)
+        """Quick (CPU or GPU): every step at the smallest shapes, few distinct shapes (each new shape
+        costs compiles of the inputs, the path and both references): a smoke test of every step."""
+        if quick:
+            return cls(batch=2, q_len=64, heads=4, head_dim=32, quick=True, gpu=gpu)
         return cls(quick=quick, gpu=gpu)
 
     @property
     def seq_lens(self) -> list[int]:
-        if self.gpu:
-            return [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384] if not self.quick else [128, 1024, 4096]
-        return [64, 128, 256, 512, 1024] if not self.quick else [32, 64]
+        """T = S of the sequence sweep: the default T among them (the timing step's cells reappear)."""
+        if self.quick:
+            return [self.q_len, 4 * self.q_len] if self.gpu else [self.q_len // 2, self.q_len]
+        return [128, 512, 2048, 8192] if self.gpu else [32, 64, 128, 256]
 
     @property
     def batches(self) -> list[int]:
-        if self.cpu_quick:
-            return [1, 2]
-        return [1, 2, 4, 8, 16] if not self.quick else [1, 4]
+        """B of the batch sweep: the default B among them (measured by the sequence sweep already)."""
+        return list(dict.fromkeys([1, self.batch] if self.quick else [1, self.batch, 16]))
 
     @property
     def batch_sweep_len(self) -> int:
-        """T = S of the batch sweep (quick on a CPU: the default shape's, already compiled)."""
-        return self.q_len if self.cpu_quick else 256
+        """T = S of the batch sweep: one of the sequence sweep's (its default-B cell is shared)."""
+        return 512 if self.gpu and not self.quick else self.q_len
 
     @property
     def long_len(self) -> int:
-        """T = S of the GQA and head-dim steps."""
-        return 2048 if self.gpu else (self.q_len if self.quick else 256)
+        """T = S of the GQA and head-dim steps: one of the sequence sweep's (the default H is shared)."""
+        if self.quick:
+            return self.q_len
+        return 2048 if self.gpu else self.q_len
 
     @property
     def head_dims(self) -> tuple[int, ...]:
@@ -108,8 +112,9 @@ class LabConfig:
 
     @property
     def timed_head_dims(self) -> tuple[int, ...]:
-        """Head dims the head-dim step times (quick on a CPU: the default one, compiled already; every one still gets cuDNN's verdict)."""
-        return (self.head_dim,) if self.cpu_quick else self.head_dims
+        """Head dims XLA times in the head-dim step: the default one (shared with the sequence sweep)
+        and, beyond quick, 512 (which cuDNN refuses); every head dim still gets cuDNN's verdict."""
+        return (self.head_dim,) if self.quick else (self.head_dim, 512)
 
     @property
     def options(self) -> "Options":
@@ -131,6 +136,9 @@ class LabContext:
     label: str | None = None
     records: list = dataclasses.field(default_factory=list)  # every record this run stored, in order
     resume: bool = False       # going on from a stopped run: its sweeps folder (sweeps_dir) was kept
+    measured: dict = dataclasses.field(default_factory=dict)  # cell key -> record measured by this invocation
+    resumed: dict = dataclasses.field(default_factory=dict)   # cell key -> None: taken from the stopped run (``resume``)
+    on_cell: "Callable[[str, int, int], None] | None" = None   # (sweep name, index, total) after each cell
 
     @property
     def sweeps_dir(self) -> str:
@@ -151,8 +159,16 @@ class LabContext:
         sweep carries ``same_as`` naming it, so every table shows the same number for the same cell."""
         from ..sweep.engine import run_sweep
 
+        def counted(cell, rec, i, n):
+            if rec is not None:
+                self.measured[cell.key()] = rec
+            elif cell.key() not in self.measured:
+                self.resumed[cell.key()] = None
+            if self.on_cell:
+                self.on_cell(sweep.name, i + 1, n)
+
         out = []
-        for rec in run_sweep(sweep, self.sweeps_dir, resume=True, options=self.cfg.options):
+        for rec in run_sweep(sweep, self.sweeps_dir, resume=True, options=self.cfg.options, on_cell=counted):
             tagged = {**rec, "kind": "cell", "step": sweep.name, "label": self.label, "env": self.env}
             if rec.get("sweep") not in (None, sweep.name):
                 tagged["same_as"] = rec["sweep"]

@@ -10,14 +10,17 @@ from .. import backends
 from ..sweep.spec import Sweep
 from . import render, tables
 from .core import LabConfig, LabContext, Step
-from .render import FP8_RECIPE_INPUTS, fp8_recipe_names, fp8_seqs, gqa_shape, memory_seqs, perf_backends
+from .gqa_probe import probe_gqa
+from .memory_probe import compiled_temp
+from .plan import LAB_FP8_RECIPES, fp8_seqs, gqa_cells, gqa_shape, memory_backends, memory_seqs, perf_backends, te_seqs
+from .render import fp8_recipe_names
 
 
 def sweeps_timing(cfg: LabConfig) -> list[Sweep]:
-    """naive and XLA in float32, XLA and cuDNN in bfloat16, at the default shape."""
+    """The performance paths (``plan.perf_backends``) at the default shape, in the performance dtype."""
     c = cfg
-    shape = dict(batch=[c.batch], q_len=[c.q_len], heads=[c.heads], head_dim=[c.head_dim], name="timing")
-    return [Sweep(["naive", "xla"], dtype=["float32"], **shape), Sweep(["xla", "cudnn"], dtype=["bfloat16"], **shape)]
+    return [Sweep(perf_backends(c), dtype=[c.perf_dtype], batch=[c.batch], q_len=[c.q_len], heads=[c.heads],
+                  head_dim=[c.head_dim], name="timing")]
 
 
 def sweeps_sweeps(cfg: LabConfig) -> list[Sweep]:
@@ -39,9 +42,8 @@ def probe_sweeps(ctx: LabContext) -> dict:
 
 def sweeps_gqa(cfg: LabConfig) -> list[Sweep]:
     c, g = cfg, gqa_shape(cfg)
-    kv = list(dict.fromkeys(K for _, K in g["variants"]))
-    return [Sweep(perf_backends(c)[1:], batch=[c.batch], q_len=[g["T"]], heads=[g["N"]], kv_heads=kv,
-                  head_dim=[c.head_dim], dtype=[c.perf_dtype], causal=[g["causal"]], name="gqa")]
+    return [Sweep([b], batch=[c.batch], q_len=[g["T"]], heads=[g["N"]], kv_heads=ks, head_dim=[c.head_dim],
+                  dtype=[c.perf_dtype], causal=[g["causal"]], name="gqa") for b, ks in gqa_cells(c)]
 
 
 def _te_fp8_why() -> tuple[str | None, dict[str, str | None]]:
@@ -65,17 +67,18 @@ def sweeps_te_fp8(cfg: LabConfig) -> list[Sweep]:
     c = cfg
     te_why, fp8 = _te_fp8_why()
     out = []
-    common = dict(batch=[c.batch], heads=[c.heads], dtype=["bfloat16"], causal=[True])
-    if not te_why:
-        seqs = [128, 256, 512, 1024, 2048] + ([4096, 8192, 16384] if c.gpu and not c.quick else [])
-        out.append(Sweep(["te", "xla", "cudnn"], q_len=seqs, head_dim=[c.head_dim], name="te", **common))
+    if not te_why:   # at the sequence sweep's shape: XLA's and cuDNN's cells are the sweep's
+        out.append(Sweep(["te"] + perf_backends(c), batch=[c.batch], q_len=te_seqs(c), heads=[c.heads],
+                         head_dim=[c.head_dim], dtype=["bfloat16"], name="te"))
+    common = dict(batch=[c.batch], heads=[c.heads], dtype=["bfloat16"], causal=[True], head_dim=[128])
     for name, why in fp8.items():
         if not why:
-            out.append(Sweep([name, "cudnn"], q_len=fp8_seqs(c), head_dim=[128], name="fp8", **common))
-    recipes = [n for n, why in _recipes_why().items() if not why]
-    if recipes:   # every recipe on gaussian and outlier-channel inputs at the largest FP8 length
-        out.append(Sweep(recipes + ["cudnn"], q_len=[max(fp8_seqs(c))], head_dim=[128], inputs=list(FP8_RECIPE_INPUTS),
-                         name="fp8-recipes", **common))
+            out.append(Sweep([name, "cudnn"], q_len=fp8_seqs(c), name="fp8", **common))
+    recipes = [n for n, why in _recipes_why().items() if not why and n in LAB_FP8_RECIPES]
+    if recipes and not c.quick:   # the recipes differ on outlier channels; on gaussian inputs amax is the fp8 sweep's
+        T = [max(fp8_seqs(c))]
+        out.append(Sweep(["cudnn-fp8", "cudnn"], q_len=T, inputs=["gaussian"], name="fp8-recipes", **common))
+        out.append(Sweep(recipes + ["cudnn"], q_len=T, inputs=["channel-outliers"], name="fp8-recipes", **common))
     return out
 
 
@@ -91,34 +94,13 @@ def _cudnn_verdicts(cfg: LabConfig):
 def sweeps_next(cfg: LabConfig) -> list[Sweep]:
     c = cfg
     common = dict(batch=[c.batch], q_len=[c.long_len], heads=[c.heads], name="head_dim")
-    timed = [H for H in c.head_dims if H in c.timed_head_dims]
-    out = [Sweep(["xla"], head_dim=timed, dtype=[c.perf_dtype], **common)] if timed else []
+    out = [Sweep(["xla"], head_dim=list(c.timed_head_dims), dtype=[c.perf_dtype], **common)]
     verdicts, _ = _cudnn_verdicts(c)
-    accepted = [H for H, v in verdicts if v == "accepts"]
+    timed = {c.head_dim} if c.quick else {c.head_dim, 128, 256}   # the default, and the largest cuDNN takes
+    accepted = [H for H, v in verdicts if v == "accepts" and H in timed]
     if accepted:
         out.append(Sweep(["cudnn"], head_dim=accepted, dtype=["bfloat16"], **common))
     return out
-
-
-def _compiled_temp(backend: str, T: int, c, dt) -> dict:
-    import jax
-
-    from .. import api
-    from ..measure.cell import classify
-    from ..measure.memory import compiled_memory
-    from ..spec import prepare
-
-    shapes = [jax.ShapeDtypeStruct((c.batch, T, c.heads, c.head_dim), dt) for _ in range(3)]
-    spec = prepare(*shapes).spec
-    why = backends.get(backend).why_not(spec)
-    if why:
-        return {"status": "unsupported", "reason": f"{backend}: {why}", "temp_bytes": None}
-    try:
-        comp = jax.jit(lambda q, k, v: api.attention(q, k, v, implementation=backend)).lower(*shapes).compile()
-    except Exception as e:  # noqa: BLE001
-        status, reason = classify(e, "compile")
-        return {"status": status, "reason": reason, "temp_bytes": None}
-    return {"status": "ok", "reason": None, **compiled_memory(comp)}
 
 
 def probe_next(ctx: LabContext) -> dict:
@@ -128,18 +110,18 @@ def probe_next(ctx: LabContext) -> dict:
     dt = c.perf_dtype
     verdicts, cudnn_why = _cudnn_verdicts(c)
     for T_ in memory_seqs(c):
-        for b in perf_backends(c):
-            m = _compiled_temp(b, T_, c, "bfloat16" if b == "cudnn" else dt)
+        for b in memory_backends(c):
+            m = compiled_temp(b, c.batch, T_, c.heads, c.head_dim, "bfloat16" if b == "cudnn" else dt)
             ctx.append({"kind": "memory", "step": "next", "backend": b, "q_len": T_, "batch": c.batch,
-                        "heads": c.heads, "head_dim": c.head_dim,
-                        **{k: m.get(k) for k in ("status", "reason", "temp_bytes", "peak_bytes")}, "env": ctx.env})
+                        "heads": c.heads, "head_dim": c.head_dim, "env": ctx.env,
+                        **{k: m.get(k) for k in ("status", "reason", "temp_bytes", "peak_bytes", "estimate_bytes")}})
     return {"verdicts": verdicts, "cudnn_why": cudnn_why}
 
 
 PERF = {
     "timing": Step("timing", render.render_timing, sweeps=sweeps_timing),
     "sweeps": Step("sweeps", render.render_sweeps, sweeps=sweeps_sweeps, probe=probe_sweeps),
-    "gqa": Step("gqa", render.render_gqa, sweeps=sweeps_gqa),
+    "gqa": Step("gqa", render.render_gqa, sweeps=sweeps_gqa, probe=probe_gqa),
     "te_fp8": Step("te_fp8", render.render_te_fp8, sweeps=sweeps_te_fp8, probe=probe_te_fp8),
     "next": Step("next", render.render_next, sweeps=sweeps_next, probe=probe_next),
 }

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import textwrap
 
 import matplotlib
 
@@ -17,6 +18,10 @@ from ..records import time_ms, timing  # noqa: E402, F401 - JAX-free: the render
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINESTYLES = ("-", "--", ":", "-.")
+#: Characters per title line (a 6.4-inch figure at font size 10); longer titles wrap.
+TITLE_CHARS = 70
+#: Factor between the x positions of coincident lines on a log axis (the memory plot).
+NUDGE = 1.06
 
 
 def _ok(records):
@@ -102,16 +107,18 @@ def memory_plot(records, path: str, *, title: str) -> str | None:
     if not recs:
         return None
     fig, ax = plt.subplots(figsize=(6.4, 4))
-    for i, ((backend, rs), (marker, ls)) in enumerate(zip(_by_backend(recs).items(), _styles())):
+    by = _by_backend(recs)
+    for i, ((backend, rs), (marker, ls)) in enumerate(zip(by.items(), _styles())):
         rs = sorted(rs, key=lambda r: r["q_len"])
-        ax.plot([r["q_len"] for r in rs], [max(r["temp_bytes"], 1) / 2**20 for r in rs], marker=marker, linestyle=ls,
-                markersize=9 - 2 * (i % 3), fillstyle="full" if i % 2 == 0 else "none", linewidth=2.5 - 0.8 * (i % 2),
-                label=backend)
+        nudge = NUDGE ** (i - (len(by) - 1) / 2)   # coincident lines side by side, not on top of each other
+        ax.plot([r["q_len"] * nudge for r in rs], [max(r["temp_bytes"], 1) / 2**20 for r in rs], marker=marker,
+                linestyle=ls, markersize=9 - 2 * (i % 3), fillstyle="full" if i % 2 == 0 else "none",
+                linewidth=2.5 - 0.8 * (i % 2), label=backend)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("sequence length T = S")
+    ax.set_xlabel("sequence length T = S" + (" (markers nudged apart where lines coincide)" if len(by) > 1 else ""))
     ax.set_ylabel("compiled temp memory (MiB)")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(textwrap.fill(title, TITLE_CHARS), fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend()
     return _save(fig, path)
@@ -164,10 +171,12 @@ def bars(labels, values, path: str, *, title: str, ylabel: str, spread=None) -> 
         yerr = [[max(0.0, v - lo) for v, (lo, _) in zip(values, spread)], [max(0.0, hi - v) for v, (_, hi) in zip(values, spread)]]
     ax.bar(labels, values, color="#4a7ab5", yerr=yerr, capsize=4 if yerr else 0)
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    for i, v in enumerate(values):
-        ax.annotate(f"{v:.3g}", (i, v), ha="center", va="bottom", fontsize=8, xytext=(8 if yerr else 0, 0),
+    ax.set_title(textwrap.fill(title, TITLE_CHARS), fontsize=10)
+    tops = [v + (yerr[1][i] if yerr else 0.0) for i, v in enumerate(values)]
+    for i, v in enumerate(values):   # above the whisker's top, never on it
+        ax.annotate(f"{v:.3g}", (i, tops[i]), ha="center", va="bottom", fontsize=8, xytext=(0, 3),
                     textcoords="offset points")
+    ax.set_ylim(0, max(tops, default=1.0) * 1.15 or 1.0)
     ax.tick_params(axis="x", labelrotation=20)
     return _save(fig, path)
 

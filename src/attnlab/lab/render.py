@@ -14,100 +14,14 @@ from __future__ import annotations
 
 import os
 
-from ..records import timing
-from ..units import format_flops
-from . import plots, tables
+from . import plots
 from .core import LabConfig, Section, Table
 from .decode import render_decode
+from .plan import cells_note, fp8_seqs, gqa_cells, gqa_shape, memory_backends, memory_seqs, perf_backends  # noqa: F401
 from .plots import time_ms
-
-ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
-NO_CUPTI = "kernel time needs a GPU (CUPTI); wall clock shown"
-SPREAD_NOTE = "Times are the median of the repeats, with the 25th–75th percentile in brackets (the spread)."
-
-TITLES = {
-    "environment": "1. Environment and GPU check",
-    "qkv": "2. Queries, keys and values",
-    "naive": "3. Attention written out",
-    "jax_nn": "4. jax.nn.dot_product_attention against naive",
-    "cudnn": "5. Forcing cuDNN (bfloat16)",
-    "causal": "6. The causal mask's effect",
-    "sweeps": "8. Sequence-length and batch sweeps",
-    "gqa": "9. MHA, GQA and MQA",
-    "te_fp8": "10. TransformerEngine and FP8",
-    "next": "11. Next steps: head dims, memory, speed-ups",
-}
-
-
-# --- reading records -----------------------------------------------------------------------------
-
-def cells(records, *steps: str) -> list[dict]:
-    """The cell records tagged with one of ``steps``, in file order."""
-    return [r for r in records if r.get("kind", "cell") == "cell" and r.get("step") in steps]
-
-
-def probe(records, step: str) -> dict | None:
-    """The probe facts of ``step`` (its latest ``lab_step`` record holding ``probe``), or None."""
-    for r in reversed(records):
-        if r.get("kind") == "lab_step" and r.get("step") == step and isinstance(r.get("probe"), dict):
-            return r["probe"]
-    return None
-
-
-def _missing(sid: str, title: str) -> Section:
-    return Section(sid, title, status="skipped", reason=f"no records of step {sid!r}")
-
-
-def _plot(plots_dir, name):
-    return None if not plots_dir else plots.path_in(plots_dir, name)
-
-
-# --- formatting ----------------------------------------------------------------------------------
-
-def fmt(x, spec=".4g"):
-    return "–" if x is None else format(x, spec)
-
-
-def status_or(rec, text):
-    return text if rec["status"] == "ok" else f"{rec['status']}: {(rec['reason'] or '')[:80]}"
-
-
-def spread(rec, prefix: str | None = None) -> str:
-    """A timed record's spread over its repeats: "p25–p75" (ms), or "" when not timed."""
-    if prefix is None:
-        t = timing(rec) if rec.get("status") == "ok" else None
-        return "" if t is None else f"{t['p25']:.3g}–{t['p75']:.3g}"
-    lo, hi = rec.get(f"{prefix}_p25_ms"), rec.get(f"{prefix}_p75_ms")
-    return "" if lo is None or hi is None else f"{lo:.3g}–{hi:.3g}"
-
-
-def time_text(rec) -> str:
-    """"0.354 ms [0.33–0.36]": the median and, in brackets, the 25th–75th percentile of the repeats."""
-    return status_or(rec, f"{time_ms(rec):.4g} ms [{spread(rec)}]" if rec["status"] == "ok" else "")
-
-
-def timer_note(recs) -> str:
-    if any(r.get("timer") == "cupti" for r in recs):
-        return "Times are GPU kernel time measured with CUPTI, compile time apart. " + SPREAD_NOTE
-    return "No GPU here: times are host wall clock around each blocked call (no CUPTI), compile time apart. " + SPREAD_NOTE
-
-
-def perf_backends(cfg: LabConfig) -> list[str]:
-    return ["naive", "xla", "cudnn"] if cfg.gpu else ["naive", "xla"]
-
-
-def sweep_table(recs, x: str, title: str):
-    bes = list(dict.fromkeys(r["backend"] for r in recs))
-    xs = sorted({r[x] for r in recs})
-    rows = []
-    for xv in xs:
-        row = [xv]
-        for b in bes:
-            r = next((r for r in recs if r[x] == xv and r["backend"] == b), None)
-            row.append("" if r is None else status_or(r, f"{time_text(r)} · {format_flops(r['tflops'] * 1e12)}"
-                                                          if r["status"] == "ok" else ""))
-        rows.append(row)
-    return Table(title, [x] + bes, rows)
+from .render_common import (ITEMSIZE, NO_CUPTI, SPREAD_NOTE, TITLES, _missing, _plot, cells, fmt, probe,  # noqa: F401
+                            spread, status_or, sweep_table, time_text, timer_note)
+from .render_gqa import render_gqa
 
 
 # --- the basics (probes) -------------------------------------------------------------------------
@@ -123,8 +37,17 @@ def render_environment(records, cfg: LabConfig, plots_dir=None) -> Section:
     if e.get("gpu_note"):
         s.paragraphs.append(e["gpu_note"] + ".")
     rows = p["backends"]
-    s.tables.append(Table(f"Backends on this machine (input: {cfg.batch}×{cfg.q_len}×{cfg.heads}×{cfg.head_dim} bf16)",
-                          ["backend", "available", "why not available", "runs this input", "why not this input", "what"], rows))
+    here = [r for r in rows if r[1] == "yes"]
+    s.tables.append(Table(f"Backends available here ({len(here)} of {len(rows)}; input {cfg.batch}×{cfg.q_len}×"
+                          f"{cfg.heads}×{cfg.head_dim} bf16)", ["backend", "runs this input", "why not this input", "what"],
+                          [[r[0], r[3], r[4], r[5]] for r in here]))
+    by_reason: dict[str, list[str]] = {}
+    for r in rows:
+        if r[1] != "yes":
+            by_reason.setdefault(r[2] or "not available", []).append(r[0])
+    if by_reason:
+        s.folds.append((f"{len(rows) - len(here)} backends not available here, by reason",
+                        [f"{why}: {', '.join(names)}" for why, names in by_reason.items()]))
     s.tables.append(Table("Optional libraries", ["library", "version"],
                           [[k, v or "not installed"] for k, v in e["optional"].items()]))
     s.facts = {"platform": e["platform"], "device_kind": e["device_kind"], "cudnn": e["cudnn"],
@@ -242,6 +165,7 @@ def render_timing(records, cfg: LabConfig, plots_dir=None) -> Section:
         s.paragraphs.append("No GPU: only wall time can be measured here, and at this size it includes Python and "
                             "dispatch overhead. On an NVIDIA GPU the same step reports CUPTI kernel time beside it.")
     s.paragraphs.append(timer_note(recs))
+    s.paragraphs.append(cells_note("timing", c))
     if ok and plots_dir:
         labels = [f"{r['backend']} {r['dtype']}" for r in ok]
         s.plots.append(plots.bars(labels, [r["wall_ms"] for r in ok], _plot(plots_dir, "timing_wall.png"),
@@ -287,6 +211,7 @@ def render_sweeps(records, cfg: LabConfig, plots_dir=None) -> Section:
             if made:
                 s.plots.append(made)
     s.paragraphs.append(timer_note(seq))
+    s.paragraphs.append(cells_note("sweeps", c))
     if not datasheet:
         s.paragraphs.append(f"No datasheet peak is known for {kind}: the roofline draws "
                             + ("the measured ceilings of `attnlab ceilings` only." if measured else
@@ -300,46 +225,6 @@ def render_sweeps(records, cfg: LabConfig, plots_dir=None) -> Section:
     s.facts = {"best_tflops": best, "cells": len(seq) + len(bat),
                "failed_cells": sum(r["status"] != "ok" for r in seq + bat)}
     return s
-
-
-def gqa_shape(cfg: LabConfig) -> dict:
-    """The GQA step's shape: T = S, query heads N, the (variant, K) pairs, masked or not."""
-    N = 32 if cfg.gpu else cfg.heads
-    return {"T": cfg.long_len, "N": N, "causal": not cfg.cpu_quick,   # quick on a CPU: MHA is the default shape
-            "variants": [("MHA", N), ("GQA", N // 4 if N >= 8 else max(1, N // 2)), ("MQA", 1)]}
-
-
-def render_gqa(records, cfg: LabConfig, plots_dir=None) -> Section:
-    c = cfg
-    dt = c.perf_dtype
-    g = gqa_shape(c)
-    T, N, causal = g["T"], g["N"], g["causal"]
-    s = Section("gqa", TITLES["gqa"])
-    got = cells(records, "gqa")
-    if not got:
-        return _missing("gqa", s.title)
-    rows, recs = [], []
-    for name, K in g["variants"]:
-        for b in perf_backends(c)[1:]:  # xla (and cudnn on a GPU)
-            r = next((r for r in got if r["kv_heads"] == K and r["backend"] == b), None)
-            if r is None:
-                continue
-            recs.append(r)
-            rows.append([name, b, f"({c.batch}, {T}, {N}, {c.head_dim})", f"({c.batch}, {T}, {K}, {c.head_dim})",
-                         fmt(r["rel_err"], ".2e"), time_text(r), f"{2 * K * c.head_dim * ITEMSIZE[dt]} B"])
-    s.tables.append(Table(f"Query heads N={N}; key/value heads K ({'causal' if causal else 'no mask'}, T=S={T}, {dt})",
-                          ["variant", "backend", "query shape", "key/value shape", "rel L2 vs float64", "time", "KV cache / token / layer"], rows))
-    s.tables.append(Table(tables.KV_TITLE, tables.KV_COLUMNS, tables.kv_cache_rows()))
-    s.paragraphs.append("GQA lets G = N/K query heads share one key/value head: same FLOPs as MHA, K/N of the "
-                        "key/value memory and bandwidth. attnlab broadcasts key/value heads rather than copying them.")
-    s.facts = {"cells": [{k: r[k] for k in ("backend", "kv_heads", "status", "rel_err")} for r in recs]}
-    if any(r["status"] == "incorrect" for r in recs):
-        s.status, s.reason = "failed", "a GQA/MQA path disagreed with the float64 reference"
-    return s
-
-
-def fp8_seqs(cfg: LabConfig) -> list[int]:
-    return [1024, 4096] if cfg.gpu else [256]
 
 
 #: Inputs the lab's FP8-recipe sweep draws (``attnlab.distributions``): plain, and outlier channels.
@@ -433,9 +318,10 @@ def render_te_fp8(records, cfg: LabConfig, plots_dir=None) -> Section:
         s.paragraphs.append(f"TransformerEngine: skipped — {te_why}.")
     else:
         recs = cells(records, "te")
-        s.tables.append(sweep_table(recs, "q_len", "TransformerEngine DotProductAttention vs XLA vs cuDNN (bf16, causal)"))
+        shape = f"B={c.batch}, N={c.heads}, H={c.head_dim}, bf16, no mask"
+        s.tables.append(sweep_table(recs, "q_len", f"TransformerEngine DotProductAttention vs XLA vs cuDNN ({shape})"))
         made = plots_dir and plots.line_plot(recs, "q_len", "time", plots.path_in(plots_dir, "te_latency.png"),
-                                             title="TransformerEngine vs XLA vs cuDNN (bf16 causal)", xlabel="T = S", ylabel="ms")
+                                             title=f"TransformerEngine vs XLA vs cuDNN ({shape})", xlabel="T = S", ylabel="ms")
         if made:
             s.plots.append(made)
     fp8 = cells(records, "fp8")
@@ -473,14 +359,12 @@ def render_te_fp8(records, cfg: LabConfig, plots_dir=None) -> Section:
                             "engaged (fp8_in_program) and whether its output equals plain 'te' bit for bit; cudnn-fp8 is "
                             "cuDNN's FP8 attention through JAX.")
     _fp8_recipes(records, p, s)
+    if not (te_why and all(r[2].startswith("skipped: ") for r in fp8_rows)):
+        s.paragraphs.append(cells_note("te_fp8", c))
     if te_why and all(r[2].startswith("skipped: ") for r in fp8_rows):
         s.status, s.reason = "skipped", (f"TransformerEngine: {te_why}; FP8: "
                                          + "; ".join(f"{r[0]}: {r[2].removeprefix('skipped: ')}" for r in fp8_rows))
     return s
-
-
-def memory_seqs(cfg: LabConfig) -> list[int]:
-    return cfg.seq_lens + ([32768] if cfg.gpu and not cfg.quick else [])
 
 
 def render_next(records, cfg: LabConfig, plots_dir=None) -> Section:
@@ -497,7 +381,7 @@ def render_next(records, cfg: LabConfig, plots_dir=None) -> Section:
     for H, verdict in p["verdicts"]:
         rec = next((r for r in hd if r["backend"] == "xla" and r["head_dim"] == H), None) if H in c.timed_head_dims else None
         cud = next((r for r in hd if r["backend"] == "cudnn" and r["head_dim"] == H), None) if verdict == "accepts" else None
-        rows.append([H, verdict, "not timed (--quick)" if rec is None else time_text(rec),
+        rows.append([H, verdict, "not timed" if rec is None else time_text(rec),
                      "" if cud is None else time_text(cud)])
     s.tables.append(Table(f"Head-dim sweep (B={c.batch}, T=S={T}, N={c.heads})",
                           ["H", "cuDNN (bf16)" if not cudnn_why else "cuDNN's shape rule (bf16)", f"XLA {dt}", "cuDNN bf16"], rows,
@@ -505,23 +389,9 @@ def render_next(records, cfg: LabConfig, plots_dir=None) -> Section:
     if cudnn_why:
         s.paragraphs.append(f"cuDNN cannot run here ({cudnn_why}): the head-dim table gives its shape rule only; "
                             "nothing ran on cuDNN.")
-    seqs = memory_seqs(c)
+    s.paragraphs.append(cells_note("next", c))
+    _memory(records, c, s, plots_dir)
     bes = perf_backends(c)
-    mem = [r for r in records if r.get("kind") == "memory" and r.get("step") == "next"]
-
-    def mem_cell(T_, b):
-        m = next((m for m in mem if m["q_len"] == T_ and m["backend"] == b), None)
-        if m is None:
-            return "–"
-        return fmt(m["temp_bytes"] / 2**20, ".4g") if m["temp_bytes"] is not None else m["status"]
-
-    s.tables.append(Table(f"Compiled temp memory (MiB; XLA memory_analysis().temp_size_in_bytes), B={c.batch}, N={c.heads}, H={c.head_dim}",
-                          ["T = S"] + bes, [[T_] + [mem_cell(T_, b) for b in bes] for T_ in seqs]))
-    made = plots_dir and plots.memory_plot([m for m in mem if m["status"] == "ok"], plots.path_in(plots_dir, "memory_vs_seq.png"),
-                                           title=f"compiled temp bytes (XLA memory_analysis), B={c.batch} N={c.heads} H={c.head_dim}\n"
-                                                 "quadratic in T for naive/XLA, flat for fused kernels")
-    if made:
-        s.plots.append(made)
     seq = cells(records, "seq_sweep")
     ratios = []
     for T_ in sorted({r["q_len"] for r in seq}):
@@ -531,6 +401,34 @@ def render_next(records, cfg: LabConfig, plots_dir=None) -> Section:
     if ratios:
         s.tables.append(Table("Speed-up over XLA from the sequence sweep (XLA time / path time)", ["T = S"] + [b for b in bes if b != "xla"], ratios))
     return s
+
+
+def _memory(records, c: LabConfig, s: Section, plots_dir) -> None:
+    """Step 11's compiled-memory table and plot; the plot's title claims only what the records show."""
+    seqs, bes = memory_seqs(c), memory_backends(c)
+    mem = [r for r in records if r.get("kind") == "memory" and r.get("step") == "next"]
+
+    def mem_cell(T_, b):
+        m = next((m for m in mem if m["q_len"] == T_ and m["backend"] == b), None)
+        if m is None:
+            return "–"
+        if m["status"] == "oom":
+            return f"oom ({(m.get('reason') or '').split(':')[0]})"
+        return fmt(m["temp_bytes"] / 2**20, ".4g") if m["temp_bytes"] is not None else m["status"]
+
+    s.tables.append(Table(f"Compiled temp memory (MiB; XLA memory_analysis), B={c.batch}, N={c.heads}, H={c.head_dim}",
+                          ["T = S"] + bes, [[T_] + [mem_cell(T_, b) for b in bes] for T_ in seqs]))
+    oom = [m for m in mem if m["status"] == "oom"]
+    if oom:
+        s.paragraphs.append("oom: " + "; ".join(f"{m['backend']} at T={m['q_len']}: {m['reason']}" for m in oom) + ".")
+    ok = [m for m in mem if m["status"] == "ok"]
+    fused = sorted({m["backend"] for m in ok} - {"naive", "xla"})
+    claim = (f"quadratic in T for naive/XLA, flat for {', '.join(fused)}" if fused
+             else "quadratic in T for naive and XLA (no fused kernel runs here)")
+    made = plots_dir and plots.memory_plot(ok, plots.path_in(plots_dir, "memory_vs_seq.png"),
+                                           title=f"compiled temp memory, B={c.batch} N={c.heads} H={c.head_dim}: {claim}")
+    if made:
+        s.plots.append(made)
 
 
 def render_decode_step(records, cfg: LabConfig, plots_dir=None) -> Section:

@@ -7,8 +7,9 @@ import time
 import traceback
 
 from .. import device, env as envmod
-from ..store import ResultStore
+from ..store import ResultStore, read_jsonl
 from .core import LabConfig, LabContext, Section
+from .record import LabInterrupted, OutputHasResults, held_results, run_record
 from .decode import DECODE
 from .perf import PERF
 from .steps import BASICS
@@ -47,35 +48,59 @@ def run_step(step, ctx: LabContext) -> Section:
 
 
 def run_lab(out_dir: str = "attnlab-out", *, label: str | None = None, quick: bool = False,
-            sections: list[str] | None = None, progress=None, resume: bool = False,
-            config: LabConfig | None = None) -> list[Section]:
+            sections: list[str] | None = None, progress=None, resume: bool = False, overwrite: bool = False,
+            config: LabConfig | None = None, on_step=None, on_cell=None) -> list[Section]:
     """Run the lab's steps in order; write results.jsonl, results.csv, plots/ and report.html in out_dir.
 
     Timed cells are measured by the sweep engine into ``out_dir/sweeps/`` as each finishes; with
     ``resume`` a run that was stopped (Ctrl-C, a kill) goes on: the cells recorded there are not
-    measured again (probes run again: they are quick). ``config`` overrides the machine's sizes."""
+    measured again (probes run again: they are quick). A folder that holds results is refused
+    (``OutputHasResults``) unless ``resume`` or ``overwrite`` is given. ``config`` overrides the
+    machine's sizes. ``progress(step, i, n)`` is called before each step, ``on_step(section, i, n)``
+    after it, ``on_cell(sweep, i, n)`` after each cell. The last record of results.jsonl is the run's
+    ``kind: "run"`` record (``attnlab.lab.record.run_record``); Ctrl-C writes it too (status
+    "interrupted") and raises ``LabInterrupted``, which says what finished."""
     from ..report import write_report
 
+    if resume and overwrite:
+        raise ValueError("resume and overwrite contradict each other: give one of them")
     unknown = [s for s in sections or [] if s not in STEPS]
     if unknown:
         raise ValueError(f"unknown section(s) {unknown}; choose from {list(STEPS)}")
-    os.makedirs(out_dir, exist_ok=True)
     store_path = os.path.join(out_dir, "results.jsonl")
+    held = held_results(out_dir)
+    if held and not (resume or overwrite):
+        raise OutputHasResults(out_dir, held)
+    os.makedirs(out_dir, exist_ok=True)
+    earlier_runs = [r for r in read_jsonl(store_path) if r.get("kind") == "run"] if resume else []
     stale = [store_path, os.path.join(out_dir, "plots")] + ([] if resume else [os.path.join(out_dir, "sweeps")])
     for path in stale:
         if os.path.isdir(path):
             shutil.rmtree(path)
         elif os.path.exists(path):
             os.remove(path)
+    t0 = time.perf_counter()
     env_full = envmod.collect()
     ctx = LabContext(config or config_for_machine(quick), out_dir, ResultStore(store_path), envmod.short(env_full),
-                     env_full=env_full, label=label, resume=resume)
+                     env_full=env_full, label=label, resume=resume, on_cell=on_cell)
+    for r in earlier_runs:   # a resumed run keeps the record of the run it goes on from
+        ctx.store.append(r)
     done: list[Section] = []
     chosen = [sid for sid in STEPS if not sections or sid in sections]
-    for i, sid in enumerate(chosen):
-        if progress:
-            progress(sid, i, len(chosen))
-        done.append(run_step(STEPS[sid], ctx))
+    try:
+        for i, sid in enumerate(chosen):
+            if progress:
+                progress(sid, i, len(chosen))
+            done.append(run_step(STEPS[sid], ctx))
+            if on_step:
+                on_step(done[-1], i, len(chosen))
+    except KeyboardInterrupt:
+        stopped_in = chosen[len(done)]
+        ctx.store.append(run_record(ctx, done, chosen, time.perf_counter() - t0, status="interrupted",
+                                    stopped_in=stopped_in))
+        ctx.store.write_csv()
+        raise LabInterrupted(out_dir, [s.id for s in done], stopped_in, len(chosen), len(ctx.measured)) from None
+    ctx.store.append(run_record(ctx, done, chosen, time.perf_counter() - t0))
     ctx.store.write_csv()
     write_report(os.path.join(out_dir, "report.html"), done, env_full, label=label)
     return done

@@ -1,0 +1,95 @@
+"""What the lab's renderers share: the step titles, reading records, formatting times. Pure: no JAX."""
+from __future__ import annotations
+
+from ..records import timing
+from ..units import format_flops
+from . import plots
+from .core import Section, Table
+from .plots import time_ms
+
+ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+NO_CUPTI = "kernel time needs a GPU (CUPTI); wall clock shown"
+SPREAD_NOTE = "Times are the median of the repeats, with the 25th–75th percentile in brackets (the spread)."
+
+TITLES = {
+    "environment": "1. Environment and GPU check",
+    "qkv": "2. Queries, keys and values",
+    "naive": "3. Attention written out",
+    "jax_nn": "4. jax.nn.dot_product_attention against naive",
+    "cudnn": "5. Forcing cuDNN (bfloat16)",
+    "causal": "6. The causal mask's effect",
+    "sweeps": "8. Sequence-length and batch sweeps",
+    "gqa": "9. MHA, GQA and MQA",
+    "te_fp8": "10. TransformerEngine and FP8",
+    "next": "11. Next steps: head dims, memory, speed-ups",
+}
+
+
+# --- reading records -----------------------------------------------------------------------------
+
+def cells(records, *steps: str) -> list[dict]:
+    """The cell records tagged with one of ``steps``, in file order."""
+    return [r for r in records if r.get("kind", "cell") == "cell" and r.get("step") in steps]
+
+
+def probe(records, step: str) -> dict | None:
+    """The probe facts of ``step`` (its latest ``lab_step`` record holding ``probe``), or None."""
+    for r in reversed(records):
+        if r.get("kind") == "lab_step" and r.get("step") == step and isinstance(r.get("probe"), dict):
+            return r["probe"]
+    return None
+
+
+def missing(sid: str, title: str) -> Section:
+    return Section(sid, title, status="skipped", reason=f"no records of step {sid!r}")
+
+
+_missing = missing
+
+
+def _plot(plots_dir, name):
+    return None if not plots_dir else plots.path_in(plots_dir, name)
+
+
+# --- formatting ----------------------------------------------------------------------------------
+
+def fmt(x, spec=".4g"):
+    return "–" if x is None else format(x, spec)
+
+
+def status_or(rec, text):
+    return text if rec["status"] == "ok" else f"{rec['status']}: {(rec['reason'] or '')[:80]}"
+
+
+def spread(rec, prefix: str | None = None) -> str:
+    """A timed record's spread over its repeats: "p25–p75" (ms), or "" when not timed."""
+    if prefix is None:
+        t = timing(rec) if rec.get("status") == "ok" else None
+        return "" if t is None else f"{t['p25']:.3g}–{t['p75']:.3g}"
+    lo, hi = rec.get(f"{prefix}_p25_ms"), rec.get(f"{prefix}_p75_ms")
+    return "" if lo is None or hi is None else f"{lo:.3g}–{hi:.3g}"
+
+
+def time_text(rec) -> str:
+    """"0.354 ms [0.33–0.36]": the median and, in brackets, the 25th–75th percentile of the repeats."""
+    return status_or(rec, f"{time_ms(rec):.4g} ms [{spread(rec)}]" if rec["status"] == "ok" else "")
+
+
+def timer_note(recs) -> str:
+    if any(r.get("timer") == "cupti" for r in recs):
+        return "Times are GPU kernel time measured with CUPTI, compile time apart. " + SPREAD_NOTE
+    return "No GPU here: times are host wall clock around each blocked call (no CUPTI), compile time apart. " + SPREAD_NOTE
+
+
+def sweep_table(recs, x: str, title: str):
+    bes = list(dict.fromkeys(r["backend"] for r in recs))
+    xs = sorted({r[x] for r in recs})
+    rows = []
+    for xv in xs:
+        row = [xv]
+        for b in bes:
+            r = next((r for r in recs if r[x] == xv and r["backend"] == b), None)
+            row.append("" if r is None else status_or(r, f"{time_text(r)} · {format_flops(r['tflops'] * 1e12)}"
+                                                          if r["status"] == "ok" else ""))
+        rows.append(row)
+    return Table(title, [x] + bes, rows)
