@@ -79,7 +79,7 @@ def test_bench_table_in_a_pipe_fits_and_names_why_a_cell_was_not_timed(capsys, a
     lines = _fits(out)
     assert len(lines) <= 48 + 24 + 5
     assert "unsupported (1)" in out and "(1) cudnn-fp8-hadamard-smoothk: needs an NVIDIA GPU" in out
-    assert "0.7901 · 0.0261 · –" in out                  # naive T=64: ms · TFLOP/s · %peak, whole
+    assert "0.7901 · 26.12 GFLOP/s · –" in out          # naive T=64: ms · FLOP/s in the report's unit · %peak
     print_bench_table(recs, "out", wide=True)
     out = capsys.readouterr().out
     assert "┃ configuration" in out and "…" not in out and "(1) cudnn-fp8-hadamard-smoothk" in out

@@ -27,7 +27,7 @@ def test_issue_command_writes_32_cells(tmp_path):
         assert x["env"]["jax"] and x["env"]["platform"] == "cpu" and "xla_flags" in x["env"]
     csv = (out / "results.csv").read_text().splitlines()
     assert len(csv) == 33 and csv[0].startswith("backend,batch,q_len")
-    assert "naive" in r.output and "ms · TFLOP/s" in r.output
+    assert "naive" in r.output and "ms · FLOP/s" in r.output and "FLOP/s ·" in r.output
 
 
 def test_sweep_axes():

@@ -192,16 +192,18 @@ def _resume_command(config, out_dir, repeats, min_time, compile_budget, no_check
 
 
 def bench_cell_text(r: dict, ridge_intensity: float | None, bw_tbps: float | None) -> str:
-    """One ok cell of the bench table: ms · TFLOP/s · % of peak, or for a memory-bound cell
+    """One ok cell of the bench table: ms · FLOP/s (in the report's unit: ``units.format_flops``) · % of
+    peak, or for a memory-bound cell
     (``peaks.memory_bound``: decode-like, intensity below the ridge) ms · GB/s · % of bandwidth."""
     from ..measure import peaks
+    from ..units import format_flops
 
     ms = time_ms(r)
     if peaks.memory_bound(r, ridge_intensity) and r.get("gbps") is not None:
         bw = f"{100 * r['gbps'] / (bw_tbps * 1000):.1f}% BW" if bw_tbps else "–"
         return f"{ms:.4g} · {r['gbps']:.4g} GB/s · {bw}"
     pk = f"{r['pct_peak']:.1f}%" if r.get("pct_peak") is not None else "–"
-    return f"{ms:.4g} · {r['tflops']:.3g} · {pk}"
+    return f"{ms:.4g} · {format_flops(r['tflops'] * 1e12)} · {pk}"
 
 
 def _print_bench_table(records, out_dir, wide: bool = False):

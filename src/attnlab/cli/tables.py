@@ -33,7 +33,7 @@ class Footnotes:
 
 
 def print_bench_table(records: list[dict], out_dir: str, wide: bool = False) -> None:
-    """The bench's cells: a configuration per row and a backend per column (ms · TFLOP/s · % of peak,
+    """The bench's cells: a configuration per row and a backend per column (ms · FLOP/s · % of peak,
     or for a memory-bound row ms · GB/s · % of bandwidth: ``bench.bench_cell_text``)."""
     from ..measure import peaks
     from ..records import config_label
@@ -58,7 +58,7 @@ def print_bench_table(records: list[dict], out_dir: str, wide: bool = False) -> 
         return bench_cell_text(r, ridges[r.get("dtype", "bfloat16")], bw_tbps)
 
     title = f"{len(records)} cells → {out_dir}/results.jsonl  (time: {'CUPTI kernel' if timer == 'cupti' else 'wall clock, no GPU'})"
-    unit = "ms · TFLOP/s · %peak" + ("  (memory-bound: ms · GB/s · %BW)" if mb_rows else "")
+    unit = "ms · FLOP/s · %peak" + ("  (memory-bound: ms · GB/s · %BW)" if mb_rows else "")
     mb = " [cyan](memory-bound)[/]"
     if compact(wide):
         console.print(escape(title), highlight=False)
