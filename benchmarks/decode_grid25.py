@@ -77,7 +77,7 @@ def tiles(out: str, deadline: float) -> None:
     B, S, H = SIZE["B"], SIZE["S"], 128
     interpret = jax.default_backend() != "gpu"
     for T, N, K in TILE_SHAPES:
-        q, k, v = attnlab.inputs.random_qkv(B, T, S, N, K, H, "bfloat16", seed=T)
+        q, k, v = attnlab.reference.inputs.random_qkv(B, T, S, N, K, H, "bfloat16", seed=T)
         n = jnp.full((B,), S, jnp.int32)
         f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
         with jax.default_matmul_precision("highest"):

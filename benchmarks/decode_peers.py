@@ -63,7 +63,7 @@ def measure(out: str, names: list[str]) -> None:
 
 def table(path: str) -> str:
     """Markdown: per part, rows (shape, T) x backends: ms, TB/s and % of the roofline bound."""
-    from attnlab.store import read_records
+    from attnlab.core.store import read_records
 
     recs = [r for r in read_records(path) if r.get("lengths")]
     lines = []

@@ -112,15 +112,15 @@ def run(out_dir: str, budget_s: float, repeats: int, quick: bool, smoke: bool = 
     import jax.numpy as jnp
 
     import attnlab
-    import attnlab.device
-    import attnlab.inputs
+    import attnlab.core.device
+    import attnlab.reference.inputs
     from attnlab.backends import pallas_paged
     from attnlab.kernels import decode as kd
 
     t_start = time.perf_counter()
     os.makedirs(out_dir, exist_ok=True)
     dev = jax.devices()[0]
-    cc = attnlab.device.current().compute_capability
+    cc = attnlab.core.device.current().compute_capability
     sms = kd.sm_count()
     interpret = jax.default_backend() != "gpu"
     report = {"device": dev.device_kind, "jax": jax.__version__, "sm_count": sms, "compute_capability": cc,
@@ -136,13 +136,13 @@ def run(out_dir: str, budget_s: float, repeats: int, quick: bool, smoke: bool = 
     state = {}   # shape name -> (inputs, reference, record)
 
     def inputs(sh: Shape):
-        q, k, v = attnlab.inputs.random_qkv(sh.B, sh.T, sh.S, sh.N, sh.K, sh.H, sh.dtype, seed=sh.T)
+        q, k, v = attnlab.reference.inputs.random_qkv(sh.B, sh.T, sh.S, sh.N, sh.K, sh.H, sh.dtype, seed=sh.T)
         lengths = jnp.asarray(sh.lengths(), jnp.int32)
         nbytes = 2 * sum(sh.lengths()) * sh.K * sh.H * 2
         sets = max(1, min(3, math.ceil(4 * L2_BYTES / nbytes)))
         arg_sets = [(q, k, v, lengths)]
         for i in range(1, sets):
-            qi, ki, vi = attnlab.inputs.random_qkv(sh.B, sh.T, sh.S, sh.N, sh.K, sh.H, sh.dtype, seed=100 + i)
+            qi, ki, vi = attnlab.reference.inputs.random_qkv(sh.B, sh.T, sh.S, sh.N, sh.K, sh.H, sh.dtype, seed=100 + i)
             arg_sets.append((qi, ki, vi, lengths))
         return arg_sets, nbytes
 

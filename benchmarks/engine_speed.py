@@ -9,7 +9,7 @@ import argparse
 import json
 import os
 
-from attnlab import device
+from attnlab.core import device
 from attnlab.sweep import engine_speed
 
 
@@ -27,7 +27,7 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     info = device.current()
     if args.from_records:
-        from attnlab.store import read_records
+        from attnlab.core.store import read_records
 
         recs = read_records(args.from_records)
         peers = engine_speed.summary(recs, sum(r.get("cell_s") or 0.0 for r in recs))

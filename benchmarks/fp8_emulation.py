@@ -21,7 +21,7 @@ Recipes (the scale s of each rounded tensor):
     smooth-k      k -= mean over S of k (per batch and head), then amax (exact for softmax)
     had+smooth+block  all three
 
-The anchor is ``attnlab.reference.reference_attention(..., emulate="bfloat16")`` (the kernel-like
+The anchor is ``attnlab.reference.float64.reference_attention(..., emulate="bfloat16")`` (the kernel-like
 bf16 emulation). Errors: relative L2 against float64 attention of the same (float32) inputs.
 
     PYTHONPATH=src python benchmarks/fp8_emulation.py --out results/cpu-2026-12-03-fp8-emulation
@@ -41,7 +41,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
-from attnlab.fp8_emulation import COLUMNS, RECIPES, TENSORS, fp8_attention, reference, rel_l2, table  # noqa: E402
+from attnlab.reference.fp8_emulation import COLUMNS, RECIPES, TENSORS, fp8_attention, reference, rel_l2, table  # noqa: E402
 
 
 def versions() -> dict:
@@ -53,8 +53,8 @@ def versions() -> dict:
 
 def run(out_dir: str, T_list=(1024,), B=1, N=4, H=128, seed=0, recipes=None, dists=None,
         causals=(False, True), name="results.jsonl") -> list[dict]:
-    from attnlab.distributions import DISTRIBUTIONS, make_qkv
-    from attnlab.reference import reference_attention
+    from attnlab.reference.distributions import DISTRIBUTIONS, make_qkv
+    from attnlab.reference.float64 import reference_attention
     os.makedirs(out_dir, exist_ok=True)
     rows = []
     path = os.path.join(out_dir, name)

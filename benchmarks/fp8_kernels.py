@@ -40,7 +40,7 @@ def _rel_err_f64(out, q, k, v) -> float:
     attention of those rows over every key (non-causal: a row needs only itself)."""
     import numpy as np
 
-    from attnlab.reference import reference_attention, rel_l2
+    from attnlab.reference.float64 import reference_attention, rel_l2
 
     rows = np.linspace(0, q.shape[1] - 1, CHECK_ROWS).astype(int)
     f = lambda x: np.asarray(x.astype("float32"), np.float64)  # noqa: E731
@@ -54,8 +54,8 @@ def measure(out: str, iterations: int = 10) -> dict:
     from jax.experimental.mosaic.gpu import profiler
 
     import attnlab
-    from attnlab import env as envmod
-    from attnlab.distributions import make_qkv
+    from attnlab.measure import env as envmod
+    from attnlab.reference.distributions import make_qkv
 
     rows = []
     for T in SEQS:

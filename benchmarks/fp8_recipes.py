@@ -6,7 +6,7 @@
 Grid (through the sweep engine, each cell checked on its whole output then timed, CUPTI kernel time,
 written as it finishes; a rerun on the same OUT resumes): every ``cudnn-fp8*`` recipe + ``cudnn``
 (the bf16 anchor) x inputs {gaussian, outliers, channel-outliers, shifted-keys}
-(``attnlab.distributions``) x T = S in {16384, 4096} x causal {False, True}; B=1, N=K=16 (FP8 takes
+(``attnlab.reference.distributions``) x T = S in {16384, 4096} x causal {False, True}; B=1, N=K=16 (FP8 takes
 MHA only), H=128, bf16 in, forward. Order: the goal shape (T=16384, non-causal) first, then
 T=16384 causal, T=4096 non-causal, T=4096 causal; within a shape every backend of one input
 distribution in a row, so the reference is computed once per (inputs, shape). ``--max-seconds``
@@ -21,7 +21,7 @@ Goals (issue 15, item 4), evaluated by ``goals``: gaussian, T=16k non-causal: so
 <= 3% rel L2 and >= 1000 TFLOP/s; outliers and channel-outliers: the best recipe among those at most
 5% slower than ``cudnn-fp8`` (per-tensor amax) has >= 2.5x lower error than it.
 
-The grid, table, goals and plot live in attnlab.fp8_recipes_report (records only, no JAX).
+The grid, table, goals and plot live in attnlab.report.fp8_recipes (records only, no JAX).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
-from attnlab.fp8_recipes_report import BACKENDS, INPUTS, SHAPES, report  # noqa: E402
+from attnlab.report.fp8_recipes import BACKENDS, INPUTS, SHAPES, report  # noqa: E402
 
 DEFAULT_MAX_SECONDS = 390.0
 
@@ -52,7 +52,7 @@ def sweeps():
 
 def measure(out: str, max_seconds: float = DEFAULT_MAX_SECONDS) -> None:
     from attnlab.measure import Options
-    from attnlab.store import read_records
+    from attnlab.core.store import read_records
     from attnlab.sweep import run_sweep
     from attnlab.sweep.engine import CSV_COLUMNS, write_csv
 

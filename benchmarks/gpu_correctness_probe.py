@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 
 import attnlab
-from attnlab import env as envmod
-from attnlab.inputs import random_qkv
-from attnlab.reference import check_close
+from attnlab.measure import env as envmod
+from attnlab.reference.inputs import random_qkv
+from attnlab.reference.float64 import check_close
 
 
 def case(name, issue, shape, **kw):

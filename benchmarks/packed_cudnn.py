@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import attnlab
-import attnlab.inputs
-from attnlab import segments
+import attnlab.reference.inputs
+from attnlab.core import segments
 from attnlab.measure import check, timers
 
 
@@ -66,9 +66,9 @@ def gqa_probe(T=2048):
     from jax._src.cudnn import fused_attention_stablehlo as fa
 
     from attnlab.backends import cudnn_packed
-    from attnlab.reference import rel_l2, reference_attention
+    from attnlab.reference.float64 import rel_l2, reference_attention
 
-    q, k, v = attnlab.inputs.random_qkv(1, T, T, 8, 2, 128, "bfloat16", seed=5)
+    q, k, v = attnlab.reference.inputs.random_qkv(1, T, T, 8, 2, 128, "bfloat16", seed=5)
     ids = jnp.asarray(segments.docs(1, T, 4, seed=1))
     off, lens, _, _ = cudnn_packed.layout(ids, 4)
     try:
@@ -97,7 +97,7 @@ def main():
     rows = [gqa_probe()]
     print(json.dumps(rows[0]), flush=True)
     for T in (int(x) for x in a.seq.split(",")):
-        q, k, v = attnlab.inputs.random_qkv(a.batch, T, T, a.heads, a.heads, a.head_dim, "bfloat16", seed=0)
+        q, k, v = attnlab.reference.inputs.random_qkv(a.batch, T, T, a.heads, a.heads, a.head_dim, "bfloat16", seed=0)
         ct = jax.random.normal(jax.random.key(7), q.shape, jnp.float32).astype(q.dtype)
         ids_np = segments.docs(a.batch, T, a.docs, seed=11)
         ids = jnp.asarray(ids_np)

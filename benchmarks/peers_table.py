@@ -5,7 +5,7 @@
 One clock per table: every number is CUPTI kernel time unless marked † (another timer, named in
 the footnote). A cell that failed its check shows its status and, below the table, its reason.
 Under each table: how much of the output and which gradients the records say were checked.
-The tables are made by attnlab.peers_table; this script reads the file and prints them.
+The tables are made by attnlab.report.peers_table; this script reads the file and prints them.
 """
 import json
 import os
@@ -13,7 +13,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
-from attnlab.peers_table import tables  # noqa: E402
+from attnlab.report.peers_table import tables  # noqa: E402
 
 
 def main(path):

@@ -4,9 +4,9 @@ import jax.numpy as jnp
 import pytest
 
 from attnlab import reference_attention, reference_attention_grads
-from attnlab.inputs import random_qkv
-from attnlab.reference import rel_l2
-from attnlab.sharded import make_mesh, sharded_attention, zigzag_order
+from attnlab.reference.inputs import random_qkv
+from attnlab.reference.float64 import rel_l2
+from attnlab.api.sharded import make_mesh, sharded_attention, zigzag_order
 
 assert jax.device_count() == 8, jax.devices()
 

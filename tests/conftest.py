@@ -4,7 +4,7 @@ import tempfile
 import pytest
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-# auto's dispatch table (attnlab.dispatch): never the user's cache; a test that wants one writes it here
+# auto's dispatch table (attnlab.api.dispatch): never the user's cache; a test that wants one writes it here
 os.environ["ATTNLAB_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnlab-test-cache-")
 os.environ.pop("ATTNLAB_DISPATCH", None)
 

@@ -5,9 +5,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from attnlab.advice import advise, tables
-from attnlab.model_plan import PlanError, notes, parse_contexts, plan
-from attnlab.models import PRESETS, preset
+from attnlab.report.advice import advise, tables
+from attnlab.core.model_plan import PlanError, notes, parse_contexts, plan
+from attnlab.core.models import PRESETS, preset
 
 
 def test_contexts_accept_k_and_ints_and_name_a_bad_one():
@@ -110,7 +110,7 @@ def test_bench_model_refuses_contradicting_flags():
 
 def test_bench_model_runs_decode_cells_on_cpu(tmp_path):
     from attnlab.cli import main
-    from attnlab.store import read_records
+    from attnlab.core.store import read_records
 
     out = tmp_path / "b"
     r = CliRunner().invoke(main, ["bench", "--model", "phi-3-mini", "--phase", "decode", "--context", "64",

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from attnlab import dispatch
-from attnlab.problem import Problem
+from attnlab.api import dispatch
+from attnlab.core.problem import Problem
 from attnlab.sweep import auto_goal as goal
 
 ROOT = Path(__file__).resolve().parents[1]

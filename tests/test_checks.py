@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 
 from attnlab import backends
-from attnlab.inputs import random_qkv
+from attnlab.reference.inputs import random_qkv
 from attnlab.measure import Cell, Options, measure_cell
 from attnlab.measure import cell as cellmod
 from attnlab.measure import check
-from attnlab.records import RecordError, upgrade, validate
-from attnlab.reference import reference_attention, reference_attention_grads, rel_l2
-from attnlab.reference_device import blockwise_attention, blockwise_grads, tile_rows
-from attnlab.store import ResultStore, read_records
+from attnlab.core.records import RecordError, upgrade, validate
+from attnlab.reference.float64 import reference_attention, reference_attention_grads, rel_l2
+from attnlab.reference.blockwise import blockwise_attention, blockwise_grads, tile_rows
+from attnlab.core.store import ResultStore, read_records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = Options(repeats=2, warmup=1, pipelined_calls=2, max_input_sets=1)
@@ -328,8 +328,8 @@ def test_reference_cache_keeps_recent_inputs_within_its_byte_cap(monkeypatch):
 def test_reference_programs_are_compiled_once_per_shape_without_autotuning(monkeypatch):
     """The float32 reference + emulation program compiles once per (shape, static options) and is reused;
     it is compiled with XLA's GPU autotuner off (a reference runs once a shape: autotuning only costs)."""
-    import attnlab.reference_device as rd
-    from attnlab.inputs import random_qkv
+    import attnlab.reference.blockwise as rd
+    from attnlab.reference.inputs import random_qkv
 
     options = []
     real_lower = rd._pair_program.lower

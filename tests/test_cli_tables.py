@@ -113,7 +113,7 @@ def test_env_at_80_columns_groups_the_unavailable_backends(at_80_columns):
 
 
 def test_explain_columns_do_not_drift_and_reasons_are_grouped():
-    from attnlab.api import reason_lines
+    from attnlab.api.dot_product import reason_lines
 
     lines = reason_lines({"naive": None, "a-backend-of-26-characters": "its own reason", "xla": None,
                           "te": "needs a GPU", "pallas-triton": "needs a GPU"})

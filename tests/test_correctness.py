@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import attnlab
-from attnlab import cases
-from attnlab.reference import check_close, reference_attention
+from attnlab.reference import cases
+from attnlab.reference.float64 import check_close, reference_attention
 
 SHAPES = {  # (B, T, S, N, K, H); the index is each shape's fixed input seed
     "mha": (2, 16, 16, 4, 4, 16),
@@ -45,21 +45,21 @@ def test_mask_modes_match_reference(impl, dtype, mode):
 @pytest.mark.parametrize("causal", [False, True])
 def test_shapes_match_reference(impl, dtype, shape, causal):
     B, T, S, N, K, H = SHAPES[shape]
-    q, k, v = attnlab.inputs.random_qkv(B, T, S, N, K, H, dtype, seed=list(SHAPES).index(shape))
+    q, k, v = attnlab.reference.inputs.random_qkv(B, T, S, N, K, H, dtype, seed=list(SHAPES).index(shape))
     out = jax.jit(lambda q, k, v: attnlab.attention(q, k, v, is_causal=causal, implementation=impl))(q, k, v)
     verdict = check_close(out, q, k, v, is_causal=causal)
     assert verdict.ok, (shape, dtype, verdict)
 
 
 def test_three_dim_inputs_and_scale():
-    q, k, v = attnlab.inputs.random_qkv(1, 8, 8, 4, 2, 8, "float32", seed=1)
+    q, k, v = attnlab.reference.inputs.random_qkv(1, 8, 8, 4, 2, 8, "float32", seed=1)
     out = attnlab.attention(q[0], k[0], v[0], scale=0.3)
     assert out.shape == (8, 4, 8)
     assert check_close(out, q[0], k[0], v[0], scale=0.3).ok
 
 
 def test_broadcast_bias_and_mask_shapes():
-    q, k, v = attnlab.inputs.random_qkv(2, 8, 12, 4, 2, 8, "float32", seed=2)
+    q, k, v = attnlab.reference.inputs.random_qkv(2, 8, 12, 4, 2, 8, "float32", seed=2)
     rng = np.random.default_rng(0)
     bias = jax.numpy.asarray(rng.standard_normal((1, 4, 1, 12)), "float32")
     mask = jax.numpy.asarray(rng.random((12,)) < 0.7).at[0].set(True)
@@ -69,21 +69,21 @@ def test_broadcast_bias_and_mask_shapes():
 
 
 def test_auto_matches_jax_nn_on_cpu():
-    q, k, v = attnlab.inputs.random_qkv(2, 16, 16, 4, 2, 16, "float32")
+    q, k, v = attnlab.reference.inputs.random_qkv(2, 16, 16, 4, 2, 16, "float32")
     a = attnlab.attention(q, k, v, is_causal=True)
     b = jax.nn.dot_product_attention(q, k, v, is_causal=True)
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
 
 
 def test_nan_never_passes():
-    q, k, v = attnlab.inputs.random_qkv(1, 4, 4, 2, 2, 8, "float32")
+    q, k, v = attnlab.reference.inputs.random_qkv(1, 4, 4, 2, 2, 8, "float32")
     out = np.asarray(attnlab.attention(q, k, v)).copy()
     out[0, 0, 0, 0] = np.nan
     assert not check_close(out, q, k, v).ok
 
 
 def test_reference_is_not_fooled_by_a_wrong_path():
-    q, k, v = attnlab.inputs.random_qkv(1, 8, 8, 2, 2, 8, "float32")
+    q, k, v = attnlab.reference.inputs.random_qkv(1, 8, 8, 2, 2, 8, "float32")
     wrong = attnlab.attention(q, k, v)            # non-causal
     assert not check_close(wrong, q, k, v, is_causal=True).ok
 
@@ -107,7 +107,7 @@ def test_reference_matches_textbook_formula():
 
 
 def test_fully_masked_rows_are_zero_in_naive_and_reference():
-    q, k, v = attnlab.inputs.random_qkv(1, 4, 4, 2, 2, 8, "float32")
+    q, k, v = attnlab.reference.inputs.random_qkv(1, 4, 4, 2, 2, 8, "float32")
     kv = jax.numpy.asarray([0], jax.numpy.int32)
     assert np.all(reference_attention(q, k, v, key_value_seq_lengths=kv) == 0)
     assert np.all(np.asarray(attnlab.attention(q, k, v, key_value_seq_lengths=kv, implementation="naive")) == 0)

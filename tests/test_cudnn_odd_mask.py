@@ -6,15 +6,16 @@ import jax.numpy as jnp
 import pytest
 
 import attnlab
-from attnlab import api, backends
-from attnlab.decode import prepare_decode
-from attnlab.errors import UnsupportedError
+from attnlab.api import dot_product as api
+from attnlab import backends
+from attnlab.api.decode import prepare_decode
+from attnlab.core.errors import UnsupportedError
 
 
 def _spec(T=3, S=64, mask=True, **kw):
     s = jax.ShapeDtypeStruct
     m = jnp.ones((1, 1, T, S), bool) if mask else None
-    return attnlab.spec.prepare(s((1, T, 4, 64), "bfloat16"), s((1, S, 2, 64), "bfloat16"), s((1, S, 2, 64), "bfloat16"),
+    return attnlab.core.spec.prepare(s((1, T, 4, 64), "bfloat16"), s((1, S, 2, 64), "bfloat16"), s((1, S, 2, 64), "bfloat16"),
                                 mask=m, **kw).spec
 
 

@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 import attnlab
 from attnlab import backends
 from attnlab.backends import attnlab_decode
-from attnlab.decode import decode_mask, prepare_decode
-from attnlab.errors import UnsupportedError
-from attnlab.inputs import random_qkv
+from attnlab.api.decode import decode_mask, prepare_decode
+from attnlab.core.errors import UnsupportedError
+from attnlab.reference.inputs import random_qkv
 from attnlab.kernels import decode as kd
-from attnlab.reference import reference_attention
-from attnlab.reference_decode import check_decode_close, decode_visible, reference_decode_attention
+from attnlab.reference.float64 import reference_attention
+from attnlab.reference.decode64 import check_decode_close, decode_visible, reference_decode_attention
 
 KERNEL = "attnlab-decode"
 
@@ -308,7 +308,7 @@ def test_value_checks_skipped_for_traced_lengths():
 
 def _spec(B=1, T=1, S=64, N=4, K=1, H=64, dtype="bfloat16", **kw):
     s = jax.ShapeDtypeStruct
-    return attnlab.spec.prepare(s((B, T, N, H), dtype), s((B, S, K, H), dtype), s((B, S, K, H), dtype), **kw).spec
+    return attnlab.core.spec.prepare(s((B, T, N, H), dtype), s((B, S, K, H), dtype), s((B, S, K, H), dtype), **kw).spec
 
 
 def test_kernel_backend_reasons():

@@ -9,10 +9,10 @@ import pytest
 
 import attnlab
 from attnlab import backends
-from attnlab.inputs import random_qkv
+from attnlab.reference.inputs import random_qkv
 from attnlab.kernels import decode as kd
 from attnlab.kernels import pages as kp
-from attnlab.reference_decode import check_decode_close
+from attnlab.reference.decode64 import check_decode_close
 
 
 def paged_inputs(B, T, S, N, K, H, dtype, page_size, lengths, seed=0):
@@ -134,7 +134,7 @@ def test_kernel_refuses_a_page_size_that_is_not_a_power_of_two():
 
 def test_cudnn_paged_rules_and_which_backends_have_a_paged_path():
     from attnlab.backends.cudnn_paged import paged_reason
-    from attnlab.decode import DecodeSpec, paged_refusal
+    from attnlab.api.decode import DecodeSpec, paged_refusal
 
     spec = DecodeSpec(batch=2, q_len=1, max_len=64, heads=4, kv_heads=2, head_dim=64, dtype="bfloat16",
                       causal=True, scale=None, page_size=16)

@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from attnlab.inputs import random_qkv
+from attnlab.reference.inputs import random_qkv
 from attnlab.kernels import decode as kd
-from attnlab.reference_decode import check_decode_close
+from attnlab.reference.decode64 import check_decode_close
 
 HEAD_DIMS = (64, 128, 256)
 

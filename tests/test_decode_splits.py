@@ -3,11 +3,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from attnlab.inputs import random_qkv
+from attnlab.reference.inputs import random_qkv
 from attnlab.kernels import decode as kd
 from attnlab.kernels.decode_splits import choose_num_splits_ragged, makespan
 from attnlab.measure.cell import Cell
-from attnlab.reference_decode import check_decode_close
+from attnlab.reference.decode64 import check_decode_close
 
 KW = dict(rows=4, block_k=64, head_dim=128, sm_count=132, occupancy=3)
 

@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 
 import attnlab
-import attnlab.inputs
-from attnlab import backends, dispatch
-from attnlab.api import running_version
-from attnlab.problem import Problem
-from attnlab.reference import reference_attention
+import attnlab.reference.inputs
+from attnlab import backends
+from attnlab.api import dispatch
+from attnlab.api.dot_product import running_version
+from attnlab.core.problem import Problem
+from attnlab.reference.float64 import reference_attention
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 P = Problem(2, 48, 48, 4, 2, 16, "float32", causal=True)
@@ -34,7 +35,7 @@ def _qkv(p: Problem = P, seed=0):
 
 
 def _entry(backend="naive", key=None, mode="fwd", **over):
-    e = {"device_kind": attnlab.device.current().kind,
+    e = {"device_kind": attnlab.core.device.current().kind,
          "versions": {n: running_version(n) for n in dispatch.BASE_VERSIONS},
          "bucket": key or dispatch.bucket(P, mode), "backend": backend, "ms": 1.0,
          "runner_up": [{"backend": "xla", "ms": 2.0}], "cells": 1, "date": "2026-12-03"}
@@ -57,7 +58,7 @@ def table(tmp_path, monkeypatch):
 # --- buckets ---------------------------------------------------------------------------------
 
 def test_bucket_is_stable_and_jax_free():
-    code = ("import sys; from attnlab import dispatch; from attnlab.problem import Problem; "
+    code = ("import sys; from attnlab.api import dispatch; from attnlab.core.problem import Problem; "
             "print(dispatch.bucket(Problem(2, 3072, 3072, 16, 4, 128, 'bfloat16', causal=True), 'fwd+bwd')); "
             "print('jax' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
@@ -70,7 +71,7 @@ def test_bucket_is_stable_and_jax_free():
 
 def test_bucket_rounds_up_to_powers_of_two_and_reads_every_kind_of_object():
     from attnlab.measure import Cell
-    from attnlab.spec import prepare
+    from attnlab.core.spec import prepare
 
     b = dispatch.bucket
     assert b(Problem(1, 3072, 3072, 8, 8, 64)) == b(Problem(1, 4096, 4096, 8, 8, 64))
@@ -302,7 +303,7 @@ def test_tune_is_a_command():
 def test_capped_and_packed_calls_are_their_own_never_tuned_buckets():
     """A soft-capped or packed record keys no entry, and such a call never looks up a plain entry."""
     assert dispatch.build([_rec("xla", 1.0) | {"soft_cap": 50.0}, _rec("naive", 1.0) | {"packing": "docs:4"}]) == []
-    q, k, v = attnlab.inputs.random_qkv(1, 48, 48, 4, 2, 16, "float32", seed=0)
+    q, k, v = attnlab.reference.inputs.random_qkv(1, 48, 48, 4, 2, 16, "float32", seed=0)
     ids = np.zeros((1, 48), np.int32)
     plain = dispatch.bucket(attnlab.explain(q, k, v, is_causal=True).spec)
     capped = dispatch.bucket(attnlab.explain(q, k, v, is_causal=True, logits_soft_cap=30.0).spec)

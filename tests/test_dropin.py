@@ -11,19 +11,19 @@ import pytest
 
 import attnlab
 from _dtypes import dtype_context, skip_xla_float64
-import attnlab.inputs
-from attnlab import cases
+import attnlab.reference.inputs
+from attnlab.reference import cases
 
 
 def test_sharded_attention_is_top_level_and_lazy():
-    from attnlab import sharded
+    from attnlab.api import sharded
 
     assert attnlab.sharded_attention is sharded.sharded_attention
     assert attnlab.make_mesh is sharded.make_mesh
     assert "sharded_attention" in attnlab.__all__ and "sharded_attention" in dir(attnlab)
     # import attnlab stays cheap: the sharded module loads on first use only
-    code = "import sys, attnlab; assert 'attnlab.sharded' not in sys.modules; attnlab.sharded_attention; " \
-           "assert 'attnlab.sharded' in sys.modules"
+    code = "import sys, attnlab; assert 'attnlab.api.sharded' not in sys.modules; attnlab.sharded_attention; " \
+           "assert 'attnlab.api.sharded' in sys.modules"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ), timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     try:
@@ -81,7 +81,7 @@ def test_return_residual_matches_jax(impl, dtype, mode):
 
 @pytest.mark.parametrize("impl", ["naive", "xla"])
 def test_return_residual_three_dim_and_jit(impl):
-    q, k, v = attnlab.inputs.random_qkv(1, 6, 10, 4, 1, 8, "float32", seed=3)
+    q, k, v = attnlab.reference.inputs.random_qkv(1, 6, 10, 4, 1, 8, "float32", seed=3)
     q, k, v = q[0], k[0], v[0]
     fn = jax.jit(lambda q, k, v: attnlab.attention(q, k, v, is_causal=True, implementation=impl, return_residual=True))
     out, lse = fn(q, k, v)
@@ -122,7 +122,7 @@ def test_return_residual_gradients_match_jax(impl, dtype, mode):
 
 
 def test_return_residual_refused_with_reason_where_not_supported():
-    q, k, v = attnlab.inputs.random_qkv(2, 1, 32, 4, 2, 16, "float32", seed=5)
+    q, k, v = attnlab.reference.inputs.random_qkv(2, 1, 32, 4, 2, 16, "float32", seed=5)
     lens = jnp.asarray([10, 32], jnp.int32)
     e = attnlab.explain(q, k, v, key_value_seq_lengths=lens, return_residual=True)
     assert e.reasons["naive"] is None and e.reasons["xla"] is None

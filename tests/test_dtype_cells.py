@@ -8,12 +8,12 @@ import pytest
 from click.testing import CliRunner
 
 import attnlab
-import attnlab.inputs
-from attnlab import cases
+import attnlab.reference.inputs
+from attnlab.reference import cases
 from attnlab.cli import main
 from attnlab.measure.cell import Cell, Options, measure_cell
-from attnlab.reference import check_close
-from attnlab.workload import Workload
+from attnlab.reference.float64 import check_close
+from attnlab.core.workload import Workload
 
 FAST = Options(repeats=2, warmup=1, pipelined_calls=2)
 on_cpu = pytest.mark.skipif(jax.default_backend() != "cpu", reason="the float16 refusal is the CPU's")
@@ -52,7 +52,7 @@ def test_xla_refuses_float64():
     """jax.nn's softmax runs in float32 for float64 inputs (float32-accurate, ~1e-7): xla refuses float64
     with that reason and auto runs naive, which is float64-accurate."""
     with jax.enable_x64(True):
-        q, k, v = attnlab.inputs.random_qkv(1, 8, 8, 2, 2, 8, "float64", seed=1)
+        q, k, v = attnlab.reference.inputs.random_qkv(1, 8, 8, 2, 2, 8, "float64", seed=1)
         e = attnlab.explain(q, k, v, is_causal=True)
         assert e.chosen == "naive" and "softmax in float32" in e.reasons["xla"]
         with pytest.raises(attnlab.UnsupportedError, match="xla: float64"):
@@ -67,7 +67,7 @@ def test_xla_refuses_float64():
 def test_xla_runs_float16_on_cpu_eager_and_under_jit_as_jax_nn_eager():
     """jax.nn runs this eagerly (it retries at default precision) but fails under jit; attnlab runs both,
     computing in float32 and casting back, with jax.nn's eager result."""
-    q, k, v = attnlab.inputs.random_qkv(1, 8, 8, 2, 2, 8, "float16", seed=1)
+    q, k, v = attnlab.reference.inputs.random_qkv(1, 8, 8, 2, 2, 8, "float16", seed=1)
     e = attnlab.explain(q, k, v, is_causal=True)
     assert e.reasons["xla"] is None and e.chosen == "xla"
     want = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")

@@ -16,7 +16,7 @@ from attnlab import backends
 from attnlab.cli import main
 from attnlab.measure import Cell, Options, ahead, measure_cell
 from attnlab.measure.phases import PHASES
-from attnlab.records import COST_FIELDS, cost_summary
+from attnlab.core.records import COST_FIELDS, cost_summary
 from attnlab.sweep import build, engine, run_sweep
 
 FAST = Options(repeats=2, warmup=1, pipelined_calls=3, max_input_sets=2, min_time_s=0.0)
@@ -75,7 +75,7 @@ def test_a_cell_over_its_budget_is_recorded_with_the_estimate_and_not_run(tmp_pa
 
 def test_the_estimate_refuses_a_70b_prefill_at_32k_on_a_cpu():
     """issue 23: on a CPU this cell ran for 12.5 min without finishing."""
-    from attnlab import device
+    from attnlab.core import device
     from attnlab.measure.estimate import estimate_cell
 
     c = Cell("xla", 1, 32768, 32768, 64, 8, 128, "bfloat16", True)
@@ -193,7 +193,7 @@ def test_the_recorded_draw_threefry_v1_is_the_draw_of_earlier_records():
     import jax
     import numpy as np
 
-    from attnlab.inputs import _normal, cotangent, random_qkv
+    from attnlab.reference.inputs import _normal, cotangent, random_qkv
 
     kq, kk, kv = jax.random.split(jax.random.key(3), 3)
     want = (_normal(kq, (1, 16, 2, 8)), _normal(kk, (1, 24, 2, 8)), _normal(kv, (1, 24, 2, 8)))

@@ -13,8 +13,8 @@ import pytest
 
 import attnlab
 from _dtypes import dtype_context, skip_xla_float64
-from attnlab import cases
-from attnlab.reference import check_close
+from attnlab.reference import cases
+from attnlab.reference.float64 import check_close
 
 MODES = ("causal", "custom", "padding", "window", "causal+window", "custom+padding", "bias+window+padding")
 DTYPES = ("float32", "bfloat16", "float64")
@@ -69,7 +69,7 @@ def test_masked_attention_stays_finite_under_jit(impl, dtype):
 def test_rows_that_see_no_key_stay_finite(impl, dtype):
     skip_xla_float64(impl, dtype)
     with dtype_context(dtype):
-        q, k, v = attnlab.inputs.random_qkv(1, 4, 6, 2, 2, 8, dtype, seed=4)
+        q, k, v = attnlab.reference.inputs.random_qkv(1, 4, 6, 2, 2, 8, dtype, seed=4)
         mask = np.ones((1, 1, 4, 6), bool)
         mask[..., 1, :] = False                       # query row 1 sees nothing
         fn = lambda q, k, v: attnlab.attention(q, k, v, mask=jnp.asarray(mask), implementation=impl)  # noqa: E731
@@ -85,7 +85,7 @@ def test_rows_that_see_no_key_stay_finite(impl, dtype):
 @pytest.mark.parametrize("impl", ["attnlab-decode", "naive", "xla"])
 def test_decode_attention_stays_finite(impl, dtype):
     skip_xla_float64(impl, dtype)
-    q, k, v = attnlab.inputs.random_qkv(3, 2, 40, 4, 2, 16, dtype, seed=6)
+    q, k, v = attnlab.reference.inputs.random_qkv(3, 2, 40, 4, 2, 16, dtype, seed=6)
     lengths = jnp.asarray([2, 17, 40], jnp.int32)     # ragged; the kernel's empty splits: test below
     with jax.debug_infs(True):
         out = attnlab.decode_attention(q, k, v, lengths, causal=True, implementation=impl)
@@ -97,13 +97,13 @@ def test_decode_attention_stays_finite(impl, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_ring_attention_stays_finite(dtype):
     with dtype_context(dtype):
-        q, k, v = attnlab.inputs.random_qkv(1, 16, 16, 2, 1, 8, dtype, seed=7)
+        q, k, v = attnlab.reference.inputs.random_qkv(1, 16, 16, 2, 1, 8, dtype, seed=7)
         mesh = attnlab.make_mesh(1)
         with jax.debug_infs(True):
             out = attnlab.sharded_attention(q, k, v, mesh=mesh, strategy="ring", is_causal=True)
         assert _finite(out)
         verdict = check_close(out, q, k, v, is_causal=True)
-        # ring blocks compute in float32 (documented in attnlab.sharded): float32-accurate for float64
+        # ring blocks compute in float32 (documented in attnlab.api.sharded): float32-accurate for float64
         assert verdict.ok or (dtype == "float64" and verdict.rel_err < 1e-6), verdict
 
 
@@ -111,7 +111,7 @@ def test_ring_attention_stays_finite(dtype):
 def test_decode_kernel_with_empty_splits_stays_finite(dtype):
     from attnlab.kernels import decode as kd
 
-    q, k, v = attnlab.inputs.random_qkv(2, 2, 256, 4, 2, 16, dtype, seed=9)
+    q, k, v = attnlab.reference.inputs.random_qkv(2, 2, 256, 4, 2, 16, dtype, seed=9)
     lengths = jnp.asarray([3, 256], jnp.int32)        # batch 0: 1 of 8 blocks, 3 of 4 splits empty
     cfg = kd.DecodeConfig(block_k=32, num_splits=4)
     with jax.debug_infs(True):
@@ -123,10 +123,10 @@ def test_decode_kernel_with_empty_splits_stays_finite(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_device_reference_stays_finite(dtype):
-    from attnlab import reference_device as rd
+    from attnlab.reference import blockwise as rd
 
     with dtype_context(dtype):
-        q, k, v = attnlab.inputs.random_qkv(2, 8, 12, 2, 1, 8, dtype, seed=10)
+        q, k, v = attnlab.reference.inputs.random_qkv(2, 8, 12, 2, 1, 8, dtype, seed=10)
         ct = jnp.ones(q.shape, q.dtype)
         lens = jnp.asarray([5, 12], jnp.int32)
         with jax.debug_infs(True):

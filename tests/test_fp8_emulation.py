@@ -1,4 +1,4 @@
-"""attnlab.distributions (issue 15's inputs) and attnlab.fp8_emulation (e4m3 rounding in float64 attention)."""
+"""attnlab.reference.distributions (issue 15's inputs) and attnlab.reference.fp8_emulation (e4m3 rounding in float64 attention)."""
 from __future__ import annotations
 
 import subprocess
@@ -8,11 +8,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from attnlab import fp8_emulation as emu
-from attnlab.distributions import (CHANNEL_GAIN, DISTRIBUTIONS, KEY_SHIFT, OUTLIER_FRACTION, key_shift, make_qkv,
+from attnlab.reference import fp8_emulation as emu
+from attnlab.reference.distributions import (CHANNEL_GAIN, DISTRIBUTIONS, KEY_SHIFT, OUTLIER_FRACTION, key_shift, make_qkv,
                                    outlier_channels)
-from attnlab.inputs import random_qkv
-from attnlab.reference import reference_attention
+from attnlab.reference.inputs import random_qkv
+from attnlab.reference.float64 import reference_attention
 
 SHAPE = (1, 128, 128, 2, 2, 128)          # B, T, S, N, K, H
 
@@ -133,7 +133,7 @@ def test_all_quantized_gaussian_error_is_a_few_percent():
 
 
 def test_the_emulation_is_numpy_only():
-    code = "import sys, attnlab.fp8_emulation; assert 'jax' not in sys.modules, 'jax imported'"
+    code = "import sys, attnlab.reference.fp8_emulation; assert 'jax' not in sys.modules, 'jax imported'"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
 

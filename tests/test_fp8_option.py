@@ -11,7 +11,7 @@ import attnlab
 from attnlab import backends
 from attnlab.backends.fp8_recipe import RECIPES, name_of_recipe, recipe_names, suffix_of
 from attnlab.cli import main
-from attnlab.store import read_records
+from attnlab.core.store import read_records
 from attnlab.sweep import SweepError, build
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")

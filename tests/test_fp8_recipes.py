@@ -11,8 +11,8 @@ import pytest
 from attnlab import backends
 from attnlab.backends import cudnn_fp8, fp8_recipe
 from attnlab.backends.fp8_recipe import E4M3_MAX, RECIPES, Fp8Recipe
-from attnlab.distributions import make_qkv
-from attnlab.reference import reference_attention, rel_l2
+from attnlab.reference.distributions import make_qkv
+from attnlab.reference.float64 import reference_attention, rel_l2
 
 
 def test_hadamard_rotation_keeps_q_dot_k():
@@ -145,7 +145,7 @@ def test_every_recipe_is_a_registered_backend_that_records_it():
     assert "fused with quantisation" in RECIPES["hadamard-fused"].describe()
     assert "in float32" in RECIPES["hadamard-f32"].describe()
     sd = jax.ShapeDtypeStruct
-    from attnlab.spec import prepare
+    from attnlab.core.spec import prepare
 
     spec96 = prepare(sd((1, 64, 2, 96), "bfloat16"), sd((1, 64, 2, 96), "bfloat16"), sd((1, 64, 2, 96), "bfloat16")).spec
     assert "power of two" in backends.get("cudnn-fp8-hadamard").supports(spec96)

@@ -1,11 +1,11 @@
-"""attnlab.fp8_recipes_report (benchmarks/fp8_recipes.py --table): table, goals and plot on canned records
+"""attnlab.report.fp8_recipes (benchmarks/fp8_recipes.py --table): table, goals and plot on canned records
 (no JAX, no GPU)."""
 import json
 import os
 import subprocess
 import sys
 
-from attnlab import fp8_recipes_report as mod
+from attnlab.report import fp8_recipes as mod
 
 
 def _rec(backend, inputs, T, causal, err, ms, status="ok", tflops=None):
@@ -76,6 +76,6 @@ def test_gaussian_goal_met_and_the_grid():
 
 
 def test_the_report_imports_no_jax():
-    code = "import sys, attnlab.fp8_recipes_report; assert 'jax' not in sys.modules, 'jax imported'"
+    code = "import sys, attnlab.report.fp8_recipes; assert 'jax' not in sys.modules, 'jax imported'"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]

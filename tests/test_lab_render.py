@@ -19,8 +19,8 @@ RENDER_ALL = r"""
 import json, sys
 import attnlab.lab.render as render
 from attnlab.lab.core import LabConfig
-from attnlab.report import render as html
-from attnlab.store import read_records
+from attnlab.report.html import render as html
+from attnlab.core.store import read_records
 
 recs = read_records(sys.argv[1])
 secs = render.render_all(recs, LabConfig.for_machine(True, False), sys.argv[2])

@@ -168,7 +168,7 @@ def test_random_inputs_are_bit_identical_to_jax_random_normal():
     import jax.numpy as jnp
     import numpy as np
 
-    from attnlab.inputs import _normal, random_qkv
+    from attnlab.reference.inputs import _normal, random_qkv
 
     for shape in [(2, 64, 4, 32), (1, 3, 5, 7)]:
         key = jax.random.key(11)

@@ -5,9 +5,9 @@ import pytest
 from click.testing import CliRunner
 
 from attnlab.cli import main
-from attnlab.model_config import ModelConfigError, from_config, resolve
-from attnlab.model_plan import notes, plan
-from attnlab.models import preset
+from attnlab.core.model_config import ModelConfigError, from_config, resolve
+from attnlab.core.model_plan import notes, plan
+from attnlab.core.models import preset
 
 LLAMA = {"model_type": "llama", "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
          "num_hidden_layers": 32, "max_position_embeddings": 131072}

@@ -5,7 +5,7 @@ import pytest
 from click.testing import CliRunner
 
 from attnlab.cli import main
-from attnlab.models import BY_NAME, PRESETS, ModelPreset, preset
+from attnlab.core.models import BY_NAME, PRESETS, ModelPreset, preset
 
 WANTED = ("llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "mistral-7b", "mixtral-8x7b", "qwen2.5-7b",
           "qwen2.5-72b", "gemma-2-9b", "gemma-2-27b", "phi-3-mini")

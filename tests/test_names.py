@@ -6,10 +6,10 @@ from click.testing import CliRunner
 
 from attnlab import backends
 from attnlab.cli import main
-from attnlab.models import preset
-from attnlab.problem import Problem
+from attnlab.core.models import preset
+from attnlab.core.problem import Problem
 from attnlab.sweep import SweepError, build, load_toml
-from attnlab.workload import Workload
+from attnlab.core.workload import Workload
 
 
 @pytest.mark.parametrize("alias,name", [("bf16", "bfloat16"), ("BF16", "bfloat16"), ("fp16", "float16"),

@@ -6,7 +6,7 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-from attnlab import notebook  # noqa: E402
+from attnlab.report import notebook  # noqa: E402
 
 NB = os.path.join(os.path.dirname(__file__), "..", "notebooks", "attnlab_codelab.ipynb")
 
@@ -54,7 +54,7 @@ def test_committed_notebook_has_cpu_outputs():
 
 
 def test_notebook_kv_cache_row_is_the_reports():
-    from attnlab.lab import tables
+    from attnlab.report import tables
 
     nb = nbformat.read(NB, as_version=4)
     text = _outputs_text(nb)

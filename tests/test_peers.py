@@ -8,13 +8,14 @@ import pytest
 from click.testing import CliRunner
 
 import attnlab
-from attnlab import UnsupportedError, backends, cases
+from attnlab import UnsupportedError, backends
+from attnlab.reference import cases
 from attnlab.backends.te import _mask_type
 from attnlab.cli import main
-from attnlab.inputs import random_qkv
+from attnlab.reference.inputs import random_qkv
 from attnlab.measure import Cell, Options, measure_cell
-from attnlab.reference import check_close
-from attnlab.spec import prepare
+from attnlab.reference.float64 import check_close
+from attnlab.core.spec import prepare
 
 PEERS = ["cudnn-fp8", "cudnn-fp8-unit", "te", "te-fp8", "tokamax-mosaic", "tokamax-triton", "pallas-triton",
          "pallas-mosaic", "torch-flash", "torch-cudnn", "torch-efficient"]

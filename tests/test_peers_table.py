@@ -1,9 +1,9 @@
-"""attnlab.peers_table (the tables benchmarks/peers_table.py prints): one clock per table, failing cells shown
+"""attnlab.report.peers_table (the tables benchmarks/peers_table.py prints): one clock per table, failing cells shown
 with their reason, what was checked; no JAX."""
 import subprocess
 import sys
 
-from attnlab import peers_table
+from attnlab.report import peers_table
 
 
 def _rec(backend, timer="cupti", status="ok", mode="fwd", **kw):
@@ -36,7 +36,7 @@ def test_the_check_line_says_what_the_records_checked():
 
 
 def test_the_tables_import_no_jax():
-    code = "import sys, attnlab.peers_table; assert 'jax' not in sys.modules, 'jax imported'"
+    code = "import sys, attnlab.report.peers_table; assert 'jax' not in sys.modules, 'jax imported'"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
 

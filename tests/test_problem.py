@@ -13,7 +13,7 @@ import pytest
 from attnlab import Problem, Workload
 from attnlab.measure import cell as cellmod
 from attnlab.measure.cell import IDENTITY, IDENTITY_DEFAULTS, Cell, record_key
-from attnlab.spec import AttentionSpec, prepare
+from attnlab.core.spec import AttentionSpec, prepare
 from attnlab.sweep import engine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -144,10 +144,10 @@ def test_measure_and_sweep_spec_do_not_import_sharded():
         bad = [i for i in _imports(path) if "sharded" in i.split(".")]
         assert not bad, (path, bad)
     # and at run time: measure alone loads no sharded module, knows no strategy, and says who registers them
-    code = ("import sys, attnlab.measure as m; assert 'attnlab.sharded' not in sys.modules\n"
-            "from attnlab import strategies; assert strategies.names() == ()\n"
+    code = ("import sys, attnlab.measure as m; assert 'attnlab.api.sharded' not in sys.modules\n"
+            "from attnlab.core import strategies; assert strategies.names() == ()\n"
             "try:\n    m.Cell('naive', 2, 8, 8, 2, 2, 8, strategy='batch', devices=2)\n"
-            "except ValueError as e:\n    assert 'attnlab.sharded' in str(e)\nelse:\n    raise SystemExit('no refusal')\n"
+            "except ValueError as e:\n    assert 'attnlab.api.sharded' in str(e)\nelse:\n    raise SystemExit('no refusal')\n"
             "import attnlab.sweep; assert strategies.names() == ('batch', 'heads', 'ring')\n"
             "m.Cell('naive', 2, 8, 8, 2, 2, 8, strategy='batch', devices=2)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ), timeout=120)
@@ -155,7 +155,7 @@ def test_measure_and_sweep_spec_do_not_import_sharded():
 
 
 def test_strategy_registry_declares_placement_and_refusals():
-    from attnlab import strategies
+    from attnlab.core import strategies
 
     ring = strategies.get("ring")
     assert ring.why_not("naive", None) is None

@@ -3,7 +3,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import attnlab
-from attnlab.reference import check_close
+from attnlab.reference.float64 import check_close
 
 
 @st.composite
@@ -24,6 +24,6 @@ def problems(draw):
 @given(problems(), st.sampled_from(["naive", "xla"]))
 def test_random_problem_matches_reference(problem, impl):
     B, T, S, N, K, H, causal, window, dtype = problem
-    q, k, v = attnlab.inputs.random_qkv(B, T, S, N, K, H, dtype, seed=T * 31 + S)
+    q, k, v = attnlab.reference.inputs.random_qkv(B, T, S, N, K, H, dtype, seed=T * 31 + S)
     out = attnlab.attention(q, k, v, is_causal=causal, local_window_size=window, implementation=impl)
     assert check_close(out, q, k, v, is_causal=causal, local_window_size=window).ok

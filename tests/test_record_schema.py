@@ -1,4 +1,4 @@
-"""The typed cell record (attnlab.record_model): flat <-> typed round trip, derived field lists, status rules."""
+"""The typed cell record (attnlab.core.record_model): flat <-> typed round trip, derived field lists, status rules."""
 from __future__ import annotations
 
 import glob
@@ -8,10 +8,10 @@ import os
 import pytest
 from pydantic import Field
 
-from attnlab import record_model
+from attnlab.core import record_model
 from attnlab.measure.cell import IDENTITY, Cell, Options, measure_cell
-from attnlab.record_model import PARTS, CellRecord, Cost, csv_columns, fields_where
-from attnlab.records import RecordError, Status, time_ms, upgrade
+from attnlab.core.record_model import PARTS, CellRecord, Cost, csv_columns, fields_where
+from attnlab.core.records import RecordError, Status, time_ms, upgrade
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = Options(repeats=2, warmup=1, pipelined_calls=2, max_input_sets=1)

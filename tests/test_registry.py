@@ -12,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 import attnlab
-from attnlab import backends, env
+from attnlab import backends
+from attnlab.measure import env
 from attnlab.backends.base import Backend, NativeBackend
 from attnlab.cli import main
 

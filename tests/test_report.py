@@ -7,7 +7,7 @@ import pytest
 from attnlab.lab import plots
 from attnlab.lab.core import Section, Table
 from attnlab.measure import peaks
-from attnlab.report import render
+from attnlab.report.html import render
 
 NO_CUPTI = "kernel time needs a GPU (CUPTI); wall clock shown"
 
@@ -189,7 +189,7 @@ def _cell(T, S, **kw):
          "kernel_ms": 0.25, "wall_ms": 0.3, "tflops": 3.0, "gbps": 4000.0, "pct_peak": 0.3,
          "env": {"device_kind": "NVIDIA H200"}}
     r.update(kw)
-    from attnlab.workload import Workload
+    from attnlab.core.workload import Workload
 
     w = Workload(r["batch"], T, S, r["heads"], r["kv_heads"], r["head_dim"], r["dtype"], decode=r.get("lengths") is not None)
     r["intensity"] = w.intensity()

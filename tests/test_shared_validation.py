@@ -7,9 +7,9 @@ import pytest
 
 import attnlab
 import attnlab.lab
-from attnlab.decode import prepare_decode
-from attnlab.names import lazy_getattr
-from attnlab.spec import prepare
+from attnlab.api.decode import prepare_decode
+from attnlab.core.names import lazy_getattr
+from attnlab.core.spec import prepare
 
 Q = np.zeros((2, 1, 4, 16), np.float32)
 KV = np.zeros((2, 8, 2, 16), np.float32)

@@ -6,18 +6,18 @@ import numpy as np
 import pytest
 
 import attnlab
-import attnlab.inputs
-from attnlab import segments
+import attnlab.reference.inputs
+from attnlab.core import segments
 from attnlab.backends import cudnn_packed
-from attnlab.reference import check_close, reference_attention, reference_attention_grads
-from attnlab.reference_decode import check_decode_close
-from attnlab.reference_device import blockwise_attention, blockwise_grads
+from attnlab.reference.float64 import check_close, reference_attention, reference_attention_grads
+from attnlab.reference.decode64 import check_decode_close
+from attnlab.reference.blockwise import blockwise_attention, blockwise_grads
 
 CAP = 2.0
 
 
 def _inputs(dtype="float32", B=2, T=24, N=4, K=2, H=8, seed=1):
-    q, k, v = attnlab.inputs.random_qkv(B, T, T, N, K, H, dtype, seed=seed)
+    q, k, v = attnlab.reference.inputs.random_qkv(B, T, T, N, K, H, dtype, seed=seed)
     return q * 4, k, v        # large logits: the cap bites (|logits| up to ~10 > CAP)
 
 
@@ -103,7 +103,7 @@ def test_segments_are_another_documents_wall():
 
 @pytest.mark.parametrize("T", [1, 4])
 def test_decode_attention_soft_cap_kernel_and_generic(T):
-    q, k, v = attnlab.inputs.random_qkv(2, T, 40, 4, 2, 16, "float32", seed=3)
+    q, k, v = attnlab.reference.inputs.random_qkv(2, T, 40, 4, 2, 16, "float32", seed=3)
     q = q * 4
     lengths = jnp.array([40, 17])
     for impl in ("attnlab-decode", "naive"):
@@ -228,7 +228,7 @@ def test_sweep_flags_make_cap_and_packing_cells():
 
 def test_peers_refuse_the_soft_cap_naming_themselves():
     from attnlab import backends
-    from attnlab.spec import AttentionSpec
+    from attnlab.core.spec import AttentionSpec
 
     spec = AttentionSpec(1, 64, 64, 2, 2, 64, "bfloat16", soft_cap=50.0)
     for name, words in (("cudnn", "cuDNN"), ("te", "TransformerEngine"), ("torch-flash", "PyTorch"), ("xla", "jax.nn")):

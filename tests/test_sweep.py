@@ -196,7 +196,7 @@ def test_compare_prints_counts_and_exit_codes(tmp_path):
 
 
 def test_compare_reads_older_files_without_p75(tmp_path):
-    from attnlab.records import timing
+    from attnlab.core.records import timing
 
     old = _rec(1.0)
     old.update(kernel_min_ms=0.9, kernel_max_ms=1.5, kernel_iqr_ms=0.2)   # schema-2 files before p25/p75
@@ -350,7 +350,7 @@ def test_window_int_is_symmetric_as_jax_reads_it():
 
     import jax
 
-    from attnlab.workload import Workload
+    from attnlab.core.workload import Workload
 
     assert "symmetric window (window_size, window_size)" in " ".join(inspect.getdoc(jax.nn.dot_product_attention).split())
     s = build({"backends": "xla", "seq": "64", "window": "8,8:0"})
@@ -365,10 +365,10 @@ def test_inputs_axis_records_and_separates_references(tmp_path):
     """--inputs: one cell per distribution, recorded, each checked against its own reference."""
     import numpy as np
 
-    from attnlab.distributions import make_qkv
+    from attnlab.reference.distributions import make_qkv
     from attnlab.measure.cell import Cell, Options, ref_key
     from attnlab.measure.inputs import _input_sets
-    from attnlab.inputs import random_qkv
+    from attnlab.reference.inputs import random_qkv
 
     s = build({"backends": "xla", "seq": "16", "heads": "2", "head_dim": "16", "inputs": "gaussian,Outliers"})
     assert [c.inputs for c in s.cells()] == ["gaussian", "outliers"]

@@ -5,7 +5,7 @@ import pytest
 
 import attnlab
 from attnlab import UnsupportedError
-from attnlab.inputs import random_qkv
+from attnlab.reference.inputs import random_qkv
 
 Q, K, V = random_qkv(2, 8, 12, 4, 2, 16, "float32")
 
@@ -78,7 +78,7 @@ def test_forced_cudnn_on_cpu_is_unsupported_with_reason():
 
 def test_cudnn_reasons_from_spec():
     from attnlab.backends import get
-    from attnlab.spec import prepare
+    from attnlab.core.spec import prepare
 
     cudnn = get("cudnn")
     f32 = prepare(Q, K, V).spec

@@ -14,10 +14,10 @@ Public API::
     attnlab.sharded_attention(q, k, v, mesh=..., strategy=...)  # batch / heads / ring over a Mesh
 
 Every public name loads its submodule on first use (``sharded_attention`` and ``make_mesh``:
-``attnlab.sharded``), so ``import attnlab`` stays cheap and imports no JAX: the lab's renderers
+``attnlab.api.sharded``), so ``import attnlab`` stays cheap and imports no JAX: the lab's renderers
 (``attnlab.lab.render``) run without it.
 """
-from .names import lazy_getattr as _lazy_getattr
+from .core.names import lazy_getattr as _lazy_getattr
 
 __version__ = "0.1.0"
 
@@ -30,17 +30,17 @@ __all__ = [
 
 #: Public names served lazily from submodules: name -> module (relative to attnlab).
 _LAZY = {
-    **dict.fromkeys(("Explanation", "attention", "explain", "select"), ".api"),
+    **dict.fromkeys(("Explanation", "attention", "explain", "select"), ".api.dot_product"),
     **dict.fromkeys(("Backend", "register"), ".backends"),
     "hlo_uses_cudnn": ".backends.cudnn",
-    **dict.fromkeys(("decode_attention", "explain_decode"), ".decode"),
-    "UnsupportedError": ".errors",
-    **dict.fromkeys(("check_close", "reference_attention", "reference_attention_grads", "rel_l2"), ".reference"),
-    "reference_decode_attention": ".reference_decode",
-    "AttentionSpec": ".spec",
-    "Workload": ".workload",
-    "Problem": ".problem",
-    "sharded_attention": ".sharded", "make_mesh": ".sharded",
+    **dict.fromkeys(("decode_attention", "explain_decode"), ".api.decode"),
+    "UnsupportedError": ".core.errors",
+    **dict.fromkeys(("check_close", "reference_attention", "reference_attention_grads", "rel_l2"), ".reference.float64"),
+    "reference_decode_attention": ".reference.decode64",
+    "AttentionSpec": ".core.spec",
+    "Workload": ".core.workload",
+    "Problem": ".core.problem",
+    "sharded_attention": ".api.sharded", "make_mesh": ".api.sharded",
 }
 
 

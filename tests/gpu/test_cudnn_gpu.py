@@ -4,8 +4,9 @@ import jax.numpy as jnp
 import pytest
 
 import attnlab
-from attnlab import UnsupportedError, cases
-from attnlab.reference import check_close, reference_attention_grads, rel_l2
+from attnlab import UnsupportedError
+from attnlab.reference import cases
+from attnlab.reference.float64 import check_close, reference_attention_grads, rel_l2
 
 pytestmark = pytest.mark.gpu
 
@@ -43,7 +44,7 @@ def test_cudnn_mask_modes(impl, mode, dtype):
 @pytest.mark.parametrize("causal", [False, True])
 def test_cudnn_shapes(shape, dtype, causal):
     B, T, S, N, K, H = SHAPES[shape]
-    q, k, v = attnlab.inputs.random_qkv(B, T, S, N, K, H, dtype, seed=B * T + S)
+    q, k, v = attnlab.reference.inputs.random_qkv(B, T, S, N, K, H, dtype, seed=B * T + S)
     out = jax.jit(lambda q, k, v: attnlab.attention(q, k, v, is_causal=causal, implementation="cudnn"))(q, k, v)
     verdict = check_close(out, q, k, v, is_causal=causal)
     assert verdict.ok, (shape, verdict)
@@ -61,13 +62,13 @@ def test_cudnn_gradients(mode):
 
 
 def test_auto_prefers_cudnn_and_falls_back_with_reason():
-    q, k, v = attnlab.inputs.random_qkv(1, 64, 64, 4, 4, 64, "bfloat16")
+    q, k, v = attnlab.reference.inputs.random_qkv(1, 64, 64, 4, 4, 64, "bfloat16")
     assert attnlab.explain(q, k, v).chosen == "cudnn"
     e = attnlab.explain(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32))
     assert e.chosen == "xla" and "float32" in e.reasons["cudnn"]
     with pytest.raises(UnsupportedError, match="cudnn: dtype float32"):
         attnlab.attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), implementation="cudnn")
-    q5, k5, v5 = attnlab.inputs.random_qkv(1, 16, 16, 2, 2, 512, "bfloat16")
+    q5, k5, v5 = attnlab.reference.inputs.random_qkv(1, 16, 16, 2, 2, 512, "bfloat16")
     with pytest.raises(UnsupportedError, match="head dim 512 > 256"):
         attnlab.attention(q5, k5, v5, implementation="cudnn")
 
@@ -75,7 +76,7 @@ def test_auto_prefers_cudnn_and_falls_back_with_reason():
 # --- the cases where cuDNN through JAX has been reported silently wrong ---------------
 
 def test_39576_window_without_causal_is_refused_and_auto_is_correct():
-    q, k, v = attnlab.inputs.random_qkv(2, 128, 128, 4, 4, 64, "bfloat16", seed=1)
+    q, k, v = attnlab.reference.inputs.random_qkv(2, 128, 128, 4, 4, 64, "bfloat16", seed=1)
     window = (16, 0)
     with pytest.raises(UnsupportedError, match="39576"):
         attnlab.attention(q, k, v, local_window_size=window, implementation="cudnn")
@@ -86,7 +87,7 @@ def test_39576_window_without_causal_is_refused_and_auto_is_correct():
 
 
 def test_32300_window_alone_is_applied():
-    q, k, v = attnlab.inputs.random_qkv(2, 128, 128, 4, 4, 64, "bfloat16", seed=2)
+    q, k, v = attnlab.reference.inputs.random_qkv(2, 128, 128, 4, 4, 64, "bfloat16", seed=2)
     for impl, kw in (("xla", dict(local_window_size=(0, 8))), ("cudnn", dict(local_window_size=(8, 0), is_causal=True)),
                      (None, dict(local_window_size=(8, 8)))):
         out = attnlab.attention(q, k, v, implementation=impl, **kw)
@@ -95,7 +96,7 @@ def test_32300_window_alone_is_applied():
 
 @pytest.mark.parametrize("with_q_lengths", [False, True])
 def test_23349_key_value_lengths_respected(with_q_lengths):
-    q, k, v = attnlab.inputs.random_qkv(8, 128, 128, 4, 4, 16, "bfloat16", seed=3)
+    q, k, v = attnlab.reference.inputs.random_qkv(8, 128, 128, 4, 4, 16, "bfloat16", seed=3)
     kv = jnp.array([24, 125, 53, 28, 77, 96, 13, 114], jnp.int32)
     kw = dict(key_value_seq_lengths=kv)
     if with_q_lengths:
@@ -105,6 +106,6 @@ def test_23349_key_value_lengths_respected(with_q_lengths):
 
 
 def test_cudnn_causal_is_top_left_aligned_for_t_ne_s():
-    q, k, v = attnlab.inputs.random_qkv(1, 32, 128, 4, 4, 64, "bfloat16", seed=5)
+    q, k, v = attnlab.reference.inputs.random_qkv(1, 32, 128, 4, 4, 64, "bfloat16", seed=5)
     out = attnlab.attention(q, k, v, is_causal=True, implementation="cudnn")
     assert check_close(out, q, k, v, is_causal=True).ok

@@ -12,10 +12,10 @@ import pytest
 
 import attnlab
 from attnlab import backends
-from attnlab.inputs import random_qkv
+from attnlab.reference.inputs import random_qkv
 from attnlab.kernels import decode as kd
 from attnlab.kernels import pages as kp
-from attnlab.reference_decode import check_decode_close
+from attnlab.reference.decode64 import check_decode_close
 
 pytestmark = pytest.mark.gpu
 S = 1024

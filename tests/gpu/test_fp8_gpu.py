@@ -3,8 +3,8 @@ import jax
 import pytest
 
 import attnlab
-from attnlab.inputs import random_qkv
-from attnlab.reference import check_close
+from attnlab.reference.inputs import random_qkv
+from attnlab.reference.float64 import check_close
 
 pytestmark = pytest.mark.gpu
 
@@ -46,7 +46,7 @@ def test_every_fp8_recipe_runs_e4m3_on_cudnn(name):
 def test_hadamard_lowers_the_error_on_channel_outliers():
     import jax.numpy as jnp
 
-    from attnlab.distributions import make_qkv
+    from attnlab.reference.distributions import make_qkv
 
     q, k, v = (jnp.asarray(x).astype(jnp.bfloat16) for x in make_qkv("channel-outliers", 1, 1024, 1024, 4, 4, 128, seed=0))
     errs = {n: check_close(attnlab.attention(q, k, v, implementation=n), q, k, v, limit=1, rule="").rel_err

@@ -28,7 +28,7 @@ def test_whole_output_check_of_a_16k_cell_takes_seconds():
     """Issue 11: the check of a T=16384 cell (whole output vs float32, rows vs float64) is cheap."""
     import time
 
-    from attnlab.inputs import random_qkv
+    from attnlab.reference.inputs import random_qkv
     from attnlab.measure import check
 
     q, k, v = random_qkv(1, 16384, 16384, 16, 16, 128, "bfloat16", seed=0)

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 import attnlab
-import attnlab.inputs
-from attnlab import segments
-from attnlab.reference import check_close, reference_attention_grads, rel_l2
+import attnlab.reference.inputs
+from attnlab.core import segments
+from attnlab.reference.float64 import check_close, reference_attention_grads, rel_l2
 
 pytestmark = pytest.mark.gpu
 
@@ -22,7 +22,7 @@ def _ids(B, T, n, pad=0):
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("traced", [False, True])
 def test_cudnn_packed_matches_float64_with_grads(causal, traced):
-    q, k, v = attnlab.inputs.random_qkv(2, 256, 256, 4, 4, 64, "bfloat16", seed=1)
+    q, k, v = attnlab.reference.inputs.random_qkv(2, 256, 256, 4, 4, 64, "bfloat16", seed=1)
     ids = _ids(2, 256, 4, pad=17)
     kw = dict(is_causal=causal)
 
@@ -42,7 +42,7 @@ def test_cudnn_packed_matches_float64_with_grads(causal, traced):
 
 
 def test_cudnn_packed_refuses_non_contiguous_and_poisons_traced():
-    q, k, v = attnlab.inputs.random_qkv(1, 64, 64, 2, 2, 64, "bfloat16", seed=1)
+    q, k, v = attnlab.reference.inputs.random_qkv(1, 64, 64, 2, 2, 64, "bfloat16", seed=1)
     bad = jnp.asarray([[0] * 16 + [1] * 16 + [0] * 32])
     with pytest.raises(attnlab.UnsupportedError, match="not contiguous"):
         attnlab.attention(q, k, v, implementation="cudnn", query_segment_ids=bad, key_value_segment_ids=bad)

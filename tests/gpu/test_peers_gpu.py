@@ -5,9 +5,9 @@ import pytest
 
 import attnlab
 from attnlab import backends
-from attnlab.inputs import random_qkv
+from attnlab.reference.inputs import random_qkv
 from attnlab.measure import Cell, Options, measure_cell
-from attnlab.reference import check_close
+from attnlab.reference.float64 import check_close
 
 pytestmark = pytest.mark.gpu
 

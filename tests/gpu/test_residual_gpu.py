@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import attnlab
-from attnlab import cases
+from attnlab.reference import cases
 
 pytestmark = pytest.mark.gpu
 

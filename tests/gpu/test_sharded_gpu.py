@@ -3,9 +3,9 @@ import jax
 import pytest
 
 from attnlab import reference_attention
-from attnlab.inputs import random_qkv
-from attnlab.reference import check_close
-from attnlab.sharded import make_mesh, sharded_attention
+from attnlab.reference.inputs import random_qkv
+from attnlab.reference.float64 import check_close
+from attnlab.api.sharded import make_mesh, sharded_attention
 
 pytestmark = pytest.mark.gpu
 

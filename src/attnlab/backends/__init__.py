@@ -56,7 +56,7 @@ def get(name: str) -> Backend:
     ValueError naming the closest known name ("did you mean 'xla'?") when there is none."""
     found = canonical(name)
     if found is None:
-        from ..names import unknown
+        from ..core.names import unknown
 
         msg = unknown("backend", name, variant_names())     # the closest name, else every known one
         raise ValueError(f"implementation must be None, 'auto' or one of the registered backends: {msg}")
@@ -67,7 +67,7 @@ def get(name: str) -> Backend:
 
 def canonical(name: str) -> str | None:
     """The backend or variant name ``name`` means, ignoring case (``cuDNN`` -> ``cudnn``), or None."""
-    from ..names import match
+    from ..core.names import match
 
     return match(name, variant_names()) if isinstance(name, str) else None
 

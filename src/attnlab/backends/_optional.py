@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 
-from .. import device
+from ..core import device
 
 
 def install_hint(extra: str) -> str:

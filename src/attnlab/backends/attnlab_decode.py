@@ -23,10 +23,10 @@ may be differentiated, where auto must not pick a path that then fails; name it 
 """
 from __future__ import annotations
 
-from .. import device
-from ..errors import UnsupportedError
+from ..core import device
+from ..core.errors import UnsupportedError
 from ..kernels import decode as kd
-from ..spec import AttentionSpec, Prepared, _is_tracer
+from ..core.spec import AttentionSpec, Prepared, _is_tracer
 from .base import Backend
 
 #: Auto picks the kernel only when this is True (set from the benchmark), on an NVIDIA GPU,
@@ -79,7 +79,7 @@ class AttnlabDecodeBackend(Backend):
         return None
 
     def supports_decode(self, spec) -> str | None:
-        """Why ``decode_attention`` cannot run ``spec`` (an ``attnlab.decode.DecodeSpec``) here, or None."""
+        """Why ``decode_attention`` cannot run ``spec`` (an ``attnlab.api.decode.DecodeSpec``) here, or None."""
         why = _common(spec.q_len, spec.max_len, spec.heads, spec.kv_heads, spec.head_dim, spec.dtype)
         if why:
             return why
@@ -133,7 +133,7 @@ class AttnlabDecodeBackend(Backend):
         return self._call(p.query, p.key, p.value, lengths, False, p.scale, soft_cap=p.spec.soft_cap)
 
     def run_decode(self, d):
-        """Run an ``attnlab.decode.DecodeCall`` with its causal rule."""
+        """Run an ``attnlab.api.decode.DecodeCall`` with its causal rule."""
         return self._call(d.query, d.k_cache, d.v_cache, d.kv_lengths, d.spec.causal, d.scale, d.page_table, d.spec.soft_cap)
 
 

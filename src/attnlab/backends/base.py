@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-from ..spec import AttentionSpec, Prepared
+from ..core.spec import AttentionSpec, Prepared
 from . import _optional
 
 
@@ -39,7 +39,7 @@ def segments_as_mask(p: Prepared) -> Prepared:
         return p
     import dataclasses
 
-    from .. import segments
+    from ..core import segments
 
     seg = segments.visible(p.q_segment_ids, p.kv_segment_ids)
     mask = seg if p.mask is None else p.mask & seg

@@ -8,8 +8,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .. import device
-from ..spec import AttentionSpec, Prepared
+from ..core import device
+from ..core.spec import AttentionSpec, Prepared
 from . import cudnn_packed
 from .base import Backend
 from .xla import residual_reason

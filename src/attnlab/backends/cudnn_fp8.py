@@ -26,8 +26,8 @@ import inspect
 import jax
 import jax.numpy as jnp
 
-from .. import device
-from ..spec import AttentionSpec, Prepared
+from ..core import device
+from ..core.spec import AttentionSpec, Prepared
 from .cudnn import CudnnBackend
 from .fp8_recipe import RECIPES, Fp8Recipe, backend_name, quantise, quantised_qk, suffix_of, tensor_scale
 

@@ -25,9 +25,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import segments
-from ..errors import UnsupportedError
-from ..spec import AttentionSpec, Prepared
+from ..core import segments
+from ..core.errors import UnsupportedError
+from ..core.spec import AttentionSpec, Prepared
 
 ENTRY = "jax._src.cudnn.fused_attention_stablehlo.dot_product_attention"
 

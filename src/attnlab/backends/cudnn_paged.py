@@ -10,7 +10,7 @@ Private API (JAX 0.10.2 and 0.11.2 have this signature): ``paged_reason`` says w
 """
 from __future__ import annotations
 
-from ..errors import UnsupportedError
+from ..core.errors import UnsupportedError
 
 MODULE = "jax._src.cudnn.fused_attention_stablehlo"
 
@@ -22,7 +22,7 @@ def _module():
 
 
 def paged_reason(spec, num_pages: int, pages_per_seq: int) -> str | None:
-    """Why cuDNN's paged attention cannot run this decode (``attnlab.decode.DecodeSpec``), or None."""
+    """Why cuDNN's paged attention cannot run this decode (``attnlab.api.decode.DecodeSpec``), or None."""
     try:
         mod = _module()
     except ImportError as e:
@@ -40,7 +40,7 @@ def paged_reason(spec, num_pages: int, pages_per_seq: int) -> str | None:
 
 
 def run_paged_decode(backend, d, mask):
-    """A ``attnlab.decode.DecodeCall`` with a page table, on cuDNN's paged attention; (B, T, N, H)."""
+    """A ``attnlab.api.decode.DecodeCall`` with a page table, on cuDNN's paged attention; (B, T, N, H)."""
     import jax.numpy as jnp
 
     sp = d.spec

@@ -3,7 +3,7 @@
 GQA is done by viewing the N query heads as (K, G) and letting einsum broadcast each
 key/value head over its G query heads; no key/value copy is made.
 Rows that see no key at all give 0 (as FlashAttention does). Masked logits take jax.nn's finite
-large negative (``attnlab.masking``), never ``-inf``: no Inf appears in the forward or backward
+large negative (``attnlab.core.masking``), never ``-inf``: no Inf appears in the forward or backward
 pass, so masked calls run under ``jax.debug_infs(True)``.
 """
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .. import segments
-from ..masking import large_negative, large_negative_value
-from ..spec import Prepared
+from ..core import segments
+from ..core.masking import large_negative, large_negative_value
+from ..core.spec import Prepared
 from .base import Backend, query_keep, zero_padded_queries
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ..spec import AttentionSpec, Prepared
+from ..core.spec import AttentionSpec, Prepared
 from . import _optional
 from .base import Backend
 

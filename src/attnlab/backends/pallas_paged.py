@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import warnings
 
-from ..spec import AttentionSpec, Prepared
+from ..core.spec import AttentionSpec, Prepared
 from .base import Backend
 
 PAGE_SIZE = 16

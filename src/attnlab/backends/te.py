@@ -15,7 +15,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ..spec import AttentionSpec, Prepared
+from ..core.spec import AttentionSpec, Prepared
 from . import _optional
 from .base import Backend, zero_padded_queries
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ..errors import UnsupportedError
-from ..spec import AttentionSpec, Prepared
+from ..core.errors import UnsupportedError
+from ..core.spec import AttentionSpec, Prepared
 from .base import Backend, segments_as_mask, zero_padded_queries
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import jax
 
-from ..errors import UnsupportedError
-from ..spec import AttentionSpec, Prepared
+from ..core.errors import UnsupportedError
+from ..core.spec import AttentionSpec, Prepared
 from . import _optional
 from .base import NativeBackend, NativeCall
 

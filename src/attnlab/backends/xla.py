@@ -19,9 +19,9 @@ import inspect
 import jax
 import jax.numpy as jnp
 
-from .. import device
-from ..spec import AttentionSpec, Prepared
-from ..masking import large_negative_value
+from ..core import device
+from ..core.spec import AttentionSpec, Prepared
+from ..core.masking import large_negative_value
 from .base import Backend, query_keep, segments_as_mask
 
 #: Whether the installed jax.nn.dot_product_attention takes return_residual.

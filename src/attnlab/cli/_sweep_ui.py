@@ -21,7 +21,7 @@ cell_budget_option = click.option(
 
 def cell_budget(value: float | None) -> float:
     """The flag's value (checked), else the device's default."""
-    from .. import device
+    from ..core import device
 
     if value is None:
         return CELL_BUDGET_S.get(device.current().platform, CELL_BUDGET_S["gpu"])
@@ -33,7 +33,7 @@ def cell_budget(value: float | None) -> float:
 def print_estimate(cells, opts) -> None:
     """One line before the sweep: the cell count, the estimated time and memory per cell here, and
     how many cells are over the cell budget (recorded over_budget, not run)."""
-    from .. import device
+    from ..core import device
     from ..measure.estimate import estimate_cell
 
     if not cells:
@@ -52,7 +52,7 @@ def print_estimate(cells, opts) -> None:
 
 
 def cost_line(records) -> None:
-    from ..records import cost_summary
+    from ..core.records import cost_summary
 
     console.print(cost_summary(records), highlight=False, soft_wrap=True)
 

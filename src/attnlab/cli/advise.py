@@ -1,8 +1,8 @@
 """``attnlab advise --model NAME --context L``: a model's attention on this machine, in the model's terms.
 
-Every phase's cells (``attnlab.model_plan``) run through the sweep engine into OUT (resumable: a
+Every phase's cells (``attnlab.core.model_plan``) run through the sweep engine into OUT (resumable: a
 second run measures only what is missing), every available backend side by side; the answer
-(``attnlab.advice``: fastest correct backend, ms per layer and per model, per token for decode, KV
+(``attnlab.report.advice``: fastest correct backend, ms per layer and per model, per token for decode, KV
 bytes per sequence, the largest batch) is printed and written to OUT/advise.json and OUT/advise.html.
 """
 from __future__ import annotations
@@ -43,9 +43,9 @@ def _non_jax() -> set[str]:
 @cell_budget_option
 def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, repeats, compile_budget, cell_budget_s):
     """Which attention path, how long per layer and per model, how much KV cache, how large a batch fits."""
-    from .. import advice
+    from ..report import advice
     from ..measure import Options
-    from ..model_config import resolve
+    from ..core.model_config import resolve
     from ..sweep import SweepError, run_sweep
     from ..sweep.engine import SweepInterrupted
     from ..sweep.model_cells import model_sweep
@@ -120,7 +120,7 @@ def _device_memory(gib: float | None) -> tuple[int | None, str | None]:
 
 def _write_html(path: str, adv: dict, tabs: list[dict], env: dict) -> str:
     """OUT/advise.html through the report's Jinja2 template (autoescaped): one section per table."""
-    from ..report import write_report
+    from ..report.html import write_report
 
     ns = types.SimpleNamespace
     sections = [ns(id=f"t{i}", title=t["title"], status="ok", reason=None,

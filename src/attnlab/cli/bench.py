@@ -11,7 +11,7 @@ from rich.table import Table as RichTable
 from ._app import _fail, console, main, writable_folder, writes_to
 from ._layout import packed, wide_option
 from ._sweep_ui import cell_budget, cell_budget_option, cost_line, exit_after_interrupt, print_estimate
-from ..records import time_ms
+from ..core.records import time_ms
 
 WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys before each query and none after) "
                "or an int W, read as jax.nn.dot_product_attention reads local_window_size=W: (W, W), W keys before "
@@ -43,7 +43,7 @@ WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys
 @click.option("--phase", help="With --model: prefill, decode, train (comma-separated; default all three).")
 @click.option("--context", help="With --model: context lengths, e.g. 4k,32k,128k (k = 1024) or 256 (default 4k).")
 @click.option("--inputs", help="Input distributions of q, k, v (comma-separated): gaussian, outliers, channel-outliers, "
-              "shifted-keys (attnlab.distributions; default gaussian).")
+              "shifted-keys (attnlab.reference.distributions; default gaussian).")
 @click.option("--fp8-recipe", help="With the cudnn-fp8 backend: FP8 recipes (comma-separated): amax, unit, pow2, s256, "
               "s1, hadamard, hadamard-f32, hadamard-fused, smoothk, hadamard-smoothk; each runs as cudnn-fp8-RECIPE.")
 @click.option("--soft-cap", help="Logit soft caps, comma-separated: none or a positive number (Gemma-2: 50); "
@@ -142,11 +142,11 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
 
 def _model_sweep(config, given: dict, name):
     """(ModelSweep, run options, notes) of ``bench --model``: flags that contradict the preset refused."""
-    from ..model_plan import notes as plan_notes
-    from ..model_config import resolve
+    from ..core.model_plan import notes as plan_notes
+    from ..core.model_config import resolve
     from ..sweep import SweepError
     from ..sweep.model_cells import check_model_flags, model_sweep
-    from ..names import canonical_dtype
+    from ..core.names import canonical_dtype
     from ..sweep.spec import _ints, _strs
 
     if config:
@@ -196,7 +196,7 @@ def bench_cell_text(r: dict, ridge_intensity: float | None, bw_tbps: float | Non
     peak, or for a memory-bound cell
     (``peaks.memory_bound``: decode-like, intensity below the ridge) ms · GB/s · % of bandwidth."""
     from ..measure import peaks
-    from ..units import format_flops
+    from ..core.units import format_flops
 
     ms = time_ms(r)
     if peaks.memory_bound(r, ridge_intensity) and r.get("gbps") is not None:

@@ -16,7 +16,7 @@ from ._layout import packed, table_console, wide_option
 @wide_option
 def env_cmd(as_json, wide):
     """Versions, devices, optional libraries and which backends can run here."""
-    from .. import env as envmod
+    from ..measure import env as envmod
 
     e = envmod.collect()
     if as_json:
@@ -39,7 +39,7 @@ def _print_backends(status: dict, wide: bool = False):
     grouped by the reason they are not (one reason, then its backends), or with ``wide`` a row each."""
     from rich.markup import escape
 
-    from ..api import group_reasons
+    from ..api.dot_product import group_reasons
 
     if wide:
         t = RichTable(title="backends")
@@ -71,7 +71,7 @@ def _print_backends(status: dict, wide: bool = False):
 @wide_option
 def backends(as_json, wide):
     """Every registered backend, available or not, why not, and its library's version."""
-    from .. import env as envmod
+    from ..measure import env as envmod
 
     status = envmod.collect()["backends"]
     if as_json:

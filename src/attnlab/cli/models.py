@@ -14,12 +14,12 @@ from ._app import console, main
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def models_cmd(as_json):
     """Model presets: N, K, H, layers, context, window and soft-cap, each from the model's config.json."""
-    from ..models import PRESETS
+    from ..core.models import PRESETS
 
     if as_json:
         click.echo(json.dumps([dataclasses.asdict(p) for p in PRESETS], indent=2))
         return
-    t = RichTable(title="model presets (source: each model's config.json; attnlab.models)")
+    t = RichTable(title="model presets (source: each model's config.json; attnlab.core.models)")
     for c in ("model", "layers", "N", "K", "H", "context", "window", "cap", "KV/token"):
         t.add_column(c, no_wrap=True, justify="left" if c == "model" else "right")
     notes = []

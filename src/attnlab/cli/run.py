@@ -23,7 +23,7 @@ STEP_IDS = ("environment", "qkv", "naive", "jax_nn", "cudnn", "causal", "timing"
 def step_ids(text: str, steps) -> list[str]:
     """The step ids of ``--sections``, any case (``GQA`` is ``gqa``); an unknown one is refused naming
     the closest id ("did you mean 'jax_nn'?")."""
-    from ..names import match, unknown
+    from ..core.names import match, unknown
 
     out = []
     for s in (p.strip() for p in text.split(",")):
@@ -61,8 +61,8 @@ def run(out_dir, label, quick, sections, resume, overwrite):
               f"or --overwrite to erase them and start afresh")
     from ..lab import STEPS, run_lab
     from ..lab.record import LabInterrupted
-    from ..records import cost_summary
-    from ..store import read_jsonl
+    from ..core.records import cost_summary
+    from ..core.store import read_jsonl
 
     chosen = step_ids(sections, STEPS) if sections else None
     writable_folder(out_dir)

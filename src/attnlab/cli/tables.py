@@ -36,7 +36,7 @@ def print_bench_table(records: list[dict], out_dir: str, wide: bool = False) -> 
     """The bench's cells: a configuration per row and a backend per column (ms · FLOP/s · % of peak,
     or for a memory-bound row ms · GB/s · % of bandwidth: ``bench.bench_cell_text``)."""
     from ..measure import peaks
-    from ..records import config_label
+    from ..core.records import config_label
     from .bench import bench_cell_text
 
     backends_ = list(dict.fromkeys(r["backend"] for r in records))

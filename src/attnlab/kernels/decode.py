@@ -54,7 +54,7 @@ from __future__ import annotations
 import functools
 import math
 
-from ..masking import large_negative_value
+from ..core.masking import large_negative_value
 from .decode_plan import (DTYPES, FILL_BLOCKS, HEAD_DIMS, MAX_ROWS, MIN_ROWS, DecodeConfig, Plan,  # noqa: F401
                           blocks_visited, cdiv, choose_num_splits, default_block_k, make_plan, next_pow2,
                           split_range, unsupported, wave_cost)
@@ -64,7 +64,7 @@ from .decode_resources import (CPU_SM_COUNT, DEFAULT_SM_COUNT, REGS_PER_SM, SM_C
 
 LOG2E = math.log2(math.e)
 #: Masked scores and the running max of a row that has seen no key: jax.nn's finite large negative
-#: (``attnlab.masking``), never -inf, so the kernel's outputs (partial m) hold no Inf.
+#: (``attnlab.core.masking``), never -inf, so the kernel's outputs (partial m) hold no Inf.
 NEG = large_negative_value("float32")
 
 
@@ -126,7 +126,7 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
         visible = kv_ok[None, :]
         if causal:
             visible = visible & (pos[None, :] <= q_pos[:, None])
-        s = jnp.where(visible, s, NEG)                       # finite, as jax.nn (attnlab.masking)
+        s = jnp.where(visible, s, NEG)                       # finite, as jax.nn (attnlab.core.masking)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))           # NEG for rows that have seen no key yet
         # Such rows subtract 0 instead, so 2^(NEG - 0) = 0 keeps their l = 0 and acc = 0. A per-row
         # select: a second per-element select on p cost 7-55% at T = 16-64 on the H200 (2026-12-03).
@@ -195,7 +195,7 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
     if interpret is None:
         interpret = jax.default_backend() != "gpu"
     if plan is None:
-        from .. import device
+        from ..core import device
 
         cc = device.current().compute_capability
         known = None if isinstance(lengths, jax.core.Tracer) else [int(n) for n in np.asarray(lengths)]

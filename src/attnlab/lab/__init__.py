@@ -7,7 +7,7 @@ load the measuring modules on first use.
 """
 from __future__ import annotations
 
-from ..names import lazy_getattr
+from ..core.names import lazy_getattr
 from .core import LabConfig, LabContext, Section, Step, Table
 
 _LAZY = {"run_lab": ".run", "STEPS": ".run", "config_for_machine": ".run", "run_step": ".run"}

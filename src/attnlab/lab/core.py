@@ -7,7 +7,7 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..store import ResultStore
+from ..core.store import ResultStore
 
 if TYPE_CHECKING:
     from ..measure import Options

@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .core import LabConfig, Section, Step, Table  # noqa: E402
-from ..records import time_ms  # noqa: E402
+from ..core.records import time_ms  # noqa: E402
 
 #: attnlab's kernel, timed at every T of ``decode_shape``; the peers at ``peer_q_lens`` only: T = 1 (their
 #: dedicated decode path) and one T > 1 (their prefill kernel) show where they fall off; `attnlab bench`

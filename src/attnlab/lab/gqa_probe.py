@@ -36,7 +36,7 @@ def probe_gqa(ctx: LabContext) -> dict:
     """For XLA at each (variant, K) of the step: the compiled program's matmuls and copy bytes."""
     import jax
 
-    from .. import api
+    from ..api import dot_product as api
 
     c, g = ctx.cfg, gqa_shape(ctx.cfg)
     out = {}

@@ -52,10 +52,11 @@ def compiled_temp(backend: str, batch: int, T: int, heads: int, head_dim: int, d
     from XLA's compiled memory analysis; "oom" when predicted not to fit (nothing is allocated)."""
     import jax
 
-    from .. import api, backends
+    from ..api import dot_product as api
+    from .. import backends
     from ..measure.cell import classify
     from ..measure.memory import compiled_memory
-    from ..spec import prepare
+    from ..core.spec import prepare
 
     shapes = [jax.ShapeDtypeStruct((batch, T, heads, head_dim), dtype) for _ in range(3)]
     why = backends.get(backend).why_not(prepare(*shapes).spec)

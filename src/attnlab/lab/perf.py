@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from .. import backends
 from ..sweep.spec import Sweep
-from . import render, tables
+from . import render
+from ..report import tables
 from .core import LabConfig, LabContext, Step
 from .gqa_probe import probe_gqa
 from .memory_probe import compiled_temp
@@ -32,9 +33,9 @@ def sweeps_sweeps(cfg: LabConfig) -> list[Sweep]:
 
 def probe_sweeps(ctx: LabContext) -> dict:
     """The device's peak and roofs (the roofline plot's lines)."""
-    from .. import device
+    from ..core import device
     from ..measure.peaks import peak_tflops, roofs
-    from ..reference import default_matmul_is_tf32
+    from ..reference.float64 import default_matmul_is_tf32
 
     kind, dt, tf32 = device.current().kind, ctx.cfg.perf_dtype, default_matmul_is_tf32()
     return {"device_kind": kind, "tf32": tf32, "peak_tflops": peak_tflops(kind, dt, tf32=tf32), "roofs": roofs(kind, dt, tf32)}

@@ -14,7 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ..records import time_ms, timing  # noqa: E402, F401 - JAX-free: the renderers plot from records alone
+from ..core.records import time_ms, timing  # noqa: E402, F401 - JAX-free: the renderers plot from records alone
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINESTYLES = ("-", "--", ":", "-.")

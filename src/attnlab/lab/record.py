@@ -11,8 +11,8 @@ import datetime
 import os
 import shlex
 
-from ..records import cost_summary
-from ..store import read_jsonl
+from ..core.records import cost_summary
+from ..core.store import read_jsonl
 
 
 class OutputHasResults(ValueError):

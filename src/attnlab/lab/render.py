@@ -7,7 +7,7 @@ the ``LabConfig``, and draws its plots from those records into ``plots_dir`` (no
 ``render_all(records, cfg)`` renders a stored run again::
 
     from attnlab.lab.render import render_all
-    from attnlab.store import read_records
+    from attnlab.core.store import read_records
     sections = render_all(read_records("attnlab-out/results.jsonl"), cfg)
 """
 from __future__ import annotations
@@ -227,7 +227,7 @@ def render_sweeps(records, cfg: LabConfig, plots_dir=None) -> Section:
     return s
 
 
-#: Inputs the lab's FP8-recipe sweep draws (``attnlab.distributions``): plain, and outlier channels.
+#: Inputs the lab's FP8-recipe sweep draws (``attnlab.reference.distributions``): plain, and outlier channels.
 FP8_RECIPE_INPUTS = ("gaussian", "channel-outliers")
 #: The best recipe is the lowest-error one among those at most this much slower than the fastest FP8 recipe.
 FP8_BEST_WITHIN = 0.05

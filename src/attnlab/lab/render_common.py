@@ -1,8 +1,8 @@
 """What the lab's renderers share: the step titles, reading records, formatting times. Pure: no JAX."""
 from __future__ import annotations
 
-from ..records import timing
-from ..units import format_flops
+from ..core.records import timing
+from ..core.units import format_flops
 from . import plots
 from .core import Section, Table
 from .plots import time_ms

@@ -6,7 +6,7 @@ compiled programs, whose matmul shapes and layout copies differ between the vari
 """
 from __future__ import annotations
 
-from . import tables
+from ..report import tables
 from .core import LabConfig, Section, Table
 from .plan import cells_note, gqa_cells, gqa_shape
 from .render_common import ITEMSIZE, TITLES, cells, fmt, missing, probe, time_text

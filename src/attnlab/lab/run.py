@@ -6,8 +6,9 @@ import shutil
 import time
 import traceback
 
-from .. import device, env as envmod
-from ..store import ResultStore, read_jsonl
+from ..core import device
+from ..measure import env as envmod
+from ..core.store import ResultStore, read_jsonl
 from .core import LabConfig, LabContext, Section
 from .record import LabInterrupted, OutputHasResults, held_results, run_record
 from .decode import DECODE
@@ -60,7 +61,7 @@ def run_lab(out_dir: str = "attnlab-out", *, label: str | None = None, quick: bo
     after it, ``on_cell(sweep, i, n)`` after each cell. The last record of results.jsonl is the run's
     ``kind: "run"`` record (``attnlab.lab.record.run_record``); Ctrl-C writes it too (status
     "interrupted") and raises ``LabInterrupted``, which says what finished."""
-    from ..report import write_report
+    from ..report.html import write_report
 
     if resume and overwrite:
         raise ValueError("resume and overwrite contradict each other: give one of them")

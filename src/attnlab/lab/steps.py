@@ -6,11 +6,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import api, backends
+from ..api import dot_product as api
+from .. import backends
 from ..backends.cudnn import hlo_uses_cudnn
-from ..inputs import random_qkv
-from ..reference import check_close, reference_attention
-from ..spec import prepare
+from ..reference.inputs import random_qkv
+from ..reference.float64 import check_close, reference_attention
+from ..core.spec import prepare
 from . import render
 from .core import LabConfig, LabContext, Step
 

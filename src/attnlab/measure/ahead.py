@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import backends
-from ..spec import prepare
+from ..core.spec import prepare
 
 
 def why_not(cell) -> str | None:

@@ -1,7 +1,7 @@
 """Measure one sweep cell: check it against the references, then time it, and return one record.
 
 A cell is one (backend, problem, mode[, mesh strategy, decode lengths]); its problem is an
-``attnlab.problem.Problem``. Its record (schema: ``attnlab.records``) has a ``status``: ``ok``
+``attnlab.core.problem.Problem``. Its record (schema: ``attnlab.core.records``) has a ``status``: ``ok``
 (whole output and gradients checked, then timed), ``unchecked`` (timed with the check off), or
 ``incorrect``, ``unsupported``, ``oom``, ``compile_error``, ``runtime_error``, ``over_budget`` with
 ``reason`` saying why. An incorrect cell is never timed.
@@ -21,14 +21,15 @@ import traceback
 import jax
 import numpy as np
 
-from .. import backends, device, strategies
-from ..distributions import DISTRIBUTIONS
-from ..inputs import INPUTS_DRAW, cotangent
-from ..problem import FIELDS as PROBLEM_FIELDS, Problem, delegate_fields, label as problem_label
-from ..records import SCHEMA_VERSION, STATUSES  # noqa: F401  (STATUSES re-exported)
-from .. import segments
-from ..spec import check_soft_cap, prepare
-from ..workload import Workload
+from .. import backends
+from ..core import device, strategies
+from ..reference.distributions import DISTRIBUTIONS
+from ..reference.inputs import INPUTS_DRAW, cotangent
+from ..core.problem import FIELDS as PROBLEM_FIELDS, Problem, delegate_fields, label as problem_label
+from ..core.records import SCHEMA_VERSION, STATUSES  # noqa: F401  (STATUSES re-exported)
+from ..core import segments
+from ..core.spec import check_soft_cap, prepare
+from ..core.workload import Workload
 from . import check, estimate, memory, timers
 from .native_cell import _measure_native
 from .phases import Phases
@@ -58,7 +59,7 @@ class Cell:
     devices: int = dataclasses.field(default=1, metadata=_SINCE)                 # mesh size, for sharded cells
     strategy: str | None = dataclasses.field(default=None, metadata=_SINCE)      # None or a registered strategy
     lengths: str | None = dataclasses.field(default=None, metadata=_SINCE)       # None: attention(); full/ragged: decode
-    inputs: str = dataclasses.field(default="gaussian", metadata=_SINCE)         # attnlab.distributions name
+    inputs: str = dataclasses.field(default="gaussian", metadata=_SINCE)         # attnlab.reference.distributions name
     page_size: int | None = dataclasses.field(default=None, metadata=_SINCE)     # lengths "paged": tokens per page
     soft_cap: float | None = dataclasses.field(default=None, metadata=_SINCE)    # logits_soft_cap
     packing: str | None = dataclasses.field(default=None, metadata=_SINCE)       # None or "docs:N" (segment ids)
@@ -251,7 +252,7 @@ def _measure_cell(cell: Cell, opts: Options | None, on_phase=None, ahead=None) -
         # decode cells: the backend's refusal comes from decode_attention itself when it is traced
         why = backend.why_not(spec) if cell.lengths is None else backend.available()
         if not why and cell.lengths == "paged":
-            from ..decode import paged_refusal
+            from ..api.decode import paged_refusal
 
             why = paged_refusal(backend)
         if why:

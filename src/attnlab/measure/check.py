@@ -1,13 +1,13 @@
 """Is a cell's answer right? The whole output and every gradient, against two references, one policy.
 
-- **float32 on the device** (``attnlab.reference_device``, blockwise, ``precision=HIGHEST``): the
+- **float32 on the device** (``attnlab.reference.blockwise``, blockwise, ``precision=HIGHEST``): the
   *whole* output is compared with it, and for fwd+bwd / bwd cells the whole dq, dk and dv.
-- **NumPy float64** (``attnlab.reference``): a sample of query rows — the first and the last tile,
+- **NumPy float64** (``attnlab.reference.float64``): a sample of query rows — the first and the last tile,
   ``INTERIOR_TILES`` interior tiles and up to three batch elements (the first, the last and one
   drawn at random), drawn from a seed derived from the cell's problem (not from Python's ``hash``),
   so every backend of one problem is checked on the same rows.
 
-The policy (``attnlab.reference.policy_limit``; in words, once: docs/measuring.md "Tolerance policy")
+The policy (``attnlab.reference.float64.policy_limit``; in words, once: docs/measuring.md "Tolerance policy")
 applies to each error: relative L2 over the whole tensor and, for outputs, the worst row's.
 Backends that compute in float8 set their own fixed limit.
 References are shared by every backend and mode measured on the same inputs (``ref_key``): the float32
@@ -29,8 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..reference import LIMIT_FACTOR, policy_limit, reference_attention, rel_l2, row_rel_err
-from ..reference_device import blockwise_grads_pair, blockwise_pair, errors, rel_errors
+from ..reference.float64 import LIMIT_FACTOR, policy_limit, reference_attention, rel_l2, row_rel_err
+from ..reference.blockwise import blockwise_grads_pair, blockwise_pair, errors, rel_errors
 from .record import Skip
 
 TILE = 64

@@ -1,7 +1,7 @@
 """How long and how much memory a cell will take here, before it runs (``attnlab bench`` prints it;
 ``Options.cell_budget_s`` refuses a cell whose estimate is above it: ``over_budget``).
 
-A deliberately rough, conservative model from the cell's FLOPs and bytes (``attnlab.workload``):
+A deliberately rough, conservative model from the cell's FLOPs and bytes (``attnlab.core.workload``):
 
 - one call of the kernel: max(FLOPs / throughput, bytes / bandwidth). On a GPU the throughput is
   ``GPU_EFFICIENCY`` of the datasheet peak of the dtype (``attnlab.measure.peaks``); on a CPU it is
@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ..problem import BWD_FLOP_FACTOR
+from ..core.problem import BWD_FLOP_FACTOR
 from . import peaks
 
 GPU_EFFICIENCY = 0.25
@@ -74,7 +74,7 @@ def _n_sets(w, opts, info) -> int:
 
 
 def estimate_cell(cell, opts, info) -> Estimate:
-    """The estimate of ``measure_cell(cell, opts)`` on the device ``info`` (``attnlab.device.current()``)."""
+    """The estimate of ``measure_cell(cell, opts)`` on the device ``info`` (``attnlab.core.device.current()``)."""
     from . import timers
 
     w = cell.workload
@@ -99,7 +99,7 @@ def estimate_cell(cell, opts, info) -> Estimate:
     out32 = 4 * w.batch * w.q_len * w.heads * w.head_dim
     mem = n_sets * (qkv + (out32 if grads else 0)) + (2 + (6 if grads else 0)) * out32
     if opts.check:
-        from ..reference_device import TILE_BUDGET
+        from ..reference.blockwise import TILE_BUDGET
 
         mem += min(TILE_BUDGET.get(info.platform, TILE_BUDGET["cpu"]), 4 * w.batch * w.heads * w.q_len * w.kv_len)
     return Estimate(seconds=compile_s + check_s + timing_s, call_s=call_s, calls=calls, check_s=check_s,

@@ -1,7 +1,7 @@
 """What a cell runs, on which inputs: input sets, mesh placement and the three mode builders.
 
 Sharded cells get their mesh, input placement and attention function from the strategy registry
-(``attnlab.strategies``), which the layer implementing the strategies fills (``attnlab.sharded``,
+(``attnlab.core.strategies``), which the layer implementing the strategies fills (``attnlab.api.sharded``,
 imported by ``attnlab.sweep``): measure looks a strategy up by name and imports no part of it.
 """
 from __future__ import annotations
@@ -12,9 +12,10 @@ from collections import OrderedDict
 import jax
 import jax.numpy as jnp
 
-from .. import api, device, strategies
-from ..distributions import make_qkv
-from ..inputs import random_qkv
+from ..api import dot_product as api
+from ..core import device, strategies
+from ..reference.distributions import make_qkv
+from ..reference.inputs import random_qkv
 from . import peaks
 from .record import Skip
 
@@ -40,7 +41,7 @@ _DRAWS_KEPT = 4
 
 def _draw(dist: str, w, seed: int):
     """One (q, k, v) set as JAX arrays: q (B, T, N, H), k, v (B, S, K, H) in the cell's dtype, drawn from
-    ``attnlab.distributions``' ``dist``; ``gaussian`` is ``random_qkv`` itself (bit-identical to before)."""
+    ``attnlab.reference.distributions``' ``dist``; ``gaussian`` is ``random_qkv`` itself (bit-identical to before)."""
     shape = (w.batch, w.q_len, w.kv_len, w.heads, w.kv_heads, w.head_dim)
     if dist == "gaussian":
         return random_qkv(*shape, w.dtype, seed=seed)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from ..spec import prepare
+from ..core.spec import prepare
 from . import memory
 from .check import _check_into
 from .inputs import call_extras

@@ -137,7 +137,7 @@ def save_ceilings(result: dict) -> str:
 
 # --- units and the roofline's ridge ---------------------------------------------------------
 
-from ..units import _sig, format_bandwidth, format_flops  # noqa: E402, F401  (re-exported)
+from ..core.units import _sig, format_bandwidth, format_flops  # noqa: E402, F401  (re-exported)
 
 
 def roofs(kind: str, dtype: str = "bfloat16", tf32: bool = False) -> dict:

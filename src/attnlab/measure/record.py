@@ -1,6 +1,6 @@
 """A cell's record: how failures are classified, the metrics of a timed cell, the finishing touches.
 
-``Skip(status, reason)`` ends a cell early with a status of ``attnlab.records.STATUSES``;
+``Skip(status, reason)`` ends a cell early with a status of ``attnlab.core.records.STATUSES``;
 ``classify`` maps an exception raised while compiling or running to (status, reason);
 ``_metrics`` turns the headline time into TFLOP/s, GB/s and percentages of peak;
 ``_finish`` clears the timing fields of a cell that was not timed and stamps the record.
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import time
 
-from ..errors import UnsupportedError
-from ..reference import default_matmul_is_tf32
-from ..record_model import fields_where
-from ..records import STATUSES, time_ms  # noqa: F401  (STATUSES re-exported)
+from ..core.errors import UnsupportedError
+from ..reference.float64 import default_matmul_is_tf32
+from ..core.record_model import fields_where
+from ..core.records import STATUSES, time_ms  # noqa: F401  (STATUSES re-exported)
 from . import peaks
 
 #: Fields every cell record has (None until measured) and those cleared when a cell was not timed,
-#: derived from the typed record's metadata (``attnlab.record_model``: ``measured`` and ``cleared``).
+#: derived from the typed record's metadata (``attnlab.core.record_model``: ``measured`` and ``cleared``).
 MEASURED_FIELDS = fields_where("measured")
 TIMING_FIELDS = fields_where("cleared")
 

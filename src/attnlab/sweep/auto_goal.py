@@ -14,8 +14,8 @@ import json
 import os
 import time
 
-from ..problem import Problem
-from ..records import time_ms
+from ..core.problem import Problem
+from ..core.records import time_ms
 
 JAX_BACKENDS = ["cudnn", "tokamax-mosaic", "te", "tokamax-triton", "pallas-triton", "xla"]
 ALL_BACKENDS = JAX_BACKENDS + ["torch-cudnn", "torch-flash"]
@@ -60,7 +60,7 @@ HELDOUT = [
 
 def check_sets(tune=None, heldout=None) -> None:
     """Assert the held-out set is disjoint from the tuning set and lies in its buckets."""
-    from .. import dispatch
+    from ..api import dispatch
 
     tune, heldout = tune or TUNE, heldout or HELDOUT
     tuned = {(p, m) for p, m in tune}
@@ -116,7 +116,7 @@ def _measure(shapes, backends, out_dir, deadline, options, after_shape=None, log
 
 
 def _read(path):
-    from ..store import read_records
+    from ..core.store import read_records
 
     return read_records(path) if os.path.exists(path) else []
 
@@ -152,8 +152,8 @@ def tune(out, deadline, shapes=TUNE, backends=JAX_BACKENDS, options=None):
 
 def picks(shapes, table):
     """(problem, mode) -> {auto, auto_why, static, static_why}: auto with ``table``, and the static rule."""
-    from .. import api, dispatch
-    from ..spec import AttentionSpec
+    from ..api import dot_product as api, dispatch
+    from ..core.spec import AttentionSpec
 
     before = os.environ.get(dispatch.ENV_VAR)
     os.environ[dispatch.ENV_VAR] = os.path.abspath(table)

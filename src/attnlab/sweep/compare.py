@@ -3,7 +3,7 @@
 Cells are matched by identity (``record_key``: backend, shape, dtype, mask, mode, mesh) and, for
 ``attnlab run`` folders, by the lab step that measured them. Each side's time is its headline
 clock (CUPTI kernel time where measured, else wall clock) with the spread of its repeats
-(``attnlab.records.timing``): median, min and 75th percentile.
+(``attnlab.core.records.timing``): median, min and 75th percentile.
 
 **Slower** (a regression) needs all three:
 
@@ -22,8 +22,8 @@ import dataclasses
 import os
 
 from ..measure.cell import record_key
-from ..records import config_label, is_cell, timing
-from ..store import read_records
+from ..core.records import config_label, is_cell, timing
+from ..core.store import read_records
 
 VERDICTS = ("faster", "same", "slower", "failed", "not comparable", "only in A", "only in B")
 

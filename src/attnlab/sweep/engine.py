@@ -5,20 +5,20 @@ import json
 import os
 from typing import Callable
 
-from .. import env as envmod
-from .. import sharded  # noqa: F401  (registers the batch / heads / ring strategies: attnlab.strategies)
+from ..measure import env as envmod
+from ..api import sharded  # noqa: F401  (registers the batch / heads / ring strategies: attnlab.core.strategies)
 from concurrent.futures import wait
 
 from ..measure import ahead as ahead_compile
 from ..measure.cell import IDENTITY, Cell, Options, measure_cell, record_key
-from ..record_model import csv_columns
-from ..records import config_label, time_ms  # noqa: F401  (re-exported: the helpers live in records)
-from ..store import ResultStore, read_jsonl, read_records, write_csv
+from ..core.record_model import csv_columns
+from ..core.records import config_label, time_ms  # noqa: F401  (re-exported: the helpers live in records)
+from ..core.store import ResultStore, read_jsonl, read_records, write_csv
 from .spec import Sweep, SweepError
 from .worker import Abandoned, call_interruptibly
 
 #: The record's identity (the Cell's fields, derived from the dataclasses), then what was measured.
-#: The CSV columns, derived from the typed record (``attnlab.record_model.csv_columns``).
+#: The CSV columns, derived from the typed record (``attnlab.core.record_model.csv_columns``).
 CSV_COLUMNS = csv_columns(IDENTITY)
 
 

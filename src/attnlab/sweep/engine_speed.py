@@ -23,7 +23,7 @@ import time
 from .. import backends
 from ..measure import Options
 from ..measure.cell import IDENTITY, IDENTITY_DEFAULTS
-from ..records import cost_summary
+from ..core.records import cost_summary
 from .engine import SweepInterrupted, run_sweep
 from .spec import Sweep
 
@@ -77,7 +77,7 @@ def measure(out: str, quick: bool = False, max_seconds: float = 480.0, options: 
             records += run_sweep(sweep, folder, resume=True, options=opts, on_cell=deadline)
         except SweepInterrupted:
             complete = False
-            from ..store import read_records
+            from ..core.store import read_records
 
             records = read_records(os.path.join(folder, "results.jsonl"))
             break
@@ -126,7 +126,7 @@ def summary(records: list[dict], wall_s: float, complete: bool = True) -> dict:
 
 
 def _label(r: dict) -> str:
-    from ..records import config_label
+    from ..core.records import config_label
 
     return config_label(r)
 
@@ -148,7 +148,7 @@ def _goal(name: str, measured: float | None, target: float) -> dict:
 def lab_goal_s(quick: bool) -> float:
     """Issue 22's goal for a cold lab run here: GPU 120 s (150 s with TransformerEngine), --quick 30 s;
     CPU 60 s, --quick 15 s."""
-    from .. import device
+    from ..core import device
 
     if device.current().platform != "gpu":
         return 15.0 if quick else 60.0

@@ -1,7 +1,7 @@
 """A model preset's phases as one sweep (``attnlab bench --model``, ``attnlab advise``).
 
 ``model_sweep(preset, phases, contexts, batch, backends)`` -> a ``ModelSweep``: the plan's entries
-(``attnlab.model_plan``: prefill, decode T = 1 and 4, train; per layer kind) and, for each, a
+(``attnlab.core.model_plan``: prefill, decode T = 1 and 4, train; per layer kind) and, for each, a
 ``Sweep`` of one cell per backend. ``run_sweep`` runs a ModelSweep like a Sweep (``cells()``,
 ``name``), into one results.jsonl, resumable.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 
 from .. import backends as backends_mod
-from ..model_plan import PlanEntry, PlanError, plan
-from ..models import ModelPreset
+from ..core.model_plan import PlanEntry, PlanError, plan
+from ..core.models import ModelPreset
 from ..measure.cell import Cell
 from .spec import Sweep, SweepError
 

@@ -1,7 +1,7 @@
 """Strong-scaling efficiency of sharded cells: t(1 device) / (n * t(n devices)) for the same global problem."""
 from __future__ import annotations
 
-from ..records import config_label, time_ms
+from ..core.records import config_label, time_ms
 
 
 def scaling_rows(records: list[dict]) -> list[dict]:

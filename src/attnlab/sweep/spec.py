@@ -3,7 +3,7 @@
 Axes: backend, batch, q_len, kv_len, heads, kv_heads, head_dim, dtype, causal, window, mode,
 lengths (none: ``attention``; full/ragged: ``decode_attention`` of the q_len newest tokens against
 an S-long cache, every sequence full or of ragged valid lengths), inputs (the distribution q, k, v
-are drawn from: a name of ``attnlab.distributions.DISTRIBUTIONS``, default gaussian), soft_cap
+are drawn from: a name of ``attnlab.reference.distributions.DISTRIBUTIONS``, default gaussian), soft_cap
 (none or the logits' soft cap, e.g. 50) and packing (none or ``docs:N``: N documents of random
 lengths packed in each row, as segment ids; self-attention cells only, q_len == kv_len).
 ``seq`` ties q_len = kv_len (not with q_len/kv_len); ``tokens`` fixes batch * q_len (batch =
@@ -19,11 +19,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-from .. import backends, strategies
-from ..distributions import DISTRIBUTIONS
+from .. import backends
+from ..core import strategies
+from ..reference.distributions import DISTRIBUTIONS
 from ..measure.cell import LENGTHS, MODES, Cell
-from ..names import DTYPE_ALIASES, FLOAT_DTYPES, canonical_dtype, closest, dtype_choices, unknown
-from ..segments import parse_packing
+from ..core.names import DTYPE_ALIASES, FLOAT_DTYPES, canonical_dtype, closest, dtype_choices, unknown
+from ..core.segments import parse_packing
 from .parse import SweepError, _caps, _causal, _ints, _strs, _windows, load_toml, with_fp8_recipes  # noqa: F401
 
 

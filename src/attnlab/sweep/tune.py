@@ -1,4 +1,4 @@
-"""Records -> auto's dispatch table (``attnlab.dispatch``): what ``attnlab tune`` and benchmarks/auto_goal.py write."""
+"""Records -> auto's dispatch table (``attnlab.api.dispatch``): what ``attnlab tune`` and benchmarks/auto_goal.py write."""
 from __future__ import annotations
 
 import os
@@ -17,8 +17,9 @@ def library_of(name: str) -> list[str]:
 def write_table(records, out: str, *, replace: bool = False) -> tuple[str, list[dict]]:
     """Build entries from ``records`` (only auto-eligible backends ranked) and merge them into ``out``
     (``replace``: drop the entries already there). Returns (the path written, the new entries)."""
-    from .. import backends, dispatch
-    from ..api import auto_ineligible
+    from .. import backends
+    from ..api import dispatch
+    from ..api.dot_product import auto_ineligible
 
     def eligible(r):
         try:

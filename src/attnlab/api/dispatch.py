@@ -26,8 +26,8 @@ import math
 import os
 from typing import Callable, Iterable, Mapping
 
-from .problem import Problem
-from .records import time_ms
+from ..core.problem import Problem
+from ..core.records import time_ms
 
 SCHEMA = 1
 KIND = "attnlab-dispatch"

@@ -1,12 +1,12 @@
 """One attention problem: the nine numbers every layer of attnlab describes a call by.
 
 ``Problem(batch B, q_len T, kv_len S, heads N, kv_heads K, head_dim H, dtype, causal, window)``
-(shape letters as in ``attnlab.spec``). It is the one place that
+(shape letters as in ``attnlab.core.spec``). It is the one place that
 
 - validates a problem (positive sizes, N a multiple of K, a dtype NumPy knows or a short name such as
-  ``bf16`` (read as ``bfloat16``, ``attnlab.names``), window
+  ``bf16`` (read as ``bfloat16``, ``attnlab.core.names``), window
   ``(left, right)`` of non-negative ints), raising ``ValueError`` naming the argument;
-- counts its cost (FLOPs and bytes in the FlashAttention convention, ``attnlab.workload``);
+- counts its cost (FLOPs and bytes in the FlashAttention convention, ``attnlab.core.workload``);
 - names it: ``label`` (``B2 T128 S128 N8/2 H64 bfloat16 causal w64:0``, the format of the
   sweep's configuration labels) and ``key``/``identity`` (the JSON fields a record stores).
 

@@ -1,7 +1,7 @@
 """Results store: one JSON record per line, each flushed and fsync'd as it is written.
 
 A killed run loses at most the record being written; a torn last line is ignored on read.
-Records are checked against ``attnlab.records``' schema when written and when read.
+Records are checked against ``attnlab.core.records``' schema when written and when read.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ class ResultStore:
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
 
     def append(self, record: dict) -> None:
-        """Validate ``record`` against the schema (``attnlab.records``), then write it durably."""
+        """Validate ``record`` against the schema (``attnlab.core.records``), then write it durably."""
         validate(record)
         line = json.dumps(record, default=_jsonable, allow_nan=True)
         with open(self.path, "a", encoding="utf-8") as f:

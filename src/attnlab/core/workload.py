@@ -10,7 +10,7 @@ Decode (``decode=True``): the T queries are the last T tokens of each sequence o
 tokens (query t at position kv_lengths[b] - T + t; causal means keys at or before it), and only the
 valid keys and values are counted as read: the bytes a kernel that reads no padding must move.
 
-``Workload`` is an ``attnlab.problem.Problem`` (its fields, validation, label and counts) with the
+``Workload`` is an ``attnlab.core.problem.Problem`` (its fields, validation, label and counts) with the
 per-batch-element valid lengths and the decode flag on top.
 """
 from __future__ import annotations

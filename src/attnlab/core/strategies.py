@@ -6,9 +6,9 @@ that *run* strategies (``attnlab.measure`` places inputs and builds the timed fu
 ``attnlab.sweep`` validates the ``strategy`` axis) look them up by name and never import that
 layer: this module imports nothing of attnlab, so it sits below all of them.
 
-``attnlab.sharded`` registers ``batch``, ``heads`` and ``ring`` when it is imported. The layer that
+``attnlab.api.sharded`` registers ``batch``, ``heads`` and ``ring`` when it is imported. The layer that
 runs sweeps of sharded cells performs that import: ``attnlab.sweep.engine`` imports
-``attnlab.sharded`` (so do user code calling ``attnlab.sharded_attention`` and the tests), while
+``attnlab.api.sharded`` (so do user code calling ``attnlab.sharded_attention`` and the tests), while
 ``import attnlab`` stays cheap (sharded loads on first use) and ``attnlab.measure`` never imports
 it. A ``Cell`` naming a strategy nobody registered is refused with a message saying so. Another
 implementation (a 2-D mesh, another ring) is one ``register_strategy`` call, with no edit below it.
@@ -61,4 +61,4 @@ def names() -> tuple[str, ...]:
 def unknown(name) -> str:
     """The refusal of a strategy name nobody registered."""
     return (f"strategy must be None or one of {names()}, got {name!r} (strategies are registered by the module "
-            f"implementing them: import attnlab.sharded or attnlab.sweep for batch, heads and ring)")
+            f"implementing them: import attnlab.api.sharded or attnlab.sweep for batch, heads and ring)")

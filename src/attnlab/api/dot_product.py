@@ -1,15 +1,17 @@
 """The public entry point: ``attention``, a drop-in superset of ``jax.nn.dot_product_attention``.
 
-Shape letters (B, T, S, N, K, H) are explained in ``attnlab.spec``.
+Shape letters (B, T, S, N, K, H) are explained in ``attnlab.core.spec``.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 
-from . import backends, device, dispatch
-from .errors import UnsupportedError
-from .spec import AttentionSpec, prepare
+from .. import backends
+from ..core import device
+from . import dispatch
+from ..core.errors import UnsupportedError
+from ..core.spec import AttentionSpec, prepare
 
 
 def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
@@ -34,7 +36,7 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
       local_window_size: w or (left, right): query t sees keys t-left <= s <= t+right.
       implementation: None or "auto" (the best correct path available: the measured pick of
         ``attnlab tune``'s dispatch table when it holds an entry for this device, these library
-        versions and this shape bucket (``attnlab.dispatch``), else the static rule: cuDNN on an
+        versions and this shape bucket (``attnlab.api.dispatch``), else the static rule: cuDNN on an
         NVIDIA GPU when it supports the input, else XLA, else naive: float16 on a CPU, float64; a
         backend may claim a class of inputs through its ``auto_claim`` hook), or a
         registered backend name ("naive", "xla", "cudnn", ...). A named backend that cannot run the input raises
@@ -79,7 +81,7 @@ def with_fp8_recipe(implementation, fp8_recipe):
         return implementation
     if implementation != "cudnn-fp8":
         raise ValueError(f"fp8_recipe needs implementation='cudnn-fp8', got implementation={implementation!r}")
-    from .backends.fp8_recipe import name_of_recipe
+    from ..backends.fp8_recipe import name_of_recipe
 
     return name_of_recipe(fp8_recipe)
 

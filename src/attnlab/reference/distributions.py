@@ -1,7 +1,7 @@
 """Named input distributions for attention (q, k, v), for the FP8 studies of issue 15.
 
 ``make_qkv(dist, B, T, S, N, K, H, dtype="float32", seed=0)`` returns NumPy arrays q (B, T, N, H),
-k and v (B, S, K, H) in ``dtype``. Every distribution starts from ``attnlab.inputs.random_qkv``'s
+k and v (B, S, K, H) in ``dtype``. Every distribution starts from ``attnlab.reference.inputs.random_qkv``'s
 standard-normal draw (float32, same seed) and changes it with a NumPy generator seeded by ``seed``:
 
 ``gaussian``
@@ -24,7 +24,7 @@ standard-normal draw (float32, same seed) and changes it with a NumPy generator 
     up to rounding. (A shift of 5 along one unit direction only, 5 u, moves one channel's worth
     and barely changes an FP8 scale; this is the per-channel bias SageAttention removes.)
 
-The module is pure NumPy apart from the gaussian draw it borrows from ``attnlab.inputs``.
+The module is pure NumPy apart from the gaussian draw it borrows from ``attnlab.reference.inputs``.
 """
 from __future__ import annotations
 

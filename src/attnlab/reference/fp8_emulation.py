@@ -21,7 +21,7 @@ Recipes (the scale s of each rounded tensor):
     smooth-k      k -= mean over S of k (per batch and head), then amax (exact for softmax)
     had+smooth+block  all three
 
-The anchor is ``attnlab.reference.reference_attention(..., emulate="bfloat16")`` (the kernel-like
+The anchor is ``attnlab.reference.float64.reference_attention(..., emulate="bfloat16")`` (the kernel-like
 bf16 emulation). Errors: relative L2 against float64 attention of the same (float32) inputs.
 benchmarks/fp8_emulation.py runs it over the input distributions and writes the tables.
 """

@@ -20,8 +20,8 @@ import math
 import ml_dtypes
 import numpy as np
 
-from .reference import Verdict, rel_l2, tolerance
-from .spec import check_soft_cap
+from .float64 import Verdict, rel_l2, tolerance
+from ..core.spec import check_soft_cap
 
 _LOW = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 DECODE_FACTOR = 2.0

@@ -9,7 +9,7 @@ query rows in tiles and each tile holds only its (B, K, G, tile, S) scores.
   input-dtype operands accumulated in float32, softmax in float32, probabilities rounded to the
   input dtype before P·V, float32 accumulation, output rounded to the input dtype; matmuls at the
   default precision (so TF32 where the device uses it for float32). It is the baseline of the
-  tolerance policy (``attnlab.reference``).
+  tolerance policy (``attnlab.reference.float64``).
 - ``blockwise_grads(q, k, v, cotangent, ...)`` -> (dq, dk, dv) of sum(out * cotangent): each query
   tile's contribution is recomputed by ``jax.vjp`` of the tile function and dk, dv are accumulated
   in float32 over tiles (``emulate=True``: the vjp of the kernel-like tile, cast back to the dtype).
@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .masking import large_negative
+from ..core.masking import large_negative
 
 #: bytes one tile's float32 scores may take, by platform (the backward pass holds a few of them)
 TILE_BUDGET = {"gpu": 256 * 2**20, "cpu": 16 * 2**20}
@@ -75,7 +75,7 @@ def _tile(qt, pos, k, v, kv_lengths, *, scale, causal, window, emulate, soft_cap
     if q_seg is not None:
         vis &= (q_seg[:, :, None] == kv_seg[:, None, :]) & (kv_seg[:, None, :] >= 0)
     vis = vis[:, None, None]                                   # (B, 1, 1, R, S)
-    s = jnp.where(vis, s, large_negative(acc))                 # finite, as jax.nn (attnlab.masking)
+    s = jnp.where(vis, s, large_negative(acc))                 # finite, as jax.nn (attnlab.core.masking)
     m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
     w = jnp.where(vis, jnp.exp(s - m), 0.0)
     denom = jnp.sum(w, axis=-1, keepdims=True)

@@ -16,8 +16,8 @@ import math
 import ml_dtypes
 import numpy as np
 
-from . import segments
-from .spec import prepare
+from ..core import segments
+from ..core.spec import prepare
 
 _LOW = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 

@@ -16,9 +16,9 @@ Times are milliseconds, sizes bytes.
 """
 from __future__ import annotations
 
-from .model_plan import PlanEntry, notes as plan_notes
-from .models import ModelPreset
-from .records import time_ms
+from ..core.model_plan import PlanEntry, notes as plan_notes
+from ..core.models import ModelPreset
+from ..core.records import time_ms
 
 KV_CONVENTION = ("KV cache: K and V in bf16; a windowed layer caches only min(context, W + 1) tokens (rolling "
                  "buffer), a global layer every token")

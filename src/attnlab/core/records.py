@@ -20,11 +20,11 @@ Timed records also carry the spread of their repeats for the clock that timed th
 (no ``_p75_ms`` before schema 2's spread fields: ``min(max, median + iqr)``, an upper bound).
 
 The typed form of a cell record (one pydantic model per part: problem, timing, rates, correctness,
-memory, cost) is ``attnlab.record_model.CellRecord``; its validator runs ``check_status``, and every
+memory, cost) is ``attnlab.core.record_model.CellRecord``; its validator runs ``check_status``, and every
 field list (``TIMED_FIELDS``, ``COST_FIELDS``, the CSV's columns, ...) is derived from its parts.
 
-Records are validated when written (``attnlab.store.ResultStore.append``) and when read
-(``attnlab.store.read_records``). Files written before this schema (no ``schema`` field, version
+Records are validated when written (``attnlab.core.store.ResultStore.append``) and when read
+(``attnlab.core.store.read_records``). Files written before this schema (no ``schema`` field, version
 1) still load: ``upgrade`` renames their fields and marks what they did not check.
 """
 from __future__ import annotations
@@ -66,7 +66,7 @@ def _number(rec, field, where, positive=False):
 def validate(rec: dict, where: str = "") -> dict:
     """Raise ``RecordError`` when ``rec`` breaks the schema; return it unchanged otherwise.
 
-    A cell record is checked by the typed model (``attnlab.record_model.CellRecord``: each part's
+    A cell record is checked by the typed model (``attnlab.core.record_model.CellRecord``: each part's
     types, then ``check_status``); records of other kinds only name a status."""
     if not isinstance(rec, dict):
         raise RecordError("<record>", f"must be a JSON object, got {type(rec).__name__}", where)
@@ -186,7 +186,7 @@ def config_label(rec: dict, mesh: bool = True) -> str:
 
 
 #: Wall seconds a cell spent in each phase (``measure_cell`` records them); ``cell_s`` is the whole cell.
-#: Derived from the ``phase`` fields of the typed record's Cost part (``attnlab.record_model.Cost``).
+#: Derived from the ``phase`` fields of the typed record's Cost part (``attnlab.core.record_model.Cost``).
 COST_FIELDS = fields_where("phase")
 
 

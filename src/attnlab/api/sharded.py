@@ -11,7 +11,7 @@
   2n-1-i of 2n) and fully masked chunk pairs are skipped, so every device does the same work.
   Ring blocks are computed by attnlab's blockwise jax.numpy kernel (float32 softmax).
 
-Shapes as in ``attnlab.spec``: q (B, T, N, H), k and v (B, S, K, H); the result is (B, T, N, H)
+Shapes as in ``attnlab.core.spec``: q (B, T, N, H), k and v (B, S, K, H); the result is (B, T, N, H)
 sharded like the input strategy implies.
 """
 from __future__ import annotations
@@ -22,9 +22,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from .api import attention
-from .masking import large_negative_value
-from .spec import prepare
+from .dot_product import attention
+from ..core.masking import large_negative_value
+from ..core.spec import prepare
 
 STRATEGIES = ("batch", "heads", "ring")
 #: Ring blocks' masked logits and empty rows' log-sum-exp: jax.nn's finite large negative (float32).
@@ -96,7 +96,7 @@ def _block(q, k, v, q_pos, k_pos, scale, causal):
     """Attention of q (B, t, N, H) on one key/value block (B, s, K, H): (out f32, lse (B, N, t)).
 
     Masked logits and the lse of a row that sees no key of the block are ``NEG`` (finite, as in
-    jax.nn: ``attnlab.masking``); such a row's out is 0 and it weighs 0 in ``_merge``."""
+    jax.nn: ``attnlab.core.masking``); such a row's out is 0 and it weighs 0 in ``_merge``."""
     B, t, N, H = q.shape
     K = k.shape[2]
     G = N // K
@@ -192,7 +192,7 @@ def place(x, mesh: Mesh, spec: P):
     return jax.device_put(x, NamedSharding(mesh, spec))
 
 
-# --- registration: how measure and sweep run these strategies (``attnlab.strategies``) ---------
+# --- registration: how measure and sweep run these strategies (``attnlab.core.strategies``) ---------
 
 #: Where each strategy puts q, k and v (B, T|S, N|K, H) on the mesh axis "x".
 _PLACEMENT = {"batch": P("x"), "heads": P(None, None, "x"), "ring": P(None, "x")}
@@ -220,7 +220,7 @@ def _why_not(strategy: str):
 
 
 def _register() -> None:
-    from .strategies import register_strategy
+    from ..core.strategies import register_strategy
 
     for name in STRATEGIES:
         register_strategy(name, mesh=make_mesh, placement=lambda mesh, name=name: NamedSharding(mesh, _PLACEMENT[name]),

@@ -26,7 +26,7 @@ Paths (``implementation``):
     (``backends.attnlab_decode.auto_reason``) says so, else ``attention``'s auto choice.
 
 Validation happens before JAX sees the arrays; errors name the argument and the rule. Under
-``jax.jit`` with traced ``kv_lengths`` the value checks are skipped (as in ``attnlab.spec``);
+``jax.jit`` with traced ``kv_lengths`` the value checks are skipped (as in ``attnlab.core.spec``);
 lengths outside [T, S_max] then give implementation-defined rows (the kernel clamps them to
 [0, S_max] and never reads out of bounds).
 """
@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from . import backends
-from .errors import UnsupportedError
-from .spec import AttentionSpec, _is_tracer, _shape, check_scale, check_soft_cap, common_float_dtype, prepare
+from .. import backends
+from ..core.errors import UnsupportedError
+from ..core.spec import AttentionSpec, _is_tracer, _shape, check_scale, check_soft_cap, common_float_dtype, prepare
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +92,7 @@ class DecodeCall:
         paged call's twin), or the caches themselves."""
         if self.page_table is None:
             return self.k_cache, self.v_cache
-        from .kernels.pages import gather_pages
+        from ..kernels.pages import gather_pages
 
         return (gather_pages(self.k_cache, self.page_table, self.kv_lengths),
                 gather_pages(self.v_cache, self.page_table, self.kv_lengths))
@@ -106,7 +106,7 @@ def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, 
         raise ValueError(f"q must have rank 4 (B, T, N, H), got shape {qs}")
     page_size = None
     if page_table is not None:
-        from .kernels.pages import validate_paged
+        from ..kernels.pages import validate_paged
 
         page_size, s_max = validate_paged(k_cache, v_cache, page_table, kv_lengths, batch=qs[0], q_len=qs[1])
         ks = vs = (qs[0], s_max, ks[2], ks[3])     # checked below as its contiguous twin
@@ -179,7 +179,7 @@ def _decode_backend():
 
 def select_decode(spec: DecodeSpec, implementation=None):
     """(backend, native) for this call: native=True runs the decode rule itself (run_decode)."""
-    from . import api
+    from . import dot_product as api
 
     if implementation is not None and not isinstance(implementation, str):
         raise TypeError(f"implementation must be None or a str, got {type(implementation).__name__}")
@@ -240,7 +240,7 @@ class DecodeExplanation:
     spec: DecodeSpec
 
     def __str__(self) -> str:
-        from .api import reason_lines
+        from .dot_product import reason_lines
 
         return "\n".join([f"auto runs: {self.chosen}", *reason_lines(self.reasons)])
 

@@ -75,7 +75,7 @@ def plot_sweep(records, x: str = "q_len", y: str = "time", *, title: str = "", l
     """One line per backend of ``y`` ("time" = kernel or wall ms, or any record field) against ``x``."""
     import matplotlib.pyplot as plt
 
-    from .records import time_ms
+    from ..core.records import time_ms
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     ok = [r for r in records if r.get("status") == "ok"]
@@ -98,7 +98,7 @@ def plot_sweep(records, x: str = "q_len", y: str = "time", *, title: str = "", l
 
 def kv_cache_table(model: dict | None = None) -> HtmlTable:
     """The KV-cache calculator of ``attnlab run``'s report (the same rows: MHA K=32, GQA K=8, MQA K=1)."""
-    from .lab import tables
+    from . import tables
 
     title = tables.KV_TITLE if model is None else f"KV-cache calculator: {model}"
     return HtmlTable(tables.KV_COLUMNS, tables.kv_cache_rows(model), title)
@@ -107,7 +107,7 @@ def kv_cache_table(model: dict | None = None) -> HtmlTable:
 def cudnn_head_dims(head_dims=(32, 64, 128, 256, 512), *, seq: int = 1024, heads: int = 8) -> HtmlTable:
     """Which head dims cuDNN takes (bf16), as the report's step 11 says it: "accepts" only where
     cuDNN can run; without an NVIDIA GPU only its shape rule, and the title says why."""
-    from .lab import tables
+    from . import tables
 
     rows, why = tables.cudnn_head_dims(head_dims, seq=seq, heads=heads)
     title = "cuDNN and the head dim (bf16)" if not why else f"cuDNN's shape rule for the head dim (bf16); cuDNN cannot run here: {why}"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 
-from .records import time_ms
+from ..core.records import time_ms
 
 #: The grid measured by benchmarks/fp8_recipes.py; the report reads these backends only.
 RECIPES = ["cudnn-fp8", "cudnn-fp8-unit", "cudnn-fp8-pow2", "cudnn-fp8-s256", "cudnn-fp8-s1", "cudnn-fp8-hadamard",

@@ -1,0 +1,1 @@
+"""Records -> tables, plots, HTML, advice, notebook helpers (no JAX)."""
