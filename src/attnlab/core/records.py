@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 
+from .problem import label as problem_label
 from .record_model import CellRecord, Status, fields_where  # noqa: F401  (Status re-exported)
 
 SCHEMA_VERSION = 2
@@ -164,13 +165,9 @@ def time_ms(rec: dict) -> float | None:
 
 
 def config_label(rec: dict, mesh: bool = True) -> str:
-    w = rec.get("window")
-    parts = [f"B{rec['batch']}", f"T{rec['q_len']}", f"S{rec['kv_len']}", f"N{rec['heads']}/{rec['kv_heads']}",
-             f"H{rec['head_dim']}", rec["dtype"]]
-    if rec.get("causal"):
-        parts.append("causal")
-    if w:
-        parts.append(f"w{w[0]}:{w[1]}")
+    """``<problem label> [decode-L] mode [strategy x devices] [inputs=] [cap=] [packing=]`` of a record or
+    ``Cell.identity()``: the one label of a cell everywhere (tables, compare, the lab)."""
+    parts = [problem_label(rec)]
     if rec.get("lengths"):
         parts.append(f"decode-{rec['lengths']}{rec.get('page_size') or ''}")
     parts.append(rec["mode"])

@@ -1,38 +1,20 @@
 """The compile watchdog: a compilation that runs past its budget is abandoned and the cell skipped."""
 from __future__ import annotations
 
-import threading
-
-import jax
-
 from .record import Skip
+from .threads import JaxThread
 
 
 def _with_budget(fn, budget_s):
-    """Run fn() in a daemon thread; (result, None) or raise; Skip('over_budget') past the budget.
-
-    JAX's config contexts are thread-local: the caller's x64 setting (on for float64 cells) is
-    carried into the thread, or the thread would trace float64 inputs as float32."""
+    """fn() in a daemon thread (``threads.JaxThread``): its result, or its exception re-raised;
+    Skip('over_budget') past the budget."""
     if not budget_s:
         return fn()
-    box: dict = {}
-    x64 = bool(jax.config.jax_enable_x64)
-
-    def target():
-        try:
-            with jax.enable_x64(x64):
-                box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            box["error"] = e
-
-    t = threading.Thread(target=target, daemon=True, name="attnlab-compile")
-    t.start()
-    t.join(budget_s)
-    if t.is_alive():
+    job = JaxThread(fn, "attnlab-compile")
+    job.thread.join(budget_s)
+    if job.thread.is_alive():
         raise Skip("over_budget", f"compile ran past its {budget_s:g} s budget; abandoned and skipped")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    return job.result()
 
 
 with_budget = _with_budget

@@ -1,10 +1,8 @@
 """Measure one sweep cell: check it against the references, then time it, and return one record.
 
 A cell is one (backend, problem, mode[, mesh strategy, decode lengths]); its problem is an
-``attnlab.core.problem.Problem``. Its record (schema: ``attnlab.core.records``) has a ``status``: ``ok``
-(whole output and gradients checked, then timed), ``unchecked`` (timed with the check off), or
-``incorrect``, ``unsupported``, ``oom``, ``compile_error``, ``runtime_error``, ``over_budget`` with
-``reason`` saying why. An incorrect cell is never timed.
+``attnlab.core.problem.Problem``; its record's schema and statuses: ``attnlab.core.record_model``.
+An incorrect cell is never timed.
 
 This module is the cell and its state machine; the concerns it walks through live beside it:
 ``inputs`` (input sets, mesh placement, the mode builders), ``check`` (references and the check
@@ -25,13 +23,14 @@ from .. import backends
 from ..core import device, strategies
 from ..reference.distributions import DISTRIBUTIONS
 from ..reference.inputs import INPUTS_DRAW, cotangent
-from ..core.problem import FIELDS as PROBLEM_FIELDS, Problem, delegate_fields, label as problem_label
-from ..core.records import SCHEMA_VERSION, STATUSES  # noqa: F401  (STATUSES re-exported)
+from ..core.problem import FIELDS as PROBLEM_FIELDS, Problem, delegate_fields
+from ..core.records import SCHEMA_VERSION, STATUSES, config_label  # noqa: F401  (STATUSES, config_label re-exported)
 from ..core import segments
 from ..core.spec import check_soft_cap, prepare
 from ..core.workload import Workload
 from . import check, estimate, memory, timers
 from .native_cell import _measure_native
+from .options import Options
 from .phases import Phases
 # re-exported: the names tests, the lab and benchmarks import from attnlab.measure.cell
 from .budget import _with_budget, compile_within_budget  # noqa: F401
@@ -133,9 +132,8 @@ class Cell:
         return Workload.from_problem(self.problem, kv_lengths=self.kv_lengths(), decode=self.lengths is not None)
 
     def identity(self) -> dict:
-        d = {k: getattr(self, k) for k in IDENTITY}
-        d["window"] = list(self.window) if self.window else None
-        return d
+        """The record's identity fields in order, the problem's as ``Problem.identity`` spells them."""
+        return {**{k: getattr(self, k) for k in IDENTITY}, **self.problem.identity()}
 
     def key(self) -> str:
         return json.dumps(self.identity(), sort_keys=True)
@@ -157,40 +155,6 @@ def record_key(rec: dict) -> str:
     d = {k: rec.get(k, IDENTITY_DEFAULTS.get(k)) for k in IDENTITY}
     d["window"] = list(d["window"]) if d["window"] else None
     return json.dumps(d, sort_keys=True)
-
-
-def config_label(rec: dict, mesh: bool = True) -> str:
-    """``<problem label> [decode-L] mode [strategy x devices]`` of a record or ``Cell.identity()``."""
-    parts = [problem_label(rec)]
-    if rec.get("lengths"):
-        parts.append(f"decode-{rec['lengths']}{rec.get('page_size') or ''}")
-    parts.append(rec["mode"])
-    if mesh and rec.get("strategy"):
-        parts.append(f"{rec['strategy']}x{rec.get('devices', 1)}")
-    if rec.get("inputs", "gaussian") != "gaussian":
-        parts.append(f"inputs={rec['inputs']}")
-    if rec.get("soft_cap") is not None:
-        parts.append(f"cap={rec['soft_cap']:g}")
-    if rec.get("packing"):
-        parts.append(f"packing={rec['packing']}")
-    return " ".join(parts)
-
-
-@dataclasses.dataclass
-class Options:
-    repeats: int | None = None          # timed calls (default: 20 on a GPU, 5 on a CPU)
-    warmup: int = 2
-    compile_budget_s: float | None = 300.0
-    check: bool = True
-    max_bytes: int | None = None        # a compiled peak above this is recorded as oom, not run
-    max_input_sets: int = 8
-    rotate_bytes: int | None = None     # inputs rotate until they exceed this (default: 3 x L2)
-    pipelined_calls: int = 20
-    pipelined_s: float = 0.5            # fewer pipelined calls (>= 2 a round) where 3 rounds would take longer
-    seed: int = 0
-    min_time_s: float = 0.1             # wall-clock timing (no CUPTI): keep sampling at least this long
-    cell_budget_s: float | None = None  # a cell estimated (attnlab.measure.estimate) above this: over_budget, not run
-    compile_ahead: bool = True          # sweeps: compile the next cell while this one runs (attnlab.measure.ahead)
 
 
 def measure_cell(cell: Cell, opts: Options | None = None, *, on_phase=None, compiled=None) -> dict:

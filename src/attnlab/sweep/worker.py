@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Callable, TypeVar
 
-import jax
+from ..measure.threads import JaxThread
 
 T = TypeVar("T")
 POLL_S = 0.1
@@ -29,18 +29,8 @@ class Abandoned(KeyboardInterrupt):
 def call_interruptibly(fn: Callable[[], T], name: str = "attnlab-cell") -> T:
     """``fn()`` in a daemon thread; its result or its exception. KeyboardInterrupt while waiting
     raises ``Abandoned``. JAX's x64 setting (per thread) is carried into the worker."""
-    box: dict = {}
-    x64 = bool(jax.config.jax_enable_x64)
-
-    def target():
-        try:
-            with jax.enable_x64(x64):
-                box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            box["error"] = e
-
-    t = threading.Thread(target=target, daemon=True, name=name)
-    t.start()
+    job = JaxThread(fn, name)
+    t = job.thread
     try:
         while t.is_alive():
             t.join(POLL_S)
@@ -48,6 +38,4 @@ def call_interruptibly(fn: Callable[[], T], name: str = "attnlab-cell") -> T:
         if t.is_alive():
             raise Abandoned(t) from None
         raise
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    return job.result()
