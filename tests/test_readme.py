@@ -83,9 +83,9 @@ def test_tolerance_policy_is_written_once():
               **{f"docs/{f}": _read("docs", f) for f in os.listdir(os.path.join(ROOT, "docs"))
                  if f.endswith(".md") and f != "measuring.md"},
               **{p: ast.get_docstring(ast.parse(_read("src", "attnlab", *p.split("/"))))
-                 for p in ("reference.py", "measure/check.py", "reference_decode.py")}}
+                 for p in ("reference/float64.py", "measure/check.py", "reference/decode64.py")}}
     for name, text in others.items():
         # the floors and the emulation's recipe are the policy's own words: stated in one place only
         assert "1e-10" not in text and "probabilities rounded to the dtype" not in text, name
-    for p in ("reference.py", "measure/check.py", "reference_decode.py"):
+    for p in ("reference/float64.py", "measure/check.py", "reference/decode64.py"):
         assert "docs/measuring.md" in others[p], p
