@@ -211,4 +211,4 @@ def test_memory_bound_cells_show_bandwidth(capsys):
     _print_bench_table([decode, square], "out")
     out = capsys.readouterr().out
     assert "4000 GB/s · 83.3% BW" in out and "(memory-bound)" in out and "datasheet bandwidth (4800 GB/s)" in out
-    assert "0.25 · 600 · 60.6%" in out
+    assert "0.25 · 600.0 TFLOP/s · 60.6%" in out
