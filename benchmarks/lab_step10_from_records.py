@@ -2,9 +2,9 @@
 
     python3 benchmarks/lab_step10_from_records.py results/gpu-2026-12-03c-fp8-recipes/fp8-recipes/results.jsonl
 
-The lab's own FP8-recipe sweep (``attnlab.lab.perf.sweeps_te_fp8``: every recipe + cudnn, T = S = 4096
+The lab's own FP8-recipe sweep (``attnlab.lab.steps.te_fp8.sweeps``: every recipe + cudnn, T = S = 4096
 causal, H = 128, gaussian and channel-outliers inputs) is a subset of that grid; this takes those cells,
-tags them as the lab's, and prints what ``attnlab.lab.render.render_te_fp8`` makes of them (markdown).
+tags them as the lab's, and prints what ``attnlab.lab.steps.te_fp8.render`` makes of them (markdown).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 
 def main(path: str) -> str:
-    from attnlab.lab.render import FP8_RECIPE_INPUTS, _fp8_recipes
+    from attnlab.lab.steps.te_fp8 import FP8_RECIPE_INPUTS, fp8_recipes_part
     from attnlab.lab.core import Section
 
     recs = []
@@ -25,7 +25,7 @@ def main(path: str) -> str:
         if r["q_len"] == 4096 and r["causal"] and r.get("inputs", "gaussian") in FP8_RECIPE_INPUTS:
             recs.append({**r, "kind": "cell", "step": "fp8-recipes"})
     s = Section("te_fp8", "10. TransformerEngine and FP8 (the FP8-recipe part, from the H200 records)")
-    _fp8_recipes(recs, {"recipes_why": {}}, s)
+    fp8_recipes_part(recs, {"recipes_why": {}}, s)
     out = [f"## {s.title}", ""]
     for t in s.tables:
         out += [f"**{t.title}**", "", "| " + " | ".join(t.columns) + " |", "|" + " --- |" * len(t.columns)]

@@ -2,9 +2,10 @@
 shares the cells it can, and says in its text which cells ran and why."""
 import pytest
 
-from attnlab.lab import STEPS, perf
+from attnlab.lab import STEPS
 from attnlab.lab.core import LabConfig
-from attnlab.lab.plan import LAB_FP8_RECIPES, cells_note
+from attnlab.lab.steps import next_steps, te_fp8
+from attnlab.lab.steps.te_fp8 import LAB_FP8_RECIPES
 
 RECIPES = ["cudnn-fp8", "cudnn-fp8-pow2", "cudnn-fp8-hadamard", "cudnn-fp8-hadamard-fused", "cudnn-fp8-smoothk",
            "cudnn-fp8-hadamard-smoothk"]
@@ -13,9 +14,9 @@ RECIPES = ["cudnn-fp8", "cudnn-fp8-pow2", "cudnn-fp8-hadamard", "cudnn-fp8-hadam
 @pytest.fixture
 def h200(monkeypatch):
     """Every GPU path available (TransformerEngine and the FP8 recipes too), cuDNN accepting H <= 256."""
-    monkeypatch.setattr(perf, "_te_fp8_why", lambda: (None, {"te-fp8": None, "cudnn-fp8": None}))
-    monkeypatch.setattr(perf, "_recipes_why", lambda: {n: None for n in RECIPES})
-    monkeypatch.setattr(perf, "_cudnn_verdicts", lambda cfg: (
+    monkeypatch.setattr(te_fp8, "_te_fp8_why", lambda: (None, {"te-fp8": None, "cudnn-fp8": None}))
+    monkeypatch.setattr(te_fp8, "_recipes_why", lambda: {n: None for n in RECIPES})
+    monkeypatch.setattr(next_steps, "_cudnn_verdicts", lambda cfg: (
         [[H, "accepts" if H <= 256 else "refuses: head dim 512 > 256"] for H in cfg.head_dims], None))
 
 
@@ -35,7 +36,7 @@ def test_the_full_gpu_lab_holds_about_35_cells(h200, monkeypatch):
     counts = {sid: len(v) for sid, v in cells.items() if v}
     assert sum(counts.values()) <= 38, counts
     assert counts["timing"] == 2 and counts["decode"] <= 9, counts
-    monkeypatch.setattr(perf, "_te_fp8_why", lambda: ("not installed", {"te-fp8": "not installed", "cudnn-fp8": None}))
+    monkeypatch.setattr(te_fp8, "_te_fp8_why", lambda: ("not installed", {"te-fp8": "not installed", "cudnn-fp8": None}))
     assert sum(len(v) for v in plan(LabConfig.for_machine(False, True)).values()) <= 35
 
 
@@ -63,7 +64,7 @@ def test_cells_are_shared_between_steps(h200):
 def test_every_measuring_step_says_which_cells_and_why():
     for cfg in (LabConfig.for_machine(False, True), LabConfig.for_machine(False, False), LabConfig.for_machine(True, False)):
         for sid in ("timing", "sweeps", "gqa", "te_fp8", "next"):
-            note = cells_note(sid, cfg)
+            note = STEPS[sid].cells_note(cfg)
             assert note.startswith("Cells: ") and len(note) > 40, (sid, note)
 
 
@@ -75,7 +76,7 @@ def _gqa(K, ms):
 
 def test_gqa_slower_than_mha_gets_its_measured_explanation():
     """Issue 23 item 7: a GQA time that contradicts "same FLOPs as MHA" is explained from XLA's compiled programs."""
-    from attnlab.lab.render_gqa import render_gqa
+    from attnlab.lab.steps.gqa import render as render_gqa
 
     probe = {"kind": "lab_step", "step": "gqa", "status": "ok", "probe": {"xla_programs": {
         "MHA": {"K": 8, "dots": [["f32", [4, 8, 128, 128]]], "copy_bytes": 4_000_000},

@@ -76,8 +76,29 @@ def test_renderers_skip_a_step_without_records():
         assert s.id == sid and s.status == "skipped" and s.reason, sid
 
 
+def test_each_step_is_one_module_registered_once():
+    """Issue 24 item 4: a step's title, plan, probe and renderer are one module of attnlab.lab.steps,
+    whose ``STEP`` is listed once; the section it renders carries that title."""
+    import importlib
+    import pkgutil
+
+    from attnlab.lab import STEPS, steps
+    from attnlab.lab.core import LabConfig
+    from attnlab.lab.render import RENDERERS
+
+    modules = [importlib.import_module(f"attnlab.lab.steps.{m.name}") for m in pkgutil.iter_modules(steps.__path__)]
+    registered = [m.STEP for m in modules if hasattr(m, "STEP")]
+    assert sorted(s.id for s in registered) == sorted(STEP_IDS) and list(STEPS) == STEP_IDS
+    assert all(STEPS[s.id] is s for s in registered) and list(RENDERERS) == STEP_IDS
+    cfg = LabConfig.for_machine(True, False)
+    for sid, step in STEPS.items():
+        assert step.render([], cfg, None).title.startswith(step.title), sid
+        if step.sweeps:
+            assert step.cells_note(cfg).startswith("Cells: "), sid
+
+
 def test_importing_the_lab_imports_no_jax():
-    code = ("import sys, attnlab, attnlab.lab, attnlab.lab.render, attnlab.lab.core, attnlab.lab.plots; "
+    code = ("import sys, attnlab, attnlab.lab, attnlab.lab.render, attnlab.lab.steps, attnlab.lab.core, attnlab.lab.plots; "
             "assert 'jax' not in sys.modules; attnlab.attention; assert 'jax' in sys.modules")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -174,7 +195,8 @@ def test_step10_shows_the_best_fp8_recipe_and_its_cost():
     """Canned H200-like records: the recipe table, the best recipe per inputs (rule: lowest error within
     5% of the fastest FP8 recipe) and its cost against bf16 cuDNN; without recipe records it still renders."""
     from attnlab.lab.core import LabConfig
-    from attnlab.lab.render import best_fp8_recipe, render_te_fp8
+    from attnlab.lab.steps.te_fp8 import best_fp8_recipe
+    from attnlab.lab.steps.te_fp8 import render as render_te_fp8
 
     probe = {"kind": "lab_step", "step": "te_fp8", "status": "ok", "probe": {
         "te_why": "TransformerEngine is not installed", "fp8_why": {"te-fp8": "TransformerEngine is not installed",

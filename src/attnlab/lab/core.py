@@ -193,9 +193,15 @@ class Step:
       stored in the step's ``lab_step`` record under ``probe``.
     * ``render(records, cfg, plots_dir) -> Section``: pure (no JAX, no measuring): the section from
       the run's records (all of them; it picks its own by ``step``) and the config.
+    * ``cells_note(cfg) -> str``: one sentence for the step's text: which cells it times, and why those.
+
+    Each step is one module of ``attnlab.lab.steps`` holding its ``STEP``; ``title`` is its heading
+    in the report (a renderer may add the shape it ran at).
     """
 
     id: str
+    title: str
     render: Callable[[list, LabConfig, "str | None"], Section]
     sweeps: "Callable[[LabConfig], list[Sweep]] | None" = None
     probe: Callable[[LabContext], dict] | None = None
+    cells_note: Callable[[LabConfig], str] | None = None

@@ -1,29 +1,14 @@
-"""What the lab's renderers share: the step titles, reading records, formatting times. Pure: no JAX."""
+"""What the lab's renderers share: reading records, making a step's section, formatting times. Pure: no JAX."""
 from __future__ import annotations
 
 from ..core.records import timing
 from ..core.units import format_flops
-from . import plots
-from .core import Section, Table
+from .core import LabConfig, Section, Table
 from .plots import time_ms
 
 ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 NO_CUPTI = "kernel time needs a GPU (CUPTI); wall clock shown"
 SPREAD_NOTE = "Times are the median of the repeats, with the 25th–75th percentile in brackets (the spread)."
-
-TITLES = {
-    "environment": "1. Environment and GPU check",
-    "qkv": "2. Queries, keys and values",
-    "naive": "3. Attention written out",
-    "jax_nn": "4. jax.nn.dot_product_attention against naive",
-    "cudnn": "5. Forcing cuDNN (bfloat16)",
-    "causal": "6. The causal mask's effect",
-    "sweeps": "8. Sequence-length and batch sweeps",
-    "gqa": "9. MHA, GQA and MQA",
-    "te_fp8": "10. TransformerEngine and FP8",
-    "next": "11. Next steps: head dims, memory, speed-ups",
-}
-
 
 # --- reading records -----------------------------------------------------------------------------
 
@@ -44,11 +29,25 @@ def missing(sid: str, title: str) -> Section:
     return Section(sid, title, status="skipped", reason=f"no records of step {sid!r}")
 
 
-_missing = missing
+def section_renderer(sid: str, title, needs: tuple[str, ...] = ()):
+    """Decorate ``fill(s, p, records, cfg, plots_dir)`` into the step's renderer ``(records, cfg, plots_dir) -> Section``.
 
-
-def _plot(plots_dir, name):
-    return None if not plots_dir else plots.path_in(plots_dir, name)
+    ``fill`` adds to the section ``s`` (id ``sid``; ``title`` a string or ``title(cfg)``) what the
+    records say; ``p`` is the step's probe facts (None when it stored none). The step is skipped
+    ("no records of step ...") without its records: its probe facts when ``needs`` is empty, else a
+    cell record tagged with one of ``needs``."""
+    def wrap(fill):
+        def render(records, cfg: LabConfig, plots_dir: str | None = None) -> Section:
+            s = Section(sid, title(cfg) if callable(title) else title)
+            p = probe(records, sid)
+            if (not cells(records, *needs)) if needs else p is None:
+                return missing(sid, s.title)
+            fill(s, p, records, cfg, plots_dir)
+            return s
+        render.__name__ = render.__qualname__ = f"render_{sid}"
+        render.__doc__ = fill.__doc__
+        return render
+    return wrap
 
 
 # --- formatting ----------------------------------------------------------------------------------

@@ -11,11 +11,7 @@ from ..measure import env as envmod
 from ..core.store import ResultStore, read_jsonl
 from .core import LabConfig, LabContext, Section
 from .record import LabInterrupted, OutputHasResults, held_results, run_record
-from .decode import DECODE
-from .perf import PERF
-from .steps import BASICS
-
-STEPS = {**BASICS, **PERF, **DECODE}
+from .steps import STEPS
 
 
 def config_for_machine(quick: bool = False) -> LabConfig:

@@ -1,4 +1,4 @@
-"""Lab step "decode": T = 1-64 new tokens against a long KV cache, every path beside attnlab's kernel.
+"""Step 12, "decode": T = 1-64 new tokens against a long KV cache, every path beside attnlab's kernel.
 
 ``sweeps_decode(cfg)`` declares the decode cells (``Cell.lengths = "full"``: ``decode_attention`` of
 the T newest tokens, causal tail rule) as a ``Sweep`` the engine runs, each cell checked against the
@@ -14,8 +14,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .core import LabConfig, Section, Step, Table  # noqa: E402
-from ..core.records import time_ms  # noqa: E402
+from ...core.records import time_ms  # noqa: E402
+from ..core import LabConfig, Section, Step, Table  # noqa: E402
+from ..render_common import cells  # noqa: E402
+
+TITLE = "12. Decode: T new tokens against a long KV cache"
 
 #: attnlab's kernel, timed at every T of ``decode_shape``; the peers at ``peer_q_lens`` only: T = 1 (their
 #: dedicated decode path) and one T > 1 (their prefill kernel) show where they fall off; `attnlab bench`
@@ -40,7 +43,7 @@ def _time(r):
 
 def render_decode(records: list[dict], cfg: LabConfig, plots_dir: str | None = None) -> Section:
     """The decode section from decode cell records (any order; non-ok cells shown with their status)."""
-    s = Section("decode", "12. Decode: T new tokens against a long KV cache")
+    s = Section("decode", TITLE)
     shp = decode_shape(cfg)
     recs = [r for r in records if r.get("lengths")]
     if not recs:
@@ -87,9 +90,7 @@ def render_decode(records: list[dict], cfg: LabConfig, plots_dir: str | None = N
             "grouped heads are not packed into a tile (the cache is read once per query head group instead of "
             "once), the sequence is not split so few programs run, and the causal tail of decode "
             "(query t at position L−T+t) is not jax.nn's top-left rule, so it arrives as a dense mask.")
-    s.paragraphs.append(f"Cells: {KERNEL} at T = {', '.join(map(str, shp['q_lens']))}; "
-                        f"{', '.join(peers(cfg))} at T = {', '.join(map(str, shp['peer_q_lens']))} "
-                        "(their decode path and their prefill kernel): enough to see who stays flat in T.")
+    s.paragraphs.append(cells_note(cfg))
     if not cupti:
         s.paragraphs.append("No GPU here: times are host wall clock of blocked calls on the CPU, and attnlab's kernel "
                             "runs in Pallas interpret mode (correct, not fast); run on an NVIDIA GPU for the real race.")
@@ -131,9 +132,16 @@ def latency_plot(records, path: str, *, unit: str) -> str | None:
     return path
 
 
+def cells_note(cfg: LabConfig) -> str:
+    shp = decode_shape(cfg)
+    return (f"Cells: {KERNEL} at T = {', '.join(map(str, shp['q_lens']))}; "
+            f"{', '.join(peers(cfg))} at T = {', '.join(map(str, shp['peer_q_lens']))} "
+            "(their decode path and their prefill kernel): enough to see who stays flat in T.")
+
+
 def sweeps_decode(cfg: LabConfig) -> list:
     """The decode cells (``lengths="full"``: ``decode_attention`` of the T newest tokens, causal tail rule)."""
-    from ..sweep.spec import Sweep
+    from ...sweep.spec import Sweep
 
     shp = decode_shape(cfg)
     return [Sweep(backends, batch=[shp["batch"]], q_len=q_lens, kv_len=[shp["kv_len"]],
@@ -149,8 +157,9 @@ def peers(cfg: LabConfig) -> list[str]:
     return CPU_PEERS
 
 
-def _render_step(records, cfg: LabConfig, plots_dir=None) -> Section:
-    return render_decode([r for r in records if r.get("kind", "cell") == "cell" and r.get("step") == "decode"], cfg, plots_dir)
+def render(records, cfg: LabConfig, plots_dir=None) -> Section:
+    """The step's section from a run's records (its cell records tagged "decode")."""
+    return render_decode(cells(records, "decode"), cfg, plots_dir)
 
 
-DECODE = {"decode": Step("decode", _render_step, sweeps=sweeps_decode)}
+STEP = Step("decode", TITLE, render, sweeps=sweeps_decode, cells_note=cells_note)

@@ -1,16 +1,94 @@
-"""Step 9's section (MHA, GQA and MQA) from records: pure, no JAX.
+"""Step 9: MHA, GQA and MQA at the same FLOPs: the cells, XLA's compiled programs, and the section.
 
 GQA does MHA's FLOPs, so a GQA time that differs from MHA's contradicts the step's first sentence
-unless it is explained. The explanation is measured: the step's probe (``gqa_probe``) reads XLA's
-compiled programs, whose matmul shapes and layout copies differ between the variants.
+unless it is explained. The explanation is measured: the probe reads XLA's compiled program at
+each variant (nothing is run): its matmuls (count and shape of the scores' dot) and the bytes its
+layout copies move (XLA's ``copy`` ops: transposes it materialises). On a CPU these explain a GQA
+time that differs from MHA's (the grouped einsum stacks G query heads into one larger matmul, with
+copies to lay them out), where a GPU's fused kernel simply reads each key/value head once.
 """
 from __future__ import annotations
 
-from ..report import tables
-from .core import LabConfig, Section, Table
-from .plan import cells_note, gqa_cells, gqa_shape
-from .render_common import ITEMSIZE, TITLES, cells, fmt, missing, probe, time_text
-from .plots import time_ms, timing
+import re
+
+from ...report import tables
+from ..core import LabConfig, LabContext, Step, Table
+from ..plots import time_ms, timing
+from ..render_common import ITEMSIZE, cells, fmt, section_renderer, time_text
+
+TITLE = "9. MHA, GQA and MQA"
+
+
+def gqa_shape(cfg: LabConfig) -> dict:
+    """The step's shape: T = S, query heads N, the (variant, K) pairs, masked or not. Quick: the
+    default shape unmasked, so MHA is the timing step's cell."""
+    N = 32 if cfg.gpu and not cfg.quick else cfg.heads
+    return {"T": cfg.long_len, "N": N, "causal": not cfg.quick,
+            "variants": [("MHA", N), ("GQA", N // 4 if N >= 8 else max(1, N // 2)), ("MQA", 1)]}
+
+
+def gqa_cells(cfg: LabConfig) -> list[tuple[str, list[int]]]:
+    """[(backend, [K, ...])]: on a GPU the fused kernel at every K (its time should not grow with
+    N/K) and XLA at MHA and GQA (its broadcast of K/V shows); on a CPU, XLA at every K."""
+    ks = [K for _, K in gqa_shape(cfg)["variants"]]
+    if not cfg.gpu:
+        return [("xla", ks)]
+    if cfg.quick:
+        return [("cudnn", [ks[0], ks[-1]])]
+    return [("cudnn", ks), ("xla", ks[:2])]
+
+
+def sweeps(cfg: LabConfig) -> list:
+    from ...sweep.spec import Sweep
+
+    c, g = cfg, gqa_shape(cfg)
+    return [Sweep([b], batch=[c.batch], q_len=[g["T"]], heads=[g["N"]], kv_heads=ks, head_dim=[c.head_dim],
+                  dtype=[c.perf_dtype], causal=[g["causal"]], name="gqa") for b, ks in gqa_cells(c)]
+
+
+def cells_note(cfg: LabConfig) -> str:
+    return ("Cells: " + "; ".join(f"{b} at K = {', '.join(map(str, ks))}" for b, ks in gqa_cells(cfg))
+            + " — MHA against GQA/MQA at the same FLOPs.")
+
+
+_OP = re.compile(r"= (\w+)\[([\d,]*)\]\{[^}]*\} (dot|copy)\(")
+_ITEMSIZE = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "s32": 4, "pred": 1}
+
+
+def program_facts(hlo_text: str) -> dict:
+    """{dots: [[dtype, shape], ...], copy_bytes}: the compiled HLO's dot outputs and the bytes its copy ops write."""
+    dots, copy_bytes = [], 0
+    for dtype, dims, op in _OP.findall(hlo_text):
+        shape = [int(d) for d in dims.split(",") if d]
+        if op == "dot":
+            dots.append([dtype, shape])
+        else:
+            n = _ITEMSIZE.get(dtype, 4)
+            for d in shape:
+                n *= d
+            copy_bytes += n
+    return {"dots": dots, "copy_bytes": copy_bytes}
+
+
+def probe(ctx: LabContext) -> dict:
+    """For XLA at each (variant, K) of the step: the compiled program's matmuls and copy bytes."""
+    import jax
+
+    from ...api import dot_product as api
+
+    c, g = ctx.cfg, gqa_shape(ctx.cfg)
+    out = {}
+    if c.quick:   # a smoke test: the compiles are left out
+        return {"xla_programs": out}
+    for name, K in g["variants"]:
+        q = jax.ShapeDtypeStruct((c.batch, g["T"], g["N"], c.head_dim), c.perf_dtype)
+        kv = jax.ShapeDtypeStruct((c.batch, g["T"], K, c.head_dim), c.perf_dtype)
+        fn = jax.jit(lambda q, k, v: api.attention(q, k, v, implementation="xla", is_causal=g["causal"]))
+        try:
+            out[name] = {"K": K, **program_facts(fn.lower(q, kv, kv).compile().as_text())}
+        except Exception as e:  # noqa: BLE001 - a fact that cannot be read is said, not fatal
+            out[name] = {"K": K, "error": f"{type(e).__name__}: {e}"[:200]}
+    return {"xla_programs": out}
 
 
 def _matmuls(prog: dict) -> str:
@@ -67,15 +145,13 @@ def explanation(recs: list[dict], p: dict | None, backend: str = "xla") -> str |
     return text
 
 
-def render_gqa(records, cfg: LabConfig, plots_dir=None) -> Section:
+@section_renderer("gqa", TITLE, needs=("gqa",))
+def render(s, p, records, cfg: LabConfig, plots_dir=None) -> None:
     c = cfg
     dt = c.perf_dtype
     g = gqa_shape(c)
     T, N, causal = g["T"], g["N"], g["causal"]
-    s = Section("gqa", TITLES["gqa"])
     got = cells(records, "gqa")
-    if not got:
-        return missing("gqa", s.title)
     rows, recs = [], []
     for name, K in g["variants"]:
         for b, _ in gqa_cells(c):
@@ -91,12 +167,14 @@ def render_gqa(records, cfg: LabConfig, plots_dir=None) -> Section:
     s.tables.append(Table(tables.KV_TITLE, tables.KV_COLUMNS, tables.kv_cache_rows()))
     s.paragraphs.append("GQA lets G = N/K query heads share one key/value head: same FLOPs as MHA, K/N of the "
                         "key/value memory and bandwidth. attnlab broadcasts key/value heads rather than copying them.")
-    s.paragraphs.append(cells_note("gqa", c))
+    s.paragraphs.append(cells_note(c))
     for b in dict.fromkeys(r["backend"] for r in recs):
-        why = explanation(recs, probe(records, "gqa"), b)
+        why = explanation(recs, p, b)
         if why:
             s.paragraphs.append(why)
     s.facts = {"cells": [{k: r[k] for k in ("backend", "kv_heads", "status", "rel_err")} for r in recs]}
     if any(r["status"] == "incorrect" for r in recs):
         s.status, s.reason = "failed", "a GQA/MQA path disagreed with the float64 reference"
-    return s
+
+
+STEP = Step("gqa", TITLE, render, sweeps=sweeps, probe=probe, cells_note=cells_note)

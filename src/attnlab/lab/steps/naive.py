@@ -1,0 +1,35 @@
+"""Step 3: attention written out (naive: QKᵀ, softmax, weighted values), checked against float64."""
+from __future__ import annotations
+
+from ..core import LabConfig, LabContext, Step, Table
+from ..render_common import section_renderer
+from .qkv import qkv_inputs
+
+TITLE = "3. Attention written out"
+
+
+def probe(ctx: LabContext) -> dict:
+    import jax
+
+    from ...api import dot_product as api
+    from ...reference.float64 import check_close
+
+    q, k, v = qkv_inputs(ctx.cfg)
+    out = jax.jit(lambda q, k, v: api.attention(q, k, v, implementation="naive"))(q, k, v)
+    verdict = check_close(out, q, k, v)
+    return {"shape": list(out.shape), "dtype": str(out.dtype), "rel_err": verdict.rel_err, "limit": verdict.limit,
+            "ok": bool(verdict.ok), "rule": verdict.rule}
+
+
+@section_renderer("naive", TITLE)
+def render(s, p, records, cfg: LabConfig, plots_dir=None) -> None:
+    s.paragraphs.append("Four steps: scores = QKᵀ, scale by 1/√H and softmax in float32, weight the values, "
+                        "return in the input dtype. Checked against attnlab's NumPy float64 reference.")
+    s.tables.append(Table("Naive attention", ["output shape", "dtype", "rel L2 vs float64", "limit", "correct"],
+                          [[str(tuple(p["shape"])), p["dtype"], f"{p['rel_err']:.2e}", f"{p['limit']:.0e}", "yes" if p["ok"] else "NO"]]))
+    s.facts = {"rel_err": p["rel_err"], "correct": p["ok"]}
+    if not p["ok"]:
+        s.status, s.reason = "failed", f"naive attention is wrong: {p['rule']}, got {p['rel_err']:.2e}"
+
+
+STEP = Step("naive", TITLE, render, probe=probe)

@@ -1,0 +1,37 @@
+"""Step 2: the queries, keys and values every probing step (1-6) runs on, and their statistics."""
+from __future__ import annotations
+
+from ..core import LabConfig, LabContext, Step, Table
+from ..render_common import section_renderer
+
+TITLE = "2. Queries, keys and values"
+
+
+def qkv_inputs(cfg: LabConfig, dtype: str = "float32", seed: int = 0):
+    """(q, k, v) of the config's default shape: q (B, T, N, H), k and v (B, S, N, H), T = S, standard normal."""
+    from ...reference.inputs import random_qkv
+
+    return random_qkv(cfg.batch, cfg.q_len, cfg.q_len, cfg.heads, cfg.heads, cfg.head_dim, dtype, seed)
+
+
+def probe(ctx: LabContext) -> dict:
+    import jax.numpy as jnp
+
+    q, k, v = qkv_inputs(ctx.cfg)
+    return {"tensors": [{"name": n, "shape": list(x.shape), "dtype": str(x.dtype), "layout": lay,
+                         "mean": float(jnp.mean(x)), "std": float(jnp.std(x))}
+                        for n, x, lay in (("query", q, "BTNH"), ("key", k, "BSKH"), ("value", v, "BSKH"))]}
+
+
+@section_renderer("qkv", TITLE)
+def render(s, p, records, cfg: LabConfig, plots_dir=None) -> None:
+    s.paragraphs.append("Layout BTNH for the query and BSKH for key and value: batch, sequence, heads, head dim. "
+                        "Inputs are drawn from a standard normal distribution (never zeros, which hide bugs).")
+    ts = p["tensors"]
+    s.tables.append(Table("Inputs", ["tensor", "shape", "dtype", "layout", "mean", "std"],
+                          [[t["name"], str(tuple(t["shape"])), t["dtype"], t["layout"], f"{t['mean']:+.3f}", f"{t['std']:.3f}"]
+                           for t in ts]))
+    s.facts = {"shape_q": list(ts[0]["shape"]), "dtype": ts[0]["dtype"]}
+
+
+STEP = Step("qkv", TITLE, render, probe=probe)

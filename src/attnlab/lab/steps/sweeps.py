@@ -1,0 +1,82 @@
+"""Step 8: the sequence-length and batch sweeps: time and FLOP/s against T and B, and the roofline."""
+from __future__ import annotations
+
+from .. import plots
+from ..core import LabConfig, LabContext, Step
+from ..plan import perf_backends
+from ..render_common import cells, section_renderer, sweep_table, timer_note
+
+TITLE = "8. Sequence-length and batch sweeps"
+
+
+def sweeps(cfg: LabConfig) -> list:
+    from ...sweep.spec import Sweep
+
+    c = cfg
+    common = dict(heads=[c.heads], head_dim=[c.head_dim], dtype=[c.perf_dtype])
+    return [Sweep(perf_backends(c), batch=[c.batch], q_len=c.seq_lens, name="seq_sweep", **common),
+            Sweep(perf_backends(c), batch=c.batches, q_len=[c.batch_sweep_len], name="batch_sweep", **common)]
+
+
+def probe(ctx: LabContext) -> dict:
+    """The device's peak and roofs (the roofline plot's lines)."""
+    from ...core import device
+    from ...measure.peaks import peak_tflops, roofs
+    from ...reference.float64 import default_matmul_is_tf32
+
+    kind, dt, tf32 = device.current().kind, ctx.cfg.perf_dtype, default_matmul_is_tf32()
+    return {"device_kind": kind, "tf32": tf32, "peak_tflops": peak_tflops(kind, dt, tf32=tf32), "roofs": roofs(kind, dt, tf32)}
+
+
+def cells_note(cfg: LabConfig) -> str:
+    c = cfg
+    return (f"Cells: {' and '.join(perf_backends(c))} at T = {', '.join(map(str, c.seq_lens))} (enough to see the T² "
+            f"growth and where FLOP/s level off) and at B = {', '.join(map(str, c.batches))} "
+            f"(T = {c.batch_sweep_len}: does a larger batch fill the device?); the default shape's cells are "
+            "the timing step's.")
+
+
+@section_renderer("sweeps", TITLE, needs=("seq_sweep", "batch_sweep"))
+def render(s, p, records, cfg: LabConfig, plots_dir=None) -> None:
+    c, dt, p = cfg, cfg.perf_dtype, p or {}
+    seq, bat = cells(records, "seq_sweep"), cells(records, "batch_sweep")
+    TB = c.batch_sweep_len
+    s.tables.append(sweep_table(seq, "q_len", f"Sequence sweep (B={c.batch}, N={c.heads}, H={c.head_dim}, {dt})"))
+    s.tables.append(sweep_table(bat, "batch", f"Batch sweep (T=S={TB}, N={c.heads}, H={c.head_dim}, {dt})"))
+    kind = p.get("device_kind", "this device")
+    pk = p.get("peak_tflops")
+    roof = p.get("roofs") or {"datasheet": None, "measured": None}
+    datasheet = tuple(roof["datasheet"]) if roof.get("datasheet") else None
+    measured = tuple(roof["measured"]) if roof.get("measured") else None
+    if plots_dir:
+        d = plots_dir
+        for made in (
+            plots.line_plot(seq, "q_len", "time", plots.path_in(d, "latency_vs_seq.png"), title="latency vs sequence length",
+                            xlabel="T = S", ylabel="ms"),
+            plots.line_plot(seq, "q_len", "tflops", plots.path_in(d, "tflops_vs_seq.png"), title="FLOP/s vs sequence length",
+                            xlabel="T = S", ylabel="TFLOP/s", logy=False, hline=pk, hline_label=f"{kind} peak {pk} TFLOP/s" if pk else None),
+            plots.line_plot(bat, "batch", "time", plots.path_in(d, "batch_sweep.png"), title=f"batch sweep at T = {TB}",
+                            xlabel="batch", ylabel="ms"),
+            plots.roofline(seq + bat, plots.path_in(d, "roofline.png"), datasheet=datasheet, measured=measured,
+                           title=f"roofline ({kind})", group=lambda r: {"seq_sweep": "sequence sweep",
+                                                                         "batch_sweep": "batch sweep"}.get(r.get("step"), "")),
+        ):
+            if made:
+                s.plots.append(made)
+    s.paragraphs.append(timer_note(seq))
+    s.paragraphs.append(cells_note(c))
+    if not datasheet:
+        s.paragraphs.append(f"No datasheet peak is known for {kind}: the roofline draws "
+                            + ("the measured ceilings of `attnlab ceilings` only." if measured else
+                               "no roof (run `attnlab ceilings` to measure this device's and draw them)."))
+    elif not measured:
+        s.paragraphs.append("The roofline's measured roof is missing: run `attnlab ceilings` to draw it beside the datasheet's.")
+    best = {}
+    for r in seq:
+        if r["status"] == "ok":
+            best[r["backend"]] = max(best.get(r["backend"], 0), r["tflops"])
+    s.facts = {"best_tflops": best, "cells": len(seq) + len(bat),
+               "failed_cells": sum(r["status"] != "ok" for r in seq + bat)}
+
+
+STEP = Step("sweeps", TITLE, render, sweeps=sweeps, probe=probe, cells_note=cells_note)

@@ -1,0 +1,63 @@
+"""Step 7: kernel time and wall time side by side at the default shape, and what a blocked call's time holds."""
+from __future__ import annotations
+
+from .. import plots
+from ..core import LabConfig, Step, Table
+from ..plan import perf_backends
+from ..render_common import NO_CUPTI, cells, fmt, section_renderer, spread, status_or, timer_note
+
+TITLE = "7. Timing at the default shape"
+
+
+def sweeps(cfg: LabConfig) -> list:
+    """The performance paths (``plan.perf_backends``) at the default shape, in the performance dtype."""
+    from ...sweep.spec import Sweep
+
+    c = cfg
+    return [Sweep(perf_backends(c), dtype=[c.perf_dtype], batch=[c.batch], q_len=[c.q_len], heads=[c.heads],
+                  head_dim=[c.head_dim], name="timing")]
+
+
+def cells_note(cfg: LabConfig) -> str:
+    return (f"Cells: {' and '.join(perf_backends(cfg))} at the default shape only — the question is what a blocked "
+            "call's time holds at a small size, and these cells reappear in the sequence sweep.")
+
+
+def _title(c: LabConfig) -> str:
+    return f"{TITLE} (B={c.batch}, T={c.q_len}, N={c.heads}, H={c.head_dim})"
+
+
+@section_renderer("timing", _title, needs=("timing",))
+def render(s, p, records, cfg: LabConfig, plots_dir=None) -> None:
+    recs = cells(records, "timing")
+    s.tables.append(Table("Kernel time and wall time side by side (ms; median, and the 25th–75th percentile of the repeats)",
+                          ["path", "dtype", "kernel (CUPTI)", "kernel p25–p75", "wall per blocked call", "wall p25–p75",
+                           "pipelined wall", "dispatch = wall − kernel", "compile s", "status"],
+                          [[r["backend"], r["dtype"], fmt(r["kernel_ms"]), spread(r, "kernel"), fmt(r["wall_ms"]),
+                            spread(r, "wall"), fmt(r["pipelined_ms"]), fmt(r["dispatch_ms"]), fmt(r["compile_s"], ".3g"),
+                            status_or(r, "ok")] for r in recs],
+                          empty_why={"kernel (CUPTI)": NO_CUPTI, "kernel p25–p75": NO_CUPTI, "dispatch = wall − kernel": NO_CUPTI}))
+    ok = [r for r in recs if r["status"] == "ok"]
+    if any(r["kernel_ms"] for r in ok):
+        worst = max((r for r in ok if r["kernel_ms"]), key=lambda r: r["wall_ms"] / r["kernel_ms"])
+        s.paragraphs.append(f"The lesson: at this size a blocked call's wall time is dispatch, not attention. "
+                            f"{worst['backend']} {worst['dtype']}: kernels {worst['kernel_ms'] * 1e3:.1f} µs inside a "
+                            f"{worst['wall_ms'] * 1e3:.1f} µs call ({worst['wall_ms'] / worst['kernel_ms']:.0f}×).")
+    else:
+        s.paragraphs.append("No GPU: only wall time can be measured here, and at this size it includes Python and "
+                            "dispatch overhead. On an NVIDIA GPU the same step reports CUPTI kernel time beside it.")
+    s.paragraphs.append(timer_note(recs))
+    s.paragraphs.append(cells_note(cfg))
+    if ok and plots_dir:
+        labels = [f"{r['backend']} {r['dtype']}" for r in ok]
+        s.plots.append(plots.bars(labels, [r["wall_ms"] for r in ok], plots.path_in(plots_dir, "timing_wall.png"),
+                                  title="wall ms per blocked call (median; whiskers: 25th–75th percentile)", ylabel="ms",
+                                  spread=[(r.get("wall_p25_ms"), r.get("wall_p75_ms")) for r in ok]))
+        if any(r["kernel_ms"] for r in ok):
+            s.plots.append(plots.bars(labels, [r["kernel_ms"] or 0 for r in ok], plots.path_in(plots_dir, "timing_kernel.png"),
+                                      title="CUPTI kernel ms per call (median; whiskers: 25th–75th percentile)", ylabel="ms",
+                                      spread=[(r.get("kernel_p25_ms"), r.get("kernel_p75_ms")) for r in ok]))
+    s.facts = {f"{r['backend']}_{r['dtype']}": {"kernel_ms": r["kernel_ms"], "wall_ms": r["wall_ms"], "status": r["status"]} for r in recs}
+
+
+STEP = Step("timing", TITLE, render, sweeps=sweeps, cells_note=cells_note)
