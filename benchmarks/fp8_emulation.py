@@ -1,28 +1,7 @@
 """FP8 attention error in emulation (issue 15): which tensor's e4m3 rounding costs what, and which recipe helps.
 
-This is an EMULATION, not cuDNN's kernel: attention in float64 NumPy where the named tensors are
-rounded to float8_e4m3fn (ml_dtypes) with a scale, x -> e4m3(clip(x * s, +-448)) / s, and everything
-else stays float64. Tensors, one at a time and all together:
-
-    q, k, v   the inputs (after the recipe's rotation / smoothing, if any)
-    P         the softmax's unnormalised probabilities P~ = exp(s - rowmax) in [0, 1] (max 1 per
-              row), as a flash kernel holds them before P~·V; the row sums l are taken from the
-              unrounded P~ and O = (P~ V) / l. The kernel's running max differs from the final
-              row max in early tiles; this emulation uses the final one.
-    O         the output, rounded to e4m3 at the end (cuDNN's FP8 output).
-
-Recipes (the scale s of each rounded tensor):
-    unit          s = 1
-    amax          per-tensor s = 448 / amax(|x|)  (P~: amax = 1, s = 448)
-    pow2          per-tensor s = 2^floor(log2(448 / amax))
-    block64       per-block amax: 64-row blocks along T (q, O) or S (k, v), per head; P~: 64x64 tiles
-    hadamard      q, k rotated along H by R = hadamard(H)/sqrt(H) * diag(random signs), then amax
-                  (R orthonormal: (qR)(kR)^T = q k^T exactly in real arithmetic)
-    smooth-k      k -= mean over S of k (per batch and head), then amax (exact for softmax)
-    had+smooth+block  all three
-
-The anchor is ``attnlab.reference.float64.reference_attention(..., emulate="bfloat16")`` (the kernel-like
-bf16 emulation). Errors: relative L2 against float64 attention of the same (float32) inputs.
+What is emulated (which tensors are rounded, the recipes, the anchor) is described in
+``attnlab.reference.fp8_emulation``, where the logic lives; this script measures and writes tables.
 
     PYTHONPATH=src python benchmarks/fp8_emulation.py --out results/cpu-2026-12-03-fp8-emulation
     PYTHONPATH=src python benchmarks/fp8_emulation.py --out results/cpu-2026-12-03-fp8-emulation \

@@ -3,19 +3,8 @@
     PYTHONPATH=src python3 benchmarks/fp8_recipes.py OUT [--max-seconds 390]     # measure (resumable)
     python3 benchmarks/fp8_recipes.py --table OUT/results.jsonl [--plot P.png]   # table, goals, plot
 
-Grid (through the sweep engine, each cell checked on its whole output then timed, CUPTI kernel time,
-written as it finishes; a rerun on the same OUT resumes): every ``cudnn-fp8*`` recipe + ``cudnn``
-(the bf16 anchor) x inputs {gaussian, outliers, channel-outliers, shifted-keys}
-(``attnlab.reference.distributions``) x T = S in {16384, 4096} x causal {False, True}; B=1, N=K=16 (FP8 takes
-MHA only), H=128, bf16 in, forward. Order: the goal shape (T=16384, non-causal) first, then
-T=16384 causal, T=4096 non-causal, T=4096 causal; within a shape every backend of one input
-distribution in a row, so the reference is computed once per (inputs, shape). ``--max-seconds``
-stops starting new cells after that many seconds (the finished ones stay written).
-
-FP8 cells are judged at the backend's rel L2 limit (0.1): a recipe beyond it is ``incorrect`` and
-untimed (its error is still recorded: a finding). The error column is ``rel_err_f64``, rel L2 of the
-output against NumPy float64 attention on sampled rows (``attnlab.measure.check``); speed is
-``tflops`` (non-causal FLOPs 4 B N T S H, causal about half, per CUPTI kernel time).
+The grid, its order, how FP8 cells are judged and what the columns mean are described in
+``attnlab.report.fp8_recipes``.
 
 Goals (issue 15, item 4), evaluated by ``goals``: gaussian, T=16k non-causal: some FP8 recipe at
 <= 3% rel L2 and >= 1000 TFLOP/s; outliers and channel-outliers: the best recipe among those at most
