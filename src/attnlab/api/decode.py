@@ -39,8 +39,9 @@ from typing import Any
 import numpy as np
 
 from .. import backends
+from ..backends.masked_decode import decode_mask, masked_decode  # noqa: F401 (decode_mask: re-exported)
 from ..core.errors import UnsupportedError
-from ..core.spec import AttentionSpec, _is_tracer, _shape, check_scale, check_soft_cap, common_float_dtype, prepare
+from ..core.spec import AttentionSpec, _is_tracer, _shape, check_scale, check_soft_cap, common_float_dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,19 +157,10 @@ def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, 
     return DecodeCall(q, k_cache, v_cache, lengths, effective, spec, table)
 
 
-def decode_mask(kv_lengths, q_len: int, max_len: int):
-    """Bool (B, 1, T, S_max): key s visible to query t iff s <= kv_lengths[b] - T + t (the causal tail)."""
-    import jax.numpy as jnp
-
-    lengths = jnp.asarray(kv_lengths, jnp.int32)
-    q_pos = lengths[:, None] - q_len + jnp.arange(q_len)[None, :]          # (B, T)
-    return (jnp.arange(max_len)[None, None, :] <= q_pos[:, :, None])[:, None]
-
-
 def paged_refusal(backend) -> str | None:
     """Why a sweep's paged cell does not time ``backend`` (it has no paged path of its own and would
     run on a gathered copy of the cache), or None."""
-    if backend is _decode_backend() or hasattr(backend, "run_paged_decode"):
+    if backend is _decode_backend() or backend.paged:
         return None
     return "no paged KV cache path of its own (decode_attention would gather the pages into a contiguous copy)"
 
@@ -210,7 +202,7 @@ def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None
       page_table: (B, pages_per_seq) int32 for a paged cache (vLLM's layout): then k_cache and
         v_cache are pages (P, page_size, K, H), sequence b's logical page i is physical page
         page_table[b, i], and S_max = pages_per_seq * page_size. attnlab-decode reads the pages
-        through the table; a backend with a paged path of its own (``run_paged_decode``: cudnn)
+        through the table; a backend with a paged path of its own (``paged``, ``run_paged_decode``: cudnn)
         uses it; any other backend runs on the gathered contiguous twin (a copy of the cache).
       logits_soft_cap: None or a positive float c: logits -> c * tanh(logits / c) before masking
         (attnlab-decode applies it in the kernel; generic paths as ``attention`` does).
@@ -223,14 +215,8 @@ def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None
     backend, native = select_decode(d.spec, implementation)
     if native:
         return backend.run_decode(d)
-    sp = d.spec
-    mask = decode_mask(d.kv_lengths, sp.q_len, sp.max_len) if sp.needs_mask else None
-    if d.page_table is not None and hasattr(backend, "run_paged_decode"):
-        return backend.run_paged_decode(d, mask)
-    k, v = d.contiguous()
-    p = prepare(d.query, k, v, None, mask, scale=scale, key_value_seq_lengths=d.kv_lengths,
-                logits_soft_cap=logits_soft_cap)
-    return backend.run(p).reshape(p.out_shape)
+    # attention()'s choice runs as masked attention, even when it has a decode kernel of its own
+    return masked_decode(backend, d, scale)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -113,11 +113,11 @@ def auto_ineligible(b: backends.Backend) -> str | None:
     """Why the dispatch table may never pick ``b`` (None: it may): a PyTorch peer is no JAX op (it
     cannot run under jit/grad), and a backend judged at its own looser limit (FP8) is not as accurate
     as the static rule's choice."""
-    if getattr(b, "native", False):
+    if b.native:
         return "not a JAX op (cannot run under jax.jit or jax.grad)"
-    if getattr(b, "fp8", False):
+    if b.fp8:
         return "an FP8 path (computes in float8 whatever its inputs)"
-    if getattr(b, "rel_l2_limit", None) is not None:
+    if b.rel_l2_limit is not None:
         return f"judged at its own looser limit (rel L2 <= {b.rel_l2_limit})"
     return None
 
@@ -127,8 +127,7 @@ def static_rule(spec: AttentionSpec) -> tuple[backends.Backend, str]:
     that can run ``spec`` (what auto runs without a usable dispatch entry)."""
     # backends outside AUTO_ORDER that claim a class of inputs (attnlab-decode: small T, long S)
     for b in backends.all_backends():
-        claim = getattr(b, "auto_claim", None)
-        if claim is not None and claim(spec) is None:
+        if b.auto_claim(spec) is None:
             return b, f"static rule: {b.name} claims this input"
     for name in backends.AUTO_ORDER:
         b = backends.get(name)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
+from ..core.errors import UnsupportedError
 from ..core.spec import AttentionSpec, Prepared
 from . import _optional
 
@@ -94,6 +95,12 @@ class Backend:
     #: True when ``run`` applies query/key_value segment ids (packed rows) exactly.
     takes_segment_ids: bool = False
     segment_reason: str = "query_segment_ids/key_value_segment_ids: this backend takes no packed segments"
+    #: True for a native backend that also times decode sweep cells (``NativeBackend.decode_reason``,
+    #: ``run_native_decode``); JAX backends run decode calls through ``run_decode``.
+    decode: bool = False
+    #: True when ``run_paged_decode`` reads a paged KV cache through its page table (cudnn); else a
+    #: paged decode call runs on the gathered contiguous copy of the cache.
+    paged: bool = False
 
     def available(self) -> str | None:
         """The declared needs, device first: ``min_compute_capability``, then ``library``."""
@@ -150,6 +157,34 @@ class Backend:
         scaled, biased, masked logits, carrying no gradient (as jax.nn's)."""
         raise NotImplementedError
 
+    def supports_decode(self, spec) -> str | None:
+        """Why ``decode_attention`` cannot run ``spec`` (an ``attnlab.api.decode.DecodeSpec``) with this
+        backend, or None. Default: ``why_not`` of the call as attention (the masked path)."""
+        return self.why_not(spec.attention_spec())
+
+    def auto_reason(self, spec) -> str | None:
+        """``decode_attention``'s auto hook: None when its auto should run this backend's own decode
+        kernel for ``spec`` (a DecodeSpec). Default: never (auto runs ``attention``'s auto choice)."""
+        return "no decode kernel of its own (decode_attention's auto runs attention()'s auto choice)"
+
+    def auto_claim(self, spec: AttentionSpec) -> str | None:
+        """``attention``'s auto hook for a backend outside ``AUTO_ORDER``: None when auto should run it
+        for ``spec`` (checked before ``AUTO_ORDER``). Default: it claims nothing (the reason says so)."""
+        return "claims no inputs (auto reaches it through AUTO_ORDER only, if listed)"
+
+    def run_decode(self, d):
+        """Run an ``attnlab.api.decode.DecodeCall``; returns (B, T, N, H) in q's dtype. Default: the
+        masked-attention path (``masked_decode``: ``run`` on a causal-tail mask and kv lengths, paged
+        caches through ``run_paged_decode`` when ``paged`` else gathered). Decode kernels override it."""
+        from .masked_decode import masked_decode
+
+        return masked_decode(self, d, d.scale)
+
+    def run_paged_decode(self, d, mask):
+        """A paged ``DecodeCall`` (``d.page_table`` set) with ``mask`` (B, 1, T, S_max) or None, read
+        through the page table; only backends with ``paged = True`` implement it."""
+        raise UnsupportedError(self.name, "no paged KV cache path of its own")
+
     def version(self) -> str | None:
         """Version of the library behind this backend, if any (the declared ``library``'s distribution)."""
         if self.library is None or self.library[0].split(".")[0] == "jax":
@@ -196,4 +231,14 @@ class NativeBackend(Backend):
     def native_fn(self, spec: AttentionSpec, scale: float, arg_sets, decode: tuple | None = None) -> NativeCall:
         """The kernel for ``spec`` (``decode``: (kv_lengths, causal) of a decode cell) on ``arg_sets``
         (JAX arrays (q, k, v) per set) as a ``NativeCall``."""
+        raise NotImplementedError
+
+    def decode_reason(self, kv_lengths, T: int, S: int) -> str | None:
+        """Why this kernel cannot run a decode cell (T new tokens, cache of S, valid ``kv_lengths``), or
+        None; only backends with ``decode = True`` run decode cells."""
+        return "no decode (cache) semantics"
+
+    def run_native_decode(self, q, k, v, spec: AttentionSpec, scale: float, kv_lengths, causal: bool):
+        """A decode cell's call on concrete JAX arrays (q (B, T, N, H), caches (B, S, K, H)) with the
+        kernel ``native_fn(..., decode=(kv_lengths, causal))`` times; ``decode = True`` backends only."""
         raise NotImplementedError

@@ -26,6 +26,7 @@ class CudnnBackend(Backend):
     min_compute_capability = (8, 0)   # checked below with cuDNN's own messages (and cuDNN loaded)
     #: packed segments through JAX's private packed entry point (``cudnn_packed``)
     takes_segment_ids = True
+    paged = True   # run_paged_decode: cuDNN's own paged attention
     soft_cap_reason = "logits_soft_cap: cuDNN through JAX (jax.nn and the fused entry point) takes no soft cap"
 
     def available(self) -> str | None:

@@ -119,7 +119,7 @@ class TorchSdpaBackend(NativeBackend):
 
         return torch, fn
 
-    def run_decode(self, q, k, v, spec: AttentionSpec, scale: float, kv_lengths, causal: bool):
+    def run_native_decode(self, q, k, v, spec: AttentionSpec, scale: float, kv_lengths, causal: bool):
         torch, fn = self.decode_fn(spec, scale, kv_lengths, causal)
         out = fn(*(_to_torch(x) for x in (q, k, v)))
         torch.cuda.synchronize()

@@ -40,7 +40,7 @@ def why_not(cell) -> str | None:
         backend = backends.get(cell.backend)
     except ValueError as e:
         return str(e)
-    if getattr(backend, "native", False):
+    if backend.native:
         return "not a JAX backend"
     q, k, v = shapes(cell)[:3]
     spec = prepare(q, k, v, is_causal=cell.causal, local_window_size=cell.window).spec

@@ -231,8 +231,8 @@ def _measure_cell(cell: Cell, opts: Options | None, on_phase=None, ahead=None) -
             why_strategy = strategy_refusal(cell)
             if why_strategy:
                 raise _Skip("unsupported", why_strategy)
-        if getattr(backend, "native", False):
-            if cell.lengths is not None and not getattr(backend, "decode", False):
+        if backend.native:
+            if cell.lengths is not None and not backend.decode:
                 raise _Skip("unsupported", f"{cell.backend}: no decode (cache) semantics")
             _measure_native(backend, cell, spec, sets, opts, rec, info, phases)
             return _finish(rec, t_start)

@@ -16,7 +16,7 @@ from .timers import cupti_per_call
 
 def measure_native(backend, spec, scale: float, arg_sets, repeats: int, warmup: int, decode: tuple | None = None) -> dict:
     """Time ``backend.native_fn(spec, scale, arg_sets, decode=decode)``; returns the record's timing fields."""
-    lib = backend.library[0] if getattr(backend, "library", None) else backend.name
+    lib = backend.library[0] if backend.library else backend.name
     fn, sync, sets, extras = backend.native_fn(spec, scale, arg_sets, decode=decode)
     sync()
     if extras.get("reset_peak"):

@@ -29,7 +29,7 @@ def _measure_native(backend, cell, spec, sets, opts, rec: dict, info, phases) ->
                     out = backend.run(prepare(q0, k0, v0, is_causal=cell.causal, local_window_size=cell.window,
                                               **call_extras(cell)))
                 else:
-                    out = backend.run_decode(q0, k0, v0, spec, scale, *decode)
+                    out = backend.run_native_decode(q0, k0, v0, spec, scale, *decode)
                 _check_into(rec, out, sets[0], cell, backend, opts)
         repeats = opts.repeats or 20
         rec["repeats"] = repeats

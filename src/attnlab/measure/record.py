@@ -55,7 +55,7 @@ def _metrics(rec: dict, cell, info, backend=None) -> None:
         rec["dispatch_ms"] = rec["wall_ms"] - rec["kernel_ms"]
     rec["tflops"] = rec["flops"] / (t_ms * 1e-3) / 1e12
     rec["gbps"] = rec["bytes"] / (t_ms * 1e-3) / 1e9
-    peak_dtype = getattr(backend, "compute_dtype", None) or cell.dtype
+    peak_dtype = (backend.compute_dtype if backend is not None else None) or cell.dtype
     pk = peaks.peak_tflops(info.kind, peak_dtype, tf32=default_matmul_is_tf32())
     rec["peak_dtype"] = peaks.dtype_class(peak_dtype, default_matmul_is_tf32())
     rec["peak_tflops"] = pk

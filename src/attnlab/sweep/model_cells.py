@@ -17,7 +17,7 @@ from .spec import Sweep, SweepError
 
 #: Backends left out of the default (every available one): FP8 paths change the numerics of a bf16 model.
 def _fp8_names() -> tuple[str, ...]:
-    return tuple(n for b in backends_mod.all_backends() if getattr(b, "fp8", False) for n in b.variant_names())
+    return tuple(n for b in backends_mod.all_backends() if b.fp8 for n in b.variant_names())
 
 
 NOT_BY_DEFAULT = _fp8_names()   # every FP8 path (``Backend.fp8``): a bf16 model's numerics are not FP8's
@@ -25,7 +25,7 @@ NOT_BY_DEFAULT = _fp8_names()   # every FP8 path (``Backend.fp8``): a bf16 model
 
 def default_backends() -> list[str]:
     """Every registered backend that can run on this machine (``available()`` is None), FP8 ones left out."""
-    return [b.name for b in backends_mod.all_backends() if b.available() is None and not getattr(b, "fp8", False)]
+    return [b.name for b in backends_mod.all_backends() if b.available() is None and not b.fp8]
 
 
 @dataclasses.dataclass

@@ -1,0 +1,31 @@
+"""The generic decode path: a decode call (``attnlab.api.decode.DecodeCall``) as masked attention.
+
+``Backend.run_decode``'s default: every backend that has no decode kernel of its own runs a decode call
+this way (a backend with a paged path of its own, ``Backend.paged``, reads the pages through the table;
+any other runs on the gathered contiguous twin of the cache)."""
+from __future__ import annotations
+
+from ..core.spec import prepare
+
+
+def decode_mask(kv_lengths, q_len: int, max_len: int):
+    """Bool (B, 1, T, S_max): key s visible to query t iff s <= kv_lengths[b] - T + t (the causal tail)."""
+    import jax.numpy as jnp
+
+    lengths = jnp.asarray(kv_lengths, jnp.int32)
+    q_pos = lengths[:, None] - q_len + jnp.arange(q_len)[None, :]          # (B, T)
+    return (jnp.arange(max_len)[None, None, :] <= q_pos[:, :, None])[:, None]
+
+
+def masked_decode(backend, d, scale):
+    """``backend.run`` on the decode call ``d`` as masked attention; returns (B, T, N, H) in q's dtype.
+
+    ``scale``: handed to ``prepare`` as given (the caller's argument, None: 1 / sqrt(H); or ``d.scale``)."""
+    sp = d.spec
+    mask = decode_mask(d.kv_lengths, sp.q_len, sp.max_len) if sp.needs_mask else None
+    if d.page_table is not None and backend.paged:
+        return backend.run_paged_decode(d, mask)
+    k, v = d.contiguous()
+    p = prepare(d.query, k, v, None, mask, scale=scale,
+                key_value_seq_lengths=d.kv_lengths, logits_soft_cap=sp.soft_cap)
+    return backend.run(p).reshape(p.out_shape)
