@@ -33,66 +33,7 @@ import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
-HBM_TBS = 4.8
-PEAK_TFLOPS = 989.4
-L2_BYTES = 60 * 2**20
-SMEM_LIMIT = 227 * 1024
-
-
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    name: str
-    B: int
-    S: int
-    N: int
-    K: int
-    H: int
-    T: int
-    ragged: bool = False
-    dtype: str = "bfloat16"
-
-    def lengths(self):
-        if not self.ragged:
-            return [self.S] * self.B
-        return [max(self.T, int(self.S * f)) for f in (1.0, 0.75, 0.5, 0.25, 0.125, 1 / 16, 1 / 32, 1 / 64)][: self.B]
-
-    def label(self) -> str:
-        return f"B{self.B} S{self.S} N{self.N}/K{self.K} H{self.H} T{self.T}" + (" ragged" if self.ragged else "")
-
-
-def shapes(quick: bool = False, smoke: bool = False) -> list[Shape]:
-    if smoke:   # the script's plumbing on a CPU (interpret mode, wall clock): tiny shapes
-        return [Shape("goal", 2, 256, 4, 2, 64, 1), Shape("goal", 2, 256, 4, 2, 64, 4),
-                Shape("ragged", 8, 256, 4, 2, 64, 4, ragged=True)]
-    goal = [Shape("goal", 8, 32768, 32, 8, 128, t) for t in (1, 2, 4, 8, 16, 32, 64)]
-    if quick:
-        return [goal[0], goal[2], goal[6]]
-    long = [Shape("long", 1, 131072, 32, 8, 128, t) for t in (1, 4, 16)]
-    wide = [Shape("wide", 32, 4096, 32, 8, 128, t) for t in (1, 4, 16)]
-    return goal + long + wide + [Shape("ragged", 8, 32768, 32, 8, 128, 4, ragged=True)]
-
-
-def tune_grid(sh: Shape, default_plan) -> list[dict]:
-    """Variants after the default: block_k x num_stages, then num_warps (or block_r), then the split count."""
-    from attnlab.kernels import decode as kd
-
-    out = []
-    for bk in (32, 64, 128):
-        for st in (2, 3, 4):
-            if (bk, st) == (default_plan.block_k, default_plan.num_stages):
-                continue
-            if kd.smem_bytes(default_plan.block_r, bk, sh.H, st) > SMEM_LIMIT:
-                continue
-            out.append(dict(block_k=bk, num_stages=st))
-    if default_plan.num_warps == 8:
-        # 4 warps spill at 128 rows (ptxas, benchmarks/decode_ttir_cpu.py): try smaller row tiles instead
-        out.append(dict(block_r=default_plan.block_r // 2) if default_plan.block_r > 16 else dict(num_warps=4))
-    else:
-        out.append(dict(num_warps=8))
-    d = default_plan.num_splits
-    for s in sorted({max(1, d // 2), 2 * d} - {d}):
-        out.append(dict(num_splits=s))
-    return out
+from attnlab.sweep.decode_tune import HBM_TBS, L2_BYTES, PEAK_TFLOPS, SMEM_LIMIT, Shape, goal_lines, shapes, tune_grid  # noqa: E402,F401
 
 
 def _time(fn, args, repeats):
@@ -261,34 +202,6 @@ def run(out_dir: str, budget_s: float, repeats: int, quick: bool, smoke: bool = 
         save()
     save()
     return report
-
-
-def goal_lines(report: dict) -> list[str]:
-    """How each of issue 13's goals stands, with the margin."""
-    lines = []
-    by = {r["label"]: r for r in report["shapes"]}
-    for t in (1, 2, 4, 8, 16, 32, 64):
-        r = by.get(Shape("goal", 8, 32768, 32, 8, 128, t).label())
-        if not r or not r.get("best"):
-            lines.append(f"T={t}: no result")
-            continue
-        b = r["best"]
-        if t == 1:
-            c = r.get("cudnn_kvlen_ms")
-            if c:
-                ratio = b["ms"] / c
-                lines.append(f"T=1: {b['ms']:.4f} ms vs cuDNN {c:.4f} ms = {ratio:.3f}x -> "
-                             + ("met (within 5%)" if ratio <= 1.05 else f"missed by {100 * (ratio - 1.05):.1f} points"))
-        elif t <= 16:
-            tbs = b["gbps"] / 1e3
-            c = r.get("cudnn_kvlen_ms")
-            vs = f", {c / b['ms']:.2f}x cuDNN" if c else ""
-            lines.append(f"T={t}: {tbs:.2f} TB/s ({b['pct_hbm']:.0f}% of 4.8){vs} -> "
-                         + ("met (>= 4.0 TB/s)" if tbs >= 4.0 else f"missed by {4.0 - tbs:.2f} TB/s"))
-        else:
-            p = b["pct_roofline"]
-            lines.append(f"T={t}: {p:.0f}% of the roofline bound -> " + ("met (>= 70%)" if p >= 70 else f"missed by {70 - p:.0f} points"))
-    return lines
 
 
 def print_table(report: dict) -> None:

@@ -397,14 +397,7 @@ def test_roofline_and_bytes():
 # ---------------------------------------------------------------- the GPU tuning script's pure parts
 
 def test_tune_grid_and_goal_lines():
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "decode_tune.py"
-    spec = importlib.util.spec_from_file_location("decode_tune", path)
-    dt = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("decode_tune", dt)   # dataclasses look their module up
-    spec.loader.exec_module(dt)
+    from attnlab.sweep import decode_tune as dt
     for sh in dt.shapes():
         base = kd.make_plan(sh.B, sh.T, sh.S, sh.N, sh.K, sh.H, sh.dtype, sms=132, compute_capability=(9, 0))
         grid = dt.tune_grid(sh, base)
