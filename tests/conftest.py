@@ -28,3 +28,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def fake_backend():
+    """``make(name, run)`` registers a backend whose ``run(p)`` is ``run``; all are unregistered afterwards."""
+    from attnlab import backends
+
+    added = []
+
+    def make(name, run):
+        cls = type("Fake", (backends.Backend,), {"name": name, "run": lambda self, p: run(p)})
+        backends.register(cls())
+        added.append(name)
+        return name
+
+    yield make
+    for n in added:
+        backends.unregister(n)

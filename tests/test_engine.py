@@ -12,7 +12,6 @@ from concurrent.futures import Future
 import pytest
 from click.testing import CliRunner
 
-from attnlab import backends
 from attnlab.cli import main
 from attnlab.measure import Cell, Options, ahead, measure_cell
 from attnlab.measure.phases import PHASES
@@ -84,19 +83,6 @@ def test_the_estimate_refuses_a_70b_prefill_at_32k_on_a_cpu():
     assert estimate_cell(small, Options(), device.current()).seconds < 120
 
 
-@pytest.fixture
-def fake_backend():
-    added = []
-
-    def make(name, run):
-        cls = type("Fake", (backends.Backend,), {"name": name, "run": lambda self, p: run(p)})
-        backends.register(cls())
-        added.append(name)
-        return name
-
-    yield make
-    for n in added:
-        backends._REGISTRY.pop(n, None)
 
 
 def test_a_cell_compiled_ahead_measures_as_one_compiled_in_place():

@@ -16,19 +16,6 @@ def cell(backend="naive", **kw):
     return Cell(backend, **{**SMALL, "dtype": "float32", **kw})
 
 
-@pytest.fixture
-def fake_backend():
-    added = []
-
-    def make(name, run):
-        cls = type("Fake", (backends.Backend,), {"name": name, "run": lambda self, p: run(p)})
-        backends.register(cls())
-        added.append(name)
-        return name
-
-    yield make
-    for n in added:
-        backends.unregister(n)
 
 
 def test_stats():
