@@ -69,14 +69,26 @@ def _f32(x, low):
 class _Forward:
     probs: np.ndarray      # (B, N, T, S)
     out: np.ndarray        # (B, T, N, H), padded query rows zeroed
-    q: np.ndarray
-    k: np.ndarray          # expanded to N heads: (B, S, N, H)
+    q: np.ndarray          # (B, T, N, H)
+    k: np.ndarray          # grouped by key/value head: (B, K, S, H)
     v: np.ndarray
     scale: float
     q_keep: np.ndarray     # (B, T) bool
-    head_of: np.ndarray    # query head -> key/value head
     out_shape: tuple
     cap_slope: np.ndarray | None = None   # d(capped logits)/d(logits) = 1 - tanh^2, with a soft cap
+
+
+def _rows(x, K):
+    """(B, T, N, H) -> (B, K, G*T, H): the G query heads of each key/value head as one row block
+    (query head n = k*G + g reads key/value head k), so scores are one batched matmul per (b, k)."""
+    B, T, N, H = x.shape
+    return x.reshape(B, T, K, N // K, H).transpose(0, 2, 3, 1, 4).reshape(B, K, N // K * T, H)
+
+
+def _unrows(x, T):
+    """(B, K, G*T, H) -> (B, T, N, H), the inverse of ``_rows``."""
+    B, K, GT, H = x.shape
+    return x.reshape(B, K, GT // T, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, K * (GT // T), H)
 
 
 def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
@@ -91,10 +103,9 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
     low = _LOW.get(np.dtype(emulate).name) if emulate is not None else None
     B, T, N, S, K = sp.batch, sp.q_len, sp.heads, sp.kv_len, sp.kv_heads
     q, k, v = (_round(_np(x), low) for x in (p.query, p.key, p.value))
-    head_of = np.arange(N) // (N // K)          # query head n reads key/value head n // G
-    kN, vN = k[:, :, head_of, :], v[:, :, head_of, :]
+    kg, vg = (x.transpose(0, 2, 1, 3) for x in (k, v))        # (B, K, S, H), never expanded to N heads
     sc = float(p.scale)
-    logits = _f32(np.einsum("btnh,bsnh->bnts", q, kN, optimize=True) * sc, low)
+    logits = _f32((_rows(q, K) @ kg.transpose(0, 1, 3, 2)).reshape(B, N, T, S) * sc, low)
     if p.bias is not None:
         logits = logits + _np(p.bias)
     cap_slope = None
@@ -113,14 +124,14 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
     probs = _f32(w / np.where(denom == 0, 1.0, denom), low)
     if low is not None:
         probs = _round(probs, low)              # probabilities in the dtype before P·V
-    out = _round(_f32(np.einsum("bnts,bsnh->btnh", probs, vN, optimize=True), low), low)
+    out = _round(_f32(_unrows(probs.reshape(B, K, -1, S) @ vg, T), low), low)
     q_keep = np.ones((B, T), bool)
     if p.q_lengths is not None:
         q_keep = np.arange(T)[None, :] < np.asarray(p.q_lengths).reshape(B, 1)
     if p.q_segment_ids is not None:
         q_keep = q_keep & (np.asarray(p.q_segment_ids) >= 0)
     out = out * q_keep[:, :, None, None]
-    return _Forward(probs, out, q, kN, vN, sc, q_keep, head_of, p.out_shape, cap_slope)
+    return _Forward(probs, out, q, kg, vg, sc, q_keep, p.out_shape, cap_slope)
 
 
 def reference_attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
@@ -159,19 +170,17 @@ def reference_attention_grads(query, key, value, cotangent, bias=None, mask=None
                  local_window_size=local_window_size, logits_soft_cap=logits_soft_cap,
                  query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids)
     B, T, N, H = f.out.shape
-    dout = _np(cotangent).reshape(B, T, N, H) * f.q_keep[:, :, None, None]
-    dv_n = np.einsum("bnts,btnh->bsnh", f.probs, dout, optimize=True)
-    dprobs = np.einsum("btnh,bsnh->bnts", dout, f.v, optimize=True)
-    dlogits = f.probs * (dprobs - np.sum(dprobs * f.probs, axis=-1, keepdims=True))
+    K, S = f.k.shape[1], f.k.shape[2]
+    dout = _rows(_np(cotangent).reshape(B, T, N, H) * f.q_keep[:, :, None, None], K)   # (B, K, G*T, H)
+    probs = f.probs.reshape(B, K, -1, S)
+    dv = probs.transpose(0, 1, 3, 2) @ dout                                            # (B, K, S, H)
+    dprobs = dout @ f.v.transpose(0, 1, 3, 2)
+    dlogits = probs * (dprobs - np.sum(dprobs * probs, axis=-1, keepdims=True))
     if f.cap_slope is not None:
-        dlogits = dlogits * f.cap_slope
-    dq = np.einsum("bnts,bsnh->btnh", dlogits, f.k, optimize=True) * f.scale
-    dk_n = np.einsum("bnts,btnh->bsnh", dlogits, f.q, optimize=True) * f.scale
-    K = int(np.asarray(key).shape[-2])
-    dk = np.zeros(dk_n.shape[:2] + (K, H))
-    dv = np.zeros_like(dk)
-    np.add.at(dk, (slice(None), slice(None), f.head_of), dk_n)
-    np.add.at(dv, (slice(None), slice(None), f.head_of), dv_n)
+        dlogits = dlogits * f.cap_slope.reshape(dlogits.shape)
+    dq = _unrows(dlogits @ f.k, T) * f.scale
+    dk = dlogits.transpose(0, 1, 3, 2) @ _rows(f.q, K) * f.scale
+    dk, dv = (x.transpose(0, 2, 1, 3) for x in (dk, dv))                              # (B, S, K, H)
     return dq.reshape(np.shape(query)), dk.reshape(np.shape(key)), dv.reshape(np.shape(value))
 
 
