@@ -8,6 +8,7 @@ import traceback
 
 from ..core import device
 from ..measure import env as envmod
+from ..measure import prefetch
 from ..core.store import ResultStore, read_jsonl
 from .core import LabConfig, LabContext, Section
 from .record import LabInterrupted, OutputHasResults, held_results, run_record
@@ -16,6 +17,18 @@ from .steps import STEPS
 
 def config_for_machine(quick: bool = False) -> LabConfig:
     return LabConfig.for_machine(quick, device.current().platform == "gpu")
+
+
+def _prefetch(cfg: LabConfig, chosen: list[str]) -> None:
+    """Every chosen step's cells are known before the first runs: their references compile in the
+    background (``attnlab.measure.prefetch``, GPU only). A step whose plan fails says so when it runs."""
+    cells = []
+    for sid in chosen:
+        try:
+            cells += [c for sw in (STEPS[sid].sweeps(cfg) if STEPS[sid].sweeps else []) for c in sw.cells()]
+        except Exception:  # noqa: BLE001
+            continue
+    prefetch.start(cells, cfg.options.check)
 
 
 def run_step(step, ctx: LabContext) -> Section:
@@ -84,6 +97,7 @@ def run_lab(out_dir: str = "attnlab-out", *, label: str | None = None, quick: bo
         ctx.store.append(r)
     done: list[Section] = []
     chosen = [sid for sid in STEPS if not sections or sid in sections]
+    _prefetch(ctx.cfg, chosen)
     try:
         for i, sid in enumerate(chosen):
             if progress:

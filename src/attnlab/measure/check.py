@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..reference.float64 import LIMIT_FACTOR, policy_limit, reference_attention, rel_l2, row_rel_err
-from ..reference.blockwise import blockwise_grads_pair, blockwise_pair, errors, rel_errors
+from ..reference.blockwise import blockwise_grads_pair, blockwise_pair, rel_errors
 from .record import Skip
 
 TILE = 64
@@ -52,13 +52,22 @@ class Semantics:
     segment_ids: np.ndarray | None = None           # (B, T) packed ids of a self-attention cell (T == S)
 
     def device_kwargs(self, T: int) -> dict:
+        """``blockwise_pair``'s keyword arguments: the rules, and the lengths, positions and ids as int32 arrays."""
+        return {k: jnp.asarray(v) if isinstance(v, np.ndarray) else v for k, v in self._kwargs(T).items()}
+
+    def device_shapes(self, T: int) -> dict:
+        """``device_kwargs`` with ``jax.ShapeDtypeStruct`` in place of the arrays (to compile ahead)."""
+        return {k: jax.ShapeDtypeStruct(v.shape, v.dtype) if isinstance(v, np.ndarray) else v
+                for k, v in self._kwargs(T).items()}
+
+    def _kwargs(self, T: int) -> dict:
         kw: dict = dict(causal=self.causal, window=self.window, soft_cap=self.soft_cap)
         if self.segment_ids is not None:
-            kw["q_segments"] = kw["kv_segments"] = jnp.asarray(self.segment_ids, jnp.int32)
+            kw["q_segments"] = kw["kv_segments"] = np.asarray(self.segment_ids, np.int32)
         if self.kv_lengths is not None:
-            kw["kv_lengths"] = jnp.asarray(self.kv_lengths, jnp.int32)
+            kw["kv_lengths"] = np.asarray(self.kv_lengths, np.int32)
         if self.q_offsets is not None:
-            kw["q_positions"] = jnp.asarray(self.q_offsets, jnp.int32)[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
+            kw["q_positions"] = (np.asarray(self.q_offsets, np.int32)[:, None] + np.arange(T, dtype=np.int32)[None])
         return kw
 
     def numpy_kwargs(self, batch_idx, rows) -> dict:
@@ -138,11 +147,13 @@ def check_forward(out, q, k, v, sem: Semantics, *, ref_key: str, fixed_limit: fl
     B, T = q.shape[:2]
     dtype = np.dtype(out.dtype).name
     batch_idx, rows = sample_rows(seed_of(ref_key), B, T)
-    take = lambda x: np.asarray(jnp.asarray(x)[np.asarray(batch_idx)][:, rows]).astype(np.float64)  # noqa: E731
+    bi = np.asarray(batch_idx)
+    host = lambda x: np.asarray(x)[bi]          # noqa: E731  (indexed on the host: no gather to compile)
+    take = lambda x: host(x)[:, rows].astype(np.float64)  # noqa: E731
 
     def reference():
         ref32, emul = blockwise_pair(q, k, v, **sem.device_kwargs(T))
-        return ref32, tuple(float(x) for x in jax.device_get(errors(emul, ref32))[:2]), take(emul)
+        return ref32, rel_errors(emul, ref32)[:2], take(emul)
 
     ref32, (b_err, b_row), e64 = _cached(("fwd", ref_key), reference)
     err, row, mx = rel_errors(out, ref32)
@@ -150,8 +161,7 @@ def check_forward(out, q, k, v, sem: Semantics, *, ref_key: str, fixed_limit: fl
     dev.update(reference="float32 blockwise on the device, precision HIGHEST", fraction=1.0)
 
     def rows64():
-        ref64 = reference_attention(np.asarray(q[np.asarray(batch_idx)][:, rows]), np.asarray(k[np.asarray(batch_idx)]),
-                                    np.asarray(v[np.asarray(batch_idx)]), **sem.numpy_kwargs(batch_idx, rows))
+        ref64 = reference_attention(host(q)[:, rows], host(k), host(v), **sem.numpy_kwargs(batch_idx, rows))
         return ref64, rel_l2(e64, ref64), row_rel_err(e64, ref64)
 
     ref64, e_l2, e_row = _cached(("f64", ref_key), rows64)
@@ -187,7 +197,7 @@ def check_grads(grads, q, k, v, cotangent, sem: Semantics, *, ref_key: str) -> d
 
     def reference():
         refs, emuls = blockwise_grads_pair(q, k, v, ct, **dkw)
-        return refs, [float(x) for x in jax.device_get([errors(e, r)[0] for e, r in zip(emuls, refs)])]
+        return refs, [rel_errors(e, r)[0] for e, r in zip(emuls, refs)]
 
     refs, bases = _cached(("grad", ref_key), reference)
     per = {}

@@ -23,8 +23,10 @@ rows t >= q_lengths[b] (when given) give 0, as jax.nn does.
 from __future__ import annotations
 
 import functools
-from collections import OrderedDict
 import math
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future
 
 import jax
 import jax.numpy as jnp
@@ -211,28 +213,62 @@ def blockwise_grads_pair(q, k, v, cotangent, **kw):
     return compiled_once(_grads_pair_program, q, k, v, cotangent, **kw)
 
 
-#: Compiled reference programs by (program, argument shapes and shardings, static options); the newest kept.
+#: Compiled reference programs by (program, argument shapes and shardings, static options): futures, so a
+#: program compiled ahead (``precompile``, in a background thread) is waited for, never compiled twice.
 _PROGRAMS: OrderedDict = OrderedDict()
-_PROGRAMS_KEPT = 16
+_PROGRAMS_KEPT = 64
+_LOCK = threading.Lock()
 #: A reference runs once per shape: XLA's GPU autotuner, which times GEMM algorithms while compiling
-#: (seconds per program on the H200), buys it nothing. The kernels under test keep their autotuning.
+#: (seconds per program on the H200), buys it nothing. Without it the compile runs no kernel on the
+#: device, so it may run beside a timed cell. The kernels under test keep their autotuning.
 NO_AUTOTUNE = {"xla_gpu_autotune_level": 0}
+
+
+def _sharding(x):
+    """The part of an argument's placement a compiled program is bound to: None on one device (the
+    default placement, which ``jax.ShapeDtypeStruct`` arguments of ``precompile`` also get)."""
+    sh = getattr(x, "sharding", None)
+    return None if sh is None or isinstance(sh, jax.sharding.SingleDeviceSharding) else sh
+
+
+def _key(program, args, kw):
+    static = tuple(sorted((k, v) for k, v in kw.items() if k in _STATIC))
+    shape = lambda x: None if x is None else (tuple(x.shape), str(x.dtype), _sharding(x))  # noqa: E731
+    dyn = tuple(sorted((k, shape(v)) for k, v in kw.items() if k not in _STATIC))
+    return (program.__name__, tuple(map(shape, args)), static, dyn)
+
+
+def _compiled(program, args, kw):
+    """The compiled ``program`` for these arguments' shapes (arrays or ``jax.ShapeDtypeStruct``)."""
+    key = _key(program, args, kw)
+    with _LOCK:
+        fut = _PROGRAMS.get(key)
+        mine = fut is None
+        if mine:
+            fut = _PROGRAMS[key] = Future()
+            while len(_PROGRAMS) > _PROGRAMS_KEPT:
+                _PROGRAMS.popitem(last=False)
+        _PROGRAMS.move_to_end(key)
+    if mine:
+        try:
+            fut.set_result(program.lower(*args, **kw).compile(compiler_options=NO_AUTOTUNE))
+        except BaseException as e:  # noqa: BLE001 - raised to every caller of this program
+            fut.set_exception(e)
+            with _LOCK:
+                _PROGRAMS.pop(key, None)
+    return fut.result()
 
 
 def compiled_once(program, *args, **kw):
     """``program(*args, **kw)``, compiled once per shape and static options without autotuning, and
     reused for every later call of that shape."""
-    static = tuple(sorted((k, v) for k, v in kw.items() if k in _STATIC))
-    dynamic = {k: v for k, v in kw.items() if k not in _STATIC}
-    # a compiled program is bound to its arguments' shardings too (sharded cells place inputs on a mesh)
-    shape = lambda x: None if x is None else (tuple(x.shape), str(x.dtype), getattr(x, "sharding", None))  # noqa: E731
-    key = (program.__name__, tuple(map(shape, args)), static, tuple(sorted((k, shape(v)) for k, v in dynamic.items())))
-    if key not in _PROGRAMS:
-        _PROGRAMS[key] = program.lower(*args, **kw).compile(compiler_options=NO_AUTOTUNE)
-        while len(_PROGRAMS) > _PROGRAMS_KEPT:
-            _PROGRAMS.popitem(last=False)
-    _PROGRAMS.move_to_end(key)
-    return _PROGRAMS[key](*args, **dynamic)
+    return _compiled(program, args, kw)(*args, **{k: v for k, v in kw.items() if k not in _STATIC})
+
+
+def precompile(program, *shapes, **kw) -> None:
+    """Compile ``program`` for argument ``shapes`` (``jax.ShapeDtypeStruct``; keyword arguments too) so
+    that a later ``compiled_once`` of arrays of those shapes finds it ready."""
+    _compiled(program, shapes, kw)
 
 
 @jax.jit
@@ -256,5 +292,17 @@ def errors(out, ref):
 
 
 def rel_errors(out, ref) -> tuple[float, float, float]:
-    """``errors`` as Python floats (one transfer from the device)."""
-    return tuple(float(x) for x in jax.device_get(errors(out, ref)))
+    """``errors`` as Python floats (one transfer from the device), compiled once per shape."""
+    return tuple(float(x) for x in jax.device_get(compiled_once(errors, out, ref)))
+
+
+def precompile_check(q, k, v, *, grads: bool = False, **kw) -> None:
+    """Compile what a check of these shapes runs (``jax.ShapeDtypeStruct`` q, k, v and keyword
+    arguments): ``blockwise_pair`` and ``errors`` of an output against it; with ``grads`` also
+    ``blockwise_grads_pair`` (cotangent in q's dtype) and ``errors`` of a key-shaped gradient."""
+    acc = jax.ShapeDtypeStruct(q.shape, _acc(q.dtype))
+    precompile(_pair_program, q, k, v, **kw)
+    precompile(errors, q, acc)
+    if grads:
+        precompile(_grads_pair_program, q, k, v, q, **kw)
+        precompile(errors, k, jax.ShapeDtypeStruct(k.shape, acc.dtype))

@@ -116,12 +116,12 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
     if p.q_segment_ids is not None:
         vis = vis & segments.visible_np(p.q_segment_ids, p.kv_segment_ids)
     vis = np.broadcast_to(vis, (B, N, T, S))
-    logits = np.where(vis, logits, -np.inf)
-    row_max = logits.max(axis=-1, keepdims=True)
-    row_max = np.where(np.isfinite(row_max), row_max, 0.0)
-    w = np.where(vis, np.exp(logits - row_max), 0.0)
+    w = np.where(vis, logits, -np.inf)          # then, in place: exp(logits - row max); masked keys give 0
+    row_max = w.max(axis=-1, keepdims=True)
+    np.subtract(w, np.where(np.isfinite(row_max), row_max, 0.0), out=w)
+    np.exp(w, out=w)
     denom = w.sum(axis=-1, keepdims=True)
-    probs = _f32(w / np.where(denom == 0, 1.0, denom), low)
+    probs = _f32(np.divide(w, np.where(denom == 0, 1.0, denom), out=w), low)
     if low is not None:
         probs = _round(probs, low)              # probabilities in the dtype before P·V
     out = _round(_f32(_unrows(probs.reshape(B, K, -1, S) @ vg, T), low), low)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Callable
 
 from ..measure import env as envmod
@@ -10,6 +11,7 @@ from ..api import sharded  # noqa: F401  (registers the batch / heads / ring str
 from concurrent.futures import wait
 
 from ..measure import ahead as ahead_compile
+from ..measure import prefetch
 from ..measure.cell import IDENTITY, Cell, Options, measure_cell, record_key
 from ..core.record_model import csv_columns
 from ..core.records import config_label, time_ms  # noqa: F401  (re-exported: the helpers live in records)
@@ -20,6 +22,9 @@ from .worker import Abandoned, call_interruptibly
 #: The record's identity (the Cell's fields, derived from the dataclasses), then what was measured.
 #: The CSV columns, derived from the typed record (``attnlab.core.record_model.csv_columns``).
 CSV_COLUMNS = csv_columns(IDENTITY)
+#: The check's reference programs of this many coming cells are compiled in the background (GPU:
+#: ``attnlab.measure.prefetch``), so the first backend of a new shape finds them ready.
+PREFETCH_CELLS = 8
 
 
 def _compact(path: str) -> list[dict]:
@@ -114,18 +119,26 @@ def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, overwrite: bo
 def _measure(cell: Cell, todo: list[Cell], pending: dict, opts: Options, on_phase) -> dict:
     """measure_cell in a worker thread, with this cell's ahead compile and the next one's started."""
     compiled = pending.pop(cell.key(), None)
+    i = next(j for j, c in enumerate(todo) if c.key() == cell.key())
+    prefetch.start(todo[i:i + PREFETCH_CELLS], opts.check)
     nxt = None
     if opts.compile_ahead:
-        i = next(j for j, c in enumerate(todo) if c.key() == cell.key())
         if i + 1 < len(todo) and todo[i + 1].key() not in pending:
             nxt = ahead_compile.start(todo[i + 1])
             if nxt is not None:
                 pending[todo[i + 1].key()] = nxt
 
+    waited = []
+
     def phase(name: str) -> None:
         if name == "timing" and nxt is not None:
+            t0 = time.perf_counter()
             wait([nxt], timeout=opts.compile_budget_s)   # the next compile must not run beside the timer
+            waited.append(time.perf_counter() - t0)
         if on_phase:
             on_phase(cell, name)
 
-    return call_interruptibly(lambda: measure_cell(cell, opts, on_phase=phase, compiled=compiled))
+    rec = call_interruptibly(lambda: measure_cell(cell, opts, on_phase=phase, compiled=compiled))
+    if waited:   # part of this cell's wall seconds, spent on the next cell's compile
+        rec["next_compile_wait_s"] = waited[0]
+    return rec

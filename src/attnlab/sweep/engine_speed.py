@@ -92,10 +92,12 @@ def _shape_key(r: dict) -> str:
 
 
 def _overhead(r: dict) -> float:
-    """``cell_s - compile_wait_s - timing_s``; records from before issue 22 (no compile_wait_s, no
-    timing_s) count ``compile_s`` as their compile wait and their timing as overhead."""
+    """``cell_s - compile_wait_s - next_compile_wait_s - timing_s`` (the last wait is the next cell's
+    compile, which the engine lets finish before this cell's timing); records from before issue 22 (no
+    compile_wait_s, no timing_s) count ``compile_s`` as their compile wait and their timing as overhead."""
     wait = r["compile_wait_s"] if "compile_wait_s" in r else r.get("compile_s")
-    return max(0.0, (r.get("cell_s") or 0.0) - (wait or 0.0) - (r.get("timing_s") or 0.0))
+    wait = (wait or 0.0) + (r.get("next_compile_wait_s") or 0.0)
+    return max(0.0, (r.get("cell_s") or 0.0) - wait - (r.get("timing_s") or 0.0))
 
 
 def summary(records: list[dict], wall_s: float, complete: bool = True) -> dict:

@@ -1,0 +1,77 @@
+"""Compile the check's reference programs of the coming cells in a background thread, on a GPU.
+
+The first cell of each new shape used to pay for compiling its references (``attnlab.measure.check``:
+the blockwise float32 reference with its kernel-like emulation, their gradients for fwd+bwd / bwd
+cells, and the error reduction), about 1-2 s of XLA compile a shape on the H200. Those programs
+depend only on the cell's shapes and mask rules, so ``start(cells)`` queues them for one daemon
+thread that compiles them (``attnlab.reference.blockwise.precompile``) while earlier cells are
+measured; the check then finds them compiled, or waits for the compile already under way (never a
+second compile). They are compiled without XLA's GPU autotuner, so the compile runs no kernel on the
+device and may run beside a timed cell (CUPTI counts only what runs on the device).
+
+Nothing is queued on a CPU: there the compile would share the cores with the timed kernels. Cells
+skipped here (float64: x64 is set per thread; sharded: their placement is part of the program)
+compile their references in their own check, as before. A failed compile here is dropped: the
+cell's check compiles again and reports the error itself.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+
+import jax
+
+from ..reference import blockwise
+from .ahead import shapes
+from .check import semantics
+
+_QUEUE: queue.Queue = queue.Queue()
+_QUEUED: set = set()
+_THREAD: list[threading.Thread] = []
+
+
+def check_shapes(cell) -> tuple:
+    """(q, k, v, grads, keyword arguments) of ``blockwise.precompile_check`` for ``cell``'s check."""
+    q, k, v = shapes(cell)[:3]
+    return q, k, v, cell.mode != "fwd", semantics(cell).device_shapes(cell.q_len)
+
+
+def why_not(cell) -> str | None:
+    """Why ``cell``'s references are not compiled ahead (None: they are)."""
+    if cell.dtype == "float64":
+        return "float64: x64 is set per thread"
+    if cell.strategy is not None:
+        return "sharded: the placement of its inputs is part of its programs"
+    return None
+
+
+def _work() -> None:
+    while True:
+        q, k, v, grads, kw = _QUEUE.get()
+        try:
+            blockwise.precompile_check(q, k, v, grads=grads, **kw)
+        except Exception:  # noqa: BLE001 - the cell's own check compiles again and reports it
+            pass
+
+
+def start(cells, check: bool = True) -> int:
+    """Queue the reference programs of ``cells`` not queued before (GPU only); returns how many cells'."""
+    if not check or jax.default_backend() != "gpu":
+        return 0
+    n = 0
+    for cell in cells:
+        try:
+            if why_not(cell):
+                continue
+            q, k, v, grads, kw = check_shapes(cell)
+        except Exception:  # noqa: BLE001 - a cell that cannot even be described says so when measured
+            continue
+        key = (q, k, v, grads, tuple(sorted(kw.items())))
+        if key not in _QUEUED:
+            _QUEUED.add(key)
+            _QUEUE.put((q, k, v, grads, kw))
+            n += 1
+    if n and not _THREAD:
+        _THREAD.append(threading.Thread(target=_work, daemon=True, name="attnlab-references"))
+        _THREAD[0].start()
+    return n
