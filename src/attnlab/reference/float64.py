@@ -70,7 +70,7 @@ class _Forward:
     probs: np.ndarray      # (B, N, T, S)
     out: np.ndarray        # (B, T, N, H), padded query rows zeroed
     q: np.ndarray          # (B, T, N, H)
-    k: np.ndarray          # grouped by key/value head: (B, K, S, H)
+    k: np.ndarray          # grouped by key/value head: (B, K, S, H), in the inputs' dtype
     v: np.ndarray
     scale: float
     q_keep: np.ndarray     # (B, T) bool
@@ -91,6 +91,32 @@ def _unrows(x, T):
     return x.reshape(B, K, GT // T, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, K * (GT // T), H)
 
 
+#: Keys made float64 at a time: a long cache's K and V are never whole in float64 (3 GiB each at S=128k).
+KEY_BLOCK = 4096
+
+
+def _keys64(x, s, low):
+    """Keys [s, s + KEY_BLOCK) of a (B, K, S, H) array as float64 (rounded to ``low`` when emulating)."""
+    return _round(np.ascontiguousarray(x[:, :, s:s + KEY_BLOCK], np.float64), low)
+
+
+def _scores(qr, kg, low):
+    """qr (B, K, R, H) float64 @ kg (B, K, S, H)^T -> (B, K, R, S) float64, a block of keys at a time."""
+    S = kg.shape[2]
+    out = np.empty(qr.shape[:3] + (S,))
+    for s in range(0, S, KEY_BLOCK):
+        out[..., s:s + KEY_BLOCK] = qr @ _keys64(kg, s, low).transpose(0, 1, 3, 2)
+    return out
+
+
+def _pv(probs, vg, low):
+    """probs (B, K, R, S) float64 @ vg (B, K, S, H) -> (B, K, R, H) float64, summed over blocks of keys."""
+    out = np.zeros(probs.shape[:3] + (vg.shape[3],))
+    for s in range(0, vg.shape[2], KEY_BLOCK):
+        out += probs[..., s:s + KEY_BLOCK] @ _keys64(vg, s, low)
+    return out
+
+
 def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
              query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
              emulate=None, query_offset=0, query_positions=None, logits_soft_cap=None,
@@ -102,10 +128,11 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
     sp = p.spec
     low = _LOW.get(np.dtype(emulate).name) if emulate is not None else None
     B, T, N, S, K = sp.batch, sp.q_len, sp.heads, sp.kv_len, sp.kv_heads
-    q, k, v = (_round(_np(x), low) for x in (p.query, p.key, p.value))
-    kg, vg = (x.transpose(0, 2, 1, 3) for x in (k, v))        # (B, K, S, H), never expanded to N heads
+    q = _round(_np(p.query), low)
+    # (B, K, S, H) in the inputs' dtype, never expanded to N heads; made float64 a block of keys at a time
+    kg, vg = (np.asarray(x).transpose(0, 2, 1, 3) for x in (p.key, p.value))
     sc = float(p.scale)
-    logits = _f32((_rows(q, K) @ kg.transpose(0, 1, 3, 2)).reshape(B, N, T, S) * sc, low)
+    logits = _f32(_scores(_rows(q, K), kg, low).reshape(B, N, T, S) * sc, low)
     if p.bias is not None:
         logits = logits + _np(p.bias)
     cap_slope = None
@@ -124,7 +151,7 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
     probs = _f32(np.divide(w, np.where(denom == 0, 1.0, denom), out=w), low)
     if low is not None:
         probs = _round(probs, low)              # probabilities in the dtype before P·V
-    out = _round(_f32(_unrows(probs.reshape(B, K, -1, S) @ vg, T), low), low)
+    out = _round(_f32(_unrows(_pv(probs.reshape(B, K, -1, S), vg, low), T), low), low)
     q_keep = np.ones((B, T), bool)
     if p.q_lengths is not None:
         q_keep = np.arange(T)[None, :] < np.asarray(p.q_lengths).reshape(B, 1)
@@ -171,14 +198,15 @@ def reference_attention_grads(query, key, value, cotangent, bias=None, mask=None
                  query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids)
     B, T, N, H = f.out.shape
     K, S = f.k.shape[1], f.k.shape[2]
+    k, v = _np(f.k), _np(f.v)
     dout = _rows(_np(cotangent).reshape(B, T, N, H) * f.q_keep[:, :, None, None], K)   # (B, K, G*T, H)
     probs = f.probs.reshape(B, K, -1, S)
     dv = probs.transpose(0, 1, 3, 2) @ dout                                            # (B, K, S, H)
-    dprobs = dout @ f.v.transpose(0, 1, 3, 2)
+    dprobs = dout @ v.transpose(0, 1, 3, 2)
     dlogits = probs * (dprobs - np.sum(dprobs * probs, axis=-1, keepdims=True))
     if f.cap_slope is not None:
         dlogits = dlogits * f.cap_slope.reshape(dlogits.shape)
-    dq = _unrows(dlogits @ f.k, T) * f.scale
+    dq = _unrows(dlogits @ k, T) * f.scale
     dk = dlogits.transpose(0, 1, 3, 2) @ _rows(f.q, K) * f.scale
     dk, dv = (x.transpose(0, 2, 1, 3) for x in (dk, dv))                              # (B, S, K, H)
     return dq.reshape(np.shape(query)), dk.reshape(np.shape(key)), dv.reshape(np.shape(value))
