@@ -1,5 +1,6 @@
 """Paged KV caches (vLLM layout) for decode (issue 25, item 3): pages, the kernel reading through the
 table (interpret mode), decode_attention(page_table=...), cuDNN's paged path's rules, sweep cells."""
+import dataclasses
 import functools
 
 import jax
@@ -9,6 +10,7 @@ import pytest
 
 import attnlab
 from attnlab import backends
+from attnlab.core.problem import Problem
 from attnlab.reference.inputs import random_qkv
 from attnlab.kernels import decode as kd
 from attnlab.kernels import pages as kp
@@ -136,11 +138,11 @@ def test_cudnn_paged_rules_and_which_backends_have_a_paged_path():
     from attnlab.backends.cudnn_paged import paged_reason
     from attnlab.api.decode import DecodeSpec, paged_refusal
 
-    spec = DecodeSpec(batch=2, q_len=1, max_len=64, heads=4, kv_heads=2, head_dim=64, dtype="bfloat16",
-                      causal=True, scale=None, page_size=16)
+    spec = DecodeSpec(Problem(2, 1, 64, 4, 2, 64, "bfloat16", causal=True), scale=None, page_size=16)
     assert paged_reason(spec, 8, 4) is None
     assert "exactly B * pages_per_seq = 8 pages, got 9" in paged_reason(spec, 9, 4)
-    assert "float32 not supported" in paged_reason(DecodeSpec(**{**spec.__dict__, "dtype": "float32"}), 8, 4)
+    f32 = dataclasses.replace(spec, problem=dataclasses.replace(spec.problem, dtype="float32"))
+    assert "float32 not supported" in paged_reason(f32, 8, 4)
     assert paged_refusal(backends.get("attnlab-decode")) is None and paged_refusal(backends.get("cudnn")) is None
     assert "gather the pages" in paged_refusal(backends.get("xla"))
 

@@ -112,6 +112,26 @@ def test_attention_spec_holds_a_problem():
     assert Workload.from_spec(spec).as_problem() == spec.problem
 
 
+def test_decode_spec_holds_a_problem():
+    import numpy as np
+
+    from attnlab.api.decode import DecodeSpec, prepare_decode
+
+    q = np.zeros((2, 4, 4, 16), np.float32)
+    k = np.zeros((2, 12, 2, 16), np.float32)
+    spec = prepare_decode(q, k, k, [12, 5], scale=0.5).spec
+    assert [f.name for f in dataclasses.fields(DecodeSpec)] == ["problem", "scale", "scale_is_static", "page_size",
+                                                                "soft_cap"]
+    assert spec.problem == Problem(2, 4, 12, 4, 2, 16, "float32", True) and spec == DecodeSpec(spec.problem, 0.5)
+    assert (spec.batch, spec.q_len, spec.max_len, spec.heads, spec.kv_heads, spec.head_dim, spec.dtype, spec.causal,
+            spec.groups) == (2, 4, 12, 4, 2, 16, "float32", True, 2)
+    with pytest.raises(AttributeError):
+        spec.max_len = 3
+    att = spec.attention_spec()       # decode's causal tail is a mask there, not attention's top-left is_causal
+    assert att.problem == dataclasses.replace(spec.problem, causal=False) and att.mask_shape == (2, 1, 4, 12)
+    assert Workload.from_spec(spec).as_problem() == spec.problem
+
+
 def test_committed_records_rebuild_their_cells_keys():
     n = 0
     for path in glob.glob(os.path.join(ROOT, "results", "*", "results.jsonl")):

@@ -25,7 +25,11 @@ Paths (``implementation``):
   * ``None`` / ``"auto"``: attnlab-decode where its auto rule
     (``backends.attnlab_decode.auto_reason``) says so, else ``attention``'s auto choice.
 
-Validation happens before JAX sees the arrays; errors name the argument and the rule. Under
+Validation happens before JAX sees the arrays; errors name the argument and the rule. The rules
+``attention`` has too are written once, in ``attnlab.core.checks``: the sizes are ``Problem``'s
+(``call_problem``: e.g. ``q heads N=3 must be a multiple of k_cache heads K=2``), dtypes, key/value
+shapes, ``causal``, the lengths array, scale and soft cap have one shared helper each; only the
+decode rules (rank 4, a page table, T <= S_max, T <= kv_lengths[b] <= S_max) are checked here. Under
 ``jax.jit`` with traced ``kv_lengths`` the value checks are skipped (as in ``attnlab.core.spec``);
 lengths outside [T, S_max] then give implementation-defined rows (the kernel clamps them to
 [0, S_max] and never reads out of bounds).
@@ -40,30 +44,37 @@ import numpy as np
 
 from .. import backends
 from ..backends.masked_decode import decode_mask, masked_decode  # noqa: F401 (decode_mask: re-exported)
+from ..core.checks import (_is_tracer, _shape, call_problem, check_flag, check_kv_shapes, check_scale,
+                           check_soft_cap, common_float_dtype, length_values)
 from ..core.errors import UnsupportedError
-from ..core.spec import AttentionSpec, _is_tracer, _shape, check_scale, check_soft_cap, common_float_dtype
+from ..core.problem import Problem, delegate_fields
+from ..core.spec import AttentionSpec
+
+#: How ``decode_attention``'s errors name the sizes of a call (``checks.call_problem``).
+ARGUMENT_NAMES = {"batch": "q batch size B", "q_len": "q length T", "kv_len": "k_cache length S_max",
+                  "heads": "q heads N", "kv_heads": "k_cache heads K", "head_dim": "q head dim H"}
 
 
 @dataclasses.dataclass(frozen=True)
 class DecodeSpec:
-    """Static description of one decode call."""
+    """Static description of one decode call: its ``Problem`` and what else the call carries.
 
-    batch: int
-    q_len: int          # T new tokens
-    max_len: int        # S_max, the cache's capacity
-    heads: int
-    kv_heads: int
-    head_dim: int
-    dtype: str
-    causal: bool
-    scale: float | None          # None: default 1/sqrt(H), or traced
+    ``problem``: ``Problem(B, T, S_max, N, K, H, dtype, causal)``: ``kv_len`` is the cache's capacity
+    S_max (contiguous: k_cache's length; paged: pages_per_seq * page_size), ``causal`` decode's
+    bottom-right rule (query t sees keys <= kv_lengths[b] - T + t), ``window`` None. Its fields read
+    as attributes (``spec.heads``, ``spec.q_len``), ``spec.max_len`` is ``problem.kv_len``.
+    The per-sequence ``kv_lengths`` are values, not part of the static description.
+    """
+
+    problem: Problem
+    scale: float | None = None      # None: default 1/sqrt(H), or traced
     scale_is_static: bool = True
-    page_size: int | None = None  # paged KV cache (vLLM layout); max_len = pages_per_seq * page_size
+    page_size: int | None = None    # paged KV cache (vLLM layout); max_len = pages_per_seq * page_size
     soft_cap: float | None = None   # logits_soft_cap: cap * tanh(logits / cap) before masking
 
     @property
     def groups(self) -> int:
-        return self.heads // self.kv_heads
+        return self.problem.groups
 
     @property
     def needs_mask(self) -> bool:
@@ -73,9 +84,12 @@ class DecodeSpec:
     def attention_spec(self) -> AttentionSpec:
         """The ``attention()`` call this decode is expressed as on the generic backends."""
         mask = (self.batch, 1, self.q_len, self.max_len) if self.needs_mask else None
-        return AttentionSpec(batch=self.batch, q_len=self.q_len, kv_len=self.max_len, heads=self.heads,
-                             kv_heads=self.kv_heads, head_dim=self.head_dim, dtype=self.dtype, scale=self.scale,
+        # decode's causal rule is the mask (bottom-right); attention's is_causal (top-left) stays off
+        return AttentionSpec(problem=dataclasses.replace(self.problem, causal=False), scale=self.scale,
                              mask_shape=mask, has_kv_lengths=True, soft_cap=self.soft_cap)
+
+
+delegate_fields(DecodeSpec, max_len="kv_len")
 
 
 @dataclasses.dataclass
@@ -113,41 +127,24 @@ def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, 
         ks = vs = (qs[0], s_max, ks[2], ks[3])     # checked below as its contiguous twin
     if len(ks) != 4:
         raise ValueError(f"k_cache must have rank 4 (B, S_max, K, H), got shape {ks}")
-    if vs != ks:
-        raise ValueError(f"v_cache shape {vs} must equal k_cache shape {ks}")
+    check_kv_shapes(("q", "k_cache", "v_cache"), qs, ks, vs)
     dtype = common_float_dtype({"q": q, "k_cache": k_cache, "v_cache": v_cache})
     B, T, N, H = qs
-    kB, S, K, kH = ks
-    if kB != B:
-        raise ValueError(f"k_cache batch size {kB} must equal q's batch size B={B}")
-    if kH != H:
-        raise ValueError(f"k_cache head dim {kH} must equal q's head dim H={H}")
-    if min(B, T, N, H) < 1:
-        raise ValueError(f"q dims (B, T, N, H) must all be >= 1, got {qs}")
-    if K < 1 or N % K:
-        raise ValueError(f"q heads N={N} must be a multiple of k_cache heads K={K}")
+    S, K = ks[1:3]
+    problem = call_problem(ARGUMENT_NAMES, (B, T, S, N, K, H), dtype, check_flag("causal", causal))
     if S < T:
         raise ValueError(f"k_cache length S_max={S} must be >= T={T}: the T new tokens must fit in the cache")
     if not hasattr(kv_lengths, "shape"):
         kv_lengths = np.asarray(kv_lengths)
-    ls = tuple(int(d) for d in kv_lengths.shape)
-    if ls != (B,):
-        raise ValueError(f"kv_lengths must have shape (B,)=({B},), got {ls}")
-    if np.dtype(kv_lengths.dtype).kind not in "iu":
-        raise TypeError(f"kv_lengths must be an integer array, got dtype {np.dtype(kv_lengths.dtype).name}")
-    if not _is_tracer(kv_lengths):
-        vals = np.asarray(kv_lengths)
-        for b, n in enumerate(vals.tolist()):
-            if n < T:
-                raise ValueError(f"kv_lengths[{b}]={n} < T={T}: the T new tokens must be in the cache")
-            if n > S:
-                raise ValueError(f"kv_lengths[{b}]={n} > S_max={S}: lengths must fit in k_cache/v_cache")
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__} {causal!r}")
+    vals = length_values("kv_lengths", kv_lengths, B)
+    for b, n in enumerate([] if vals is None else vals.tolist()):
+        if n < T:
+            raise ValueError(f"kv_lengths[{b}]={n} < T={T}: the T new tokens must be in the cache")
+        if n > S:
+            raise ValueError(f"kv_lengths[{b}]={n} > S_max={S}: lengths must fit in k_cache/v_cache")
     scale = check_scale(scale)
     static_scale = not _is_tracer(scale)
-    spec = DecodeSpec(batch=B, q_len=T, max_len=S, heads=N, kv_heads=K, head_dim=H, dtype=dtype,
-                      causal=bool(causal), scale=scale if static_scale else None, scale_is_static=static_scale,
+    spec = DecodeSpec(problem, scale=scale if static_scale else None, scale_is_static=static_scale,
                       page_size=page_size, soft_cap=check_soft_cap(logits_soft_cap))
     import jax.numpy as jnp
 

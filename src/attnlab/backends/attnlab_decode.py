@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from ..core import device
 from ..core.errors import UnsupportedError
+from ..core.problem import Problem
 from ..kernels import decode as kd
 from ..core.spec import AttentionSpec, Prepared, _is_tracer
 from .base import Backend
@@ -38,8 +39,10 @@ AUTO_CLAIMS_ATTENTION = False
 AUTO_MIN_S = 1024
 
 
-def _common(q_len, kv_len, heads, kv_heads, head_dim, dtype) -> str | None:
-    return kd.unsupported(q_len, kv_len, heads, kv_heads, head_dim, dtype)
+def _common(p: Problem) -> str | None:
+    """The kernel's shape and dtype limits for a problem (an attention call's, or a decode call's with
+    kv_len = S_max)."""
+    return kd.unsupported(p.q_len, p.kv_len, p.heads, p.kv_heads, p.head_dim, p.dtype)
 
 
 class AttnlabDecodeBackend(Backend):
@@ -66,7 +69,7 @@ class AttnlabDecodeBackend(Backend):
         return device.current().platform != "gpu"
 
     def supports(self, spec: AttentionSpec) -> str | None:
-        why = _common(spec.q_len, spec.kv_len, spec.heads, spec.kv_heads, spec.head_dim, spec.dtype)
+        why = _common(spec.problem)
         if why:
             return why
         if spec.is_causal:
@@ -80,7 +83,7 @@ class AttnlabDecodeBackend(Backend):
 
     def supports_decode(self, spec) -> str | None:
         """Why ``decode_attention`` cannot run ``spec`` (an ``attnlab.api.decode.DecodeSpec``) here, or None."""
-        why = _common(spec.q_len, spec.max_len, spec.heads, spec.kv_heads, spec.head_dim, spec.dtype)
+        why = _common(spec.problem)
         if why:
             return why
         if not spec.scale_is_static:

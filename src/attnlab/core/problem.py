@@ -5,13 +5,15 @@
 
 - validates a problem (positive sizes, N a multiple of K, a dtype NumPy knows or a short name such as
   ``bf16`` (read as ``bfloat16``, ``attnlab.core.names``), window
-  ``(left, right)`` of non-negative ints), raising ``ValueError`` naming the argument;
+  ``(left, right)`` of non-negative ints), raising ``ProblemError`` (a ``ValueError``) naming the
+  field; ``attnlab.core.checks.call_problem`` says the same rule in a call's argument names;
 - counts its cost (FLOPs and bytes in the FlashAttention convention, ``attnlab.core.workload``);
 - names it: ``label`` (``B2 T128 S128 N8/2 H64 bfloat16 causal w64:0``, the format of the
   sweep's configuration labels) and ``key``/``identity`` (the JSON fields a record stores).
 
-``AttentionSpec`` (the prepared call), ``Workload`` (the cost model, with decode lengths) and
-``measure.Cell`` (one sweep cell) hold or extend a Problem instead of repeating its fields.
+``AttentionSpec`` (the prepared call), ``DecodeSpec`` (a prepared decode call, ``attnlab.api.decode``),
+``Workload`` (the cost model, with decode lengths) and ``measure.Cell`` (one sweep cell) hold or extend
+a Problem instead of repeating its fields.
 """
 from __future__ import annotations
 
@@ -38,6 +40,15 @@ def itemsize(dtype: str) -> int:
         raise ValueError(f"dtype must be a dtype name NumPy knows (e.g. bfloat16, float32), got {dtype!r}") from None
 
 
+class ProblemError(ValueError):
+    """A broken ``Problem`` rule; ``fields`` names the fields it is about (``("heads", "kv_heads")``
+    when N is not a multiple of K), so a caller can say it in its own argument names."""
+
+    def __init__(self, message: str, *fields: str):
+        super().__init__(message)
+        self.fields = fields
+
+
 @dataclasses.dataclass(frozen=True)
 class Problem:
     """One attention problem (see the module docstring)."""
@@ -56,18 +67,21 @@ class Problem:
         for f in SIZES:
             v = getattr(self, f)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{f} must be a positive int, got {v!r}")
+                raise ProblemError(f"{f} must be a positive int, got {v!r}", f)
         if self.heads % self.kv_heads:
-            raise ValueError(f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads}")
+            raise ProblemError(f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads}", "heads", "kv_heads")
         w = self.window
         if w is not None:
             if (not isinstance(w, (tuple, list)) or len(w) != 2
                     or any(isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 0 for x in w)):
-                raise ValueError(f"window must be (left, right) with both >= 0, got {w!r}")
+                raise ProblemError(f"window must be (left, right) with both >= 0, got {w!r}", "window")
             if isinstance(w, list):
                 object.__setattr__(self, "window", tuple(w))
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))   # bf16 -> bfloat16
-        itemsize(self.dtype)
+        try:
+            itemsize(self.dtype)
+        except ValueError as e:
+            raise ProblemError(str(e), "dtype") from None
 
     @classmethod
     def of(cls, obj) -> "Problem":

@@ -1,0 +1,163 @@
+"""The argument checks every call shares: ``attention``'s ``prepare`` (``attnlab.core.spec``) and
+``decode_attention``'s ``prepare_decode`` (``attnlab.api.decode``) validate through these, each
+naming its own arguments (``query``/``key``/``value`` or ``q``/``k_cache``/``v_cache``).
+
+Each rule is written once: the sizes of a call (every one >= 1, N a multiple of K) are the rules of
+``attnlab.core.problem.Problem`` itself (``call_problem`` builds the call's Problem and says a broken
+rule in the call's argument names); dtypes (``common_float_dtype``), the key/value shapes against the
+query's (``check_kv_shapes``), flags (``check_flag``), length arrays (``length_values``), scale,
+soft cap and window have one helper each. Errors are ``ValueError``/``TypeError`` naming the argument
+and the rule, raised before JAX sees the arrays; value checks are skipped for traced arrays.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .names import FLOAT_DTYPES
+from .problem import SIZES, Problem, ProblemError
+
+
+def _dtype_name(x) -> str:
+    """The dtype JAX computes ``x`` in: a NumPy float64 array is float32 to JAX unless x64 is on."""
+    name = np.dtype(x.dtype).name
+    if name == "float64":
+        import jax
+
+        return np.dtype(jax.dtypes.canonicalize_dtype(x.dtype)).name
+    return name
+
+
+def _is_tracer(x) -> bool:
+    try:
+        import jax
+
+        return isinstance(x, jax.core.Tracer)
+    except Exception:  # pragma: no cover - jax always importable in practice
+        return False
+
+
+def _shape(name: str, x) -> tuple[int, ...]:
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"{name} must be an array with .shape and .dtype, got {type(x).__name__}")
+    return tuple(int(d) for d in x.shape)
+
+
+def call_problem(names: Mapping[str, str], sizes: Sequence[int], dtype: str, causal: bool,
+                 window: tuple[int, int] | None = None) -> Problem:
+    """The ``Problem`` of a call: ``sizes`` (B, T, S, N, K, H) read off its arrays' shapes.
+
+    The rules are ``Problem.__post_init__``'s; a broken one is raised again as a ``ProblemError``
+    (a ValueError) in the call's words, its cause the Problem's own error: ``names`` maps each size
+    field to how the call names it (``{"heads": "q heads N", "kv_heads": "k_cache heads K", ...}``),
+    e.g. ``q heads N=3 must be a multiple of k_cache heads K=2`` or ``head dim H=0 must be >= 1``."""
+    try:
+        return Problem(*sizes, dtype, bool(causal), window)
+    except ProblemError as e:
+        got = dict(zip(SIZES, sizes))
+        if e.fields == ("heads", "kv_heads"):
+            msg = f"{names['heads']}={got['heads']} must be a multiple of {names['kv_heads']}={got['kv_heads']}"
+        elif len(e.fields) == 1 and e.fields[0] in names:
+            msg = f"{names[e.fields[0]]}={got[e.fields[0]]} must be >= 1"
+        else:
+            raise
+        raise ProblemError(msg, *e.fields) from e
+
+
+def check_kv_shapes(names: tuple[str, str, str], qs: tuple[int, ...], ks: tuple[int, ...], vs: tuple[int, ...]):
+    """Key/value shapes against the query's, all of one rank (4: (B, ., ., H); 3: no batch): the value's
+    equals the key's, and the key's batch size and head dim equal the query's. ``names``: (q, k, v)."""
+    q, k, v = names
+    if vs != ks:
+        raise ValueError(f"{v} shape {vs} must equal {k} shape {ks}")
+    if len(ks) == 4 and ks[0] != qs[0]:
+        raise ValueError(f"{k} batch size {ks[0]} must equal {q}'s batch size B={qs[0]}")
+    if ks[-1] != qs[-1]:
+        raise ValueError(f"{k} head dim {ks[-1]} must equal {q}'s head dim H={qs[-1]}")
+
+
+def check_flag(name: str, value) -> bool:
+    """``value`` as a Python bool; TypeError naming ``name`` unless it is a (NumPy) bool."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def common_float_dtype(arrays: dict[str, Any]) -> str:
+    """The one floating dtype name that ``arrays`` (argument name -> array) share; TypeError naming
+    the argument whose dtype is not floating, or every dtype when they differ."""
+    dts = {n: _dtype_name(x) for n, x in arrays.items()}
+    for n, d in dts.items():
+        if d not in FLOAT_DTYPES:
+            raise TypeError(f"{n} must have a floating dtype ({', '.join(FLOAT_DTYPES)}), got {d}")
+    if len(set(dts.values())) != 1:
+        *first, last = dts
+        raise TypeError(f"{', '.join(first)} and {last} must share one dtype, got "
+                        + ", ".join(f"{n} {d}" for n, d in dts.items()))
+    return next(iter(dts.values()))
+
+
+def length_values(name: str, x, batch: int):
+    """Check a (B,) integer lengths array; its values (a NumPy array), or None when ``x`` is traced."""
+    shape = _shape(name, x)
+    if shape != (batch,):
+        raise ValueError(f"{name} must have shape (B,)=({batch},), got {shape}")
+    if np.dtype(x.dtype).kind not in "iu":
+        raise TypeError(f"{name} must be an integer array, got dtype {np.dtype(x.dtype).name}")
+    return None if _is_tracer(x) else np.asarray(x)
+
+
+def _check_lengths(name: str, x, batch: int, limit: int, letter: str):
+    """A (B,) lengths array with values in [0, limit] (``letter``: T or S)."""
+    vals = length_values(name, x, batch)
+    if vals is not None and vals.size and (vals.min() < 0 or vals.max() > limit):
+        raise ValueError(f"{name} values must lie in [0, {letter}]=[0, {limit}], got {vals.tolist()}")
+
+
+def check_scale(scale):
+    """None, a positive finite float (a Python float from any real), or a traced scalar as given."""
+    if scale is None:
+        return None
+    if isinstance(scale, bool) or not (isinstance(scale, numbers.Real) or hasattr(scale, "dtype")):
+        raise TypeError(f"scale must be a positive finite float or None, got {scale!r}")
+    if _is_tracer(scale):
+        return scale
+    s = float(scale)
+    if not (math.isfinite(s) and s > 0):
+        raise ValueError(f"scale must be positive and finite, got {s}")
+    return s
+
+
+def check_soft_cap(cap) -> float | None:
+    """None, or a positive finite Python/NumPy float (compiled in: it may not be traced)."""
+    if cap is None:
+        return None
+    if isinstance(cap, bool) or not isinstance(cap, numbers.Real) or _is_tracer(cap):
+        raise TypeError(f"logits_soft_cap must be None or a positive finite float (a Python number, not an array), "
+                        f"got {type(cap).__name__} {cap!r}")
+    c = float(cap)
+    if not (math.isfinite(c) and c > 0):
+        raise ValueError(f"logits_soft_cap must be positive and finite (logits -> cap * tanh(logits / cap)), got {c}")
+    return c
+
+
+def normalise_window(local_window_size) -> tuple[int, int] | None:
+    """None, an int w (meaning (w, w)) or (left, right) with non-negative ints."""
+    if local_window_size is None:
+        return None
+    def ok(v):
+        return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+    if ok(local_window_size):
+        w = int(local_window_size)
+        if w < 0:
+            raise ValueError(f"local_window_size must be >= 0, got {w}")
+        return (w, w)
+    if isinstance(local_window_size, (tuple, list)) and len(local_window_size) == 2 and all(map(ok, local_window_size)):
+        left, right = (int(v) for v in local_window_size)
+        if left < 0 or right < 0:
+            raise ValueError(f"local_window_size (left, right) must both be >= 0, got {(left, right)}")
+        return (left, right)
+    raise ValueError(f"local_window_size must be None, an int or a (left, right) pair of ints, got {local_window_size!r}")
