@@ -344,7 +344,11 @@ def test_reference_programs_are_compiled_once_per_shape_without_autotuning(monke
 
     monkeypatch.setattr(rd, "_pair_program", type("P", (), {"__name__": "_pair_program",
                                                              "lower": staticmethod(lambda *a, **k: Spy(real_lower(*a, **k)))})())
-    monkeypatch.setattr(rd, "_PROGRAMS", rd.OrderedDict())
+    from collections import OrderedDict
+
+    from attnlab.reference import compiled
+
+    monkeypatch.setattr(compiled, "_PROGRAMS", OrderedDict())
     q, k, v = random_qkv(1, 32, 32, 2, 2, 16, "float32", seed=0)
     for causal in (True, True, False):
         rd.blockwise_pair(q, k, v, causal=causal)

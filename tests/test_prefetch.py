@@ -3,7 +3,7 @@ import pytest
 
 from attnlab.measure import check, prefetch
 from attnlab.measure.cell import Cell, Options, measure_cell
-from attnlab.reference import blockwise
+from attnlab.reference import blockwise, compiled
 from attnlab.sweep.engine_speed import _overhead
 
 CELLS = [
@@ -16,14 +16,14 @@ CELLS = [
 
 @pytest.mark.parametrize("cell", CELLS, ids=["decode", "fwd+bwd"])
 def test_the_check_runs_the_programs_compiled_ahead(cell):
-    blockwise._PROGRAMS.clear()
+    compiled._PROGRAMS.clear()
     check.clear_cache()
     q, k, v, grads, kw = prefetch.check_shapes(cell)
     blockwise.precompile_check(q, k, v, grads=grads, **kw)
-    ahead = set(blockwise._PROGRAMS)
+    ahead = set(compiled._PROGRAMS)
     rec = measure_cell(cell, Options(repeats=2, warmup=1))
     assert rec["status"] == "ok", rec["reason"]
-    assert set(blockwise._PROGRAMS) == ahead          # the check compiled nothing of its own
+    assert set(compiled._PROGRAMS) == ahead          # the check compiled nothing of its own
 
 
 def test_nothing_is_queued_on_a_cpu():

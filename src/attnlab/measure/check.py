@@ -7,7 +7,7 @@
   drawn at random), drawn from a seed derived from the cell's problem (not from Python's ``hash``),
   so every backend of one problem is checked on the same rows.
 
-The policy (``attnlab.reference.float64.policy_limit``; in words, once: docs/measuring.md "Tolerance policy")
+The policy (``attnlab.reference.tolerance.policy_limit``; in words, once: docs/measuring.md "Tolerance policy")
 applies to each error: relative L2 over the whole tensor and, for outputs, the worst row's.
 Backends that compute in float8 set their own fixed limit.
 References are shared by every backend and mode measured on the same inputs (``ref_key``): the float32

@@ -24,15 +24,13 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
-from collections import OrderedDict
-from concurrent.futures import Future
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ..core.masking import large_negative
+from .compiled import NO_AUTOTUNE, STATIC, compiled_once, precompile  # noqa: F401 (NO_AUTOTUNE re-exported)
 
 #: bytes one tile's float32 scores may take, by platform (the backward pass holds a few of them)
 TILE_BUDGET = {"gpu": 256 * 2**20, "cpu": 16 * 2**20}
@@ -189,15 +187,14 @@ def blockwise_grads(q, k, v, cotangent, *, scale=None, causal=False, window=None
     return dq.astype(out_dtype), dk.astype(out_dtype), dv.astype(out_dtype)
 
 
-_STATIC = ("causal", "window", "tile", "budget", "soft_cap")
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC)
+@functools.partial(jax.jit, static_argnames=STATIC)
 def _pair_program(q, k, v, **kw):
     return blockwise_attention(q, k, v, **kw), blockwise_attention(q, k, v, emulate=True, **kw)
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC)
+@functools.partial(jax.jit, static_argnames=STATIC)
 def _grads_pair_program(q, k, v, cotangent, **kw):
     return blockwise_grads(q, k, v, cotangent, **kw), blockwise_grads(q, k, v, cotangent, emulate=True, **kw)
 
@@ -211,64 +208,6 @@ def blockwise_pair(q, k, v, **kw):
 def blockwise_grads_pair(q, k, v, cotangent, **kw):
     """((dq, dk, dv) float32, (dq, dk, dv) emulated): ``blockwise_grads`` both ways in one program."""
     return compiled_once(_grads_pair_program, q, k, v, cotangent, **kw)
-
-
-#: Compiled reference programs by (program, argument shapes and shardings, static options): futures, so a
-#: program compiled ahead (``precompile``, in a background thread) is waited for, never compiled twice.
-_PROGRAMS: OrderedDict = OrderedDict()
-_PROGRAMS_KEPT = 64
-_LOCK = threading.Lock()
-#: A reference runs once per shape: XLA's GPU autotuner, which times GEMM algorithms while compiling
-#: (seconds per program on the H200), buys it nothing. Without it the compile runs no kernel on the
-#: device, so it may run beside a timed cell. The kernels under test keep their autotuning.
-NO_AUTOTUNE = {"xla_gpu_autotune_level": 0}
-
-
-def _sharding(x):
-    """The part of an argument's placement a compiled program is bound to: None on one device (the
-    default placement, which ``jax.ShapeDtypeStruct`` arguments of ``precompile`` also get)."""
-    sh = getattr(x, "sharding", None)
-    return None if sh is None or isinstance(sh, jax.sharding.SingleDeviceSharding) else sh
-
-
-def _key(program, args, kw):
-    static = tuple(sorted((k, v) for k, v in kw.items() if k in _STATIC))
-    shape = lambda x: None if x is None else (tuple(x.shape), str(x.dtype), _sharding(x))  # noqa: E731
-    dyn = tuple(sorted((k, shape(v)) for k, v in kw.items() if k not in _STATIC))
-    return (program.__name__, tuple(map(shape, args)), static, dyn)
-
-
-def _compiled(program, args, kw):
-    """The compiled ``program`` for these arguments' shapes (arrays or ``jax.ShapeDtypeStruct``)."""
-    key = _key(program, args, kw)
-    with _LOCK:
-        fut = _PROGRAMS.get(key)
-        mine = fut is None
-        if mine:
-            fut = _PROGRAMS[key] = Future()
-            while len(_PROGRAMS) > _PROGRAMS_KEPT:
-                _PROGRAMS.popitem(last=False)
-        _PROGRAMS.move_to_end(key)
-    if mine:
-        try:
-            fut.set_result(program.lower(*args, **kw).compile(compiler_options=NO_AUTOTUNE))
-        except BaseException as e:  # noqa: BLE001 - raised to every caller of this program
-            fut.set_exception(e)
-            with _LOCK:
-                _PROGRAMS.pop(key, None)
-    return fut.result()
-
-
-def compiled_once(program, *args, **kw):
-    """``program(*args, **kw)``, compiled once per shape and static options without autotuning, and
-    reused for every later call of that shape."""
-    return _compiled(program, args, kw)(*args, **{k: v for k, v in kw.items() if k not in _STATIC})
-
-
-def precompile(program, *shapes, **kw) -> None:
-    """Compile ``program`` for argument ``shapes`` (``jax.ShapeDtypeStruct``; keyword arguments too) so
-    that a later ``compiled_once`` of arrays of those shapes finds it ready."""
-    _compiled(program, shapes, kw)
 
 
 @jax.jit

@@ -4,20 +4,21 @@
 convertible by ``np.asarray``) and returns a float64 ``np.ndarray`` shaped like query.
 ``reference_attention_grads`` gives d(sum(out * cotangent))/d(q, k, v) in float64.
 ``reference_attention(..., emulate=dtype)`` computes like the fused kernels do, in a low
-precision ``dtype``: the baseline of the tolerance policy. ``LIMIT_FACTOR``, ``FLOORS``,
-``policy_limit``, ``tolerance`` and ``check_close`` are its code; the policy in words, written
-once, is docs/measuring.md ("Tolerance policy"). Rows that see no key at all are given 0 here.
+precision ``dtype``: the baseline of the tolerance policy, whose numbers are
+``attnlab.reference.tolerance`` (re-exported here) and which ``check_close`` applies; the policy in
+words, written once, is docs/measuring.md ("Tolerance policy"). Rows that see no key at all are given 0.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import ml_dtypes
 import numpy as np
 
 from ..core import segments
 from ..core.spec import prepare
+from .tolerance import (FLOORS, LIMIT_FACTOR, TF32_LIMIT, Verdict, default_matmul_is_tf32,  # noqa: F401 (re-exported)
+                        policy_limit, rel_l2, row_rel_err, tolerance)
 
 _LOW = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 
@@ -215,94 +216,6 @@ def reference_attention_grads(query, key, value, cotangent, bias=None, mask=None
 def low_precision_baseline(query, key, value, *args, ref, emulate, **kwargs) -> float:
     """Relative L2 error of the kernel-like emulation in ``emulate`` (bf16/fp16) against ``ref``."""
     return rel_l2(reference_attention(query, key, value, *args, emulate=emulate, **kwargs), ref)
-
-
-def rel_l2(out, ref) -> float:
-    """||out - ref|| / ||ref|| in float64 (inf when out has NaN/Inf)."""
-    out, ref = (np.asarray(x).astype(np.float64) for x in (out, ref))
-    if not np.all(np.isfinite(out)):
-        return math.inf
-    num, denom = np.linalg.norm(out - ref), np.linalg.norm(ref)
-    return float(num / denom) if denom > 0 else float(num)
-
-
-def row_rel_err(out, ref, row_axes: int = 2) -> float:
-    """The worst row's relative L2 error: rows are the first ``row_axes`` axes ((B, T) of (B, T, N, H)).
-
-    A row whose reference is (near) zero is judged against 1e-3 of the mean row norm, so a zeroed
-    padded row that should be zero counts 0 and one that is not counts large."""
-    out, ref = (np.asarray(x).astype(np.float64) for x in (out, ref))
-    if not np.all(np.isfinite(out)):
-        return math.inf
-    if ref.size == 0:
-        return 0.0
-    lead = int(np.prod(ref.shape[:row_axes]))
-    d = np.linalg.norm((out - ref).reshape(lead, -1), axis=1)
-    r = np.linalg.norm(ref.reshape(lead, -1), axis=1)
-    floor = max(1e-3 * float(r.mean()), 1e-30)
-    return float(np.max(d / np.maximum(r, floor)))
-
-
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-    ok: bool
-    rel_err: float
-    limit: float
-    max_abs_err: float
-    rule: str
-    row_err: float = 0.0
-    row_limit: float = math.inf
-
-    def __bool__(self) -> bool:
-        return self.ok
-
-    @property
-    def margin(self) -> float:
-        """How many times each error could grow before failing (the smaller of the two); < 1 fails."""
-        ratios = [lim / err if err > 0 else math.inf for err, lim in ((self.rel_err, self.limit), (self.row_err, self.row_limit))]
-        return min(ratios)
-
-
-def default_matmul_is_tf32() -> bool:
-    """True when JAX's float32 matmuls on the default device run in TF32 (GPU, default precision)."""
-    import jax
-
-    if jax.default_backend() != "gpu":
-        return False
-    prec = jax.config.jax_default_matmul_precision
-    return prec is None or str(prec).lower() in ("default", "bfloat16", "tensorfloat32", "fastest")
-
-
-#: The limit is this many times the kernel-like emulation's error ...
-LIMIT_FACTOR = 2.0
-#: ... plus this floor, by output dtype.
-FLOORS = {"float64": 1e-10, "float32": 1e-5, "bfloat16": 1e-4, "float16": 1e-4}
-#: float32 on a GPU at default precision (TF32: 10-bit mantissa) when no emulation is at hand.
-TF32_LIMIT = 2e-3
-
-
-def policy_limit(dtype, baseline_err: float) -> float:
-    """The tolerance policy: 2 x the kernel-like emulation's error in ``dtype`` + the dtype's floor."""
-    return LIMIT_FACTOR * float(baseline_err) + FLOORS[np.dtype(dtype).name]
-
-
-def tolerance(dtype, *, baseline_err: float | None = None, tf32: bool | None = None) -> tuple[float, str]:
-    """(limit on relative L2 error, the rule in words) for outputs of ``dtype``.
-
-    ``baseline_err``: the kernel-like emulation's error in that dtype (needed for bf16/fp16; for
-    float32/float64 the emulation is the computation itself and 0 is assumed when not given)."""
-    name = np.dtype(dtype).name
-    if name == "float32":
-        if tf32 is None:
-            tf32 = default_matmul_is_tf32()
-        if tf32 and baseline_err is None:
-            return TF32_LIMIT, f"float32 with TF32 matmuls (GPU default precision): rel L2 <= {TF32_LIMIT:g}"
-    if name in ("float32", "float64") and baseline_err is None:
-        baseline_err = 0.0
-    if baseline_err is None:
-        raise ValueError(f"{name} tolerance needs baseline_err: the error of the kernel-like computation in {name}")
-    limit = policy_limit(name, baseline_err)
-    return limit, f"{name}: error <= {LIMIT_FACTOR:g} x {baseline_err:.2e} (kernel-like emulation in {name}) + {FLOORS[name]:g}"
 
 
 def check_close(out, query, key, value, *args, tf32: bool | None = None, ref=None, limit: float | None = None,
