@@ -16,7 +16,7 @@ from attnlab.cli import main
 from attnlab.measure import Cell, Options, ahead, measure_cell
 from attnlab.measure.phases import PHASES
 from attnlab.core.records import COST_FIELDS, cost_summary
-from attnlab.sweep import build, engine, run_sweep
+from attnlab.sweep import Sweep, build, engine, run_sweep
 
 FAST = Options(repeats=2, warmup=1, pipelined_calls=3, max_input_sets=2, min_time_s=0.0)
 TINY = ["bench", "--backends", "naive", "--seq", "16", "--heads", "2", "--head-dim", "8", "--dtype", "float32",
@@ -188,3 +188,12 @@ def test_the_recorded_draw_threefry_v1_is_the_draw_of_earlier_records():
         assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(got, want))
     assert np.array_equal(np.asarray(cotangent(103, (1, 16, 2, 8))),
                           np.asarray(jax.random.normal(jax.random.key(103), (1, 16, 2, 8))))
+
+
+def test_a_paged_cell_after_another_is_not_compiled_ahead_from_q_k_v(tmp_path):
+    """A paged cell's program takes (q, pages, table): compiled ahead from (q, k, v) shapes it failed."""
+    sweep = Sweep(["attnlab-decode"], batch=[2], q_len=[1], kv_len=[64], heads=[4], kv_heads=[2], head_dim=[32],
+                  dtype=["float32"], causal=[True], lengths=["full", "paged16"])
+    recs = run_sweep(sweep, str(tmp_path), options=Options(repeats=1, warmup=0))
+    assert [r["status"] for r in recs] == ["ok", "ok"], [r["reason"] for r in recs]
+    assert "paged" in ahead.why_not(sweep.cells()[1])

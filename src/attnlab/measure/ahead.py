@@ -7,7 +7,8 @@ arrays do not exist yet) and compiled AOT, or None where the cell is not compile
 - a backend outside JAX (nothing to compile), a sharded cell (its inputs' placement is part of the
   program), a ``bwd`` cell (its inputs are the forward pass's residuals), a float64 cell (x64 is a
   per-thread setting), or a cell its backend refuses (``why_not`` / ``mode_reason``: it is never
-  compiled, so it is not compiled ahead either).
+  compiled, so it is not compiled ahead either), or a paged decode cell (its arguments are the pages
+  and page table made from its inputs, not q, k, v).
 
 For a fwd+bwd cell the future's result has a 4th element where it compiles: the forward program
 the check runs, compiled beside it. ``measure_cell(cell, compiled=future)`` takes the result; a failure in the ahead compile is that
@@ -34,6 +35,8 @@ def why_not(cell) -> str | None:
         return "sharded: the placement of its inputs is part of its program"
     if cell.mode == "bwd":
         return "bwd: its inputs are the forward pass's residuals"
+    if cell.lengths == "paged":
+        return "paged: its arguments are the pages and the page table made from its inputs"
     if cell.dtype == "float64":
         return "float64: x64 is set per thread"
     try:
