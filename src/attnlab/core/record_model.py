@@ -143,6 +143,7 @@ class Cost(_Part):
     lower_s: Num = _f("measured")
     compile_s: Num = _f("measured", "phase")
     compile_wait_s: Num = None
+    check_parts_s: Optional[dict] = None   # of check_s: references made for this cell (reference_s, float64_rows_s)
     next_compile_wait_s: Num = None   # of cell_s: waiting for the next cell's ahead compile (its compile)
     compiled_ahead: Optional[bool] = None
     estimate_s: Num = None

@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import time
 from collections import OrderedDict
 
 import jax
@@ -119,6 +120,16 @@ def _cached(key, make):
     return entry[kind]
 
 
+def _timed(parts: dict, name: str, make):
+    """``make``, its wall seconds put in ``parts[name]`` when it runs (a cached reference is not made)."""
+    def run():
+        t0 = time.perf_counter()
+        out = make()
+        parts[name] = round(time.perf_counter() - t0, 4)
+        return out
+    return run
+
+
 def clear_cache() -> None:
     _CACHE.clear()
 
@@ -155,7 +166,8 @@ def check_forward(out, q, k, v, sem: Semantics, *, ref_key: str, fixed_limit: fl
         ref32, emul = blockwise_pair(q, k, v, **sem.device_kwargs(T))
         return ref32, rel_errors(emul, ref32)[:2], take(emul)
 
-    ref32, (b_err, b_row), e64 = _cached(("fwd", ref_key), reference)
+    parts: dict = {}      # seconds of the references made for this cell (none when all were cached)
+    ref32, (b_err, b_row), e64 = _cached(("fwd", ref_key), _timed(parts, "reference_s", reference))
     err, row, mx = rel_errors(out, ref32)
     dev = _verdict(err, row, b_err, b_row, dtype, fixed_limit)
     dev.update(reference="float32 blockwise on the device, precision HIGHEST", fraction=1.0)
@@ -166,7 +178,7 @@ def check_forward(out, q, k, v, sem: Semantics, *, ref_key: str, fixed_limit: fl
         ref64 = reference_attention(host(q)[:, rows], *kv, **sem.numpy_kwargs(batch_idx, rows))
         return ref64, rel_l2(e64, ref64), row_rel_err(e64, ref64)
 
-    ref64, e_l2, e_row = _cached(("f64", ref_key), rows64)
+    ref64, e_l2, e_row = _cached(("f64", ref_key), _timed(parts, "float64_rows_s", rows64))
     o64 = take(out)
     f64 = _verdict(rel_l2(o64, ref64), row_rel_err(o64, ref64), e_l2, e_row, dtype, fixed_limit)
     f64.update(reference="NumPy float64 on sampled rows", batch=batch_idx, rows=int(rows.size),
@@ -175,7 +187,7 @@ def check_forward(out, q, k, v, sem: Semantics, *, ref_key: str, fixed_limit: fl
     return {"ok": ok, "checked_fraction": 1.0, "rel_err": err, "row_err": row, "max_abs_err": mx,
             "rel_err_f64": f64["rel_err"], "margin": min(dev["margin"], f64["margin"]),
             "tolerance": rule_text(dtype, fixed_limit, fixed_rule),
-            "checks": {"float32_device": dev, "float64_rows": f64},
+            "checks": {"float32_device": dev, "float64_rows": f64}, "check_parts_s": parts or None,
             "reason": None if ok else _why(dev, f64)}
 
 

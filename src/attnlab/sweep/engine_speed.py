@@ -123,7 +123,8 @@ def summary(records: list[dict], wall_s: float, complete: bool = True) -> dict:
             "complete": complete, "cost_summary": cost_summary(cells), "phase_s": phases,
             "median_overhead_s": med, "first_of_shape": [{"backend": r["backend"], "label": _label(r),
                                                           "overhead_s": round(_overhead(r), 3),
-                                                          "check_s": r.get("check_s")} for r in first],
+                                                          "check_s": r.get("check_s"),
+                                                          "parts": r.get("check_parts_s") or {}} for r in first],
             "goals": goals}
 
 
@@ -193,8 +194,11 @@ def markdown(result: dict) -> str:
         verdict = "–" if g["met"] is None else ("met" if g["met"] else f"missed by {-g['by_s']:.3g} s")
         lines.append(f"| {g['goal']} | {g['target_s']:g} | {g['measured_s'] if g['measured_s'] is not None else '–'} | {verdict} |")
     lines += ["", "phase seconds (sum over cells): " + ", ".join(f"{k} {v}" for k, v in p["phase_s"].items()), "",
-              "| first cell of a shape | backend | overhead s | check s |", "|---|---|---|---|"]
-    lines += [f"| {f['label']} | {f['backend']} | {f['overhead_s']} | {f['check_s'] if f['check_s'] is None else round(f['check_s'], 3)} |"
+              "| first cell of a shape | backend | overhead s | check s | of it: float32 reference s | float64 rows s |",
+              "|---|---|---|---|---|---|"]
+    rnd = lambda x: "–" if x is None else round(x, 3)  # noqa: E731
+    lines += [f"| {f['label']} | {f['backend']} | {f['overhead_s']} | {rnd(f['check_s'])} | "
+              f"{rnd(f.get('parts', {}).get('reference_s'))} | {rnd(f.get('parts', {}).get('float64_rows_s'))} |"
               for f in p["first_of_shape"]]
     if result.get("lab"):
         lab = result["lab"]
