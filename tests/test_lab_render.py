@@ -230,3 +230,35 @@ def test_step10_shows_the_best_fp8_recipe_and_its_cost():
     cpu = dict(probe, probe={**probe["probe"], "recipes_why": {"cudnn-fp8": "needs an NVIDIA GPU", "cudnn-fp8-pow2": "needs an NVIDIA GPU"}})
     s = render_te_fp8([cpu], LabConfig.for_machine(True, False), None)
     assert any(p.startswith("FP8 recipes (cudnn-fp8, cudnn-fp8-pow2): skipped — needs an NVIDIA GPU") for p in s.paragraphs)
+
+
+def _decode_rec(backend, T, ms, N=32, K=8, lengths="full", page_size=None, status="ok"):
+    return {"backend": backend, "batch": 8, "q_len": T, "kv_len": 32768, "heads": N, "kv_heads": K, "head_dim": 128,
+            "dtype": "bfloat16", "causal": True, "lengths": lengths, "page_size": page_size, "status": status,
+            "reason": None if status == "ok" else "pages refused here", "kernel_ms": ms if status == "ok" else None,
+            "timer": "cupti", "gbps": 4000.0, "pct_roofline": 90.0, "roofline_ms": 0.22}
+
+
+def test_the_decode_step_shows_group_size_and_paging():
+    """Issue 25: G = 7 beside G = 4, and paged caches against their contiguous twin, in their own table;
+    the main race keeps the contiguous G = 4 cells only."""
+    from attnlab.lab.core import LabConfig
+    from attnlab.lab.steps.decode import render_decode
+
+    recs = [_decode_rec("attnlab-decode", 1, 0.26, lengths="paged", page_size=16),       # any order
+            _decode_rec("attnlab-decode", 1, 0.13, N=28, K=4), _decode_rec("attnlab-decode", 16, 0.19, N=28, K=4),
+            _decode_rec("attnlab-decode", 1, 0.25), _decode_rec("attnlab-decode", 16, 0.26), _decode_rec("cudnn", 1, 0.24),
+            _decode_rec("attnlab-decode", 1, 0.2525, lengths="paged", page_size=64),
+            _decode_rec("attnlab-decode", 16, None, lengths="paged", page_size=64, status="unsupported")]
+    sec = render_decode(recs, LabConfig.for_machine(False, True))
+    main, layouts = sec.tables
+    assert main.rows[0][:2] == [1, "0.25 ms · 4000 GB/s · 90% roof"]     # contiguous G = 4, not a paged or G = 7 cell
+    rows = {(r[0], r[1]): r for r in layouts.rows}
+    assert layouts.columns == ["group", "KV cache", "T=1", "T=16", "paged / contiguous"]
+    assert set(rows) == {("G = 4 (32/8)", "contiguous"), ("G = 7 (28/4)", "contiguous"), ("G = 4 (32/8)", "paged 16"),
+                         ("G = 4 (32/8)", "paged 64")}
+    assert rows[("G = 4 (32/8)", "paged 16")][-1] == "1.040× (T=1)"
+    assert rows[("G = 4 (32/8)", "paged 64")][-1] == "1.010× (T=1)"
+    assert rows[("G = 4 (32/8)", "paged 64")][3].startswith("unsupported: pages refused")
+    assert rows[("G = 7 (28/4)", "contiguous")][2:4] == ["0.13 ms · 90% roof", "0.19 ms · 90% roof"]
+    assert sec.facts["cells"] == 8

@@ -28,13 +28,22 @@ GPU_PEERS = ["cudnn", "torch-flash", "xla"]
 CPU_PEERS = ["xla"]
 
 
+#: A second group size, odd (Qwen2.5-7B's 28 query heads over 4 KV heads: G = 7), and the paged layouts
+#: (vLLM's page table; page size 16 and 64 tokens) of the main shape, timed on attnlab's kernel only.
+ODD_GROUP = (28, 4)
+PAGED = ["paged16", "paged64"]
+
+
 def decode_shape(cfg: LabConfig) -> dict:
-    """(B, S, N, K, H, dtype, T values) the step runs at: the issue's shape on a GPU, small on a CPU."""
+    """(B, S, N, K, H, dtype, T values) the step runs at: the issue's shape on a GPU, small on a CPU.
+    ``group_q_lens``: T of the G = 7 cells; ``paged_q_lens``/``paged``: T and layouts of the paged cells."""
     if cfg.gpu:
         return dict(batch=8, kv_len=4096 if cfg.quick else 32768, heads=32, kv_heads=8, head_dim=128, dtype="bfloat16",
-                    q_lens=[1, 16] if cfg.quick else [1, 16, 64], peer_q_lens=[1] if cfg.quick else [1, 16])
+                    q_lens=[1, 16] if cfg.quick else [1, 16, 64], peer_q_lens=[1] if cfg.quick else [1, 16],
+                    group_q_lens=[] if cfg.quick else [1, 16], paged_q_lens=[1], paged=PAGED[:1] if cfg.quick else PAGED)
     return dict(batch=2, kv_len=256 if cfg.quick else 512, heads=8, kv_heads=2, head_dim=32, dtype="float32",
-                q_lens=[4] if cfg.quick else [1, 16], peer_q_lens=[4] if cfg.quick else [1, 16])
+                q_lens=[4] if cfg.quick else [1, 16], peer_q_lens=[4] if cfg.quick else [1, 16],
+                group_q_lens=[] if cfg.quick else [1], paged_q_lens=[4] if cfg.quick else [1], paged=PAGED[:1])
 
 
 def _time(r):
@@ -45,10 +54,11 @@ def render_decode(records: list[dict], cfg: LabConfig, plots_dir: str | None = N
     """The decode section from decode cell records (any order; non-ok cells shown with their status)."""
     s = Section("decode", TITLE)
     shp = decode_shape(cfg)
-    recs = [r for r in records if r.get("lengths")]
-    if not recs:
+    every = [r for r in records if r.get("lengths")]
+    if not every:
         s.status, s.reason = "skipped", "no decode records"
         return s
+    recs = [r for r in every if _is_main(r, shp)]
     bes = list(dict.fromkeys(r["backend"] for r in recs))
     ts = sorted({r["q_len"] for r in recs})
     cupti = any(r.get("timer") == "cupti" for r in recs if r["status"] == "ok")
@@ -90,6 +100,15 @@ def render_decode(records: list[dict], cfg: LabConfig, plots_dir: str | None = N
             "grouped heads are not packed into a tile (the cache is read once per query head group instead of "
             "once), the sequence is not split so few programs run, and the causal tail of decode "
             "(query t at position L−T+t) is not jax.nn's top-left rule, so it arrives as a dense mask.")
+    layouts = layout_table(every, shp)
+    if layouts:
+        s.tables.append(layouts)
+        s.paragraphs.append(
+            "By group size and cache layout (attnlab-decode alone): an odd group (G = 7) packs its T·7 rows per KV "
+            "head into a tile padded in registers only, so it reads its (smaller: 4 KV heads) cache at the same "
+            "bandwidth as G = 4; a paged cache (pages of 16 or 64 tokens in any order, found through a vLLM-style "
+            "page table) gathers each block of keys through the table, and the last column says what that costs "
+            "against the contiguous cache of the same shape.")
     s.paragraphs.append(cells_note(cfg))
     if not cupti:
         s.paragraphs.append("No GPU here: times are host wall clock of blocked calls on the CPU, and attnlab's kernel "
@@ -103,8 +122,48 @@ def render_decode(records: list[dict], cfg: LabConfig, plots_dir: str | None = N
         ok = [r for r in recs if r["q_len"] == T and r["status"] == "ok"]
         if ok:
             best[str(T)] = min(ok, key=_time)["backend"]
-    s.facts = {"fastest_by_T": best, "cells": len(recs), "ok": sum(r["status"] == "ok" for r in recs)}
+    s.facts = {"fastest_by_T": best, "cells": len(every), "ok": sum(r["status"] == "ok" for r in every)}
     return s
+
+
+def _is_main(r: dict, shp: dict) -> bool:
+    """A cell of the main race: the step's shape, contiguous cache (not a group-size or paged cell)."""
+    return r.get("lengths") == "full" and (r.get("heads"), r.get("kv_heads")) == (shp["heads"], shp["kv_heads"])
+
+
+def _layout(r: dict) -> str:
+    return "contiguous" if r.get("lengths") == "full" else f"paged {r.get('page_size')}"
+
+
+def layout_table(records: list[dict], shp: dict) -> Table | None:
+    """attnlab-decode by group size (G = N/K) and cache layout: one row each, one column per T, and for a
+    paged row its time over the contiguous cell of the same G and T (None: no group-size or paged cell)."""
+    kern = [r for r in records if r["backend"] == KERNEL]
+    if not any(not _is_main(r, shp) for r in kern):
+        return None
+    ts = sorted({r["q_len"] for r in kern if not _is_main(r, shp)})
+    keys = list(dict.fromkeys((r["heads"], r["kv_heads"], _layout(r)) for r in kern if r["q_len"] in ts))
+    contiguous = {(r["heads"], r["kv_heads"], r["q_len"]): r for r in kern if r["lengths"] == "full" and r["status"] == "ok"}
+    rows = []
+    for N, K, layout in keys:
+        row, ratios = [f"G = {N // K} ({N}/{K})", layout], []
+        for T in ts:
+            r = next((r for r in kern if (r["heads"], r["kv_heads"], _layout(r), r["q_len"]) == (N, K, layout, T)), None)
+            if r is None:
+                row.append("")
+            elif r["status"] != "ok":
+                row.append(f"{r['status']}: {(r.get('reason') or '')[:50]}")
+            else:
+                roof = f" · {r['pct_roofline']:.0f}% roof" if r.get("pct_roofline") is not None else ""
+                row.append(f"{_time(r):.4g} ms{roof}")
+                twin = contiguous.get((N, K, T))
+                if layout != "contiguous" and twin:
+                    ratios.append(f"{_time(r) / _time(twin):.3f}× (T={T})")
+        row.append(", ".join(ratios) or "–")
+        rows.append(row)
+    return Table(f"attnlab-decode by group size and cache layout, B={shp['batch']} S={shp['kv_len']} "
+                 f"H={shp['head_dim']} {shp['dtype']}", ["group", "KV cache"] + [f"T={T}" for T in ts] +
+                 ["paged / contiguous"], rows)
 
 
 def latency_plot(records, path: str, *, unit: str) -> str | None:
@@ -134,9 +193,14 @@ def latency_plot(records, path: str, *, unit: str) -> str | None:
 
 def cells_note(cfg: LabConfig) -> str:
     shp = decode_shape(cfg)
-    return (f"Cells: {KERNEL} at T = {', '.join(map(str, shp['q_lens']))}; "
-            f"{', '.join(peers(cfg))} at T = {', '.join(map(str, shp['peer_q_lens']))} "
-            "(their decode path and their prefill kernel): enough to see who stays flat in T.")
+    ts = lambda xs: ", ".join(map(str, xs))  # noqa: E731
+    group = (f"; {KERNEL} at G = {ODD_GROUP[0] // ODD_GROUP[1]} ({ODD_GROUP[0]}/{ODD_GROUP[1]}) and T = "
+             f"{ts(shp['group_q_lens'])} (an odd group size beside G = {shp['heads'] // shp['kv_heads']})"
+             if shp["group_q_lens"] else "")
+    paged = (f"; {KERNEL} with a paged cache ({', '.join(p.replace('paged', 'page size ') for p in shp['paged'])}) "
+             f"at T = {ts(shp['paged_q_lens'])}, against its contiguous cell")
+    return (f"Cells: {KERNEL} at T = {ts(shp['q_lens'])}; {', '.join(peers(cfg))} at T = {ts(shp['peer_q_lens'])} "
+            f"(their decode path and their prefill kernel): enough to see who stays flat in T{group}{paged}.")
 
 
 def sweeps_decode(cfg: LabConfig) -> list:
@@ -144,10 +208,12 @@ def sweeps_decode(cfg: LabConfig) -> list:
     from ...sweep.spec import Sweep
 
     shp = decode_shape(cfg)
-    return [Sweep(backends, batch=[shp["batch"]], q_len=q_lens, kv_len=[shp["kv_len"]],
-                  heads=[shp["heads"]], kv_heads=[shp["kv_heads"]], head_dim=[shp["head_dim"]], dtype=[shp["dtype"]],
-                  causal=[True], lengths=["full"], name="decode")
-            for backends, q_lens in (([KERNEL], shp["q_lens"]), (peers(cfg), shp["peer_q_lens"]))]
+    main = (shp["heads"], shp["kv_heads"])
+    plan = [([KERNEL], shp["q_lens"], main, ["full"]), (peers(cfg), shp["peer_q_lens"], main, ["full"]),
+            ([KERNEL], shp["group_q_lens"], ODD_GROUP, ["full"]), ([KERNEL], shp["paged_q_lens"], main, shp["paged"])]
+    return [Sweep(backends, batch=[shp["batch"]], q_len=q_lens, kv_len=[shp["kv_len"]], heads=[N], kv_heads=[K],
+                  head_dim=[shp["head_dim"]], dtype=[shp["dtype"]], causal=[True], lengths=lengths, name="decode")
+            for backends, q_lens, (N, K), lengths in plan if q_lens]
 
 
 def peers(cfg: LabConfig) -> list[str]:
