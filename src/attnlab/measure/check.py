@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..reference.float64 import LIMIT_FACTOR, policy_limit, reference_attention, rel_l2, row_rel_err
-from ..reference.blockwise import blockwise_grads_pair, blockwise_pair, rel_errors
+from ..reference.blockwise import batch_rows, blockwise_grads_pair, blockwise_pair, compiled_once, rel_errors
 from .record import Skip
 
 TILE = 64
@@ -173,9 +173,10 @@ def check_forward(out, q, k, v, sem: Semantics, *, ref_key: str, fixed_limit: fl
     dev.update(reference="float32 blockwise on the device, precision HIGHEST", fraction=1.0)
 
     def rows64():
-        # K and V: only the sampled batch elements leave the device (a long cache is GiBs)
-        kv = (np.asarray(x[jnp.asarray(bi)]) if len(bi) < B else np.asarray(x) for x in (k, v))
-        ref64 = reference_attention(host(q)[:, rows], *kv, **sem.numpy_kwargs(batch_idx, rows))
+        # K and V: only the sampled batch elements leave the device (a long cache is GiBs), as float32
+        idx = jnp.asarray(bi, jnp.int32)
+        kb, vb = (np.asarray(compiled_once(batch_rows, x, idx)) for x in (k, v))
+        ref64 = reference_attention(host(q)[:, rows].astype(kb.dtype), kb, vb, **sem.numpy_kwargs(batch_idx, rows))
         return ref64, rel_l2(e64, ref64), row_rel_err(e64, ref64)
 
     ref64, e_l2, e_row = _cached(("f64", ref_key), _timed(parts, "float64_rows_s", rows64))

@@ -23,7 +23,7 @@ import jax
 
 from ..reference import blockwise
 from .ahead import shapes
-from .check import semantics
+from .check import sample_rows, semantics
 
 _QUEUE: queue.Queue = queue.Queue()
 _QUEUED: set = set()
@@ -33,7 +33,8 @@ _THREAD: list[threading.Thread] = []
 def check_shapes(cell) -> tuple:
     """(q, k, v, grads, keyword arguments) of ``blockwise.precompile_check`` for ``cell``'s check."""
     q, k, v = shapes(cell)[:3]
-    return q, k, v, cell.mode != "fwd", semantics(cell).device_shapes(cell.q_len)
+    n_batch = len(sample_rows(0, cell.batch, cell.q_len)[0])
+    return q, k, v, cell.mode != "fwd", {**semantics(cell).device_shapes(cell.q_len), "n_batch": n_batch}
 
 
 def why_not(cell) -> str | None:

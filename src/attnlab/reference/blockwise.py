@@ -235,13 +235,25 @@ def rel_errors(out, ref) -> tuple[float, float, float]:
     return tuple(float(x) for x in jax.device_get(compiled_once(errors, out, ref)))
 
 
-def precompile_check(q, k, v, *, grads: bool = False, **kw) -> None:
+@jax.jit
+def batch_rows(x, idx):
+    """``x[idx]`` along the batch axis, widened to float32 on the device (exact for bf16/fp16): the
+    float64 rows' K and V leave the device as only their sampled batch elements, and NumPy widens
+    float32 to float64 natively (ml_dtypes' bfloat16 -> float64 is several times slower)."""
+    y = jnp.take(x, idx, axis=0)
+    return y.astype(jnp.promote_types(y.dtype, jnp.float32))
+
+
+def precompile_check(q, k, v, *, grads: bool = False, n_batch: int | None = None, **kw) -> None:
     """Compile what a check of these shapes runs (``jax.ShapeDtypeStruct`` q, k, v and keyword
-    arguments): ``blockwise_pair`` and ``errors`` of an output against it; with ``grads`` also
-    ``blockwise_grads_pair`` (cotangent in q's dtype) and ``errors`` of a key-shaped gradient."""
+    arguments): ``blockwise_pair`` and ``errors`` of an output against it, ``batch_rows`` of K for
+    ``n_batch`` sampled batch elements; with ``grads`` also ``blockwise_grads_pair`` (cotangent in q's
+    dtype) and ``errors`` of a key-shaped gradient."""
     acc = jax.ShapeDtypeStruct(q.shape, _acc(q.dtype))
     precompile(_pair_program, q, k, v, **kw)
     precompile(errors, q, acc)
+    if n_batch:
+        precompile(batch_rows, k, jax.ShapeDtypeStruct((n_batch,), jnp.int32))
     if grads:
         precompile(_grads_pair_program, q, k, v, q, **kw)
         precompile(errors, k, jax.ShapeDtypeStruct(k.shape, acc.dtype))
