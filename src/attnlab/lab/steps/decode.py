@@ -67,14 +67,7 @@ def render_decode(records: list[dict], cfg: LabConfig, plots_dir: str | None = N
     for T in ts:
         row = [T]
         for b in bes:
-            r = next((r for r in recs if r["q_len"] == T and r["backend"] == b), None)
-            if r is None:
-                row.append("")
-            elif r["status"] != "ok":
-                row.append(f"{r['status']}: {(r.get('reason') or '')[:60]}")
-            else:
-                roof = f" · {r['pct_roofline']:.0f}% roof" if r.get("pct_roofline") is not None else ""
-                row.append(f"{_time(r):.4g} ms · {r['gbps']:.4g} GB/s{roof}")
+            row.append(_cell_text(next((r for r in recs if r["q_len"] == T and r["backend"] == b), None), gbps=True))
         roof_ms = next((r.get("roofline_ms") for r in recs if r["q_len"] == T and r.get("roofline_ms")), None)
         row.append("–" if roof_ms is None else f"{roof_ms:.4g} ms")
         rows.append(row)
@@ -126,6 +119,16 @@ def render_decode(records: list[dict], cfg: LabConfig, plots_dir: str | None = N
     return s
 
 
+def _cell_text(r: dict | None, gbps: bool = False) -> str:
+    """A table cell: "" (not measured), the status and why, or the time (GB/s) and % of the roofline."""
+    if r is None:
+        return ""
+    if r["status"] != "ok":
+        return f"{r['status']}: {(r.get('reason') or '')[:60]}"
+    roof = f" · {r['pct_roofline']:.0f}% roof" if r.get("pct_roofline") is not None else ""
+    return f"{_time(r):.4g} ms" + (f" · {r['gbps']:.4g} GB/s" if gbps else "") + roof
+
+
 def _is_main(r: dict, shp: dict) -> bool:
     """A cell of the main race: the step's shape, contiguous cache (not a group-size or paged cell)."""
     return r.get("lengths") == "full" and (r.get("heads"), r.get("kv_heads")) == (shp["heads"], shp["kv_heads"])
@@ -149,16 +152,10 @@ def layout_table(records: list[dict], shp: dict) -> Table | None:
         row, ratios = [f"G = {N // K} ({N}/{K})", layout], []
         for T in ts:
             r = next((r for r in kern if (r["heads"], r["kv_heads"], _layout(r), r["q_len"]) == (N, K, layout, T)), None)
-            if r is None:
-                row.append("")
-            elif r["status"] != "ok":
-                row.append(f"{r['status']}: {(r.get('reason') or '')[:50]}")
-            else:
-                roof = f" · {r['pct_roofline']:.0f}% roof" if r.get("pct_roofline") is not None else ""
-                row.append(f"{_time(r):.4g} ms{roof}")
-                twin = contiguous.get((N, K, T))
-                if layout != "contiguous" and twin:
-                    ratios.append(f"{_time(r) / _time(twin):.3f}× (T={T})")
+            row.append(_cell_text(r))
+            twin = contiguous.get((N, K, T))
+            if r is not None and r["status"] == "ok" and layout != "contiguous" and twin:
+                ratios.append(f"{_time(r) / _time(twin):.3f}× (T={T})")
         row.append(", ".join(ratios) or "–")
         rows.append(row)
     return Table(f"attnlab-decode by group size and cache layout, B={shp['batch']} S={shp['kv_len']} "
