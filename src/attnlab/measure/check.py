@@ -12,8 +12,10 @@ applies to each error: relative L2 over the whole tensor and, for outputs, the w
 Backends that compute in float8 set their own fixed limit.
 References are shared by every backend and mode measured on the same inputs (``ref_key``): the float32
 reference and its emulation come from one compiled program (``blockwise_pair``, compiled once per shape
-without GPU autotuning, for the whole process: ``reference_device.compiled_once``), and the emulation's errors (the policy's baselines) and the float64 rows are
-computed once per inputs; a cell then pays one comparison of its own output. The references of the
+without GPU autotuning, for the whole process: ``attnlab.reference.compiled``; on a GPU compiled ahead
+by ``attnlab.measure.prefetch``), and the emulation's errors (the policy's baselines) and the float64
+rows are computed once per inputs; a cell then pays one comparison of its own output. The seconds of
+the references a cell made go to its ``check_parts_s``. The references of the
 last ``_CACHE_SIZE`` input sets are kept (``_CACHE_BYTES`` at most, the newest always).
 ``_check_into`` / ``_check_grads_into`` apply the policy to a cell and put the verdict in its record.
 """
@@ -43,7 +45,7 @@ _CACHE_BYTES = 2 * 2**30
 
 @dataclasses.dataclass(frozen=True)
 class Semantics:
-    """What the output must mean: the mask rules of the cell (see ``reference_device``)."""
+    """What the output must mean: the mask rules of the cell (see ``attnlab.reference.blockwise``)."""
 
     causal: bool = False
     window: tuple[int, int] | None = None

@@ -4,7 +4,7 @@ The first cell of each new shape used to pay for compiling its references (``att
 the blockwise float32 reference with its kernel-like emulation, their gradients for fwd+bwd / bwd
 cells, and the error reduction), about 1-2 s of XLA compile a shape on the H200. Those programs
 depend only on the cell's shapes and mask rules, so ``start(cells)`` queues them for one daemon
-thread that compiles them (``attnlab.reference.blockwise.precompile``) while earlier cells are
+thread that compiles them (``attnlab.reference.blockwise.precompile_check``) while earlier cells are
 measured; the check then finds them compiled, or waits for the compile already under way (never a
 second compile). They are compiled without XLA's GPU autotuner, so the compile runs no kernel on the
 device and may run beside a timed cell (CUPTI counts only what runs on the device).
