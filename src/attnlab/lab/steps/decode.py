@@ -129,9 +129,14 @@ def _cell_text(r: dict | None, gbps: bool = False) -> str:
     return f"{_time(r):.4g} ms" + (f" · {r['gbps']:.4g} GB/s" if gbps else "") + roof
 
 
+def _heads(r: dict, shp: dict) -> tuple[int, int]:
+    """(N, K) of a record (records without them are the step's shape)."""
+    return r.get("heads", shp["heads"]), r.get("kv_heads", shp["kv_heads"])
+
+
 def _is_main(r: dict, shp: dict) -> bool:
     """A cell of the main race: the step's shape, contiguous cache (not a group-size or paged cell)."""
-    return r.get("lengths") == "full" and (r.get("heads"), r.get("kv_heads")) == (shp["heads"], shp["kv_heads"])
+    return r.get("lengths") == "full" and _heads(r, shp) == (shp["heads"], shp["kv_heads"])
 
 
 def _layout(r: dict) -> str:
@@ -145,13 +150,13 @@ def layout_table(records: list[dict], shp: dict) -> Table | None:
     if not any(not _is_main(r, shp) for r in kern):
         return None
     ts = sorted({r["q_len"] for r in kern if not _is_main(r, shp)})
-    keys = list(dict.fromkeys((r["heads"], r["kv_heads"], _layout(r)) for r in kern if r["q_len"] in ts))
-    contiguous = {(r["heads"], r["kv_heads"], r["q_len"]): r for r in kern if r["lengths"] == "full" and r["status"] == "ok"}
+    keys = list(dict.fromkeys((*_heads(r, shp), _layout(r)) for r in kern if r["q_len"] in ts))
+    contiguous = {(*_heads(r, shp), r["q_len"]): r for r in kern if r["lengths"] == "full" and r["status"] == "ok"}
     rows = []
     for N, K, layout in keys:
         row, ratios = [f"G = {N // K} ({N}/{K})", layout], []
         for T in ts:
-            r = next((r for r in kern if (r["heads"], r["kv_heads"], _layout(r), r["q_len"]) == (N, K, layout, T)), None)
+            r = next((r for r in kern if (*_heads(r, shp), _layout(r), r["q_len"]) == (N, K, layout, T)), None)
             row.append(_cell_text(r))
             twin = contiguous.get((N, K, T))
             if r is not None and r["status"] == "ok" and layout != "contiguous" and twin:
