@@ -48,3 +48,15 @@ def test_records_from_before_the_cost_fields_count_timing_as_overhead():
     old.update(compile_s=0.5)
     s = engine_speed.summary([old], 3.0)
     assert s["median_overhead_s"] == 2.5 and [f["overhead_s"] for f in s["first_of_shape"]] == [2.5]
+
+
+def test_a_cell_of_two_sweeps_is_counted_once(tmp_path, monkeypatch):
+    """The peers sweep's parts share a folder; cuDNN's and TE's cells in the FP8 part are the fwd part's (the H200
+    summary at f2324ca counted 202 cells for 194 records before this)."""
+    from attnlab.sweep import Sweep
+
+    grid = dict(batch=[1], q_len=[32], heads=[2], head_dim=[16], dtype=["float32"], causal=[True])
+    monkeypatch.setattr(engine_speed, "peers_sweeps", lambda quick=False: [
+        Sweep(["naive", "xla"], name="a", **grid), Sweep(["naive"], name="b", **grid)])
+    s = engine_speed.measure(str(tmp_path), quick=True)
+    assert s["cells"] == 2 and s["cost_summary"].startswith("2 cells in ")

@@ -22,7 +22,7 @@ import time
 
 from .. import backends
 from ..measure import Options
-from ..measure.cell import IDENTITY, IDENTITY_DEFAULTS
+from ..measure.cell import IDENTITY, IDENTITY_DEFAULTS, record_key
 from ..core.records import cost_summary
 from .engine import SweepInterrupted, run_sweep
 from .spec import Sweep
@@ -81,6 +81,8 @@ def measure(out: str, quick: bool = False, max_seconds: float = 480.0, options: 
 
             records = read_records(os.path.join(folder, "results.jsonl"))
             break
+    # the sweeps share a folder: a cell of two sweeps (cuDNN's and TE's in the FP8 part) is measured and counted once
+    records = list({record_key(r): r for r in records}.values())
     return summary(records, time.perf_counter() - t0, complete)
 
 
