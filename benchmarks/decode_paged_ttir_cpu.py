@@ -56,7 +56,8 @@ def dump(out_dir: str) -> list[str]:
             with open(os.path.join(out_dir, tag + ".ttir"), "w") as fh:
                 fh.write(captured[-1])
             with open(os.path.join(out_dir, tag + ".json"), "w") as fh:
-                json.dump(dict(num_warps=plan.num_warps, num_stages=plan.num_stages), fh)
+                json.dump(dict(num_warps=plan.num_warps,   # what the kernel passes Triton (issue 25)
+                               num_stages=kd.compiled_stages(plan.num_stages, 0 if ps is None else 1)), fh)
             tags.append(tag)
     finally:
         reg.lowering.lower_jaxpr_to_triton_module = orig

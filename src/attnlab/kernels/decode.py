@@ -56,7 +56,7 @@ import math
 
 from ..core.masking import large_negative_value
 from .decode_plan import (DTYPES, FILL_BLOCKS, HEAD_DIMS, MAX_ROWS, MIN_ROWS, DecodeConfig, Plan,  # noqa: F401
-                          blocks_visited, cdiv, choose_num_splits, default_block_k, make_plan, next_pow2,
+                          blocks_visited, cdiv, choose_num_splits, compiled_stages, default_block_k, make_plan, next_pow2,
                           split_range, unsupported, wave_cost)
 from .decode_resources import (CPU_SM_COUNT, DEFAULT_SM_COUNT, REGS_PER_SM, SM_COUNTS, SMEM_PER_BLOCK,  # noqa: F401
                                SMEM_PER_BLOCK_OTHER_SM8X, SMEM_PER_SM, SMEM_SLACK, fit_stages, programs_per_sm,
@@ -240,7 +240,10 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
             jax.ShapeDtypeStruct((B, K, P, R), jnp.float32),
             jax.ShapeDtypeStruct((B, K, P, R), jnp.float32),
         ],
-        compiler_params=plgpu.CompilerParams(num_warps=plan.num_warps, num_stages=plan.num_stages),
+        # paged: the K/V addresses come from a table load (one indirection level), which halves
+        # Triton's prefetch distance unless num_stages is raised (``compiled_stages``)
+        compiler_params=plgpu.CompilerParams(
+            num_warps=plan.num_warps, num_stages=compiled_stages(plan.num_stages, 0 if page_table is None else 1)),
         interpret=interpret,
         name=f"attnlab_decode_r{br}_k{plan.block_k}" + (f"_p{page_size}" if page_size else ""),
     )(lengths, *tables, qp, k, v)

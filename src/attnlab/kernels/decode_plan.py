@@ -170,6 +170,19 @@ def make_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, he
                 num_warps=num_warps, num_stages=stages)
 
 
+def compiled_stages(num_stages: int, indirection_levels: int = 0) -> int:
+    """Triton's ``num_stages`` that gives every load ``num_stages - 1`` iterations of prefetch.
+
+    Triton's pipeliner (``AssignLatencies``) gives each pipelined load a latency of
+    ``(num_stages - 1) // (max indirection level + 1)``: a paged K/V load whose address comes
+    from a page-table load in the same iteration (level 1) gets only half the prefetch distance
+    of the contiguous kernel's (1 instead of 2 at num_stages 3: one K/V buffer, 38.9 KB of
+    shared memory instead of 71.7 KB, results/gpu-2026-12-04-decode/ttir_cpu). Compiling with
+    ``(num_stages - 1) * (levels + 1) + 1`` restores the contiguous pipeline depth.
+    """
+    return (int(num_stages) - 1) * (int(indirection_levels) + 1) + 1
+
+
 def unsupported(q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: int, dtype: str) -> str | None:
     """Why the kernel cannot run this shape, or None."""
     if dtype not in DTYPES:

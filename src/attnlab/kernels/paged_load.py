@@ -13,6 +13,8 @@ Paged (vLLM layout, ``attnlab.kernels.pages``): ``ref`` is one kv head's pages f
     reshaped them: 1.8x the contiguous time at page size 16 on the H200; this form is unmeasured.
 Keys at positions >= length are never loaded (masked), and table slots past the length are never
 used as addresses (masked, then clamped into [0, P)), so a table padded with -1 is safe.
+The table load makes the K/V load an indirect one, which Triton's pipeliner would prefetch only half
+as far ahead; the kernel compiles a paged call with ``decode_plan.compiled_stages(stages, 1)``.
 """
 from __future__ import annotations
 
