@@ -1,0 +1,288 @@
+"""attnlab's decode kernel for Hopper in Mosaic GPU (Pallas): wgmma row tiles of 128 rows.
+
+Same semantics, GQA packing and split/combine as ``kernels.decode`` (read its docstring first):
+q (B, T, N, H) against caches k, v (B, S, K, H) with valid ``lengths`` (B,); query t of batch b
+sits at ``lengths[b] - T + t``; the T*G rows that share a KV head form the rows of one tile
+(row r = t * G + g), so every KV byte of a split is read once per 128-row tile.
+
+Why a second kernel: above 64 rows per KV head the Triton kernel is bound by its MMA loop
+(``mma.sync`` there, 34-63% of the roofline at 112-512 rows on the H200,
+results/gpu-2026-12-04b-decode). This one is FlashAttention-3's structure (JAX's
+``jax/experimental/pallas/ops/gpu/attention_mgpu.py``), cut to decode: per program two compute
+warpgroups of 64 rows each issue ``wgmma`` on K/V blocks that a third warpgroup streams
+into shared memory with TMA (``max_steps`` blocks in flight), with the valid lengths, the
+speculative-token causal rule and flash-decoding's splits of ``kernels.decode_plan``.
+
+Grid (row_tiles, num_splits, B*K), row tiles fastest: the tiles of one KV chunk run together,
+so a second tile finds the chunk in L2. Rows past T*G are zero rows of a padded copy of q
+(q only: at most 127 rows of H per KV head; K and V are never copied) and are dropped.
+Blocks wholly visible to every row take the unmasked loop; the others (a sequence's last
+blocks) are masked. Outputs are the same unnormalised partials (B, K, P, rows, H) float32 and
+m, l (B, K, P, rows) as the Triton kernel, combined by ``kernels.decode.combine``.
+
+Hopper (sm_90) only, float16/bfloat16, H in {64, 128}, S a multiple of ``block_kv``; no soft
+cap and no paged caches (the Triton kernel serves those): ``unsupported`` says why.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+from ..core.masking import large_negative_value
+from .decode_plan import cdiv, choose_num_splits, split_range
+
+LOG2E = math.log2(math.e)
+NEG = large_negative_value("float32")
+BLOCK_Q = 64                    # rows per compute warpgroup (one wgmma M)
+COMPUTE_WGS = 2
+TILE_ROWS = BLOCK_Q * COMPUTE_WGS
+SMEM_BYTES = 227 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class MgpuPlan:
+    """One launch of the Mosaic GPU decode kernel."""
+
+    rows: int           # T * G
+    row_tiles: int      # ceil(rows / 128)
+    block_kv: int       # keys per pipeline step
+    max_steps: int      # K/V blocks in flight (shared-memory buffers)
+    num_splits: int
+
+
+def smem_bytes(block_kv: int, max_steps: int, head_dim: int, itemsize: int = 2) -> int:
+    """Shared memory of one program: q tiles, K and V buffers, the float32 output tiles, m and l."""
+    q = TILE_ROWS * head_dim * itemsize
+    kv = 2 * max_steps * block_kv * head_dim * itemsize
+    out = TILE_ROWS * head_dim * 4 + 2 * TILE_ROWS * 4
+    return q + kv + out
+
+
+def unsupported(q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: int, dtype: str,
+                block_kv: int = 64, compute_capability=None, paged: bool = False,
+                soft_cap=None) -> str | None:
+    """Why this kernel cannot run the shape, or None."""
+    if compute_capability is not None and tuple(compute_capability) != (9, 0):
+        return f"mosaic decode: wgmma needs sm_90 (Hopper), device is sm_{compute_capability[0]}{compute_capability[1]}"
+    if str(dtype) not in ("float16", "bfloat16"):
+        return f"mosaic decode: dtype {dtype} is not float16/bfloat16"
+    if head_dim not in (64, 128):
+        return f"mosaic decode: head dim {head_dim} not in (64, 128)"
+    if kv_len % block_kv:
+        return f"mosaic decode: kv length {kv_len} not a multiple of {block_kv}"
+    if paged:
+        return "mosaic decode: paged caches run on the Triton kernel"
+    if soft_cap is not None:
+        return "mosaic decode: soft cap runs on the Triton kernel"
+    return None
+
+
+def make_mgpu_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: int, *,
+                   block_kv: int = 64, max_steps: int | None = None, num_splits: int | None = None,
+                   sms: int = 132) -> MgpuPlan:
+    """Tiles, pipeline depth (what fits 227 KB) and the split count (one program per SM)."""
+    rows = q_len * (heads // kv_heads)
+    tiles = cdiv(rows, TILE_ROWS)
+    if max_steps is None:
+        max_steps = 2
+        while max_steps < 6 and smem_bytes(block_kv, max_steps + 1, head_dim) <= SMEM_BYTES - 4096:
+            max_steps += 1
+    if num_splits is None:
+        num_splits = choose_num_splits(kv_len, batch * kv_heads, rows=rows, block_k=block_kv, head_dim=head_dim,
+                                       row_tiles=tiles, sm_count=sms, occupancy=1,
+                                       min_blocks_per_split=max(4, max_steps))
+    return MgpuPlan(rows=rows, row_tiles=tiles, block_kv=block_kv, max_steps=max_steps, num_splits=int(num_splits))
+
+
+def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped, *, q_len: int, groups: int, kv_len: int,
+            kv_heads: int, plan: MgpuPlan, causal: bool, qk_scale: float, dtype, interpret: bool):
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    block_kv, max_steps, H = plan.block_kv, plan.max_steps, q_ref.shape[-1]
+    (q_smem2, k_smem, v_smem, o_smem2, m_smem2, l_smem2), (k_bar, v_bar, q_bar), (k_done, v_done), sched = scoped
+    tile, split, bk = lax.axis_index("tile"), lax.axis_index("split"), lax.axis_index("bk")
+    batch, head = lax.div(bk, kv_heads), lax.rem(bk, kv_heads)
+    wg = lax.axis_index("wg")
+    length = jnp.minimum(jnp.maximum(len_ref[batch], 0), kv_len)
+    first, count = split_range(length, split, num_splits=plan.num_splits, block_k=block_kv,
+                               div=lax.div, minimum=jnp.minimum, maximum=jnp.maximum)
+    # keys below `limit` are visible to every row: the blocks before it need no mask
+    limit = length - q_len + 1 if causal else length
+    free = jnp.minimum(jnp.maximum(lax.div(limit - first * block_kv, block_kv), 0), count)
+
+    # JAX's GPU interpreter (the CPU tests) knows no register layouts: plain arrays there
+    if interpret:
+        def layout_cast(x, layout):
+            return x
+
+        def iota(dim, shape):
+            return lax.broadcasted_iota(jnp.int32, shape, dim)
+    else:
+        layout_cast = plgpu.layout_cast
+
+        def iota(dim, shape):
+            return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=plgpu.Layout.WGMMA)
+
+    def schedule_barrier():
+        plgpu.barrier_arrive(sched)
+        plgpu.barrier_wait(sched)
+
+    @pl.when(wg < COMPUTE_WGS)
+    def _compute():
+        plgpu.set_max_registers(232, action="increase")
+        q_smem, o_smem, m_smem, l_smem = q_smem2.at[wg], o_smem2.at[wg], m_smem2.at[wg], l_smem2.at[wg]
+        row0 = tile * TILE_ROWS + wg * BLOCK_Q
+        plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(row0, BLOCK_Q), head], q_smem, q_bar.at[wg])
+        plgpu.barrier_wait(q_bar.at[wg])
+        m = layout_cast(jnp.full((BLOCK_Q,), NEG, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+        l = layout_cast(jnp.full((BLOCK_Q,), 0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+        acc = layout_cast(jnp.full((BLOCK_Q, H), 0, jnp.float32), plgpu.Layout.WGMMA)
+
+        @pl.when(count > 0)
+        def _():
+            plgpu.barrier_wait(k_bar.at[0])
+
+        pl.when(wg == 1)(schedule_barrier)
+
+        def step(i, carry, masked: bool):
+            acc, m, l = carry
+            slot = lax.rem(i, jnp.array(max_steps, i.dtype))
+
+            def qk(acc_ref):
+                plgpu.wgmma(acc_ref, q_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
+                schedule_barrier()
+                return acc_ref[...]
+            s = pl.run_scoped(qk, plgpu.ACC((BLOCK_Q, block_kv), jnp.float32))
+            plgpu.barrier_arrive(k_done.at[slot])
+            s = s * qk_scale                                    # log2 units
+            if masked:
+                rows = iota(0, (BLOCK_Q, block_kv)) + row0
+                pos = iota(1, (BLOCK_Q, block_kv)) + (first + i) * block_kv
+                ok = pos < length
+                if causal:   # pos <= length - T + row // G, without a vector division
+                    ok = ok & (rows >= (pos - (length - q_len)) * groups)
+                s = jnp.where(ok, s, NEG)
+            m_new = jnp.maximum(m, s.max(axis=1))
+            # a row that has seen no key keeps m = NEG: subtract 0 so that 2^(NEG - 0) = 0
+            m_use = jnp.where(m_new == NEG, 0.0, m_new) if masked else m_new
+            alpha = jnp.exp2(m - m_use)
+            p = jnp.exp2(s - lax.broadcast_in_dim(m_use, s.shape, [0]))
+            acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+            l = l * alpha + p.sum(axis=1)
+            p16 = p.astype(dtype)
+            acc, l, m_new, p16 = lax.optimization_barrier((acc, l, m_new, p16))
+            plgpu.barrier_arrive(sched)
+            plgpu.barrier_wait(v_bar.at[slot])
+            plgpu.barrier_wait(sched)
+
+            def pv(acc_ref):
+                plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
+                nxt = i + 1
+                @pl.when(nxt < count)
+                def _():
+                    plgpu.barrier_wait(k_bar.at[lax.rem(nxt, jnp.array(max_steps, i.dtype))])
+            if interpret:   # JAX's GPU interpreter has no run_state: a fresh accumulator, added
+                acc = acc + pl.run_scoped(lambda r: (pv(r), r[...])[1], plgpu.ACC((BLOCK_Q, H), jnp.float32))
+            else:
+                acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+            plgpu.barrier_arrive(v_done.at[slot])
+            return acc, m_new, l
+
+        carry = lax.fori_loop(0, free, functools.partial(step, masked=False), (acc, m, l))
+        acc, m, l = lax.fori_loop(free, count, functools.partial(step, masked=True), carry)
+        pl.when(wg == 0)(schedule_barrier)
+        o_smem[...] = acc
+        m_smem[...] = m
+        l_smem[...] = l
+        plgpu.commit_smem()
+        rows = pl.ds(row0, BLOCK_Q)
+        plgpu.copy_smem_to_gmem(o_smem, o_ref.at[batch, head, split, rows])
+        plgpu.copy_smem_to_gmem(m_smem, m_ref.at[batch, head, split, rows])
+        plgpu.copy_smem_to_gmem(l_smem, l_ref.at[batch, head, split, rows])
+        plgpu.wait_smem_to_gmem(0)
+
+    @pl.when(wg == COMPUTE_WGS)
+    def _memory():
+        plgpu.set_max_registers(40, action="decrease")
+
+        def fetch(i, slot):
+            keys = (batch, pl.ds((first + i) * block_kv, block_kv), head)
+            plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[slot], k_bar.at[slot])
+            plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem.at[slot], v_bar.at[slot])
+
+        for i in range(max_steps):
+            pl.when(i < count)(functools.partial(fetch, i, i))
+
+        @pl.loop(0, jnp.maximum(count - max_steps, 0))
+        def _(i):
+            slot = lax.rem(i, jnp.array(max_steps, i.dtype))
+            plgpu.barrier_wait(k_done.at[slot])
+            plgpu.barrier_wait(v_done.at[slot])
+            fetch(i + max_steps, slot)
+
+
+def decode_attention_mgpu(q, k, v, lengths, *, causal: bool = True, scale: float | None = None,
+                          plan: MgpuPlan | None = None, interpret=False):
+    """The Mosaic GPU kernel on already validated inputs: q (B, T, N, H), k, v (B, S, K, H), lengths (B,).
+
+    Returns (B, T, N, H) in q's dtype. ``scale`` is a Python float (default 1/sqrt(H)).
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    from .decode import combine
+
+    B, T, N, H = (int(d) for d in q.shape)
+    _, S, K, _ = (int(d) for d in k.shape)
+    G = N // K
+    plan = plan or make_mgpu_plan(B, T, S, N, K, H)
+    R, P, rows_padded = plan.rows, plan.num_splits, plan.row_tiles * TILE_ROWS
+    scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
+    qp = jnp.transpose(q.reshape(B, T, K, G, H), (0, 1, 3, 2, 4)).reshape(B, R, K, H)
+    qp = jnp.pad(qp, ((0, 0), (0, rows_padded - R), (0, 0), (0, 0)))
+    dtype = q.dtype
+    tiled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+
+    def entry(len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref):
+        scratch = [
+            plgpu.SMEM((COMPUTE_WGS, BLOCK_Q, H), dtype, transforms=tiled),
+            plgpu.SMEM((plan.max_steps, plan.block_kv, H), dtype, transforms=tiled),
+            plgpu.SMEM((plan.max_steps, plan.block_kv, H), dtype, transforms=tiled),
+            plgpu.SMEM((COMPUTE_WGS, BLOCK_Q, H), jnp.float32,
+                       transforms=(plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))),
+            plgpu.SMEM((COMPUTE_WGS, BLOCK_Q), jnp.float32),
+            plgpu.SMEM((COMPUTE_WGS, BLOCK_Q), jnp.float32),
+        ]
+        body = functools.partial(_kernel, len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, q_len=T, groups=G,
+                                 kv_len=S, kv_heads=K, plan=plan, causal=bool(causal) and T > 1,
+                                 qk_scale=scale * LOG2E, dtype=dtype, interpret=bool(interpret))
+        pl.run_scoped(
+            lambda *a: body(a),
+            scratch,
+            (plgpu.Barrier(num_barriers=plan.max_steps), plgpu.Barrier(num_barriers=plan.max_steps),
+             plgpu.Barrier(num_barriers=COMPUTE_WGS)),
+            (plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=plan.max_steps),) * 2,
+            plgpu.Barrier(num_arrivals=COMPUTE_WGS),
+            collective_axes="wg",
+        )
+
+    o, m, l = plgpu.kernel(
+        entry,
+        out_type=[jax.ShapeDtypeStruct((B, K, P, rows_padded, H), jnp.float32),
+                  jax.ShapeDtypeStruct((B, K, P, rows_padded), jnp.float32),
+                  jax.ShapeDtypeStruct((B, K, P, rows_padded), jnp.float32)],
+        grid=(plan.row_tiles, P, B * K),
+        grid_names=("tile", "split", "bk"),
+        num_threads=COMPUTE_WGS + 1,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        interpret=interpret,
+    )(jnp.asarray(lengths).astype(jnp.int32), qp, k, v)
+    out = combine(o, m, l)[:, :, :R].reshape(B, K, T, G, H)
+    return jnp.transpose(out, (0, 2, 1, 3, 4)).reshape(B, T, N, H).astype(dtype)
