@@ -49,13 +49,14 @@ class MgpuPlan:
     block_kv: int       # keys per pipeline step
     max_steps: int      # K/V blocks in flight (shared-memory buffers)
     num_splits: int
+    stage_out: bool = True  # partial O through shared memory (TMA store); False: stored from registers
 
 
-def smem_bytes(block_kv: int, max_steps: int, head_dim: int, itemsize: int = 2) -> int:
-    """Shared memory of one program: q tiles, K and V buffers, the float32 output tiles, m and l."""
+def smem_bytes(block_kv: int, max_steps: int, head_dim: int, itemsize: int = 2, stage_out: bool = True) -> int:
+    """Shared memory of one program: q tiles, K and V buffers, m and l (and the float32 output tiles)."""
     q = TILE_ROWS * head_dim * itemsize
     kv = 2 * max_steps * block_kv * head_dim * itemsize
-    out = TILE_ROWS * head_dim * 4 + 2 * TILE_ROWS * 4
+    out = (TILE_ROWS * head_dim * 4 if stage_out else 0) + 2 * TILE_ROWS * 4
     return q + kv + out
 
 
@@ -80,19 +81,25 @@ def unsupported(q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: in
 
 def make_mgpu_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: int, *,
                    block_kv: int = 64, max_steps: int | None = None, num_splits: int | None = None,
-                   sms: int = 132) -> MgpuPlan:
+                   stage_out: bool = True, sms: int = 132) -> MgpuPlan:
     """Tiles, pipeline depth (what fits 227 KB) and the split count (one program per SM)."""
     rows = q_len * (heads // kv_heads)
     tiles = cdiv(rows, TILE_ROWS)
+    def fits(steps):   # Mosaic GPU adds ~3.2 KB (barriers, alignment) to the buffers counted here
+        return smem_bytes(block_kv, steps, head_dim, stage_out=stage_out) <= SMEM_BYTES - 4096
+
     if max_steps is None:
         max_steps = 2
-        while max_steps < 6 and smem_bytes(block_kv, max_steps + 1, head_dim) <= SMEM_BYTES - 4096:
+        while max_steps < 6 and fits(max_steps + 1):
             max_steps += 1
+    if not fits(max_steps):
+        raise ValueError(f"mosaic decode: {max_steps} steps of {block_kv} keys (H={head_dim}) exceed shared memory")
     if num_splits is None:
         num_splits = choose_num_splits(kv_len, batch * kv_heads, rows=rows, block_k=block_kv, head_dim=head_dim,
                                        row_tiles=tiles, sm_count=sms, occupancy=1,
                                        min_blocks_per_split=max(4, max_steps))
-    return MgpuPlan(rows=rows, row_tiles=tiles, block_kv=block_kv, max_steps=max_steps, num_splits=int(num_splits))
+    return MgpuPlan(rows=rows, row_tiles=tiles, block_kv=block_kv, max_steps=max_steps, num_splits=int(num_splits),
+                    stage_out=stage_out)
 
 
 def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped, *, q_len: int, groups: int, kv_len: int,
@@ -103,7 +110,7 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped, *, q_len:
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     block_kv, max_steps, H = plan.block_kv, plan.max_steps, q_ref.shape[-1]
-    (q_smem2, k_smem, v_smem, o_smem2, m_smem2, l_smem2), (k_bar, v_bar, q_bar), (k_done, v_done), sched = scoped
+    (q_smem2, k_smem, v_smem, m_smem2, l_smem2, *o_smem2), (k_bar, v_bar, q_bar), (k_done, v_done), sched = scoped
     tile, split, bk = lax.axis_index("tile"), lax.axis_index("split"), lax.axis_index("bk")
     batch, head = lax.div(bk, kv_heads), lax.rem(bk, kv_heads)
     wg = lax.axis_index("wg")
@@ -134,7 +141,8 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped, *, q_len:
     @pl.when(wg < COMPUTE_WGS)
     def _compute():
         plgpu.set_max_registers(232, action="increase")
-        q_smem, o_smem, m_smem, l_smem = q_smem2.at[wg], o_smem2.at[wg], m_smem2.at[wg], l_smem2.at[wg]
+        q_smem, m_smem, l_smem = q_smem2.at[wg], m_smem2.at[wg], l_smem2.at[wg]
+        o_smem = o_smem2[0].at[wg] if plan.stage_out else None
         row0 = tile * TILE_ROWS + wg * BLOCK_Q
         plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(row0, BLOCK_Q), head], q_smem, q_bar.at[wg])
         plgpu.barrier_wait(q_bar.at[wg])
@@ -152,11 +160,15 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped, *, q_len:
             acc, m, l = carry
             slot = lax.rem(i, jnp.array(max_steps, i.dtype))
 
-            def qk(acc_ref):
-                plgpu.wgmma(acc_ref, q_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
+            if interpret:   # JAX's GPU interpreter ignores wgmma's transposed operand: a plain dot
+                s = jnp.dot(q_smem[...], k_smem[slot].T, preferred_element_type=jnp.float32)
                 schedule_barrier()
-                return acc_ref[...]
-            s = pl.run_scoped(qk, plgpu.ACC((BLOCK_Q, block_kv), jnp.float32))
+            else:
+                def qk(acc_ref):
+                    plgpu.wgmma(acc_ref, q_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
+                    schedule_barrier()
+                    return acc_ref[...]
+                s = pl.run_scoped(qk, plgpu.ACC((BLOCK_Q, block_kv), jnp.float32))
             plgpu.barrier_arrive(k_done.at[slot])
             s = s * qk_scale                                    # log2 units
             if masked:
@@ -179,15 +191,19 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped, *, q_len:
             plgpu.barrier_wait(v_bar.at[slot])
             plgpu.barrier_wait(sched)
 
-            def pv(acc_ref):
-                plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
+            def wait_next_k():
                 nxt = i + 1
                 @pl.when(nxt < count)
                 def _():
                     plgpu.barrier_wait(k_bar.at[lax.rem(nxt, jnp.array(max_steps, i.dtype))])
-            if interpret:   # JAX's GPU interpreter has no run_state: a fresh accumulator, added
-                acc = acc + pl.run_scoped(lambda r: (pv(r), r[...])[1], plgpu.ACC((BLOCK_Q, H), jnp.float32))
+
+            if interpret:   # nor does it run wgmma from registers or run_state
+                acc = acc + jnp.dot(p16, v_smem[slot], preferred_element_type=jnp.float32)
+                wait_next_k()
             else:
+                def pv(acc_ref):
+                    plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
+                    wait_next_k()
                 acc = pl.run_state(pv)(plgpu.ACC.init(acc))
             plgpu.barrier_arrive(v_done.at[slot])
             return acc, m_new, l
@@ -195,12 +211,16 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped, *, q_len:
         carry = lax.fori_loop(0, free, functools.partial(step, masked=False), (acc, m, l))
         acc, m, l = lax.fori_loop(free, count, functools.partial(step, masked=True), carry)
         pl.when(wg == 0)(schedule_barrier)
-        o_smem[...] = acc
+        rows = pl.ds(row0, BLOCK_Q)
+        if plan.stage_out:
+            o_smem[...] = acc
+        else:
+            o_ref.at[batch, head, split, rows][...] = acc
         m_smem[...] = m
         l_smem[...] = l
         plgpu.commit_smem()
-        rows = pl.ds(row0, BLOCK_Q)
-        plgpu.copy_smem_to_gmem(o_smem, o_ref.at[batch, head, split, rows])
+        if plan.stage_out:
+            plgpu.copy_smem_to_gmem(o_smem, o_ref.at[batch, head, split, rows])
         plgpu.copy_smem_to_gmem(m_smem, m_ref.at[batch, head, split, rows])
         plgpu.copy_smem_to_gmem(l_smem, l_ref.at[batch, head, split, rows])
         plgpu.wait_smem_to_gmem(0)
@@ -254,11 +274,12 @@ def decode_attention_mgpu(q, k, v, lengths, *, causal: bool = True, scale: float
             plgpu.SMEM((COMPUTE_WGS, BLOCK_Q, H), dtype, transforms=tiled),
             plgpu.SMEM((plan.max_steps, plan.block_kv, H), dtype, transforms=tiled),
             plgpu.SMEM((plan.max_steps, plan.block_kv, H), dtype, transforms=tiled),
-            plgpu.SMEM((COMPUTE_WGS, BLOCK_Q, H), jnp.float32,
-                       transforms=(plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))),
             plgpu.SMEM((COMPUTE_WGS, BLOCK_Q), jnp.float32),
             plgpu.SMEM((COMPUTE_WGS, BLOCK_Q), jnp.float32),
         ]
+        if plan.stage_out:
+            scratch.append(plgpu.SMEM((COMPUTE_WGS, BLOCK_Q, H), jnp.float32,
+                                      transforms=(plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))))
         body = functools.partial(_kernel, len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, q_len=T, groups=G,
                                  kv_len=S, kv_heads=K, plan=plan, causal=bool(causal) and T > 1,
                                  qk_scale=scale * LOG2E, dtype=dtype, interpret=bool(interpret))
