@@ -196,8 +196,15 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
         interpret = jax.default_backend() != "gpu"
     if plan is None:
         from ..core import device
+        from . import decode_mgpu
 
         cc = device.current().compute_capability
+        requested = config.kernel if config else None
+        # T*G > 64 rows on Hopper: the wgmma kernel (the other config fields tune the Triton kernel)
+        if decode_mgpu.pick_kernel(T, S, N, K, H, str(q.dtype), compute_capability=None if interpret else cc,
+                                   paged=page_table is not None, soft_cap=soft_cap, requested=requested) == "mosaic":
+            return decode_mgpu.decode_attention_mgpu(q, k, v, lengths, causal=causal, scale=scale,
+                                                     interpret=decode_mgpu.gpu_interpreter() if interpret else False)
         known = None if isinstance(lengths, jax.core.Tracer) else [int(n) for n in np.asarray(lengths)]
         plan = make_plan(B, T, S, N, K, H, q.dtype, config, compute_capability=cc, lengths=known)
     R, br, P = plan.rows, plan.block_r, plan.num_splits

@@ -38,6 +38,10 @@ BLOCK_Q = 64                    # rows per compute warpgroup (one wgmma M)
 COMPUTE_WGS = 2
 TILE_ROWS = BLOCK_Q * COMPUTE_WGS
 SMEM_BYTES = 227 * 1024
+#: T*G from which the plan picks this kernel on sm_90: at 64 rows the Triton kernel is faster (88 vs
+#: 84% of the roofline), from 112 rows this one (78-83% vs 59-63%; 51-62% vs 34-41% at 224-512 rows),
+#: results/gpu-2026-12-04c-mgpu/run2.
+MOSAIC_MIN_ROWS = 65
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +67,7 @@ def smem_bytes(block_kv: int, max_steps: int, head_dim: int, itemsize: int = 2, 
 def unsupported(q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: int, dtype: str,
                 block_kv: int = 64, compute_capability=None, paged: bool = False,
                 soft_cap=None) -> str | None:
-    """Why this kernel cannot run the shape, or None."""
+    """Why this kernel cannot run the shape, or None (``compute_capability`` None: not asked)."""
     if compute_capability is not None and tuple(compute_capability) != (9, 0):
         return f"mosaic decode: wgmma needs sm_90 (Hopper), device is sm_{compute_capability[0]}{compute_capability[1]}"
     if str(dtype) not in ("float16", "bfloat16"):
@@ -79,10 +83,20 @@ def unsupported(q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: in
     return None
 
 
+def default_block_kv(kv_len: int) -> int:
+    return 128 if kv_len % 128 == 0 else 64
+
+
 def make_mgpu_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: int, *,
-                   block_kv: int = 64, max_steps: int | None = None, num_splits: int | None = None,
-                   stage_out: bool = True, sms: int = 132) -> MgpuPlan:
-    """Tiles, pipeline depth (what fits 227 KB) and the split count (one program per SM)."""
+                   block_kv: int | None = None, max_steps: int | None = None, num_splits: int | None = None,
+                   stage_out: bool = False, sms: int = 132) -> MgpuPlan:
+    """Tiles, pipeline depth (what fits 227 KB) and the split count (one program per SM).
+
+    Defaults as measured on the H200 (results/gpu-2026-12-04c-mgpu/run2): 128 keys a step (64 when
+    S is not a multiple of 128), partial O stored from registers (the shared-memory staging
+    buffer would leave no room for two 128-key steps), as many steps as fit.
+    """
+    block_kv = block_kv or default_block_kv(kv_len)
     rows = q_len * (heads // kv_heads)
     tiles = cdiv(rows, TILE_ROWS)
     def fits(steps):   # Mosaic GPU adds ~3.2 KB (barriers, alignment) to the buffers counted here
@@ -100,6 +114,24 @@ def make_mgpu_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: in
                                        min_blocks_per_split=max(4, max_steps))
     return MgpuPlan(rows=rows, row_tiles=tiles, block_kv=block_kv, max_steps=max_steps, num_splits=int(num_splits),
                     stage_out=stage_out)
+
+
+def pick_kernel(q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: int, dtype: str, *,
+                compute_capability, paged: bool = False, soft_cap=None, requested: str | None = None) -> str:
+    """"mosaic" or "triton": the requested kernel, else Mosaic GPU above ``MOSAIC_MIN_ROWS`` rows where it runs.
+
+    Raises ``ValueError`` when "mosaic" is requested for a call it cannot run (with the reason).
+    """
+    why = unsupported(q_len, kv_len, heads, kv_heads, head_dim, dtype, block_kv=default_block_kv(kv_len),
+                      compute_capability=compute_capability, paged=paged, soft_cap=soft_cap)
+    if requested == "mosaic":
+        if why:
+            raise ValueError(why)
+        return "mosaic"
+    if requested not in (None, "triton"):
+        raise ValueError(f"kernel must be 'triton', 'mosaic' or None, got {requested!r}")
+    auto = requested is None and compute_capability is not None and not why
+    return "mosaic" if auto and q_len * (heads // kv_heads) >= MOSAIC_MIN_ROWS else "triton"
 
 
 def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped, *, q_len: int, groups: int, kv_len: int,
@@ -245,12 +277,23 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped, *, q_len:
             fetch(i + max_steps, slot)
 
 
+def gpu_interpreter():
+    """JAX's GPU interpret mode: threads, barriers, TMA and shared memory simulated on the CPU (JAX-private)."""
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+    return InterpretGPUParams()
+
+
 def decode_attention_mgpu(q, k, v, lengths, *, causal: bool = True, scale: float | None = None,
                           plan: MgpuPlan | None = None, interpret=False):
     """The Mosaic GPU kernel on already validated inputs: q (B, T, N, H), k, v (B, S, K, H), lengths (B,).
 
     Returns (B, T, N, H) in q's dtype. ``scale`` is a Python float (default 1/sqrt(H)).
+    ``interpret``: True (or ``gpu_interpreter()``) runs it in JAX's GPU interpreter on the CPU,
+    where both matmuls are plain dots; everything else (TMA, barriers, splits, masks) is the kernel's.
     """
+    if interpret is True:
+        interpret = gpu_interpreter()
     import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl

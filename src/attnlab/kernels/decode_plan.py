@@ -39,6 +39,8 @@ class DecodeConfig:
     num_warps: int | None = None
     num_stages: int | None = None
     num_splits: int | None = None
+    #: "triton", "mosaic" (``kernels.decode_mgpu``, sm_90) or None: the plan's choice by rows
+    kernel: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,57 @@
+"""Issue 25 on an NVIDIA Hopper GPU: the Mosaic GPU (wgmma) decode kernel against float64, and the plan
+running it for T*G > 64 rows through ``attnlab.decode_attention``.
+
+    python -m pytest -q -m gpu tests/gpu/test_decode_mgpu_gpu.py
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import attnlab
+from attnlab.core import device
+from attnlab.kernels import decode as kd
+from attnlab.kernels import decode_mgpu as dm
+from attnlab.reference.decode64 import check_decode_close
+from attnlab.reference.inputs import random_qkv
+
+pytestmark = pytest.mark.gpu
+
+
+def _need_hopper():
+    cc = device.current().compute_capability
+    if cc != (9, 0):
+        pytest.skip(f"the Mosaic GPU decode kernel needs sm_90, device is {cc}")
+
+
+@pytest.mark.parametrize("B, T, S, N, K, H, lengths, causal", [
+    (4, 16, 4096, 28, 4, 128, [4096, 21, 2051, 77], True),     # G = 7: 112 rows, ragged
+    (2, 8, 2048, 64, 4, 64, [2048, 1000], True),               # G = 16, H = 64
+    (2, 13, 4096, 20, 4, 128, [4096, 130], False),             # G = 5, odd T: 65 rows, no causal rule
+    (2, 64, 4032, 32, 8, 128, [4032, 64], True),               # S not a multiple of 128: 64-key steps
+    (1, 32, 8192, 64, 4, 128, [8192], True),                   # 512 rows: four row tiles
+])
+def test_mosaic_kernel_matches_float64_through_decode_attention(B, T, S, N, K, H, lengths, causal):
+    _need_hopper()
+    assert dm.pick_kernel(T, S, N, K, H, "bfloat16", compute_capability=(9, 0)) == "mosaic"
+    q, k, v = random_qkv(B, T, S, N, K, H, "bfloat16", seed=T)
+    f = jax.jit(functools.partial(attnlab.decode_attention, implementation="attnlab-decode", causal=causal))
+    n = jnp.asarray(lengths, jnp.int32)
+    assert "mosaic_gpu" in f.lower(q, k, v, n).as_text()        # the plan ran the wgmma kernel
+    out = f(q, k, v, n)
+    verdict = check_decode_close(out, q, k, v, lengths, causal=causal)
+    assert verdict.ok, verdict
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_mosaic_kernel_on_request_at_few_rows_and_float16(splits):
+    _need_hopper()
+    q, k, v = random_qkv(2, 2, 1024, 8, 8, 128, "float16", seed=splits)
+    lengths = [1024, 300]
+    plan = dm.make_mgpu_plan(2, 2, 1024, 8, 8, 128, num_splits=splits)
+    out = dm.decode_attention_mgpu(q, k, v, jnp.asarray(lengths), plan=plan)
+    verdict = check_decode_close(out, q, k, v, lengths)
+    assert verdict.ok, verdict
+    out2 = kd.decode_attention_pallas(q, k, v, jnp.asarray(lengths), config=kd.DecodeConfig(kernel="mosaic"))
+    assert check_decode_close(out2, q, k, v, lengths).ok
