@@ -51,6 +51,7 @@ and occupancy: ``kernels.decode_resources``. Both are re-exported here.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -199,7 +200,9 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
         from . import decode_mgpu
 
         cc = device.current().compute_capability
-        requested = config.kernel if config else None
+        # a config that tunes the Triton kernel (block_r, ...) keeps it unless it names the kernel
+        requested = None if config is None else config.kernel or (
+            "triton" if dataclasses.replace(config, kernel=None) != DecodeConfig() else None)
         # T*G > 64 rows on Hopper: the wgmma kernel (the other config fields tune the Triton kernel)
         if decode_mgpu.pick_kernel(T, S, N, K, H, str(q.dtype), compute_capability=None if interpret else cc,
                                    paged=page_table is not None, soft_cap=soft_cap, requested=requested) == "mosaic":

@@ -25,113 +25,16 @@ cap and no paged caches (the Triton kernel serves those): ``unsupported`` says w
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
 from ..core.masking import large_negative_value
-from .decode_plan import cdiv, choose_num_splits, split_range
+from .decode_mgpu_plan import (BLOCK_Q, COMPUTE_WGS, MOSAIC_MIN_ROWS, TILE_ROWS, MgpuPlan, make_mgpu_plan,  # noqa: F401
+                               pick_kernel, smem_bytes, unsupported)
+from .decode_plan import split_range
 
 LOG2E = math.log2(math.e)
 NEG = large_negative_value("float32")
-BLOCK_Q = 64                    # rows per compute warpgroup (one wgmma M)
-COMPUTE_WGS = 2
-TILE_ROWS = BLOCK_Q * COMPUTE_WGS
-SMEM_BYTES = 227 * 1024
-#: T*G from which the plan picks this kernel on sm_90: at 64 rows the Triton kernel is faster (88 vs
-#: 84% of the roofline), from 112 rows this one (78-83% vs 59-63%; 51-62% vs 34-41% at 224-512 rows),
-#: results/gpu-2026-12-04c-mgpu/run2.
-MOSAIC_MIN_ROWS = 65
-
-
-@dataclasses.dataclass(frozen=True)
-class MgpuPlan:
-    """One launch of the Mosaic GPU decode kernel."""
-
-    rows: int           # T * G
-    row_tiles: int      # ceil(rows / 128)
-    block_kv: int       # keys per pipeline step
-    max_steps: int      # K/V blocks in flight (shared-memory buffers)
-    num_splits: int
-    stage_out: bool = True  # partial O through shared memory (TMA store); False: stored from registers
-
-
-def smem_bytes(block_kv: int, max_steps: int, head_dim: int, itemsize: int = 2, stage_out: bool = True) -> int:
-    """Shared memory of one program: q tiles, K and V buffers, m and l (and the float32 output tiles)."""
-    q = TILE_ROWS * head_dim * itemsize
-    kv = 2 * max_steps * block_kv * head_dim * itemsize
-    out = (TILE_ROWS * head_dim * 4 if stage_out else 0) + 2 * TILE_ROWS * 4
-    return q + kv + out
-
-
-def unsupported(q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: int, dtype: str,
-                block_kv: int = 64, compute_capability=None, paged: bool = False,
-                soft_cap=None) -> str | None:
-    """Why this kernel cannot run the shape, or None (``compute_capability`` None: not asked)."""
-    if compute_capability is not None and tuple(compute_capability) != (9, 0):
-        return f"mosaic decode: wgmma needs sm_90 (Hopper), device is sm_{compute_capability[0]}{compute_capability[1]}"
-    if str(dtype) not in ("float16", "bfloat16"):
-        return f"mosaic decode: dtype {dtype} is not float16/bfloat16"
-    if head_dim not in (64, 128):
-        return f"mosaic decode: head dim {head_dim} not in (64, 128)"
-    if kv_len % block_kv:
-        return f"mosaic decode: kv length {kv_len} not a multiple of {block_kv}"
-    if paged:
-        return "mosaic decode: paged caches run on the Triton kernel"
-    if soft_cap is not None:
-        return "mosaic decode: soft cap runs on the Triton kernel"
-    return None
-
-
-def default_block_kv(kv_len: int) -> int:
-    return 128 if kv_len % 128 == 0 else 64
-
-
-def make_mgpu_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: int, *,
-                   block_kv: int | None = None, max_steps: int | None = None, num_splits: int | None = None,
-                   stage_out: bool = False, sms: int = 132) -> MgpuPlan:
-    """Tiles, pipeline depth (what fits 227 KB) and the split count (one program per SM).
-
-    Defaults as measured on the H200 (results/gpu-2026-12-04c-mgpu/run2): 128 keys a step (64 when
-    S is not a multiple of 128), partial O stored from registers (the shared-memory staging
-    buffer would leave no room for two 128-key steps), as many steps as fit.
-    """
-    block_kv = block_kv or default_block_kv(kv_len)
-    rows = q_len * (heads // kv_heads)
-    tiles = cdiv(rows, TILE_ROWS)
-    def fits(steps):   # Mosaic GPU adds ~3.2 KB (barriers, alignment) to the buffers counted here
-        return smem_bytes(block_kv, steps, head_dim, stage_out=stage_out) <= SMEM_BYTES - 4096
-
-    if max_steps is None:
-        max_steps = 2
-        while max_steps < 6 and fits(max_steps + 1):
-            max_steps += 1
-    if not fits(max_steps):
-        raise ValueError(f"mosaic decode: {max_steps} steps of {block_kv} keys (H={head_dim}) exceed shared memory")
-    if num_splits is None:
-        num_splits = choose_num_splits(kv_len, batch * kv_heads, rows=rows, block_k=block_kv, head_dim=head_dim,
-                                       row_tiles=tiles, sm_count=sms, occupancy=1,
-                                       min_blocks_per_split=max(4, max_steps))
-    return MgpuPlan(rows=rows, row_tiles=tiles, block_kv=block_kv, max_steps=max_steps, num_splits=int(num_splits),
-                    stage_out=stage_out)
-
-
-def pick_kernel(q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: int, dtype: str, *,
-                compute_capability, paged: bool = False, soft_cap=None, requested: str | None = None) -> str:
-    """"mosaic" or "triton": the requested kernel, else Mosaic GPU above ``MOSAIC_MIN_ROWS`` rows where it runs.
-
-    Raises ``ValueError`` when "mosaic" is requested for a call it cannot run (with the reason).
-    """
-    why = unsupported(q_len, kv_len, heads, kv_heads, head_dim, dtype, block_kv=default_block_kv(kv_len),
-                      compute_capability=compute_capability, paged=paged, soft_cap=soft_cap)
-    if requested == "mosaic":
-        if why:
-            raise ValueError(why)
-        return "mosaic"
-    if requested not in (None, "triton"):
-        raise ValueError(f"kernel must be 'triton', 'mosaic' or None, got {requested!r}")
-    auto = requested is None and compute_capability is not None and not why
-    return "mosaic" if auto and q_len * (heads // kv_heads) >= MOSAIC_MIN_ROWS else "triton"
 
 
 def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped, *, q_len: int, groups: int, kv_len: int,
