@@ -2,10 +2,12 @@
 choice of kernel, and a compile check for sm_90 (lowering, shared memory) without a GPU (issue 25)."""
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from attnlab.kernels import decode as kd
 from attnlab.kernels import decode_mgpu as dm
+from attnlab.kernels import pages as kp
 from attnlab.reference.decode64 import check_decode_close
 from attnlab.reference.inputs import random_qkv
 
@@ -22,6 +24,22 @@ def test_interpreter_matches_float64(T, N, K, H, lengths, causal, splits):
     assert verdict.ok, verdict
 
 
+@pytest.mark.parametrize("page_size", [16, 128])
+def test_interpreter_paged_matches_its_contiguous_twin(page_size):
+    """One TMA copy per page of 16 (four a 64-key step), or a 64-key step inside a page of 128; table
+    slots past a sequence's pages hold -1."""
+    q, k, v = random_qkv(2, 4, 128, 4, 1, 64, "bfloat16", seed=page_size)
+    lengths = [128, 37]
+    kp_, vp_, table = kp.to_pages(k, v, page_size)
+    table = np.asarray(table).copy()
+    table[1, kp.pages_in_use([37], page_size)[0]:] = -1
+    plan = dm.make_mgpu_plan(2, 4, 128, 4, 1, 64, block_kv=64, num_splits=2)
+    out = dm.decode_attention_mgpu(q, kp_, vp_, jnp.asarray(lengths), plan=plan, interpret=True,
+                                   page_table=jnp.asarray(table))
+    verdict = check_decode_close(out, q, k, v, lengths)
+    assert verdict.ok, verdict
+
+
 def test_the_plan_picks_mosaic_above_64_rows_on_hopper_only():
     pick = dm.pick_kernel
     assert pick(16, 32768, 28, 4, 128, "bfloat16", compute_capability=(9, 0)) == "mosaic"     # 112 rows
@@ -29,7 +47,8 @@ def test_the_plan_picks_mosaic_above_64_rows_on_hopper_only():
     assert pick(16, 32768, 28, 4, 128, "bfloat16", compute_capability=(8, 0)) == "triton"
     assert pick(16, 32768, 28, 4, 128, "bfloat16", compute_capability=None) == "triton"       # CPU
     assert pick(16, 32768, 28, 4, 256, "bfloat16", compute_capability=(9, 0)) == "triton"
-    assert pick(16, 32768, 28, 4, 128, "bfloat16", compute_capability=(9, 0), paged=True) == "triton"
+    assert pick(16, 32768, 28, 4, 128, "bfloat16", compute_capability=(9, 0), page_size=16) == "mosaic"
+    assert pick(16, 32768, 28, 4, 128, "bfloat16", compute_capability=(9, 0), page_size=8) == "triton"
     assert pick(16, 32768, 28, 4, 128, "bfloat16", compute_capability=(9, 0), soft_cap=30.0) == "triton"
     assert pick(16, 32768, 28, 4, 128, "float32", compute_capability=(9, 0)) == "triton"
     assert pick(2, 1024, 8, 8, 64, "float16", compute_capability=(9, 0), requested="mosaic") == "mosaic"

@@ -55,3 +55,22 @@ def test_mosaic_kernel_on_request_at_few_rows_and_float16(splits):
     assert verdict.ok, verdict
     out2 = kd.decode_attention_pallas(q, k, v, jnp.asarray(lengths), config=kd.DecodeConfig(kernel="mosaic"))
     assert check_decode_close(out2, q, k, v, lengths).ok
+
+
+@pytest.mark.parametrize("page_size", [16, 32, 64, 128])
+@pytest.mark.parametrize("T, N, K, H", [(16, 28, 4, 128), (8, 64, 4, 64)])
+def test_mosaic_kernel_on_paged_caches(page_size, T, N, K, H):
+    _need_hopper()
+    from attnlab.kernels import pages as kp
+
+    S = 2048
+    q, k, v = random_qkv(4, T, S, N, K, H, "bfloat16", seed=page_size)
+    lengths = [S, 130, 1000, T]
+    kpg, vpg, table = kp.to_pages(k, v, page_size)
+    assert dm.pick_kernel(T, S, N, K, H, "bfloat16", compute_capability=(9, 0), page_size=page_size) == "mosaic"
+    f = jax.jit(functools.partial(attnlab.decode_attention, implementation="attnlab-decode"))
+    n, t = jnp.asarray(lengths, jnp.int32), jnp.asarray(table)
+    assert "mosaic_gpu" in f.lower(q, kpg, vpg, n, page_table=t).as_text()
+    out = f(q, kpg, vpg, n, page_table=t)
+    verdict = check_decode_close(out, q, k, v, lengths)
+    assert verdict.ok, verdict

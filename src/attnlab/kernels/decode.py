@@ -205,9 +205,10 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
             "triton" if dataclasses.replace(config, kernel=None) != DecodeConfig() else None)
         # T*G > 64 rows on Hopper: the wgmma kernel (the other config fields tune the Triton kernel)
         if decode_mgpu.pick_kernel(T, S, N, K, H, str(q.dtype), compute_capability=None if interpret else cc,
-                                   paged=page_table is not None, soft_cap=soft_cap, requested=requested) == "mosaic":
+                                   page_size=page_size, soft_cap=soft_cap, requested=requested) == "mosaic":
             return decode_mgpu.decode_attention_mgpu(q, k, v, lengths, causal=causal, scale=scale,
-                                                     interpret=decode_mgpu.gpu_interpreter() if interpret else False)
+                                                     interpret=decode_mgpu.gpu_interpreter() if interpret else False,
+                                                     page_table=page_table)
         known = None if isinstance(lengths, jax.core.Tracer) else [int(n) for n in np.asarray(lengths)]
         plan = make_plan(B, T, S, N, K, H, q.dtype, config, compute_capability=cc, lengths=known)
     R, br, P = plan.rows, plan.block_r, plan.num_splits

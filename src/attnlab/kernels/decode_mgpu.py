@@ -21,7 +21,7 @@ blocks) are masked. Outputs are the same unnormalised partials (B, K, P, rows, H
 m, l (B, K, P, rows) as the Triton kernel, combined by ``kernels.decode.combine``.
 
 Hopper (sm_90) only, float16/bfloat16, H in {64, 128}, S a multiple of ``block_kv``; no soft
-cap and no paged caches (the Triton kernel serves those): ``unsupported`` says why.
+cap (the Triton kernel serves it): ``unsupported`` says why. Paged caches: one TMA copy per page.
 """
 from __future__ import annotations
 
@@ -37,8 +37,9 @@ LOG2E = math.log2(math.e)
 NEG = large_negative_value("float32")
 
 
-def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped, *, q_len: int, groups: int, kv_len: int,
-            kv_heads: int, plan: MgpuPlan, causal: bool, qk_scale: float, dtype, interpret: bool):
+def _kernel(len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped, *, q_len: int, groups: int,
+            kv_len: int, kv_heads: int, plan: MgpuPlan, causal: bool, qk_scale: float, dtype, interpret: bool,
+            page_size: int | None = None, num_pages: int = 0):
     import jax.numpy as jnp
     from jax import lax
     from jax.experimental import pallas as pl
@@ -160,14 +161,28 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped, *, q_len:
         plgpu.copy_smem_to_gmem(l_smem, l_ref.at[batch, head, split, rows])
         plgpu.wait_smem_to_gmem(0)
 
+    pieces = max(1, block_kv // page_size) if page_size else 1
+    piece = block_kv // pieces
+
     @pl.when(wg == COMPUTE_WGS)
     def _memory():
         plgpu.set_max_registers(40, action="decrease")
 
         def fetch(i, slot):
-            keys = (batch, pl.ds((first + i) * block_kv, block_kv), head)
-            plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[slot], k_bar.at[slot])
-            plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem.at[slot], v_bar.at[slot])
+            if not page_size:
+                keys = (batch, pl.ds((first + i) * block_kv, block_kv), head)
+                plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[slot], k_bar.at[slot])
+                plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem.at[slot], v_bar.at[slot])
+                return
+            # paged: one TMA per page (or per block within a page) into its rows of the buffer; the
+            # barrier expects one arrival per copy. Table entries are clamped: past a sequence's
+            # length they may be anything, and those keys are masked anyway.
+            for j in range(pieces):
+                key = (first + i) * block_kv + j * piece
+                page = jnp.minimum(jnp.maximum(table_ref[batch, lax.div(key, page_size)], 0), num_pages - 1)
+                src = (page, pl.ds(lax.rem(key, page_size), piece), head)
+                plgpu.copy_gmem_to_smem(k_ref.at[src], k_smem.at[slot, pl.ds(j * piece, piece)], k_bar.at[slot])
+                plgpu.copy_gmem_to_smem(v_ref.at[src], v_smem.at[slot, pl.ds(j * piece, piece)], v_bar.at[slot])
 
         for i in range(max_steps):
             pl.when(i < count)(functools.partial(fetch, i, i))
@@ -188,9 +203,11 @@ def gpu_interpreter():
 
 
 def decode_attention_mgpu(q, k, v, lengths, *, causal: bool = True, scale: float | None = None,
-                          plan: MgpuPlan | None = None, interpret=False):
+                          plan: MgpuPlan | None = None, interpret=False, page_table=None):
     """The Mosaic GPU kernel on already validated inputs: q (B, T, N, H), k, v (B, S, K, H), lengths (B,).
 
+    With ``page_table`` (B, pages_per_seq) int32, k and v are pages (P, page_size, K, H) (vLLM's
+    layout, page_size a power of two >= 16) and S = pages_per_seq * page_size.
     Returns (B, T, N, H) in q's dtype. ``scale`` is a Python float (default 1/sqrt(H)).
     ``interpret``: True (or ``gpu_interpreter()``) runs it in JAX's GPU interpreter on the CPU,
     where both matmuls are plain dots; everything else (TMA, barriers, splits, masks) is the kernel's.
@@ -205,7 +222,12 @@ def decode_attention_mgpu(q, k, v, lengths, *, causal: bool = True, scale: float
     from .decode import combine
 
     B, T, N, H = (int(d) for d in q.shape)
-    _, S, K, _ = (int(d) for d in k.shape)
+    if page_table is None:
+        _, S, K, _ = (int(d) for d in k.shape)
+        page_size = num_pages = None
+    else:
+        num_pages, page_size, K, _ = (int(d) for d in k.shape)
+        S = int(page_table.shape[1]) * page_size
     G = N // K
     plan = plan or make_mgpu_plan(B, T, S, N, K, H)
     R, P, rows_padded = plan.rows, plan.num_splits, plan.row_tiles * TILE_ROWS
@@ -215,7 +237,8 @@ def decode_attention_mgpu(q, k, v, lengths, *, causal: bool = True, scale: float
     dtype = q.dtype
     tiled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 
-    def entry(len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref):
+    def entry(len_ref, *refs):
+        table_ref, (q_ref, k_ref, v_ref, o_ref, m_ref, l_ref) = (refs[0], refs[1:]) if page_size else (None, refs)
         scratch = [
             plgpu.SMEM((COMPUTE_WGS, BLOCK_Q, H), dtype, transforms=tiled),
             plgpu.SMEM((plan.max_steps, plan.block_kv, H), dtype, transforms=tiled),
@@ -226,13 +249,16 @@ def decode_attention_mgpu(q, k, v, lengths, *, causal: bool = True, scale: float
         if plan.stage_out:
             scratch.append(plgpu.SMEM((COMPUTE_WGS, BLOCK_Q, H), jnp.float32,
                                       transforms=(plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))))
-        body = functools.partial(_kernel, len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, q_len=T, groups=G,
-                                 kv_len=S, kv_heads=K, plan=plan, causal=bool(causal) and T > 1,
-                                 qk_scale=scale * LOG2E, dtype=dtype, interpret=bool(interpret))
+        body = functools.partial(_kernel, len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, q_len=T,
+                                 groups=G, kv_len=S, kv_heads=K, plan=plan, causal=bool(causal) and T > 1,
+                                 qk_scale=scale * LOG2E, dtype=dtype, interpret=bool(interpret),
+                                 page_size=page_size, num_pages=num_pages or 0)
+        copies = max(1, plan.block_kv // page_size) if page_size else 1
         pl.run_scoped(
             lambda *a: body(a),
             scratch,
-            (plgpu.Barrier(num_barriers=plan.max_steps), plgpu.Barrier(num_barriers=plan.max_steps),
+            (plgpu.Barrier(num_arrivals=copies, num_barriers=plan.max_steps),
+             plgpu.Barrier(num_arrivals=copies, num_barriers=plan.max_steps),
              plgpu.Barrier(num_barriers=COMPUTE_WGS)),
             (plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=plan.max_steps),) * 2,
             plgpu.Barrier(num_arrivals=COMPUTE_WGS),
@@ -250,6 +276,7 @@ def decode_attention_mgpu(q, k, v, lengths, *, causal: bool = True, scale: float
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
         interpret=interpret,
-    )(jnp.asarray(lengths).astype(jnp.int32), qp, k, v)
+    )(jnp.asarray(lengths).astype(jnp.int32), *([] if page_table is None else [jnp.asarray(page_table, jnp.int32)]),
+      qp, k, v)
     out = combine(o, m, l)[:, :, :R].reshape(B, K, T, G, H)
     return jnp.transpose(out, (0, 2, 1, 3, 4)).reshape(B, T, N, H).astype(dtype)

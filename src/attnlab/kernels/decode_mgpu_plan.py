@@ -40,7 +40,7 @@ def smem_bytes(block_kv: int, max_steps: int, head_dim: int, itemsize: int = 2, 
 
 
 def unsupported(q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: int, dtype: str,
-                block_kv: int = 64, compute_capability=None, paged: bool = False,
+                block_kv: int = 64, compute_capability=None, page_size: int | None = None,
                 soft_cap=None) -> str | None:
     """Why this kernel cannot run the shape, or None (``compute_capability`` None: not asked)."""
     if compute_capability is not None and tuple(compute_capability) != (9, 0):
@@ -51,8 +51,8 @@ def unsupported(q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: in
         return f"mosaic decode: head dim {head_dim} not in (64, 128)"
     if kv_len % block_kv:
         return f"mosaic decode: kv length {kv_len} not a multiple of {block_kv}"
-    if paged:
-        return "mosaic decode: paged caches run on the Triton kernel"
+    if page_size is not None and (page_size < 16 or page_size & (page_size - 1)):
+        return f"mosaic decode: page size {page_size} is not a power of two >= 16"
     if soft_cap is not None:
         return "mosaic decode: soft cap runs on the Triton kernel"
     return None
@@ -92,13 +92,13 @@ def make_mgpu_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: in
 
 
 def pick_kernel(q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: int, dtype: str, *,
-                compute_capability, paged: bool = False, soft_cap=None, requested: str | None = None) -> str:
+                compute_capability, page_size: int | None = None, soft_cap=None, requested: str | None = None) -> str:
     """"mosaic" or "triton": the requested kernel, else Mosaic GPU above ``MOSAIC_MIN_ROWS`` rows where it runs.
 
     Raises ``ValueError`` when "mosaic" is requested for a call it cannot run (with the reason).
     """
     why = unsupported(q_len, kv_len, heads, kv_heads, head_dim, dtype, block_kv=default_block_kv(kv_len),
-                      compute_capability=compute_capability, paged=paged, soft_cap=soft_cap)
+                      compute_capability=compute_capability, page_size=page_size, soft_cap=soft_cap)
     if requested == "mosaic":
         if why:
             raise ValueError(why)
