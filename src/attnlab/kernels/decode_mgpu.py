@@ -168,31 +168,38 @@ def _kernel(len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped
     def _memory():
         plgpu.set_max_registers(40, action="decrease")
 
-        def fetch(i, slot):
+        def sources(i):
+            """Where step i's keys are: one (page, rows, head) per page it spans (paged), else one slice.
+
+            Table entries are clamped: past a sequence's length they may be anything (masked keys)."""
             if not page_size:
-                keys = (batch, pl.ds((first + i) * block_kv, block_kv), head)
-                plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[slot], k_bar.at[slot])
-                plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem.at[slot], v_bar.at[slot])
-                return
-            # paged: one TMA per page (or per block within a page) into its rows of the buffer; the
-            # barrier expects one arrival per copy. Table entries are clamped: past a sequence's
-            # length they may be anything, and those keys are masked anyway.
-            for j in range(pieces):
-                key = (first + i) * block_kv + j * piece
-                page = jnp.minimum(jnp.maximum(table_ref[batch, lax.div(key, page_size)], 0), num_pages - 1)
-                src = (page, pl.ds(lax.rem(key, page_size), piece), head)
-                plgpu.copy_gmem_to_smem(k_ref.at[src], k_smem.at[slot, pl.ds(j * piece, piece)], k_bar.at[slot])
-                plgpu.copy_gmem_to_smem(v_ref.at[src], v_smem.at[slot, pl.ds(j * piece, piece)], v_bar.at[slot])
+                return [(batch, pl.ds((first + i) * block_kv, block_kv), head)]
+            keys = [(first + i) * block_kv + j * piece for j in range(pieces)]
+            pages = [jnp.minimum(jnp.maximum(table_ref[batch, lax.div(key, page_size)], 0), num_pages - 1)
+                     for key in keys]
+            return [(page, pl.ds(lax.rem(key, page_size), piece), head) for page, key in zip(pages, keys)]
+
+        def copy(ref, buf, bar, srcs, slot):
+            # paged: one TMA per page into its rows of the buffer; the barrier expects one arrival each
+            for j, src in enumerate(srcs):
+                dst = buf.at[slot] if len(srcs) == 1 else buf.at[slot, pl.ds(j * piece, piece)]
+                plgpu.copy_gmem_to_smem(ref.at[src], dst, bar.at[slot])
 
         for i in range(max_steps):
-            pl.when(i < count)(functools.partial(fetch, i, i))
+            @pl.when(i < count)
+            def _(i=i):
+                srcs = sources(i)
+                copy(k_ref, k_smem, k_bar, srcs, i)
+                copy(v_ref, v_smem, v_bar, srcs, i)
 
         @pl.loop(0, jnp.maximum(count - max_steps, 0))
         def _(i):
             slot = lax.rem(i, jnp.array(max_steps, i.dtype))
+            srcs = sources(i + max_steps)    # the page-table loads fly while the buffers drain
             plgpu.barrier_wait(k_done.at[slot])
+            copy(k_ref, k_smem, k_bar, srcs, slot)
             plgpu.barrier_wait(v_done.at[slot])
-            fetch(i + max_steps, slot)
+            copy(v_ref, v_smem, v_bar, srcs, slot)
 
 
 def gpu_interpreter():
