@@ -1,6 +1,6 @@
 """Issue 25 on the H200 (~2-4 min): the Mosaic GPU (wgmma) decode kernel against the Triton one at 64-512 rows.
 
-    PYTHONPATH=src python3 benchmarks/decode_mgpu25_gpu.py OUT_DIR [--max-seconds 400]
+    PYTHONPATH=src python3 benchmarks/decode_mgpu25_gpu.py OUT_DIR [--max-seconds 380] [--plan-only]
 
 B=8, S=32768, H=128, bf16, causal, full lengths: the grid's cells with T*G >= 64, the Triton kernel's
 default plan beside ``kernels.decode_mgpu`` with a few (block_kv, max_steps, splits). Each output is
@@ -28,7 +28,7 @@ VARIANTS = [{"kernel": "triton"}, {"kernel": "mgpu", "block_kv": 64},
             {"kernel": "mgpu", "block_kv": 64, "stage_out": False, "split_x": 2}]
 
 
-def main(out: str, max_seconds: float) -> None:
+def main(out: str, max_seconds: float, variants=None) -> None:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -51,13 +51,17 @@ def main(out: str, max_seconds: float) -> None:
         with jax.default_matmul_precision("highest"):
             ref = jax.jit(lambda q, k, v, n: attnlab.decode_attention(f32(q), f32(k), f32(v), n,
                                                                        implementation="xla"))(q, k, v, n)
-        for var in VARIANTS if kind == "full" else VARIANTS[:3]:
+        for var in variants or (VARIANTS if kind == "full" else VARIANTS[:3]):
             if time.perf_counter() > deadline:
                 print("out of time", flush=True)
                 return
             rec = {"N": N, "K": K, "T": T, "rows": T * N // K, "lengths": kind, "B": B, "S": S, "H": H, **var}
             try:
-                if var["kernel"] == "triton":
+                if var["kernel"] == "plan":     # what attnlab runs by default: the plan's pick
+                    rec["picked"] = dm.pick_kernel(T, S, N, K, H, "bfloat16", compute_capability=(9, 0))
+                    fn = jax.jit(lambda q, k, v, n: kd.decode_attention_pallas(q, k, v, n))
+                    plan = None
+                elif var["kernel"] == "triton":
                     plan = kd.make_plan(B, T, S, N, K, H, "bfloat16", compute_capability=(9, 0))
                     fn = jax.jit(lambda q, k, v, n, plan=plan: kd.decode_attention_pallas(q, k, v, n, plan=plan))
                 else:
@@ -66,7 +70,7 @@ def main(out: str, max_seconds: float) -> None:
                     if var.get("split_x"):
                         plan = dm.make_mgpu_plan(B, T, S, N, K, H, **kw, num_splits=plan.num_splits * var["split_x"])
                     fn = jax.jit(lambda q, k, v, n, plan=plan: dm.decode_attention_mgpu(q, k, v, n, plan=plan))
-                rec["plan"] = dict(plan.__dict__)
+                rec["plan"] = dict(plan.__dict__) if plan else None
                 t0 = time.perf_counter()
                 got = fn(q, k, v, n)
                 got.block_until_ready()
@@ -90,5 +94,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--max-seconds", type=float, default=380)
+    ap.add_argument("--plan-only", action="store_true", help="only the default plan (decode_attention_pallas)")
     a = ap.parse_args()
-    main(a.out, a.max_seconds)
+    main(a.out, a.max_seconds, [{"kernel": "plan"}] if a.plan_only else None)
