@@ -47,7 +47,8 @@ def _common(p: Problem) -> str | None:
 
 class AttnlabDecodeBackend(Backend):
     name = "attnlab-decode"
-    description = "attnlab's Pallas (Triton) flash-decoding kernel: GQA-packed rows, split KV, valid lengths only"
+    description = ("attnlab's Pallas flash-decoding kernel (Triton; Mosaic GPU wgmma above 64 rows on Hopper): "
+                   "GQA-packed rows, split KV, valid lengths only")
     forward_only = True
     takes_soft_cap = True   # one tanh on the kernel's scores
     #: Tuning parameters used by run/run_decode (None: the defaults of attnlab.kernels.decode).

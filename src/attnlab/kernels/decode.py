@@ -32,18 +32,17 @@ What is read from HBM
     (B, K, splits, T*G, H+2) float32 written then read by the combine (weighed by the split rule;
     ~1% at T*G = 16, at most 25%).
 
-Why Triton and not Mosaic GPU
-    The kernel is bandwidth-bound up to T*G ~ 200 rows (arithmetic intensity T*N/K FLOP/byte,
-    ridge ~206 on the H200); what it needs is masked loads against per-batch valid lengths,
-    a dynamic trip count and deep software pipelining (``num_stages``), all of which Triton
-    gives directly on Ampere and Hopper alike. Its tiles are at most 128 x block_k, where
-    wgmma/TMA (Mosaic GPU's strengths, Hopper only) buy little; and the Triton lowering runs
-    in Pallas interpret mode on the CPU, which is how the tests check it. Compiled for sm_90 by
-    Triton 3.6 (``benchmarks/decode_ttir_cpu.py``, no GPU needed), the default tiles use
-    mma.sync at 16-32 rows and wgmma from 64 rows, cp.async pipelines for K and V, 70-128 KB
-    of shared memory and no register spills. Caveat: JAX 0.11 marks the Pallas Triton backend
-    deprecated (a DeprecationWarning at lowering) in favour of Mosaic GPU; it still ships and
-    works there, and a Mosaic GPU port is the way forward if it is removed.
+Why Triton here, and Mosaic GPU above 64 rows
+    Up to T*G ~ 200 rows the work is bandwidth-bound (arithmetic intensity T*N/K FLOP/byte, ridge
+    ~206 on the H200); what it needs is masked loads against per-batch valid lengths, a dynamic
+    trip count and deep software pipelining (``num_stages``), which Triton gives on Ampere and
+    Hopper alike, in Pallas interpret mode on the CPU for the tests. Compiled for sm_90 by Triton
+    3.6 (``benchmarks/decode_ttir_cpu.py``) the default tiles use mma.sync at 16-32 rows and wgmma
+    from 64, cp.async pipelines for K and V, no register spills. Above 64 rows per KV head its MMA
+    loop bounds it (59-63% of the roofline at 112-128 rows on the H200), so on sm_90 the plan runs
+    ``kernels.decode_mgpu`` there instead (warp-specialised wgmma + TMA: 84-89%); see
+    ``decode_mgpu_plan.pick_kernel``. JAX 0.11 marks the Pallas Triton backend deprecated (a
+    DeprecationWarning at lowering); it still ships and works there.
 
 Paged caches (``page_table``): ``paged_load.load_kv_block`` reads each block through the table.
 Tuning parameters and the split count: ``kernels.decode_plan``; the GPU's SM count, shared memory

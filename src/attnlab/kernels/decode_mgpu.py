@@ -14,11 +14,12 @@ into shared memory with TMA (``max_steps`` blocks in flight), with the valid len
 speculative-token causal rule and flash-decoding's splits of ``kernels.decode_plan``.
 
 Grid (row_tiles, num_splits, B*K), row tiles fastest: the tiles of one KV chunk run together,
-so a second tile finds the chunk in L2. Rows past T*G are zero rows of a padded copy of q
-(q only: at most 127 rows of H per KV head; K and V are never copied) and are dropped.
-Blocks wholly visible to every row take the unmasked loop; the others (a sequence's last
-blocks) are masked. Outputs are the same unnormalised partials (B, K, P, rows, H) float32 and
-m, l (B, K, P, rows) as the Triton kernel, combined by ``kernels.decode.combine``.
+so a second tile finds the chunk in L2. Rows past T*G are zero rows of a padded copy of q and
+of the partial outputs (at most 127 rows of H per KV head, whole 64-row TMA tiles; K and V are
+never copied), dropped after the combine. Blocks wholly visible to every row take the unmasked
+loop; the others (a sequence's last blocks) are masked. Outputs are the Triton kernel's
+unnormalised partials, (B, K, P, rows, H) float32 and m, l (B, K, P, rows), combined by
+``kernels.decode.combine``.
 
 Hopper (sm_90) only, float16/bfloat16, H in {64, 128}, S a multiple of ``block_kv``; no soft
 cap (the Triton kernel serves it): ``unsupported`` says why. Paged caches: one TMA copy per page.
