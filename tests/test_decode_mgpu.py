@@ -60,9 +60,14 @@ def test_the_plan_picks_mosaic_above_64_rows_on_hopper_only():
 
 def test_decode_attention_pallas_runs_the_requested_mosaic_kernel():
     q, k, v = random_qkv(1, 2, 128, 4, 1, 64, "float16", seed=0)
-    out = kd.decode_attention_pallas(q, k, v, jnp.asarray([100]), interpret=True,
-                                     config=kd.DecodeConfig(kernel="mosaic"))
-    assert check_decode_close(out, q, k, v, [100]).ok
+
+    def run(kernel):
+        return kd.decode_attention_pallas(q, k, v, jnp.asarray([100]), interpret=True,
+                                          config=kd.DecodeConfig(kernel=kernel))
+    # the Mosaic GPU kernel runs in JAX's GPU interpreter, the Triton one under its own name
+    assert "InterpretGPUParams" in str(jax.make_jaxpr(lambda: run("mosaic"))())
+    assert "attnlab_decode_r" in str(jax.make_jaxpr(lambda: run("triton"))())
+    assert check_decode_close(run("mosaic"), q, k, v, [100]).ok
 
 
 @pytest.mark.parametrize("T, N, K, H", [(16, 28, 4, 128), (64, 32, 8, 128), (32, 64, 4, 128), (8, 64, 8, 64)])
