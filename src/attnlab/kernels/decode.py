@@ -202,7 +202,7 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
         # a config that tunes the Triton kernel (block_r, ...) keeps it unless it names the kernel
         requested = None if config is None else config.kernel or (
             "triton" if dataclasses.replace(config, kernel=None) != DecodeConfig() else None)
-        # T*G > 64 rows on Hopper: the wgmma kernel (the other config fields tune the Triton kernel)
+        # T*G > 64 rows on Hopper: the wgmma kernel (decode_mgpu_plan.pick_kernel)
         if decode_mgpu.pick_kernel(T, S, N, K, H, str(q.dtype), compute_capability=None if interpret else cc,
                                    page_size=page_size, soft_cap=soft_cap, requested=requested) == "mosaic":
             return decode_mgpu.decode_attention_mgpu(q, k, v, lengths, causal=causal, scale=scale,

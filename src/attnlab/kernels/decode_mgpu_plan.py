@@ -13,9 +13,9 @@ BLOCK_Q = 64                    # rows per compute warpgroup (one wgmma M)
 COMPUTE_WGS = 2
 TILE_ROWS = BLOCK_Q * COMPUTE_WGS
 SMEM_BYTES = 227 * 1024
-#: T*G from which the plan picks this kernel on sm_90: at 64 rows the Triton kernel is faster (88 vs
-#: 84% of the roofline), from 112 rows this one (78-83% vs 59-63%; 51-62% vs 34-41% at 224-512 rows),
-#: results/gpu-2026-12-04c-mgpu/run2.
+#: T*G from which the plan picks this kernel on sm_90: at 64 rows the Triton kernel is faster (82-89 vs
+#: 80-84% of the roofline), from 112 rows this one (78-83% vs 59-63%, later 84-89%; 51-62% vs 34-41%
+#: at 224-512 rows), results/gpu-2026-12-04c-mgpu.
 MOSAIC_MIN_ROWS = 65
 
 
@@ -28,10 +28,10 @@ class MgpuPlan:
     block_kv: int       # keys per pipeline step
     max_steps: int      # K/V blocks in flight (shared-memory buffers)
     num_splits: int
-    stage_out: bool = True  # partial O through shared memory (TMA store); False: stored from registers
+    stage_out: bool = False  # True: partial O through shared memory (TMA store); False: from registers
 
 
-def smem_bytes(block_kv: int, max_steps: int, head_dim: int, itemsize: int = 2, stage_out: bool = True) -> int:
+def smem_bytes(block_kv: int, max_steps: int, head_dim: int, itemsize: int = 2, stage_out: bool = False) -> int:
     """Shared memory of one program: q tiles, K and V buffers, m and l (and the float32 output tiles)."""
     q = TILE_ROWS * head_dim * itemsize
     kv = 2 * max_steps * block_kv * head_dim * itemsize
@@ -74,6 +74,7 @@ def make_mgpu_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: in
     block_kv = block_kv or default_block_kv(kv_len)
     rows = q_len * (heads // kv_heads)
     tiles = cdiv(rows, TILE_ROWS)
+
     def fits(steps):   # Mosaic GPU adds ~3.2 KB (barriers, alignment) to the buffers counted here
         return smem_bytes(block_kv, steps, head_dim, stage_out=stage_out) <= SMEM_BYTES - 4096
 
