@@ -30,7 +30,7 @@ Validation happens before JAX sees the arrays; errors name the argument and the 
 (``call_problem``: e.g. ``q heads N=3 must be a multiple of k_cache heads K=2``), dtypes, key/value
 shapes, ``causal``, the lengths array, scale and soft cap have one shared helper each; only the
 decode rules (rank 4, a page table, T <= S_max, T <= kv_lengths[b] <= S_max) are checked here. Under
-``jax.jit`` with traced ``kv_lengths`` the value checks are skipped (as in ``attnlab.core.spec``);
+``jax.jit`` with traced ``kv_lengths`` the value checks are skipped (``attnlab.core.checks.length_values``);
 lengths outside [T, S_max] then give implementation-defined rows (the kernel clamps them to
 [0, S_max] and never reads out of bounds).
 """

@@ -27,7 +27,8 @@ from ..core import device
 from ..core.errors import UnsupportedError
 from ..core.problem import Problem
 from ..kernels import decode as kd
-from ..core.spec import AttentionSpec, Prepared, _is_tracer
+from ..core.checks import _is_tracer
+from ..core.spec import AttentionSpec, Prepared
 from .base import Backend
 
 #: Auto picks the kernel only when this is True (set from the benchmark), on an NVIDIA GPU,

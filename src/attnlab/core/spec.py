@@ -29,8 +29,8 @@ import numpy as np
 
 from .names import FLOAT_DTYPES
 from . import segments
-from .checks import (_check_lengths, _is_tracer, _shape, call_problem, check_flag, check_kv_shapes,  # noqa: F401
-                     check_scale, check_soft_cap, common_float_dtype, length_values, normalise_window)
+from .checks import (_check_lengths, _is_tracer, _shape, call_problem, check_flag, check_kv_shapes, check_scale,
+                     check_soft_cap, common_float_dtype, normalise_window)
 from .problem import Problem, delegate_fields
 
 #: How ``attention``'s errors name the sizes of a call (``checks.call_problem``).

@@ -162,6 +162,16 @@ def combine(o, m, l):
     return num / jnp.where(den == 0, 1.0, den)[..., None]
 
 
+def combined_queries(o, m, l, *, q_len: int, groups: int, dtype):
+    """``combine`` the splits and undo the GQA row packing: partials (B, K, P, >= T*G rows, H) -> (B, T, N, H)."""
+    import jax.numpy as jnp
+
+    out = combine(o, m, l)
+    B, K, _, H = out.shape
+    out = out[:, :, :q_len * groups].reshape(B, K, q_len, groups, H)
+    return jnp.transpose(out, (0, 2, 1, 3, 4)).reshape(B, q_len, K * groups, H).astype(dtype)
+
+
 def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: float | None = None,
                             config: DecodeConfig | None = None, interpret: bool | None = None,
                             plan: Plan | None = None, page_table=None,
@@ -257,5 +267,4 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
         interpret=interpret,
         name=f"attnlab_decode_r{br}_k{plan.block_k}" + (f"_p{page_size}" if page_size else ""),
     )(lengths, *tables, qp, k, v)
-    out = combine(o, m, l).reshape(B, K, T, G, H)
-    return jnp.transpose(out, (0, 2, 1, 3, 4)).reshape(B, T, N, H).astype(q.dtype)
+    return combined_queries(o, m, l, q_len=T, groups=G, dtype=q.dtype)

@@ -227,7 +227,7 @@ def decode_attention_mgpu(q, k, v, lengths, *, causal: bool = True, scale: float
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    from .decode import combine
+    from .decode import combined_queries
 
     B, T, N, H = (int(d) for d in q.shape)
     if page_table is None:
@@ -286,5 +286,4 @@ def decode_attention_mgpu(q, k, v, lengths, *, causal: bool = True, scale: float
         interpret=interpret,
     )(jnp.asarray(lengths).astype(jnp.int32), *([] if page_table is None else [jnp.asarray(page_table, jnp.int32)]),
       qp, k, v)
-    out = combine(o, m, l)[:, :, :R].reshape(B, K, T, G, H)
-    return jnp.transpose(out, (0, 2, 1, 3, 4)).reshape(B, T, N, H).astype(dtype)
+    return combined_queries(o, m, l, q_len=T, groups=G, dtype=dtype)

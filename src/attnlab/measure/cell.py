@@ -26,7 +26,8 @@ from ..reference.inputs import INPUTS_DRAW, cotangent
 from ..core.problem import FIELDS as PROBLEM_FIELDS, Problem, delegate_fields
 from ..core.records import SCHEMA_VERSION, STATUSES, config_label  # noqa: F401  (STATUSES, config_label re-exported)
 from ..core import segments
-from ..core.spec import check_soft_cap, prepare
+from ..core.checks import check_soft_cap
+from ..core.spec import prepare
 from ..core.workload import Workload
 from . import check, estimate, memory, timers
 from .native_cell import _measure_native

@@ -32,8 +32,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..reference.float64 import LIMIT_FACTOR, policy_limit, reference_attention, rel_l2, row_rel_err
-from ..reference.blockwise import batch_rows, blockwise_grads_pair, blockwise_pair, compiled_once, rel_errors
+from ..reference.blockwise import batch_rows, blockwise_grads_pair, blockwise_pair, rel_errors
+from ..reference.compiled import compiled_once
+from ..reference.float64 import reference_attention
+from ..reference.tolerance import LIMIT_FACTOR, policy_limit, rel_l2, row_rel_err
 from .record import Skip
 
 TILE = 64

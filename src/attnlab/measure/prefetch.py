@@ -11,8 +11,8 @@ device and may run beside a timed cell (CUPTI counts only what runs on the devic
 
 Nothing is queued on a CPU: there the compile would share the cores with the timed kernels. Cells
 skipped here (float64: x64 is set per thread; sharded: their placement is part of the program)
-compile their references in their own check, as before. A failed compile here is dropped: the
-cell's check compiles again and reports the error itself.
+compile their references in their own check, as before. A failed compile here is not reported
+here: a check already waiting for it gets its error, a later check compiles again and reports it.
 """
 from __future__ import annotations
 

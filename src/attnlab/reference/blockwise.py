@@ -187,8 +187,6 @@ def blockwise_grads(q, k, v, cotangent, *, scale=None, causal=False, window=None
     return dq.astype(out_dtype), dk.astype(out_dtype), dv.astype(out_dtype)
 
 
-
-
 @functools.partial(jax.jit, static_argnames=STATIC)
 def _pair_program(q, k, v, **kw):
     return blockwise_attention(q, k, v, **kw), blockwise_attention(q, k, v, emulate=True, **kw)

@@ -21,7 +21,7 @@ import ml_dtypes
 import numpy as np
 
 from .float64 import Verdict, rel_l2, tolerance
-from ..core.spec import check_soft_cap
+from ..core.checks import check_soft_cap
 
 _LOW = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 DECODE_FACTOR = 2.0
