@@ -23,6 +23,7 @@ from typing import Mapping
 
 import numpy as np
 
+from . import pairs
 from .names import canonical_dtype
 
 BWD_FLOP_FACTOR = 2.5
@@ -118,32 +119,18 @@ class Problem:
     def itemsize(self) -> int:
         return itemsize(self.dtype)
 
-    def _kept(self, q_lens, kv_lens, decode: bool) -> int:
-        t = np.arange(self.q_len, dtype=np.int64)
-        total = 0
-        cache: dict[tuple[int, int], int] = {}
-        for ql, kl in zip(q_lens, kv_lens):
-            if (ql, kl) not in cache:
-                pos = t + (kl - self.q_len if decode else 0)
-                lo = np.zeros_like(t)
-                hi = np.full_like(t, kl - 1)
-                if self.causal:
-                    hi = np.minimum(hi, pos)
-                if self.window is not None:
-                    lo = np.maximum(lo, pos - self.window[0])
-                    hi = np.minimum(hi, pos + self.window[1])
-                per_row = np.clip(hi - lo + 1, 0, None)[:ql]
-                cache[(ql, kl)] = int(per_row.sum())
-            total += cache[(ql, kl)]
-        return total
+    def counts(self) -> "pairs.Counts":
+        """What the call computes, exactly (``attnlab.core.pairs``): pairs, query rows and keys in use."""
+        return pairs.count(self.q_len, self.kv_len, causal=self.causal, window=self.window,
+                           kv_lengths=(self.kv_len,) * self.batch)
 
     def kept_pairs(self) -> int:
         """Number of (b, t, s) triples a query actually attends to (per head)."""
-        return self._kept((self.q_len,) * self.batch, (self.kv_len,) * self.batch, False)
+        return self.counts().pairs
 
     def kv_tokens(self) -> int:
-        """Key/value positions read over the batch."""
-        return self.batch * self.kv_len
+        """Key/value positions read over the batch: those some query sees (``Counts.kv_rows``)."""
+        return self.counts().kv_rows
 
     def flops(self, mode: str = "fwd") -> float:
         """FLOPs for ``mode`` in {"fwd", "bwd", "fwd+bwd"}."""
@@ -151,11 +138,15 @@ class Problem:
         return {"fwd": fwd, "bwd": BWD_FLOP_FACTOR * fwd, "fwd+bwd": (1 + BWD_FLOP_FACTOR) * fwd}[_mode(mode)]
 
     def bytes(self, mode: str = "fwd") -> float:
-        """Fewest bytes moved through device memory for ``mode``."""
-        q = self.batch * self.q_len * self.heads * self.head_dim
-        kv = self.kv_tokens() * self.kv_heads * self.head_dim
-        fwd = (q + 2 * kv + q) * self.itemsize
-        bwd = (3 * q + 2 * kv + q + 2 * kv) * self.itemsize  # read q,k,v,o,do; write dq,dk,dv
+        """Fewest bytes moved through device memory for ``mode`` (``attnlab.core.workload``'s rule): the
+        query rows and keys the call uses are read, the outputs are written whole."""
+        c = self.counts()
+        q_all = self.batch * self.q_len * self.heads * self.head_dim
+        q = c.q_rows * self.heads * self.head_dim
+        kv = c.kv_rows * self.kv_heads * self.head_dim
+        kv_all = self.batch * self.kv_len * self.kv_heads * self.head_dim
+        fwd = (q + 2 * kv + q_all) * self.itemsize
+        bwd = (3 * q + 2 * kv + q_all + 2 * kv_all) * self.itemsize  # read q,k,v,o,do; write dq,dk,dv
         return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[_mode(mode)]
 
     def intensity(self, mode: str = "fwd") -> float:

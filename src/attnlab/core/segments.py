@@ -11,6 +11,7 @@ past ``query_seq_lengths``); a key whose id is negative is never seen.
 - ``host_layout(ids)``: on concrete ids, the most segments of a row and whether every row's
   segments are contiguous (an id never returns after another one started).
 - ``docs(B, T, n, seed)``: ``n`` documents of random lengths per row, the sweeps' ``docs:n`` packing.
+- ``run_lengths(ids)``: each row's documents' lengths (the FLOP count of a packed call, ``core.pairs``).
 """
 from __future__ import annotations
 
@@ -68,6 +69,20 @@ def host_layout(ids) -> tuple[int, bool]:
         most = max(most, len(st))
         contiguous &= len(set(row[st].tolist())) == len(st)
     return most, contiguous
+
+
+def run_lengths(ids) -> tuple[tuple[int, ...], ...]:
+    """Per row of concrete (B, L) contiguous ids: the lengths of its documents (runs of one id >= 0), in
+    order; padding (negative ids) is left out. ValueError when an id returns after another one started."""
+    out = []
+    for row in np.asarray(ids).astype(np.int64):
+        st = starts(row)
+        if len(set(row[st].tolist())) != len(st):
+            raise ValueError("segment ids must be contiguous (an id never returns after another one started) to be "
+                             "read as documents; count other layouts with attnlab.core.pairs.count")
+        ends = np.append(st[1:], len(row))
+        out.append(tuple(int(np.count_nonzero(row[a:b] >= 0)) for a, b in zip(st, ends)))
+    return tuple(out)
 
 
 def docs(batch: int, length: int, n: int, seed: int) -> np.ndarray:

@@ -1,14 +1,16 @@
 """What one attention call costs: FLOPs and bytes in the FlashAttention convention.
 
-Forward FLOPs = 4 * N * H * (kept (t, s) pairs summed over the batch): two matmuls
-(QK^T and PV) of 2 FLOPs per multiply-add. Causal masks, windows and padding count
-only kept entries (about half for causal with T = S). Query heads are counted (GQA
-does the same arithmetic as MHA). Backward = 2.5 x forward.
-Bytes (forward) = q, k, v read once + the output written once.
-Bytes (backward) = q, k, v, out, d_out read once + dq, dk, dv written once.
+Forward FLOPs = 4 * N * H * (computed (t, s) pairs summed over the batch): two matmuls
+(QK^T and PV) of 2 FLOPs per multiply-add. Only the pairs the call computes count, exactly
+(``attnlab.core.pairs``): causal masks, windows, padding (``q_lengths``, ``kv_lengths``) and packed
+documents (``doc_lengths``: a query sees only keys of its own document) leave the rest out (about half
+for causal with T = S; about 1/n of that for n documents of equal length). Query heads are counted
+(GQA does the same arithmetic as MHA). Backward = 2.5 x forward.
+Bytes (forward) = q, k, v read once + the output written once; only the query rows that see a key and
+the keys some query sees are counted as read (the bytes a kernel that reads no padding must move).
+Bytes (backward) = q, k, v, out, d_out read once (the same rule) + dq, dk, dv written once, whole.
 Decode (``decode=True``): the T queries are the last T tokens of each sequence of kv_lengths[b]
-tokens (query t at position kv_lengths[b] - T + t; causal means keys at or before it), and only the
-valid keys and values are counted as read: the bytes a kernel that reads no padding must move.
+tokens (query t at position kv_lengths[b] - T + t; causal means keys at or before it).
 
 ``Workload`` is an ``attnlab.core.problem.Problem`` (its fields, validation, label and counts) with the
 per-batch-element valid lengths and the decode flag on top.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from . import pairs, segments
 from .problem import BWD_FLOP_FACTOR, Problem, _mode, itemsize as _itemsize  # noqa: F401  (re-exported)
 
 
@@ -27,6 +30,9 @@ class Workload(Problem):
     q_lengths: tuple[int, ...] | None = None
     kv_lengths: tuple[int, ...] | None = None
     decode: bool = False
+    #: packed rows (T == S): each row's contiguous documents' lengths in order, shared by queries and
+    #: keys (``segments.docs``); tokens past a row's sum are padding (segment id -1)
+    doc_lengths: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self):
         super().__post_init__()
@@ -36,18 +42,24 @@ class Workload(Problem):
         if self.decode and self.kv_lengths is not None and min(self.kv_lengths) < self.q_len:
             raise ValueError(f"decode: every kv_lengths value must be >= q_len={self.q_len} (the new tokens are in "
                              f"the cache), got {self.kv_lengths!r}")
+        d = self.doc_lengths
+        if d is not None:
+            if self.q_len != self.kv_len or self.decode or self.q_lengths is not None or self.kv_lengths is not None:
+                raise ValueError("doc_lengths (packed rows) needs q_len == kv_len, no decode and no q/kv lengths")
+            if len(d) != self.batch or any(min(row, default=1) < 1 or sum(row) > self.q_len for row in d):
+                raise ValueError(f"doc_lengths must hold {self.batch} rows of positive document lengths summing to "
+                                 f"at most q_len={self.q_len}, got {d!r}")
+            object.__setattr__(self, "doc_lengths", tuple(tuple(int(x) for x in row) for row in d))
 
     # --- counts -----------------------------------------------------------
-    def kept_pairs(self) -> int:
-        """Number of (b, t, s) triples a query actually attends to (per head)."""
-        return self._kept(self.q_lengths or (self.q_len,) * self.batch,
-                          self.kv_lengths or (self.kv_len,) * self.batch, self.decode)
-
-    def kv_tokens(self) -> int:
-        """Key/value positions read over the batch: all S per element, or (decode) the valid ones."""
-        if self.decode and self.kv_lengths is not None:
-            return int(sum(self.kv_lengths))
-        return self.batch * self.kv_len
+    def counts(self) -> pairs.Counts:
+        """Pairs, query rows and keys the call computes with (``attnlab.core.pairs``), lengths and documents included."""
+        if self.doc_lengths is not None:
+            return pairs.doc_counts([n for row in self.doc_lengths for n in row],
+                                    *pairs.band(self.causal, self.window, 2 * self.q_len + 1))
+        return pairs.count(self.q_len, self.kv_len, causal=self.causal, window=self.window,
+                           q_lengths=self.q_lengths or (self.q_len,) * self.batch,
+                           kv_lengths=self.kv_lengths or (self.kv_len,) * self.batch, decode=self.decode)
 
     def kv_bytes(self) -> int:
         """Bytes of the key and value caches a forward pass reads (decode: valid lengths only)."""
@@ -64,6 +76,12 @@ class Workload(Problem):
     @classmethod
     def from_spec(cls, spec) -> "Workload":
         return cls.from_problem(spec.problem)
+
+    @classmethod
+    def from_segment_ids(cls, problem: Problem, segment_ids) -> "Workload":
+        """A packed self-attention problem from its (B, T) segment ids (contiguous documents, ids >= 0;
+        negative ids are padding): ``doc_lengths`` read off the ids' runs."""
+        return cls.from_problem(problem, doc_lengths=segments.run_lengths(segment_ids))
 
 
 def kv_cache_bytes(*, layers: int, kv_heads: int, head_dim: int, context: int, batch: int = 1,

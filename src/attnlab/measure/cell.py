@@ -130,6 +130,9 @@ class Cell:
 
     @property
     def workload(self) -> Workload:
+        """The cost model of what this cell computes: decode lengths, or packing's documents."""
+        if self.packing is not None:
+            return Workload.from_segment_ids(self.problem, self.segment_ids())
         return Workload.from_problem(self.problem, kv_lengths=self.kv_lengths(), decode=self.lengths is not None)
 
     def identity(self) -> dict:
