@@ -23,6 +23,9 @@ The typed form of a cell record (one pydantic model per part: problem, timing, r
 memory, cost) is ``attnlab.core.record_model.CellRecord``; its validator runs ``check_status``, and every
 field list (``TIMED_FIELDS``, ``COST_FIELDS``, the CSV's columns, ...) is derived from its parts.
 
+A timed record may not be faster than its device: ``attnlab.core.rate_check`` rejects a rate above the
+datasheet peak by more than the timer's noise as an error of attnlab (``RateAbovePeakError``).
+
 Records are validated when written (``attnlab.core.store.ResultStore.append``) and when read
 (``attnlab.core.store.read_records``). Files written before this schema (no ``schema`` field, version
 1) still load: ``upgrade`` renames their fields and marks what they did not check.
@@ -78,7 +81,7 @@ def validate(rec: dict, where: str = "") -> dict:
     try:
         CellRecord.from_flat(rec)
     except RecordError as e:
-        raise RecordError(e.field, e.rule, where) from None
+        raise type(e)(e.field, e.rule, where) from None   # RateAbovePeakError stays itself
     return rec
 
 
@@ -98,6 +101,8 @@ def check_status(rec: dict, where: str = "") -> dict:
         if timer not in TIMERS:
             raise RecordError("timer", f"must name the clock ({', '.join(TIMERS)}) of a timed record, got {timer!r}", where)
         _number(rec, TIMERS[timer], where, positive=True)
+        from .rate_check import check_rates   # imports this module
+        check_rates(rec, where)
         if status == "ok" and not legacy:
             _number(rec, "rel_err", where)
             _number(rec, "checked_fraction", where, positive=True)

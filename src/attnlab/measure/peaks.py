@@ -1,14 +1,8 @@
-"""The device's ceilings: datasheet peaks by device kind, and measured ceilings (``attnlab ceilings``).
-
-Datasheet figures are dense (no structured sparsity), SXM parts unless named:
-  H100 SXM, H100 PCIe: NVIDIA H100 Tensor Core GPU datasheet.
-  H200:               NVIDIA H200 Tensor Core GPU datasheet (same compute as H100 SXM, 4.8 TB/s HBM3e).
-  A100 80GB / 40GB:   NVIDIA A100 Tensor Core GPU datasheet (SXM4).
-  L4:                 NVIDIA L4 Tensor Core GPU datasheet.
+"""The device's ceilings: datasheet peaks by device kind (``attnlab.core.datasheet``, re-exported here)
+and measured ceilings (``attnlab ceilings``).
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -16,59 +10,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-
-@dataclasses.dataclass(frozen=True)
-class Peak:
-    name: str
-    tflops: dict          # dtype class -> dense TFLOP/s: "bf16", "fp8", "tf32", "fp32"
-    hbm_tbps: float       # memory bandwidth, TB/s
-    l2_bytes: int
-    source: str
-
-
-H100_SXM = Peak("H100 SXM", {"bf16": 989.4, "fp8": 1978.9, "tf32": 494.7, "fp32": 66.9}, 3.35, 50 * 2**20,
-                "NVIDIA H100 Tensor Core GPU datasheet (SXM5)")
-PEAKS = {
-    "H200": Peak("H200", {"bf16": 989.4, "fp8": 1978.9, "tf32": 494.7, "fp32": 66.9}, 4.8, 60 * 2**20,
-                 "NVIDIA H200 Tensor Core GPU datasheet (SXM)"),
-    "H100 PCIe": Peak("H100 PCIe", {"bf16": 756.0, "fp8": 1513.0, "tf32": 378.0, "fp32": 51.2}, 2.0, 50 * 2**20,
-                      "NVIDIA H100 Tensor Core GPU datasheet (PCIe)"),
-    "H100 SXM": H100_SXM,
-    "A100 80GB": Peak("A100 80GB", {"bf16": 312.0, "tf32": 156.0, "fp32": 19.5}, 2.039, 40 * 2**20,
-                      "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB)"),
-    "A100 40GB": Peak("A100 40GB", {"bf16": 312.0, "tf32": 156.0, "fp32": 19.5}, 1.555, 40 * 2**20,
-                      "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB)"),
-    "L4": Peak("L4", {"bf16": 121.0, "fp8": 242.5, "tf32": 60.0, "fp32": 30.3}, 0.3, 48 * 2**20,
-               "NVIDIA L4 Tensor Core GPU datasheet"),
-}
-
-
-def peak_for_kind(kind: str) -> Peak | None:
-    """The datasheet entry for a JAX ``device_kind`` string such as 'NVIDIA H200', or None."""
-    k = kind.upper()
-    if "H200" in k:
-        return PEAKS["H200"]
-    if "H100" in k:
-        return PEAKS["H100 PCIe"] if "PCIE" in k else PEAKS["H100 SXM"]
-    if "A100" in k:
-        return PEAKS["A100 40GB"] if "40GB" in k else PEAKS["A100 80GB"]
-    if k.replace("NVIDIA ", "").strip() == "L4":
-        return PEAKS["L4"]
-    return None
-
-
-def dtype_class(dtype: str, tf32: bool = False) -> str:
-    name = str(dtype)
-    if name in ("bfloat16", "float16"):
-        return "bf16"
-    if name.startswith("float8"):
-        return "fp8"
-    return "tf32" if tf32 else "fp32"
-
-
-def peak_tflops(kind: str, dtype: str, tf32: bool = False) -> float | None:
-    p = peak_for_kind(kind)
-    return None if p is None else p.tflops.get(dtype_class(dtype, tf32))
+from ..core.datasheet import H100_SXM, PEAKS, Peak, dtype_class, peak_for_kind, peak_tflops  # noqa: F401  (re-exported)
 
 
 # --- measured ceilings ----------------------------------------------------------------------

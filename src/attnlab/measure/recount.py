@@ -1,0 +1,50 @@
+"""Recount a stored record's FLOPs and bytes with today's counter, and its rates with them.
+
+Records store the ``flops`` and ``bytes`` their cell was counted at when measured; a record written
+before the counter learned a case (packed documents: ``attnlab.core.pairs``) overstates its rate.
+Its identity holds all the counter needs (shape, causal, window, decode lengths, ``packing``: the
+documents are seeded by the shape, ``Cell.segment_ids``), so ``recount`` gives the record as today's
+counter would have written it; the times are untouched. ``benchmarks/recount_results.py`` applies it
+to committed results.
+"""
+from __future__ import annotations
+
+from ..core.datasheet import peak_for_kind
+from ..core.problem import Problem
+from ..core.rate_check import device_kind
+from ..core.records import is_cell, time_ms
+from .cell import Cell
+
+
+def recounted_workload(rec: dict):
+    """The ``Workload`` of a record's cell (the mesh left out: it changes no count)."""
+    return Cell(rec["backend"], problem=Problem.of(rec), mode=rec.get("mode", "fwd"), lengths=rec.get("lengths"),
+                inputs=rec.get("inputs") or "gaussian", page_size=rec.get("page_size"), soft_cap=rec.get("soft_cap"),
+                packing=rec.get("packing")).workload
+
+
+def recount(rec: dict) -> dict:
+    """A copy of ``rec`` with ``flops``, ``bytes``, ``intensity`` and (timed records) the rates derived from
+    them recounted: ``tflops``, ``gbps``, ``pct_peak``, ``pct_bandwidth``, ``roofline_ms``, ``pct_roofline``,
+    ``pct_ceiling`` (scaled). Records of other kinds come back unchanged."""
+    if not is_cell(rec) or rec.get("flops") is None:
+        return rec
+    w = recounted_workload(rec)
+    mode = rec.get("mode", "fwd")
+    out = dict(rec, flops=w.flops(mode), bytes=w.bytes(mode), intensity=w.intensity(mode))
+    ms = time_ms(rec)
+    if rec.get("tflops") is None or not ms:
+        return out
+    out["tflops"] = out["flops"] / (ms * 1e-3) / 1e12
+    out["gbps"] = out["bytes"] / (ms * 1e-3) / 1e9
+    pk = rec.get("peak_tflops")
+    if pk:
+        out["pct_peak"] = 100 * out["tflops"] / pk
+    if rec.get("pct_ceiling") is not None:
+        out["pct_ceiling"] = rec["pct_ceiling"] * out["tflops"] / rec["tflops"]
+    sheet = peak_for_kind(device_kind(rec) or "")
+    if sheet and pk and rec.get("pct_bandwidth") is not None:
+        out["pct_bandwidth"] = 100 * out["gbps"] / (sheet.hbm_tbps * 1e3)
+        out["roofline_ms"] = max(out["bytes"] / (sheet.hbm_tbps * 1e12), out["flops"] / (pk * 1e12)) * 1e3
+        out["pct_roofline"] = 100 * out["roofline_ms"] / ms
+    return out
