@@ -4,7 +4,9 @@ cuDNN, tokamax and XLA, at the same total tokens; forward and fwd+bwd; every var
     python benchmarks/packed_cudnn.py --seq 4096,16384 --docs 4 --out DIR
 
 Writes DIR/packed.jsonl (one row per variant, T, mode: ms (CUPTI kernel time), the check's errors,
-or the error) and prints a table. The GQA probe calls JAX's packed entry point directly with K < N
+or the error; ``flops``, ``tflops`` and ``pct_peak``: the pairs the call computes, counted by
+``attnlab.Workload``: within each document for the packed and masked variants, every causal pair for
+unpacked) and prints a table. The GQA probe calls JAX's packed entry point directly with K < N
 (attnlab refuses it) to show whether JAX's key offsets are strided right.
 """
 from __future__ import annotations
@@ -20,8 +22,9 @@ import numpy as np
 
 import attnlab
 import attnlab.reference.inputs
+from attnlab import Problem, Workload
 from attnlab.core import segments
-from attnlab.measure import check, timers
+from attnlab.measure import check, peaks, timers
 
 
 def variants(ids, mask):
@@ -56,9 +59,22 @@ def measure(name, kw, q, k, v, ct, mode, sem, key, repeats):
             row["ms"], row["timer"] = timers.kernel_per_call(compiled, [args], repeats).median, "cupti"
         except Exception:  # noqa: BLE001 - no CUPTI here: the host clock, said so
             row["ms"], row["timer"] = timers.wall_per_call(compiled, [args], repeats).median, "wall"
+        rate(row, q, sem.segment_ids, mode)
     except Exception as e:  # noqa: BLE001 - a variant that fails is reported, the run goes on
         row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     return row
+
+
+def rate(row, q, ids, mode):
+    """``flops`` of the pairs the call computes (packed or masked: within documents), ``tflops`` at ``ms``
+    and ``pct_peak`` of the device's datasheet bf16 peak."""
+    B, T, N, H = (int(d) for d in q.shape)
+    prob = Problem(B, T, T, N, N, H, "bfloat16", True)
+    w = Workload.from_segment_ids(prob, ids) if ids is not None else Workload.from_problem(prob)
+    row["flops"] = w.flops(mode)
+    row["tflops"] = row["flops"] / (row["ms"] * 1e-3) / 1e12
+    pk = peaks.peak_tflops(jax.devices()[0].device_kind, "bfloat16")
+    row["pct_peak"] = 100 * row["tflops"] / pk if pk else None
 
 
 def gqa_probe(T=2048):
