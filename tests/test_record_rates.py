@@ -53,14 +53,16 @@ def test_the_bound_is_raised_by_the_timer_noise(above, spread, ok):
 
 @pytest.mark.parametrize("change, ok", [
     ({}, False),                                        # 5.3 TB/s of HBM traffic on a 4.8 TB/s device
-    ({"input_sets": 1, "bytes": 2**20}, True),          # inputs that fit in L2 may be served from it
+    ({"input_sets": 1, "bytes": 53e6, "ms": 0.01}, True),   # 5.3 TB/s from inputs that fit in L2: served from it
+    ({"input_sets": 2, "bytes": 53e6, "ms": 0.01}, False),  # ... which two sets of them do not
     ({"devices": 2}, True),                             # two devices: twice the bandwidth
     ({"env": {"device_kind": "cpu"}, "peak_tflops": None}, True),   # no datasheet: not bounded
     ({"peak_dtype": "fp8", "flops": 1.5e12, "bytes": 1e9}, True),   # an fp8 backend: bounded by the fp8 peak
     ({"peak_dtype": None, "flops": 1.5e12, "bytes": 1e9}, False),
 ])
 def test_bandwidth_devices_and_dtype_bounds(change, ok):
-    rec = {**packed_record(kernel_ms=1.0), "flops": 1e9, "bytes": 5.3e9, **change}
+    change = dict(change)
+    rec = {**packed_record(kernel_ms=change.pop("ms", 1.0)), "flops": 1e9, "bytes": 5.3e9, **change}
     if ok:
         check_rates(rec)
     else:
