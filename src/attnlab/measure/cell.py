@@ -20,12 +20,11 @@ import jax
 import numpy as np
 
 from .. import backends
-from ..core import device, strategies
+from ..core import device, segments, strategies
 from ..reference.distributions import DISTRIBUTIONS
 from ..reference.inputs import INPUTS_DRAW, cotangent
 from ..core.problem import FIELDS as PROBLEM_FIELDS, Problem, delegate_fields
 from ..core.records import SCHEMA_VERSION, STATUSES, config_label  # noqa: F401  (STATUSES, config_label re-exported)
-from ..core import segments
 from ..core.checks import check_soft_cap
 from ..core.spec import prepare
 from ..core.workload import Workload
@@ -123,17 +122,14 @@ class Cell:
     def segment_ids(self) -> np.ndarray | None:
         """(B, T) int32 ids of ``packing`` ("docs:N": N contiguous documents of random lengths per row,
         seeded by the shape, so every backend and run sees the same packing), or None."""
-        n = segments.parse_packing(self.packing)
-        if n is None:
+        if (n := segments.parse_packing(self.packing)) is None:
             return None
         return segments.docs(self.batch, self.q_len, n, check.seed_of(f"packing {self.packing} B{self.batch} T{self.q_len}"))
 
     @property
     def workload(self) -> Workload:
-        """The cost model of what this cell computes: decode lengths, or packing's documents."""
-        if self.packing is not None:
-            return Workload.from_segment_ids(self.problem, self.segment_ids())
-        return Workload.from_problem(self.problem, kv_lengths=self.kv_lengths(), decode=self.lengths is not None)
+        docs = segments.run_lengths(self.segment_ids()) if self.packing else None   # packed: pairs within documents
+        return Workload.from_problem(self.problem, kv_lengths=self.kv_lengths(), decode=self.lengths is not None, doc_lengths=docs)
 
     def identity(self) -> dict:
         """The record's identity fields in order, the problem's as ``Problem.identity`` spells them."""
