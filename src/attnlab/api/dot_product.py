@@ -31,8 +31,9 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
       mask: bool, broadcastable to (B, N, T, S); True = attend.
       scale: logits scale, default 1 / sqrt(H).
       is_causal: query t sees keys s <= t.
-      query_seq_lengths: (B,) ints in [0, T]; output rows t >= length are zero.
-      key_value_seq_lengths: (B,) ints in [0, S]; keys s >= length are hidden.
+      query_seq_lengths: (B,) ints in [0, T] (an array, or a Python list or tuple as jax.nn takes);
+        output rows t >= length are zero.
+      key_value_seq_lengths: (B,) ints in [0, S] (likewise); keys s >= length are hidden.
       local_window_size: w or (left, right): query t sees keys t-left <= s <= t+right.
       implementation: None or "auto" (the best correct path available: the measured pick of
         ``attnlab tune``'s dispatch table when it holds an entry for this device, these library
