@@ -192,8 +192,9 @@ def test_empty_calls_still_check_the_other_rules():
 def test_python_list_lengths_match_jax_nn(impl):
     q, k, v = attnlab.reference.inputs.random_qkv(2, 16, 16, 2, 1, 8, "float32", seed=6)
     kw = dict(query_seq_lengths=(16, 10), key_value_seq_lengths=[16, 10])
-    out, lse = jax.jit(lambda q, k, v: attnlab.attention(q, k, v, implementation=impl, return_residual=True, **kw))(q, k, v)
-    want_out, want_lse = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, return_residual=True, **kw))(q, k, v)
+    ours = jax.jit(lambda q, k, v: attnlab.attention(q, k, v, implementation=impl, return_residual=True, **kw))
+    theirs = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, return_residual=True, **kw))
+    (out, lse), (want_out, want_lse) = ours(q, k, v), theirs(q, k, v)
     np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(lse[1, :10], want_lse[1, :10], rtol=1e-5, atol=1e-5)
     assert attnlab.check_close(out, q, k, v, **kw).ok

@@ -41,7 +41,6 @@ import dataclasses
 import math
 from typing import Any
 
-
 from .. import backends
 from ..backends.masked_decode import decode_mask, masked_decode  # noqa: F401 (decode_mask: re-exported)
 from ..core.checks import (_is_tracer, _shape, as_lengths, call_problem, check_flag, check_kv_shapes, check_scale,

@@ -55,10 +55,11 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
         and tokamax apply them as a dense mask; cuDNN runs them packed (Hopper, contiguous ids).
 
     Returns:
-      An array shaped and typed like ``query``. B, T, S or N may be 0, as in jax.nn: such an empty call
-      runs no backend (``implementation`` must still be None, "auto" or a registered name) and gives
-      jax.nn's result, zeros (with ``return_residual`` an lse of -inf, the log of an empty sum). Rows that see no key at all are
-      implementation-defined (naive and the reference give 0; XLA gives the mean of values).
+      An array shaped and typed like ``query``. B, T, S or N may be 0, as in jax.nn: such an empty
+      call runs no backend (``implementation`` must still be None, "auto" or a registered name) and
+      gives jax.nn's result, zeros (with ``return_residual`` an lse of -inf, the log of an empty
+      sum). Rows that see no key at all are implementation-defined (naive and the reference give 0;
+      XLA gives the mean of values).
       With ``return_residual=True`` a pair ``(out, lse)``: lse is (B, T, N) (or (T, N)) in
       ``query``'s dtype, log sum_s exp(scale * q.k + bias) over the keys the row sees, and
       carries no gradient (jax.nn stops it; cuDNN ignores its cotangent). Rows that see no key

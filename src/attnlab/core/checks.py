@@ -4,9 +4,10 @@ naming its own arguments (``query``/``key``/``value`` or ``q``/``k_cache``/``v_c
 
 Each rule is written once: the sizes of a call (every one >= 1, N a multiple of K; ``attention`` lets
 B, T, S and N be 0, as jax.nn does) are the rules of ``attnlab.core.problem.Problem`` itself
-(``call_problem`` builds the call's Problem and says a broken rule in the call's argument names); dtypes (``common_float_dtype``), the key/value shapes against the
-query's (``check_kv_shapes``), flags (``check_flag``), length arrays (``length_values``), scale,
-soft cap and window have one helper each. Errors are ``ValueError``/``TypeError`` naming the argument
+(``call_problem`` builds the call's Problem and says a broken rule in the call's argument names);
+dtypes (``common_float_dtype``), the key/value shapes against the query's (``check_kv_shapes``),
+flags (``check_flag``), length arrays (``as_lengths``, ``length_values``), scale, soft cap and window
+have one helper each. Errors are ``ValueError``/``TypeError`` naming the argument
 and the rule, raised before JAX sees the arrays; value checks are skipped for traced arrays.
 """
 from __future__ import annotations
