@@ -131,3 +131,83 @@ def test_return_residual_refused_with_reason_where_not_supported():
         attnlab.attention(q, k, v, key_value_seq_lengths=lens, implementation="attnlab-decode", return_residual=True)
     with pytest.raises(TypeError, match="return_residual must be a bool"):
         attnlab.attention(q, k, v, return_residual="yes")
+
+
+# --- empty calls and Python-list lengths: what jax.nn runs, attnlab runs --------------------------
+
+def _empty_case(B, T, S, N, extra):
+    """q (B, T, N, 8), k/v (B, S, 2, 8) float32 and the call's keywords (``extra`` names them)."""
+    rng = np.random.default_rng(7)
+    q = jnp.asarray(rng.standard_normal((B, T, N, 8)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((B, S, 2, 8)), jnp.float32) for _ in range(2))
+    kw = {"causal+lengths": dict(is_causal=True, query_seq_lengths=[min(T, 1)] * B, key_value_seq_lengths=[S] * B),
+          "bias+mask": dict(bias=jnp.ones((1, N, T, S), jnp.float32), mask=jnp.ones((B, 1, 1, S), bool)),
+          "window": dict(local_window_size=(1, 0)), "none": {}}[extra]
+    return q, k, v, kw
+
+
+def _outputs_and_grads(f, **kw):
+    """jit: (out, lse, dq, dk, dv) of ``f(q, k, v, return_residual=True, **kw)``, cotangents (out + 1, lse)."""
+    def run(q, k, v):
+        (o, lse), vjp = jax.vjp(lambda q, k, v: f(q, k, v, return_residual=True, **kw), q, k, v)
+        return (o, lse, *vjp((o + 1, lse)))
+    return jax.jit(run)
+
+
+@pytest.mark.parametrize("B,T,S,N,extra", [
+    (0, 4, 6, 4, "causal+lengths"), (2, 0, 6, 4, "bias+mask"), (2, 4, 0, 4, "causal+lengths"),
+    (2, 4, 0, 4, "window"), (2, 4, 6, 0, "none"),
+])
+def test_empty_calls_match_jax_nn(B, T, S, N, extra):
+    """B, T, S or N = 0: jax.nn's output, lse (-inf where S = 0) and gradients, eager and under jit;
+    the float64 reference and check_close agree."""
+    q, k, v, kw = _empty_case(B, T, S, N, extra)
+    theirs_kw = {n: jnp.asarray(x, jnp.int32) if isinstance(x, list) else x for n, x in kw.items()}
+    ours = _outputs_and_grads(attnlab.attention, **kw)(q, k, v)
+    theirs = _outputs_and_grads(jax.nn.dot_product_attention, **theirs_kw)(q, k, v)
+    eager = attnlab.attention(q, k, v, return_residual=True, **kw)
+    for a, b in zip((*eager, *ours), (*theirs[:2], *theirs)):
+        assert (a.shape, a.dtype) == (b.shape, b.dtype)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert attnlab.explain(q, k, v, **kw).chosen == "none"
+    assert attnlab.check_close(eager[0], q, k, v, **kw).ok
+    assert not np.any(attnlab.reference_attention(q, k, v, **kw))
+
+
+def test_empty_calls_still_check_the_other_rules():
+    q, k, v, _ = _empty_case(2, 4, 0, 4, "none")
+    with pytest.raises(ValueError, match=r"^head dim H=0 must be >= 1$"):          # jax.nn: scale 1/sqrt(0)
+        attnlab.attention(q[..., :0], k[..., :0], v[..., :0])
+    with pytest.raises(ValueError, match=r"key/value heads K=0 must be >= 1"):
+        attnlab.attention(q, k[:, :, :0], v[:, :, :0])
+    with pytest.raises(ValueError, match="implementation"):
+        attnlab.attention(q, k, v, implementation="flash9000")
+    with pytest.raises(ValueError, match="bias shape"):
+        attnlab.attention(q, k, v, bias=jnp.ones((2, 4, 4, 3)))
+    with pytest.raises(ValueError, match=r"query length T=0 must be >= 1"):    # prepare alone stays strict
+        attnlab.core.spec.prepare(q[:, :0], k, v)
+
+
+@pytest.mark.parametrize("impl", ["naive", "xla"])
+def test_python_list_lengths_match_jax_nn(impl):
+    q, k, v = attnlab.reference.inputs.random_qkv(2, 16, 16, 2, 1, 8, "float32", seed=6)
+    kw = dict(query_seq_lengths=(16, 10), key_value_seq_lengths=[16, 10])
+    ours = jax.jit(lambda q, k, v: attnlab.attention(q, k, v, implementation=impl, return_residual=True, **kw))
+    theirs = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, return_residual=True, **kw))
+    (out, lse), (want_out, want_lse) = ours(q, k, v), theirs(q, k, v)
+    np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lse[1, :10], want_lse[1, :10], rtol=1e-5, atol=1e-5)
+    assert attnlab.check_close(out, q, k, v, **kw).ok
+    with pytest.raises(TypeError, match=r"^key_value_seq_lengths must be an integer array, got dtype float64$"):
+        attnlab.attention(q, k, v, key_value_seq_lengths=[64.0, 20.0])
+
+
+@pytest.mark.parametrize("impl", [None, "attnlab-decode", "naive"])
+def test_decode_of_an_empty_batch(impl):
+    from attnlab.reference.decode64 import check_decode_close
+
+    q, k = jnp.ones((0, 2, 4, 16)), jnp.ones((0, 16, 2, 16))
+    out = attnlab.decode_attention(q, k, k, [], implementation=impl)
+    assert (out.shape, out.dtype) == ((0, 2, 4, 16), q.dtype)
+    assert check_decode_close(out, q, k, k, np.zeros(0, np.int32)).ok
+    assert attnlab.api.decode.explain_decode(q, k, k, []).chosen == "none"

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 from attnlab.cli import main
 from attnlab.core.model_config import ModelConfigError, from_config, resolve
 from attnlab.core.model_plan import notes, plan
-from attnlab.core.models import preset
+from attnlab.core.models import PRESETS, preset
 
 LLAMA = {"model_type": "llama", "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
          "num_hidden_layers": 32, "max_position_embeddings": 131072}
@@ -26,9 +26,30 @@ def test_other_hf_ids_resolve():
     assert resolve("google/gemma-2-27b").name == "gemma-2-27b"
 
 
-def test_unknown_model_names_the_forms():
-    with pytest.raises(ModelConfigError, match="no preset, Hugging Face id or alias of one, nor a config.json path"):
+@pytest.mark.parametrize("text, name", [
+    ("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b"), ("meta-llama/Meta-Llama-3.1-70B-Instruct", "llama-3.1-70b"),
+    ("LLAMA-3.1-405B-INSTRUCT", "llama-3.1-405b"), ("google/gemma-2-9b-it", "gemma-2-9b"),
+    ("Qwen/Qwen2.5-72B-Instruct", "qwen2.5-72b"), ("mistralai/Mistral-7B-Instruct-v0.1", "mistral-7b"),
+    ("mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b"), ("qwen2.5-7b-chat", "qwen2.5-7b"),
+    ("microsoft/Phi-3-mini-4k-instruct", "phi-3-mini"),
+])
+def test_hugging_face_ids_of_a_presets_variants(text, name):
+    assert resolve(text) is preset(name)
+
+
+def test_unknown_model_names_the_forms_the_nearest_presets_and_all():
+    every = "presets: " + ", ".join(p.name for p in PRESETS)
+    with pytest.raises(ModelConfigError, match="no preset, Hugging Face id or alias of one, nor a config.json or a "
+                                               "folder holding one; presets: ") as e:
         resolve("gpt-9")
+    assert str(e.value).endswith(every)
+    # another release of a preset is not taken for it (Mistral v0.2 has no window): its config is the way
+    with pytest.raises(ModelConfigError, match="nearest: mistral-7b, mixtral-8x7b; presets: ") as e:
+        resolve("mistralai/Mistral-7B-Instruct-v0.2")
+    for call in (lambda: resolve("llama-4"), lambda: preset("llama-4")):
+        with pytest.raises(ValueError, match="nearest: llama-3.1-405b, llama-3.1-8b, llama-3.1-70b; presets: ") as e:
+            call()
+        assert str(e.value).endswith(every)
 
 
 def _write(tmp_path, cfg, name="config.json"):
@@ -42,6 +63,18 @@ def test_llama_config_equals_its_preset_shape(tmp_path):
     want = preset("llama-3.1-8b")
     assert (p.layers, p.heads, p.kv_heads, p.head_dim, p.context, p.window, p.softcap) == \
         (want.layers, want.heads, want.kv_heads, want.head_dim, want.context, None, None)
+
+
+def test_a_folder_holding_config_json_is_read(tmp_path, monkeypatch):
+    folder = tmp_path / "Llama-3.1-8B-Instruct"          # a local copy's folder: its config wins over the id
+    folder.mkdir()
+    _write(folder, {**LLAMA, "num_hidden_layers": 3})
+    assert resolve(str(folder)).layers == 3
+    monkeypatch.chdir(tmp_path)
+    assert resolve("Llama-3.1-8B-Instruct").layers == 3
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelConfigError, match="the folder empty holds no config.json"):
+        resolve("empty")
 
 
 def test_gemma2_config_reads_window_alternation_cap_and_scalar(tmp_path):

@@ -45,7 +45,7 @@ BAD = [
     ("implementation", dict(implementation="flash9000"), ValueError, ["implementation", "naive", "flash9000"]),
     ("implementation type", dict(implementation=3), TypeError, ["implementation"]),
     ("head dim 0", dict(q=jnp.ones((2, 8, 4, 0)), k=jnp.ones((2, 12, 2, 0)), v=jnp.ones((2, 12, 2, 0))), ValueError, ["head dim", "0"]),
-    ("empty seq", dict(k=jnp.ones((2, 0, 2, 16)), v=jnp.ones((2, 0, 2, 16))), ValueError, ["S=0"]),
+    ("no kv heads", dict(k=jnp.ones((2, 12, 0, 16)), v=jnp.ones((2, 12, 0, 16))), ValueError, ["K=0"]),
     ("not an array", dict(q=[[1.0]]), TypeError, ["query", "array"]),
 ]
 

@@ -28,7 +28,8 @@ Paths (``implementation``):
 Validation happens before JAX sees the arrays; errors name the argument and the rule. The rules
 ``attention`` has too are written once, in ``attnlab.core.checks``: the sizes are ``Problem``'s
 (``call_problem``: e.g. ``q heads N=3 must be a multiple of k_cache heads K=2``), dtypes, key/value
-shapes, ``causal``, the lengths array, scale and soft cap have one shared helper each; only the
+shapes, ``causal``, the lengths array, scale and soft cap have one shared helper each (B may be 0, as
+``attention``'s may: an empty batch runs no kernel and gives a (0, T, N, H) array); only the
 decode rules (rank 4, a page table, T <= S_max, T <= kv_lengths[b] <= S_max) are checked here. Under
 ``jax.jit`` with traced ``kv_lengths`` the value checks are skipped (``attnlab.core.checks.length_values``);
 lengths outside [T, S_max] then give implementation-defined rows (the kernel clamps them to
@@ -40,11 +41,9 @@ import dataclasses
 import math
 from typing import Any
 
-import numpy as np
-
 from .. import backends
 from ..backends.masked_decode import decode_mask, masked_decode  # noqa: F401 (decode_mask: re-exported)
-from ..core.checks import (_is_tracer, _shape, call_problem, check_flag, check_kv_shapes, check_scale,
+from ..core.checks import (_is_tracer, _shape, as_lengths, call_problem, check_flag, check_kv_shapes, check_scale,
                            check_soft_cap, common_float_dtype, length_values)
 from ..core.errors import UnsupportedError
 from ..core.problem import Problem, delegate_fields
@@ -99,7 +98,7 @@ class DecodeCall:
     v_cache: Any
     kv_lengths: Any      # int32, (B,)
     scale: Any           # effective scale: float, or a tracer
-    spec: DecodeSpec
+    spec: DecodeSpec | None  # None for an empty batch (B = 0): nothing to run
     page_table: Any = None   # (B, pages_per_seq) int32 when k_cache/v_cache are pages
 
     def contiguous(self):
@@ -131,11 +130,11 @@ def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, 
     dtype = common_float_dtype({"q": q, "k_cache": k_cache, "v_cache": v_cache})
     B, T, N, H = qs
     S, K = ks[1:3]
-    problem = call_problem(ARGUMENT_NAMES, (B, T, S, N, K, H), dtype, check_flag("causal", causal))
+    problem = call_problem(ARGUMENT_NAMES, (B, T, S, N, K, H), dtype, check_flag("causal", causal),
+                           may_be_empty=("batch",))
     if S < T:
         raise ValueError(f"k_cache length S_max={S} must be >= T={T}: the T new tokens must fit in the cache")
-    if not hasattr(kv_lengths, "shape"):
-        kv_lengths = np.asarray(kv_lengths)
+    kv_lengths = as_lengths(kv_lengths)
     vals = length_values("kv_lengths", kv_lengths, B)
     for b, n in enumerate([] if vals is None else vals.tolist()):
         if n < T:
@@ -144,8 +143,9 @@ def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, 
             raise ValueError(f"kv_lengths[{b}]={n} > S_max={S}: lengths must fit in k_cache/v_cache")
     scale = check_scale(scale)
     static_scale = not _is_tracer(scale)
-    spec = DecodeSpec(problem, scale=scale if static_scale else None, scale_is_static=static_scale,
-                      page_size=page_size, soft_cap=check_soft_cap(logits_soft_cap))
+    soft_cap = check_soft_cap(logits_soft_cap)
+    spec = None if problem is None else DecodeSpec(problem, scale=scale if static_scale else None,
+                                                   scale_is_static=static_scale, page_size=page_size, soft_cap=soft_cap)
     import jax.numpy as jnp
 
     lengths = jnp.asarray(kv_lengths).astype(jnp.int32)
@@ -209,6 +209,10 @@ def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None
     """
     d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale, page_table=page_table,
                        logits_soft_cap=logits_soft_cap)
+    if d.spec is None:                  # B = 0: an empty batch, whatever the path
+        from .dot_product import empty_result
+
+        return empty_result(d, implementation, False, d.query.shape)
     backend, native = select_decode(d.spec, implementation)
     if native:
         return backend.run_decode(d)
@@ -233,6 +237,8 @@ def explain_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, 
     """Which path ``decode_attention(implementation=None)`` runs, and why not each other one."""
     d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale, page_table=page_table,
                        logits_soft_cap=logits_soft_cap)
+    if d.spec is None:
+        return DecodeExplanation("none", {}, None)
     chosen = select_decode(d.spec, None)[0].name
     own = _decode_backend()
     att = d.spec.attention_spec()

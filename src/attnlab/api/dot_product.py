@@ -31,8 +31,9 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
       mask: bool, broadcastable to (B, N, T, S); True = attend.
       scale: logits scale, default 1 / sqrt(H).
       is_causal: query t sees keys s <= t.
-      query_seq_lengths: (B,) ints in [0, T]; output rows t >= length are zero.
-      key_value_seq_lengths: (B,) ints in [0, S]; keys s >= length are hidden.
+      query_seq_lengths: (B,) ints in [0, T] (an array, or a Python list or tuple as jax.nn takes);
+        output rows t >= length are zero.
+      key_value_seq_lengths: (B,) ints in [0, S] (likewise); keys s >= length are hidden.
       local_window_size: w or (left, right): query t sees keys t-left <= s <= t+right.
       implementation: None or "auto" (the best correct path available: the measured pick of
         ``attnlab tune``'s dispatch table when it holds an entry for this device, these library
@@ -54,8 +55,11 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
         and tokamax apply them as a dense mask; cuDNN runs them packed (Hopper, contiguous ids).
 
     Returns:
-      An array shaped and typed like ``query``. Rows that see no key at all are
-      implementation-defined (naive and the reference give 0; XLA gives the mean of values).
+      An array shaped and typed like ``query``. B, T, S or N may be 0, as in jax.nn: such an empty
+      call runs no backend (``implementation`` must still be None, "auto" or a registered name) and
+      gives jax.nn's result, zeros (with ``return_residual`` an lse of -inf, the log of an empty
+      sum). Rows that see no key at all are implementation-defined (naive and the reference give 0;
+      XLA gives the mean of values).
       With ``return_residual=True`` a pair ``(out, lse)``: lse is (B, T, N) (or (T, N)) in
       ``query``'s dtype, log sum_s exp(scale * q.k + bias) over the keys the row sees, and
       carries no gradient (jax.nn stops it; cuDNN ignores its cotangent). Rows that see no key
@@ -66,13 +70,34 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
                 query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
                 local_window_size=local_window_size, return_residual=return_residual,
                 logits_soft_cap=logits_soft_cap, query_segment_ids=query_segment_ids,
-                key_value_segment_ids=key_value_segment_ids)
+                key_value_segment_ids=key_value_segment_ids, allow_empty=True)
+    if p.empty:
+        return empty_result(p, with_fp8_recipe(implementation, fp8_recipe), bool(return_residual))
     backend = select(p.spec, with_fp8_recipe(implementation, fp8_recipe), mode=_mode_of(query))
     if p.spec.return_residual:
         out, lse = backend.run(p)
         return out.reshape(p.out_shape), lse.reshape(p.out_shape[:-1])
     out = backend.run(p)
     return out.reshape(p.out_shape)
+
+
+def empty_result(p, implementation, return_residual: bool, shape=None):
+    """jax.nn's result for an empty call (``p.empty``: B, T, S or N = 0), computed by no backend: zeros
+    shaped and typed like the query, and with ``return_residual`` the lse, -inf (the log of an empty
+    sum over keys). Both are constants: gradients through them are zeros, as jax.nn's are.
+    ``implementation`` is checked as ``select`` checks it (a str, "auto" or a registered name);
+    ``shape``: the output's (default ``p.out_shape``; a decode call passes its query's)."""
+    import jax
+    import jax.numpy as jnp
+
+    if implementation is not None and not isinstance(implementation, str):
+        raise TypeError(f"implementation must be None or a str, got {type(implementation).__name__}")
+    if implementation not in (None, "auto"):
+        backends.get(implementation)          # an unknown name is an error here too
+    dtype = jax.dtypes.canonicalize_dtype(p.query.dtype)
+    shape = p.out_shape if shape is None else tuple(shape)
+    out = jnp.zeros(shape, dtype)
+    return (out, jnp.full(shape[:-1], -jnp.inf, dtype)) if return_residual else out
 
 
 def with_fp8_recipe(implementation, fp8_recipe):
@@ -191,9 +216,9 @@ def select(spec: AttentionSpec, implementation=None, *, mode: str = "fwd") -> ba
 class Explanation:
     """Which backend auto would run, and for every backend why it can or cannot."""
 
-    chosen: str
+    chosen: str                      # "none" for an empty call (B, T, S or N = 0): no backend runs
     reasons: dict[str, str | None]   # backend name -> None (can run) or the reason it can't
-    spec: AttentionSpec
+    spec: AttentionSpec | None       # None for an empty call
     #: why auto picks ``chosen``: the dispatch table's measurement, or the static rule and why the
     #: table was not used (``dispatch entry tuned with jax 0.11.1, running jax 0.11.2: static rule: ...``)
     why: str = ""
@@ -232,7 +257,10 @@ def explain(query, key, value, bias=None, mask=None, *, mode: str = "fwd", **kwa
     """Say which backend ``implementation=None`` would run on these inputs (``mode="train"``: when
     differentiated), why (measured or the static rule), and why not the others."""
     kwargs.pop("implementation", None)
-    p = prepare(query, key, value, bias, mask, **kwargs)
+    p = prepare(query, key, value, bias, mask, allow_empty=True, **kwargs)
+    if p.empty:
+        return Explanation("none", {}, None, f"an empty call (query {p.out_shape}, key {tuple(key.shape)}): no "
+                           "backend runs; attention returns jax.nn's zeros (lse -inf)")
     chosen, why = auto(p.spec, mode)
     reasons = {b.name: b.why_not(p.spec) for b in backends.all_backends()}
     return Explanation(chosen.name, reasons, p.spec, why)

@@ -28,7 +28,8 @@ def _non_jax() -> set[str]:
 
 @main.command("advise")
 @click.option("--model", required=True, help="A model: a preset (attnlab models, e.g. llama-3.1-70b), a Hugging Face "
-              "id or alias of one (meta-llama/Llama-3.1-8B, llama3.1-8b) or a path to its config.json.")
+              "id of one or of its variants (meta-llama/Llama-3.1-8B-Instruct, llama3.1-8b), or a config.json "
+              "or a folder holding one.")
 @click.option("--context", required=True, help="Context length(s) in tokens: 32k (k = 1024), 4096, or 4k,32k.")
 @click.option("--batch", type=int, default=1, show_default=True, help="Sequences per step.")
 @click.option("--phase", default="prefill,decode,train", show_default=True, help="prefill, decode, train (comma-separated).")

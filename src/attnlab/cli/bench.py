@@ -37,8 +37,9 @@ WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys
 @click.option("--lengths", help="none, full, ragged, paged, pagedN (comma-separated): full/ragged/paged make decode "
               "cells, decode_attention of the q_len newest tokens against a kv_len cache; paged (page size 16) "
               "and pagedN: full lengths in a paged cache of N-token pages (vLLM layout).")
-@click.option("--model", help="A model: a preset (attnlab models), a Hugging Face id or alias of one "
-              "(meta-llama/Llama-3.1-8B, llama3.1-8b) or a path to its config.json; the cells come from its shape, "
+@click.option("--model", help="A model: a preset (attnlab models), a Hugging Face id of one or of its "
+              "variants (meta-llama/Llama-3.1-8B-Instruct, llama3.1-8b), or a config.json or a folder holding one; "
+              "the cells come from its shape, "
               "--phase and --context.")
 @click.option("--phase", help="With --model: prefill, decode, train (comma-separated; default all three).")
 @click.option("--context", help="With --model: context lengths, e.g. 4k,32k,128k (k = 1024) or 256 (default 4k).")

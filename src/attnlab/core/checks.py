@@ -2,11 +2,12 @@
 ``decode_attention``'s ``prepare_decode`` (``attnlab.api.decode``) validate through these, each
 naming its own arguments (``query``/``key``/``value`` or ``q``/``k_cache``/``v_cache``).
 
-Each rule is written once: the sizes of a call (every one >= 1, N a multiple of K) are the rules of
-``attnlab.core.problem.Problem`` itself (``call_problem`` builds the call's Problem and says a broken
-rule in the call's argument names); dtypes (``common_float_dtype``), the key/value shapes against the
-query's (``check_kv_shapes``), flags (``check_flag``), length arrays (``length_values``), scale,
-soft cap and window have one helper each. Errors are ``ValueError``/``TypeError`` naming the argument
+Each rule is written once: the sizes of a call (every one >= 1, N a multiple of K; ``attention`` lets
+B, T, S and N be 0, as jax.nn does) are the rules of ``attnlab.core.problem.Problem`` itself
+(``call_problem`` builds the call's Problem and says a broken rule in the call's argument names);
+dtypes (``common_float_dtype``), the key/value shapes against the query's (``check_kv_shapes``),
+flags (``check_flag``), length arrays (``as_lengths``, ``length_values``), scale, soft cap and window
+have one helper each. Errors are ``ValueError``/``TypeError`` naming the argument
 and the rule, raised before JAX sees the arrays; value checks are skipped for traced arrays.
 """
 from __future__ import annotations
@@ -47,17 +48,23 @@ def _shape(name: str, x) -> tuple[int, ...]:
 
 
 def call_problem(names: Mapping[str, str], sizes: Sequence[int], dtype: str, causal: bool,
-                 window: tuple[int, int] | None = None) -> Problem:
+                 window: tuple[int, int] | None = None, *, may_be_empty: Sequence[str] = ()) -> Problem | None:
     """The ``Problem`` of a call: ``sizes`` (B, T, S, N, K, H) read off its arrays' shapes.
 
     The rules are ``Problem.__post_init__``'s; a broken one is raised again as a ``ProblemError``
     (a ValueError) in the call's words, its cause the Problem's own error: ``names`` maps each size
     field to how the call names it (``{"heads": "q heads N", "kv_heads": "k_cache heads K", ...}``),
-    e.g. ``q heads N=3 must be a multiple of k_cache heads K=2`` or ``head dim H=0 must be >= 1``."""
+    e.g. ``q heads N=3 must be a multiple of k_cache heads K=2`` or ``head dim H=0 must be >= 1``.
+
+    ``may_be_empty``: size fields that may be 0 (``attention``'s batch, q_len, kv_len and heads, as in
+    jax.nn). When one is 0 the other rules are checked with it at 1 (heads: at K) and None is returned:
+    an empty call has no Problem (the counts of one divide by its sizes); it runs no kernel."""
+    got = dict(zip(SIZES, sizes))
+    empty = [f for f in may_be_empty if got[f] == 0]
+    stand_in = {f: got["kv_heads"] if f == "heads" else 1 for f in empty}   # N = 0 is a multiple of any K
     try:
-        return Problem(*sizes, dtype, bool(causal), window)
+        problem = Problem(*(stand_in.get(f, got[f]) for f in SIZES), dtype, bool(causal), window)
     except ProblemError as e:
-        got = dict(zip(SIZES, sizes))
         if e.fields == ("heads", "kv_heads"):
             msg = f"{names['heads']}={got['heads']} must be a multiple of {names['kv_heads']}={got['kv_heads']}"
         elif len(e.fields) == 1 and e.fields[0] in names:
@@ -65,6 +72,7 @@ def call_problem(names: Mapping[str, str], sizes: Sequence[int], dtype: str, cau
         else:
             raise
         raise ProblemError(msg, *e.fields) from e
+    return None if empty else problem
 
 
 def check_kv_shapes(names: tuple[str, str, str], qs: tuple[int, ...], ks: tuple[int, ...], vs: tuple[int, ...]):
@@ -98,6 +106,16 @@ def common_float_dtype(arrays: dict[str, Any]) -> str:
         raise TypeError(f"{', '.join(first)} and {last} must share one dtype, got "
                         + ", ".join(f"{n} {d}" for n, d in dts.items()))
     return next(iter(dts.values()))
+
+
+def as_lengths(x):
+    """A lengths argument as an array: a Python list or tuple (``[64, 20]``, which jax.nn takes) becomes a
+    NumPy array (``length_values`` then checks its shape and integer dtype; the backends read it as
+    int32; an empty list is B=0's lengths, not floats); arrays, traced ones included, and None pass as given."""
+    if x is None or hasattr(x, "shape"):
+        return x
+    arr = np.asarray(x)
+    return arr.astype(np.int32) if arr.size == 0 else arr
 
 
 def length_values(name: str, x, batch: int):

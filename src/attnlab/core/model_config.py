@@ -1,11 +1,17 @@
-"""``--model`` in any form: a preset, a Hugging Face id or close alias of one, or a ``config.json``.
+"""``--model`` in any form: a preset, a Hugging Face id of one or of a variant, or a ``config.json``.
 
 ``resolve(text)`` -> a ``ModelPreset``:
 
 - a preset name (``attnlab models``), any case: ``llama-3.1-8b``;
-- a Hugging Face id a preset was copied from (``meta-llama/Llama-3.1-8B``), or a close alias: the
-  name without its organisation, case, dashes, dots and underscores (``llama3.1-8b``, ``Llama_3.1_8B``);
-- a path to a model's ``config.json`` (nothing is fetched): ``from_config`` reads it.
+- a Hugging Face id whose base model is a preset: the id a preset was copied from
+  (``meta-llama/Llama-3.1-8B``) or a tuned variant of it, which has the same attention
+  (``meta-llama/Llama-3.1-8B-Instruct``, ``google/gemma-2-9b-it``, ``...-Chat``, ``-hf``, ``-base``,
+  the older ``Meta-`` prefix), with or without its organisation; case, dashes, dots and underscores are
+  ignored (``llama3.1-8b``, ``Llama_3.1_8B``);
+- a path to a model's ``config.json``, or a folder that holds one (nothing is fetched): ``from_config``
+  reads it.
+
+An unknown name raises ``ModelConfigError`` with the nearest presets (difflib) and every preset.
 
 ``from_config(cfg, name)`` reads num_attention_heads, num_key_value_heads (default: the heads),
 head_dim (else hidden_size / heads), num_hidden_layers, max_position_embeddings, the sliding window
@@ -21,8 +27,7 @@ import math
 import os
 import re
 
-from .models import BY_NAME, PRESETS, ModelPreset
-from .names import closest
+from .models import BY_NAME, PRESETS, ModelPreset, suggestions
 
 #: Fields that change attention in ways attnlab's cells do not model: refused, named.
 UNINTERPRETED = {
@@ -37,8 +42,19 @@ class ModelConfigError(ValueError):
     """A --model that is no preset, alias or readable config, or a config field that cannot be interpreted."""
 
 
+#: Name parts of a tuned variant whose attention is its base model's (dropped before matching).
+VARIANT_PARTS = ("instruct", "it", "chat", "hf", "base", "meta")
+
+
+def base_name(text: str) -> str:
+    """The model name of ``text`` without its organisation and variant parts, lower case:
+    ``meta-llama/Meta-Llama-3.1-8B-Instruct`` -> ``llama-3.1-8b``, ``google/gemma-2-9b-it`` -> ``gemma-2-9b``."""
+    parts = re.split(r"[-_ ]", str(text).strip().split("/")[-1].lower())
+    return "-".join(p for p in parts if p and p not in VARIANT_PARTS)
+
+
 def _squash(text: str) -> str:
-    return re.sub(r"[-._ ]", "", text.split("/")[-1].lower())
+    return re.sub(r"[-._ ]", "", base_name(text))
 
 
 def _hf_id(p: ModelPreset) -> str:
@@ -53,19 +69,20 @@ for _p in PRESETS:
 
 
 def resolve(text: str) -> ModelPreset:
-    """The preset, alias or config.json ``text`` names (see the module docstring)."""
+    """The preset, Hugging Face id, config.json or folder ``text`` names (see the module docstring)."""
     t = str(text).strip()
     if t.lower() in BY_NAME:
         return BY_NAME[t.lower()]
+    if os.path.isdir(t) and os.path.isfile(os.path.join(t, "config.json")):
+        return load_config(os.path.join(t, "config.json"))
     if t.endswith(".json") or os.path.isfile(t):
         return load_config(t)
     hit = ALIASES.get(_squash(t))
     if hit is not None:
         return hit
-    guess = closest(t, BY_NAME)
-    hint = f"did you mean {guess!r}? " if guess else ""
-    raise ModelConfigError(f"model: {text!r} is no preset, Hugging Face id or alias of one, nor a config.json path; "
-                           f"{hint}presets: {', '.join(BY_NAME)} (or give the path to the model's config.json)")
+    folder = f" (the folder {t} holds no config.json)" if os.path.isdir(t) else ""
+    raise ModelConfigError(f"model: {t!r} is no preset, Hugging Face id or alias of one, nor a config.json or a "
+                           f"folder holding one{folder}; {suggestions(base_name(t))}")
 
 
 def load_config(path: str) -> ModelPreset:
@@ -163,4 +180,4 @@ def from_config(cfg: dict, name: str = "config", source: str = "config.json") ->
                        window=window, window_layers=where, softcap=cap, note=note)
 
 
-__all__ = ["resolve", "from_config", "load_config", "ModelConfigError", "ALIASES"]
+__all__ = ["resolve", "from_config", "load_config", "base_name", "ModelConfigError", "ALIASES"]

@@ -108,15 +108,28 @@ PRESETS: tuple[ModelPreset, ...] = (
 BY_NAME = {p.name: p for p in PRESETS}
 
 
+def nearest(name: str, n: int = 3) -> list[str]:
+    """Up to ``n`` preset names closest to ``name`` (its organisation and case ignored), best first:
+    difflib's ratio >= 0.6 (``llama-4`` -> the three Llama-3.1 presets; ``gpt-5`` -> none)."""
+    import difflib
+
+    return difflib.get_close_matches(str(name).strip().split("/")[-1].lower(), list(BY_NAME), n=n, cutoff=0.6)
+
+
+def suggestions(name: str) -> str:
+    """``nearest: llama-3.1-405b, llama-3.1-8b, llama-3.1-70b; presets: llama-3.1-8b, ...``: the presets
+    nearest ``name`` (when any are near) and every preset, for the error of an unknown model."""
+    near = nearest(name)
+    return (f"nearest: {', '.join(near)}; " if near else "") + f"presets: {', '.join(BY_NAME)}"
+
+
 def preset(name: str) -> ModelPreset:
-    """The preset called ``name`` (case-insensitive), or ValueError naming the closest one ("did you
-    mean 'llama-3.1-8b'?") or, with none close, listing the known ones."""
+    """The preset called ``name`` (case-insensitive), or ValueError naming the nearest presets and
+    listing every one (``suggestions``)."""
     try:
         return BY_NAME[name.lower()]
     except KeyError:
-        from .names import unknown
-
-        raise ValueError(f"model: {unknown('preset', name, BY_NAME)}") from None
+        raise ValueError(f"model: unknown preset {name!r}; {suggestions(name)}") from None
 
 
-__all__ = ["ModelPreset", "PRESETS", "BY_NAME", "preset"]
+__all__ = ["ModelPreset", "PRESETS", "BY_NAME", "preset", "nearest", "suggestions"]

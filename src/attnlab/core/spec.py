@@ -29,13 +29,16 @@ import numpy as np
 
 from .names import FLOAT_DTYPES
 from . import segments
-from .checks import (_check_lengths, _is_tracer, _shape, call_problem, check_flag, check_kv_shapes, check_scale,
-                     check_soft_cap, common_float_dtype, normalise_window)
+from .checks import (_check_lengths, _is_tracer, _shape, as_lengths, call_problem, check_flag, check_kv_shapes,
+                     check_scale, check_soft_cap, common_float_dtype, normalise_window)
 from .problem import Problem, delegate_fields
 
 #: How ``attention``'s errors name the sizes of a call (``checks.call_problem``).
 ARGUMENT_NAMES = {"batch": "query batch size B", "q_len": "query length T", "kv_len": "key length S",
                   "heads": "query heads N", "kv_heads": "key/value heads K", "head_dim": "head dim H"}
+#: The sizes jax.nn lets be 0 (an empty call: ``prepare(..., allow_empty=True)``). K = 0 stays an error
+#: (jax.nn's too), and so does H = 0 (jax.nn runs it with the scale 1/sqrt(0)).
+EMPTY_SIZES = ("batch", "q_len", "kv_len", "heads")
 
 
 @dataclasses.dataclass(frozen=True, init=False)
@@ -83,7 +86,9 @@ delegate_fields(AttentionSpec, is_causal="causal")
 
 @dataclasses.dataclass
 class Prepared:
-    """Arrays normalised to 4-D (B,T,N,H), (B,S,K,H), bias/mask (.,.,.,.) and int32 lengths."""
+    """Arrays normalised to 4-D (B,T,N,H), (B,S,K,H), bias/mask (.,.,.,.) and (B,) int lengths.
+
+    ``spec`` is None for an empty call (B, T, S or N = 0, with ``prepare(..., allow_empty=True)``)."""
 
     query: Any
     key: Any
@@ -97,6 +102,11 @@ class Prepared:
     scale: Any  # the logits' scale: a float, or a tracer when scale was traced
     q_segment_ids: Any = None    # (B, T) ints or None
     kv_segment_ids: Any = None   # (B, S) ints or None
+
+    @property
+    def empty(self) -> bool:
+        """B, T, S or N is 0: jax.nn's answer needs no kernel (zeros; an lse of -inf where S = 0)."""
+        return self.spec is None
 
 
 def _expand(x, ndim: int):
@@ -120,8 +130,11 @@ def _check_broadcast(name: str, shape: tuple[int, ...], target: tuple[int, int, 
 def prepare(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
             query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
             return_residual=False, logits_soft_cap=None, query_segment_ids=None,
-            key_value_segment_ids=None) -> Prepared:
-    """Check every argument of an attention call and normalise it. See the module docstring."""
+            key_value_segment_ids=None, allow_empty=False) -> Prepared:
+    """Check every argument of an attention call and normalise it. See the module docstring.
+
+    ``allow_empty``: B, T, S or N may be 0, as in jax.nn (``attention`` and the reference answer such a
+    call without a kernel); every other rule still holds, and the result's ``spec`` is None."""
     qs, ks, vs = _shape("query", query), _shape("key", key), _shape("value", value)
     if len(qs) not in (3, 4):
         raise ValueError(f"query must have rank 4 (B, T, N, H) or 3 (T, N, H), got shape {qs}")
@@ -133,7 +146,8 @@ def prepare(query, key, value, bias=None, mask=None, *, scale=None, is_causal=Fa
     B, T, N, H = (int(d) for d in q4.shape)
     S, K = (int(d) for d in k4.shape[1:3])
     window = normalise_window(local_window_size)
-    problem = call_problem(ARGUMENT_NAMES, (B, T, S, N, K, H), dtype, check_flag("is_causal", is_causal), window)
+    problem = call_problem(ARGUMENT_NAMES, (B, T, S, N, K, H), dtype, check_flag("is_causal", is_causal), window,
+                           may_be_empty=EMPTY_SIZES if allow_empty else ())
 
     target = (B, N, T, S)
     bias_shape = mask_shape = None
@@ -151,6 +165,7 @@ def prepare(query, key, value, bias=None, mask=None, *, scale=None, is_causal=Fa
         _check_broadcast("mask", mask_shape, target)
         mask = _expand(mask, 4)
         mask_shape = tuple(int(d) for d in mask.shape)
+    query_seq_lengths, key_value_seq_lengths = as_lengths(query_seq_lengths), as_lengths(key_value_seq_lengths)
     if query_seq_lengths is not None:
         _check_lengths("query_seq_lengths", query_seq_lengths, B, T, "T")
     if key_value_seq_lengths is not None:
@@ -162,6 +177,10 @@ def prepare(query, key, value, bias=None, mask=None, *, scale=None, is_causal=Fa
         query_segment_ids, key_value_segment_ids = (_expand(x, 2) if hasattr(x, "shape") and len(x.shape) == 1 else x
                                                     for x in (query_segment_ids, key_value_segment_ids))
     segments.check_segment_ids(query_segment_ids, key_value_segment_ids, B, T, S)
+    effective_scale = 1.0 / math.sqrt(H) if scale is None else scale
+    if problem is None:
+        return Prepared(q4, k4, v4, bias, mask, query_seq_lengths, key_value_seq_lengths, None, qs, effective_scale,
+                        query_segment_ids, key_value_segment_ids)
     most = contiguous = None
     if query_segment_ids is not None and not (_is_tracer(query_segment_ids) or _is_tracer(key_value_segment_ids)):
         (mq, cq), (mk, ck) = segments.host_layout(query_segment_ids), segments.host_layout(key_value_segment_ids)
@@ -173,6 +192,5 @@ def prepare(query, key, value, bias=None, mask=None, *, scale=None, is_causal=Fa
         return_residual=return_residual, soft_cap=soft_cap,
         has_segment_ids=query_segment_ids is not None, max_segments=most, segments_contiguous=contiguous,
     )
-    effective_scale = 1.0 / math.sqrt(H) if scale is None else scale
     return Prepared(q4, k4, v4, bias, mask, query_seq_lengths, key_value_seq_lengths, spec, qs, effective_scale,
                     query_segment_ids, key_value_segment_ids)

@@ -68,7 +68,7 @@ def _f32(x, low):
 
 @dataclasses.dataclass
 class _Forward:
-    probs: np.ndarray      # (B, N, T, S)
+    probs: np.ndarray | None   # (B, N, T, S); None for an empty call (B, T, S or N = 0: out is zeros)
     out: np.ndarray        # (B, T, N, H), padded query rows zeroed
     q: np.ndarray          # (B, T, N, H)
     k: np.ndarray          # grouped by key/value head: (B, K, S, H), in the inputs' dtype
@@ -125,7 +125,11 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
     p = prepare(query, key, value, bias, mask, scale=scale, is_causal=is_causal,
                 query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
                 local_window_size=local_window_size, logits_soft_cap=logits_soft_cap,
-                query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids)
+                query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids, allow_empty=True)
+    if p.empty:                                 # B, T, S or N = 0: jax.nn's zeros, nothing to compute
+        B, T = p.query.shape[:2]
+        return _Forward(None, np.zeros(p.query.shape), None, None, None, float(p.scale), np.ones((B, T), bool),
+                        p.out_shape)
     sp = p.spec
     low = _LOW.get(np.dtype(emulate).name) if emulate is not None else None
     B, T, N, S, K = sp.batch, sp.q_len, sp.heads, sp.kv_len, sp.kv_heads
@@ -197,6 +201,8 @@ def reference_attention_grads(query, key, value, cotangent, bias=None, mask=None
                  query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
                  local_window_size=local_window_size, logits_soft_cap=logits_soft_cap,
                  query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids)
+    if f.probs is None:                         # an empty call: its output is a constant
+        return tuple(np.zeros(np.shape(x)) for x in (query, key, value))
     B, T, N, H = f.out.shape
     K, S = f.k.shape[1], f.k.shape[2]
     k, v = _np(f.k), _np(f.v)
