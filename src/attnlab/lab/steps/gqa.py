@@ -14,7 +14,7 @@ import re
 from ...report import tables
 from ..core import LabConfig, LabContext, Step, Table
 from ..plots import time_ms, timing
-from ..render_common import ITEMSIZE, cells, fmt, section_renderer, time_text
+from ..render_common import ITEMSIZE, cells, field_text, section_renderer, time_text
 
 TITLE = "9. MHA, GQA and MQA"
 
@@ -160,10 +160,10 @@ def render(s, p, records, cfg: LabConfig, plots_dir=None) -> None:
                 continue
             recs.append(r)
             rows.append([name, b, f"({c.batch}, {T}, {N}, {c.head_dim})", f"({c.batch}, {T}, {K}, {c.head_dim})",
-                         fmt(r["rel_err"], ".2e"), time_text(r), f"{2 * K * c.head_dim * ITEMSIZE[dt]} B"])
+                         field_text(r, "rel L2 vs float64"), time_text(r), f"{2 * K * c.head_dim * ITEMSIZE[dt]} B"])
     s.tables.append(Table(f"Query heads N={N}; key/value heads K ({'causal' if causal else 'no mask'}, T=S={T}, {dt})",
                           ["variant", "backend", "query shape", "key/value shape", "rel L2 vs float64", "time",
-                           "KV cache / token / layer"], rows))
+                           "KV cache / token / layer"], rows, sources=recs))
     s.tables.append(Table(tables.KV_TITLE, tables.KV_COLUMNS, tables.kv_cache_rows()))
     s.paragraphs.append("GQA lets G = N/K query heads share one key/value head: same FLOPs as MHA, K/N of the "
                         "key/value memory and bandwidth. attnlab broadcasts key/value heads rather than copying them.")
