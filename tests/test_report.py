@@ -104,6 +104,8 @@ def test_report_on_cpu(quick_report):
     head = next(v for k, v in tabs.items() if k.startswith("Head-dim sweep"))
     assert "cuDNN accepts" not in page and not any("accepts" in c for r in head[1] for c in r)
     assert "memory_analysis" in page
+    roof = next(sec for sec in secs if sec.id == "sweeps")
+    assert any("the ceilings measured in this run" in p for p in roof.paragraphs)   # a CPU's roofline has a roof
     for cap, (cols, _) in tabs.items():
         assert len(set(cols)) == len(cols), cap      # every column named apart
 
