@@ -143,3 +143,15 @@ def test_the_signature_block_names_every_argument(page, name):
     call = ast.parse(block.replace(", *,", ","), mode="eval").body   # a call, once the bare * is gone
     documented = [a.id for a in call.args] + [k.arg for k in call.keywords]
     assert documented == [p for p in inspect.signature(getattr(attnlab, name)).parameters]
+
+
+def test_models_doc_says_a_soft_cap_is_measured():
+    """models.md says what `bench --model gemma-2-*` does with the soft cap: measured on every cell, never "not modelled"."""
+    from attnlab.core.model_plan import notes, plan
+    from attnlab.core.models import PRESETS
+
+    gemma = next(p for p in PRESETS if p.softcap)
+    assert all(e.soft_cap == gemma.softcap for e in plan(gemma, ["prefill", "decode"], [4096]))
+    assert any("soft-cap 50 measured" in n for n in notes(gemma, [4096]))
+    text = " ".join(_read(os.path.join("docs", "models.md")).split())
+    assert "not modelled" not in text and "logit soft-cap (50) is measured" in text
