@@ -352,3 +352,15 @@ def test_the_roofline_draws_its_roof_and_labels_several_ticks(monkeypatch):
     shown = [t.get_text() for t in ax.get_yticklabels() if t.get_text() and lo <= t.get_position()[1] <= hi]
     assert len(shown) >= 3 and all("^" not in x and "times" not in x for x in shown), shown
     assert hi >= 100      # the roof is inside the plot
+
+
+def test_gqa_says_each_variant_against_mha():
+    """Step 9 judges each GQA/MQA variant apart on the repeats' spread: one slower and one faster is said so."""
+    from attnlab.lab.steps.gqa import explanation
+
+    def rec(K, ms, lo, hi):
+        return {"backend": "xla", "status": "ok", "heads": 8, "kv_heads": K, "wall_ms": ms, "wall_p25_ms": lo, "wall_p75_ms": hi}
+
+    text = explanation([rec(8, 9.67, 6.0, 25.0), rec(2, 40.0, 30.0, 50.0), rec(1, 1.58, 1.5, 1.6)], None)
+    assert "slower at K=2, faster at K=1" in text and "(K=8)" in text
+    assert explanation([rec(8, 9.67, 6.0, 25.0), rec(2, 20.1, 16.0, 32.0)], None) is None   # spreads overlap

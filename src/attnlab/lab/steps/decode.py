@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ...core.records import time_ms  # noqa: E402
 from ..core import LabConfig, Section, Step, Table  # noqa: E402
+from ..plots import log_ticks  # noqa: E402
 from ..render_common import cells  # noqa: E402
 
 TITLE = "12. Decode: T new tokens against a long KV cache"
@@ -206,6 +207,7 @@ def latency_plot(records, path: str, *, unit: str) -> str | None:
         ax.plot([t for t, _ in roof], [m for _, m in roof], color="grey", linestyle="--", label="roofline bound")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    log_ticks(ax, "y")
     ax.set_xlabel("new tokens T")
     ax.set_ylabel("ms")
     ax.set_title(f"decode latency against T ({unit})", fontsize=10)
@@ -225,8 +227,10 @@ def cells_note(cfg: LabConfig) -> str:
              if shp["group_q_lens"] else "")
     paged = (f"; {KERNEL} with a paged cache ({', '.join(p.replace('paged', 'page size ') for p in shp['paged'])}) "
              f"at T = {ts(shp['paged_q_lens'])}, against its contiguous cell")
+    why = ("(their decode path and their prefill kernel): enough to see who stays flat in T" if cfg.gpu else
+           "(the same T as attnlab's kernel)")
     return (f"Cells: {KERNEL} at T = {ts(shp['q_lens'])}; {', '.join(peers(cfg))} at T = {ts(shp['peer_q_lens'])} "
-            f"(their decode path and their prefill kernel): enough to see who stays flat in T{group}{paged}.")
+            f"{why}{group}{paged}.")
 
 
 def sweeps_decode(cfg: LabConfig) -> list:

@@ -19,8 +19,8 @@ def sweeps(cfg: LabConfig) -> list:
 
 
 #: Sizes of the roofs measured in the run where neither a datasheet nor ``attnlab ceilings``' cache knows
-#: the device (a CPU): a matmul of n × n and a copy of this many bytes, small enough to take about a second.
-RUN_CEILINGS = {"matmul_n": 512, "copy_bytes": 2**24, "repeats": 5}
+#: the device (a CPU): ``attnlab ceilings``' CPU sizes (a 1024 × 1024 matmul, a 64 MiB copy), fewer repeats.
+RUN_CEILINGS = {"repeats": 5}
 
 
 def probe(ctx: LabContext) -> dict:
@@ -81,12 +81,18 @@ def render(s, p, records, cfg: LabConfig, plots_dir=None) -> None:
     if not datasheet:
         s.paragraphs.append(f"No datasheet peak is known for {kind}: the roofline draws "
                             + (f"the ceilings measured in this run (a {here['matmul_n']}×{here['matmul_n']} "
-                               f"{here['matmul_dtype']} matmul and a copy of {here['copy_bytes'] / 2**20:.0f} MiB; "
+                               f"{here['matmul_dtype']} matmul and a copy moving {here['copy_bytes'] / 2**20:.0f} MiB; "
                                "`attnlab ceilings` measures larger ones and keeps them)." if measured and here else
                                "the measured ceilings of `attnlab ceilings` only." if measured else
                                "no roof (run `attnlab ceilings` to measure this device's and draw them)."))
     elif not measured:
         s.paragraphs.append("The roofline's measured roof is missing: run `attnlab ceilings` to draw it beside the datasheet's.")
+    above = [r for r in seq + bat if measured and r["status"] == "ok" and r.get("tflops") and r.get("intensity")
+             and r["tflops"] > min(measured[0], r["intensity"] * measured[1])]
+    if above and not datasheet:
+        s.paragraphs.append(f"{len(above)} of {len(seq + bat)} cells lie above the measured roof: a ceiling measured "
+                            "once is a lower bound of the device's (a busy machine measures less); "
+                            "`attnlab ceilings --force` measures it again.")
     best = {}
     for r in seq:
         if r["status"] == "ok":
