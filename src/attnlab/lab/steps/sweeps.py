@@ -19,8 +19,10 @@ def sweeps(cfg: LabConfig) -> list:
 
 
 #: Sizes of the roofs measured in the run where neither a datasheet nor ``attnlab ceilings``' cache knows
-#: the device (a CPU): ``attnlab ceilings``' CPU sizes (a 1024 × 1024 matmul, a 64 MiB copy), fewer repeats.
+#: the device (a CPU): ``attnlab ceilings``' CPU sizes (a 1024 × 1024 matmul, a 64 MiB copy) with fewer
+#: repeats; ``--quick`` (a smoke test) a 512 × 512 matmul and a 4 MiB copy.
 RUN_CEILINGS = {"repeats": 5}
+QUICK_CEILINGS = {"matmul_n": 512, "copy_bytes": 2**22, "repeats": 3}
 
 
 def probe(ctx: LabContext) -> dict:
@@ -34,7 +36,7 @@ def probe(ctx: LabContext) -> dict:
     roof = roofs(kind, dt, tf32)
     measured_here = None
     if not roof["datasheet"] and not roof["measured"]:
-        measured_here = measure_ceilings(**RUN_CEILINGS)
+        measured_here = measure_ceilings(**(QUICK_CEILINGS if ctx.cfg.quick else RUN_CEILINGS))
         roof["measured"] = (measured_here["matmul_tflops"], measured_here["copy_gbps"] / 1000)
     return {"device_kind": kind, "tf32": tf32, "peak_tflops": peak_tflops(kind, dt, tf32=tf32), "roofs": roof,
             "ceilings_measured_here": measured_here and {k: measured_here[k] for k in ("matmul_dtype", "matmul_n", "copy_bytes")}}
