@@ -45,6 +45,7 @@ def test_report_dom_in_chromium(report, tmp_path):
     total = int(re.search(r'data-images="(\d+)"', dom).group(1))
     loaded = int(re.search(r'data-images-loaded="(\d+)"', dom).group(1))
     assert total >= 5 and loaded == total, (loaded, total)
+    assert int(re.search(r'data-title-lines="(\d+)"', dom).group(1)) <= 3     # no title squeezed into a column
     assert "browser &lt;check&gt;" in dom
 
 
