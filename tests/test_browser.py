@@ -35,7 +35,7 @@ def _chromium(args, tmp_path):
 
 def test_report_dom_in_chromium(report, tmp_path):
     url = (report / "report.html").as_uri()
-    r = _chromium(["--dump-dom", url], tmp_path)
+    r = _chromium(["--window-size=1200,2400", "--dump-dom", url], tmp_path)
     dom = r.stdout
     assert "<html" in dom, r.stderr[-2000:]
     for sid in STEPS:
@@ -45,6 +45,7 @@ def test_report_dom_in_chromium(report, tmp_path):
     total = int(re.search(r'data-images="(\d+)"', dom).group(1))
     loaded = int(re.search(r'data-images-loaded="(\d+)"', dom).group(1))
     assert total >= 5 and loaded == total, (loaded, total)
+    assert int(re.search(r'data-title-lines="(\d+)"', dom).group(1)) <= 2     # no title squeezed into a narrow table's column
     assert "browser &lt;check&gt;" in dom
 
 

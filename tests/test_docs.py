@@ -111,3 +111,47 @@ def test_runnable_block_runs_on_cpu(page, index, code, tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, f"{page} block {index} failed:\n{proc.stderr[-3000:]}"
+
+
+def test_every_attnlab_name_the_docs_cite_exists():
+    """`attnlab.NAME` in the README and docs is a top-level name or a submodule (check_decode_close is exported)."""
+    import importlib
+
+    import attnlab
+
+    cited = {(m.group(1), page) for page in PAGES for m in re.finditer(r"`attnlab\.([A-Za-z_]\w*)", _read(page))}
+    assert ("check_decode_close", os.path.join("docs", "decode.md")) in cited
+    missing = []
+    for name, page in sorted(cited):
+        if not hasattr(attnlab, name):
+            try:
+                importlib.import_module(f"attnlab.{name}")
+            except ImportError:
+                missing.append((name, page))
+    assert missing == []
+
+
+@pytest.mark.parametrize("page,name", [("docs/api.md", "attention"), ("docs/decode.md", "decode_attention")])
+def test_the_signature_block_names_every_argument(page, name):
+    """The ```python signature block at the top of the page has the function's arguments, in order."""
+    import ast
+    import inspect
+
+    import attnlab
+
+    block = re.search(r"```python\n(attnlab\.%s\(.*?\))\n```" % name, _read(page), re.S).group(1)
+    call = ast.parse(block.replace(", *,", ","), mode="eval").body   # a call, once the bare * is gone
+    documented = [a.id for a in call.args] + [k.arg for k in call.keywords]
+    assert documented == [p for p in inspect.signature(getattr(attnlab, name)).parameters]
+
+
+def test_models_doc_says_a_soft_cap_is_measured():
+    """models.md says what `bench --model gemma-2-*` does with the soft cap: measured on every cell, never "not modelled"."""
+    from attnlab.core.model_plan import notes, plan
+    from attnlab.core.models import PRESETS
+
+    gemma = next(p for p in PRESETS if p.softcap)
+    assert all(e.soft_cap == gemma.softcap for e in plan(gemma, ["prefill", "decode"], [4096]))
+    assert any("soft-cap 50 measured" in n for n in notes(gemma, [4096]))
+    text = " ".join(_read(os.path.join("docs", "models.md")).split())
+    assert "not modelled" not in text and "logit soft-cap (50) is measured" in text

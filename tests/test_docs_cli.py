@@ -46,3 +46,13 @@ def test_the_step_table_lists_every_step():
 
     ids = re.findall(r"^\| `([a-z_0-9]+)` \|", DOC.read_text(), re.M)
     assert ids == list(STEPS)
+
+
+def test_every_flag_of_run_is_documented():
+    """Each of `attnlab run`'s flags is named in cli.md's `attnlab run` section."""
+    from attnlab.cli import main
+
+    text = DOC.read_text()
+    section = text[text.index("## `attnlab run`"):text.index("## The lab's steps")]
+    flags = [o for p in main.commands["run"].params for o in p.opts if o.startswith("--")]
+    assert "--quick" in flags and [f for f in flags if f"`{f}" not in section] == []

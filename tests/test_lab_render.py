@@ -56,7 +56,7 @@ def test_every_step_renders_from_canned_records_without_jax(tmp_path):
     tables = {t["title"]: t for s in secs.values() for t in s["tables"]}
     seq = next(t for k, t in tables.items() if k.startswith("Sequence sweep"))
     assert seq["columns"] == ["q_len", "naive", "xla"] and all("GFLOP/s" in c for r in seq["rows"] for c in r[1:])
-    timing = next(t for k, t in tables.items() if k.startswith("Kernel time and wall time"))
+    timing = next(t for k, t in tables.items() if k.startswith("Wall time per call, no kernel time"))
     assert [r[:2] for r in timing["rows"]] == [["naive", "float32"], ["xla", "float32"]]
     assert any(k.startswith("Compiled temp memory") for k in tables) and any(k.startswith("Head-dim sweep") for k in tables)
     assert any(k.startswith("Backends available here") for k in tables)
@@ -262,3 +262,105 @@ def test_the_decode_step_shows_group_size_and_paging():
     assert rows[("G = 4 (32/8)", "paged 64")][3].startswith("unsupported: pages refused")
     assert rows[("G = 7 (28/4)", "contiguous")][2:4] == ["0.13 ms · 90% roof", "0.19 ms · 90% roof"]
     assert sec.facts["cells"] == 8
+
+
+def _timing_gpu_rec(backend, kernel, wall):
+    return {"kind": "cell", "step": "timing", "backend": backend, "dtype": "bfloat16", "status": "ok", "reason": None,
+            "timer": "cupti", "kernel_ms": kernel, "kernel_p25_ms": kernel * 0.95, "kernel_p75_ms": kernel * 1.05,
+            "wall_ms": wall, "wall_p25_ms": wall * 0.9, "wall_p75_ms": wall * 1.1, "pipelined_ms": wall * 0.8,
+            "dispatch_ms": wall - kernel, "compile_s": 1.25}
+
+
+def test_each_column_shows_the_record_field_its_header_names():
+    """A column headed by a key of FIELD_COLUMNS shows that field of its row's record: "rel L2 vs float64"
+    is rel_err_f64 (sampled rows against NumPy float64), never rel_err (the float32 device reference)."""
+    from attnlab.lab.core import LabConfig
+    from attnlab.lab.render import render_all
+    from attnlab.lab.render_common import FIELD_COLUMNS, fmt
+    from attnlab.lab.steps.te_fp8 import render as render_te_fp8
+    from attnlab.lab.steps.timing import render as render_timing
+
+    for header, (field, _) in FIELD_COLUMNS.items():      # the header names its field
+        if "rel L2" in header:
+            assert ("float64" in header) == field.endswith("_f64"), header
+    gpu = LabConfig.for_machine(False, True)
+    fp8 = [{"kind": "lab_step", "step": "te_fp8", "status": "ok", "probe": {
+        "te_why": "TransformerEngine is not installed", "fp8_why": {"te-fp8": "not installed", "cudnn-fp8": None},
+        "recipes_why": {"cudnn-fp8": "not installed"}}}]
+    fp8 += [dict(_fp8_cell("fp8", b, 4096, e, 0.4), rel_err_f64=e * 1.5) for b, e in (("cudnn-fp8", 0.05), ("cudnn", 0.002))]
+    sections = render_all(_canned(), LabConfig.for_machine(True, False)) + [
+        render_te_fp8(fp8, gpu), render_timing([_timing_gpu_rec("xla", 0.2, 0.5), _timing_gpu_rec("cudnn", 0.1, 0.4)], gpu)]
+    checked = set()
+    for t in (t for s in sections for t in s.tables):
+        shown = [c for c in t.columns if c in FIELD_COLUMNS]
+        if not shown or not t.sources:
+            continue
+        assert len(t.sources) == len(t.rows), t.title
+        for col in shown:
+            field, spec = FIELD_COLUMNS[col]
+            i = t.columns.index(col)
+            for row, rec in zip(t.rows, t.sources):
+                if rec is not None:
+                    assert row[i] == fmt(rec.get(field), spec), (t.title, col, row[i], rec.get(field))
+                    checked.add(col)
+    assert checked >= {"rel L2 vs float64", "FP8 rel L2 vs float64", "kernel (CUPTI)", "wall per blocked call",
+                       "dispatch = wall − kernel"}
+    gqa = next(t for s in sections for t in s.tables if t.title.startswith("Query heads N="))
+    assert gqa.sources and "rel L2 vs float64" in gqa.columns    # the step 9 table is one of those checked
+
+
+def test_cpu_sections_say_what_ran_here():
+    """On a CPU: step 7's table is wall time only (its title says why), step 11 calls a path faster than
+    XLA only where the repeats' spreads do not overlap, step 12 names the CPU programs, not GPU kernels."""
+    from attnlab.lab.core import LabConfig
+    from attnlab.lab.render import render_all
+    from attnlab.lab.render_common import speedup_text
+
+    secs = {s.id: s for s in render_all(_canned(), LabConfig.for_machine(True, False))}
+    (timing,) = secs["timing"].tables
+    assert timing.title.startswith("Wall time per call, no kernel time") and not any("kernel" in c for c in timing.columns)
+    speed = next(t for t in secs["next"].tables if t.title.startswith("Speed-up over XLA"))
+    assert speed.columns == ["T = S", "xla", "naive", "naive vs xla"]
+    assert all("[" in r[1] and "[" in r[2] for r in speed.rows)          # each time with its spread
+    assert all(r[3].endswith("no clear difference (spreads overlap)") for r in speed.rows)   # canned: they overlap
+    fast = {"status": "ok", "wall_ms": 1.0, "wall_p25_ms": 0.9, "wall_p75_ms": 1.1}
+    slow = {"status": "ok", "wall_ms": 2.58, "wall_p25_ms": 2.4, "wall_p75_ms": 2.7}
+    noisy = {"status": "ok", "wall_ms": 2.58, "wall_p25_ms": 0.95, "wall_p75_ms": 6.0}
+    assert speedup_text(fast, slow) == "2.58× faster" and speedup_text(slow, fast) == "0.39× (slower)"
+    assert speedup_text(fast, noisy) == "2.58×: no clear difference (spreads overlap)"
+    text = " ".join(secs["decode"].paragraphs)
+    assert "interpret mode" in text and "jax.nn's XLA attention compiled for the CPU" in text
+    for gpu_word in ("GPU's ridge", "split-KV", "fall off", "flash-decoding", "registers"):
+        assert gpu_word not in text, gpu_word
+
+
+def test_the_roofline_draws_its_roof_and_labels_several_ticks(monkeypatch):
+    """A CPU's roofline: the measured roof drawn and labelled, and plain-number labels at 1-2-5 of each
+    decade (a range within one decade still gets several), not two scientific labels."""
+    from attnlab.lab import plots
+
+    figs = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig) or path)
+    recs = [{"backend": b, "status": "ok", "wall_ms": 1.0, "intensity": x, "tflops": t, "step": "seq_sweep"}
+            for b, pts in (("naive", ((8, 0.029), (16, 0.051), (64, 0.032))), ("xla", ((8, 0.026), (32, 0.068))))
+            for x, t in pts]
+    plots.roofline(recs, "r.png", measured=(0.1, 0.012), title="roofline (cpu)")
+    ax = figs[-1].axes[0]
+    figs[-1].canvas.draw()
+    assert any(x.startswith("measured roof: 100 GFLOP/s, 12 GB/s") for x in ax.get_legend_handles_labels()[1])
+    lo, hi = ax.get_ylim()
+    shown = [t.get_text() for t in ax.get_yticklabels() if t.get_text() and lo <= t.get_position()[1] <= hi]
+    assert len(shown) >= 3 and all("^" not in x and "times" not in x for x in shown), shown
+    assert hi >= 100      # the roof is inside the plot
+
+
+def test_gqa_says_each_variant_against_mha():
+    """Step 9 judges each GQA/MQA variant apart on the repeats' spread: one slower and one faster is said so."""
+    from attnlab.lab.steps.gqa import explanation
+
+    def rec(K, ms, lo, hi):
+        return {"backend": "xla", "status": "ok", "heads": 8, "kv_heads": K, "wall_ms": ms, "wall_p25_ms": lo, "wall_p75_ms": hi}
+
+    text = explanation([rec(8, 9.67, 6.0, 25.0), rec(2, 40.0, 30.0, 50.0), rec(1, 1.58, 1.5, 1.6)], None)
+    assert "slower at K=2, faster at K=1" in text and "(K=8)" in text
+    assert explanation([rec(8, 9.67, 6.0, 25.0), rec(2, 20.1, 16.0, 32.0)], None) is None   # spreads overlap

@@ -38,7 +38,7 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
       implementation: None or "auto" (the best correct path available: the measured pick of
         ``attnlab tune``'s dispatch table when it holds an entry for this device, these library
         versions and this shape bucket (``attnlab.api.dispatch``), else the static rule: cuDNN on an
-        NVIDIA GPU when it supports the input, else XLA, else naive: float16 on a CPU, float64; a
+        NVIDIA GPU when it supports the input, else XLA, else naive (float64, soft-capped logits); a
         backend may claim a class of inputs through its ``auto_claim`` hook), or a
         registered backend name ("naive", "xla", "cudnn", ...). A named backend that cannot run the input raises
         ``UnsupportedError`` with the reason; nothing falls back silently.

@@ -12,7 +12,7 @@ from .base import Backend, NativeBackend
 
 _REGISTRY: dict[str, Backend] = {}
 #: Preference order for implementation=None / "auto": the first that can run wins. ``naive`` is the
-#: portable last resort (e.g. float16 on a CPU, which XLA's path cannot compile).
+#: portable last resort (e.g. float64, which XLA's path computes in float32 only).
 AUTO_ORDER: list[str] = ["cudnn", "xla", "naive"]
 
 

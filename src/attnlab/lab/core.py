@@ -20,18 +20,22 @@ EMPTY = ("", "–", None)
 @dataclasses.dataclass
 class Table:
     """A report table. ``empty_why`` maps a column to why it can be empty on this machine: a column
-    empty in every row is left out of the report, which says that reason once (``compact``)."""
+    empty in every row is left out of the report, which says that reason once (``compact``).
+    ``sources``: the record each row shows (None for a row that shows none), so that a column whose
+    header names a record field (``render_common.FIELD_COLUMNS``) can be checked against it."""
 
     title: str
     columns: list[str]
     rows: list[list[Any]]
     empty_why: dict[str, str] = dataclasses.field(default_factory=dict)
+    sources: list = dataclasses.field(default_factory=list)
 
     def compact(self) -> tuple["Table", dict[str, str]]:
         """(this table without its all-empty columns, {dropped column: why})."""
         keep = [i for i, _ in enumerate(self.columns) if not self.rows or any(r[i] not in EMPTY for r in self.rows)]
         dropped = {c: self.empty_why.get(c, "no value on this machine") for i, c in enumerate(self.columns) if i not in keep}
-        return Table(self.title, [self.columns[i] for i in keep], [[r[i] for i in keep] for r in self.rows]), dropped
+        return (Table(self.title, [self.columns[i] for i in keep], [[r[i] for i in keep] for r in self.rows],
+                      sources=self.sources), dropped)
 
 
 @dataclasses.dataclass

@@ -6,6 +6,7 @@ lines are told apart by marker and line style as well as colour, and titles say 
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import textwrap
 
@@ -13,6 +14,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib import ticker  # noqa: E402
 
 from ..core.records import time_ms, timing  # noqa: E402, F401 - JAX-free: the renderers plot from records alone
 
@@ -91,6 +93,7 @@ def line_plot(records, x: str, y: str, path: str, *, title: str, xlabel: str, yl
         ax.set_xscale("log", base=2)
     if logy:
         ax.set_yscale("log")
+        log_ticks(ax, "y")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     spread = "; whiskers: 25th–75th percentile of the repeats" if y in ("time", "tflops") else ""
@@ -116,6 +119,7 @@ def memory_plot(records, path: str, *, title: str) -> str | None:
                 linewidth=2.5 - 0.8 * (i % 2), label=backend)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    log_ticks(ax, "y")
     ax.set_xlabel("sequence length T = S" + (" (markers nudged apart where lines coincide)" if len(by) > 1 else ""))
     ax.set_ylabel("compiled temp memory (MiB)")
     ax.set_title(textwrap.fill(title, TITLE_CHARS), fontsize=10)
@@ -155,12 +159,26 @@ def roofline(records, path: str, *, datasheet: tuple[float, float] | None = None
                     linestyle=style, label=f"{name} roof: {tf * scale:.4g} {unit}, {tb * 1000:.4g} GB/s")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    log_ticks(ax)
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel(unit)
     ax.set_title(f"{title}\n({_timer_label(ok)})", fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     return _save(fig, path)
+
+
+def log_ticks(ax, axes: str = "xy") -> None:
+    """Plain-number labels (20, 50, 100; not 2×10¹) on the log ``axes`` ("x", "y" or "xy"), as many per
+    decade as fit: at 1, 2, 3 and 5 of each decade within 1.5 decades (a CPU's narrow range still gets
+    several), 1, 2 and 5 within 3, else each power of ten."""
+    for axis, (lo, hi) in [(a, lim) for name, a, lim in (("x", ax.xaxis, ax.get_xlim()), ("y", ax.yaxis, ax.get_ylim()))
+                           if name in axes]:
+        decades = math.log10(hi / lo) if lo > 0 and hi > lo else 1.0
+        subs = (1.0, 2.0, 3.0, 5.0) if decades <= 1.5 else (1.0, 2.0, 5.0) if decades <= 3 else (1.0,)
+        axis.set_major_locator(ticker.LogLocator(base=10, subs=subs, numticks=12))
+        axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(ticker.NullFormatter())
 
 
 def bars(labels, values, path: str, *, title: str, ylabel: str, spread=None) -> str:

@@ -56,6 +56,28 @@ def fmt(x, spec=".4g"):
     return "–" if x is None else format(x, spec)
 
 
+#: Report column headers that show one field of a cell record, and how: {header: (field, format)}.
+#: A table built from cell records takes these columns' values from here (``field_text``), so a
+#: header says which field it shows ("rel L2 vs float64" is ``rel_err_f64``, the sampled float64
+#: rows; ``rel_err`` is the whole output against the float32 device reference).
+FIELD_COLUMNS = {
+    "rel L2 vs float64": ("rel_err_f64", ".2e"),
+    "FP8 rel L2 vs float64": ("rel_err_f64", ".2e"),
+    "rel L2 vs float32 (device)": ("rel_err", ".2e"),
+    "kernel (CUPTI)": ("kernel_ms", ".4g"),
+    "wall per blocked call": ("wall_ms", ".4g"),
+    "pipelined wall": ("pipelined_ms", ".4g"),
+    "dispatch = wall − kernel": ("dispatch_ms", ".4g"),
+    "compile s": ("compile_s", ".3g"),
+}
+
+
+def field_text(rec: dict, header: str) -> str:
+    """The value a column headed ``header`` (a key of ``FIELD_COLUMNS``) shows for the cell record ``rec``."""
+    field, spec = FIELD_COLUMNS[header]
+    return fmt(rec.get(field), spec)
+
+
 def status_or(rec, text):
     return text if rec["status"] == "ok" else f"{rec['status']}: {(rec['reason'] or '')[:80]}"
 
@@ -72,6 +94,23 @@ def spread(rec, prefix: str | None = None) -> str:
 def time_text(rec) -> str:
     """"0.354 ms [0.33–0.36]": the median and, in brackets, the 25th–75th percentile of the repeats."""
     return status_or(rec, f"{time_ms(rec):.4g} ms [{spread(rec)}]" if rec["status"] == "ok" else "")
+
+
+def speedup_text(rec, ref) -> str:
+    """``ref``'s time over ``rec``'s, called faster or slower only where the repeats' 25th–75th
+    percentiles do not overlap: "1.42× faster", "0.71× (slower)", or "1.11×: no clear difference
+    (spreads overlap)"; "–" unless both were timed."""
+    if rec is None or ref is None or rec.get("status") != "ok" or ref.get("status") != "ok":
+        return "–"
+    a, b = timing(rec), timing(ref)
+    if not (a and b and a["median"]):
+        return "–"
+    ratio = b["median"] / a["median"]
+    if a["p75"] < b["p25"]:
+        return f"{ratio:.2f}× faster"
+    if a["p25"] > b["p75"]:
+        return f"{ratio:.2f}× (slower)"
+    return f"{ratio:.2f}×: no clear difference (spreads overlap)"
 
 
 def timer_note(recs) -> str:

@@ -9,10 +9,11 @@ from typing import Iterable, Sequence
 
 import jinja2
 
+# The title above the table, not a <caption>: a caption is as narrow as its table and wraps into a column.
 _TABLE = jinja2.Environment(autoescape=True).from_string(
-    "<table><caption style='text-align:left;font-weight:600'>{{ title or '' }}</caption>"
-    "<thead><tr>{% for c in columns %}<th>{{ c }}</th>{% endfor %}</tr></thead><tbody>"
-    "{% for r in rows %}<tr>{% for v in r %}<td>{{ v }}</td>{% endfor %}</tr>{% endfor %}</tbody></table>")
+    "<figure style='margin:0.6rem 0'>{% if title %}<figcaption style='font-weight:600'>{{ title }}</figcaption>{% endif %}"
+    "<table><thead><tr>{% for c in columns %}<th>{{ c }}</th>{% endfor %}</tr></thead><tbody>"
+    "{% for r in rows %}<tr>{% for v in r %}<td>{{ v }}</td>{% endfor %}</tr>{% endfor %}</tbody></table></figure>")
 
 
 class HtmlTable:

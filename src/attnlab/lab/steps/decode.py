@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ...core.records import time_ms  # noqa: E402
 from ..core import LabConfig, Section, Step, Table  # noqa: E402
+from ..plots import log_ticks  # noqa: E402
 from ..render_common import cells  # noqa: E402
 
 TITLE = "12. Decode: T new tokens against a long KV cache"
@@ -74,38 +75,27 @@ def render_decode(records: list[dict], cfg: LabConfig, plots_dir: str | None = N
     s.tables.append(Table(f"decode_attention, B={shp['batch']} S={shp['kv_len']} N={shp['heads']}/K={shp['kv_heads']} "
                           f"H={shp['head_dim']} {shp['dtype']}, causal ({unit}; GB/s = valid KV bytes / time)",
                           ["T"] + bes + ["roofline bound"], rows))
-    s.paragraphs.append(
-        "Decode is memory-bound: the arithmetic intensity is about T·N/K FLOP per byte of cache, far below a "
-        "GPU's ridge (about 206 FLOP/B on the H200), so the bound is the time to read the K and V caches once, "
-        "nearly the same for every T ≤ 64. attnlab's kernel (attnlab-decode) packs the T·(N/K) query rows that "
-        "share a KV head into one tile, so every cache byte is read once, and splits the sequence across "
-        "programs (flash-decoding) so that even B·K = 64 heads fill the GPU.")
+    gpu = cupti or cfg.gpu
+    s.paragraphs.append(GPU_STORY if gpu else cpu_story(bes))
     ratios = []
     for b in bes:
         ok = sorted((r for r in recs if r["backend"] == b and r["status"] == "ok"), key=lambda r: r["q_len"])
         if len(ok) > 1:
             ratios.append(f"{b} {_time(ok[-1]) / _time(ok[0]):.2f}× (T={ok[-1]['q_len']} / T={ok[0]['q_len']})")
     if ratios:
-        s.paragraphs.append(
-            f"Measured here, time at the largest T over time at the smallest (same cache bytes): {', '.join(ratios)}. "
-            "The peers fall off at T > 1 because their T = 1 path is a dedicated split-KV decode kernel while "
-            "T > 1 runs their prefill kernel: query tiles of 64-128 rows per head hold only T real rows, the "
-            "grouped heads are not packed into a tile (the cache is read once per query head group instead of "
-            "once), the sequence is not split so few programs run, and the causal tail of decode "
-            "(query t at position L−T+t) is not jax.nn's top-left rule, so it arrives as a dense mask.")
+        s.paragraphs.append(f"Measured here, time at the largest T over time at the smallest (same cache bytes): "
+                            f"{', '.join(ratios)}." + (" " + GPU_FALL_OFF if gpu else ""))
     layouts = layout_table(every, shp)
     if layouts:
         s.tables.append(layouts)
-        s.paragraphs.append(
-            "By group size and cache layout (attnlab-decode alone): an odd group (G = 7) packs its T·7 rows per KV "
-            "head into a tile padded in registers only, so it reads its (smaller: 4 KV heads) cache at the same "
-            "bandwidth as G = 4; a paged cache (pages of 16 or 64 tokens in any order, found through a vLLM-style "
-            "page table) gathers each block of keys through the table, and the last column says what that costs "
-            "against the contiguous cache of the same shape.")
+        s.paragraphs.append(GPU_LAYOUTS if gpu else
+                            "By group size and cache layout (attnlab-decode alone, in interpret mode here): the paged "
+                            "rows gather each block of keys through a vLLM-style page table; the last column is their "
+                            "time over the contiguous cache of the same shape, on this CPU.")
     s.paragraphs.append(cells_note(cfg))
-    if not cupti:
-        s.paragraphs.append("No GPU here: times are host wall clock of blocked calls on the CPU, and attnlab's kernel "
-                            "runs in Pallas interpret mode (correct, not fast); run on an NVIDIA GPU for the real race.")
+    if not gpu:
+        s.paragraphs.append("Times are host wall clock of blocked calls; run on an NVIDIA GPU for the real race "
+                            "(what the kernels do there: docs/decode.md).")
     if plots_dir:
         made = latency_plot(recs, os.path.join(plots_dir, "decode_latency_vs_T.png"), unit=unit)
         if made:
@@ -117,6 +107,41 @@ def render_decode(records: list[dict], cfg: LabConfig, plots_dir: str | None = N
             best[str(T)] = min(ok, key=_time)["backend"]
     s.facts = {"fastest_by_T": best, "cells": len(every), "ok": sum(r["status"] == "ok" for r in every)}
     return s
+
+
+GPU_STORY = (
+    "Decode is memory-bound: the arithmetic intensity is about T·N/K FLOP per byte of cache, far below a "
+    "GPU's ridge (about 206 FLOP/B on the H200), so the bound is the time to read the K and V caches once, "
+    "nearly the same for every T ≤ 64. attnlab's kernel (attnlab-decode) packs the T·(N/K) query rows that "
+    "share a KV head into one tile, so every cache byte is read once, and splits the sequence across "
+    "programs (flash-decoding) so that even B·K = 64 heads fill the GPU.")
+GPU_FALL_OFF = (
+    "The peers fall off at T > 1 because their T = 1 path is a dedicated split-KV decode kernel while "
+    "T > 1 runs their prefill kernel: query tiles of 64-128 rows per head hold only T real rows, the "
+    "grouped heads are not packed into a tile (the cache is read once per query head group instead of "
+    "once), the sequence is not split so few programs run, and the causal tail of decode "
+    "(query t at position L−T+t) is not jax.nn's top-left rule, so it arrives as a dense mask.")
+GPU_LAYOUTS = (
+    "By group size and cache layout (attnlab-decode alone): an odd group (G = 7) packs its T·7 rows per KV "
+    "head into a tile padded in registers only, so it reads its (smaller: 4 KV heads) cache at the same "
+    "bandwidth as G = 4; a paged cache (pages of 16 or 64 tokens in any order, found through a vLLM-style "
+    "page table) gathers each block of keys through the table, and the last column says what that costs "
+    "against the contiguous cache of the same shape.")
+#: What each path is on a CPU (no GPU kernel runs there).
+CPU_PATHS = {
+    KERNEL: "attnlab-decode ran its Pallas kernel in interpret mode (the kernel's program executed op by op "
+            "by XLA on the CPU: correct, not fast)",
+    "xla": "xla ran jax.nn's XLA attention compiled for the CPU (the cache's valid lengths as key_value_seq_lengths, "
+           "and for T > 1 the causal tail as a dense mask)",
+    "naive": "naive ran attention written out in jax.numpy, compiled for the CPU",
+}
+
+
+def cpu_story(backends) -> str:
+    """What ran on a CPU, path by path: no GPU kernel ran, so the GPU's reasons explain nothing here."""
+    ran = [CPU_PATHS.get(b, f"{b} ran on the CPU") for b in backends]
+    return ("On this CPU no GPU kernel ran: " + "; ".join(ran) + ". The times compare these CPU programs; "
+            "the memory-bound story of decode (read the K and V caches once) is a GPU's.")
 
 
 def _cell_text(r: dict | None, gbps: bool = False) -> str:
@@ -182,6 +207,7 @@ def latency_plot(records, path: str, *, unit: str) -> str | None:
         ax.plot([t for t, _ in roof], [m for _, m in roof], color="grey", linestyle="--", label="roofline bound")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    log_ticks(ax, "y")
     ax.set_xlabel("new tokens T")
     ax.set_ylabel("ms")
     ax.set_title(f"decode latency against T ({unit})", fontsize=10)
@@ -201,8 +227,10 @@ def cells_note(cfg: LabConfig) -> str:
              if shp["group_q_lens"] else "")
     paged = (f"; {KERNEL} with a paged cache ({', '.join(p.replace('paged', 'page size ') for p in shp['paged'])}) "
              f"at T = {ts(shp['paged_q_lens'])}, against its contiguous cell")
+    why = ("(their decode path and their prefill kernel): enough to see who stays flat in T" if cfg.gpu else
+           "(the same T as attnlab's kernel)")
     return (f"Cells: {KERNEL} at T = {ts(shp['q_lens'])}; {', '.join(peers(cfg))} at T = {ts(shp['peer_q_lens'])} "
-            f"(their decode path and their prefill kernel): enough to see who stays flat in T{group}{paged}.")
+            f"{why}{group}{paged}.")
 
 
 def sweeps_decode(cfg: LabConfig) -> list:

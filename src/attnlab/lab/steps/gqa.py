@@ -14,7 +14,7 @@ import re
 from ...report import tables
 from ..core import LabConfig, LabContext, Step, Table
 from ..plots import time_ms, timing
-from ..render_common import ITEMSIZE, cells, fmt, section_renderer, time_text
+from ..render_common import ITEMSIZE, cells, field_text, section_renderer, time_text
 
 TITLE = "9. MHA, GQA and MQA"
 
@@ -106,33 +106,32 @@ def _prod(xs) -> int:
     return n
 
 
-def compare_to_mha(recs: list[dict], backend: str) -> str | None:
-    """"slower", "faster" or "same" for the GQA variants of ``backend`` against its MHA cell, judged
-    on the repeats' spread (a variant whose 25th percentile is above MHA's 75th is slower); None
-    without MHA or another timed variant."""
+def compare_to_mha(recs: list[dict], backend: str) -> dict[int, str]:
+    """{K: "slower", "faster" or "same"} for each timed GQA/MQA variant of ``backend`` against its MHA
+    cell, judged on the repeats' spread (a variant whose 25th percentile is above MHA's 75th is
+    slower); empty without MHA or another timed variant."""
     ok = [r for r in recs if r["backend"] == backend and r["status"] == "ok" and time_ms(r)]
     mha = next((r for r in ok if r["kv_heads"] == r["heads"]), None)
-    others = [r for r in ok if r is not mha]
-    if mha is None or not others:
-        return None
+    if mha is None:
+        return {}
     m = timing(mha)
-    if any(timing(r)["p25"] > m["p75"] for r in others):
-        return "slower"
-    if any(timing(r)["p75"] < m["p25"] for r in others):
-        return "faster"
-    return "same"
+    return {r["kv_heads"]: "slower" if timing(r)["p25"] > m["p75"] else "faster" if timing(r)["p75"] < m["p25"] else "same"
+            for r in ok if r is not mha}
 
 
 def explanation(recs: list[dict], p: dict | None, backend: str = "xla") -> str | None:
     """The measured reason a GQA/MQA time differs from MHA's on ``backend`` (None when it does not)."""
-    verdict = compare_to_mha(recs, backend)
-    if verdict in (None, "same"):
+    verdicts = compare_to_mha(recs, backend)
+    differ = {K: v for K, v in verdicts.items() if v != "same"}
+    if not differ:
         return None
     ok = {r["kv_heads"]: r for r in recs if r["backend"] == backend and r["status"] == "ok"}
     mha = next(r for r in ok.values() if r["kv_heads"] == r["heads"])
     times = ", ".join(f"K={K}: {time_ms(r):.3g} ms" for K, r in sorted(ok.items(), reverse=True))
-    text = (f"Here {backend}'s GQA/MQA is {verdict} than its MHA ({times}), although every variant does the same "
-            f"FLOPs (N = {mha['heads']} query heads).")
+    said = ", ".join(f"{v} at K={K}" for K, v in sorted(verdicts.items(), reverse=True))
+    text = (f"Here {backend}'s GQA/MQA against its MHA (K={mha['kv_heads']}): {said} ({times}; faster or slower only "
+            f"where the repeats' 25th–75th percentiles do not overlap), although every variant does the same FLOPs "
+            f"(N = {mha['heads']} query heads).")
     progs = (p or {}).get("xla_programs") or {}
     if backend == "xla" and progs and all("dots" in v for v in progs.values()):
         shapes = "; ".join(f"{name} (K={v['K']}): {_matmuls(v)}, layout copies {v['copy_bytes'] / 1e6:.3g} MB"
@@ -160,10 +159,10 @@ def render(s, p, records, cfg: LabConfig, plots_dir=None) -> None:
                 continue
             recs.append(r)
             rows.append([name, b, f"({c.batch}, {T}, {N}, {c.head_dim})", f"({c.batch}, {T}, {K}, {c.head_dim})",
-                         fmt(r["rel_err"], ".2e"), time_text(r), f"{2 * K * c.head_dim * ITEMSIZE[dt]} B"])
+                         field_text(r, "rel L2 vs float64"), time_text(r), f"{2 * K * c.head_dim * ITEMSIZE[dt]} B"])
     s.tables.append(Table(f"Query heads N={N}; key/value heads K ({'causal' if causal else 'no mask'}, T=S={T}, {dt})",
                           ["variant", "backend", "query shape", "key/value shape", "rel L2 vs float64", "time",
-                           "KV cache / token / layer"], rows))
+                           "KV cache / token / layer"], rows, sources=recs))
     s.tables.append(Table(tables.KV_TITLE, tables.KV_COLUMNS, tables.kv_cache_rows()))
     s.paragraphs.append("GQA lets G = N/K query heads share one key/value head: same FLOPs as MHA, K/N of the "
                         "key/value memory and bandwidth. attnlab broadcasts key/value heads rather than copying them.")

@@ -5,8 +5,7 @@ from ...report import tables
 from .. import plots
 from ..core import LabConfig, LabContext, Section, Step, Table
 from ..plan import perf_backends
-from ..plots import time_ms
-from ..render_common import cells, fmt, section_renderer, time_text
+from ..render_common import cells, fmt, section_renderer, speedup_text, time_text
 
 TITLE = "11. Next steps: head dims, memory, speed-ups"
 
@@ -90,13 +89,16 @@ def render(s, p, records, cfg: LabConfig, plots_dir=None) -> None:
     bes = perf_backends(c)
     seq = cells(records, "seq_sweep")
     ratios = []
+    others = [b for b in bes if b != "xla"]
     for T_ in sorted({r["q_len"] for r in seq}):
-        by = {r["backend"]: r for r in seq if r["q_len"] == T_ and r["status"] == "ok"}
-        if "xla" in by:
-            ratios.append([T_] + [fmt(time_ms(by["xla"]) / time_ms(by[b]), ".2f") if b in by else "–" for b in bes if b != "xla"])
-    if ratios:
-        s.tables.append(Table("Speed-up over XLA from the sequence sweep (XLA time / path time)", ["T = S"] + [b for b in bes if b != "xla"], ratios))
-
+        by = {r["backend"]: r for r in seq if r["q_len"] == T_}
+        if by.get("xla", {}).get("status") == "ok":
+            ratios.append([T_, time_text(by["xla"])] + [x for b in others for x in
+                                                         (time_text(by[b]) if b in by else "–", speedup_text(by.get(b), by["xla"]))])
+    if ratios and others:
+        s.tables.append(Table("Speed-up over XLA from the sequence sweep (XLA time / path time; faster or slower only "
+                              "where the 25th–75th percentiles of the repeats do not overlap)",
+                              ["T = S", "xla"] + [x for b in others for x in (b, f"{b} vs xla")], ratios))
 
 def _memory(records, c: LabConfig, s: Section, plots_dir) -> None:
     """Step 11's compiled-memory table and plot; the plot's title claims only what the records show."""

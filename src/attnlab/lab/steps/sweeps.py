@@ -18,14 +18,28 @@ def sweeps(cfg: LabConfig) -> list:
             Sweep(perf_backends(c), batch=c.batches, q_len=[c.batch_sweep_len], name="batch_sweep", **common)]
 
 
+#: Sizes of the roofs measured in the run where neither a datasheet nor ``attnlab ceilings``' cache knows
+#: the device (a CPU): ``attnlab ceilings``' CPU sizes (a 1024 × 1024 matmul, a 64 MiB copy) with fewer
+#: repeats; ``--quick`` (a smoke test) a 512 × 512 matmul and a 4 MiB copy.
+RUN_CEILINGS = {"repeats": 5}
+QUICK_CEILINGS = {"matmul_n": 512, "copy_bytes": 2**22, "repeats": 3}
+
+
 def probe(ctx: LabContext) -> dict:
-    """The device's peak and roofs (the roofline plot's lines)."""
+    """The device's peak and roofs (the roofline plot's lines). Without a datasheet peak or cached
+    ceilings (a CPU), the ceilings are measured here (``RUN_CEILINGS``; not saved to the cache)."""
     from ...core import device
-    from ...measure.peaks import peak_tflops, roofs
+    from ...measure.peaks import measure_ceilings, peak_tflops, roofs
     from ...reference.float64 import default_matmul_is_tf32
 
     kind, dt, tf32 = device.current().kind, ctx.cfg.perf_dtype, default_matmul_is_tf32()
-    return {"device_kind": kind, "tf32": tf32, "peak_tflops": peak_tflops(kind, dt, tf32=tf32), "roofs": roofs(kind, dt, tf32)}
+    roof = roofs(kind, dt, tf32)
+    measured_here = None
+    if not roof["datasheet"] and not roof["measured"]:
+        measured_here = measure_ceilings(**(QUICK_CEILINGS if ctx.cfg.quick else RUN_CEILINGS))
+        roof["measured"] = (measured_here["matmul_tflops"], measured_here["copy_gbps"] / 1000)
+    return {"device_kind": kind, "tf32": tf32, "peak_tflops": peak_tflops(kind, dt, tf32=tf32), "roofs": roof,
+            "ceilings_measured_here": measured_here and {k: measured_here[k] for k in ("matmul_dtype", "matmul_n", "copy_bytes")}}
 
 
 def cells_note(cfg: LabConfig) -> str:
@@ -65,12 +79,22 @@ def render(s, p, records, cfg: LabConfig, plots_dir=None) -> None:
                 s.plots.append(made)
     s.paragraphs.append(timer_note(seq))
     s.paragraphs.append(cells_note(c))
+    here = p.get("ceilings_measured_here")
     if not datasheet:
         s.paragraphs.append(f"No datasheet peak is known for {kind}: the roofline draws "
-                            + ("the measured ceilings of `attnlab ceilings` only." if measured else
+                            + (f"the ceilings measured in this run (a {here['matmul_n']}×{here['matmul_n']} "
+                               f"{here['matmul_dtype']} matmul and a copy moving {here['copy_bytes'] / 2**20:.0f} MiB; "
+                               "`attnlab ceilings` measures larger ones and keeps them)." if measured and here else
+                               "the measured ceilings of `attnlab ceilings` only." if measured else
                                "no roof (run `attnlab ceilings` to measure this device's and draw them)."))
     elif not measured:
         s.paragraphs.append("The roofline's measured roof is missing: run `attnlab ceilings` to draw it beside the datasheet's.")
+    above = [r for r in seq + bat if measured and r["status"] == "ok" and r.get("tflops") and r.get("intensity")
+             and r["tflops"] > min(measured[0], r["intensity"] * measured[1])]
+    if above and not datasheet:
+        s.paragraphs.append(f"{len(above)} of {len(seq + bat)} cells lie above the measured roof: a ceiling measured "
+                            "once is a lower bound of the device's (a busy machine measures less); "
+                            "`attnlab ceilings --force` measures it again.")
     best = {}
     for r in seq:
         if r["status"] == "ok":

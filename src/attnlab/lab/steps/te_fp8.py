@@ -5,7 +5,7 @@ from .. import plots
 from ..core import LabConfig, LabContext, Section, Step, Table
 from ..plan import perf_backends
 from ..plots import time_ms
-from ..render_common import cells, fmt, section_renderer, status_or, sweep_table, time_text
+from ..render_common import cells, field_text, fmt, section_renderer, status_or, sweep_table, time_text
 
 TITLE = "10. TransformerEngine and FP8"
 
@@ -175,10 +175,11 @@ def render(s, p, records, cfg: LabConfig, plots_dir=None) -> None:
         if made:
             s.plots.append(made)
     fp8 = cells(records, "fp8")
-    fp8_rows, te8_facts = [], []
+    fp8_rows, fp8_sources, te8_facts = [], [], []
     for name, why in p["fp8_why"].items():
         if why:
             fp8_rows.append([name, "", f"skipped: {why}", "", "", "", "", ""])
+            fp8_sources.append(None)
             continue
         for T in fp8_seqs(c):
             r8 = next((r for r in fp8 if r["backend"] == name and r["q_len"] == T), None)
@@ -191,13 +192,16 @@ def render(s, p, records, cfg: LabConfig, plots_dir=None) -> None:
                 te8_facts.append((T, facts))
             engaged = {True: "yes", False: "no"}.get(facts.get("fp8_in_program"), "yes" if name == "cudnn-fp8" else "")
             fp8_rows.append([name, f"T=S={T}", "ok" if r8["status"] == "ok" else status_or(r8, ""),
-                             time_text(r8) if r8["status"] == "ok" else "", fmt(r8["rel_err"], ".2e"), engaged,
-                             status_or(r16, f"{time_ms(r16):.4g} ms") + f" (rel L2 {fmt(r16['rel_err'], '.2e')})", fmt(sp, ".2f")])
+                             time_text(r8) if r8["status"] == "ok" else "", field_text(r8, "FP8 rel L2 vs float64"), engaged,
+                             status_or(r16, f"{time_ms(r16):.4g} ms")
+                             + f" (rel L2 vs float64 {field_text(r16, 'rel L2 vs float64')})", fmt(sp, ".2f")])
+            fp8_sources.append(r8)
     s.tables.append(Table("FP8 attention (bf16 in and out, causal, H=128)",
                           ["path", "shape", "status", "FP8 time", "FP8 rel L2 vs float64", "FP8 in the program",
                            "cuDNN bf16", "speed-up"], fp8_rows,
                           empty_why={col: "nothing ran: no FP8 path is available here" for col in
-                                     ("shape", "FP8 time", "FP8 rel L2 vs float64", "FP8 in the program", "cuDNN bf16", "speed-up")}))
+                                     ("shape", "FP8 time", "FP8 rel L2 vs float64", "FP8 in the program", "cuDNN bf16", "speed-up")},
+                          sources=fp8_sources))
     if te8_facts:
         yn = {True: "yes", False: "no", None: "not compared"}
         s.paragraphs.append("Measured in this run: under te.autocast (DelayedScaling) TransformerEngine's DotProductAttention "

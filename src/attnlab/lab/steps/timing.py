@@ -1,10 +1,11 @@
-"""Step 7: kernel time and wall time side by side at the default shape, and what a blocked call's time holds."""
+"""Step 7: kernel time and wall time side by side at the default shape (wall time alone where no GPU
+times kernels), and what a blocked call's time holds."""
 from __future__ import annotations
 
 from .. import plots
 from ..core import LabConfig, Step, Table
 from ..plan import perf_backends
-from ..render_common import NO_CUPTI, cells, fmt, section_renderer, spread, status_or, timer_note
+from ..render_common import cells, field_text, section_renderer, spread, status_or, timer_note
 
 TITLE = "7. Timing at the default shape"
 
@@ -30,13 +31,16 @@ def _title(c: LabConfig) -> str:
 @section_renderer("timing", _title, needs=("timing",))
 def render(s, p, records, cfg: LabConfig, plots_dir=None) -> None:
     recs = cells(records, "timing")
-    s.tables.append(Table("Kernel time and wall time side by side (ms; median, and the 25th–75th percentile of the repeats)",
-                          ["path", "dtype", "kernel (CUPTI)", "kernel p25–p75", "wall per blocked call", "wall p25–p75",
-                           "pipelined wall", "dispatch = wall − kernel", "compile s", "status"],
-                          [[r["backend"], r["dtype"], fmt(r["kernel_ms"]), spread(r, "kernel"), fmt(r["wall_ms"]),
-                            spread(r, "wall"), fmt(r["pipelined_ms"]), fmt(r["dispatch_ms"]), fmt(r["compile_s"], ".3g"),
-                            status_or(r, "ok")] for r in recs],
-                          empty_why={"kernel (CUPTI)": NO_CUPTI, "kernel p25–p75": NO_CUPTI, "dispatch = wall − kernel": NO_CUPTI}))
+    kernel = any(r.get("kernel_ms") for r in recs)
+    timed = (["kernel (CUPTI)", "kernel p25–p75"] if kernel else []) + ["wall per blocked call", "wall p25–p75",
+                                                                          "pipelined wall"]
+    columns = ["path", "dtype", *timed] + (["dispatch = wall − kernel"] if kernel else []) + ["compile s", "status"]
+    spreads = {"kernel p25–p75": "kernel", "wall p25–p75": "wall"}
+    rows = [[r["backend"], r["dtype"]] + [spread(r, spreads[c]) if c in spreads else field_text(r, c) for c in columns[2:-1]]
+            + [status_or(r, "ok")] for r in recs]
+    title = "Kernel time and wall time side by side" if kernel else "Wall time per call, no kernel time (it needs a GPU: CUPTI)"
+    s.tables.append(Table(f"{title} (ms; median, and the 25th–75th percentile of the repeats)", columns, rows,
+                          sources=list(recs)))
     ok = [r for r in recs if r["status"] == "ok"]
     if any(r["kernel_ms"] for r in ok):
         worst = max((r for r in ok if r["kernel_ms"]), key=lambda r: r["wall_ms"] / r["kernel_ms"])
