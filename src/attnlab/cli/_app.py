@@ -22,7 +22,9 @@ def leave(code: int) -> None:
     shuts down aborts it (exit 134, "terminate called ...", or a segmentation fault:
     ``attnlab.measure.threads``): what has not begun is cancelled, what runs is waited for
     ``EXIT_GRACE_S``, and where one still runs the output is flushed and the process leaves with
-    ``os._exit`` (every record is already on disk, fsync'd)."""
+    ``os._exit`` (every record is already on disk, fsync'd). After Ctrl-C (130) it leaves so too:
+    the interpreter's teardown of JAX and XLA takes over a second on a busy CPU, and Ctrl-C answers
+    in about one."""
     import logging
 
     left = []
@@ -33,7 +35,7 @@ def leave(code: int) -> None:
             left = threads.settle(EXIT_GRACE_S)
         except KeyboardInterrupt:   # a second Ctrl-C: leave at once
             left, code = [True], 130
-    if left:
+    if left or code == 130:
         logging.shutdown()
         for f in (console.file, sys.stdout, sys.stderr):
             try:
@@ -46,21 +48,30 @@ def leave(code: int) -> None:
 
 class _Main(click.Group):
     def __call__(self, *args, **kwargs):
-        """The process's entry (the ``attnlab`` script, ``python -m attnlab.cli``): every way out goes
+        """The process's entry (the ``attnlab`` script, ``python -m attnlab.cli``): click's standalone
+        handling, except that Ctrl-C anywhere is exit 130 (not click's 1), and every way out goes
         through ``leave`` (``CliRunner`` calls ``main`` and stays in its process)."""
         try:
-            self.main(*args, **kwargs)
-            code = 0
+            rv = self.main(*args, standalone_mode=False, **kwargs)
+            code = rv if type(rv) is int else 0   # an Exit's code; a command's own return value is not one
+        except click.ClickException as e:
+            e.show()
+            code = e.exit_code
+        except click.Abort as e:   # Ctrl-C (or end of input) outside a sweep's own handling
+            click.echo("Aborted!", err=True)
+            code = 130 if isinstance(e.__cause__, KeyboardInterrupt) else 1
+        except KeyboardInterrupt:
+            code = 130
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
             if not isinstance(e.code, (int, type(None))):
                 print(e.code, file=sys.stderr)
-        except KeyboardInterrupt:   # after click let go: the teardown of a command
-            code = 130
-        except BaseException:  # noqa: BLE001 - a bug: its traceback, then the same careful exit
+        except BaseException as e:  # noqa: BLE001 - a bug: its traceback, then the same careful exit
+            import errno
             import traceback
 
-            traceback.print_exc()
+            if not (isinstance(e, OSError) and e.errno == errno.EPIPE):   # a closed pipe: nothing to say
+                traceback.print_exc()
             code = 1
         leave(code)
 

@@ -18,48 +18,73 @@ from typing import Callable
 import jax
 
 _LOCK = threading.Lock()
-#: Live background threads and their cancel hooks (None: nothing to cancel, only to wait for).
-_LIVE: dict[threading.Thread, Callable[[], None] | None] = {}
+#: The background jobs not yet ended.
+_LIVE: set = set()
 
 
-def start(target: Callable[[], None], name: str, cancel: Callable[[], None] | None = None) -> threading.Thread:
-    """Run ``target()`` in a registered daemon thread; ``cancel()`` (optional) asks it to skip the
-    work it has not begun (a compile under way cannot be stopped, only waited for)."""
-    def run():
+class Background:
+    """``target()`` in a registered daemon thread; ``cancel()`` (optional) asks it to skip the work
+    it has not begun (a compile under way cannot be stopped, only waited for).
+
+    Whether it has ended is its own event, never ``Thread.is_alive``: on Python 3.11 and 3.12 a
+    KeyboardInterrupt that lands inside ``Thread.join(timeout)`` can mark a running thread stopped
+    (``_wait_for_tstate_lock`` releases the lock the running thread holds), so after Ctrl-C a thread
+    still inside XLA would pass for ended."""
+
+    def __init__(self, target: Callable[[], None], name: str, cancel: Callable[[], None] | None = None):
+        self.cancel, self.done = cancel, threading.Event()
+
+        def run():
+            try:
+                target()
+            finally:
+                self.done.set()
+                with _LOCK:
+                    _LIVE.discard(self)
+
+        self.thread = threading.Thread(target=run, daemon=True, name=name)
+        with _LOCK:
+            _LIVE.add(self)
         try:
-            target()
-        finally:
+            self.thread.start()
+        except BaseException:
             with _LOCK:
-                _LIVE.pop(threading.current_thread(), None)
+                _LIVE.discard(self)
+            raise
 
-    t = threading.Thread(target=run, daemon=True, name=name)
+    def running(self) -> bool:
+        return not self.done.is_set()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Wait up to ``timeout_s`` seconds for the end; True when it has ended."""
+        return self.done.wait(timeout_s)
+
+
+def start(target: Callable[[], None], name: str, cancel: Callable[[], None] | None = None) -> Background:
+    """``Background(target, name, cancel)``: started and registered."""
+    return Background(target, name, cancel)
+
+
+def running() -> list[Background]:
+    """The registered background jobs not yet ended."""
     with _LOCK:
-        _LIVE[t] = cancel
-    t.start()
-    return t
-
-
-def running() -> list[threading.Thread]:
-    """The registered background threads still alive."""
-    with _LOCK:
-        return [t for t in _LIVE if t.is_alive()]
+        return [b for b in _LIVE if b.running()]
 
 
 def cancel_all() -> None:
-    """Tell every registered thread to skip what it has not begun."""
-    with _LOCK:
-        hooks = [c for c in _LIVE.values() if c is not None]
-    for cancel in hooks:
-        cancel()
+    """Tell every registered job to skip what it has not begun."""
+    for b in running():
+        if b.cancel is not None:
+            b.cancel()
 
 
-def settle(timeout_s: float) -> list[threading.Thread]:
-    """Cancel what has not begun, then wait up to ``timeout_s`` seconds for the registered threads to
+def settle(timeout_s: float) -> list[Background]:
+    """Cancel what has not begun, then wait up to ``timeout_s`` seconds for the registered jobs to
     end; returns those still running (empty: the interpreter may shut down safely)."""
     cancel_all()
     deadline = time.monotonic() + max(0.0, timeout_s)
-    for t in running():
-        t.join(max(0.0, deadline - time.monotonic()))
+    for b in running():
+        b.wait(max(0.0, deadline - time.monotonic()))
     return running()
 
 
@@ -81,7 +106,15 @@ class JaxThread:
             except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
                 self._box["error"] = e
 
-        self.thread = start(target, name)
+        self._job = start(target, name)
+        self.thread = self._job.thread
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Wait up to ``timeout_s`` seconds for ``fn`` to end (safe under Ctrl-C); True when it has."""
+        return self._job.wait(timeout_s)
+
+    def running(self) -> bool:
+        return self._job.running()
 
     def result(self):
         if "error" in self._box:

@@ -30,12 +30,11 @@ def call_interruptibly(fn: Callable[[], T], name: str = "attnlab-cell") -> T:
     """``fn()`` in a daemon thread; its result or its exception. KeyboardInterrupt while waiting
     raises ``Abandoned``. JAX's x64 setting (per thread) is carried into the worker."""
     job = JaxThread(fn, name)
-    t = job.thread
     try:
-        while t.is_alive():
-            t.join(POLL_S)
+        while not job.wait(POLL_S):   # never Thread.join: Ctrl-C inside it can mark a running thread ended
+            pass
     except KeyboardInterrupt:
-        if t.is_alive():
-            raise Abandoned(t) from None
+        if job.running():
+            raise Abandoned(job.thread) from None
         raise
     return job.result()
