@@ -2,60 +2,20 @@
 
 A thread inside XLA when the interpreter shuts down aborts the process ("terminate called after
 throwing an instance of ''", exit 134; ``attnlab.measure.threads``): compiles ahead of cells over
-their budget, compiles ahead left running when the sweep ends, and Ctrl-C at each moment of a sweep.
+their budget, compiles ahead left running when the sweep ends, and Ctrl-C at each moment of a sweep
+(``exit_driver.py`` marks the moments). Every run starts at once (each process is mostly JAX's
+import): the file takes the wall time of a few.
 """
-import os
-import signal
-import subprocess
-import sys
-import threading
-import time
-
 import pytest
+from exit_driver import assert_clean_exit, run_cli
 
-DRIVER = os.path.join(os.path.dirname(__file__), "exit_driver.py")
-CODES = {0, 1, 2, 130}
-CRASH_WORDS = ("terminate called", "FATAL", "Segmentation fault", "Traceback")
+from attnlab.measure import Cell, Options, ahead, prefetch
+
 TINY = ["--heads", "2", "--head-dim", "8", "--dtype", "float32", "--repeats", "2"]
-#: Ctrl-C at each moment of a sweep: (marker of exit_driver.py, times)
+#: Ctrl-C at each moment of a sweep: the marker of exit_driver.py it is sent at.
 MOMENTS = {"before the first cell": "@start", "mid-compile": "@phase compile", "mid-check": "@phase check",
            "between cells": "@cell"}
-
-
-def _env():
-    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])),
-            "JAX_PLATFORMS": "cpu"}
-
-
-def run_cli(args, interrupt_at=None, timeout=120):
-    """(exit code, output, seconds from the signal to the exit) of ``attnlab ARGS`` run by exit_driver.py;
-    ``interrupt_at``: SIGINT as that marker line appears (None: no signal)."""
-    proc = subprocess.Popen([sys.executable, DRIVER, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=_env(), start_new_session=True)
-    killer = threading.Timer(timeout, proc.kill)
-    killer.start()
-    lines, sent = [], None
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if interrupt_at and sent is None and line.startswith(interrupt_at):
-                proc.send_signal(signal.SIGINT)
-                sent = time.monotonic()
-        code = proc.wait()
-    finally:
-        killer.cancel()
-    return code, "".join(lines), (time.monotonic() - sent) if sent else None
-
-
-def assert_clean_exit(code, out):
-    assert code in CODES, f"exit {code}:\n{out}"
-    for word in CRASH_WORDS:
-        assert word not in out, f"{word!r} in the output (exit {code}):\n{out}"
-
-
-#: Every run of the file, started at once (each process is mostly JAX's import; run side by side they
-#: take the wall time of a few): name -> (command line, marker to send SIGINT at or None).
+#: name -> (command line, marker to send SIGINT at or None).
 RUNS = {
     **{f"over budget {i}": (["bench", "--backends", "xla,naive", "--seq", "16,32,48", *TINY, "--cell-budget", "0.001"],
                             None) for i in range(2)},
@@ -76,6 +36,14 @@ def outcomes(tmp_path_factory):
         futs = {name: pool.submit(run_cli, [*args, "--out", str(root / f"o{n}")], marker)
                 for n, (name, (args, marker)) in enumerate(RUNS.items())}
         return {name: f.result() for name, f in futs.items()}
+
+
+def test_a_cell_over_its_budget_is_never_compiled_ahead():
+    cell = Cell("xla", 1, 16, 16, 2, 2, 8, "float32")
+    assert ahead.start(cell, Options(cell_budget_s=0.001)) is None
+    assert "cell budget" in ahead.why_not(cell, Options(cell_budget_s=0.001))
+    assert "cell budget" in prefetch.why_not(cell, Options(cell_budget_s=0.001))
+    assert ahead.why_not(cell, Options(cell_budget_s=1e6)) is None and prefetch.why_not(cell, Options()) is None
 
 
 @pytest.mark.parametrize("i", range(2))
