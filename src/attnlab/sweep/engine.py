@@ -52,7 +52,7 @@ class SweepInterrupted(KeyboardInterrupt):
     def __init__(self, finished: int, total: int, out_dir: str, abandoned: bool = False):
         super().__init__(f"interrupted after {finished} of {total} cells; results so far in {out_dir}")
         self.finished, self.total, self.out_dir = finished, total, out_dir
-        self.abandoned = abandoned   # a cell's worker thread was left running (the CLI then exits with os._exit)
+        self.abandoned = abandoned   # a background thread was left inside XLA (the CLI then leaves with os._exit)
 
 
 def existing_records(out_dir: str) -> int:
