@@ -1,5 +1,5 @@
 """Exit codes of the command lines that used to abort in XLA's C++ (exit 134, "terminate called"):
-N runs of each, counted by exit code. The goal: none but 0, 1, 2 and 130.
+N runs in all, counted by exit code. The goal: none but 0, 1, 2 and 130.
 
     PYTHONPATH=src python benchmarks/exit_codes.py OUT [--runs 50] [--jobs 3] [--only bench,advise-ctrl-c]
 
@@ -7,9 +7,10 @@ The commands (``COMMANDS``): ``bench`` of two cells over a 1 s cell budget; ``ad
 llama-3.1-8b at 4k (the README's command; half its cells over the CPU's budget); and both with
 Ctrl-C 10-12 s in (uniformly drawn, seeded). ``--runs`` is the total, shared among the chosen
 commands in turn. Each run is ``python -m attnlab.cli`` in its own session with SIGINT's default
-handler; a run whose output holds "terminate called", "FATAL", "Segmentation fault", "Fatal Python
-error" or "Traceback" counts as a crash whatever its code. Writes OUT/exit_codes.json (every run:
-command, code, seconds, Ctrl-C's delay and the seconds from it to the exit) and prints the summary.
+handler. Its code is the shell's (killed by signal N: 128 + N; SIGABRT is 134); a run whose output
+holds "terminate called", "FATAL", "Segmentation fault", "Fatal Python error" or "Traceback" counts
+as a crash whatever its code. Writes OUT/exit_codes.json (every run: command, code, seconds,
+Ctrl-C's delay and the seconds from it to the exit) and prints the summary.
 """
 from __future__ import annotations
 
@@ -56,7 +57,9 @@ def run_once(name: str, out_dir: str, delay: float | None, timeout_s: float) -> 
         out, _ = proc.communicate()
     text = out.decode(errors="replace")
     end = time.monotonic()
-    return {"command": name, "code": proc.returncode, "seconds": round(end - t0, 2), "ctrl_c_at_s": delay,
+    code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode   # killed by signal N: 128 + N
+    return {"command": name, "code": code, "signal": -proc.returncode if proc.returncode < 0 else None,
+            "seconds": round(end - t0, 2), "ctrl_c_at_s": delay,
             "exit_after_ctrl_c_s": round(end - sent, 2) if sent else None,
             "crash_words": [w for w in CRASH_WORDS if w in text], "tail": text[-600:]}
 
