@@ -17,10 +17,9 @@ MOMENTS = {"before the first cell": "@start", "mid-compile": "@phase compile", "
            "between cells": "@cell"}
 #: name -> (command line, marker to send SIGINT at or None).
 RUNS = {
-    **{f"over budget {i}": (["bench", "--backends", "xla,naive", "--seq", "16,32,48", *TINY, "--cell-budget", "0.001"],
-                            None) for i in range(2)},
-    **{f"advise {i}": (["advise", "--model", "llama-3.1-8b", "--context", "16", "--phase", "prefill,decode,train",
-                        "--backends", "xla", "--repeats", "2", "--cell-budget", "0.001"], None) for i in range(2)},
+    "over budget": (["bench", "--backends", "xla,naive", "--seq", "16,32,48", *TINY, "--cell-budget", "0.001"], None),
+    "advise": (["advise", "--model", "llama-3.1-8b", "--context", "16", "--phase", "prefill,decode,train", "--backends",
+                "xla", "--repeats", "2", "--cell-budget", "0.001"], None),
     **{f"{moment} {i}": (["bench", "--backends", "xla", "--seq", "16,32", *TINY, "--min-time", "0"], marker)
        for moment, marker in MOMENTS.items() for i in range(2)},
 }
@@ -46,17 +45,15 @@ def test_a_cell_over_its_budget_is_never_compiled_ahead():
     assert ahead.why_not(cell, Options(cell_budget_s=1e6)) is None and prefetch.why_not(cell, Options()) is None
 
 
-@pytest.mark.parametrize("i", range(2))
-def test_a_bench_of_cells_over_budget_exits_0(outcomes, i):
+def test_a_bench_of_cells_over_budget_exits_0(outcomes):
     """Every cell over its budget: none is compiled, ahead or not (before: compiled ahead, exit 134)."""
-    code, out, _ = outcomes[f"over budget {i}"]
+    code, out, _ = outcomes["over budget"]
     assert_clean_exit(code, out)
     assert code == 0 and out.count("over_budget") >= 6 and "@phase" not in out, out
 
 
-@pytest.mark.parametrize("i", range(2))
-def test_advise_of_a_small_context_over_budget_exits_0(outcomes, i):
-    code, out, _ = outcomes[f"advise {i}"]
+def test_advise_of_a_small_context_over_budget_exits_0(outcomes):
+    code, out, _ = outcomes["advise"]
     assert_clean_exit(code, out)
     assert code == 0 and "over_budget" in out and "@phase" not in out, out
 
