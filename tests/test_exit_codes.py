@@ -6,10 +6,15 @@ their budget, compiles ahead left running when the sweep ends, and Ctrl-C at eac
 (``exit_driver.py`` marks the moments). Every run starts at once (each process is mostly JAX's
 import): the file takes the wall time of a few.
 """
+import os
+import signal
+import threading
+
 import pytest
 from exit_driver import assert_clean_exit, run_cli
 
-from attnlab.measure import Cell, Options, ahead, prefetch
+from attnlab.measure import Cell, Options, ahead, prefetch, threads
+from attnlab.sweep.worker import Abandoned, call_interruptibly
 
 TINY = ["--heads", "2", "--head-dim", "8", "--dtype", "float32", "--repeats", "2"]
 #: Ctrl-C at each moment of a sweep: the marker of exit_driver.py it is sent at.
@@ -56,6 +61,28 @@ def test_advise_of_a_small_context_over_budget_exits_0(outcomes):
     code, out, _ = outcomes["advise"]
     assert_clean_exit(code, out)
     assert code == 0 and "over_budget" in out and "@phase" not in out, out
+
+
+def test_ctrl_c_while_a_cell_runs_abandons_it_and_knows_it_still_runs():
+    """On Python 3.11/3.12 Ctrl-C inside ``Thread.join`` marks the running thread ended; the cell's own
+    event does not lie, so the CLI knows a thread is still inside XLA."""
+    release = threading.Event()
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        try:
+            call_interruptibly(lambda: release.wait(20))
+        except Abandoned:
+            pass
+        except KeyboardInterrupt:   # Abandoned is one: this is the plain one, for a cell taken as ended
+            pytest.fail("Ctrl-C took the running cell for ended")
+        else:
+            pytest.fail("no Ctrl-C arrived")
+        assert threads.running(), "the cell still runs"
+    finally:
+        signal.signal(signal.SIGINT, old)
+        release.set()
+    assert not threads.settle(5)
 
 
 @pytest.mark.parametrize("i", range(2))
