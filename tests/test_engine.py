@@ -116,7 +116,7 @@ def test_the_next_compile_finishes_before_this_cells_timing(tmp_path, monkeypatc
     """The timer owns the device alone: XLA's GPU autotuner runs kernels while it compiles."""
     events = []
 
-    def slow_start(cell):
+    def slow_start(cell, opts=None):
         fut = Future()
 
         def finish():

@@ -12,7 +12,71 @@ from rich.console import Console
 console = Console()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+#: Seconds the process waits, as it exits, for background threads still inside XLA (compiles ahead,
+#: an abandoned cell) before it leaves without tearing the interpreter down: Ctrl-C answers in about a second.
+EXIT_GRACE_S = 0.5
+
+
+def leave(code: int) -> None:
+    """End the process with ``code``. A background thread still inside XLA's C++ when the interpreter
+    shuts down aborts it (exit 134, "terminate called ...", or a segmentation fault:
+    ``attnlab.measure.threads``): what has not begun is cancelled, what runs is waited for
+    ``EXIT_GRACE_S``, and where one still runs the output is flushed and the process leaves with
+    ``os._exit`` (every record is already on disk, fsync'd). After Ctrl-C (130) it leaves so too:
+    the interpreter's teardown of JAX and XLA takes over a second on a busy CPU, and Ctrl-C answers
+    in about one."""
+    import logging
+
+    left = []
+    if "attnlab.measure.threads" in sys.modules:   # no JAX was loaded: nothing can run
+        from ..measure import threads
+
+        try:
+            left = threads.settle(EXIT_GRACE_S)
+        except KeyboardInterrupt:   # a second Ctrl-C: leave at once
+            left, code = [True], 130
+    if left or code == 130:
+        logging.shutdown()
+        for f in (console.file, sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except Exception:  # noqa: BLE001 - a closed pipe: nothing more can be said
+                pass
+        os._exit(code)
+    sys.exit(code)
+
+
+class _Main(click.Group):
+    def __call__(self, *args, **kwargs):
+        """The process's entry (the ``attnlab`` script, ``python -m attnlab.cli``): click's standalone
+        handling, except that Ctrl-C anywhere is exit 130 (not click's 1), and every way out goes
+        through ``leave`` (``CliRunner`` calls ``main`` and stays in its process)."""
+        try:
+            rv = self.main(*args, standalone_mode=False, **kwargs)
+            code = rv if type(rv) is int else 0   # an Exit's code; a command's own return value is not one
+        except click.ClickException as e:
+            e.show()
+            code = e.exit_code
+        except click.Abort as e:   # Ctrl-C (or end of input) outside a sweep's own handling
+            click.echo("Aborted!", err=True)
+            code = 130 if isinstance(e.__cause__, KeyboardInterrupt) else 1
+        except KeyboardInterrupt:
+            code = 130
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            if not isinstance(e.code, (int, type(None))):
+                print(e.code, file=sys.stderr)
+        except BaseException as e:  # noqa: BLE001 - a bug: its traceback, then the same careful exit
+            import errno
+            import traceback
+
+            if not (isinstance(e, OSError) and e.errno == errno.EPIPE):   # a closed pipe: nothing to say
+                traceback.print_exc()
+            code = 1
+        leave(code)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="attnlab")
 def main():
     """attnlab: which attention path should I use, is it correct, how fast is it, what does it cost?"""

@@ -2,7 +2,6 @@
 phase spinner, the cost line after it, and the exit after Ctrl-C."""
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 
@@ -74,11 +73,7 @@ def phase_spinner():
 
 
 def exit_after_interrupt(abandoned: bool, code: int = 130):
-    """Exit after Ctrl-C. Where a cell's worker thread was abandoned inside XLA (``SweepInterrupted.abandoned``),
-    the interpreter's shutdown would wait for XLA's C++ (minutes): flush and leave with ``os._exit``."""
-    if abandoned:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        console.file.flush()
-        os._exit(code)
+    """Exit after Ctrl-C. A cell's worker thread or a compile ahead may still be inside XLA
+    (``SweepInterrupted.abandoned``): the process's exit (``_app.leave``) does not tear the
+    interpreter down while one runs."""
     sys.exit(code)

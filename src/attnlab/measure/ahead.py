@@ -16,21 +16,51 @@ cell's ``compile_error`` (or ``oom`` / ``unsupported``, by ``record.classify``),
 The sweep engine waits for the next cell's compile before the current cell's timing starts: XLA's
 GPU autotuner runs candidate kernels on the device while it compiles, and CUPTI would count them,
 so the timer still owns the device alone.
+
+A cell that will not run is not compiled ahead: one whose estimate is above ``opts.cell_budget_s``
+(``over_budget``) is refused like the others. ``stop()`` cancels the compiles not begun (a cancelled
+future raises ``concurrent.futures.CancelledError``) and waits for those under way: a thread still
+inside XLA when the interpreter shuts down aborts the process (``attnlab.measure.threads``).
 """
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Future
+import time
+from concurrent.futures import CancelledError, Future, wait
 
 import jax
 import jax.numpy as jnp
 
 from .. import backends
+from ..core import device
 from ..core.spec import prepare
+from . import estimate, threads
+
+#: The compiles started and not yet ended (``stop`` cancels or waits for them).
+_JOBS: set = set()
+_LOCK = threading.Lock()
 
 
-def why_not(cell) -> str | None:
-    """Why ``cell`` is not compiled ahead (None: it can be)."""
+class AheadCompile(Future):
+    """The future of one ahead compile; ``cancel()`` works until its compile begins."""
+
+    def __init__(self):
+        super().__init__()
+        self._stop = threading.Event()
+
+    def cancel(self) -> bool:
+        self._stop.set()
+        return super().cancel()
+
+    def checkpoint(self) -> None:
+        """Raise CancelledError in the compiling thread where ``cancel()`` was asked."""
+        if self._stop.is_set():
+            raise CancelledError("ahead compile cancelled: its cell will not run")
+
+
+def why_not(cell, opts=None) -> str | None:
+    """Why ``cell`` is not compiled ahead (None: it can be); with ``opts``, a cell whose estimate is
+    above ``opts.cell_budget_s`` is not (it is recorded over_budget, never compiled)."""
     if cell.strategy is not None:
         return "sharded: the placement of its inputs is part of its program"
     if cell.mode == "bwd":
@@ -47,7 +77,18 @@ def why_not(cell) -> str | None:
         return "not a JAX backend"
     q, k, v = shapes(cell)[:3]
     spec = prepare(q, k, v, is_causal=cell.causal, local_window_size=cell.window).spec
-    return (backend.why_not(spec) if cell.lengths is None else backend.available()) or backend.mode_reason(spec, cell.mode)
+    why = (backend.why_not(spec) if cell.lengths is None else backend.available()) or backend.mode_reason(spec, cell.mode)
+    return why or over_budget(cell, opts)
+
+
+def over_budget(cell, opts) -> str | None:
+    """Why ``cell`` will be recorded over_budget and never compiled (``measure_cell``'s own test of its
+    estimate against ``opts.cell_budget_s``), or None."""
+    if opts is None or not opts.cell_budget_s:
+        return None
+    if estimate.estimate_cell(cell, opts, device.current()).seconds > opts.cell_budget_s:
+        return f"over the cell budget of {opts.cell_budget_s:g} s: recorded over_budget, never compiled"
+    return None
 
 
 def shapes(cell) -> tuple:
@@ -58,31 +99,55 @@ def shapes(cell) -> tuple:
     return (q, kv, kv) if cell.mode == "fwd" else (q, kv, kv, jax.ShapeDtypeStruct((B, T, N, H), jnp.float32))
 
 
-def start(cell) -> Future | None:
-    """Begin compiling ``cell``'s timed program in a daemon thread (see module doc); None: not this cell."""
+def start(cell, opts=None) -> AheadCompile | None:
+    """Begin compiling ``cell``'s timed program in a registered daemon thread (see module doc); None:
+    not this cell (``why_not(cell, opts)``)."""
     from .inputs import _functions
-    from .timers import compile_seconds
 
     try:
-        if why_not(cell):
+        if why_not(cell, opts):
             return None
     except Exception:  # noqa: BLE001 - the cell itself will say what is wrong with it
         return None
-    fut: Future = Future()
+    fut = AheadCompile()
     fut.set_running_or_notify_cancel()
 
     def run():
         try:
+            fut.checkpoint()
             fwd, timed, _ = _functions(cell)
-            result = compile_seconds(timed, shapes(cell))
+            fut.checkpoint()
+            t0 = time.perf_counter()
+            lowered = jax.jit(timed).lower(*shapes(cell))
+            t1 = time.perf_counter()
+            fut.checkpoint()
+            result = (lowered.compile(), t1 - t0, time.perf_counter() - t1)   # as timers.compile_seconds
             if cell.mode != "fwd":   # the check's forward output; where it fails, the cell fails on it as always
                 try:
+                    fut.checkpoint()
                     result = (*result, jax.jit(fwd).lower(*shapes(cell)[:3]).compile())
+                except CancelledError:
+                    raise
                 except Exception:  # noqa: BLE001
                     pass
             fut.set_result(result)
         except BaseException as e:  # noqa: BLE001 - the cell's own failure, raised where it is measured
             fut.set_exception(e)
+        finally:
+            with _LOCK:
+                _JOBS.discard(fut)
 
-    threading.Thread(target=run, daemon=True, name=f"attnlab-ahead-{cell.backend}").start()
+    with _LOCK:
+        _JOBS.add(fut)
+    threads.start(run, f"attnlab-ahead-{cell.backend}", cancel=fut.cancel)
     return fut
+
+
+def stop(timeout_s: float | None = 0.0) -> int:
+    """Cancel the ahead compiles not begun and wait up to ``timeout_s`` seconds (None: no limit) for
+    those under way; returns how many are still running."""
+    with _LOCK:
+        jobs = list(_JOBS)
+    for fut in jobs:
+        fut.cancel()
+    return len(wait(jobs, timeout=timeout_s).not_done) if jobs else 0

@@ -11,8 +11,7 @@ def _with_budget(fn, budget_s):
     if not budget_s:
         return fn()
     job = JaxThread(fn, "attnlab-compile")
-    job.thread.join(budget_s)
-    if job.thread.is_alive():
+    if not job.wait(budget_s):
         raise Skip("over_budget", f"compile ran past its {budget_s:g} s budget; abandoned and skipped")
     return job.result()
 

@@ -13,6 +13,10 @@ Nothing is queued on a CPU: there the compile would share the cores with the tim
 skipped here (float64: x64 is set per thread; sharded: their placement is part of the program)
 compile their references in their own check, as before. A failed compile here is not reported
 here: a check already waiting for it gets its error, a later check compiles again and reports it.
+A cell over its cell budget (``ahead.why_not``) queues nothing: it will not run. The thread ends
+when the queue is empty (a later ``start`` starts another) and is registered with
+``attnlab.measure.threads``, whose cancel drops the queued compiles not begun, so no compile is
+left inside XLA when the process ends.
 """
 from __future__ import annotations
 
@@ -22,12 +26,14 @@ import threading
 import jax
 
 from ..reference import blockwise
-from .ahead import shapes
+from . import threads
+from .ahead import over_budget, shapes
 from .check import sample_rows, semantics
 
 _QUEUE: queue.Queue = queue.Queue()
 _QUEUED: set = set()
 _THREAD: list[threading.Thread] = []
+_LOCK = threading.Lock()
 
 
 def check_shapes(cell) -> tuple:
@@ -37,42 +43,60 @@ def check_shapes(cell) -> tuple:
     return q, k, v, cell.mode != "fwd", {**semantics(cell).device_shapes(cell.q_len), "n_batch": n_batch}
 
 
-def why_not(cell) -> str | None:
-    """Why ``cell``'s references are not compiled ahead (None: they are)."""
+def why_not(cell, opts=None) -> str | None:
+    """Why ``cell``'s references are not compiled ahead (None: they are); with ``opts``, a cell over
+    its cell budget is not."""
     if cell.dtype == "float64":
         return "float64: x64 is set per thread"
     if cell.strategy is not None:
         return "sharded: the placement of its inputs is part of its programs"
-    return None
+    return over_budget(cell, opts)
 
 
 def _work() -> None:
     while True:
-        q, k, v, grads, kw = _QUEUE.get()
+        with _LOCK:
+            if _QUEUE.empty():
+                _THREAD.clear()
+                return
+            q, k, v, grads, kw = _QUEUE.get()
         try:
             blockwise.precompile_check(q, k, v, grads=grads, **kw)
         except Exception:  # noqa: BLE001 - the cell's own check compiles again and reports it
             pass
 
 
-def start(cells, check: bool = True) -> int:
-    """Queue the reference programs of ``cells`` not queued before (GPU only); returns how many cells'."""
+def cancel() -> int:
+    """Drop the queued compiles not begun (a later ``start`` queues their cells again); returns how many."""
+    n = 0
+    with _LOCK:
+        while not _QUEUE.empty():
+            q, k, v, grads, kw = _QUEUE.get()
+            _QUEUED.discard((q, k, v, grads, tuple(sorted(kw.items()))))
+            n += 1
+    return n
+
+
+def start(cells, check: bool = True, opts=None) -> int:
+    """Queue the reference programs of ``cells`` not queued before (GPU only; ``opts``: none of a
+    cell over its cell budget); returns how many cells'."""
     if not check or jax.default_backend() != "gpu":
         return 0
     n = 0
     for cell in cells:
         try:
-            if why_not(cell):
+            if why_not(cell, opts):
                 continue
             q, k, v, grads, kw = check_shapes(cell)
         except Exception:  # noqa: BLE001 - a cell that cannot even be described says so when measured
             continue
         key = (q, k, v, grads, tuple(sorted(kw.items())))
-        if key not in _QUEUED:
-            _QUEUED.add(key)
-            _QUEUE.put((q, k, v, grads, kw))
-            n += 1
-    if n and not _THREAD:
-        _THREAD.append(threading.Thread(target=_work, daemon=True, name="attnlab-references"))
-        _THREAD[0].start()
+        with _LOCK:
+            if key not in _QUEUED:
+                _QUEUED.add(key)
+                _QUEUE.put((q, k, v, grads, kw))
+                n += 1
+    with _LOCK:
+        if not _QUEUE.empty() and not _THREAD:
+            _THREAD.append(threads.start(_work, "attnlab-references", cancel=cancel))
     return n

@@ -11,7 +11,7 @@ from ..api import sharded  # noqa: F401  (registers the batch / heads / ring str
 from concurrent.futures import wait
 
 from ..measure import ahead as ahead_compile
-from ..measure import prefetch
+from ..measure import prefetch, threads
 from ..measure.cell import IDENTITY, Cell, Options, measure_cell, record_key
 from ..core.record_model import csv_columns
 from ..core.records import config_label, time_ms  # noqa: F401  (re-exported: the helpers live in records)
@@ -52,7 +52,7 @@ class SweepInterrupted(KeyboardInterrupt):
     def __init__(self, finished: int, total: int, out_dir: str, abandoned: bool = False):
         super().__init__(f"interrupted after {finished} of {total} cells; results so far in {out_dir}")
         self.finished, self.total, self.out_dir = finished, total, out_dir
-        self.abandoned = abandoned   # a cell's worker thread was left running (the CLI then exits with os._exit)
+        self.abandoned = abandoned   # a background thread was left inside XLA (the CLI then leaves with os._exit)
 
 
 def existing_records(out_dir: str) -> int:
@@ -73,7 +73,9 @@ def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, overwrite: bo
     Each cell runs in a worker thread (``attnlab.sweep.worker``) so Ctrl-C lands within a fraction of
     a second. With ``options.compile_ahead`` the next cell compiles while this one is measured
     (``attnlab.measure.ahead``); this cell's timing waits for that compile, so it owns the device.
-    On KeyboardInterrupt the CSV of the finished cells is written and ``SweepInterrupted`` raised.
+    On KeyboardInterrupt the CSV of the finished cells is written and ``SweepInterrupted`` raised
+    (``abandoned``: a background thread is still inside XLA; ``attnlab.measure.threads``). No compile
+    ahead outlives a sweep that ends: those not begun are cancelled, those under way waited for.
     """
     if resume and overwrite:
         raise SweepError("resume and overwrite contradict each other: give one of them")
@@ -108,9 +110,15 @@ def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, overwrite: bo
             if on_cell:
                 on_cell(cell, rec, i, len(cells))
     except KeyboardInterrupt as e:
+        ahead_compile.stop(0)   # cancel what has not begun; Ctrl-C does not wait for a compile under way
         write_csv(read_records(path), os.path.join(out_dir, "results.csv"), CSV_COLUMNS)
         raise SweepInterrupted(sum(c.key() in done for c in cells), len(cells), out_dir,
-                               abandoned=isinstance(e, Abandoned)) from None
+                               abandoned=isinstance(e, Abandoned) or bool(threads.running())) from None
+    except BaseException:
+        ahead_compile.stop(0)
+        raise
+    # a compile ahead whose cell did not use it (skipped before its compile) is not left inside XLA
+    ahead_compile.stop(opts.compile_budget_s)
     records = [done[c.key()] for c in cells if c.key() in done]
     write_csv(read_records(path), os.path.join(out_dir, "results.csv"), CSV_COLUMNS)
     return records
@@ -120,11 +128,11 @@ def _measure(cell: Cell, todo: list[Cell], pending: dict, opts: Options, on_phas
     """measure_cell in a worker thread, with this cell's ahead compile and the next one's started."""
     compiled = pending.pop(cell.key(), None)
     i = next(j for j, c in enumerate(todo) if c.key() == cell.key())
-    prefetch.start(todo[i:i + PREFETCH_CELLS], opts.check)
+    prefetch.start(todo[i:i + PREFETCH_CELLS], opts.check, opts)
     nxt = None
     if opts.compile_ahead:
         if i + 1 < len(todo) and todo[i + 1].key() not in pending:
-            nxt = ahead_compile.start(todo[i + 1])
+            nxt = ahead_compile.start(todo[i + 1], opts)   # None for a cell that will not run (over budget, ...)
             if nxt is not None:
                 pending[todo[i + 1].key()] = nxt
 

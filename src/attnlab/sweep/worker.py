@@ -5,7 +5,8 @@ XLA call (a compile, a reference check) would not see it for minutes. So the mai
 waits, in slices of ``POLL_S`` seconds, and a KeyboardInterrupt there abandons the worker: the
 cell is lost, the finished cells are on disk, and the caller exits. The abandoned thread may still
 be inside XLA's C++; the CLI then ends the process with ``os._exit`` after flushing its output
-(``attnlab.cli._app.exit_after_interrupt``), since an interpreter shutdown would wait for XLA.
+(``attnlab.cli._app.leave``), since an interpreter shutdown would abort in XLA (exit 134). The wait
+is the job's own event (``attnlab.measure.threads.Background``), never ``Thread.join``.
 """
 from __future__ import annotations
 
@@ -30,12 +31,11 @@ def call_interruptibly(fn: Callable[[], T], name: str = "attnlab-cell") -> T:
     """``fn()`` in a daemon thread; its result or its exception. KeyboardInterrupt while waiting
     raises ``Abandoned``. JAX's x64 setting (per thread) is carried into the worker."""
     job = JaxThread(fn, name)
-    t = job.thread
     try:
-        while t.is_alive():
-            t.join(POLL_S)
+        while not job.wait(POLL_S):   # never Thread.join: Ctrl-C inside it can mark a running thread ended
+            pass
     except KeyboardInterrupt:
-        if t.is_alive():
-            raise Abandoned(t) from None
+        if job.running():
+            raise Abandoned(job.thread) from None
         raise
     return job.result()
