@@ -31,30 +31,41 @@ def cell_budget(value: float | None) -> float:
 
 
 def print_estimate(cells, opts) -> None:
-    """One line before the sweep: the cell count, the estimated time and memory per cell here, and
-    how many cells are over the cell budget (recorded over_budget, not run)."""
+    """One line before the sweep: the cell count, the estimated time and memory per cell here (the
+    check's references counted once per problem, unavailable backends at ~0 s: ``estimate_sweep``),
+    what the compile seconds come from, and how many cells are over the cell budget (recorded
+    over_budget, not run)."""
     from ..core import device
-    from ..measure.estimate import estimate_cell
+    from ..measure import calibration
+    from ..measure.estimate import estimate_cell, estimate_sweep
 
     if not cells:
         return
     info = device.current()
-    ests = [(estimate_cell(c, opts, info), c) for c in cells]
+    ests = list(zip(estimate_sweep(cells, opts, info), cells))
     secs = [e.seconds for e, _ in ests]
     big, big_cell = max(ests, key=lambda ec: ec[0].seconds)
-    over = sum(s > opts.cell_budget_s for s in secs) if opts.cell_budget_s else 0
+    over = sum(estimate_cell(c, opts, info).seconds > opts.cell_budget_s for c in cells) if opts.cell_budget_s else 0
+    cal = calibration.current(info)
     text = (f"{len(cells)} cells on {info.kind or info.platform}: estimated ~{statistics.median(secs):.2g} s a cell "
             f"(median), ~{sum(secs):.3g} s in all, up to ~{max(e.bytes for e, _ in ests) / 2**20:.4g} MiB; "
-            f"largest: {big_cell.backend} {big_cell.config_label} {big.text()}")
+            f"largest: {big_cell.backend} {big_cell.config_label} {big.text()}; compiles ~{cal.compile_s:.2g} s, "
+            f"references ~{cal.reference_s:.2g} s a problem ({cal.source})")
     if over:
         text += f"; [yellow]{over} cell(s) over the cell budget of {opts.cell_budget_s:g} s: recorded over_budget, not run[/]"
     console.print(text, highlight=False, soft_wrap=True)
 
 
-def cost_line(records) -> None:
+def cost_line(records, resumed_cells=(), out_dir: str | None = None) -> None:
+    """The cost line of the cells measured now: ``records`` less those of ``resumed_cells`` (the cells
+    ``run_sweep`` found already recorded in ``out_dir``: counted as resumed, their seconds not summed)."""
     from ..core.records import cost_summary
+    from ..measure.cell import record_key
 
-    console.print(cost_summary(records), highlight=False, soft_wrap=True)
+    old = {c.key() for c in resumed_cells}
+    now = [r for r in records if record_key(r) not in old]
+    src = os.path.join(out_dir, "results.jsonl") if out_dir else None
+    console.print(cost_summary(now, resumed=len(records) - len(now), resumed_from=src), highlight=False, soft_wrap=True)
 
 
 def phase_spinner():

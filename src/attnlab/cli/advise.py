@@ -64,8 +64,11 @@ def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, r
                   highlight=False, soft_wrap=True)
     opts = Options(repeats=repeats, compile_budget_s=compile_budget, cell_budget_s=cell_budget(cell_budget_s))
     print_estimate(cells, opts)
+    resumed: list = []
     try:
         def on_cell(cell, rec, i, n):
+            if rec is None:
+                resumed.append(cell)
             status = "resumed" if rec is None else rec["status"]
             console.print(f"  [{i + 1}/{n}] {cell.backend:<15} {escape(cell.config_label)}  {status}", highlight=False)
 
@@ -102,7 +105,7 @@ def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, r
     with writes_to(out_dir):
         html = _write_html(os.path.join(out_dir, "advise.html"), adv, tabs, env)
     console.print(f"→ {html}, {out_dir}/advise.json", highlight=False)
-    cost_line(records)
+    cost_line(records, resumed, out_dir)
 
 
 def _device_memory(gib: float | None) -> tuple[int | None, str | None]:

@@ -137,7 +137,7 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
         console.print(f"resumed: skipped {len(skipped)} of {len(cells)} cells already in {out_dir}/results.jsonl, "
                       f"measured {len(cells) - len(skipped)}", highlight=False)
     _print_bench_table(records, out_dir, wide)
-    cost_line(records)
+    cost_line(records, skipped, out_dir)
 
 
 def _model_sweep(config, given: dict, name):

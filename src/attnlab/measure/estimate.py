@@ -12,7 +12,11 @@ A deliberately rough, conservative model from the cell's FLOPs and bytes (``attn
 - the check: the float32 reference and its emulation over the whole (dense: the reference skips no
   masked tile) problem, gradients too for fwd+bwd / bwd cells, at the fp32 throughput; the float64
   rows at ``NUMPY_GFLOPS``.
-- compile: ``COMPILE_S`` for the kernel and the references.
+- compile: the kernel's compile and the check's reference programs, seconds measured on this machine
+  (``attnlab.measure.calibration``: the first compile of a sweep, stored for the next), twice for a
+  cell with gradients. A sweep's references are compiled once per problem, shared by its backends
+  (``estimate_sweep`` counts them once); a cell whose backend is not available here costs nothing
+  (it is recorded unsupported at once).
 
 Memory: the input sets, the cotangents, the references' outputs and one tile of their scores.
 """
@@ -22,14 +26,13 @@ import dataclasses
 import math
 
 from ..core.problem import BWD_FLOP_FACTOR
-from . import peaks
+from . import calibration, peaks
 
 GPU_EFFICIENCY = 0.25
 CPU_GFLOPS = {"fp32": 10.0, "tf32": 10.0, "bf16": 8.0, "fp8": 1.0}   # a 2-core CPU under load: 9-18 f32
 CPU_FLOAT64_GFLOPS = 5.0
 CPU_GBPS = 5.0
 NUMPY_GFLOPS = 1.0
-COMPILE_S = {"gpu": 4.0, "cpu": 2.0}
 #: rows of the float64 check: first, last and 2 interior tiles of 64 rows, up to 3 batch elements
 F64_ROWS, F64_BATCH = 4 * 64, 3
 
@@ -40,8 +43,9 @@ class Estimate:
     call_s: float         # one call of the kernel
     calls: int            # calls the timing makes
     check_s: float
-    compile_s: float
+    compile_s: float      # the kernel's compile and, within check_s, reference_s for the references
     bytes: int            # device memory the cell holds at its peak, roughly
+    reference_s: float = 0.0   # of check_s: compiling the check's reference programs (once per problem)
 
     def text(self) -> str:
         return (f"~{self.seconds:.3g} s (compile ~{self.compile_s:.2g} s, check ~{self.check_s:.3g} s, "
@@ -88,13 +92,16 @@ def estimate_cell(cell, opts, info) -> Estimate:
     calls = max(opts.warmup, n_sets) + repeats + 3 * pipe
     timing_s = (max(opts.warmup, n_sets) + 3 * pipe) * call_s + timed_s
     dense = 4.0 * w.batch * w.q_len * w.kv_len * w.heads * w.head_dim        # the reference masks, skips nothing
-    check_s = 0.0
+    cal = calibration.current(info)
+    compile_x = calibration.GRAD_FACTOR if grads else 1.0
+    check_s = reference_s = 0.0
     if opts.check:
         ref_flops, _ = throughput(info, "float64" if cell.dtype == "float64" else "float32")
         ref = 2 * dense * (1 + (1 + BWD_FLOP_FACTOR if grads else 0)) / ref_flops
         rows = 4.0 * min(F64_ROWS, w.q_len) * min(F64_BATCH, w.batch) * w.kv_len * w.heads * w.head_dim
-        check_s = ref + rows / (NUMPY_GFLOPS * 1e9) + (3 if grads else 1) * call_s
-    compile_s = COMPILE_S.get(info.platform, COMPILE_S["cpu"]) * (2 if opts.check else 1)
+        reference_s = cal.reference_s * compile_x
+        check_s = reference_s + ref + rows / (NUMPY_GFLOPS * 1e9) + (3 if grads else 1) * call_s
+    compile_s = cal.compile_s * compile_x
     qkv = w.bytes("fwd") - w.batch * w.q_len * w.heads * w.head_dim * w.itemsize
     out32 = 4 * w.batch * w.q_len * w.heads * w.head_dim
     mem = n_sets * (qkv + (out32 if grads else 0)) + (2 + (6 if grads else 0)) * out32
@@ -103,4 +110,40 @@ def estimate_cell(cell, opts, info) -> Estimate:
 
         mem += min(TILE_BUDGET.get(info.platform, TILE_BUDGET["cpu"]), 4 * w.batch * w.heads * w.q_len * w.kv_len)
     return Estimate(seconds=compile_s + check_s + timing_s, call_s=call_s, calls=calls, check_s=check_s,
-                    compile_s=compile_s, bytes=int(mem))
+                    compile_s=compile_s, bytes=int(mem), reference_s=reference_s)
+
+
+def check_compute_s(cell, opts, info) -> float:
+    """Of a cell's estimated check, the arithmetic alone (what is not compiling): ``calibration.learn``
+    takes it out of a measured ``check_s``."""
+    e = estimate_cell(cell, opts, info)
+    return e.check_s - e.reference_s
+
+
+def _problem_key(cell) -> str:
+    """What the check's reference programs are compiled for: the cell without its backend and inputs."""
+    import json
+
+    return json.dumps({k: v for k, v in cell.identity().items() if k not in ("backend", "inputs")}, sort_keys=True)
+
+
+def estimate_sweep(cells, opts, info) -> list[Estimate]:
+    """Each cell's estimate inside a sweep of ``cells`` (in order): the reference programs counted
+    at the first cell of a problem only; a cell whose backend is not available here ~0 s."""
+    from .. import backends
+
+    seen, out = set(), []
+    for c in cells:
+        e = estimate_cell(c, opts, info)
+        try:
+            unavailable = backends.get(c.backend).available()
+        except ValueError as err:
+            unavailable = str(err)
+        if unavailable:
+            e = dataclasses.replace(e, seconds=0.0, call_s=0.0, calls=0, check_s=0.0, compile_s=0.0, reference_s=0.0)
+        elif _problem_key(c) in seen:
+            e = dataclasses.replace(e, seconds=e.seconds - e.reference_s, check_s=e.check_s - e.reference_s,
+                                    reference_s=0.0)
+        seen.add(_problem_key(c))
+        out.append(e)
+    return out
