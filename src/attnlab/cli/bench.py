@@ -215,11 +215,20 @@ def _print_bench_table(records, out_dir, wide: bool = False):
 @main.command()
 @click.argument("results", type=click.Path(exists=True))
 def scaling(results):
-    """Scaling efficiency of sharded cells: time on 1 device / (n x time on n devices)."""
+    """Scaling efficiency of sharded cells: time on 1 device / (n x time on n devices).
+
+    Exit 2 when there is nothing to show (no results, or no sharded cell timed), as ``compare``'s
+    "nothing comparable"."""
     from ..sweep import load
     from ..sweep.scaling import scaling_rows
 
-    rows = scaling_rows(load(results))
+    try:
+        rows = scaling_rows(load(results))
+    except (OSError, ValueError) as e:   # CompareError and RecordError are ValueErrors
+        _fail(str(e))
+    if not rows:
+        _fail(f"{results}: no sharded cell timed, nothing to show (a sweep with --devices 1,2 --strategy batch "
+              f"makes them)")
     t = RichTable(title="strong scaling (same global problem)")
     for c in ("configuration", "strategy", "devices", "ms", "1-device ms", "efficiency"):
         t.add_column(c)
