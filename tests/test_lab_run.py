@@ -97,7 +97,12 @@ def test_the_terminal_stays_quiet_and_an_oversized_memory_probe_is_predicted(tmp
     for bad in ("Traceback", "RESOURCE_EXHAUSTED", "WARNING", "E0000", "W0000"):
         assert bad not in r.stdout and bad not in r.stderr, bad
     assert r.stderr == ""
-    assert "PjRt" in open(os.path.join(out, "run.log")).read()   # XLA's C++ log (INFO, asked for) went to the file
+    log = open(os.path.join(out, "run.log")).read()
+    assert "PjRt" in log   # XLA's C++ log (INFO, asked for) went to the file
+    # and the run's own lines: what ran, each step as it starts and ends, the cost line, the summary
+    for line in ("attnlab: log of: attnlab run --out", "attnlab: step next (1 of 1) starts", "attnlab: step next: ok",
+                 " cells in ", "1 of 1 steps ok in "):
+        assert line in log, line
     mem = [x for x in _records(out) if x["kind"] == "memory"]
     oom = [x for x in mem if x["status"] == "oom"]
     assert oom and all(x["reason"].startswith("predicted") and x["estimate_bytes"] > 100_000 for x in oom)

@@ -50,7 +50,7 @@ def print_estimate(cells, opts) -> None:
     text = (f"{len(cells)} cells on {info.kind or info.platform}: estimated ~{statistics.median(secs):.2g} s a cell "
             f"(median), ~{sum(secs):.3g} s in all, up to ~{max(e.bytes for e, _ in ests) / 2**20:.4g} MiB; "
             f"largest: {big_cell.backend} {big_cell.config_label} {big.text()}; compiles ~{cal.compile_s:.2g} s, "
-            f"references ~{cal.reference_s:.2g} s a problem ({cal.source})")
+            f"inputs and references ~{cal.problem_s:.2g} s a problem ({cal.source})")
     if over:
         text += f"; [yellow]{over} cell(s) over the cell budget of {opts.cell_budget_s:g} s: recorded over_budget, not run[/]"
     console.print(text, highlight=False, soft_wrap=True)

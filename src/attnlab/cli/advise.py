@@ -94,8 +94,20 @@ def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, r
     with writes_to(out_dir), open(os.path.join(out_dir, "advise.json"), "w", encoding="utf-8") as f:
         json.dump(adv, f, indent=2)
     tabs = advice.tables(adv)
+    print_tables(tabs, wide)
+    for n in adv["notes"]:
+        console.print(f"[yellow]note:[/] {escape(n)}", highlight=False, soft_wrap=True)
+    with writes_to(out_dir):
+        html = _write_html(os.path.join(out_dir, "advise.html"), adv, tabs, env)
+    console.print(f"→ {html}, {out_dir}/advise.json", highlight=False)
+    cost_line(records, resumed, out_dir)
+
+
+def print_tables(tabs: list[dict], wide: bool = False) -> None:
+    """The advice's tables (``report.advice.tables``): full tables on a terminal of 100 columns or more
+    (or with ``--wide``), else the compact layout of bench and compare, a line per cell, nothing cut."""
     for t in tabs:
-        if compact(wide):   # a pipe or a terminal under 100 columns: a line per cell, nothing cut
+        if compact(wide):
             print_compact_table(t["title"], t["columns"], t["rows"], t["key"])
             continue
         rt = RichTable(title=escape(t["title"]))
@@ -104,12 +116,6 @@ def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, r
         for r in t["rows"]:
             rt.add_row(*[escape(x) for x in r])
         table_console().print(rt)
-    for n in adv["notes"]:
-        console.print(f"[yellow]note:[/] {escape(n)}", highlight=False, soft_wrap=True)
-    with writes_to(out_dir):
-        html = _write_html(os.path.join(out_dir, "advise.html"), adv, tabs, env)
-    console.print(f"→ {html}, {out_dir}/advise.json", highlight=False)
-    cost_line(records, resumed, out_dir)
 
 
 def _device_memory(gib: float | None) -> tuple[int | None, str | None]:
