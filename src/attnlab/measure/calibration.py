@@ -27,7 +27,7 @@ import time
 #: A cell with gradients (fwd+bwd, bwd) compiles forward and backward programs: about twice a forward's.
 GRAD_FACTOR = 2.0
 #: The probe's ratio now / then is kept within these bounds (a probe is one small compile: noisy).
-SCALE_BOUNDS = (0.5, 8.0)
+SCALE_BOUNDS = (0.5, 20.0)
 
 
 @dataclasses.dataclass(frozen=True)
