@@ -60,5 +60,6 @@ def test_a_small_bench_is_estimated_within_2x_and_a_resume_measures_nothing(tmp_
     assert calibration.stored(device.current()).source.startswith("measured here")
     again = CliRunner().invoke(main, args + ["--resume"])
     assert again.exit_code == 0, again.output
+    assert "2 of 2 cells already recorded" in again.output and "estimated" not in again.output   # nothing to estimate
     assert again.output.rstrip().endswith(f"0 cells measured, 2 resumed from {tmp_path / 'b'}/results.jsonl"), again.output
     calibration.forget()

@@ -30,15 +30,28 @@ def cell_budget(value: float | None) -> float:
     return value
 
 
-def print_estimate(cells, opts) -> None:
-    """One line before the sweep: the cell count, the estimated time and memory per cell here (the
-    check's references counted once per problem, unavailable backends at ~0 s: ``estimate_sweep``),
+def print_estimate(cells, opts, resume_from: str | None = None) -> None:
+    """One line before the sweep: the cell count, the estimated time and memory per cell here (what
+    is compiled once per problem counted once, unavailable backends at ~0 s: ``estimate_sweep``),
     what the compile seconds come from, and how many cells are over the cell budget (recorded
-    over_budget, not run)."""
+    over_budget, not run). ``resume_from``: the folder whose results.jsonl the sweep resumes; the
+    cells recorded there are counted apart, not estimated."""
     from ..core import device
+    from ..core.store import read_records
     from ..measure import calibration
+    from ..measure.cell import record_key
     from ..measure.estimate import estimate_cell, estimate_sweep
 
+    path = os.path.join(resume_from, "results.jsonl") if resume_from else None
+    try:
+        old = {record_key(r) for r in read_records(path)} if path and os.path.exists(path) else set()
+    except (OSError, ValueError):   # the sweep itself reports a file it cannot read
+        old = set()
+    if old:
+        n_all, cells = len(cells), [c for c in cells if c.key() not in old]
+        if n_all > len(cells):
+            console.print(f"{n_all - len(cells)} of {n_all} cells already recorded in {path}: resumed, not measured "
+                          f"again", highlight=False, soft_wrap=True)
     if not cells:
         return
     info = device.current()

@@ -66,7 +66,7 @@ def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, r
                   f"({', '.join(ms.sweeps[0].backends)}) = {len(cells)} cells → {out_dir}/results.jsonl (resumes)",
                   highlight=False, soft_wrap=True)
     opts = Options(repeats=repeats, compile_budget_s=compile_budget, cell_budget_s=cell_budget(cell_budget_s))
-    print_estimate(cells, opts)
+    print_estimate(cells, opts, out_dir)
     resumed: list = []
     try:
         def on_cell(cell, rec, i, n):

@@ -102,7 +102,7 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
     opts = Options(repeats=reps, compile_budget_s=budget, check=not no_check and run_opts.get("check", True),
                    min_time_s=float(mt), warmup=warmup, cell_budget_s=cell_budget(cell_budget_s))
     cells = sweep.cells()
-    print_estimate(cells, opts)
+    print_estimate(cells, opts, out_dir if resume else None)
     skipped = []
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)

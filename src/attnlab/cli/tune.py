@@ -95,7 +95,7 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
                    cell_budget_s=cell_budget(cell_budget_s))
     n = len(sweep.cells())
     console.print(f"tune: {n} cells ({', '.join(sweep.backends)}) -> {records_dir}/results.jsonl", highlight=False, soft_wrap=True)
-    print_estimate(sweep.cells(), opts)
+    print_estimate(sweep.cells(), opts, records_dir)
 
     resumed: list = []
 
