@@ -58,7 +58,8 @@ def print_estimate(cells, opts, resume_from: str | None = None) -> None:
     ests = list(zip(estimate_sweep(cells, opts, info), cells))
     secs = [e.seconds for e, _ in ests]
     big, big_cell = max(ests, key=lambda ec: ec[0].seconds)
-    over = sum(estimate_cell(c, opts, info).seconds > opts.cell_budget_s for c in cells) if opts.cell_budget_s else 0
+    over = sum(e.seconds > 0 and estimate_cell(c, opts, info).seconds > opts.cell_budget_s   # as measure_cell decides
+               for e, c in ests) if opts.cell_budget_s else 0
     cal = calibration.current(info)
     text = (f"{len(cells)} cells on {info.kind or info.platform}: estimated ~{statistics.median(secs):.2g} s a cell "
             f"(median), ~{sum(secs):.3g} s in all, up to ~{max(e.bytes for e, _ in ests) / 2**20:.4g} MiB; "

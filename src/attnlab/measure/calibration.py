@@ -99,6 +99,11 @@ def current(info) -> Calibration:
                                source=f"{cal.source}, x{x:.2g} for this machine's load now")
 
 
+def learnt(info) -> bool:
+    """Whether this process already calibrated the device ``info`` from a cell it measured."""
+    return _key(info) in _MEASURED
+
+
 def learn(rec: dict, info, *, check_compute_s: float = 0.0) -> Calibration | None:
     """Calibrate from a measured cell record (``compile_s``, ``check_s`` and ``inputs_s`` measured; the
     check's arithmetic, ``check_compute_s``, taken out) unless this process already learnt from one;

@@ -124,7 +124,7 @@ def _calibrate(cell: Cell, rec: dict, opts: Options) -> None:
     from ..measure import calibration, estimate
 
     info = device.current()
-    if rec.get("compile_s") and rec.get("check_s"):
+    if rec.get("compile_s") and rec.get("check_s") and not calibration.learnt(info):
         calibration.learn(rec, info, check_compute_s=estimate.check_compute_s(cell, opts, info))
 
 
