@@ -8,6 +8,8 @@
 - ``phases``: one row per (phase, context, T): the whole model's time in ms (sum over layer kinds of
   the kind's fastest time x its layers; Gemma-2: windowed and global layers weighted by count), and
   for decode ms per token (the step's time / T: every sequence of the batch gains T tokens a step);
+  ``missing``: the layer kinds with no correct backend, ``not_run`` those of them the cell budget kept
+  from running (``over_budget``: "not run: over budget", never "none correct");
 - ``memory``: per context, KV-cache bytes per sequence (bf16; windowed layers cache only their window,
   a rolling buffer of min(context, W + 1) tokens; the every-layer-caches-all figure beside it), the
   weights in bf16 (``params`` x 2 bytes), and the largest batch whose KV cache fits in the device's
@@ -71,9 +73,9 @@ def phase_rows(cells: list[dict]) -> list[dict]:
         out.append({"phase": phase, "context": ctx, "q_len": t,
                     "per_layer": {c["kind"]: {"best": c["best"], "ms": c["best_ms"], "layers": c["layers"],
                                               "text": _best_text(c)} for c in cs},
-                    "model_ms": model_ms, "not_run": [c["kind"] for c in cs if c["best_ms"] is None
-                                                      and _none_text(c).startswith("not run")], "per_token_ms": model_ms / t if model_ms is not None and phase == "decode" else None,
-                    "missing": missing})
+                    "model_ms": model_ms, "per_token_ms": model_ms / t if model_ms is not None and phase == "decode" else None,
+                    "missing": missing,
+                    "not_run": [c["kind"] for c in cs if c["best_ms"] is None and _none_text(c).startswith("not run")]})
     return out
 
 
