@@ -46,6 +46,8 @@ def test_run_appends_a_run_record_and_ends_with_the_cost_line(tmp_path):
     runs = [x for x in _records(out) if x["kind"] == "run"]
     assert [x["resumed"] for x in runs] == [False, True]
     assert runs[-1]["cells"] == 0 and runs[-1]["cells_resumed"] == runs[0]["cells"]
+    # measured nothing: no "N cells in X s" for the stopped run's cells
+    assert f"0 cells measured, {runs[0]['cells']} resumed from {out}/sweeps" in " ".join(r.output.split()), r.output
 
 
 def test_run_refuses_a_folder_with_results_like_bench(tmp_path):
