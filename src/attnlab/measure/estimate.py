@@ -129,11 +129,13 @@ def _problem_key(cell) -> str:
 
 
 def estimate_sweep(cells, opts, info) -> list[Estimate]:
-    """Each cell's estimate inside a sweep of ``cells`` (in order): the programs compiled once per
-    problem counted at its first cell only; a cell whose backend is not available here ~0 s."""
+    """Each cell's estimate inside a sweep of ``cells`` (in order), in wall seconds: the programs
+    compiled once per problem counted at its first cell only; with ``opts.compile_ahead`` a kernel's
+    compile only where it outlasts the previous cell's inputs and check, beside which it runs
+    (``attnlab.measure.ahead``; the timing waits for it); a cell whose backend is not available here ~0 s."""
     from .. import backends
 
-    seen, out = set(), []
+    seen, out, beside = set(), [], 0.0
     for c in cells:
         e = estimate_cell(c, opts, info)
         try:
@@ -141,10 +143,13 @@ def estimate_sweep(cells, opts, info) -> list[Estimate]:
         except ValueError as err:
             unavailable = str(err)
         if unavailable:
-            e = dataclasses.replace(e, seconds=0.0, call_s=0.0, calls=0, check_s=0.0, compile_s=0.0, problem_s=0.0)
-        elif _problem_key(c) in seen:
+            out.append(dataclasses.replace(e, seconds=0.0, call_s=0.0, calls=0, check_s=0.0, compile_s=0.0, problem_s=0.0))
+            continue
+        if _problem_key(c) in seen:
             e = dataclasses.replace(e, seconds=e.seconds - e.problem_s, problem_s=0.0)
-        else:
-            seen.add(_problem_key(c))
+        seen.add(_problem_key(c))
+        if opts.compile_ahead and out:
+            e = dataclasses.replace(e, seconds=e.seconds - min(e.compile_s, beside))
+        beside = e.problem_s + e.check_s
         out.append(e)
     return out
