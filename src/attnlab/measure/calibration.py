@@ -55,22 +55,35 @@ def _key(info) -> str:
 
 
 def probe_s() -> float:
-    """Wall seconds to compile one small attention program (64 x 32 float32) now: the median of two
-    after one untimed (the first compile of a process pays for more than itself). Once a process."""
+    """How slow this machine compiles now, in seconds: the wall time to compile one small attention
+    program (64 x 32 float32), the median of three after one untimed (the first compile of a process
+    pays for more than itself); at least its CPU time times the contention of the last minute,
+    ``load_factor()`` (a probe of a few milliseconds can fall in a quiet moment of a busy machine).
+    Once a process."""
     if not _PROBE:
         import jax
         import jax.numpy as jnp
 
         s = jax.ShapeDtypeStruct((64, 32), jnp.float32)
-        times = []
-        for i in range(3):
+        walls, cpus = [], []
+        for i in range(4):
             c = float(time.time_ns() % 1_000_003 + i)    # a new constant: a new program, never a cache hit
             f = jax.jit(lambda q, k: jax.nn.softmax((q @ k.T) * c, axis=-1) @ k)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             f.lower(s, s).compile()
-            times.append(time.perf_counter() - t0)
-        _PROBE.append(statistics.median(times[1:]))
+            walls.append(time.perf_counter() - t0)
+            cpus.append(time.process_time() - c0)
+        _PROBE.append(max(statistics.median(walls[1:]), statistics.median(cpus[1:]) * load_factor()))
     return _PROBE[0]
+
+
+def load_factor() -> float:
+    """How much slower than idle the last minute's load makes a compile: (load average / CPUs) ** 0.75,
+    at least 1 (measured on a 2-core CPU: load 10 made the probe 3.3x slower than its CPU time)."""
+    try:
+        return max(1.0, (os.getloadavg()[0] / (os.cpu_count() or 1)) ** 0.75)
+    except (OSError, AttributeError):
+        return 1.0
 
 
 def stored(info) -> Calibration:

@@ -144,11 +144,12 @@ def estimate_sweep(cells, opts, info) -> list[Estimate]:
             unavailable = str(err)
         if unavailable:
             out.append(dataclasses.replace(e, seconds=0.0, call_s=0.0, calls=0, check_s=0.0, compile_s=0.0, problem_s=0.0))
+            beside = 0.0   # recorded at once: nothing for the next cell's compile to run beside
             continue
         if _problem_key(c) in seen:
             e = dataclasses.replace(e, seconds=e.seconds - e.problem_s, problem_s=0.0)
         seen.add(_problem_key(c))
-        if opts.compile_ahead and out:
+        if opts.compile_ahead:
             e = dataclasses.replace(e, seconds=e.seconds - min(e.compile_s, beside))
         beside = e.problem_s + e.check_s
         out.append(e)
