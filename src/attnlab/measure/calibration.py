@@ -9,12 +9,14 @@ and on its load now, so they are measured, not assumed:
   forward cell: one with gradients compiles about ``GRAD_FACTOR`` times as much), keeps them for the
   rest of the process and stores them beside the ceilings (``ATTNLAB_CACHE_DIR``, default
   ``~/.cache/attnlab``, file ``estimate.json``, by device kind) for the next sweep here;
-- ``probe_s()`` times the compile of one small attention program now (wall seconds; once a
-  process): the stored seconds are scaled by the probe now over the probe when they were measured,
-  so a machine busier (or idler) than then is estimated so.
+- ``probe_s()`` times the compile of one small attention program now (wall seconds, at least its
+  CPU time times the last minute's contention; once a process): the stored seconds are scaled by
+  the probe now over the probe when they were measured, so a machine busier (or idler) than then is
+  estimated so.
 
-Where nothing was measured yet, ``DEFAULTS``: the seconds a forward cell's compiles took on an idle
-2-core CPU (with its probe's seconds) and on an H200.
+Where nothing was measured yet, ``DEFAULTS``: on a CPU the seconds a forward cell's compiles took
+on a lightly loaded 2-core CPU (with its probe's seconds); on a GPU a guess, not scaled (the first
+sweep there calibrates it).
 """
 from __future__ import annotations
 
