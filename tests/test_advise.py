@@ -138,7 +138,8 @@ def test_advise_end_to_end_on_cpu(tmp_path):
     assert "llama-3.1-8b" in html and "fastest correct" in html and "activations" in html
     assert "fastest correct path per phase" in r.output
     r2 = CliRunner().invoke(main, args, terminal_width=250)          # resumes: nothing measured again
-    assert r2.exit_code == 0 and r2.output.count("resumed") == 6, r2.output
+    assert r2.exit_code == 0 and r2.output.count("  resumed") == 6, r2.output
+    assert r2.output.rstrip().endswith(f"0 cells measured, 6 resumed from {out}/results.jsonl"), r2.output
 
 
 def test_model_sweep_is_one_cell_per_entry_and_backend():

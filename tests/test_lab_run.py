@@ -46,6 +46,8 @@ def test_run_appends_a_run_record_and_ends_with_the_cost_line(tmp_path):
     runs = [x for x in _records(out) if x["kind"] == "run"]
     assert [x["resumed"] for x in runs] == [False, True]
     assert runs[-1]["cells"] == 0 and runs[-1]["cells_resumed"] == runs[0]["cells"]
+    # measured nothing: no "N cells in X s" for the stopped run's cells
+    assert f"0 cells measured, {runs[0]['cells']} resumed from {out}/sweeps" in " ".join(r.output.split()), r.output
 
 
 def test_run_refuses_a_folder_with_results_like_bench(tmp_path):
@@ -97,7 +99,12 @@ def test_the_terminal_stays_quiet_and_an_oversized_memory_probe_is_predicted(tmp
     for bad in ("Traceback", "RESOURCE_EXHAUSTED", "WARNING", "E0000", "W0000"):
         assert bad not in r.stdout and bad not in r.stderr, bad
     assert r.stderr == ""
-    assert "PjRt" in open(os.path.join(out, "run.log")).read()   # XLA's C++ log (INFO, asked for) went to the file
+    log = open(os.path.join(out, "run.log")).read()
+    assert "PjRt" in log   # XLA's C++ log (INFO, asked for) went to the file
+    # and the run's own lines: what ran, each step as it starts and ends, the cost line, the summary
+    for line in ("attnlab: log of: attnlab run --out", "attnlab: step next (1 of 1) starts", "attnlab: step next: ok",
+                 " cells in ", "1 of 1 steps ok in "):
+        assert line in log, line
     mem = [x for x in _records(out) if x["kind"] == "memory"]
     oom = [x for x in mem if x["status"] == "oom"]
     assert oom and all(x["reason"].startswith("predicted") and x["estimate_bytes"] > 100_000 for x in oom)

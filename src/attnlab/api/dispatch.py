@@ -151,12 +151,9 @@ def build(records: Iterable[dict], library_of: Callable[[str], Iterable[str]] = 
     date = date or datetime.date.today().isoformat()
     groups: dict[tuple, dict] = {}
     for r in records:
-        if r.get("strategy") or (r.get("devices") or 1) != 1 or r.get("lengths"):
-            continue
-        if r.get("inputs", "gaussian") != "gaussian":
-            continue                      # other input distributions time the same kernels: one entry per shape
-        if r.get("soft_cap") is not None or r.get("packing"):
-            continue                      # capped or packed cells: not what a plain call of the shape runs
+        if (r.get("strategy") or (r.get("devices") or 1) != 1 or r.get("lengths") or r.get("soft_cap") is not None
+                or r.get("packing") or r.get("inputs", "gaussian") != "gaussian"):
+            continue   # not what a plain call of the shape runs; other inputs time the same kernels (one entry a shape)
         env = r.get("env") or {}
         if not isinstance(env.get("device_kind"), str):
             continue                      # a record that does not say where it ran keys no entry
@@ -237,12 +234,16 @@ _LOADED: dict[str, tuple[tuple, Table]] = {}
 
 
 def load_cached(path: str | None = None) -> Table:
-    """``load``, re-read only when the file's mtime or size changes (auto consults it on every call)."""
+    """``load``, re-read only when the file's mtime or size changes (auto consults it on every call). No
+    file is an empty table, but the absence of one ``ATTNLAB_DISPATCH`` names is a ``DispatchError``."""
     path = path or default_path()
     try:
         st = os.stat(path)
         stamp = (st.st_mtime_ns, st.st_size)
-    except OSError:
+    except OSError as e:
+        if os.path.expanduser(os.environ.get(ENV_VAR, "").strip()) == path:   # named by hand: reported, as a corrupt one
+            raise DispatchError(f"{path}: no dispatch table there ({e.strerror}; named by {ENV_VAR}; `attnlab tune "
+                                f"--out {path}` writes one, {ENV_VAR}=off turns it off)") from None
         return Table((), path)
     hit = _LOADED.get(path)
     if hit and hit[0] == stamp:

@@ -42,3 +42,19 @@ def packed(items: list[str], width: int, *, sep: str = "  ·  ", indent: str = "
     if cur != indent:
         lines.append(cur)
     return lines
+
+
+def print_compact_table(title: str, columns: list[str], rows: list[list[str]], key: int = 1,
+                        con: Console | None = None) -> None:
+    """A table in the compact layout: its title, then per row its first ``key`` cells on one line and
+    each other non-empty cell on a line of its own, ``column: value``, whole (nothing cut to fit)."""
+    from rich.markup import escape
+
+    con = con or console
+    con.print(escape(title), highlight=False, soft_wrap=True)
+    width = max((len(c) for c in columns[key:]), default=0)
+    for row in rows:
+        con.print(escape(" ".join(x for x in row[:key] if x)), highlight=False, soft_wrap=True)
+        for c, x in zip(columns[key:], row[key:]):
+            if x:
+                con.print(f"  {escape(c.ljust(width))}  {escape(x)}", highlight=False, soft_wrap=True)

@@ -29,31 +29,56 @@ def cell_budget(value: float | None) -> float:
     return value
 
 
-def print_estimate(cells, opts) -> None:
-    """One line before the sweep: the cell count, the estimated time and memory per cell here, and
-    how many cells are over the cell budget (recorded over_budget, not run)."""
+def print_estimate(cells, opts, resume_from: str | None = None) -> None:
+    """One line before the sweep: the cell count, the estimated time and memory per cell here (what
+    is compiled once per problem counted once, unavailable backends at ~0 s: ``estimate_sweep``),
+    what the compile seconds come from, and how many cells are over the cell budget (recorded
+    over_budget, not run). ``resume_from``: the folder whose results.jsonl the sweep resumes; the
+    cells recorded there are counted apart, not estimated."""
     from ..core import device
-    from ..measure.estimate import estimate_cell
+    from ..core.store import read_records
+    from ..measure import calibration
+    from ..measure.cell import record_key
+    from ..measure.estimate import estimate_cell, estimate_sweep
 
+    path = os.path.join(resume_from, "results.jsonl") if resume_from else None
+    try:
+        old = {record_key(r) for r in read_records(path)} if path and os.path.exists(path) else set()
+    except (OSError, ValueError):   # the sweep itself reports a file it cannot read
+        old = set()
+    if old:
+        n_all, cells = len(cells), [c for c in cells if c.key() not in old]
+        if n_all > len(cells):
+            console.print(f"{n_all - len(cells)} of {n_all} cells already recorded in {path}: resumed, not measured "
+                          f"again", highlight=False, soft_wrap=True)
     if not cells:
         return
     info = device.current()
-    ests = [(estimate_cell(c, opts, info), c) for c in cells]
+    ests = list(zip(estimate_sweep(cells, opts, info), cells))
     secs = [e.seconds for e, _ in ests]
     big, big_cell = max(ests, key=lambda ec: ec[0].seconds)
-    over = sum(s > opts.cell_budget_s for s in secs) if opts.cell_budget_s else 0
+    over = sum(e.seconds > 0 and estimate_cell(c, opts, info).seconds > opts.cell_budget_s   # as measure_cell decides
+               for e, c in ests) if opts.cell_budget_s else 0
+    cal = calibration.current(info)
     text = (f"{len(cells)} cells on {info.kind or info.platform}: estimated ~{statistics.median(secs):.2g} s a cell "
             f"(median), ~{sum(secs):.3g} s in all, up to ~{max(e.bytes for e, _ in ests) / 2**20:.4g} MiB; "
-            f"largest: {big_cell.backend} {big_cell.config_label} {big.text()}")
+            f"largest: {big_cell.backend} {big_cell.config_label} {big.text()}; compiles ~{cal.compile_s:.2g} s, "
+            f"inputs and references ~{cal.problem_s:.2g} s a problem ({cal.source})")
     if over:
         text += f"; [yellow]{over} cell(s) over the cell budget of {opts.cell_budget_s:g} s: recorded over_budget, not run[/]"
     console.print(text, highlight=False, soft_wrap=True)
 
 
-def cost_line(records) -> None:
+def cost_line(records, resumed_cells=(), out_dir: str | None = None) -> None:
+    """The cost line of the cells measured now: ``records`` less those of ``resumed_cells`` (the cells
+    ``run_sweep`` found already recorded in ``out_dir``: counted as resumed, their seconds not summed)."""
     from ..core.records import cost_summary
+    from ..measure.cell import record_key
 
-    console.print(cost_summary(records), highlight=False, soft_wrap=True)
+    old = {c.key() for c in resumed_cells}
+    now = [r for r in records if record_key(r) not in old]
+    src = os.path.join(out_dir, "results.jsonl") if out_dir else None
+    console.print(cost_summary(now, resumed=len(records) - len(now), resumed_from=src), highlight=False, soft_wrap=True)
 
 
 def phase_spinner():

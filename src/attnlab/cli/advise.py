@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table as RichTable
 
 from ._app import _fail, console, main, writable_folder, writes_to
+from ._layout import compact, print_compact_table, table_console, wide_option
 from ._sweep_ui import cell_budget, cell_budget_option, cost_line, exit_after_interrupt, phase_spinner, print_estimate
 
 
@@ -42,7 +43,9 @@ def _non_jax() -> set[str]:
 @click.option("--compile-budget", type=float, default=120.0, show_default=True,
               help="Seconds a compile may take before the cell is skipped.")
 @cell_budget_option
-def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, repeats, compile_budget, cell_budget_s):
+@wide_option
+def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, repeats, compile_budget, cell_budget_s,
+               wide):
     """Which attention path, how long per layer and per model, how much KV cache, how large a batch fits."""
     from ..report import advice
     from ..measure import Options
@@ -64,11 +67,15 @@ def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, r
                   f"({', '.join(ms.sweeps[0].backends)}) = {len(cells)} cells → {out_dir}/results.jsonl (resumes)",
                   highlight=False, soft_wrap=True)
     opts = Options(repeats=repeats, compile_budget_s=compile_budget, cell_budget_s=cell_budget(cell_budget_s))
-    print_estimate(cells, opts)
+    print_estimate(cells, opts, out_dir)
+    resumed: list = []
     try:
         def on_cell(cell, rec, i, n):
+            if rec is None:
+                resumed.append(cell)
             status = "resumed" if rec is None else rec["status"]
-            console.print(f"  [{i + 1}/{n}] {cell.backend:<15} {escape(cell.config_label)}  {status}", highlight=False)
+            console.print(f"  [{i + 1}/{n}] {cell.backend:<15} {escape(cell.config_label)}  {status}", highlight=False,
+                          soft_wrap=True)
 
         with writes_to(out_dir), phase_spinner() as on_phase:
             records = run_sweep(ms, out_dir, resume=True, options=opts, on_cell=on_cell, on_phase=on_phase)
@@ -88,22 +95,28 @@ def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, r
     with writes_to(out_dir), open(os.path.join(out_dir, "advise.json"), "w", encoding="utf-8") as f:
         json.dump(adv, f, indent=2)
     tabs = advice.tables(adv)
-    from rich.console import Console
-
-    out = console if console.is_terminal else Console(width=max(console.width, 220))   # a log: no squeezing
-    for t in tabs:
-        rt = RichTable(title=escape(t["title"]))
-        for c in t["columns"]:
-            rt.add_column(escape(c))
-        for r in t["rows"]:
-            rt.add_row(*[escape(x) for x in r])
-        out.print(rt)
+    print_tables(tabs, wide)
     for n in adv["notes"]:
         console.print(f"[yellow]note:[/] {escape(n)}", highlight=False, soft_wrap=True)
     with writes_to(out_dir):
         html = _write_html(os.path.join(out_dir, "advise.html"), adv, tabs, env)
     console.print(f"→ {html}, {out_dir}/advise.json", highlight=False)
-    cost_line(records)
+    cost_line(records, resumed, out_dir)
+
+
+def print_tables(tabs: list[dict], wide: bool = False) -> None:
+    """The advice's tables (``report.advice.tables``): full tables on a terminal of 100 columns or more
+    (or with ``--wide``), else the compact layout of bench and compare, a line per cell, nothing cut."""
+    for t in tabs:
+        if compact(wide):
+            print_compact_table(t["title"], t["columns"], t["rows"], t["key"])
+            continue
+        rt = RichTable(title=escape(t["title"]))
+        for c in t["columns"]:
+            rt.add_column(escape(c))
+        for r in t["rows"]:
+            rt.add_row(*[escape(x) for x in r])
+        table_console().print(rt)
 
 
 def _device_memory(gib: float | None) -> tuple[int | None, str | None]:

@@ -103,7 +103,7 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
     opts = Options(repeats=reps, compile_budget_s=budget, check=not no_check and run_opts.get("check", True),
                    min_time_s=float(mt), warmup=warmup, cell_budget_s=cell_budget(cell_budget_s))
     cells = sweep.cells()
-    print_estimate(cells, opts)
+    print_estimate(cells, opts, out_dir if resume else None)
     skipped = []
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)
@@ -138,7 +138,7 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
         console.print(f"resumed: skipped {len(skipped)} of {len(cells)} cells already in {out_dir}/results.jsonl, "
                       f"measured {len(cells) - len(skipped)}", highlight=False)
     _print_bench_table(records, out_dir, wide)
-    cost_line(records)
+    cost_line(records, skipped, out_dir)
 
 
 def _model_sweep(config, given: dict, name):
@@ -216,11 +216,20 @@ def _print_bench_table(records, out_dir, wide: bool = False):
 @main.command()
 @click.argument("results", type=click.Path(exists=True))
 def scaling(results):
-    """Scaling efficiency of sharded cells: time on 1 device / (n x time on n devices)."""
+    """Scaling efficiency of sharded cells: time on 1 device / (n x time on n devices).
+
+    Exit 2 when there is nothing to show (no results, or no sharded cell timed), as ``compare``'s
+    "nothing comparable"."""
     from ..sweep import load
     from ..sweep.scaling import scaling_rows
 
-    rows = scaling_rows(load(results))
+    try:
+        rows = scaling_rows(load(results))
+    except (OSError, ValueError) as e:   # CompareError and RecordError are ValueErrors
+        _fail(str(e))
+    if not rows:
+        _fail(f"{results}: no sharded cell timed, nothing to show (a sweep with --devices 1,2 --strategy batch "
+              f"makes them)")
     t = RichTable(title="strong scaling (same global problem)")
     for c in ("configuration", "strategy", "devices", "ms", "1-device ms", "efficiency"):
         t.add_column(c)

@@ -71,7 +71,7 @@ def run(out_dir, label, quick, sections, resume, overwrite):
     log = os.path.join(out_dir, "run.log")
     try:
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=True) as prog, quiet.logs_to(log, append=resume):
+                      console=console, transient=True) as prog, quiet.logs_to(log, append=resume) as log_file:
             task = prog.add_task("attnlab run", total=len(chosen or STEPS))
 
             step = {"id": ""}
@@ -79,13 +79,17 @@ def run(out_dir, label, quick, sections, resume, overwrite):
             def before(sid, i, n):
                 step["id"] = sid
                 prog.update(task, completed=i, description=f"step {sid}")
+                quiet.stamp(log_file, f"step {sid} ({i + 1} of {n}) starts")
 
             def cell(sweep, i, n):
                 prog.update(task, description=f"step {step['id']} · {sweep} cell {i}/{n}")
+                quiet.stamp(log_file, f"step {step['id']}: {sweep} cell {i} of {n}")
 
             def after(sec, i, n):
                 prog.update(task, completed=i + 1)
                 reason = f" — {sec.reason}" if sec.reason else ""
+                line = f"{sec.status:7} {sec.title} ({sec.facts.get('seconds', 0):.1f} s){reason}"
+                quiet.stamp(log_file, f"step {sec.id}: {line}")
                 prog.console.print(f"[{COLOURS.get(sec.status, 'white')}]{sec.status:7}[/] {sec.title} "
                                    f"({sec.facts.get('seconds', 0):.1f} s){reason}", highlight=False, soft_wrap=True)
 
@@ -94,16 +98,24 @@ def run(out_dir, label, quick, sections, resume, overwrite):
                                overwrite=overwrite, on_step=after, on_cell=cell)
     except LabInterrupted as e:
         finished = ", ".join(e.finished) or "none"
+        quiet.stamp(log, f"stopped in step {e.stopped_in} after {len(e.finished)} of {e.total} steps (Ctrl-C)")
         console.print(f"\nstopped in step {e.stopped_in} after {len(e.finished)} of {e.total} steps "
                       f"(finished: {finished}); {e.cells} cell(s) measured are kept in {out_dir}/sweeps.\n"
                       f"Go on with: {resume_command(out_dir, quick=quick, sections=chosen, label=label)}",
                       highlight=False, soft_wrap=True)
         _exit_interrupted()
     run_rec = next((r for r in reversed(read_jsonl(os.path.join(out_dir, "results.jsonl"))) if r.get("kind") == "run"), {})
-    resumed = f"; resumed: {run_rec.get('cells_resumed', 0)} cell(s) from the stopped run" if resume else ""
-    console.print(f"{run_rec.get('cost') or cost_summary([])}{resumed}", highlight=False, soft_wrap=True)
-    console.print(f"{run_rec.get('steps_ok', 0)} of {len(done)} steps ok in {run_rec.get('wall_s', 0):.1f} s → "
-                  f"{out_dir}/report.html (logs: {log})", highlight=False, soft_wrap=True)
+    n_resumed = run_rec.get("cells_resumed", 0) if resume else 0
+    if n_resumed and not run_rec.get("cells"):   # measured nothing: no "N cells in X s" for cells of the stopped run
+        cost = cost_summary([], resumed=n_resumed, resumed_from=f"{out_dir}/sweeps (the stopped run)")
+    else:
+        cost = (run_rec.get("cost") or cost_summary([])) + (f"; {n_resumed} resumed from {out_dir}/sweeps (the "
+                                                             f"stopped run)" if n_resumed else "")
+    summary = f"{run_rec.get('steps_ok', 0)} of {len(done)} steps ok in {run_rec.get('wall_s', 0):.1f} s → {out_dir}/report.html"
+    for line in (cost, summary):
+        quiet.stamp(log, line)
+    console.print(cost, highlight=False, soft_wrap=True)
+    console.print(f"{summary} (log: {log})", highlight=False, soft_wrap=True)
     if any(s.status == "failed" for s in done):
         sys.exit(1)
 

@@ -15,20 +15,26 @@ _TIMED = ("ok", "unchecked")
 
 
 class Footnotes:
-    """Reasons numbered once each: ``mark(backend, status, reason)`` -> "unsupported (1)"."""
+    """Reasons numbered once each: ``mark(backend, status, reason)`` -> "unsupported (1)". A footnote is
+    the text printed ("cudnn: needs a GPU"), so a reason given with and without its backend's name, or
+    with other spacing, is one footnote."""
 
     def __init__(self):
-        self.reasons: dict[tuple[str, str], int] = {}
+        self.reasons: dict[str, int] = {}
+
+    @staticmethod
+    def text(backend: str, reason: str) -> str:
+        named = reason if reason.startswith(f"{backend}:") else f"{backend}: {reason}"
+        return " ".join(named.split())
 
     def mark(self, backend: str, status: str, reason: str | None) -> str:
         if not reason:
             return status
-        n = self.reasons.setdefault((backend, reason), len(self.reasons) + 1)
+        n = self.reasons.setdefault(self.text(backend, reason), len(self.reasons) + 1)
         return f"{status} ({n})"
 
     def print(self, con) -> None:
-        for (backend, reason), n in self.reasons.items():
-            named = reason if reason.startswith(f"{backend}:") else f"{backend}: {reason}"
+        for named, n in self.reasons.items():
             con.print(f"({n}) {escape(named)}", highlight=False)
 
 

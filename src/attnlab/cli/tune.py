@@ -95,10 +95,14 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
                    cell_budget_s=cell_budget(cell_budget_s))
     n = len(sweep.cells())
     console.print(f"tune: {n} cells ({', '.join(sweep.backends)}) -> {records_dir}/results.jsonl", highlight=False, soft_wrap=True)
-    print_estimate(sweep.cells(), opts)
+    print_estimate(sweep.cells(), opts, records_dir)
+
+    resumed: list = []
 
     def on_cell(cell, rec, i, total):
-        if rec is not None:
+        if rec is None:
+            resumed.append(cell)
+        else:
             t = time_ms(rec)
             console.print(f"[{i + 1}/{total}] {cell.backend:<15} {cell.config_label:<52} {rec['status']:<12} "
                           + (f"{t:.4g} ms" if t is not None else (rec.get("reason") or "")[:60]), highlight=False, soft_wrap=True)
@@ -123,4 +127,4 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
     console.print(f"{len(entries)} dispatch entries -> {path}", highlight=False, soft_wrap=True)
     if interrupted:
         exit_after_interrupt(abandoned)
-    cost_line(records)
+    cost_line(records, resumed, records_dir)

@@ -192,14 +192,40 @@ def config_label(rec: dict, mesh: bool = True) -> str:
 COST_FIELDS = fields_where("phase")
 
 
-def cost_summary(records) -> str:
-    """Where a sweep's time went, in one line: ``N cells in X s: compile Y s, check Z s, timing W s, other V s``.
-
-    Sums the cost fields of the cell records (records of other kinds, e.g. ``lab_step`` or ``run``, are
-    skipped; a cell without ``cell_s`` counts 0 s). "other" is the rest of ``cell_s`` (inputs included)."""
+def cost_split(records) -> dict:
+    """Where the cells' wall seconds went (``cell_s`` summed: ``total``), in parts that add up to it:
+    ``compile`` (the seconds a cell waited for its compile: ``compile_wait_s``, else ``compile_s``, plus
+    ``next_compile_wait_s``, its wait for the next cell's), ``check``, ``timing`` and ``other`` (inputs
+    and the rest); beside them ``background``: the compiler's seconds (``compile_s``) that ran in a
+    background thread while other cells were measured (``attnlab.measure.ahead``), in none of the parts."""
     cells = [r for r in records if r.get("kind", "cell") == "cell"]
     total = sum(r.get("cell_s") or 0.0 for r in cells)
-    parts = {p: sum(r.get(f"{p}_s") or 0.0 for r in cells) for p in ("compile", "check", "timing")}
-    other = max(0.0, total - sum(parts.values()))
-    return (f"{len(cells)} cells in {total:.1f} s: compile {parts['compile']:.1f} s, check {parts['check']:.1f} s, "
-            f"timing {parts['timing']:.1f} s, other {other:.1f} s")
+    waited = sum((r["compile_wait_s"] if r.get("compile_wait_s") is not None else r.get("compile_s") or 0.0)
+                 + (r.get("next_compile_wait_s") or 0.0) for r in cells)
+    compiler = sum(r.get("compile_s") or 0.0 for r in cells)
+    parts = {"compile": waited, "check": sum(r.get("check_s") or 0.0 for r in cells),
+             "timing": sum(r.get("timing_s") or 0.0 for r in cells)}
+    return {"cells": len(cells), "total": total, **parts, "other": max(0.0, total - sum(parts.values())),
+            "background": max(0.0, compiler - waited)}
+
+
+def cost_summary(records, *, resumed: int = 0, resumed_from: str | None = None) -> str:
+    """Where a sweep's time went, in one line: ``N cells in X s: compile Y s, check Z s, timing W s, other V s``
+    (``cost_split``: the parts add up to X, to the rounding of the last digit), then the compile seconds
+    that ran in the background beside other cells where there were any, and ``resumed`` cells (recorded
+    by an earlier run in ``resumed_from``, measured not now; ``records`` holds only the cells measured now).
+
+    Records of other kinds (e.g. ``lab_step`` or ``run``) are skipped; a cell without ``cell_s`` counts 0 s."""
+    c = cost_split(records)
+    more = f"{resumed} resumed from {resumed_from}" if resumed_from else f"{resumed} resumed"
+    if not c["cells"] and resumed:
+        return f"0 cells measured, {more}"
+    r = {k: round(c[k], 1) for k in ("total", "compile", "check", "timing")}
+    other = max(0.0, round(r["total"] - r["compile"] - r["check"] - r["timing"], 1))
+    text = (f"{c['cells']} cells in {r['total']:.1f} s: compile {r['compile']:.1f} s, check {r['check']:.1f} s, "
+            f"timing {r['timing']:.1f} s, other {other:.1f} s")
+    if c["background"] >= 0.05:
+        text += f" (and {c['background']:.1f} s more compiling in the background, beside other cells)"
+    if resumed:
+        text += f"; {more}"
+    return text

@@ -191,16 +191,18 @@ def _measure_cell(cell: Cell, opts: Options | None, on_phase=None, ahead=None) -
     rec["timer"] = "cupti" if no_cupti is None else "wall"
     t_start = time.perf_counter()
     try:
+        try:
+            backend = backends.get(cell.backend)
+        except ValueError as e:
+            raise _Skip("unsupported", str(e))
+        if backend.available():   # before the budget: what cannot run here is unsupported, never over budget
+            raise _Skip("unsupported", f"{cell.backend}: {backend.available()}")
         if opts.cell_budget_s:
             est = estimate.estimate_cell(cell, opts, info)
             rec["estimate_s"] = est.seconds
             if est.seconds > opts.cell_budget_s:
                 raise _Skip("over_budget", f"estimated {est.text()} on {info.kind or info.platform}: more than the "
                                            f"cell budget of {opts.cell_budget_s:g} s (--cell-budget); not run")
-        try:
-            backend = backends.get(cell.backend)
-        except ValueError as e:
-            raise _Skip("unsupported", str(e))
         with phases("inputs"):
             try:
                 sets = _input_sets(cell, opts)
@@ -217,7 +219,6 @@ def _measure_cell(cell: Cell, opts: Options | None, on_phase=None, ahead=None) -
         why = backend.why_not(spec) if cell.lengths is None else backend.available()
         if not why and cell.lengths == "paged":
             from ..api.decode import paged_refusal
-
             why = paged_refusal(backend)
         if why:
             raise _Skip("unsupported", f"{cell.backend}: {why}")

@@ -12,7 +12,12 @@ A deliberately rough, conservative model from the cell's FLOPs and bytes (``attn
 - the check: the float32 reference and its emulation over the whole (dense: the reference skips no
   masked tile) problem, gradients too for fwd+bwd / bwd cells, at the fp32 throughput; the float64
   rows at ``NUMPY_GFLOPS``.
-- compile: ``COMPILE_S`` for the kernel and the references.
+- compiles: the kernel's, and what is compiled once per problem (the inputs' and the check's
+  reference programs), in seconds measured on this machine and scaled to its load now
+  (``attnlab.measure.calibration``: the first compile of a sweep, stored for the next), twice for a
+  cell with gradients. A sweep compiles a problem's programs once, for all its backends
+  (``estimate_sweep`` counts them once); a cell whose backend is not available here costs nothing
+  (it is recorded unsupported at once).
 
 Memory: the input sets, the cotangents, the references' outputs and one tile of their scores.
 """
@@ -22,14 +27,13 @@ import dataclasses
 import math
 
 from ..core.problem import BWD_FLOP_FACTOR
-from . import peaks
+from . import calibration, peaks
 
 GPU_EFFICIENCY = 0.25
 CPU_GFLOPS = {"fp32": 10.0, "tf32": 10.0, "bf16": 8.0, "fp8": 1.0}   # a 2-core CPU under load: 9-18 f32
 CPU_FLOAT64_GFLOPS = 5.0
 CPU_GBPS = 5.0
 NUMPY_GFLOPS = 1.0
-COMPILE_S = {"gpu": 4.0, "cpu": 2.0}
 #: rows of the float64 check: first, last and 2 interior tiles of 64 rows, up to 3 batch elements
 F64_ROWS, F64_BATCH = 4 * 64, 3
 
@@ -39,12 +43,14 @@ class Estimate:
     seconds: float        # the whole cell
     call_s: float         # one call of the kernel
     calls: int            # calls the timing makes
-    check_s: float
-    compile_s: float
+    check_s: float        # the check's arithmetic
+    compile_s: float      # the kernel's compile
     bytes: int            # device memory the cell holds at its peak, roughly
+    problem_s: float = 0.0   # compiling the inputs' and the check's programs (once per problem in a sweep)
 
     def text(self) -> str:
-        return (f"~{self.seconds:.3g} s (compile ~{self.compile_s:.2g} s, check ~{self.check_s:.3g} s, "
+        once = f", inputs and references ~{self.problem_s:.2g} s" if self.problem_s else ""
+        return (f"~{self.seconds:.3g} s (compile ~{self.compile_s:.2g} s{once}, check ~{self.check_s:.3g} s, "
                 f"{self.calls} timed calls of ~{_ms(self.call_s)}), ~{self.bytes / 2**20:.4g} MiB")
 
 
@@ -88,13 +94,16 @@ def estimate_cell(cell, opts, info) -> Estimate:
     calls = max(opts.warmup, n_sets) + repeats + 3 * pipe
     timing_s = (max(opts.warmup, n_sets) + 3 * pipe) * call_s + timed_s
     dense = 4.0 * w.batch * w.q_len * w.kv_len * w.heads * w.head_dim        # the reference masks, skips nothing
+    cal = calibration.current(info)
+    compile_x = calibration.GRAD_FACTOR if grads else 1.0
     check_s = 0.0
+    problem_s = cal.problem_s * compile_x * (1.0 if opts.check else 0.3)   # without the check: the inputs alone
     if opts.check:
         ref_flops, _ = throughput(info, "float64" if cell.dtype == "float64" else "float32")
         ref = 2 * dense * (1 + (1 + BWD_FLOP_FACTOR if grads else 0)) / ref_flops
         rows = 4.0 * min(F64_ROWS, w.q_len) * min(F64_BATCH, w.batch) * w.kv_len * w.heads * w.head_dim
         check_s = ref + rows / (NUMPY_GFLOPS * 1e9) + (3 if grads else 1) * call_s
-    compile_s = COMPILE_S.get(info.platform, COMPILE_S["cpu"]) * (2 if opts.check else 1)
+    compile_s = cal.compile_s * compile_x
     qkv = w.bytes("fwd") - w.batch * w.q_len * w.heads * w.head_dim * w.itemsize
     out32 = 4 * w.batch * w.q_len * w.heads * w.head_dim
     mem = n_sets * (qkv + (out32 if grads else 0)) + (2 + (6 if grads else 0)) * out32
@@ -102,5 +111,46 @@ def estimate_cell(cell, opts, info) -> Estimate:
         from ..reference.blockwise import TILE_BUDGET
 
         mem += min(TILE_BUDGET.get(info.platform, TILE_BUDGET["cpu"]), 4 * w.batch * w.heads * w.q_len * w.kv_len)
-    return Estimate(seconds=compile_s + check_s + timing_s, call_s=call_s, calls=calls, check_s=check_s,
-                    compile_s=compile_s, bytes=int(mem))
+    return Estimate(seconds=compile_s + problem_s + check_s + timing_s, call_s=call_s, calls=calls, check_s=check_s,
+                    compile_s=compile_s, bytes=int(mem), problem_s=problem_s)
+
+
+def check_compute_s(cell, opts, info) -> float:
+    """A cell's estimated check arithmetic (what is not compiling): ``calibration.learn`` takes it
+    out of a measured ``check_s``."""
+    return estimate_cell(cell, opts, info).check_s
+
+
+def _problem_key(cell) -> str:
+    """What the inputs' and the check's programs are compiled for: the cell without its backend and inputs."""
+    import json
+
+    return json.dumps({k: v for k, v in cell.identity().items() if k not in ("backend", "inputs")}, sort_keys=True)
+
+
+def estimate_sweep(cells, opts, info) -> list[Estimate]:
+    """Each cell's estimate inside a sweep of ``cells`` (in order), in wall seconds: the programs
+    compiled once per problem counted at its first cell only; with ``opts.compile_ahead`` a kernel's
+    compile only where it outlasts the previous cell's inputs and check, beside which it runs
+    (``attnlab.measure.ahead``; the timing waits for it); a cell whose backend is not available here ~0 s."""
+    from .. import backends
+
+    seen, out, beside = set(), [], 0.0
+    for c in cells:
+        e = estimate_cell(c, opts, info)
+        try:
+            unavailable = backends.get(c.backend).available()
+        except ValueError as err:
+            unavailable = str(err)
+        if unavailable:
+            out.append(dataclasses.replace(e, seconds=0.0, call_s=0.0, calls=0, check_s=0.0, compile_s=0.0, problem_s=0.0))
+            beside = 0.0   # recorded at once: nothing for the next cell's compile to run beside
+            continue
+        if _problem_key(c) in seen:
+            e = dataclasses.replace(e, seconds=e.seconds - e.problem_s, problem_s=0.0)
+        seen.add(_problem_key(c))
+        if opts.compile_ahead:
+            e = dataclasses.replace(e, seconds=e.seconds - min(e.compile_s, beside))
+        beside = e.problem_s + e.check_s
+        out.append(e)
+    return out

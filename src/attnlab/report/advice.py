@@ -8,6 +8,8 @@
 - ``phases``: one row per (phase, context, T): the whole model's time in ms (sum over layer kinds of
   the kind's fastest time x its layers; Gemma-2: windowed and global layers weighted by count), and
   for decode ms per token (the step's time / T: every sequence of the batch gains T tokens a step);
+  ``missing``: the layer kinds with no correct backend, ``not_run`` those of them the cell budget kept
+  from running (``over_budget``: "not run: over budget", never "none correct");
 - ``memory``: per context, KV-cache bytes per sequence (bf16; windowed layers cache only their window,
   a rolling buffer of min(context, W + 1) tokens; the every-layer-caches-all figure beside it), the
   weights in bf16 (``params`` x 2 bytes), and the largest batch whose KV cache fits in the device's
@@ -15,6 +17,8 @@
 Times are milliseconds, sizes bytes.
 """
 from __future__ import annotations
+
+import math
 
 from ..core.model_plan import PlanEntry, notes as plan_notes
 from ..core.models import ModelPreset
@@ -50,7 +54,8 @@ def cell_rows(entries: list[PlanEntry], records: list[dict], non_jax=frozenset()
         rows.append({"phase": e.phase, "context": e.context, "kind": e.kind, "layers": e.layers, "q_len": e.q_len,
                      "kv_len": e.kv_len, "window": list(e.window) if e.window else None, "mode": e.mode,
                      "backends": {b: {"status": r["status"], "ms": time_ms(r) if r["status"] in ("ok", "unchecked")
-                                      else None, "reason": r.get("reason")} for b, r in by.items()},
+                                      else None, "reason": r.get("reason"), "estimate_s": r.get("estimate_s")}
+                                  for b, r in by.items()},
                      "best": best, "best_ms": best_ms, "best_native": best in non_jax,
                      "best_jax": jax_best, "best_jax_ms": jax_ms})
     return rows
@@ -69,7 +74,8 @@ def phase_rows(cells: list[dict]) -> list[dict]:
                     "per_layer": {c["kind"]: {"best": c["best"], "ms": c["best_ms"], "layers": c["layers"],
                                               "text": _best_text(c)} for c in cs},
                     "model_ms": model_ms, "per_token_ms": model_ms / t if model_ms is not None and phase == "decode" else None,
-                    "missing": missing})
+                    "missing": missing,
+                    "not_run": [c["kind"] for c in cs if c["best_ms"] is None and _none_text(c).startswith("not run")]})
     return out
 
 
@@ -86,11 +92,25 @@ def memory_rows(preset: ModelPreset, contexts: list[int], device_bytes: int | No
     return out
 
 
+def over_budget_note(cells: list[dict], flag: str = "--cell-budget") -> str | None:
+    """How to run the cells recorded ``over_budget`` (estimated above the cell budget, never run): the
+    ``flag`` with a budget above their largest estimate (seconds); None where there are none."""
+    ests = [x.get("estimate_s") for c in cells for x in c["backends"].values() if x["status"] == "over_budget"]
+    if not ests:
+        return None
+    known = [e for e in ests if e]
+    need = f"{flag} {math.ceil(max(known) * 1.2)}" if known else f"a larger {flag}"
+    return (f"{len(ests)} cell(s) not run: estimated above the cell budget (over_budget); to run them give {need} "
+            f"(seconds a cell may take)")
+
+
 def advise(preset: ModelPreset, entries: list[PlanEntry], records: list[dict], *, batch: int = 1,
            device_bytes: int | None = None, device_kind: str | None = None,
            device_bytes_source: str | None = None, non_jax=frozenset()) -> dict:
     """The whole answer (see the module docstring) as a JSON-able dict; ``non_jax``: the backends that
-    are not JAX ops (PyTorch peers), for which the fastest JAX path is named beside them."""
+    are not JAX ops (PyTorch peers), for which the fastest JAX path is named beside them. A cell whose
+    backends were not run for the cell budget says so ("not run: over budget") and a note gives the
+    ``--cell-budget`` that runs them."""
     contexts = list(dict.fromkeys(e.context for e in entries))
     cells = cell_rows(entries, records, frozenset(non_jax))
     backends_ = list(dict.fromkeys(b for c in cells for b in c["backends"]))
@@ -101,6 +121,9 @@ def advise(preset: ModelPreset, entries: list[PlanEntry], records: list[dict], *
                                             "timed); incorrect, unsupported or failed cells are never chosen"]
     if device_bytes is None:
         notes.append("device memory unknown here (JAX gives no memory_stats, e.g. on a CPU; --device-memory GiB sets it): no max batch")
+    budget = over_budget_note(cells)
+    if budget:
+        notes.append(budget)
     mem = memory_rows(preset, contexts, device_bytes)
     if any(m["free_bytes"] is not None and m["free_bytes"] <= 0 for m in mem):
         notes.append(f"{preset.name}: the bf16 weights alone ({preset.weight_bytes(2) / 2**30:.0f} GiB) exceed this "
@@ -125,10 +148,21 @@ def fmt_bytes(n: int | None) -> str:
     return f"{n} B"
 
 
+def _none_text(c: dict) -> str:
+    """Why a cell has no fastest correct backend: "none correct" only where a backend ran and failed
+    its check (or could not run); "not run: over budget" where the cell budget kept them all from running."""
+    statuses = {x["status"] for x in c["backends"].values()}
+    if "over_budget" not in statuses:
+        return "none correct"
+    if statuses <= {"over_budget", "unsupported"}:
+        return "not run: over budget (--cell-budget)"
+    return "none correct of those run; others not run: over budget (--cell-budget)"
+
+
 def _best_text(c: dict) -> str:
     """``cudnn``, or ``torch-cudnn (PyTorch; JAX: cudnn 0.0379 ms)`` when the fastest is no JAX op."""
     if not c["best"]:
-        return "none correct"
+        return _none_text(c)
     if not c.get("best_native"):
         return c["best"]
     jax_ = f"{c['best_jax']} {fmt_ms(c['best_jax_ms'])} ms" if c.get("best_jax") else "none correct"
@@ -140,9 +174,10 @@ def _step(c: dict) -> str:
 
 
 def tables(adv: dict) -> list[dict]:
-    """The advice as tables: {title, columns, rows (strings)}; the CLI and the HTML page both show these."""
+    """The advice as tables: {title, columns, rows (strings), key (how many first columns name a row: the
+    compact layout prints them as the row's line)}; the CLI and the HTML page both show these."""
     be = adv["backends"]
-    side = {"title": "one layer, every backend (ms; fastest correct marked *)",
+    side = {"title": "one layer, every backend (ms; fastest correct marked *)", "key": 4,
             "columns": ["phase", "context", "layers", "cell", *be, "fastest correct"], "rows": []}
     for c in adv["cells"]:
         cells = []
@@ -158,7 +193,7 @@ def tables(adv: dict) -> list[dict]:
         side["rows"].append([c["phase"] + " " + _step(c) if c["phase"] == "decode" else c["phase"], str(c["context"]),
                              f"{c['layers']} {c['kind']}", cell, *cells, _best_text(c)])
     summary = {"title": f"{adv['model']}, batch {adv['batch']}: the fastest correct path per phase",
-               "columns": ["phase", "context", "backend per layer kind", "ms / layer", "ms whole model",
+               "key": 2, "columns": ["phase", "context", "backend per layer kind", "ms / layer", "ms whole model",
                            "ms / token"], "rows": []}
     for p in adv["phases"]:
         kinds = p["per_layer"]
@@ -171,7 +206,7 @@ def tables(adv: dict) -> list[dict]:
     memory = {"title": f"KV cache and the largest batch ({adv.get('device_kind') or 'this device'}: "
                        f"{fmt_bytes(adv.get('device_bytes'))}" + (f", {adv['device_bytes_source']}"
                                                                   if adv.get("device_bytes_source") else "") + ")",
-              "columns": ["context", "KV / sequence", "KV / seq. (every layer full)", "weights (bf16)", "max batch"],
+              "key": 1, "columns": ["context", "KV / sequence", "KV / seq. (every layer full)", "weights (bf16)", "max batch"],
               "rows": [[str(m["context"]), fmt_bytes(m["kv_bytes_per_seq"]),
                         fmt_bytes(m["kv_bytes_per_seq_all_layers_full"]), fmt_bytes(m["weights_bytes"]),
                         "–" if m["max_batch"] is None else str(m["max_batch"])] for m in adv["memory"]]}

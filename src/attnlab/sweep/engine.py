@@ -103,6 +103,7 @@ def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, overwrite: bo
                     on_cell(cell, None, i, len(cells))
                 continue
             rec = _measure(cell, todo, pending, opts, on_phase)
+            _calibrate(cell, rec, opts)
             rec["sweep"] = sweep.name
             rec["env"] = env
             store.append(rec)
@@ -122,6 +123,17 @@ def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, overwrite: bo
     records = [done[c.key()] for c in cells if c.key() in done]
     write_csv(read_records(path), os.path.join(out_dir, "results.csv"), CSV_COLUMNS)
     return records
+
+
+def _calibrate(cell: Cell, rec: dict, opts: Options) -> None:
+    """The sweep's first cell that compiled and checked calibrates the estimate of the cells after it
+    (their over_budget verdict) and of the next sweep here (``attnlab.measure.calibration``)."""
+    from ..core import device
+    from ..measure import calibration, estimate
+
+    info = device.current()
+    if rec.get("compile_s") and rec.get("check_s") and not calibration.learnt(info):
+        calibration.learn(rec, info, check_compute_s=estimate.check_compute_s(cell, opts, info))
 
 
 def _measure(cell: Cell, todo: list[Cell], pending: dict, opts: Options, on_phase) -> dict:

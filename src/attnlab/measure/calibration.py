@@ -1,0 +1,162 @@
+"""What this machine measured, for the estimate (``attnlab.measure.estimate``): seconds per compile.
+
+A cell's cost on a small problem is its compiles, not its arithmetic: the kernel's compile, and what
+is compiled once per problem and shared by every backend of it (the check's reference programs,
+``attnlab.reference.compiled``, and the programs that draw the inputs). Both depend on the machine
+and on its load now, so they are measured, not assumed:
+
+- ``learn(rec, info)`` takes them from the first cell of a sweep that compiled and checked (as a
+  forward cell: one with gradients compiles about ``GRAD_FACTOR`` times as much), keeps them for the
+  rest of the process and stores them beside the ceilings (``ATTNLAB_CACHE_DIR``, default
+  ``~/.cache/attnlab``, file ``estimate.json``, by device kind) for the next sweep here;
+- ``probe_s()`` times the compile of one small attention program now (wall seconds, at least its
+  CPU time times the last minute's contention; once a process): the stored seconds are scaled by
+  the probe now over the probe when they were measured, so a machine busier (or idler) than then is
+  estimated so.
+
+Where nothing was measured yet, ``DEFAULTS``: on a CPU the seconds a forward cell's compiles took
+on a lightly loaded 2-core CPU (with its probe's seconds); on a GPU a guess, not scaled (the first
+sweep there calibrates it).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import time
+
+#: A cell with gradients (fwd+bwd, bwd) compiles forward and backward programs: about twice a forward's.
+GRAD_FACTOR = 2.0
+#: The probe's ratio now / then is kept within these bounds (a probe is one small compile: noisy).
+SCALE_BOUNDS = (0.5, 20.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    compile_s: float       # the kernel's compile (lower + compile) of a forward cell, seconds
+    problem_s: float       # compiled once per forward problem: the inputs' and the check's programs, seconds
+    source: str            # "defaults" or when they were measured here
+    probe_s: float | None = None   # ``probe_s()`` when they were measured (None: not scaled by the probe)
+
+
+DEFAULTS = {"cpu": Calibration(0.6, 1.2, "defaults", 0.065), "gpu": Calibration(2.0, 1.0, "defaults")}
+_LEARNT: dict[str, Calibration] = {}     # by device kind: what this process uses
+_MEASURED: set[str] = set()                # device kinds this process measured itself
+_PROBE: list[float] = []
+
+
+def path() -> str:
+    from .peaks import cache_path
+
+    return os.path.join(os.path.dirname(cache_path()), "estimate.json")
+
+
+def _key(info) -> str:
+    return info.kind or info.platform
+
+
+def probe_s() -> float:
+    """How slow this machine compiles now, in seconds: the wall time to compile one small attention
+    program (64 x 32 float32), the median of three after one untimed (the first compile of a process
+    pays for more than itself); at least its CPU time times the contention of the last minute,
+    ``load_factor()`` (a probe of a few milliseconds can fall in a quiet moment of a busy machine).
+    Once a process."""
+    if not _PROBE:
+        import jax
+        import jax.numpy as jnp
+
+        s = jax.ShapeDtypeStruct((64, 32), jnp.float32)
+        walls, cpus = [], []
+        for i in range(4):
+            c = float(time.time_ns() % 1_000_003 + i)    # a new constant: a new program, never a cache hit
+            f = jax.jit(lambda q, k: jax.nn.softmax((q @ k.T) * c, axis=-1) @ k)
+            t0, c0 = time.perf_counter(), time.process_time()
+            f.lower(s, s).compile()
+            walls.append(time.perf_counter() - t0)
+            cpus.append(time.process_time() - c0)
+        _PROBE.append(max(statistics.median(walls[1:]), statistics.median(cpus[1:]) * load_factor()))
+    return _PROBE[0]
+
+
+def load_factor() -> float:
+    """How much slower than idle the last minute's load makes a compile: (load average / CPUs) ** 0.75,
+    at least 1 (measured on a 2-core CPU: load 10 made the probe 3.3x slower than its CPU time)."""
+    try:
+        return max(1.0, (os.getloadavg()[0] / (os.cpu_count() or 1)) ** 0.75)
+    except (OSError, AttributeError):
+        return 1.0
+
+
+def stored(info) -> Calibration:
+    """The calibration this process holds for the device ``info``: learnt in this process, else stored
+    by an earlier sweep on this machine, else ``DEFAULTS`` (as measured, not scaled: ``current``)."""
+    key = _key(info)
+    if key not in _LEARNT:
+        try:
+            with open(path(), encoding="utf-8") as f:
+                d = json.load(f)[key]
+            _LEARNT[key] = Calibration(float(d["compile_s"]), float(d["problem_s"]), str(d.get("source") or "stored"),
+                                       float(d["probe_s"]) if d.get("probe_s") else None)
+        except (OSError, ValueError, KeyError, TypeError):
+            _LEARNT[key] = DEFAULTS.get(info.platform, DEFAULTS["gpu"])
+    return _LEARNT[key]
+
+
+def current(info) -> Calibration:
+    """``stored(info)`` scaled to this machine now: times the probe now over the probe then."""
+    cal = stored(info)
+    if not cal.probe_s:
+        return cal
+    lo, hi = SCALE_BOUNDS
+    x = min(hi, max(lo, probe_s() / cal.probe_s))
+    return dataclasses.replace(cal, compile_s=cal.compile_s * x, problem_s=cal.problem_s * x,
+                               source=f"{cal.source}, x{x:.2g} for this machine's load now")
+
+
+def learnt(info) -> bool:
+    """Whether this process already calibrated the device ``info`` from a cell it measured."""
+    return _key(info) in _MEASURED
+
+
+def learn(rec: dict, info, *, check_compute_s: float = 0.0) -> Calibration | None:
+    """Calibrate from a measured cell record (``compile_s``, ``check_s`` and ``inputs_s`` measured; the
+    check's arithmetic, ``check_compute_s``, taken out) unless this process already learnt from one;
+    stores it. Returns the new calibration, or None where ``rec`` teaches nothing."""
+    key = _key(info)
+    comp, chk = rec.get("compile_s"), rec.get("check_s")
+    if key in _MEASURED or rec.get("status") not in ("ok", "incorrect") or not comp or not chk:
+        return None
+    factor = GRAD_FACTOR if rec.get("mode", "fwd") != "fwd" else 1.0
+    once = max(0.0, chk - check_compute_s) + (rec.get("inputs_s") or 0.0)
+    cal = Calibration(comp / factor, once / factor, f"measured here {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} "
+                                                   f"UTC", probe_s())
+    _LEARNT[key] = cal
+    _MEASURED.add(key)
+    _store(key, cal)
+    return cal
+
+
+def _store(key: str, cal: Calibration) -> None:
+    p = path()
+    try:
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        try:
+            with open(p, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            data = {}
+        data[key] = dataclasses.asdict(cal)
+        tmp = p + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2)
+        os.replace(tmp, p)
+    except OSError:
+        pass   # a read-only cache: the calibration still holds for this process
+
+
+def forget() -> None:
+    """Drop what this process learnt and its probe (tests; a new sweep calibrates again)."""
+    _LEARNT.clear()
+    _MEASURED.clear()
+    _PROBE.clear()

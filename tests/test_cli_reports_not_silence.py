@@ -1,0 +1,50 @@
+"""Small things the command line says instead of passing over: ``attnlab scaling`` with nothing to show
+exits 2 with a line (as compare's "nothing comparable"), one reason is one footnote however it is
+spelt, and an ``ATTNLAB_DISPATCH`` file that is not there is reported as a corrupt one is."""
+import json
+
+import jax.numpy as jnp
+import pytest
+from click.testing import CliRunner
+
+import attnlab
+from attnlab.api import dispatch
+from attnlab.cli import main
+from attnlab.cli.tables import Footnotes
+
+
+def _cell(**kw):
+    return {"kind": "cell", "backend": "xla", "batch": 1, "q_len": 16, "kv_len": 16, "heads": 2, "kv_heads": 2,
+            "head_dim": 8, "dtype": "float32", "causal": False, "window": None, "mode": "fwd", "devices": 1,
+            "strategy": None, "status": "unsupported", "reason": "xla: not here", **kw}
+
+
+@pytest.mark.parametrize("records,says", [([_cell()], "no sharded cell timed, nothing to show"),
+                                          ([], "no")])
+def test_scaling_with_nothing_to_show_says_so_and_exits_2(tmp_path, records, says):
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    r = CliRunner().invoke(main, ["scaling", str(tmp_path)])
+    assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output, r.output
+
+
+def test_one_reason_is_one_footnote_however_spelt(capsys):
+    notes = Footnotes()
+    a = notes.mark("cudnn", "unsupported", "cudnn: needs an NVIDIA GPU")
+    b = notes.mark("cudnn", "unsupported", "needs an NVIDIA  GPU")
+    c = notes.mark("te", "unsupported", "needs an NVIDIA GPU")
+    assert a == b == "unsupported (1)" and c == "unsupported (2)"
+    notes.print(attnlab.cli.console)
+    assert capsys.readouterr().out.splitlines() == ["(1) cudnn: needs an NVIDIA GPU", "(2) te: needs an NVIDIA GPU"]
+
+
+def test_a_dispatch_file_named_but_absent_is_reported_like_a_corrupt_one(tmp_path, monkeypatch):
+    q = k = v = jnp.ones((1, 16, 2, 8), jnp.float32)
+    monkeypatch.setenv(dispatch.ENV_VAR, str(tmp_path / "no-such.json"))
+    e = attnlab.explain(q, k, v)
+    assert "no-such.json: no dispatch table there" in e.why and "attnlab tune --out" in e.why
+    (tmp_path / "bad.json").write_text("{not json")
+    monkeypatch.setenv(dispatch.ENV_VAR, str(tmp_path / "bad.json"))
+    assert "not a readable dispatch table" in attnlab.explain(q, k, v).why
+    monkeypatch.delenv(dispatch.ENV_VAR)           # the default file, absent: no table yet, nothing to report
+    monkeypatch.setenv(dispatch.CACHE_VAR, str(tmp_path / "cache"))
+    assert "dispatch" not in attnlab.explain(q, k, v).why

@@ -1,0 +1,65 @@
+"""A sweep's words backed by what it measured: the cost line's parts add up to its total (compiles
+that ran in the background beside other cells shown apart), a resumed run that measured nothing says
+so, and the estimate printed before a sweep is within 2x of the sweep's wall time here (it is
+calibrated from this machine's compiles: ``attnlab.measure.calibration``)."""
+import re
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from attnlab.cli import main
+from attnlab.core import device
+from attnlab.core.records import cost_split, cost_summary
+from attnlab.measure import calibration
+
+NUM = r"([\d.]+)"
+LINE = re.compile(rf"^(\d+) cells in {NUM} s: compile {NUM} s, check {NUM} s, timing {NUM} s, other {NUM} s"
+                  rf"(?: \(and {NUM} s more compiling in the background, beside other cells\))?", re.M)
+
+
+def _adds_up(text):
+    m = LINE.search(text)
+    assert m, text
+    total, *parts = (float(x) for x in m.groups()[1:6])
+    assert sum(parts) == pytest.approx(total, abs=0.051), text
+    return m
+
+
+def test_the_parts_add_up_and_background_compiles_stand_apart():
+    # cell 2 was compiled ahead (0.9 s of compiler, 0.1 s waited); cell 1 waited 0.3 s for it before timing
+    recs = [{"cell_s": 3.0, "inputs_s": 0.5, "compile_s": 0.6, "compile_wait_s": 0.62, "check_s": 1.2, "timing_s": 0.4,
+             "next_compile_wait_s": 0.3},
+            {"cell_s": 1.0, "inputs_s": 0.01, "compile_s": 0.9, "compile_wait_s": 0.1, "check_s": 0.05, "timing_s": 0.4,
+             "compiled_ahead": True},
+            {"cell_s": 0.04, "compile_s": None, "check_s": None, "timing_s": None, "status": "unsupported"}]
+    c = cost_split(recs)
+    assert c["compile"] == pytest.approx(1.02) and c["background"] == pytest.approx(0.48)
+    assert c["compile"] + c["check"] + c["timing"] + c["other"] == pytest.approx(c["total"])
+    m = _adds_up(cost_summary(recs))
+    assert m.group(1) == "3" and float(m.group(7)) == 0.5
+    # no overlap: the plain line
+    assert cost_summary([{"cell_s": 2.0, "compile_s": 0.5, "check_s": 1.0, "timing_s": 0.2}]) == \
+        "1 cells in 2.0 s: compile 0.5 s, check 1.0 s, timing 0.2 s, other 0.3 s"
+    assert cost_summary([], resumed=12, resumed_from="out/results.jsonl") == "0 cells measured, 12 resumed from out/results.jsonl"
+
+
+def test_a_small_bench_is_estimated_within_2x_and_a_resume_measures_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path / "cache"))   # no calibration stored: the defaults, scaled
+    calibration.forget()
+    args = ["bench", "--backends", "naive,xla", "--seq", "24", "--heads", "2", "--head-dim", "16", "--dtype", "float32",
+            "--repeats", "2", "--min-time", "0", "--out", str(tmp_path / "b")]
+    t0 = time.perf_counter()
+    r = CliRunner().invoke(main, args)
+    wall = time.perf_counter() - t0
+    assert r.exit_code == 0, r.output
+    est = float(re.search(r"~([\d.e+]+) s in all", r.output).group(1))
+    assert wall / 2 <= est <= 2 * wall, (est, wall, r.output)
+    _adds_up(r.output)
+    assert (tmp_path / "cache" / "estimate.json").exists()     # the first compile calibrates the next sweep here
+    assert calibration.stored(device.current()).source.startswith("measured here")
+    again = CliRunner().invoke(main, args + ["--resume"])
+    assert again.exit_code == 0, again.output
+    assert "2 of 2 cells already recorded" in again.output and "estimated" not in again.output   # nothing to estimate
+    assert again.output.rstrip().endswith(f"0 cells measured, 2 resumed from {tmp_path / 'b'}/results.jsonl"), again.output
+    calibration.forget()
