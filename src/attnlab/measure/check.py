@@ -8,7 +8,10 @@
   so every backend of one problem is checked on the same rows.
 
 The policy (``attnlab.reference.tolerance.policy_limit``; in words, once: docs/measuring.md "Tolerance policy")
-applies to each error: relative L2 over the whole tensor and, for outputs, the worst row's.
+applies to each error: relative L2 over the whole tensor and, for outputs, the worst row's. Rows that
+see no key follow ``attnlab.reference.rules`` (0 or jax.nn's mean of V, each compared with the nearer; the
+count and how in ``checks``' ``empty_rows`` / ``empty_note`` and in the tolerance text), so an empty row is
+never a false ``incorrect``.
 Backends that compute in float8 set their own fixed limit.
 References are shared by every backend and mode measured on the same inputs (``ref_key``): the float32
 reference and its emulation come from one compiled program (``blockwise_pair``, compiled once per shape
@@ -35,6 +38,7 @@ import numpy as np
 from ..reference.blockwise import batch_rows, blockwise_grads_pair, blockwise_pair, rel_errors
 from ..reference.compiled import compiled_once
 from ..reference.float64 import reference_attention
+from ..reference.rules import EmptyRows, empty_row_target, empty_row_target_device
 from ..reference.tolerance import LIMIT_FACTOR, policy_limit, rel_l2, row_rel_err
 from .record import Skip
 
@@ -167,31 +171,38 @@ def check_forward(out, q, k, v, sem: Semantics, *, ref_key: str, fixed_limit: fl
     take = lambda x: host(x)[:, rows].astype(np.float64)  # noqa: E731
 
     def reference():
-        ref32, emul = blockwise_pair(q, k, v, **sem.device_kwargs(T))
-        return ref32, rel_errors(emul, ref32)[:2], take(emul)
+        ref32, emul, empty = blockwise_pair(q, k, v, **sem.device_kwargs(T))
+        return ref32, rel_errors(emul, ref32)[:2], take(emul), np.asarray(empty)
 
     parts: dict = {}      # seconds of the references made for this cell (none when all were cached)
-    ref32, (b_err, b_row), e64 = _cached(("fwd", ref_key), _timed(parts, "reference_s", reference))
-    err, row, mx = rel_errors(out, ref32)
+    ref32, (b_err, b_row), e64, empty = _cached(("fwd", ref_key), _timed(parts, "reference_s", reference))
+    # rows that see no key: 0 in the device reference, jax.nn's mean of V accepted too (reference.rules)
+    dev_empty = empty_row_target_device(out, ref32, v, empty) if empty.any() else EmptyRows(ref32)
+    err, row, mx = rel_errors(out, dev_empty.target)
     dev = _verdict(err, row, b_err, b_row, dtype, fixed_limit)
-    dev.update(reference="float32 blockwise on the device, precision HIGHEST", fraction=1.0)
+    dev.update(reference="float32 blockwise on the device, precision HIGHEST", fraction=1.0,
+               empty_rows=dev_empty.rows, empty_note=dev_empty.note or None)
+    empty64 = empty[bi][:, rows][:, :, None]                  # (sampled batch, rows, 1): the same rule
 
     def rows64():
         # K and V: only the sampled batch elements leave the device (a long cache is GiBs), as float32
         idx = jnp.asarray(bi, jnp.int32)
         kb, vb = (np.asarray(compiled_once(batch_rows, x, idx)) for x in (k, v))
         ref64 = reference_attention(host(q)[:, rows].astype(kb.dtype), kb, vb, **sem.numpy_kwargs(batch_idx, rows))
-        return ref64, rel_l2(e64, ref64), row_rel_err(e64, ref64)
+        e_target = empty_row_target(e64, ref64, empty64).target
+        return ref64, rel_l2(e64, e_target), row_rel_err(e64, e_target)
 
     ref64, e_l2, e_row = _cached(("f64", ref_key), _timed(parts, "float64_rows_s", rows64))
     o64 = take(out)
-    f64 = _verdict(rel_l2(o64, ref64), row_rel_err(o64, ref64), e_l2, e_row, dtype, fixed_limit)
+    t64 = empty_row_target(o64, ref64, empty64)
+    f64 = _verdict(rel_l2(o64, t64.target), row_rel_err(o64, t64.target), e_l2, e_row, dtype, fixed_limit)
     f64.update(reference="NumPy float64 on sampled rows", batch=batch_idx, rows=int(rows.size),
-               fraction=rows.size * len(batch_idx) / (T * B))
+               fraction=rows.size * len(batch_idx) / (T * B), empty_rows=t64.rows, empty_note=t64.note or None)
     ok = dev["ok"] and f64["ok"]
+    rule = rule_text(dtype, fixed_limit, fixed_rule) + (f"; {dev_empty.note}" if dev_empty.rows else "")
     return {"ok": ok, "checked_fraction": 1.0, "rel_err": err, "row_err": row, "max_abs_err": mx,
             "rel_err_f64": f64["rel_err"], "margin": min(dev["margin"], f64["margin"]),
-            "tolerance": rule_text(dtype, fixed_limit, fixed_rule),
+            "tolerance": rule,
             "checks": {"float32_device": dev, "float64_rows": f64}, "check_parts_s": parts or None,
             "reason": None if ok else _why(dev, f64)}
 
