@@ -8,10 +8,8 @@
   so every backend of one problem is checked on the same rows.
 
 The policy (``attnlab.reference.tolerance.policy_limit``; in words, once: docs/measuring.md "Tolerance policy")
-applies to each error: relative L2 over the whole tensor and, for outputs, the worst row's. Rows that
-see no key follow ``attnlab.reference.rules`` (0 or jax.nn's mean of V, each compared with the nearer; the
-count and how in ``checks``' ``empty_rows`` / ``empty_note`` and in the tolerance text), so an empty row is
-never a false ``incorrect``.
+applies to each error: relative L2 over the whole tensor and, for outputs, the worst row's. Shapes, dtypes
+and rows that see no key follow ``attnlab.reference.rules`` (an empty row is never a false ``incorrect``).
 Backends that compute in float8 set their own fixed limit.
 References are shared by every backend and mode measured on the same inputs (``ref_key``): the float32
 reference and its emulation come from one compiled program (``blockwise_pair``, compiled once per shape
@@ -38,7 +36,8 @@ import numpy as np
 from ..reference.blockwise import batch_rows, blockwise_grads_pair, blockwise_pair, rel_errors
 from ..reference.compiled import compiled_once
 from ..reference.float64 import reference_attention
-from ..reference.rules import EmptyRows, empty_row_target, empty_row_target_device
+from ..core.errors import OutputMismatchError
+from ..reference import rules
 from ..reference.tolerance import LIMIT_FACTOR, policy_limit, rel_l2, row_rel_err
 from .record import Skip
 
@@ -162,7 +161,9 @@ def rule_text(dtype: str, fixed_limit: float | None, fixed_rule: str | None) -> 
 
 def check_forward(out, q, k, v, sem: Semantics, *, ref_key: str, fixed_limit: float | None = None,
                   fixed_rule: str | None = None) -> dict:
-    """Record fields for the forward output ``out`` (B, T, N, H) of inputs q, k, v (see module doc)."""
+    """Record fields for the forward output ``out`` (B, T, N, H) of inputs q, k, v (see module doc);
+    ``OutputMismatchError`` unless ``out`` is one array of exactly that shape and q's dtype."""
+    rules.require_like(out, "out", q.shape[:-1] + v.shape[-1:], q.dtype, "the query's, with the value's head dim")
     B, T = q.shape[:2]
     dtype = np.dtype(out.dtype).name
     batch_idx, rows = sample_rows(seed_of(ref_key), B, T)
@@ -176,8 +177,7 @@ def check_forward(out, q, k, v, sem: Semantics, *, ref_key: str, fixed_limit: fl
 
     parts: dict = {}      # seconds of the references made for this cell (none when all were cached)
     ref32, (b_err, b_row), e64, empty = _cached(("fwd", ref_key), _timed(parts, "reference_s", reference))
-    # rows that see no key: 0 in the device reference, jax.nn's mean of V accepted too (reference.rules)
-    dev_empty = empty_row_target_device(out, ref32, v, empty) if empty.any() else EmptyRows(ref32)
+    dev_empty = rules.empty_row_target_device(out, ref32, v, empty) if empty.any() else rules.EmptyRows(ref32)
     err, row, mx = rel_errors(out, dev_empty.target)
     dev = _verdict(err, row, b_err, b_row, dtype, fixed_limit)
     dev.update(reference="float32 blockwise on the device, precision HIGHEST", fraction=1.0,
@@ -189,12 +189,12 @@ def check_forward(out, q, k, v, sem: Semantics, *, ref_key: str, fixed_limit: fl
         idx = jnp.asarray(bi, jnp.int32)
         kb, vb = (np.asarray(compiled_once(batch_rows, x, idx)) for x in (k, v))
         ref64 = reference_attention(host(q)[:, rows].astype(kb.dtype), kb, vb, **sem.numpy_kwargs(batch_idx, rows))
-        e_target = empty_row_target(e64, ref64, empty64).target
+        e_target = rules.empty_row_target(e64, ref64, empty64).target
         return ref64, rel_l2(e64, e_target), row_rel_err(e64, e_target)
 
     ref64, e_l2, e_row = _cached(("f64", ref_key), _timed(parts, "float64_rows_s", rows64))
     o64 = take(out)
-    t64 = empty_row_target(o64, ref64, empty64)
+    t64 = rules.empty_row_target(o64, ref64, empty64)
     f64 = _verdict(rel_l2(o64, t64.target), row_rel_err(o64, t64.target), e_l2, e_row, dtype, fixed_limit)
     f64.update(reference="NumPy float64 on sampled rows", batch=batch_idx, rows=int(rows.size),
                fraction=rows.size * len(batch_idx) / (T * B), empty_rows=t64.rows, empty_note=t64.note or None)
@@ -220,6 +220,8 @@ def check_grads(grads, q, k, v, cotangent, sem: Semantics, *, ref_key: str) -> d
     """Record fields for (dq, dk, dv) of sum(out * cotangent), all of each tensor checked.
 
     ``cotangent`` is the cotangent the backend's output received (in the output's dtype)."""
+    for name, g, x in zip(("dq", "dk", "dv"), grads, (q, k, v)):
+        rules.require_like(g, name, x.shape, x.dtype, f"{name[1]}'s")
     T = q.shape[1]
     dtype = np.dtype(q.dtype).name
     dkw = sem.device_kwargs(T)
@@ -274,8 +276,11 @@ def _check_into(rec: dict, out, inputs, cell, backend, opts) -> None:
     rec["out_dtype"] = np.dtype(out.dtype).name
     if rec["out_dtype"] != cell.dtype:
         raise Skip("incorrect", f"output dtype {rec['out_dtype']} is not the cell's dtype {cell.dtype}")
-    chk = check_forward(device_array(out), q, k, v, semantics(cell), ref_key=ref_key(cell, opts.seed),
-                        fixed_limit=backend.rel_l2_limit, fixed_rule=backend.rel_l2_rule)
+    try:
+        chk = check_forward(device_array(out), q, k, v, semantics(cell), ref_key=ref_key(cell, opts.seed),
+                            fixed_limit=backend.rel_l2_limit, fixed_rule=backend.rel_l2_rule)
+    except OutputMismatchError as e:
+        raise Skip("incorrect", f"output wrong: {e}") from None
     ok, why = chk.pop("ok"), chk.pop("reason")
     rec.update(chk)
     if not ok:
@@ -285,7 +290,10 @@ def _check_into(rec: dict, out, inputs, cell, backend, opts) -> None:
 def _check_grads_into(rec: dict, grads, inputs, ct, cell, opts) -> None:
     """Check every gradient; record it; raise Skip('incorrect') when one fails."""
     q, k, v = inputs
-    chk = check_grads(grads, q, k, v, ct.astype(q.dtype), semantics(cell), ref_key=ref_key(cell, opts.seed))
+    try:
+        chk = check_grads(grads, q, k, v, ct.astype(q.dtype), semantics(cell), ref_key=ref_key(cell, opts.seed))
+    except OutputMismatchError as e:
+        raise Skip("incorrect", f"gradient wrong: {e}") from None
     why = chk.pop("grad_reason")
     rec.update(chk)
     if chk["grad_check"] != "ok":

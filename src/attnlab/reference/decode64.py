@@ -104,7 +104,6 @@ def check_decode_close(out, q, k_cache, v_cache, kv_lengths, *, causal=True, sca
     ``out`` must be one array of ``q``'s exact shape and dtype, as ``attnlab.decode_attention`` returns
     it (else ``OutputMismatchError``, ``attnlab.reference.rules``). Every decode row sees a key
     (kv_lengths[b] >= T), so the empty-row rule never applies here."""
-    rules.split_output(out)
     rules.require_like(out, "out", np.shape(q), q.dtype if hasattr(q, "dtype") else np.asarray(q).dtype,
                        "q's: (B, T, N, H)")
     if ref is None:

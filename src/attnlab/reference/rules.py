@@ -65,7 +65,8 @@ def split_output(out, return_residual: bool = False, argument: str = "out"):
 
 
 def require_like(x, argument: str, shape, dtype, what: str) -> None:
-    """Raise ``OutputMismatchError`` unless ``x`` has exactly ``shape`` and ``dtype`` (``what``: whose they are)."""
+    """Raise ``OutputMismatchError`` unless ``x`` is an array of exactly ``shape`` and ``dtype`` (``what``: whose)."""
+    _require_array(x, argument)
     if tuple(x.shape) != tuple(shape):
         raise OutputMismatchError(argument, f"must have shape {tuple(shape)} ({what}), got {tuple(x.shape)}")
     if np.dtype(x.dtype) != np.dtype(dtype):
