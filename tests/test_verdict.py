@@ -144,3 +144,20 @@ def test_sweeps_apply_the_same_rule_to_empty_rows():
         assert f"{EMPTY_ROWS} rows see no key" in r["tolerance"]
     r = check.check_forward(out.at[1, T - 1].set(1.0), q, k, v, sem, ref_key="empty-rows")
     assert not r["ok"] and not r["checks"]["float32_device"]["ok"] and not r["checks"]["float64_rows"]["ok"]
+
+
+def test_sweep_gradients_accept_either_convention_in_empty_rows():
+    """jax.nn's uniform softmax in a row that sees no key gives dv a share of that row's cotangent; naive's 0
+    gives none: the gradient check accepts either, and still fails a dv 1% off."""
+    import jax
+
+    q, k, v = random_qkv(B, T, T, N, K, H, "float32", seed=4)
+    ct = jax.random.normal(jax.random.key(1), q.shape, q.dtype)
+    sem = check.Semantics(causal=True, window=(16, 2), kv_lengths=(T, 6))
+    for impl in ("xla", "naive"):
+        _, vjp = jax.vjp(lambda a, b, c: attnlab.attention(a, b, c, implementation=impl, **EMPTY), q, k, v)
+        dq, dk, dv = vjp(ct)
+        assert check.check_grads((dq, dk, dv), q, k, v, ct, sem, ref_key="empty-grads")["grad_check"] == "ok", impl
+    assert check.check_grads((dq, dk, dv * 1.01), q, k, v, ct, sem, ref_key="empty-grads")["grad_check"] == "incorrect"
+    with pytest.raises(OutputMismatchError, match="^dk: must have shape"):
+        check.check_grads((dq, dk[:1], dv), q, k, v, ct, sem, ref_key="empty-grads")

@@ -193,9 +193,9 @@ def blockwise_grads(q, k, v, cotangent, *, scale=None, causal=False, window=None
     return dq.astype(out_dtype), dk.astype(out_dtype), dv.astype(out_dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "window", "tile", "budget"))
+@functools.partial(jax.jit, static_argnames=STATIC)
 def empty_rows(q, k, *, causal=False, window=None, kv_lengths=None, q_positions=None, q_lengths=None, tile=None,
-               budget=None, q_segments=None, kv_segments=None, **_):
+               budget=None, q_segments=None, kv_segments=None, soft_cap=None, **_):
     """(B, T) bool: the query rows that see no key (padded rows, t >= q_lengths[b] or a negative segment
     id, excluded: they are 0 by rule), a tile of rows at a time; ``blockwise_attention``'s arguments."""
     B, T, N, H, K, R, n, qg, pos, lens = _prepare(q, k, k, q_positions, kv_lengths, tile, budget)

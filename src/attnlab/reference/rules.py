@@ -74,6 +74,14 @@ def require_like(x, argument: str, shape, dtype, what: str) -> None:
                                   f"returns it), got {np.dtype(x.dtype).name}")
 
 
+def require_grads(grads, q, k, v) -> None:
+    """``require_like`` for (dq, dk, dv): a tuple of three arrays shaped and typed as q, k and v."""
+    if not isinstance(grads, (tuple, list)) or len(grads) != 3:
+        raise OutputMismatchError("grads", f"must be the three arrays (dq, dk, dv), got a {type(grads).__name__}")
+    for name, g, x in zip(("dq", "dk", "dv"), grads, (q, k, v)):
+        require_like(g, name, x.shape, x.dtype, f"{name[1]}'s")
+
+
 @dataclasses.dataclass(frozen=True)
 class EmptyRows:
     """How the rows that see no key were compared: ``target`` is the reference with each such (row, head)
@@ -128,6 +136,28 @@ def _empty_target(out, ref, v, empty):
     as_zero = empty[:, :, None] & (jnp.linalg.norm(o, axis=-1) < jnp.linalg.norm(o - vmean, axis=-1))
     target = jnp.where(empty[:, :, None, None], jnp.where(as_zero[..., None], 0.0, vmean), ref.astype(f32))
     return target, jnp.sum(as_zero)
+
+
+def dv_as_jax_nn(dv, cotangent, empty):
+    """The value gradient jax.nn's convention gives, from ``dv`` (B, S, K, H) of the 0 convention: a row
+    that sees no key weighs every key 1/S, so each key's dv gains 1/S of the cotangent (B, T, N, H) of
+    those rows, summed over the query heads of its key/value head; empty (B, T) bool. dq and dk are the
+    same under both (the masked logits are constants)."""
+    return compiled_once(_dv_as_jax_nn, dv, cotangent, jnp.asarray(empty))
+
+
+@jax.jit
+def _dv_as_jax_nn(dv, ct, empty):
+    B, S, K, H = dv.shape
+    add = jnp.sum(jnp.where(empty[:, :, None, None], ct.astype(jnp.float32), 0.0), axis=1)      # (B, N, H)
+    return dv + (jnp.sum(add.reshape(B, K, -1, H), axis=2) / S)[:, None].astype(dv.dtype)
+
+
+def grad_targets(refs, cotangent, empty):
+    """((dq,), (dk,), (dv,) or (dv, jax.nn's dv)): the gradients a check accepts for ``refs`` (dq, dk, dv)
+    of the 0 convention, by the empty-row rule (``dv_as_jax_nn``); empty (B, T) bool."""
+    dq, dk, dv = refs
+    return (dq,), (dk,), ((dv, dv_as_jax_nn(dv, cotangent, empty)) if np.any(empty) else (dv,))
 
 
 def empty_lse_bound(dtype) -> float:
