@@ -69,9 +69,10 @@ def require_like(x, argument: str, shape, dtype, what: str) -> None:
     _require_array(x, argument)
     if tuple(x.shape) != tuple(shape):
         raise OutputMismatchError(argument, f"must have shape {tuple(shape)} ({what}), got {tuple(x.shape)}")
-    if np.dtype(x.dtype) != np.dtype(dtype):
-        raise OutputMismatchError(argument, f"must have dtype {np.dtype(dtype).name} (the query's, as attention "
-                                  f"returns it), got {np.dtype(x.dtype).name}")
+    want = jax.dtypes.canonicalize_dtype(dtype)     # NumPy float64 without x64 runs (and returns) float32
+    if np.dtype(x.dtype) != want:
+        raise OutputMismatchError(argument, f"must have dtype {want.name} (the query's, as attention returns it), "
+                                  f"got {np.dtype(x.dtype).name}")
 
 
 def require_grads(grads, q, k, v) -> None:
