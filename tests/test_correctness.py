@@ -106,8 +106,11 @@ def test_reference_matches_textbook_formula():
     np.testing.assert_allclose(reference_attention(q, k, v)[0, :, 0], p @ v[0, :, 0], rtol=1e-12)
 
 
-def test_fully_masked_rows_are_zero_in_naive_and_reference():
+def test_fully_masked_rows_are_zero_in_naive_and_jax_nns_mean_of_v_in_the_reference():
     q, k, v = attnlab.reference.inputs.random_qkv(1, 4, 4, 2, 2, 8, "float32")
     kv = jax.numpy.asarray([0], jax.numpy.int32)
-    assert np.all(reference_attention(q, k, v, key_value_seq_lengths=kv) == 0)
-    assert np.all(np.asarray(attnlab.attention(q, k, v, key_value_seq_lengths=kv, implementation="naive")) == 0)
+    ref = reference_attention(q, k, v, key_value_seq_lengths=kv)
+    np.testing.assert_allclose(ref, np.broadcast_to(np.asarray(v, np.float64).mean(axis=1, keepdims=True), ref.shape))
+    naive = attnlab.attention(q, k, v, key_value_seq_lengths=kv, implementation="naive")
+    assert np.all(np.asarray(naive) == 0)
+    assert check_close(naive, q, k, v, key_value_seq_lengths=kv).note == "4 rows see no key: compared as zeros"

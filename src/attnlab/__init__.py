@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "attention", "explain", "select", "Explanation", "Backend", "register", "hlo_uses_cudnn",
-    "UnsupportedError", "reference_attention", "reference_attention_grads", "check_close", "rel_l2",
+    "UnsupportedError", "OutputMismatchError", "reference_attention", "reference_attention_grads", "check_close", "rel_l2",
     "AttentionSpec", "Problem", "Workload", "__version__",
     "decode_attention", "explain_decode", "reference_decode_attention", "check_decode_close", "sharded_attention",
     "make_mesh",
@@ -36,7 +36,7 @@ _LAZY = {
     **dict.fromkeys(("Backend", "register"), ".backends"),
     "hlo_uses_cudnn": ".backends.cudnn",
     **dict.fromkeys(("decode_attention", "explain_decode"), ".api.decode"),
-    "UnsupportedError": ".core.errors",
+    **dict.fromkeys(("UnsupportedError", "OutputMismatchError"), ".core.errors"),
     **dict.fromkeys(("check_close", "reference_attention", "reference_attention_grads", "rel_l2"), ".reference.float64"),
     **dict.fromkeys(("reference_decode_attention", "check_decode_close"), ".reference.decode64"),
     "AttentionSpec": ".core.spec",

@@ -2,6 +2,7 @@
 phase spinner, the cost line after it, and the exit after Ctrl-C."""
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 

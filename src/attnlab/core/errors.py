@@ -12,3 +12,17 @@ class UnsupportedError(ValueError):
         self.backend = backend
         self.reason = reason
         super().__init__(f"{backend}: {reason}")
+
+
+class OutputMismatchError(ValueError):
+    """An output handed to a check is not what the call returns: not an array, an array where the
+    pair ``(out, lse)`` is expected or the reverse, or the wrong shape or dtype.
+
+    ``argument`` names what was wrong (``out``, ``out[1] (lse)``) and ``rule`` the rule it breaks,
+    e.g. ``out: must have shape (2, 64, 4, 32) (query's, with value's head dim), got (1, 64, 4, 32)``.
+    """
+
+    def __init__(self, argument: str, rule: str):
+        self.argument = argument
+        self.rule = rule
+        super().__init__(f"{argument}: {rule}")

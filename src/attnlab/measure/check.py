@@ -8,7 +8,8 @@
   so every backend of one problem is checked on the same rows.
 
 The policy (``attnlab.reference.tolerance.policy_limit``; in words, once: docs/measuring.md "Tolerance policy")
-applies to each error: relative L2 over the whole tensor and, for outputs, the worst row's.
+applies to each error: relative L2 over the whole tensor and, for outputs, the worst row's. Shapes, dtypes
+and rows that see no key follow ``attnlab.reference.rules`` (an empty row is never a false ``incorrect``).
 Backends that compute in float8 set their own fixed limit.
 References are shared by every backend and mode measured on the same inputs (``ref_key``): the float32
 reference and its emulation come from one compiled program (``blockwise_pair``, compiled once per shape
@@ -32,9 +33,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..reference.blockwise import batch_rows, blockwise_grads_pair, blockwise_pair, rel_errors
+from ..reference.blockwise import batch_rows, blockwise_grads_pair, blockwise_pair, empty_rows, rel_errors
 from ..reference.compiled import compiled_once
 from ..reference.float64 import reference_attention
+from ..core.errors import OutputMismatchError
+from ..reference import rules
 from ..reference.tolerance import LIMIT_FACTOR, policy_limit, rel_l2, row_rel_err
 from .record import Skip
 
@@ -158,7 +161,9 @@ def rule_text(dtype: str, fixed_limit: float | None, fixed_rule: str | None) -> 
 
 def check_forward(out, q, k, v, sem: Semantics, *, ref_key: str, fixed_limit: float | None = None,
                   fixed_rule: str | None = None) -> dict:
-    """Record fields for the forward output ``out`` (B, T, N, H) of inputs q, k, v (see module doc)."""
+    """Record fields for the forward output ``out`` (B, T, N, H) of inputs q, k, v (see module doc);
+    ``OutputMismatchError`` unless ``out`` is one array of exactly that shape and q's dtype."""
+    rules.require_like(out, "out", q.shape[:-1] + v.shape[-1:], q.dtype, "the query's, with the value's head dim")
     B, T = q.shape[:2]
     dtype = np.dtype(out.dtype).name
     batch_idx, rows = sample_rows(seed_of(ref_key), B, T)
@@ -167,31 +172,37 @@ def check_forward(out, q, k, v, sem: Semantics, *, ref_key: str, fixed_limit: fl
     take = lambda x: host(x)[:, rows].astype(np.float64)  # noqa: E731
 
     def reference():
-        ref32, emul = blockwise_pair(q, k, v, **sem.device_kwargs(T))
-        return ref32, rel_errors(emul, ref32)[:2], take(emul)
+        ref32, emul, empty = blockwise_pair(q, k, v, **sem.device_kwargs(T))
+        return ref32, rel_errors(emul, ref32)[:2], take(emul), np.asarray(empty)
 
     parts: dict = {}      # seconds of the references made for this cell (none when all were cached)
-    ref32, (b_err, b_row), e64 = _cached(("fwd", ref_key), _timed(parts, "reference_s", reference))
-    err, row, mx = rel_errors(out, ref32)
+    ref32, (b_err, b_row), e64, empty = _cached(("fwd", ref_key), _timed(parts, "reference_s", reference))
+    dev_empty = rules.empty_row_target_device(out, ref32, v, empty) if empty.any() else rules.EmptyRows(ref32)
+    err, row, mx = rel_errors(out, dev_empty.target)
     dev = _verdict(err, row, b_err, b_row, dtype, fixed_limit)
-    dev.update(reference="float32 blockwise on the device, precision HIGHEST", fraction=1.0)
+    dev.update(reference="float32 blockwise on the device, precision HIGHEST", fraction=1.0,
+               empty_rows=dev_empty.rows, empty_note=dev_empty.note or None)
+    empty64 = empty[bi][:, rows][:, :, None]                  # (sampled batch, rows, 1): the same rule
 
     def rows64():
         # K and V: only the sampled batch elements leave the device (a long cache is GiBs), as float32
         idx = jnp.asarray(bi, jnp.int32)
         kb, vb = (np.asarray(compiled_once(batch_rows, x, idx)) for x in (k, v))
         ref64 = reference_attention(host(q)[:, rows].astype(kb.dtype), kb, vb, **sem.numpy_kwargs(batch_idx, rows))
-        return ref64, rel_l2(e64, ref64), row_rel_err(e64, ref64)
+        e_target = rules.empty_row_target(e64, ref64, empty64).target
+        return ref64, rel_l2(e64, e_target), row_rel_err(e64, e_target)
 
     ref64, e_l2, e_row = _cached(("f64", ref_key), _timed(parts, "float64_rows_s", rows64))
     o64 = take(out)
-    f64 = _verdict(rel_l2(o64, ref64), row_rel_err(o64, ref64), e_l2, e_row, dtype, fixed_limit)
+    t64 = rules.empty_row_target(o64, ref64, empty64)
+    f64 = _verdict(rel_l2(o64, t64.target), row_rel_err(o64, t64.target), e_l2, e_row, dtype, fixed_limit)
     f64.update(reference="NumPy float64 on sampled rows", batch=batch_idx, rows=int(rows.size),
-               fraction=rows.size * len(batch_idx) / (T * B))
+               fraction=rows.size * len(batch_idx) / (T * B), empty_rows=t64.rows, empty_note=t64.note or None)
     ok = dev["ok"] and f64["ok"]
+    rule = rule_text(dtype, fixed_limit, fixed_rule) + (f"; {dev_empty.note}" if dev_empty.rows else "")
     return {"ok": ok, "checked_fraction": 1.0, "rel_err": err, "row_err": row, "max_abs_err": mx,
             "rel_err_f64": f64["rel_err"], "margin": min(dev["margin"], f64["margin"]),
-            "tolerance": rule_text(dtype, fixed_limit, fixed_rule),
+            "tolerance": rule,
             "checks": {"float32_device": dev, "float64_rows": f64}, "check_parts_s": parts or None,
             "reason": None if ok else _why(dev, f64)}
 
@@ -209,9 +220,8 @@ def check_grads(grads, q, k, v, cotangent, sem: Semantics, *, ref_key: str) -> d
     """Record fields for (dq, dk, dv) of sum(out * cotangent), all of each tensor checked.
 
     ``cotangent`` is the cotangent the backend's output received (in the output's dtype)."""
-    T = q.shape[1]
-    dtype = np.dtype(q.dtype).name
-    dkw = sem.device_kwargs(T)
+    rules.require_grads(grads, q, k, v)
+    dtype, dkw = np.dtype(q.dtype).name, sem.device_kwargs(q.shape[1])
     ct = jnp.asarray(cotangent).astype(q.dtype)
 
     def reference():
@@ -219,9 +229,11 @@ def check_grads(grads, q, k, v, cotangent, sem: Semantics, *, ref_key: str) -> d
         return refs, [rel_errors(e, r)[0] for e, r in zip(emuls, refs)]
 
     refs, bases = _cached(("grad", ref_key), reference)
+    fwd = _CACHE.get(ref_key, {}).get("fwd")
+    empty = fwd[3] if fwd else np.asarray(compiled_once(empty_rows, q, k, **dkw))
     per = {}
-    for name, g, r, base in zip(("dq", "dk", "dv"), grads, refs, bases):
-        err = rel_errors(g, r)[0]
+    for name, g, rs, base in zip(("dq", "dk", "dv"), grads, rules.grad_targets(refs, ct, empty), bases):
+        err = min(rel_errors(g, r)[0] for r in rs)     # rows that see no key: either convention (reference.rules)
         limit = policy_limit(dtype, base)
         per[name] = {"rel_err": err, "limit": limit, "baseline": base, "ok": bool(err <= limit)}
     ok = all(p["ok"] for p in per.values())
@@ -263,8 +275,11 @@ def _check_into(rec: dict, out, inputs, cell, backend, opts) -> None:
     rec["out_dtype"] = np.dtype(out.dtype).name
     if rec["out_dtype"] != cell.dtype:
         raise Skip("incorrect", f"output dtype {rec['out_dtype']} is not the cell's dtype {cell.dtype}")
-    chk = check_forward(device_array(out), q, k, v, semantics(cell), ref_key=ref_key(cell, opts.seed),
-                        fixed_limit=backend.rel_l2_limit, fixed_rule=backend.rel_l2_rule)
+    try:
+        chk = check_forward(device_array(out), q, k, v, semantics(cell), ref_key=ref_key(cell, opts.seed),
+                            fixed_limit=backend.rel_l2_limit, fixed_rule=backend.rel_l2_rule)
+    except OutputMismatchError as e:
+        raise Skip("incorrect", f"output wrong: {e}") from None
     ok, why = chk.pop("ok"), chk.pop("reason")
     rec.update(chk)
     if not ok:
@@ -274,7 +289,10 @@ def _check_into(rec: dict, out, inputs, cell, backend, opts) -> None:
 def _check_grads_into(rec: dict, grads, inputs, ct, cell, opts) -> None:
     """Check every gradient; record it; raise Skip('incorrect') when one fails."""
     q, k, v = inputs
-    chk = check_grads(grads, q, k, v, ct.astype(q.dtype), semantics(cell), ref_key=ref_key(cell, opts.seed))
+    try:
+        chk = check_grads(grads, q, k, v, ct.astype(q.dtype), semantics(cell), ref_key=ref_key(cell, opts.seed))
+    except OutputMismatchError as e:
+        raise Skip("incorrect", f"gradient wrong: {e}") from None
     why = chk.pop("grad_reason")
     rec.update(chk)
     if chk["grad_check"] != "ok":

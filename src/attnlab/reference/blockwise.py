@@ -17,8 +17,9 @@ query rows in tiles and each tile holds only its (B, K, G, tile, S) scores.
 Shapes: q (B, T, N, H); k, v (B, S, K, H), K divides N (query head n reads key/value head
 n // (N // K)). Visibility of key s to query row t of batch element b, at position
 pos = q_positions[b, t] (default t): s < kv_lengths[b] when given; with ``causal`` s <= pos; with
-``window=(left, right)`` pos - left <= s <= pos + right. Rows with no visible key give 0;
-rows t >= q_lengths[b] (when given) give 0, as jax.nn does.
+``window=(left, right)`` pos - left <= s <= pos + right. Rows with no visible key give 0 (jax.nn
+gives the mean of V there: the checks accept either, ``attnlab.reference.rules``; ``empty_rows`` finds
+them); rows t >= q_lengths[b] (when given) give 0, as jax.nn does.
 """
 from __future__ import annotations
 
@@ -50,6 +51,22 @@ def _acc(dtype):
     return jnp.promote_types(dtype, jnp.float32)
 
 
+def _visible(pos, S, kv_lengths, causal, window, q_seg=None, kv_seg=None):
+    """(B, R, S) bool: key s is visible to the query row at ``pos`` (B, R) (see the module doc)."""
+    key = jnp.arange(S)[None, None, :]
+    p_ = pos[:, :, None]
+    vis = jnp.ones(p_.shape[:2] + (S,), bool)
+    if kv_lengths is not None:
+        vis &= key < kv_lengths[:, None, None]
+    if causal:
+        vis &= key <= p_
+    if window is not None:
+        vis &= (key >= p_ - window[0]) & (key <= p_ + window[1])
+    if q_seg is not None:
+        vis &= (q_seg[:, :, None] == kv_seg[:, None, :]) & (kv_seg[:, None, :] >= 0)
+    return vis
+
+
 def _tile(qt, pos, k, v, kv_lengths, *, scale, causal, window, emulate, soft_cap=None, q_seg=None, kv_seg=None):
     """One query tile: qt (B, R, K, G, H), pos (B, R) -> (B, R, K, G, H); q_seg (B, R) and kv_seg (B, S)
     segment ids or None."""
@@ -63,18 +80,7 @@ def _tile(qt, pos, k, v, kv_lengths, *, scale, causal, window, emulate, soft_cap
     s = jnp.einsum("brkgh,bskh->bkgrs", qt, k, preferred_element_type=acc, precision=prec) * scale
     if soft_cap is not None:
         s = soft_cap * jnp.tanh(s / soft_cap)
-    key = jnp.arange(S)[None, None, :]
-    p_ = pos[:, :, None]
-    vis = jnp.ones(p_.shape[:2] + (S,), bool)
-    if kv_lengths is not None:
-        vis &= key < kv_lengths[:, None, None]
-    if causal:
-        vis &= key <= p_
-    if window is not None:
-        vis &= (key >= p_ - window[0]) & (key <= p_ + window[1])
-    if q_seg is not None:
-        vis &= (q_seg[:, :, None] == kv_seg[:, None, :]) & (kv_seg[:, None, :] >= 0)
-    vis = vis[:, None, None]                                   # (B, 1, 1, R, S)
+    vis = _visible(pos, S, kv_lengths, causal, window, q_seg, kv_seg)[:, None, None]   # (B, 1, 1, R, S)
     s = jnp.where(vis, s, large_negative(acc))                 # finite, as jax.nn (attnlab.core.masking)
     m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
     w = jnp.where(vis, jnp.exp(s - m), 0.0)
@@ -188,8 +194,28 @@ def blockwise_grads(q, k, v, cotangent, *, scale=None, causal=False, window=None
 
 
 @functools.partial(jax.jit, static_argnames=STATIC)
+def empty_rows(q, k, *, causal=False, window=None, kv_lengths=None, q_positions=None, q_lengths=None, tile=None,
+               budget=None, q_segments=None, kv_segments=None, soft_cap=None, **_):
+    """(B, T) bool: the query rows that see no key (padded rows, t >= q_lengths[b] or a negative segment
+    id, excluded: they are 0 by rule), a tile of rows at a time; ``blockwise_attention``'s arguments."""
+    B, T, N, H, K, R, n, qg, pos, lens = _prepare(q, k, k, q_positions, kv_lengths, tile, budget)
+    qseg, kvseg = _segs(q_segments, kv_segments, B, T, R, n)
+    win = None if window is None else tuple(window)
+    see = lambda p_, qs: jnp.any(_visible(p_, k.shape[1], lens, causal, win, qs, kvseg), axis=-1)  # noqa: E731
+    if qseg is None:
+        seen = jax.lax.map(lambda p_: see(p_, None), _tiles(pos, R, n))
+    else:
+        seen = jax.lax.map(lambda xs: see(xs[0], xs[1]) | (xs[1] < 0), (_tiles(pos, R, n), qseg))
+    empty = ~_untile(seen, T)
+    if q_lengths is not None:
+        empty &= jnp.arange(T)[None, :] < jnp.asarray(q_lengths, jnp.int32)[:, None]
+    return empty
+
+
+@functools.partial(jax.jit, static_argnames=STATIC)
 def _pair_program(q, k, v, **kw):
-    return blockwise_attention(q, k, v, **kw), blockwise_attention(q, k, v, emulate=True, **kw)
+    return (blockwise_attention(q, k, v, **kw), blockwise_attention(q, k, v, emulate=True, **kw),
+            empty_rows(q, k, **kw))
 
 
 @functools.partial(jax.jit, static_argnames=STATIC)
@@ -198,8 +224,8 @@ def _grads_pair_program(q, k, v, cotangent, **kw):
 
 
 def blockwise_pair(q, k, v, **kw):
-    """(reference, emulation): ``blockwise_attention`` and its ``emulate=True``, one program compiled once
-    per shape (``compiled_once``: one compile instead of two, one launch)."""
+    """(reference, emulation, empty): ``blockwise_attention``, its ``emulate=True`` and ``empty_rows``, one
+    program compiled once per shape (``compiled_once``: one compile instead of three, one launch)."""
     return compiled_once(_pair_program, q, k, v, **kw)
 
 

@@ -20,6 +20,7 @@ import math
 import ml_dtypes
 import numpy as np
 
+from . import rules
 from .float64 import Verdict, rel_l2, tolerance
 from ..core.checks import check_soft_cap
 
@@ -98,7 +99,13 @@ def decode_tolerance(dtype, *, baseline_err: float | None = None, tf32: bool | N
 
 def check_decode_close(out, q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, ref=None,
                        tf32: bool | None = None, logits_soft_cap=None) -> Verdict:
-    """Judge a decode output against float64 by the decode tolerance policy (whole output)."""
+    """Judge a decode output against float64 by the decode tolerance policy (whole output).
+
+    ``out`` must be one array of ``q``'s exact shape and dtype, as ``attnlab.decode_attention`` returns
+    it (else ``OutputMismatchError``, ``attnlab.reference.rules``). Every decode row sees a key
+    (kv_lengths[b] >= T), so the empty-row rule never applies here."""
+    rules.require_like(out, "out", np.shape(q), q.dtype if hasattr(q, "dtype") else np.asarray(q).dtype,
+                       "q's: (B, T, N, H)")
     if ref is None:
         ref = reference_decode_attention(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale,
                                          logits_soft_cap=logits_soft_cap)

@@ -6,7 +6,10 @@ convertible by ``np.asarray``) and returns a float64 ``np.ndarray`` shaped like 
 ``reference_attention(..., emulate=dtype)`` computes like the fused kernels do, in a low
 precision ``dtype``: the baseline of the tolerance policy, whose numbers are
 ``attnlab.reference.tolerance`` (re-exported here) and which ``check_close`` applies; the policy in
-words, written once, is docs/measuring.md ("Tolerance policy"). Rows that see no key at all are given 0.
+words, written once, is docs/measuring.md ("Tolerance policy"). Rows that see no key at all are given
+jax.nn's value there, the mean of V over all keys, and an lse of -inf; ``check_close`` also accepts 0
+there (``attnlab.reference.rules``). ``reference_attention(..., return_residual=True)`` gives
+(out, lse), lse (B, T, N) float64 as ``jax.nn.dot_product_attention``'s residual.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import numpy as np
 
 from ..core import segments
 from ..core.spec import prepare
+from . import rules
 from .tolerance import (FLOORS, LIMIT_FACTOR, TF32_LIMIT, Verdict, default_matmul_is_tf32,  # noqa: F401 (re-exported)
                         policy_limit, rel_l2, row_rel_err, tolerance)
 
@@ -69,7 +73,7 @@ def _f32(x, low):
 @dataclasses.dataclass
 class _Forward:
     probs: np.ndarray | None   # (B, N, T, S); None for an empty call (B, T, S or N = 0: out is zeros)
-    out: np.ndarray        # (B, T, N, H), padded query rows zeroed
+    out: np.ndarray        # (B, T, N, H), padded query rows zeroed, rows that see no key: mean of V
     q: np.ndarray          # (B, T, N, H)
     k: np.ndarray          # grouped by key/value head: (B, K, S, H), in the inputs' dtype
     v: np.ndarray
@@ -77,6 +81,8 @@ class _Forward:
     q_keep: np.ndarray     # (B, T) bool
     out_shape: tuple
     cap_slope: np.ndarray | None = None   # d(capped logits)/d(logits) = 1 - tanh^2, with a soft cap
+    lse: np.ndarray | None = None         # (B, T, N) logsumexp of the visible logits; -inf: none or padded
+    empty: np.ndarray | None = None       # (B, T, N) bool: the row sees no key (padded rows excluded)
 
 
 def _rows(x, K):
@@ -127,9 +133,9 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
                 local_window_size=local_window_size, logits_soft_cap=logits_soft_cap,
                 query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids, allow_empty=True)
     if p.empty:                                 # B, T, S or N = 0: jax.nn's zeros, nothing to compute
-        B, T = p.query.shape[:2]
+        B, T, N = p.query.shape[:3]
         return _Forward(None, np.zeros(p.query.shape), None, None, None, float(p.scale), np.ones((B, T), bool),
-                        p.out_shape)
+                        p.out_shape, lse=np.full((B, T, N), -np.inf), empty=np.zeros((B, T, N), bool))
     sp = p.spec
     low = _LOW.get(np.dtype(emulate).name) if emulate is not None else None
     B, T, N, S, K = sp.batch, sp.q_len, sp.heads, sp.kv_len, sp.kv_heads
@@ -153,6 +159,8 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
     np.subtract(w, np.where(np.isfinite(row_max), row_max, 0.0), out=w)
     np.exp(w, out=w)
     denom = w.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):         # log(0) = -inf: the lse of a row that sees no key
+        lse = _round(_f32((row_max + np.log(denom))[..., 0].transpose(0, 2, 1), low), low)   # (B, T, N)
     probs = _f32(np.divide(w, np.where(denom == 0, 1.0, denom), out=w), low)
     if low is not None:
         probs = _round(probs, low)              # probabilities in the dtype before P·V
@@ -162,15 +170,25 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
         q_keep = np.arange(T)[None, :] < np.asarray(p.q_lengths).reshape(B, 1)
     if p.q_segment_ids is not None:
         q_keep = q_keep & (np.asarray(p.q_segment_ids) >= 0)
+    empty = (denom[..., 0] == 0).transpose(0, 2, 1) & q_keep[:, :, None]                  # (B, T, N)
+    if empty.any():                             # jax.nn's value there: its softmax is uniform over all S keys
+        vmean = np.repeat(_round(vg.astype(np.float64).mean(axis=2), low), N // K, axis=1)  # (B, N, H)
+        out = np.where(empty[..., None], vmean[:, None], out)
     out = out * q_keep[:, :, None, None]
-    return _Forward(probs, out, q, kg, vg, sc, q_keep, p.out_shape, cap_slope)
+    lse = np.where(q_keep[:, :, None], lse, -np.inf)
+    return _Forward(probs, out, q, kg, vg, sc, q_keep, p.out_shape, cap_slope, lse, empty)
 
 
 def reference_attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
                         query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
                         implementation=None, emulate=None, query_offset=0, query_positions=None,
-                        logits_soft_cap=None, query_segment_ids=None, key_value_segment_ids=None) -> np.ndarray:
+                        logits_soft_cap=None, query_segment_ids=None, key_value_segment_ids=None,
+                        return_residual=False):
     """Float64 attention with ``attnlab.attention``'s semantics; ``implementation`` is ignored.
+
+    Returns an ndarray shaped like the output; with ``return_residual=True`` the pair (out, lse), lse
+    (B, T, N) (or (T, N)): log sum_s exp(logits) over the keys the row sees, -inf where it sees none
+    or is padding. A row that sees no key is given jax.nn's value: the mean of V over all keys.
 
     ``logits_soft_cap``: logits = cap * tanh((scale * q.k + bias) / cap), then masking.
     ``query_segment_ids`` (B, T) / ``key_value_segment_ids`` (B, S): query t sees key s only when their
@@ -188,7 +206,8 @@ def reference_attention(query, key, value, bias=None, mask=None, *, scale=None, 
                  local_window_size=local_window_size, emulate=emulate, query_offset=query_offset,
                  query_positions=query_positions, logits_soft_cap=logits_soft_cap,
                  query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids)
-    return f.out.reshape(f.out_shape)
+    out = f.out.reshape(f.out_shape)
+    return (out, f.lse.reshape(f.out_shape[:-1])) if return_residual else out
 
 
 def reference_attention_grads(query, key, value, cotangent, bias=None, mask=None, *, scale=None,
@@ -225,30 +244,51 @@ def low_precision_baseline(query, key, value, *args, ref, emulate, **kwargs) -> 
 
 
 def check_close(out, query, key, value, *args, tf32: bool | None = None, ref=None, limit: float | None = None,
-                rule: str | None = None, baseline_err: float | None = None, **kwargs) -> Verdict:
+                rule: str | None = None, baseline_err: float | None = None, return_residual: bool = False,
+                **kwargs) -> Verdict:
     """Judge ``out`` against the float64 reference for these inputs by the tolerance policy.
 
-    Both the relative L2 error and the worst row's relative error must pass. ``limit`` (with
-    ``rule``, its words) replaces the dtype policy: FP8 paths use it. ``ref`` may be passed in
-    when already computed for these inputs.
+    ``out`` must be shaped and typed exactly as ``attnlab.attention`` returns it (else
+    ``OutputMismatchError``); with ``return_residual=True`` it is the pair (out, lse) and the lse is
+    checked too. Both the relative L2 error and the worst row's relative error must pass; rows that
+    see no key follow ``attnlab.reference.rules`` and the verdict's ``note`` says how they were
+    compared. ``limit`` (with ``rule``, its words) replaces the dtype policy: FP8 paths use it.
+    ``ref`` (the reference output) may be passed in when already computed for these inputs (then, for
+    bfloat16/float16 without ``return_residual``, no second float64 pass is made).
     """
-    if ref is None:
-        ref = reference_attention(query, key, value, *args, **kwargs)
-    dtype = np.asarray(out).dtype if not hasattr(out, "dtype") else out.dtype
-    name = np.dtype(dtype).name
-    err = rel_l2(out, ref)
-    row = row_rel_err(out, ref, row_axes=max(1, np.ndim(ref) - 2))
+    out, lse = rules.split_output(out, return_residual)
+    shape = tuple(np.shape(query)[:-1]) + tuple(np.shape(value)[-1:])
+    q_dtype = query.dtype if hasattr(query, "dtype") else np.asarray(query).dtype
+    rules.require_like(out, "out", shape, q_dtype, "the query's, with the value's head dim")
+    if lse is not None:
+        rules.require_like(lse, "out[1] (lse)", shape[:-1], q_dtype, "the output's without its head dim")
+    kwargs.pop("implementation", None)
+    dtype, name = out.dtype, np.dtype(out.dtype).name
+    emu = _forward(query, key, value, *args, emulate=dtype, **kwargs) if limit is None and name in _LOW else None
+    # the float64 pass, unless a given ``ref`` and the emulation (rows that see no key) make it needless
+    f = _forward(query, key, value, *args, **kwargs) if ref is None or lse is not None or emu is None else emu
+    ref = f.out if ref is None else np.asarray(ref, np.float64).reshape(f.out.shape)
+    o = np.asarray(out).astype(np.float64).reshape(f.out.shape)
+    empty = rules.empty_row_target(o, ref, f.empty)
+    err, row = rel_l2(o, empty.target), row_rel_err(o, empty.target)
+    lse_base = 0.0
     if limit is not None:
         row_limit = LIMIT_FACTOR * limit
-    elif name in _LOW:
-        emu = reference_attention(query, key, value, *args, emulate=dtype, **kwargs)
-        base = rel_l2(emu, ref) if baseline_err is None else baseline_err
+    elif emu is not None:
+        emu_target = rules.empty_row_target(emu.out, ref, f.empty).target
+        base = rel_l2(emu.out, emu_target) if baseline_err is None else baseline_err
         limit, rule = tolerance(dtype, baseline_err=base)
-        row_limit = policy_limit(dtype, row_rel_err(emu, ref, row_axes=max(1, np.ndim(ref) - 2)))
+        row_limit = policy_limit(dtype, row_rel_err(emu.out, emu_target))
+        lse_base = rules.lse_error(emu.lse.astype(dtype), f.lse) if lse is not None else 0.0
     else:
         limit, rule = tolerance(dtype, baseline_err=baseline_err, tf32=tf32)
         row_limit = limit * 10 if name == "float32" and limit == TF32_LIMIT else limit
-    o = np.asarray(out).astype(np.float64)
-    max_abs = float(np.max(np.abs(o - ref))) if o.size else 0.0
     ok = bool(err <= limit and row <= row_limit)
-    return Verdict(ok=ok, rel_err=err, limit=limit, max_abs_err=max_abs, rule=rule, row_err=row, row_limit=row_limit)
+    lse_err = lse_limit = None
+    if lse is not None:
+        lse_err = rules.lse_error(np.asarray(lse).reshape(f.lse.shape), f.lse)
+        lse_limit = 10 * TF32_LIMIT if limit == TF32_LIMIT else LIMIT_FACTOR * lse_base + rules.lse_floor(dtype)
+        ok = ok and lse_err <= lse_limit
+    max_abs = float(np.max(np.abs(o - empty.target))) if o.size else 0.0
+    return Verdict(ok=ok, rel_err=err, limit=limit, max_abs_err=max_abs, rule=rule, row_err=row, row_limit=row_limit,
+                   empty_rows=empty.rows, note=empty.note, lse_err=lse_err, lse_limit=lse_limit)

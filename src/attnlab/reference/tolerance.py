@@ -48,15 +48,21 @@ class Verdict:
     rule: str
     row_err: float = 0.0
     row_limit: float = math.inf
+    empty_rows: int = 0                 # query rows that see no key (attnlab.reference.rules)
+    note: str = ""                      # how they were compared: "3 rows see no key: compared as zeros"
+    lse_err: float | None = None        # with return_residual=True: the worst row's lse error ...
+    lse_limit: float | None = None      # ... and its limit
 
     def __bool__(self) -> bool:
         return self.ok
 
     @property
     def margin(self) -> float:
-        """How many times each error could grow before failing (the smaller of the two); < 1 fails."""
-        ratios = [lim / err if err > 0 else math.inf for err, lim in ((self.rel_err, self.limit), (self.row_err, self.row_limit))]
-        return min(ratios)
+        """How many times each error could grow before failing (the smallest ratio); < 1 fails."""
+        pairs = [(self.rel_err, self.limit), (self.row_err, self.row_limit)]
+        if self.lse_err is not None:
+            pairs.append((self.lse_err, self.lse_limit))
+        return min(lim / err if err > 0 else math.inf for err, lim in pairs)
 
 
 def default_matmul_is_tf32() -> bool:

@@ -1,0 +1,186 @@
+"""The checks' rules on an output itself: its structure, exact shape and dtype, the rows that see no
+key, and the logsumexp of ``return_residual=True``.
+
+``check_close`` (``float64``), ``check_decode_close`` (``decode64``) and the measuring engine's checks
+(``attnlab.measure.check``) apply them before and while measuring errors; the rules in words, once:
+docs/measuring.md ("Tolerance policy").
+
+- **Structure, shape, dtype** (``split_output``, ``require_like``): the output is an array (NumPy or
+  JAX) shaped exactly as the call returns it and of the query's dtype, nothing broadcast; with
+  ``return_residual=True`` it is the pair ``(out, lse)``, lse shaped as the output without its head
+  dim. Anything else raises ``OutputMismatchError`` naming the argument and the rule.
+- **Rows that see no key** (``empty_row_target``): softmax over no key is undefined and
+  implementations differ. ``jax.nn.dot_product_attention`` (XLA) gives the mean of V over all S keys
+  (every logit of the row is the same masked value, so its softmax is uniform); naive and flash-style
+  kernels give 0. The float64 reference gives jax.nn's value; a check compares each such (row, head)
+  with the nearer of the two values (anything else stays wrong) and says so in its note. Padded query
+  rows (``query_seq_lengths``, negative segment ids) are not such rows: they are 0, as in jax.nn.
+- **Logsumexp** (``lse_error``): per (row, head), |lse - ref| / (1 + |ref|) over the rows that see a
+  key. The reference's lse of a row that sees no key (or a padded one) is -inf; an output passes there
+  with -inf or any value at or below ``EMPTY_LSE_FRACTION`` of its dtype's masked-logit value
+  (jax.nn: -0.7 x the dtype's max capped at float32's, which overflows to -inf in float16).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..core.errors import OutputMismatchError
+from ..core.masking import large_negative_value
+from .compiled import compiled_once
+from .tolerance import FLOORS
+
+#: An empty row's lse passes at or below this fraction of the dtype's masked-logit value (or at -inf).
+EMPTY_LSE_FRACTION = 0.5
+JAX_NN_VALUE = "jax.nn's value there (the mean of V over all keys)"
+
+
+def _require_array(x, argument: str) -> None:
+    if isinstance(x, (tuple, list)) or not (hasattr(x, "shape") and hasattr(x, "dtype")):
+        what = f"a {type(x).__name__} of {len(x)}" if isinstance(x, (tuple, list)) else f"a {type(x).__name__}"
+        raise OutputMismatchError(argument, f"must be an array (NumPy or JAX), got {what}")
+
+
+def split_output(out, return_residual: bool = False, argument: str = "out"):
+    """(output array, lse array or None) of what a call returned; raise ``OutputMismatchError`` unless it
+    is an array (``return_residual=False``) or the pair (out, lse) (``return_residual=True``)."""
+    if not return_residual:
+        if isinstance(out, (tuple, list)):
+            raise OutputMismatchError(argument, f"must be an array, got a {type(out).__name__} of {len(out)} "
+                                      "(to check attention's (out, lse) pair, pass return_residual=True)")
+        _require_array(out, argument)
+        return out, None
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        got = (f"a {type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list)) else
+               f"one array of shape {tuple(out.shape)}" if hasattr(out, "shape") else f"a {type(out).__name__}")
+        raise OutputMismatchError(argument, f"with return_residual=True must be the pair (out, lse) that attention "
+                                  f"returns, got {got}")
+    _require_array(out[0], f"{argument}[0] (out)")
+    _require_array(out[1], f"{argument}[1] (lse)")
+    return out[0], out[1]
+
+
+def require_like(x, argument: str, shape, dtype, what: str) -> None:
+    """Raise ``OutputMismatchError`` unless ``x`` is an array of exactly ``shape`` and ``dtype`` (``what``: whose)."""
+    _require_array(x, argument)
+    if tuple(x.shape) != tuple(shape):
+        raise OutputMismatchError(argument, f"must have shape {tuple(shape)} ({what}), got {tuple(x.shape)}")
+    want = jax.dtypes.canonicalize_dtype(dtype)     # NumPy float64 without x64 runs (and returns) float32
+    if np.dtype(x.dtype) != want:
+        raise OutputMismatchError(argument, f"must have dtype {want.name} (the query's, as attention returns it), "
+                                  f"got {np.dtype(x.dtype).name}")
+
+
+def require_grads(grads, q, k, v) -> None:
+    """``require_like`` for (dq, dk, dv): a tuple of three arrays shaped and typed as q, k and v."""
+    if not isinstance(grads, (tuple, list)) or len(grads) != 3:
+        raise OutputMismatchError("grads", f"must be the three arrays (dq, dk, dv), got a {type(grads).__name__}")
+    for name, g, x in zip(("dq", "dk", "dv"), grads, (q, k, v)):
+        require_like(g, name, x.shape, x.dtype, f"{name[1]}'s")
+
+
+@dataclasses.dataclass(frozen=True)
+class EmptyRows:
+    """How the rows that see no key were compared: ``target`` is the reference with each such (row, head)
+    set to the nearer of its value and 0; ``rows`` counts query rows with such heads."""
+
+    target: object             # np.ndarray (or a JAX array, ``empty_row_target_device``)
+    rows: int = 0
+    as_zero: int = 0           # (row, head) pairs compared as zeros
+    as_jax_nn: int = 0         # ... as jax.nn's value (the reference's)
+
+    @property
+    def note(self) -> str:
+        """'3 rows see no key: compared as zeros' (empty when there are none)."""
+        if not self.rows:
+            return ""
+        if not self.as_jax_nn:
+            how = "compared as zeros"
+        elif not self.as_zero:
+            how = f"compared as {JAX_NN_VALUE}"
+        else:
+            how = f"(row, head) pairs compared as zeros: {self.as_zero}, as {JAX_NN_VALUE}: {self.as_jax_nn}"
+        return f"{self.rows} row{'s' if self.rows != 1 else ''} see{'s' if self.rows == 1 else ''} no key: {how}"
+
+
+def empty_row_target(out, ref, empty) -> EmptyRows:
+    """Apply the empty-row rule: out, ref (..., N, H) float64, empty (..., N) bool (True where the
+    (row, head) sees no key); rows are the leading axes before N."""
+    empty = np.broadcast_to(np.asarray(empty, bool), np.shape(ref)[:-1])
+    if not empty.any():
+        return EmptyRows(ref)
+    out = np.asarray(out, np.float64)
+    with np.errstate(invalid="ignore"):
+        as_zero = empty & (np.linalg.norm(out, axis=-1) < np.linalg.norm(out - ref, axis=-1))
+    target = np.where(as_zero[..., None], 0.0, ref)
+    rows = int(empty.any(axis=-1).sum())
+    return EmptyRows(target, rows, int(as_zero.sum()), int((empty & ~as_zero).sum()))
+
+
+def empty_row_target_device(out, ref, v, empty) -> EmptyRows:
+    """``empty_row_target`` on the device, for a reference that gives 0 where a row sees no key
+    (``attnlab.reference.blockwise``): out, ref (B, T, N, H), v (B, S, K, H), empty (B, T) bool;
+    jax.nn's value there is computed here (the mean of V over all S keys, per key/value head)."""
+    target, as_zero = compiled_once(_empty_target, out, ref, v, jnp.asarray(empty))
+    pairs = int(np.sum(empty)) * out.shape[2]
+    return EmptyRows(target, int(np.sum(empty)), int(as_zero), pairs - int(as_zero))
+
+
+@jax.jit
+def _empty_target(out, ref, v, empty):
+    o, f32 = out.astype(jnp.float32), jnp.float32
+    vmean = jnp.repeat(jnp.mean(v.astype(f32), axis=1), o.shape[2] // v.shape[2], axis=1)[:, None]   # (B, 1, N, H)
+    as_zero = empty[:, :, None] & (jnp.linalg.norm(o, axis=-1) < jnp.linalg.norm(o - vmean, axis=-1))
+    target = jnp.where(empty[:, :, None, None], jnp.where(as_zero[..., None], 0.0, vmean), ref.astype(f32))
+    return target, jnp.sum(as_zero)
+
+
+def dv_as_jax_nn(dv, cotangent, empty):
+    """The value gradient jax.nn's convention gives, from ``dv`` (B, S, K, H) of the 0 convention: a row
+    that sees no key weighs every key 1/S, so each key's dv gains 1/S of the cotangent (B, T, N, H) of
+    those rows, summed over the query heads of its key/value head; empty (B, T) bool. dq and dk are the
+    same under both (the masked logits are constants)."""
+    return compiled_once(_dv_as_jax_nn, dv, cotangent, jnp.asarray(empty))
+
+
+@jax.jit
+def _dv_as_jax_nn(dv, ct, empty):
+    B, S, K, H = dv.shape
+    add = jnp.sum(jnp.where(empty[:, :, None, None], ct.astype(jnp.float32), 0.0), axis=1)      # (B, N, H)
+    return dv + (jnp.sum(add.reshape(B, K, -1, H), axis=2) / S)[:, None].astype(dv.dtype)
+
+
+def grad_targets(refs, cotangent, empty):
+    """((dq,), (dk,), (dv,) or (dv, jax.nn's dv)): the gradients a check accepts for ``refs`` (dq, dk, dv)
+    of the 0 convention, by the empty-row rule (``dv_as_jax_nn``); empty (B, T) bool."""
+    dq, dk, dv = refs
+    return (dq,), (dk,), ((dv, dv_as_jax_nn(dv, cotangent, empty)) if np.any(empty) else (dv,))
+
+
+def empty_lse_bound(dtype) -> float:
+    """An empty row's lse passes at or below this (its dtype's masked-logit value x ``EMPTY_LSE_FRACTION``)."""
+    return EMPTY_LSE_FRACTION * large_negative_value(dtype)
+
+
+def lse_error(lse, ref_lse) -> float:
+    """The worst (row, head)'s |lse - ref| / (1 + |ref|) where the reference is finite; inf when ``lse`` has
+    NaN or +-Inf there, or a row whose reference is -inf (sees no key) has an lse above ``empty_lse_bound``."""
+    dtype = np.dtype(lse.dtype)
+    lse, ref = np.asarray(lse).astype(np.float64), np.asarray(ref_lse, np.float64)
+    live = np.isfinite(ref)
+    dead = lse[~live]
+    if np.any(np.isnan(dead)) or np.any(dead > empty_lse_bound(dtype)):
+        return math.inf
+    got, want = lse[live], ref[live]
+    if not np.all(np.isfinite(got)):
+        return math.inf
+    return float(np.max(np.abs(got - want) / (1.0 + np.abs(want)))) if got.size else 0.0
+
+
+def lse_floor(dtype) -> float:
+    """The lse limit's floor: the dtype's policy floor, and never below one unit of its last place."""
+    return max(FLOORS[np.dtype(dtype).name], float(np.finfo(np.dtype(dtype)).eps))
