@@ -69,7 +69,7 @@ def test_cli_suggests_backend_model_and_step(tmp_path):
     assert r.exit_code == 2 and "did you mean 'xla'?" in r.output and "Traceback" not in r.output
     assert "torch-efficient" not in r.output
     r = CliRunner().invoke(main, ["advise", "--model", "llama3-8b", "--context", "256", "--out", str(tmp_path / "a")])
-    assert r.exit_code == 2 and "did you mean 'llama-3.1-8b'?" in r.output
+    assert r.exit_code == 2 and "nearest: llama-3.1-8b," in r.output and "presets: " in r.output
     r = CliRunner().invoke(main, ["run", "--out", str(tmp_path / "r"), "--sections", "jaxnn"])
     assert r.exit_code == 2 and "did you mean 'jax_nn'?" in r.output and "Traceback" not in r.output
     with pytest.raises(ValueError, match="gpt-5.*llama-3.1-8b"):   # nothing close: the ten presets are listed
