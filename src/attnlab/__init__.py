@@ -11,6 +11,9 @@ Public API::
     attnlab.hlo_uses_cudnn(fn, *args)        # did cuDNN's fused attention really get lowered?
     attnlab.decode_attention(q, k_cache, v_cache, kv_lengths)  # T new tokens against a KV cache
     attnlab.reference_decode_attention(...)  # its NumPy float64 truth
+    attnlab.serving_attention(q, k_cache, v_cache, q_starts, kv_lengths)  # a serving step: ragged, mixed
+    attnlab.serving_plan(q_starts, kv_lengths, ...)  # its kernel's plan, once per step, reused by layers
+    attnlab.reference_serving_attention(...)  # its NumPy float64 truth
     attnlab.sharded_attention(q, k, v, mesh=..., strategy=...)  # batch / heads / ring over a Mesh
 
 Every public name loads its submodule on first use (``sharded_attention`` and ``make_mesh``:
@@ -25,7 +28,8 @@ __all__ = [
     "attention", "explain", "select", "Explanation", "Backend", "register", "hlo_uses_cudnn",
     "UnsupportedError", "reference_attention", "reference_attention_grads", "check_close", "rel_l2",
     "AttentionSpec", "Problem", "Workload", "__version__",
-    "decode_attention", "explain_decode", "reference_decode_attention", "sharded_attention", "make_mesh",
+    "decode_attention", "explain_decode", "reference_decode_attention",
+    "serving_attention", "explain_serving", "serving_plan", "reference_serving_attention", "sharded_attention", "make_mesh",
 ]
 
 #: Public names served lazily from submodules: name -> module (relative to attnlab).
@@ -37,6 +41,8 @@ _LAZY = {
     "UnsupportedError": ".core.errors",
     **dict.fromkeys(("check_close", "reference_attention", "reference_attention_grads", "rel_l2"), ".reference.float64"),
     "reference_decode_attention": ".reference.decode64",
+    **dict.fromkeys(("serving_attention", "explain_serving", "serving_plan"), ".api.serving"),
+    "reference_serving_attention": ".reference.serving64",
     "AttentionSpec": ".core.spec",
     "Workload": ".core.workload",
     "Problem": ".core.problem",
