@@ -177,7 +177,10 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
             br = cfg.block_r_prefill or (128 if head_dim <= 128 else 64)
         warps = cfg.num_warps or (8 if br * (head_dim + block_k) > 12288 else 4)
         stages = cfg.num_stages or 3
-        occ = programs_per_sm(br, block_k, head_dim, warps, stages, itemsize)
+        # at most 2 resident programs per SM: every program must be resident at once (stream-K gives each
+        # the same work, so a second wave would double the time); ptxas gave the paged r16 tile 204
+        # registers (2 per SM) where the estimate says 3 (benchmarks/serving_ttir_cpu.py)
+        occ = min(2, programs_per_sm(br, block_k, head_dim, warps, stages, itemsize))
         programs = cfg.programs or max(1, (sms or sm_count()) * occ // kv_heads)
         top = min(max_q, cfg.decode_max_q) if decode else max_q
         units = num_units(total_tokens, B, G, br, top)
