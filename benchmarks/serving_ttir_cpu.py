@@ -64,14 +64,17 @@ def dump(out_dir: str) -> list[str]:
                 plan = jax.eval_shape(lambda a, b: make_serving_plan(a, b, total_tokens=Ttot, kv_len_max=S, heads=N,
                                                                     kv_heads=K, head_dim=H, config=cfg, sms=132),
                                       args[3], args[4])
-                for i, (ttir, cp) in enumerate(zip(captured[n0:], plan.classes)):
-                    tag = f"G{N // K}_T{T}_r{cp.block_r}_{'contig' if page is None else f'paged{page}'}"
-                    with open(os.path.join(out_dir, tag + ".ttir"), "w") as fh:
-                        fh.write(ttir)
-                    with open(os.path.join(out_dir, tag + ".json"), "w") as fh:
-                        json.dump(dict(num_warps=cp.num_warps,
-                                       num_stages=kd.compiled_stages(cp.num_stages, 0 if page is None else 1)), fh)
-                    tags.append(tag)
+                # each class lowers two kernels: its pieces kernel, then its merge
+                for i, cp in enumerate(plan.classes):
+                    base = f"G{N // K}_T{T}_r{cp.block_r}_{'contig' if page is None else f'paged{page}'}"
+                    stages = kd.compiled_stages(cp.num_stages, 0 if page is None else 1)
+                    for tag, ttir, meta in ((base, captured[n0 + 2 * i], dict(num_warps=cp.num_warps, num_stages=stages)),
+                                            (base + "_merge", captured[n0 + 2 * i + 1], dict(num_warps=8 if cp.block_r * H > 8192 else 4, num_stages=1))):
+                        with open(os.path.join(out_dir, tag + ".ttir"), "w") as fh:
+                            fh.write(ttir)
+                        with open(os.path.join(out_dir, tag + ".json"), "w") as fh:
+                            json.dump(meta, fh)
+                        tags.append(tag)
     finally:
         reg.lowering.lower_jaxpr_to_triton_module = orig
     return tags

@@ -36,7 +36,9 @@ from .decode_plan import cdiv, default_block_k, next_pow2
 from .decode_resources import programs_per_sm, sm_count
 
 #: Fields of one piece, in the order of a row of ``ClassPlan.pieces``.
-FIELDS = ("request", "q_row", "row_offset", "rows", "q_pos0", "kv_len", "first_block", "blocks")
+FIELDS = ("request", "q_start", "row_offset", "rows", "q_pos0", "kv_len", "first_block", "blocks")
+#: Fields of one unit, in the order of a row of ``ClassPlan.units`` (its pieces: first_piece .. end_piece-1).
+UNIT_FIELDS = ("q_start", "row_offset", "rows", "first_piece", "end_piece")
 DECODE_MAX_Q = 16
 MIN_CHUNK = 2        # blocks: a program's run is never shorter (tiny batches: fewer, longer programs)
 
@@ -62,11 +64,13 @@ class ServingConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ClassPlan:
-    """One tile class's work list: ``pieces`` (num_pieces, 8) int32 (``FIELDS``) and ``starts``
-    (programs + 1,) int32: program p runs pieces starts[p] .. starts[p+1]-1."""
+    """One tile class's work list: ``pieces`` (num_pieces, 8) int32 (``FIELDS``), ``starts``
+    (programs + 1,) int32: program p runs pieces starts[p] .. starts[p+1]-1, and ``units``
+    (num_units, 5) int32 (``UNIT_FIELDS``): the merge combines each unit's pieces."""
 
     pieces: object
     starts: object
+    units: object
     block_r: int = dataclasses.field(metadata=dict(static=True))
     programs: int = dataclasses.field(metadata=dict(static=True))
     num_warps: int = dataclasses.field(metadata=dict(static=True))
@@ -86,7 +90,7 @@ class ServingPlan:
 def _register():
     import jax
 
-    for cls, data in ((ClassPlan, ["pieces", "starts"]), (ServingPlan, ["classes"])):
+    for cls, data in ((ClassPlan, ["pieces", "starts", "units"]), (ServingPlan, ["classes"])):
         meta = [f.name for f in dataclasses.fields(cls) if f.name not in data]
         jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=meta)
 
@@ -105,7 +109,8 @@ def _searchsorted(xp, a, v, side):
 
 def _pieces(xp, q_starts, kv_lengths, *, in_class, groups: int, block_r: int, block_k: int, kv_len_max: int,
             num_units: int, programs: int):
-    """(pieces (num_units + programs, 8), starts (programs + 1,)) of one class; ``xp`` numpy or jax.numpy.
+    """(pieces (num_units + programs, 8), starts (programs + 1,), units (num_units, 5)) of one class;
+    ``xp`` numpy or jax.numpy.
 
     ``in_class`` (B,) bool: the requests of this class. Lengths are clamped into the shapes' bounds
     (under jit they are unchecked), so no piece ever addresses past the arrays."""
@@ -133,11 +138,14 @@ def _pieces(xp, q_starts, kv_lengths, *, in_class, groups: int, block_r: int, bl
     pu = xp.minimum(_searchsorted(xp, unit_end, bounds, "right"), num_units - 1)
     pb = b[pu]
     blocks = ends - bounds
-    fields = (pb, starts[pb] * groups + row_off[pu], row_off[pu], xp.minimum(rows[pb] - row_off[pu], block_r),
-              q_pos0[pu], kv[pb], bounds - (unit_end[pu] - nb[pu]), blocks)
+    unit_rows = xp.where(unit_ok, xp.minimum(rows[b] - row_off, block_r), 0)
+    fields = (pb, starts[pb], row_off[pu], unit_rows[pu], q_pos0[pu], kv[pb], bounds - (unit_end[pu] - nb[pu]), blocks)
     pieces = xp.stack([xp.asarray(f).astype(i32) for f in fields], axis=1)
     prog_first = _searchsorted(xp, bounds, xp.concatenate([prog_start, total[None] + 1]), "left")
-    return pieces, prog_first.astype(i32)
+    unit_fields = (starts[b], row_off, unit_rows, _searchsorted(xp, bounds, unit_end - nb, "left"),
+                   _searchsorted(xp, bounds, unit_end, "left"))
+    units = xp.stack([xp.asarray(f).astype(i32) for f in unit_fields], axis=1)
+    return pieces, prog_first.astype(i32), units
 
 
 def num_units(total_tokens: int, batch: int, groups: int, block_r: int, max_q: int) -> int:
@@ -189,8 +197,8 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
         else:
             q_len_x = jax.numpy.diff(jax.numpy.asarray(q_starts).astype(jax.numpy.int32))
         in_class = (q_len_x <= cfg.decode_max_q) if decode else (q_len_x > cfg.decode_max_q)
-        pieces, starts = _pieces(xp, q_starts, kv_lengths, in_class=in_class, groups=G, block_r=br, block_k=block_k,
-                                 kv_len_max=kv_len_max, num_units=units, programs=programs)
-        classes.append(ClassPlan(pieces, starts, block_r=br, programs=programs, num_warps=warps,
+        pieces, starts, unit_list = _pieces(xp, q_starts, kv_lengths, in_class=in_class, groups=G, block_r=br,
+                                            block_k=block_k, kv_len_max=kv_len_max, num_units=units, programs=programs)
+        classes.append(ClassPlan(pieces, starts, unit_list, block_r=br, programs=programs, num_warps=warps,
                                  num_stages=stages, decode=decode))
     return ServingPlan(tuple(classes), block_k=block_k, sizes=(total_tokens, B, heads, kv_heads, head_dim))
