@@ -99,6 +99,26 @@ def time_ms(fn, args, repeats=10):
     return timers.kernel_per_call(fn, [args], repeats).median
 
 
+def kernels_ms(fn, args, iterations=5):
+    """[(kernel name, median ms)] of one call, every kernel it launches (CUPTI)."""
+    from jax.experimental.mosaic.gpu import profiler
+
+    _, per_iter = profiler.measure(fn, aggregate=False, iterations=iterations)(*args)
+    names = [n for n, _ in per_iter[0]]
+    return [(n, float(np.median([it[i][1] for it in per_iter]))) for i, n in enumerate(names)]
+
+
+def class_rooflines(q_len, kv, N, K, decode_max_q=16):
+    """(decode class, prefill class) rooflines in ms: the two launches run one after the other, so a
+    mixed batch's best is their sum, not the combined max(FLOPs, bytes) roofline."""
+    from attnlab.core.serving_cost import serving_roofline_s
+
+    out = []
+    for sel in (q_len <= decode_max_q, q_len > decode_max_q):
+        out.append(serving_roofline_s(starts_of(q_len[sel]), kv[sel], N, K, H, 2) * 1e3 if sel.any() else 0.0)
+    return out
+
+
 _JIT = {}
 
 
@@ -157,10 +177,64 @@ def run_cell(rec, q, k, v, q_len, kv, table, T, N, K, out_f, peers=True):
                 r["tokens_per_s"] = int(starts[-1]) / (r["ms"] * 1e-3)
                 if name == "attnlab-serving":
                     r["plan_ms"] = time_ms(make_plan, (a, b))
+                    try:
+                        r["kernels"] = kernels_ms(fn, fargs)
+                    except Exception as e:  # noqa: BLE001 - the breakdown is extra
+                        r["kernels"], r["kernels_error"] = [], f"{type(e).__name__}: {str(e)[:200]}"
+                    dec, pre = class_rooflines(q_len, kv, N, K)
+                    r["class_roofline_ms"] = [dec, pre]
+                    r["sequential_bound_pct"] = 100 * roof_ms / (dec + pre)
+                    pk = [t for n, t in r["kernels"] if "serving_prefill_r" in n]
+                    if pre and pk:
+                        from attnlab.core.serving_cost import serving_flops
+                        sel = q_len > 16
+                        r["prefill_tflops"] = serving_flops(starts_of(q_len[sel]), kv[sel], N, H) / (pk[0] * 1e-3) / 1e12
         except Exception as e:  # noqa: BLE001 - a path that fails is a result
             r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
         print(f"{r['batch']:<24} G={N // K} T={T} {r['layout']:<8} {name:<24} {r.get('ms', 0):8.4f} ms "
               f"{r.get('pct_roofline', 0):5.1f}% {r.get('error', '')[:80]}", flush=True)
+        out_f.write(json.dumps(r) + "\n")
+        out_f.flush()
+
+
+#: prefill tile variants (block_k, num_warps, num_stages) timed on the 2 x 2048 + 126 mixed batch, G=4
+PREFILL_VARIANTS = ((64, 8, 3), (128, 8, 2), (128, 8, 3), (64, 4, 3), (32, 4, 3))
+
+
+def prefill_variants(out_f, key, dev, t0, max_seconds):
+    """The prefill class's kernel time by tile variant (the decode class unchanged): TFLOP/s of the chunks."""
+    import jax
+    import jax.numpy as jnp
+
+    import attnlab
+    from attnlab.core.serving_cost import serving_flops
+    from attnlab.kernels.serving_plan import ServingConfig
+
+    N, K, s_mix = 32, 8, 16384
+    q_len, kv = mixed_batch(2, 2048, 126, s_mix, np.random.default_rng(3))
+    starts = starts_of(q_len)
+    k, v, _ = caches(key, len(kv), s_mix, K, "contig")
+    q = jax.random.normal(jax.random.PRNGKey(5), (int(q_len.sum()) + 64, N, H), jnp.bfloat16)
+    flops = serving_flops(starts_of(q_len[:2]), kv[:2], N, H)
+    for bk, warps, stages in PREFILL_VARIANTS:
+        if time.perf_counter() - t0 > max_seconds:
+            break
+        cfg = ServingConfig(block_k_prefill=bk, num_warps_prefill=warps, num_stages_prefill=stages)
+        r = dict(device=dev, batch="prefill variant", path="attnlab-serving", N=N, K=K, G=N // K, T=1, layout="contig",
+                 block_k=bk, num_warps=warps, num_stages=stages)
+        try:
+            plan = attnlab.serving_plan(jnp.asarray(starts), jnp.asarray(kv), total_tokens=int(q.shape[0]),
+                                        kv_len_max=s_mix, heads=N, kv_heads=K, head_dim=H, config=cfg)
+            fn = jax.jit(lambda q, k, v, a, b, p: attnlab.serving_attention(q, k, v, a, b, plan=p,
+                                                                             implementation="attnlab-decode"))
+            r["kernels"] = kernels_ms(fn, (q, k, v, jnp.asarray(starts), jnp.asarray(kv), plan))
+            pk = [t for n, t in r["kernels"] if "serving_prefill_r" in n]
+            r["prefill_ms"] = pk[0] if pk else None
+            r["prefill_tflops"] = flops / (pk[0] * 1e-3) / 1e12 if pk else None
+        except Exception as e:  # noqa: BLE001 - a variant that fails is a result
+            r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        print(f"prefill variant bk={bk} warps={warps} stages={stages}: {r.get('prefill_ms') or 0:.4f} ms "
+              f"{r.get('prefill_tflops') or 0:.0f} TFLOP/s {r.get('error', '')[:100]}", flush=True)
         out_f.write(json.dumps(r) + "\n")
         out_f.flush()
 
@@ -184,6 +258,8 @@ def table_md(path) -> str:
     recs = [json.loads(x) for x in open(path, encoding="utf-8") if x.strip()]
     cells, peers = {}, {}
     for r in recs:
+        if r["batch"] == "prefill variant":
+            continue
         key = (r["batch"], r["G"], r["T"], r["layout"])
         if r["path"] == "attnlab-serving":
             cells[key] = r
@@ -200,8 +276,18 @@ def table_md(path) -> str:
         verdict = "–" if pct is None else ("met" if pct >= goal else f"missed by {goal - pct:.0f}")
         p = peers.get(key)
         peer = f"{p['path']} | {p['pct_roofline']:.0f}%" if p else "– | –"
+        if r.get("sequential_bound_pct") and key[0].startswith("mixed"):
+            verdict += (f" (two launches in sequence: at most {r['sequential_bound_pct']:.0f}%; prefill kernel "
+                        f"{r.get('prefill_tflops', 0):.0f} TFLOP/s)")
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {r.get('ms', 0):.4f} | {got} | {goal}% "
                      f"{verdict} | {peer} |")
+    variants = [r for r in recs if r["batch"] == "prefill variant"]
+    if variants:
+        lines += ["", "Prefill tile variants (mixed 2x2048+126, G=4, contiguous; the prefill kernel alone):", "",
+                  "| block_k | warps | stages | prefill kernel ms | TFLOP/s |", "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {r['block_k']} | {r['num_warps']} | {r['num_stages']} | {r.get('prefill_ms') or 0:.4f} | "
+                  f"{r.get('prefill_tflops') or 0:.0f} |" if not r.get("error") else
+                  f"| {r['block_k']} | {r['num_warps']} | {r['num_stages']} | ✗ {r['error'][:60]} | |" for r in variants]
     plans = [r for r in cells.values() if r.get("plan_ms") and r.get("ms")]
     if plans:
         worst = max(plans, key=lambda r: r["plan_ms"] / r["ms"])
@@ -256,6 +342,8 @@ def main(argv=None):
                                K=K, G=N // K, T=1, layout=layout)
                     run_cell(rec, q, k, v, q_len, kv, table, 1, N, K, f, peers=not a.no_peers)
                     del k, v, table
+        if not a.quick:
+            prefill_variants(f, key, dev, t0, a.max_seconds + 60)
     md = table_md(path)
     with open(os.path.join(a.out, "README.md"), "w") as f:
         f.write(f"# serving_attention on {dev}\n\n`PYTHONPATH=src python benchmarks/serving_gpu.py --out {a.out}`\n\n" + md)

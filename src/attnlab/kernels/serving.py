@@ -42,7 +42,7 @@ def _row_index(q_start, row_off, row, h, groups: int, heads: int):
 
 
 def _kernel(starts_ref, pieces_ref, *refs, groups: int, heads: int, kv_len: int, block_r: int, block_k: int,
-            qk_scale: float, page_size: int | None, soft_cap: float | None):
+            qk_scale: float, page_size: int | None, soft_cap: float | None, split_mask: bool):
     import jax.numpy as jnp
     from jax import lax
     from jax.experimental import pallas as pl
@@ -67,11 +67,11 @@ def _kernel(starts_ref, pieces_ref, *refs, groups: int, heads: int, kv_len: int,
         q_pos = q_pos0 + lax.div(row_off + row, groups)
         base = b * kv_len
 
-        def body(i, c):
+        def body(i, c, masked=True):
             acc, m, l = c
             start = (first + i) * block_k
             pos = start + cols
-            kv_ok = pos < length
+            kv_ok = pos < length if masked else jnp.ones((block_k,), jnp.bool_)
             at = base + start
             load = functools.partial(load_kv_block, start=pl.multiple_of(at, block_k) if aligned else at,
                                      kv_ok=kv_ok, length=length, block_k=block_k, page_size=page_size,
@@ -79,9 +79,11 @@ def _kernel(starts_ref, pieces_ref, *refs, groups: int, heads: int, kv_len: int,
             s = plgpu.dot(q, load(k_ref), trans_b=True) * qk_scale
             if soft_cap is not None:
                 s = soft_cap * jnp.tanh(s / soft_cap)
-            s = jnp.where(kv_ok[None, :] & (pos[None, :] <= q_pos[:, None]), s, NEG)
+            if masked:
+                s = jnp.where(kv_ok[None, :] & (pos[None, :] <= q_pos[:, None]), s, NEG)
             m_new = jnp.maximum(m, jnp.max(s, axis=1))
-            m_use = jnp.where(m_new == NEG, 0.0, m_new)
+            # rows that have seen no key subtract 0 (2^(NEG - 0) = 0); an unmasked block's max is a real score
+            m_use = jnp.where(m_new == NEG, 0.0, m_new) if masked else m_new
             alpha = jnp.exp2(m - m_use)
             pr = jnp.exp2(s - m_use[:, None])
             l = l * alpha + jnp.sum(pr, axis=1)
@@ -91,7 +93,15 @@ def _kernel(starts_ref, pieces_ref, *refs, groups: int, heads: int, kv_len: int,
 
         init = (jnp.zeros((block_r, H), jnp.float32), jnp.full((block_r,), NEG, jnp.float32),
                 jnp.zeros((block_r,), jnp.float32))
-        acc, m, l = lax.fori_loop(0, count, body, init)
+        if split_mask:
+            # blocks every row of the tile sees whole (below its first row's position and the length) run
+            # without the mask's compares and selects: most of a prefill tile's blocks
+            whole = jnp.minimum(q_pos0 + lax.div(row_off, groups) + 1, length) // block_k
+            n_whole = jnp.clip(whole - first, 0, count)
+            init = lax.fori_loop(0, n_whole, functools.partial(body, masked=False), init)
+            acc, m, l = lax.fori_loop(n_whole, count, body, init)
+        else:
+            acc, m, l = lax.fori_loop(0, count, body, init)
         slot = j * block_r
         plgpu.store(o_ref.at[pl.ds(slot, block_r), :], acc)
         plgpu.store(m_ref.at[pl.ds(slot, block_r)], m)
@@ -134,7 +144,7 @@ def _merge_kernel(units_ref, o_ref, m_ref, l_ref, _, out_ref, *, groups: int, he
                 mask=jnp.broadcast_to(ok[:, None], (block_r, H)))
 
 
-def _run_class(cp, q_flat, k, v, table, out, *, K, G, N, S, H, block_k, qk_scale, page_size, soft_cap, interpret):
+def _run_class(cp, q_flat, k, v, table, out, *, K, G, N, S, H, qk_scale, page_size, soft_cap, interpret):
     """One tile class: its partials kernel, then its merge into ``out`` (T_total * N, H) (aliased)."""
     import jax
     import jax.numpy as jnp
@@ -143,8 +153,10 @@ def _run_class(cp, q_flat, k, v, table, out, *, K, G, N, S, H, block_k, qk_scale
 
     br = cp.block_r
     n_pieces, n_units = int(cp.pieces.shape[0]), int(cp.units.shape[0])
+    block_k = cp.block_k
+    kind = "decode" if cp.decode else "prefill"     # kernel names, as CUPTI reports them
     kernel = functools.partial(_kernel, groups=G, heads=N, kv_len=S, block_r=br, block_k=block_k, qk_scale=qk_scale,
-                               page_size=page_size, soft_cap=soft_cap)
+                               page_size=page_size, soft_cap=soft_cap, split_mask=not cp.decode)
     full = lambda shape: pl.BlockSpec(shape, lambda p, h: (0,) * len(shape))   # noqa: E731
     kv_spec = pl.BlockSpec((int(k.shape[0]), None, H), lambda p, h: (0, h, 0))
     tables = [] if table is None else [table]
@@ -162,7 +174,7 @@ def _run_class(cp, q_flat, k, v, table, out, *, K, G, N, S, H, block_k, qk_scale
         compiler_params=plgpu.CompilerParams(
             num_warps=cp.num_warps, num_stages=compiled_stages(cp.num_stages, 0 if table is None else 1)),
         interpret=interpret,
-        name=f"attnlab_serving_r{br}_k{block_k}" + (f"_p{page_size}" if page_size else ""),
+        name=f"attnlab_serving_{kind}_r{br}_k{block_k}" + (f"_p{page_size}" if page_size else ""),
     )(cp.starts, cp.pieces.reshape(-1), *tables, q_flat, k, v)
     merge = functools.partial(_merge_kernel, groups=G, heads=N, block_r=br, spare=int(q_flat.shape[0]))
     return pl.pallas_call(
@@ -174,7 +186,7 @@ def _run_class(cp, q_flat, k, v, table, out, *, K, G, N, S, H, block_k, qk_scale
         input_output_aliases={4: 0},
         compiler_params=plgpu.CompilerParams(num_warps=8 if br * H > 8192 else 4, num_stages=1),
         interpret=interpret,
-        name=f"attnlab_serving_merge_r{br}",
+        name=f"attnlab_serving_{kind}_merge_r{br}",
     )(cp.units.reshape(-1), o, m, l, out)
 
 
@@ -209,6 +221,6 @@ def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan
     out = jnp.zeros((T_total * N + (1 if interpret else 0), H), q.dtype)
     for cp in plan.classes:
         out = _run_class(cp, q.reshape(T_total * N, H), k, v, table, out, K=K, G=G, N=N, S=S, H=H,
-                         block_k=plan.block_k, qk_scale=scale * LOG2E, page_size=page_size,
+                         qk_scale=scale * LOG2E, page_size=page_size,
                          soft_cap=None if soft_cap is None else float(soft_cap) * LOG2E, interpret=interpret)
     return out[:T_total * N].reshape(T_total, N, H) if interpret else out.reshape(T_total, N, H)

@@ -47,7 +47,8 @@ MIN_CHUNK = 2        # blocks: a program's run is never shorter (tiny batches: f
 class ServingConfig:
     """Tuning parameters; None means the default for the shape (module docstring)."""
 
-    block_k: int | None = None
+    block_k: int | None = None               # both classes, unless block_k_prefill is given
+    block_k_prefill: int | None = None
     block_r_decode: int | None = None
     block_r_prefill: int | None = None
     decode_max_q: int = DECODE_MAX_Q
@@ -60,6 +61,9 @@ class ServingConfig:
     programs: int | None = None      # per KV head and class; None: SMs x programs per SM / K
     num_warps: int | None = None
     num_stages: int | None = None
+    #: the prefill class's own (None: as above)
+    num_warps_prefill: int | None = None
+    num_stages_prefill: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +76,7 @@ class ClassPlan:
     starts: object
     units: object
     block_r: int = dataclasses.field(metadata=dict(static=True))
+    block_k: int = dataclasses.field(metadata=dict(static=True))
     programs: int = dataclasses.field(metadata=dict(static=True))
     num_warps: int = dataclasses.field(metadata=dict(static=True))
     num_stages: int = dataclasses.field(metadata=dict(static=True))
@@ -83,7 +88,6 @@ class ServingPlan:
     """The plan of one step: its tile classes and the sizes it was made for (checked on reuse)."""
 
     classes: tuple
-    block_k: int = dataclasses.field(metadata=dict(static=True))
     sizes: tuple = dataclasses.field(metadata=dict(static=True))    # (T_total, B, N, K, H)
 
 
@@ -166,8 +170,7 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
     xp = jax.numpy if traced else np
     B = int(np.shape(kv_lengths)[0])
     G = heads // kv_heads
-    block_k = cfg.block_k or default_block_k(head_dim)
-    block_k = min(block_k, max(16, next_pow2(kv_len_max)))
+    cap_k = max(16, next_pow2(kv_len_max))
     max_q = max(1, min(cfg.max_q_len or total_tokens, total_tokens))
     q_len = None if traced else np.diff(np.asarray(q_starts).astype(np.int64))
     if q_len is not None:
@@ -179,12 +182,14 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
     for decode in (True, False):
         if decode and max_q < 1 or not decode and max_q <= cfg.decode_max_q:
             continue
+        block_k = min(cap_k, (None if decode else cfg.block_k_prefill) or cfg.block_k or default_block_k(head_dim))
         if decode:
             br = cfg.block_r_decode or min(64, next_pow2(max(16, G * dec_q)))
         else:
             br = cfg.block_r_prefill or (128 if head_dim <= 128 else 64)
-        warps = cfg.num_warps or (8 if br * (head_dim + block_k) > 12288 else 4)
-        stages = cfg.num_stages or 3
+        warps = (None if decode else cfg.num_warps_prefill) or cfg.num_warps or (
+            8 if br * (head_dim + block_k) > 12288 else 4)
+        stages = (None if decode else cfg.num_stages_prefill) or cfg.num_stages or 3
         # at most 2 resident programs per SM: every program must be resident at once (stream-K gives each
         # the same work, so a second wave would double the time); ptxas gave the paged r16 tile 204
         # registers (2 per SM) where the estimate says 3 (benchmarks/serving_ttir_cpu.py)
@@ -199,6 +204,6 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
         in_class = (q_len_x <= cfg.decode_max_q) if decode else (q_len_x > cfg.decode_max_q)
         pieces, starts, unit_list = _pieces(xp, q_starts, kv_lengths, in_class=in_class, groups=G, block_r=br,
                                             block_k=block_k, kv_len_max=kv_len_max, num_units=units, programs=programs)
-        classes.append(ClassPlan(pieces, starts, unit_list, block_r=br, programs=programs, num_warps=warps,
+        classes.append(ClassPlan(pieces, starts, unit_list, block_r=br, block_k=block_k, programs=programs, num_warps=warps,
                                  num_stages=stages, decode=decode))
-    return ServingPlan(tuple(classes), block_k=block_k, sizes=(total_tokens, B, heads, kv_heads, head_dim))
+    return ServingPlan(tuple(classes), sizes=(total_tokens, B, heads, kv_heads, head_dim))
