@@ -119,16 +119,18 @@ def test_plan_covers_every_needed_block_once_and_balances(case):
 
 # ---------------------------------------------------------------- the kernel, Pallas interpret mode
 
-@pytest.mark.parametrize("case,heads,paged", [("mixed", (14, 2), True), ("ragged-decode", (8, 2), False)],
-                         ids=["mixed-G7-paged", "decode-G4-contig"])
-def test_kernel_matches_float64_under_jit(case, heads, paged):
+@pytest.mark.parametrize("case,heads,paged,fused", [("mixed", (14, 2), True, False), ("ragged-decode", (8, 2), False, False),
+                                                     ("mixed", (8, 2), False, True)],
+                         ids=["mixed-G7-paged", "decode-G4-contig", "mixed-G4-contig-fused"])
+def test_kernel_matches_float64_under_jit(case, heads, paged, fused):
     N, K = heads
     q, k, v, starts, kv = batch(case, N, K)
     ref = reference_serving_attention(q, k, v, starts, kv, logits_soft_cap=2.5)
     table = None
     if paged:
         k, v, table = to_pages(k, v, 8)       # block_k 16 > page 8: the per-key gather
-    cfg = sp.ServingConfig(block_k=16, decode_max_q=4, programs=3, max_q_len=1 if case == "ragged-decode" else None)
+    cfg = sp.ServingConfig(block_k=16, decode_max_q=4, programs=3, max_q_len=1 if case == "ragged-decode" else None,
+                           fused=fused)
 
     def step(q, k, v, a, b, t):
         plan = attnlab.serving_plan(a, b, total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K,
@@ -138,6 +140,10 @@ def test_kernel_matches_float64_under_jit(case, heads, paged):
 
     out = jax.jit(step)(q, k, v, jnp.asarray(starts), jnp.asarray(kv), table)
     assert_close(out, ref, q)
+    # the plan made as the step makes it: one class for decodes only, two (one launch when fused) for a mixed batch
+    plan = attnlab.serving_plan(starts, kv, total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K, head_dim=16,
+                                config=cfg)
+    assert (len(plan.classes), plan.fused) == ((1, False) if case == "ragged-decode" else (2, fused))
 
 
 # ---------------------------------------------------------------- checks, explain, refusals

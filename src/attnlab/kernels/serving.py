@@ -41,8 +41,18 @@ def _row_index(q_start, row_off, row, h, groups: int, heads: int):
     return (q_start + lax.div(r, groups)) * heads + h * groups + lax.rem(r, groups)
 
 
-def _kernel(starts_ref, pieces_ref, *refs, groups: int, heads: int, kv_len: int, block_r: int, block_k: int,
-            qk_scale: float, page_size: int | None, soft_cap: float | None, split_mask: bool):
+def _kernel(starts_ref, pieces_ref, *refs, **static):
+    from jax.experimental import pallas as pl
+
+    table_ref, (q_ref, k_ref, v_ref, o_ref, m_ref, l_ref) = (refs[0], refs[1:]) if static["page_size"] else (None, refs)
+    run_pieces(pl.program_id(0), pl.program_id(1), starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref,
+               o_ref, m_ref, l_ref, **static)
+
+
+def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, groups: int,
+               heads: int, kv_len: int, block_r: int, block_k: int, qk_scale: float, page_size: int | None,
+               soft_cap: float | None, split_mask: bool):
+    """Program p of KV head h: its run of pieces, each piece's partial (O, m, l) to its slot (module docstring)."""
     import jax.numpy as jnp
     from jax import lax
     from jax.experimental import pallas as pl
@@ -50,9 +60,7 @@ def _kernel(starts_ref, pieces_ref, *refs, groups: int, heads: int, kv_len: int,
 
     from .paged_load import load_kv_block
 
-    table_ref, (q_ref, k_ref, v_ref, o_ref, m_ref, l_ref) = (refs[0], refs[1:]) if page_size else (None, refs)
     H = q_ref.shape[-1]
-    p, h = pl.program_id(0), pl.program_id(1)
     row = lax.iota(jnp.int32, block_r)
     dims = lax.iota(jnp.int32, H)
     cols = lax.iota(jnp.int32, block_k)
@@ -144,41 +152,67 @@ def _merge_kernel(units_ref, o_ref, m_ref, l_ref, _, out_ref, *, groups: int, he
                 mask=jnp.broadcast_to(ok[:, None], (block_r, H)))
 
 
-def _run_class(cp, q_flat, k, v, table, out, *, K, G, N, S, H, qk_scale, page_size, soft_cap, interpret):
-    """One tile class: its partials kernel, then its merge into ``out`` (T_total * N, H) (aliased)."""
+def class_static(cp, *, G, N, S, qk_scale, page_size, soft_cap) -> dict:
+    """The compiled-in parameters of one class's piece loop (``run_pieces``)."""
+    return dict(groups=G, heads=N, kv_len=S, block_r=cp.block_r, block_k=cp.block_k, qk_scale=qk_scale,
+                page_size=page_size, soft_cap=soft_cap, split_mask=not cp.decode)
+
+
+def partial_shapes(cp, K: int, H: int):
+    """The float32 partials (O, m, l) of one class: a (block_r, H) / (block_r,) slot per piece, per KV head."""
     import jax
     import jax.numpy as jnp
+
+    slots = int(cp.pieces.shape[0]) * cp.block_r
+    return [jax.ShapeDtypeStruct((K, slots, H), jnp.float32), jax.ShapeDtypeStruct((K, slots), jnp.float32),
+            jax.ShapeDtypeStruct((K, slots), jnp.float32)]
+
+
+def kernel_name(cp, page_size, merge: bool = False) -> str:
+    kind = "decode" if cp.decode else "prefill"     # kernel names, as CUPTI reports them
+    if merge:
+        return f"attnlab_serving_{kind}_merge_r{cp.block_r}"
+    return f"attnlab_serving_{kind}_r{cp.block_r}_k{cp.block_k}" + (f"_p{page_size}" if page_size else "")
+
+
+def _pieces_call(cp, q_flat, k, v, table, *, K, H, static, interpret):
+    """One tile class's piece kernel: grid (programs, K); returns its partials."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as plgpu
 
-    br = cp.block_r
-    n_pieces, n_units = int(cp.pieces.shape[0]), int(cp.units.shape[0])
-    block_k = cp.block_k
-    kind = "decode" if cp.decode else "prefill"     # kernel names, as CUPTI reports them
-    kernel = functools.partial(_kernel, groups=G, heads=N, kv_len=S, block_r=br, block_k=block_k, qk_scale=qk_scale,
-                               page_size=page_size, soft_cap=soft_cap, split_mask=not cp.decode)
+    n_pieces = int(cp.pieces.shape[0])
     full = lambda shape: pl.BlockSpec(shape, lambda p, h: (0,) * len(shape))   # noqa: E731
     kv_spec = pl.BlockSpec((int(k.shape[0]), None, H), lambda p, h: (0, h, 0))
     tables = [] if table is None else [table]
-    slots = n_pieces * br
-    per_head = [pl.BlockSpec((None, slots, H), lambda p, h: (h, 0, 0)), pl.BlockSpec((None, slots), lambda p, h: (h, 0)),
-                pl.BlockSpec((None, slots), lambda p, h: (h, 0))]
-    o, m, l = pl.pallas_call(
-        kernel,
+    slots = n_pieces * cp.block_r
+    return pl.pallas_call(
+        functools.partial(_kernel, **static),
         grid=(cp.programs, K),
         in_specs=[full((cp.programs + 1,)), full((n_pieces * NF,)), *[full(tuple(t.shape)) for t in tables],
                   full(tuple(q_flat.shape)), kv_spec, kv_spec],
-        out_specs=per_head,
-        out_shape=[jax.ShapeDtypeStruct((K, slots, H), jnp.float32), jax.ShapeDtypeStruct((K, slots), jnp.float32),
-                   jax.ShapeDtypeStruct((K, slots), jnp.float32)],
+        out_specs=[pl.BlockSpec((None, slots, H), lambda p, h: (h, 0, 0)), pl.BlockSpec((None, slots), lambda p, h: (h, 0)),
+                   pl.BlockSpec((None, slots), lambda p, h: (h, 0))],
+        out_shape=partial_shapes(cp, K, H),
         compiler_params=plgpu.CompilerParams(
             num_warps=cp.num_warps, num_stages=compiled_stages(cp.num_stages, 0 if table is None else 1)),
         interpret=interpret,
-        name=f"attnlab_serving_{kind}_r{br}_k{block_k}" + (f"_p{page_size}" if page_size else ""),
+        name=kernel_name(cp, static["page_size"]),
     )(cp.starts, cp.pieces.reshape(-1), *tables, q_flat, k, v)
-    merge = functools.partial(_merge_kernel, groups=G, heads=N, block_r=br, spare=int(q_flat.shape[0]))
+
+
+def merge_call(cp, partials, out, *, K, G, N, H, interpret):
+    """One class's merge kernel (grid (units, K)) into ``out`` (T_total * N [+ 1], H), aliased."""
+    import jax
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+
+    br, n_units = cp.block_r, int(cp.units.shape[0])
+    slots = int(cp.pieces.shape[0]) * br
+    full = lambda shape: pl.BlockSpec(shape, lambda u, h: (0,) * len(shape))   # noqa: E731
+    per_head = [pl.BlockSpec((None, slots, H), lambda u, h: (h, 0, 0)), pl.BlockSpec((None, slots), lambda u, h: (h, 0)),
+                pl.BlockSpec((None, slots), lambda u, h: (h, 0))]
     return pl.pallas_call(
-        merge,
+        functools.partial(_merge_kernel, groups=G, heads=N, block_r=br, spare=int(out.shape[0]) - (1 if interpret else 0)),
         grid=(n_units, K),
         in_specs=[full((n_units * NU,)), *per_head, full(tuple(out.shape))],
         out_specs=full(tuple(out.shape)),
@@ -186,8 +220,8 @@ def _run_class(cp, q_flat, k, v, table, out, *, K, G, N, S, H, qk_scale, page_si
         input_output_aliases={4: 0},
         compiler_params=plgpu.CompilerParams(num_warps=8 if br * H > 8192 else 4, num_stages=1),
         interpret=interpret,
-        name=f"attnlab_serving_{kind}_merge_r{br}",
-    )(cp.units.reshape(-1), o, m, l, out)
+        name=kernel_name(cp, None, merge=True),
+    )(cp.units.reshape(-1), *partials, out)
 
 
 def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan, scale: float | None = None,
@@ -219,8 +253,16 @@ def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan
         interpret = jax.default_backend() != "gpu"
     # padding tokens' rows stay 0; interpret mode needs a spare row past the end (``_merge_kernel``)
     out = jnp.zeros((T_total * N + (1 if interpret else 0), H), q.dtype)
-    for cp in plan.classes:
-        out = _run_class(cp, q.reshape(T_total * N, H), k, v, table, out, K=K, G=G, N=N, S=S, H=H,
-                         qk_scale=scale * LOG2E, page_size=page_size,
-                         soft_cap=None if soft_cap is None else float(soft_cap) * LOG2E, interpret=interpret)
+    q_flat = q.reshape(T_total * N, H)
+    statics = [class_static(cp, G=G, N=N, S=S, qk_scale=scale * LOG2E, page_size=page_size,
+                            soft_cap=None if soft_cap is None else float(soft_cap) * LOG2E) for cp in plan.classes]
+    if plan.fused and len(plan.classes) == 2:
+        from .serving_fused import fused_pieces_call
+
+        partials = fused_pieces_call(plan.classes, statics, q_flat, k, v, table, K=K, H=H, interpret=interpret)
+    else:
+        partials = [_pieces_call(cp, q_flat, k, v, table, K=K, H=H, static=st, interpret=interpret)
+                    for cp, st in zip(plan.classes, statics)]
+    for cp, parts in zip(plan.classes, partials):
+        out = merge_call(cp, parts, out, K=K, G=G, N=N, H=H, interpret=interpret)
     return out[:T_total * N].reshape(T_total, N, H) if interpret else out.reshape(T_total, N, H)

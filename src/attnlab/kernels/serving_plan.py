@@ -64,6 +64,9 @@ class ServingConfig:
     #: the prefill class's own (None: as above)
     num_warps_prefill: int | None = None
     num_stages_prefill: int | None = None
+    #: both classes in one launch (``kernels.serving_fused``): 4 warps, 64-row prefill tiles, one
+    #: program per SM and class; opt-in until measured
+    fused: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +92,7 @@ class ServingPlan:
 
     classes: tuple
     sizes: tuple = dataclasses.field(metadata=dict(static=True))    # (T_total, B, N, K, H)
+    fused: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
 
 def _register():
@@ -183,18 +187,19 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
         if decode and max_q < 1 or not decode and max_q <= cfg.decode_max_q:
             continue
         block_k = min(cap_k, (None if decode else cfg.block_k_prefill) or cfg.block_k or default_block_k(head_dim))
+        fused = cfg.fused and max_q > cfg.decode_max_q
         if decode:
             br = cfg.block_r_decode or min(64, next_pow2(max(16, G * dec_q)))
         else:
-            br = cfg.block_r_prefill or (128 if head_dim <= 128 else 64)
-        warps = (None if decode else cfg.num_warps_prefill) or cfg.num_warps or (
-            8 if br * (head_dim + block_k) > 12288 else 4)
+            br = cfg.block_r_prefill or (64 if fused or head_dim > 128 else 128)
+        warps = (None if decode or fused else cfg.num_warps_prefill) or cfg.num_warps or (
+            4 if fused else 8 if br * (head_dim + block_k) > 12288 else 4)
         stages = (None if decode else cfg.num_stages_prefill) or cfg.num_stages or 3
         # at most 2 resident programs per SM: every program must be resident at once (stream-K gives each
         # the same work, so a second wave would double the time); ptxas gave the paged r16 tile 204
         # registers (2 per SM) where the estimate says 3 (benchmarks/serving_ttir_cpu.py)
         occ = min(2, programs_per_sm(br, block_k, head_dim, warps, stages, itemsize))
-        programs = cfg.programs or max(1, (sms or sm_count()) * occ // kv_heads)
+        programs = cfg.programs or max(1, (sms or sm_count()) * (1 if fused else occ) // kv_heads)
         top = min(max_q, cfg.decode_max_q) if decode else max_q
         units = num_units(total_tokens, B, G, br, top)
         if xp is np:
@@ -206,4 +211,5 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
                                             block_k=block_k, kv_len_max=kv_len_max, num_units=units, programs=programs)
         classes.append(ClassPlan(pieces, starts, unit_list, block_r=br, block_k=block_k, programs=programs, num_warps=warps,
                                  num_stages=stages, decode=decode))
-    return ServingPlan(tuple(classes), sizes=(total_tokens, B, heads, kv_heads, head_dim))
+    return ServingPlan(tuple(classes), sizes=(total_tokens, B, heads, kv_heads, head_dim),
+                       fused=bool(cfg.fused and len(classes) == 2))
