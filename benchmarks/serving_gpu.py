@@ -220,6 +220,7 @@ def prefill_variants(out_f, key, dev, t0, max_seconds):
     from attnlab.core.serving_cost import serving_roofline_s
 
     flops = serving_flops(starts_of(q_len[:2]), kv[:2], N, H)
+    refs = references(q, k, v, starts, kv, None)
     roof_ms = serving_roofline_s(starts, kv, N, K, H, 2) * 1e3
     for bk, warps, stages, fused in PREFILL_VARIANTS:
         if time.perf_counter() - t0 > max_seconds:
@@ -233,7 +234,11 @@ def prefill_variants(out_f, key, dev, t0, max_seconds):
                                         kv_len_max=s_mix, heads=N, kv_heads=K, head_dim=H, config=cfg)
             fn = jax.jit(lambda q, k, v, a, b, p: attnlab.serving_attention(q, k, v, a, b, plan=p,
                                                                              implementation="attnlab-decode"))
-            r["kernels"] = kernels_ms(fn, (q, k, v, jnp.asarray(starts), jnp.asarray(kv), plan))
+            args = (q, k, v, jnp.asarray(starts), jnp.asarray(kv), plan)
+            r["check"] = check(fn(*args), refs)
+            if not all(c["ok"] for c in r["check"]):
+                raise RuntimeError(f"check failed: {r['check']}")
+            r["kernels"] = kernels_ms(fn, args)
             pk = [t for n, t in r["kernels"] if "serving_prefill_r" in n or "serving_fused" in n]
             r["prefill_ms"] = pk[0] if pk else None
             r["prefill_tflops"] = flops / (pk[0] * 1e-3) / 1e12 if pk and not fused else None
@@ -356,7 +361,7 @@ def main(argv=None):
                     run_cell(rec, q, k, v, q_len, kv, table, 1, N, K, f, peers=not a.no_peers)
                     del k, v, table
         if not a.quick:
-            prefill_variants(f, key, dev, t0, a.max_seconds + 60)
+            prefill_variants(f, key, dev, t0, a.max_seconds + 40)   # the variants may overrun by 40 s
     md = table_md(path)
     with open(os.path.join(a.out, "README.md"), "w") as f:
         f.write(f"# serving_attention on {dev}\n\n`PYTHONPATH=src python benchmarks/serving_gpu.py --out {a.out}`\n\n" + md)

@@ -30,10 +30,11 @@ def _need():
         pytest.skip(why)
 
 
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("heads", [(32, 8), (56, 8), (8, 8)], ids=["G4", "G7", "G1"])
-@pytest.mark.parametrize("page", [None, 16, 64], ids=["contig", "paged16", "paged64"])
-def test_serving_kernel_matches_float64(case, heads, page):
+@pytest.mark.parametrize("case,heads,page,fused", [
+    *[(c, h, p, False) for c in CASES for h in ((32, 8), (56, 8), (8, 8)) for p in (None, 16, 64)],
+    *[("mixed", h, p, True) for h in ((32, 8), (56, 8)) for p in (None, 16)],
+])
+def test_serving_kernel_matches_float64(case, heads, page, fused):
     _need()
     N, K = heads
     q_len, kv = (np.array(x, np.int32) for x in CASES[case])
@@ -48,7 +49,7 @@ def test_serving_kernel_matches_float64(case, heads, page):
 
     def step(q, k, v, a, b, t):
         plan = attnlab.serving_plan(a, b, total_tokens=T, kv_len_max=S, heads=N, kv_heads=K, head_dim=H,
-                                    config=ServingConfig(max_q_len=int(q_len.max())))
+                                    config=ServingConfig(max_q_len=int(q_len.max()), fused=fused))
         return attnlab.serving_attention(q, k, v, a, b, page_table=t, logits_soft_cap=cap,
                                          implementation="attnlab-decode", plan=plan)
 
