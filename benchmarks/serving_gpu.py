@@ -60,37 +60,7 @@ def starts_of(q_len):
     return np.concatenate([[0], np.cumsum(q_len)]).astype(np.int32)
 
 
-def references(q, k, v, starts, kv, table):
-    """float64 truth of the last <= 8 tokens of the longest and the shortest request, with the decode
-    tolerance policy's limit for each (computed once per cell, shared by every path)."""
-    import jax.numpy as jnp
-
-    from attnlab.kernels.pages import gather_pages
-    from attnlab.reference.decode64 import decode_tolerance, reference_decode_attention
-    from attnlab.reference.tolerance import rel_l2
-
-    res = []
-    for b in sorted({int(np.argmax(kv)), int(np.argmin(kv))}):
-        hi = int(starts[b + 1])
-        t = min(8, hi - int(starts[b]))
-        n = int(kv[b])
-        if table is None:
-            kb, vb = k[b:b + 1, :n], v[b:b + 1, :n]
-        else:
-            kb, vb = (gather_pages(x, table[b:b + 1], jnp.asarray(kv[b:b + 1]))[:, :n] for x in (k, v))
-        qb, kb, vb = np.asarray(q[hi - t:hi])[None], np.asarray(kb), np.asarray(vb)
-        ref = reference_decode_attention(qb, kb, vb, [n])
-        emu = reference_decode_attention(qb, kb, vb, [n], emulate=q.dtype)
-        limit, _ = decode_tolerance(q.dtype, baseline_err=rel_l2(emu, ref))
-        res.append((b, slice(hi - t, hi), ref, limit))
-    return res
-
-
-def check(out, refs):
-    from attnlab.reference.tolerance import rel_l2
-
-    return [dict(request=b, rel_err=(e := rel_l2(np.asarray(out[sl])[None], ref)), limit=limit, ok=bool(e <= limit))
-            for b, sl, ref, limit in refs]
+from serving_checks import check, references  # noqa: E402 (after sys.path)
 
 
 def time_ms(fn, args, repeats=10):
@@ -197,62 +167,6 @@ def run_cell(rec, q, k, v, q_len, kv, table, T, N, K, out_f, peers=True):
         out_f.flush()
 
 
-#: prefill tile variants (block_k, num_warps, num_stages, fused) timed on the 2 x 2048 + 126 mixed batch, G=4;
-#: fused: both classes in one launch (``kernels.serving_fused``, 64-row prefill tiles, 4 warps)
-PREFILL_VARIANTS = ((64, 8, 3, False), (128, 8, 2, False), (128, 8, 3, False), (64, 4, 3, False), (32, 4, 3, False),
-                    (64, 4, 3, True), (64, 4, 2, True))
-
-
-def prefill_variants(out_f, key, dev, t0, max_seconds):
-    """The prefill class's kernel time by tile variant (the decode class unchanged): TFLOP/s of the chunks."""
-    import jax
-    import jax.numpy as jnp
-
-    import attnlab
-    from attnlab.core.serving_cost import serving_flops
-    from attnlab.kernels.serving_plan import ServingConfig
-
-    N, K, s_mix = 32, 8, 16384
-    q_len, kv = mixed_batch(2, 2048, 126, s_mix, np.random.default_rng(3))
-    starts = starts_of(q_len)
-    k, v, _ = caches(key, len(kv), s_mix, K, "contig")
-    q = jax.random.normal(jax.random.PRNGKey(5), (int(q_len.sum()) + 64, N, H), jnp.bfloat16)
-    from attnlab.core.serving_cost import serving_roofline_s
-
-    flops = serving_flops(starts_of(q_len[:2]), kv[:2], N, H)
-    refs = references(q, k, v, starts, kv, None)
-    roof_ms = serving_roofline_s(starts, kv, N, K, H, 2) * 1e3
-    for bk, warps, stages, fused in PREFILL_VARIANTS:
-        if time.perf_counter() - t0 > max_seconds:
-            break
-        cfg = (ServingConfig(block_k_prefill=bk, num_warps=warps, num_stages=stages, fused=True) if fused else
-               ServingConfig(block_k_prefill=bk, num_warps_prefill=warps, num_stages_prefill=stages))
-        r = dict(device=dev, batch="prefill variant", path="attnlab-serving", N=N, K=K, G=N // K, T=1, layout="contig",
-                 block_k=bk, num_warps=warps, num_stages=stages, fused=fused)
-        try:
-            plan = attnlab.serving_plan(jnp.asarray(starts), jnp.asarray(kv), total_tokens=int(q.shape[0]),
-                                        kv_len_max=s_mix, heads=N, kv_heads=K, head_dim=H, config=cfg)
-            fn = jax.jit(lambda q, k, v, a, b, p: attnlab.serving_attention(q, k, v, a, b, plan=p,
-                                                                             implementation="attnlab-decode"))
-            args = (q, k, v, jnp.asarray(starts), jnp.asarray(kv), plan)
-            r["check"] = check(fn(*args), refs)
-            if not all(c["ok"] for c in r["check"]):
-                raise RuntimeError(f"check failed: {r['check']}")
-            r["kernels"] = kernels_ms(fn, args)
-            pk = [t for n, t in r["kernels"] if "serving_prefill_r" in n or "serving_fused" in n]
-            r["prefill_ms"] = pk[0] if pk else None
-            r["prefill_tflops"] = flops / (pk[0] * 1e-3) / 1e12 if pk and not fused else None
-            r["ms"] = sum(t for _, t in r["kernels"])
-            r["pct_roofline"] = 100 * roof_ms / r["ms"]
-        except Exception as e:  # noqa: BLE001 - a variant that fails is a result
-            r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-        print(f"prefill variant bk={bk} warps={warps} stages={stages} fused={fused}: {r.get('prefill_ms') or 0:.4f} ms "
-              f"{r.get('prefill_tflops') or 0:.0f} TFLOP/s; call {r.get('ms') or 0:.4f} ms "
-              f"{r.get('pct_roofline') or 0:.0f}% {r.get('error', '')[:100]}", flush=True)
-        out_f.write(json.dumps(r) + "\n")
-        out_f.flush()
-
-
 def caches(key, b, s, K, layout):
     import jax
     import jax.numpy as jnp
@@ -272,7 +186,7 @@ def table_md(path) -> str:
     recs = [json.loads(x) for x in open(path, encoding="utf-8") if x.strip()]
     cells, peers = {}, {}
     for r in recs:
-        if r["batch"] == "prefill variant":
+        if "variant" in r["batch"]:
             continue
         key = (r["batch"], r["G"], r["T"], r["layout"])
         if r["path"] == "attnlab-serving":
@@ -295,17 +209,9 @@ def table_md(path) -> str:
                         f"{r.get('prefill_tflops', 0):.0f} TFLOP/s)")
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {r.get('ms', 0):.4f} | {got} | {goal}% "
                      f"{verdict} | {peer} |")
-    variants = [r for r in recs if r["batch"] == "prefill variant"]
-    if variants:
-        lines += ["", "Prefill tile variants (mixed 2x2048+126, G=4, contiguous): the prefill kernel (fused: the one "
-                  "launch of both classes) and the whole call", "",
-                  "| block_k | warps | stages | fused | prefill kernel ms | TFLOP/s | call ms | % roofline |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-        lines += [f"| {r['block_k']} | {r['num_warps']} | {r['num_stages']} | {r.get('fused', False)} | "
-                  f"{r.get('prefill_ms') or 0:.4f} | {r.get('prefill_tflops') or 0:.0f} | {r.get('ms') or 0:.4f} | "
-                  f"{r.get('pct_roofline') or 0:.0f}% |" if not r.get("error") else
-                  f"| {r['block_k']} | {r['num_warps']} | {r['num_stages']} | {r.get('fused', False)} | "
-                  f"✗ {r['error'][:60]} | | | |" for r in variants]
+    from serving_variants import variants_md
+
+    lines += variants_md(recs)
     plans = [r for r in cells.values() if r.get("plan_ms") and r.get("ms")]
     if plans:
         worst = max(plans, key=lambda r: r["plan_ms"] / r["ms"])
@@ -361,7 +267,10 @@ def main(argv=None):
                     run_cell(rec, q, k, v, q_len, kv, table, 1, N, K, f, peers=not a.no_peers)
                     del k, v, table
         if not a.quick:
-            prefill_variants(f, key, dev, t0, a.max_seconds + 40)   # the variants may overrun by 40 s
+            from serving_variants import decode_variants, prefill_variants
+
+            decode_variants(f, key, dev, t0, a.max_seconds + 40)    # the variants may overrun by 40 s
+            prefill_variants(f, key, dev, t0, a.max_seconds + 40)
     md = table_md(path)
     with open(os.path.join(a.out, "README.md"), "w") as f:
         f.write(f"# serving_attention on {dev}\n\n`PYTHONPATH=src python benchmarks/serving_gpu.py --out {a.out}`\n\n" + md)
