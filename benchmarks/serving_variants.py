@@ -12,10 +12,11 @@ import numpy as np
 import serving_gpu as g
 
 
-#: decode tile variants (programs per KV head, block_k, num_stages) on the skewed batches (G=4, T=1, contiguous);
-#: None: the default (33 programs per KV head = 2 per SM at K=8, block_k 64, 3 stages)
-DECODE_VARIANTS = ((None, None, None), (16, None, None), (49, None, None), (None, 128, None), (None, 32, None),
-                   (None, None, 4))
+#: decode tile variants (programs per KV head, block_k, num_stages, flat) on the skewed batches (G=4, T=1,
+#: contiguous); None: the default (33 programs per KV head = 2 per SM at K=8, block_k 64, 3 stages); flat: one
+#: loop across pieces (``kernels.serving_flat``)
+DECODE_VARIANTS = ((None, None, None, False), (None, None, None, True), (16, None, None, False), (49, None, None, False),
+                   (49, None, None, True), (None, 128, None, False), (None, 32, None, False), (None, None, 4, False))
 
 
 def decode_variants(out_f, key, dev, t0, max_seconds):
@@ -37,12 +38,12 @@ def decode_variants(out_f, key, dev, t0, max_seconds):
         kv = g.lengths_of(dist, 1, np.random.default_rng(7))
         refs = g.references(q, k, v, starts, kv, None)
         roof_ms = serving_roofline_s(starts, kv, N, K, g.H, 2) * 1e3
-        for programs, bk, stages in DECODE_VARIANTS:
+        for programs, bk, stages, flat in DECODE_VARIANTS:
             if time.perf_counter() - t0 > max_seconds:
                 return
-            cfg = ServingConfig(max_q_len=1, decode_q_len=1, programs=programs, block_k=bk, num_stages=stages)
+            cfg = ServingConfig(max_q_len=1, decode_q_len=1, programs=programs, block_k=bk, num_stages=stages, flat=flat)
             r = dict(device=dev, batch=f"decode variant {dist}", path="attnlab-serving", N=N, K=K, G=4, T=1,
-                     layout="contig", programs=programs, block_k=bk, num_stages=stages)
+                     layout="contig", programs=programs, block_k=bk, num_stages=stages, flat=flat)
             try:
                 plan = attnlab.serving_plan(jnp.asarray(starts), jnp.asarray(kv), total_tokens=g.B, kv_len_max=g.S,
                                             heads=N, kv_heads=K, head_dim=g.H, config=cfg)
@@ -55,7 +56,8 @@ def decode_variants(out_f, key, dev, t0, max_seconds):
                 r["pct_roofline"] = 100 * roof_ms / r["ms"]
             except Exception as e:  # noqa: BLE001 - a variant that fails is a result
                 r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-            print(f"decode variant {dist} programs={programs} block_k={bk} stages={stages}: {r.get('ms') or 0:.4f} ms "
+            print(f"decode variant {dist} programs={programs} block_k={bk} stages={stages} flat={flat}: "
+                  f"{r.get('ms') or 0:.4f} ms "
                   f"{r.get('pct_roofline') or 0:.0f}% {r.get('error', '')[:100]}", flush=True)
             out_f.write(json.dumps(r) + "\n")
             out_f.flush()
@@ -125,8 +127,10 @@ def variants_md(recs) -> list[str]:
     if dvars:
         lines += ["", "Decode variants (B=32, G=4, T=1, contiguous; None = the default: 33 programs per KV head, "
                   "block_k 64, 3 stages), with each call's kernels:", "",
-                  "| batch | programs | block_k | stages | ms | % roofline | kernels (ms) |", "| --- | --- | --- | --- | --- | --- | --- |"]
-        lines += [f"| {r['batch'][15:]} | {r['programs']} | {r['block_k']} | {r['num_stages']} | {r.get('ms') or 0:.4f} | "
+                  "| batch | programs | block_k | stages | flat | ms | % roofline | kernels (ms) |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| {r['batch'][15:]} | {r['programs']} | {r['block_k']} | {r['num_stages']} | {r.get('flat', False)} | "
+                  f"{r.get('ms') or 0:.4f} | "
                   f"{r.get('pct_roofline') or 0:.0f}% | "
                   + (", ".join(f"{n.split('attnlab_serving_')[-1][:24]} {t:.4f}" for n, t in r.get("kernels", []))
                      or f"✗ {r.get('error', '')[:60]}") + " |" for r in dvars]

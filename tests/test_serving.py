@@ -101,7 +101,7 @@ def test_plan_covers_every_needed_block_once_and_balances(case):
         live = pieces[pieces[:, 7] > 0]
         np.testing.assert_array_equal(live, dev[dev[:, 7] > 0])          # NumPy and jnp agree
         seen = {}
-        for b, _, row_off, _, _, _, first, count in live.tolist():
+        for b, _, row_off, _, _, _, first, count, _ in live.tolist():
             seen.setdefault((b, row_off), []).extend(range(first, first + count))
         in_class = (q_len <= 4) if cp.decode else (q_len > 4)
         want = {}
@@ -119,10 +119,11 @@ def test_plan_covers_every_needed_block_once_and_balances(case):
 
 # ---------------------------------------------------------------- the kernel, Pallas interpret mode
 
-@pytest.mark.parametrize("case,heads,paged,fused", [("mixed", (14, 2), True, False), ("ragged-decode", (8, 2), False, False),
-                                                     ("mixed", (8, 2), False, True)],
-                         ids=["mixed-G7-paged", "decode-G4-contig", "mixed-G4-contig-fused"])
-def test_kernel_matches_float64_under_jit(case, heads, paged, fused):
+@pytest.mark.parametrize("case,heads,paged,fused,flat", [
+    ("mixed", (14, 2), True, False, False), ("ragged-decode", (8, 2), False, False, False),
+    ("mixed", (8, 2), False, True, False), ("mixed", (8, 2), True, False, True)],
+    ids=["mixed-G7-paged", "decode-G4-contig", "mixed-G4-contig-fused", "mixed-G4-paged-flat"])
+def test_kernel_matches_float64_under_jit(case, heads, paged, fused, flat):
     N, K = heads
     q, k, v, starts, kv = batch(case, N, K)
     ref = reference_serving_attention(q, k, v, starts, kv, logits_soft_cap=2.5)
@@ -130,7 +131,7 @@ def test_kernel_matches_float64_under_jit(case, heads, paged, fused):
     if paged:
         k, v, table = to_pages(k, v, 8)       # block_k 16 > page 8: the per-key gather
     cfg = sp.ServingConfig(block_k=16, decode_max_q=4, programs=3, max_q_len=1 if case == "ragged-decode" else None,
-                           fused=fused)
+                           fused=fused, flat=flat)
 
     def step(q, k, v, a, b, t):
         plan = attnlab.serving_plan(a, b, total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K,

@@ -30,11 +30,12 @@ def _need():
         pytest.skip(why)
 
 
-@pytest.mark.parametrize("case,heads,page,fused", [
-    *[(c, h, p, False) for c in CASES for h in ((32, 8), (56, 8), (8, 8)) for p in (None, 16, 64)],
-    *[("mixed", h, p, True) for h in ((32, 8), (56, 8)) for p in (None, 16)],
+@pytest.mark.parametrize("case,heads,page,fused,flat", [
+    *[(c, h, p, False, False) for c in CASES for h in ((32, 8), (56, 8), (8, 8)) for p in (None, 16, 64)],
+    *[("mixed", h, p, True, False) for h in ((32, 8), (56, 8)) for p in (None, 16)],
+    *[(c, (32, 8), p, False, True) for c in ("ragged-decode", "mixed") for p in (None, 16)],
 ])
-def test_serving_kernel_matches_float64(case, heads, page, fused):
+def test_serving_kernel_matches_float64(case, heads, page, fused, flat):
     _need()
     N, K = heads
     q_len, kv = (np.array(x, np.int32) for x in CASES[case])
@@ -49,7 +50,7 @@ def test_serving_kernel_matches_float64(case, heads, page, fused):
 
     def step(q, k, v, a, b, t):
         plan = attnlab.serving_plan(a, b, total_tokens=T, kv_len_max=S, heads=N, kv_heads=K, head_dim=H,
-                                    config=ServingConfig(max_q_len=int(q_len.max()), fused=fused))
+                                    config=ServingConfig(max_q_len=int(q_len.max()), fused=fused, flat=flat))
         return attnlab.serving_attention(q, k, v, a, b, page_table=t, logits_soft_cap=cap,
                                          implementation="attnlab-decode", plan=plan)
 

@@ -67,7 +67,7 @@ def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_r
     aligned = kv_len % block_k == 0
 
     def piece(j, carry):
-        b, q_start, row_off, n_rows, q_pos0, length, first, count = (pieces_ref[j * NF + f] for f in range(NF))
+        b, q_start, row_off, n_rows, q_pos0, length, first, count, _ = (pieces_ref[j * NF + f] for f in range(NF))
         row_ok = row < n_rows
         rmask = jnp.broadcast_to(row_ok[:, None], (block_r, H))
         idx = jnp.where(row_ok, _row_index(q_start, row_off, row, h, groups, heads), 0)
@@ -261,7 +261,10 @@ def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan
 
         partials = fused_pieces_call(plan.classes, statics, q_flat, k, v, table, K=K, H=H, interpret=interpret)
     else:
-        partials = [_pieces_call(cp, q_flat, k, v, table, K=K, H=H, static=st, interpret=interpret)
+        from .serving_flat import flat_pieces_call
+
+        partials = [(flat_pieces_call if cp.flat else _pieces_call)(cp, q_flat, k, v, table, K=K, H=H, static=st,
+                                                                    interpret=interpret)
                     for cp, st in zip(plan.classes, statics)]
     for cp, parts in zip(plan.classes, partials):
         out = merge_call(cp, parts, out, K=K, G=G, N=N, H=H, interpret=interpret)

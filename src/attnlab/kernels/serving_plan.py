@@ -36,7 +36,7 @@ from .decode_plan import cdiv, default_block_k, next_pow2
 from .decode_resources import programs_per_sm, sm_count
 
 #: Fields of one piece, in the order of a row of ``ClassPlan.pieces``.
-FIELDS = ("request", "q_start", "row_offset", "rows", "q_pos0", "kv_len", "first_block", "blocks")
+FIELDS = ("request", "q_start", "row_offset", "rows", "q_pos0", "kv_len", "first_block", "blocks", "start")
 #: Fields of one unit, in the order of a row of ``ClassPlan.units`` (its pieces: first_piece .. end_piece-1).
 UNIT_FIELDS = ("q_start", "row_offset", "rows", "first_piece", "end_piece")
 DECODE_MAX_Q = 16
@@ -64,6 +64,9 @@ class ServingConfig:
     #: the prefill class's own (None: as above)
     num_warps_prefill: int | None = None
     num_stages_prefill: int | None = None
+    #: the decode class's programs walk their blocks in one loop across pieces (``kernels.serving_flat``):
+    #: the K/V pipeline does not restart at each piece; opt-in until measured
+    flat: bool = False
     #: both classes in one launch (``kernels.serving_fused``): 4 warps, 64-row prefill tiles, one
     #: program per SM and class; opt-in until measured
     fused: bool = False
@@ -71,19 +74,23 @@ class ServingConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ClassPlan:
-    """One tile class's work list: ``pieces`` (num_pieces, 8) int32 (``FIELDS``), ``starts``
-    (programs + 1,) int32: program p runs pieces starts[p] .. starts[p+1]-1, and ``units``
+    """One tile class's work list: ``pieces`` (num_pieces, 9) int32 (``FIELDS``), ``starts``
+    (programs + 1,) int32: program p runs pieces starts[p] .. starts[p+1]-1 (flat: blocks), and ``units``
     (num_units, 5) int32 (``UNIT_FIELDS``): the merge combines each unit's pieces."""
 
     pieces: object
     starts: object
     units: object
+    #: flat (``kernels.serving_flat``): (max blocks, 2) int32, block g of the class's sequence: its K/V row
+    #: (b * S_max + position, paged: the same virtual row) and its piece; None otherwise
+    blocks: object
     block_r: int = dataclasses.field(metadata=dict(static=True))
     block_k: int = dataclasses.field(metadata=dict(static=True))
     programs: int = dataclasses.field(metadata=dict(static=True))
     num_warps: int = dataclasses.field(metadata=dict(static=True))
     num_stages: int = dataclasses.field(metadata=dict(static=True))
     decode: bool = dataclasses.field(metadata=dict(static=True))
+    flat: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +105,7 @@ class ServingPlan:
 def _register():
     import jax
 
-    for cls, data in ((ClassPlan, ["pieces", "starts", "units"]), (ServingPlan, ["classes"])):
+    for cls, data in ((ClassPlan, ["pieces", "starts", "units", "blocks"]), (ServingPlan, ["classes"])):
         meta = [f.name for f in dataclasses.fields(cls) if f.name not in data]
         jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=meta)
 
@@ -112,7 +119,8 @@ except ImportError:  # pragma: no cover - jax is a dependency
 def _searchsorted(xp, a, v, side):
     if xp is np:
         return np.searchsorted(a, v, side=side).astype(np.int32)
-    return xp.searchsorted(a, v, side=side, method="compare_all").astype(xp.int32)
+    method = "compare_all" if a.size * v.size <= 4_000_000 else "sort"     # small: one fused compare
+    return xp.searchsorted(a, v, side=side, method=method).astype(xp.int32)
 
 
 def _pieces(xp, q_starts, kv_lengths, *, in_class, groups: int, block_r: int, block_k: int, kv_len_max: int,
@@ -147,13 +155,30 @@ def _pieces(xp, q_starts, kv_lengths, *, in_class, groups: int, block_r: int, bl
     pb = b[pu]
     blocks = ends - bounds
     unit_rows = xp.where(unit_ok, xp.minimum(rows[b] - row_off, block_r), 0)
-    fields = (pb, starts[pb], row_off[pu], unit_rows[pu], q_pos0[pu], kv[pb], bounds - (unit_end[pu] - nb[pu]), blocks)
+    fields = (pb, starts[pb], row_off[pu], unit_rows[pu], q_pos0[pu], kv[pb], bounds - (unit_end[pu] - nb[pu]), blocks,
+              bounds)
     pieces = xp.stack([xp.asarray(f).astype(i32) for f in fields], axis=1)
     prog_first = _searchsorted(xp, bounds, xp.concatenate([prog_start, total[None] + 1]), "left")
-    unit_fields = (starts[b], row_off, unit_rows, _searchsorted(xp, bounds, unit_end - nb, "left"),
+    # a unit's pieces: from the last piece starting at its first block (an empty piece can start there too,
+    # where a program's run starts with the unit) to the first starting at its end
+    unit_fields = (starts[b], row_off, unit_rows, xp.maximum(_searchsorted(xp, bounds, unit_end - nb, "right") - 1, 0),
                    _searchsorted(xp, bounds, unit_end, "left"))
     units = xp.stack([xp.asarray(f).astype(i32) for f in unit_fields], axis=1)
     return pieces, prog_first.astype(i32), units
+
+
+def flat_blocks(xp, pieces, starts, *, kv_len_max: int, block_k: int, max_blocks: int):
+    """(runs (programs + 1,), blocks (max_blocks, 2)) for the flat loop: program p walks the class's blocks
+    runs[p] .. runs[p+1]-1; block g reads K/V row blocks[g, 0] and belongs to piece blocks[g, 1]."""
+    i32 = xp.int32
+    start, first, b = pieces[:, 8], pieces[:, 6], pieces[:, 0]
+    total = xp.sum(pieces[:, 7]).astype(i32)
+    n = pieces.shape[0]
+    runs = xp.where(starts < n, start[xp.minimum(starts, n - 1)], total).astype(i32)
+    g = xp.arange(max_blocks, dtype=i32)
+    j = xp.clip(_searchsorted(xp, start, g, "right") - 1, 0, n - 1)
+    row = b[j] * kv_len_max + (first[j] + g - start[j]) * block_k
+    return runs, xp.stack([xp.where(g < total, row, 0), j], axis=1).astype(i32)
 
 
 def num_units(total_tokens: int, batch: int, groups: int, block_r: int, max_q: int) -> int:
@@ -209,7 +234,12 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
         in_class = (q_len_x <= cfg.decode_max_q) if decode else (q_len_x > cfg.decode_max_q)
         pieces, starts, unit_list = _pieces(xp, q_starts, kv_lengths, in_class=in_class, groups=G, block_r=br,
                                             block_k=block_k, kv_len_max=kv_len_max, num_units=units, programs=programs)
-        classes.append(ClassPlan(pieces, starts, unit_list, block_r=br, block_k=block_k, programs=programs, num_warps=warps,
-                                 num_stages=stages, decode=decode))
+        flat = bool(cfg.flat and decode and not fused)
+        blocks = None
+        if flat:
+            starts, blocks = flat_blocks(xp, pieces, starts, kv_len_max=kv_len_max, block_k=block_k,
+                                         max_blocks=units * cdiv(kv_len_max, block_k))
+        classes.append(ClassPlan(pieces, starts, unit_list, blocks, block_r=br, block_k=block_k, programs=programs,
+                                 num_warps=warps, num_stages=stages, decode=decode, flat=flat))
     return ServingPlan(tuple(classes), sizes=(total_tokens, B, heads, kv_heads, head_dim),
                        fused=bool(cfg.fused and len(classes) == 2))
