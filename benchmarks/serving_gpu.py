@@ -1,24 +1,23 @@
 """serving_attention on the GPU: ragged and mixed serving batches against the roofline of their valid work.
 
-    PYTHONPATH=src python benchmarks/serving_gpu.py --out results/serving-gpu [--quick] [--max-seconds 220]
+    PYTHONPATH=src python benchmarks/serving_gpu.py --out OUT [--quick | --focus] [--flat-too] [--no-peers]
+        [--max-seconds 220] [--variant-seconds 25]
 
 Batches (B=32, S_max=32768, H=128, bf16): lengths uniform (all S), spread (uniform T..S), lognormal (many
-short, few long), one-long (one at S, the rest S/32); G in {4, 7} (N/K = 32/8, 56/8); T in {1, 4} new
-tokens per request; contiguous and paged caches (pages of 16 and 64). Mixed batches (S_max=16384): 2
-prefill chunks of 2048 + 126 decodes, and 8 chunks of 512 + 248 decodes (kv lengths uniform, chunks
-after a prefix). Lengths are traced arguments of ``jax.jit`` (as a server passes them); the plan is
-computed from them by its own jitted function (jnp, once per step) and passed to the timed call, as a
-server passes it to every layer; its own time is ``plan_ms``. Every cell is first checked against float64 on the last <= 8 tokens
-of its longest and its shortest request (the decode tolerance policy); then CUPTI kernel time
-(``measure.timers.kernel_per_call``: jax.experimental.mosaic.gpu.profiler), % of the roofline of the
-valid work (``core.serving_cost``), and the peers on the same batch: ``decode_attention`` with
-attnlab-decode and cuDNN on the padded (B, T) batch (uniform q_len only), the masked xla path (where
-its O(T_total S K H) gather fits). The plan's time is set against a 32-layer step's attention.
+short, few long), one-long (one at S, the rest S/32); G in {4, 7} (N/K = 32/8, 56/8); T in {1, 4}; contiguous
+and paged caches (pages of 16 and 64). Mixed (S_max=16384): 2 prefill chunks of 2048 + 126 decodes, 8 of
+512 + 248. Lengths are traced arguments of ``jax.jit``; the plan is computed from them by its own jitted
+function (once per step) and passed to the timed call, as a server passes it to every layer (``plan_ms``:
+its own time, set against a 32-layer step). Each cell is checked against float64 on the last <= 8 tokens of
+its longest and shortest request first; then CUPTI kernel time, % of the roofline of the valid work
+(``core.serving_cost``), the peers (``decode_attention`` with attnlab-decode and cuDNN on the padded batch,
+uniform q_len only; the masked xla path where its gather fits), and tile variants (``serving_variants``).
 Writes ``results.jsonl`` and ``README.md`` (a table) to --out.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -60,8 +59,7 @@ def starts_of(q_len):
     return np.concatenate([[0], np.cumsum(q_len)]).astype(np.int32)
 
 
-from serving_checks import check, references  # noqa: E402 (after sys.path)
-
+from serving_checks import check, references  # noqa: E402,I001 (after sys.path)
 
 def time_ms(fn, args, repeats=10):
     from attnlab.measure import timers
@@ -99,7 +97,7 @@ def jitted(key, make):
     return _JIT[key]
 
 
-def run_cell(rec, q, k, v, q_len, kv, table, T, N, K, out_f, peers=True):
+def run_cell(rec, q, k, v, q_len, kv, table, T, N, K, out_f, peers=True, flat_too=False):
     import jax
     import jax.numpy as jnp
 
@@ -120,9 +118,15 @@ def run_cell(rec, q, k, v, q_len, kv, table, T, N, K, out_f, peers=True):
         a, b, total_tokens=Ttot, kv_len_max=s_max, heads=N, kv_heads=K, head_dim=H, config=cfg)))
     plan = make_plan(a, b)
     args = (q, k, v, a, b, table)
-    paths = {"attnlab-serving": (jitted(("serving", *static), lambda: jax.jit(
+    serve = jitted(("serving", *static), lambda: jax.jit(
         lambda q, k, v, a, b, t, plan: attnlab.serving_attention(q, k, v, a, b, page_table=t, plan=plan,
-                                                                 implementation="attnlab-decode"))), args + (plan,))}
+                                                                 implementation="attnlab-decode")))
+    paths = {"attnlab-serving": (serve, args + (plan,))}
+    if flat_too:        # the decode class in one loop across pieces (kernels.serving_flat)
+        flat_cfg = dataclasses.replace(cfg, flat=True)
+        make_flat = jitted(("plan", flat_cfg, *static), lambda: jax.jit(lambda a, b: attnlab.serving_plan(
+            a, b, total_tokens=Ttot, kv_len_max=s_max, heads=N, kv_heads=K, head_dim=H, config=flat_cfg)))
+        paths["attnlab-serving flat"] = (serve, args + (make_flat(a, b),))
     if peers and len(set(q_len.tolist())) == 1:
         def dec(impl, q, k, v, a, b, t):
             del a
@@ -145,7 +149,7 @@ def run_cell(rec, q, k, v, q_len, kv, table, T, N, K, out_f, peers=True):
                 r["ms"] = time_ms(fn, fargs)
                 r["pct_roofline"] = 100 * roof_ms / r["ms"]
                 r["tokens_per_s"] = int(starts[-1]) / (r["ms"] * 1e-3)
-                if name == "attnlab-serving":
+                if name.startswith("attnlab-serving"):
                     r["plan_ms"] = time_ms(make_plan, (a, b))
                     try:
                         r["kernels"] = kernels_ms(fn, fargs)
@@ -184,19 +188,21 @@ def caches(key, b, s, K, layout):
 
 def table_md(path) -> str:
     recs = [json.loads(x) for x in open(path, encoding="utf-8") if x.strip()]
-    cells, peers = {}, {}
+    cells, peers, flats = {}, {}, {}
     for r in recs:
         if "variant" in r["batch"]:
             continue
         key = (r["batch"], r["G"], r["T"], r["layout"])
         if r["path"] == "attnlab-serving":
             cells[key] = r
+        elif r["path"] == "attnlab-serving flat":
+            flats[key] = r
         elif "pct_roofline" in r:
             best = peers.get(key)
             if best is None or r["pct_roofline"] > best["pct_roofline"]:
                 peers[key] = r
-    lines = ["| batch | G | T | cache | attnlab-serving ms | % roofline | goal | best peer | peer % |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| batch | G | T | cache | attnlab-serving ms | % roofline | goal | best peer | peer % | flat ms | flat % |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for key, r in cells.items():
         goal = GOAL_MIXED if r["batch"].startswith("mixed") else GOAL_DECODE
         pct = r.get("pct_roofline")
@@ -207,8 +213,11 @@ def table_md(path) -> str:
         if r.get("sequential_bound_pct") and key[0].startswith("mixed"):
             verdict += (f" (two launches in sequence: at most {r['sequential_bound_pct']:.0f}%; prefill kernel "
                         f"{r.get('prefill_tflops', 0):.0f} TFLOP/s)")
+        fl = flats.get(key, {})
+        flat = (f"{fl['ms']:.4f} | {fl['pct_roofline']:.0f}%" if fl.get("pct_roofline") else
+                f"✗ {fl.get('error', '')[:30]} |" if fl else "– | –")
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {r.get('ms', 0):.4f} | {got} | {goal}% "
-                     f"{verdict} | {peer} |")
+                     f"{verdict} | {peer} | {flat} |")
     from serving_variants import variants_md
 
     lines += variants_md(recs)
@@ -228,6 +237,10 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="one G, T=1, contiguous and paged 16, no mixed 8x512")
     ap.add_argument("--max-seconds", type=float, default=220.0)
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--flat-too", action="store_true", help="also time the flat decode loop on every cell")
+    ap.add_argument("--focus", action="store_true", help="the skewed batches (lognormal, one-long), contiguous "
+                    "and paged 16, then the mixed ones")
+    ap.add_argument("--variant-seconds", type=float, default=25.0, help="time for the decode variants past the limit")
     a = ap.parse_args(argv)
     import jax
 
@@ -237,20 +250,22 @@ def main(argv=None):
     dev = str(jax.devices()[0].device_kind)
     key = jax.random.PRNGKey(0)
     pairs = PAIRS[:1] if a.quick else PAIRS
-    layouts = ("contig", "paged16") if a.quick else ("contig", "paged16", "paged64")
+    layouts = ("contig", "paged16") if a.quick or a.focus else ("contig", "paged16", "paged64")
+    dists = ("lognormal", "one-long") if a.focus else ("uniform", "spread", "lognormal", "one-long")
     with open(path, "w") as f:
         for N, K in pairs:
             for layout in layouts:
                 k, v, table = caches(key, B, S, K, layout)
                 for T in ((1,) if a.quick else (1, 4)):
-                    for dist in ("uniform", "spread", "lognormal", "one-long"):
+                    for dist in dists:
                         if time.perf_counter() - t0 > a.max_seconds:
                             break
                         rng = np.random.default_rng(7)
                         kv = lengths_of(dist, T, rng)
                         q = jax.random.normal(jax.random.PRNGKey(T), (B * T, N, H), jax.numpy.bfloat16)
                         rec = dict(device=dev, batch=dist, B=B, S=S, H=H, N=N, K=K, G=N // K, T=T, layout=layout)
-                        run_cell(rec, q, k, v, np.full(B, T, np.int32), kv, table, T, N, K, f, peers=not a.no_peers)
+                        run_cell(rec, q, k, v, np.full(B, T, np.int32), kv, table, T, N, K, f, peers=not a.no_peers,
+                                 flat_too=a.flat_too)
                 del k, v, table
         s_mix = 16384
         for chunks, chunk, decodes in ((2, 2048, 126),) + (() if a.quick else ((8, 512, 248),)):
@@ -264,14 +279,14 @@ def main(argv=None):
                     q = jax.random.normal(jax.random.PRNGKey(5), (int(q_len.sum()) + 64, N, H), jax.numpy.bfloat16)
                     rec = dict(device=dev, batch=f"mixed {chunks}x{chunk}+{decodes}", B=len(kv), S=s_mix, H=H, N=N,
                                K=K, G=N // K, T=1, layout=layout)
-                    run_cell(rec, q, k, v, q_len, kv, table, 1, N, K, f, peers=not a.no_peers)
+                    run_cell(rec, q, k, v, q_len, kv, table, 1, N, K, f, peers=not a.no_peers, flat_too=a.flat_too)
                     del k, v, table
         if not a.quick:
             from serving_variants import decode_variants, prefill_variants
 
-            # each set of variants gets at least ~25 s past the limit (a run may overrun it by ~50 s)
-            decode_variants(f, key, dev, t0, max(a.max_seconds, time.perf_counter() - t0) + 25)
-            prefill_variants(f, key, dev, t0, max(a.max_seconds, time.perf_counter() - t0) + 25)
+            # the decode variants get --variant-seconds past the limit; the prefill ones what is left of it
+            decode_variants(f, key, dev, t0, max(a.max_seconds, time.perf_counter() - t0) + a.variant_seconds)
+            prefill_variants(f, key, dev, t0, a.max_seconds + a.variant_seconds)
     md = table_md(path)
     with open(os.path.join(a.out, "README.md"), "w") as f:
         f.write(f"# serving_attention on {dev}\n\n`PYTHONPATH=src python benchmarks/serving_gpu.py --out {a.out}`\n\n" + md)

@@ -15,8 +15,9 @@ import serving_gpu as g
 #: decode tile variants (programs per KV head, block_k, num_stages, flat) on the skewed batches (G=4, T=1,
 #: contiguous); None: the default (33 programs per KV head = 2 per SM at K=8, block_k 64, 3 stages); flat: one
 #: loop across pieces (``kernels.serving_flat``)
-DECODE_VARIANTS = ((None, None, None, False), (None, None, None, True), (49, None, None, True), (49, None, None, False),
-                   (16, None, None, False), (None, 128, None, False), (None, 32, None, False), (None, None, 4, False))
+DECODE_VARIANTS = ((None, None, None, False), (None, None, None, True), (None, 128, None, True), (49, None, None, True),
+                   (None, 128, None, False), (49, None, None, False), (16, None, None, False), (None, 32, None, False),
+                   (None, None, 4, False))
 
 
 def decode_variants(out_f, key, dev, t0, max_seconds):

@@ -21,8 +21,9 @@ CASES = {
     "ragged-decode": ([1, 1, 1, 1], [37, 1, 64, 9]),
     "mixed": ([1, 12, 3, 1, 20], [7, 40, 3, 64, 33]),
     "speculative": ([4, 4, 4], [4, 50, 17]),
+    "one-long": ([1, 1, 1, 1], [160, 5, 9, 2]),       # the long one: 10 blocks of 16 over 5 programs
 }
-S = 64
+S = 160
 
 
 def batch(case, N, K, H=16, pad=3, dtype=np.float32, seed=0):
@@ -120,9 +121,9 @@ def test_plan_covers_every_needed_block_once_and_balances(case):
 # ---------------------------------------------------------------- the kernel, Pallas interpret mode
 
 @pytest.mark.parametrize("case,heads,paged,fused,flat", [
-    ("mixed", (14, 2), True, False, False), ("ragged-decode", (8, 2), False, False, False),
+    ("mixed", (14, 2), True, False, False), ("one-long", (8, 2), False, False, False),
     ("mixed", (8, 2), False, True, False), ("mixed", (8, 2), True, False, True)],
-    ids=["mixed-G7-paged", "decode-G4-contig", "mixed-G4-contig-fused", "mixed-G4-paged-flat"])
+    ids=["mixed-G7-paged", "one-long-G4-contig", "mixed-G4-contig-fused", "mixed-G4-paged-flat"])
 def test_kernel_matches_float64_under_jit(case, heads, paged, fused, flat):
     N, K = heads
     q, k, v, starts, kv = batch(case, N, K)
@@ -130,8 +131,8 @@ def test_kernel_matches_float64_under_jit(case, heads, paged, fused, flat):
     table = None
     if paged:
         k, v, table = to_pages(k, v, 8)       # block_k 16 > page 8: the per-key gather
-    cfg = sp.ServingConfig(block_k=16, decode_max_q=4, programs=3, max_q_len=1 if case == "ragged-decode" else None,
-                           fused=fused, flat=flat)
+    cfg = sp.ServingConfig(block_k=16, decode_max_q=4, programs=7 if case == "one-long" else 3,
+                           max_q_len=1 if case == "one-long" else None, fused=fused, flat=flat)
 
     def step(q, k, v, a, b, t):
         plan = attnlab.serving_plan(a, b, total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K,
@@ -144,7 +145,10 @@ def test_kernel_matches_float64_under_jit(case, heads, paged, fused, flat):
     # the plan made as the step makes it: one class for decodes only, two (one launch when fused) for a mixed batch
     plan = attnlab.serving_plan(starts, kv, total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K, head_dim=16,
                                 config=cfg)
-    assert (len(plan.classes), plan.fused) == ((1, False) if case == "ragged-decode" else (2, fused))
+    assert (len(plan.classes), plan.fused) == ((1, False) if case == "one-long" else (2, fused))
+    if case == "one-long":      # the long request's unit merges 5 pieces (the merge's unrolled steps)
+        first, end = np.asarray(plan.classes[0].units)[0, 3:5]
+        assert end - first == 5
 
 
 # ---------------------------------------------------------------- checks, explain, refusals
@@ -161,8 +165,8 @@ def _call(**over):
     (dict(q_starts=np.array([0, 1, 13, 16, 17], np.int32)), ValueError, "q_starts must have shape (B,)=(6,)"),
     (dict(q_starts=np.array([1, 2, 14, 17, 18, 38], np.int32)), ValueError, "q_starts[0]=1 must be 0"),
     (dict(q_starts=np.array([0, 1, 1, 17, 18, 38], np.int32)), ValueError, "request 1 has"),
-    (dict(kv_lengths=np.array([7, 11, 3, 64, 33], np.int32)), ValueError, "kv_lengths[1]=11 must lie in [q_len, S_max]=[12, 64]"),
-    (dict(kv_lengths=np.array([7, 40, 3, 65, 33], np.int32)), ValueError, "kv_lengths[3]=65"),
+    (dict(kv_lengths=np.array([7, 11, 3, 64, 33], np.int32)), ValueError, "kv_lengths[1]=11 must lie in [q_len, S_max]=[12, 160]"),
+    (dict(kv_lengths=np.array([7, 40, 3, 161, 33], np.int32)), ValueError, "kv_lengths[3]=161"),
     (dict(q_starts=np.array([0, 1, 13, 16, 17, 60], np.int32), kv_lengths=np.array([7, 40, 3, 64, 60], np.int32)),
      ValueError, "q_starts[B]=60 must be <= q's token count T_total=40"),
     (dict(kv_lengths=np.array([7., 40, 3, 64, 33])), TypeError, "kv_lengths must be an integer array"),
