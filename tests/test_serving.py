@@ -102,7 +102,7 @@ def test_plan_covers_every_needed_block_once_and_balances(case):
         live = pieces[pieces[:, 7] > 0]
         np.testing.assert_array_equal(live, dev[dev[:, 7] > 0])          # NumPy and jnp agree
         seen = {}
-        for b, _, row_off, _, _, _, first, count, _ in live.tolist():
+        for b, _, row_off, _, _, _, first, count in live.tolist():
             seen.setdefault((b, row_off), []).extend(range(first, first + count))
         in_class = (q_len <= 4) if cp.decode else (q_len > 4)
         want = {}
@@ -146,9 +146,9 @@ def test_kernel_matches_float64_under_jit(case, heads, paged, fused, flat):
     plan = attnlab.serving_plan(starts, kv, total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K, head_dim=16,
                                 config=cfg)
     assert (len(plan.classes), plan.fused) == ((1, False) if case == "one-long" else (2, fused))
-    if case == "one-long":      # the long request's unit merges 5 pieces (the merge's unrolled steps)
+    if case == "one-long":      # the long request's unit merges 5 pieces (an empty one may sit among them)
         first, end = np.asarray(plan.classes[0].units)[0, 3:5]
-        assert end - first == 5
+        assert int(np.sum(np.asarray(plan.classes[0].pieces)[first:end, 7] > 0)) == 5
 
 
 # ---------------------------------------------------------------- checks, explain, refusals

@@ -67,7 +67,7 @@ def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_r
     aligned = kv_len % block_k == 0
 
     def piece(j, carry):
-        b, q_start, row_off, n_rows, q_pos0, length, first, count, _ = (pieces_ref[j * NF + f] for f in range(NF))
+        b, q_start, row_off, n_rows, q_pos0, length, first, count = (pieces_ref[j * NF + f] for f in range(NF))
         row_ok = row < n_rows
         rmask = jnp.broadcast_to(row_ok[:, None], (block_r, H))
         idx = jnp.where(row_ok, _row_index(q_start, row_off, row, h, groups, heads), 0)
@@ -131,30 +131,18 @@ def _merge_kernel(units_ref, o_ref, m_ref, l_ref, _, out_ref, *, groups: int, he
     row = lax.iota(jnp.int32, block_r)
     dims = lax.iota(jnp.int32, H)
 
-    # ``unroll`` pieces a step, their loads issued together: Triton does not pipeline these loads, and one
-    # piece at a time a long request's ~17 pieces took 12.5 us of the one-long batch's 82 us on the H200
-    # (results/gpu-2026-12-04-serving-2)
-    unroll = 4 if block_r <= 32 else 1
-
-    def body(step, c):
+    def body(j, c):
         acc, top, den = c
-        js = [first + step * unroll + i for i in range(unroll)]
-        oks = [j < end for j in js]
-        ms = [plgpu.load(m_ref.at[pl.ds(j * block_r, block_r)], mask=jnp.broadcast_to(ok, (block_r,)), other=NEG)
-              for j, ok in zip(js, oks)]
-        ls = [plgpu.load(l_ref.at[pl.ds(j * block_r, block_r)], mask=jnp.broadcast_to(ok, (block_r,)), other=0.0)
-              for j, ok in zip(js, oks)]
-        os_ = [plgpu.load(o_ref.at[pl.ds(j * block_r, block_r), :], mask=jnp.broadcast_to(ok, (block_r, H)), other=0.0)
-               for j, ok in zip(js, oks)]
-        for mj, lj, oj in zip(ms, ls, os_):
-            new = jnp.maximum(top, mj)
-            a, w = jnp.exp2(top - new), jnp.exp2(mj - new)     # finite NEG: a piece that saw no key weighs 0
-            acc, top, den = acc * a[:, None] + w[:, None] * oj, new, den * a + w * lj
-        return acc, top, den
+        at = j * block_r
+        mj = plgpu.load(m_ref.at[pl.ds(at, block_r)])
+        new = jnp.maximum(top, mj)
+        a, w = jnp.exp2(top - new), jnp.exp2(mj - new)     # finite NEG: a piece that saw no key weighs 0
+        acc = acc * a[:, None] + w[:, None] * plgpu.load(o_ref.at[pl.ds(at, block_r), :])
+        return acc, new, den * a + w * plgpu.load(l_ref.at[pl.ds(at, block_r)])
 
     init = (jnp.zeros((block_r, H), jnp.float32), jnp.full((block_r,), NEG, jnp.float32),
             jnp.zeros((block_r,), jnp.float32))
-    acc, _, den = lax.fori_loop(0, lax.div(end - first + unroll - 1, unroll), body, init)
+    acc, _, den = lax.fori_loop(first, end, body, init)
     ok = row < n_rows
     # masked rows point at the spare row: never stored on the GPU; interpret mode stores a masked row's
     # old value back, which must not land on a row this store writes

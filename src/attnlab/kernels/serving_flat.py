@@ -27,7 +27,7 @@ def run_flat(p, h, runs_ref, blocks_ref, pieces_ref, table_ref, q_ref, k_ref, v_
 
     from .paged_load import load_kv_block
 
-    del kv_len, split_mask
+    del split_mask
     H = q_ref.shape[-1]
     row = lax.iota(jnp.int32, block_r)
     dims = lax.iota(jnp.int32, H)
@@ -35,16 +35,16 @@ def run_flat(p, h, runs_ref, blocks_ref, pieces_ref, table_ref, q_ref, k_ref, v_
 
     def body(g, c):
         acc, m, l, q = c
-        kv_row, j = blocks_ref[2 * g], blocks_ref[2 * g + 1]
-        _, q_start, row_off, n_rows, q_pos0, length, first, count, start = (pieces_ref[j * NF + f] for f in range(NF))
-        new, last = g == start, g == start + count - 1
+        kv_row, j, flags = blocks_ref[3 * g], blocks_ref[3 * g + 1], blocks_ref[3 * g + 2]
+        b, q_start, row_off, n_rows, q_pos0, length, _, _ = (pieces_ref[j * NF + f] for f in range(NF))
+        new, last = lax.rem(flags, 2) == 1, flags >= 2
         row_ok = row < n_rows
         idx = jnp.where(row_ok, _row_index(q_start, row_off, row, h, groups, heads), 0)
         fresh = plgpu.load(q_ref.at[idx[:, None], dims[None, :]],
                            mask=jnp.broadcast_to((row_ok & new)[:, None], (block_r, H)), other=0)
         q = jnp.where(new, fresh, q)
         m = jnp.where(new, NEG, m)          # a new piece: alpha = 2^(NEG - m) = 0 clears acc and l below
-        pos = (first + g - start) * block_k + cols
+        pos = kv_row - b * kv_len + cols           # the block's first key: its row less the request's base
         kv_ok = pos < length
         load = functools.partial(load_kv_block, start=kv_row, kv_ok=kv_ok, length=length, block_k=block_k,
                                  page_size=page_size, table_ref=table_ref)
@@ -95,7 +95,7 @@ def flat_pieces_call(cp, q_flat, k, v, table, *, K: int, H: int, static: dict, i
     return pl.pallas_call(
         functools.partial(_flat_kernel, **static),
         grid=(cp.programs, K),
-        in_specs=[full((cp.programs + 1,)), full((n_blocks * 2,)), full((n_pieces * NF,)),
+        in_specs=[full((cp.programs + 1,)), full((n_blocks * 3,)), full((n_pieces * NF,)),
                   *[full(tuple(t.shape)) for t in tables], full(tuple(q_flat.shape)), kv_spec, kv_spec],
         out_specs=[pl.BlockSpec((None, slots, H), lambda p, h: (h, 0, 0)), pl.BlockSpec((None, slots), lambda p, h: (h, 0)),
                    pl.BlockSpec((None, slots), lambda p, h: (h, 0))],

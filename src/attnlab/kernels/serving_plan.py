@@ -36,7 +36,7 @@ from .decode_plan import cdiv, default_block_k, next_pow2
 from .decode_resources import programs_per_sm, sm_count
 
 #: Fields of one piece, in the order of a row of ``ClassPlan.pieces``.
-FIELDS = ("request", "q_start", "row_offset", "rows", "q_pos0", "kv_len", "first_block", "blocks", "start")
+FIELDS = ("request", "q_start", "row_offset", "rows", "q_pos0", "kv_len", "first_block", "blocks")
 #: Fields of one unit, in the order of a row of ``ClassPlan.units`` (its pieces: first_piece .. end_piece-1).
 UNIT_FIELDS = ("q_start", "row_offset", "rows", "first_piece", "end_piece")
 DECODE_MAX_Q = 16
@@ -74,15 +74,16 @@ class ServingConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ClassPlan:
-    """One tile class's work list: ``pieces`` (num_pieces, 9) int32 (``FIELDS``), ``starts``
+    """One tile class's work list: ``pieces`` (num_pieces, 8) int32 (``FIELDS``), ``starts``
     (programs + 1,) int32: program p runs pieces starts[p] .. starts[p+1]-1 (flat: blocks), and ``units``
     (num_units, 5) int32 (``UNIT_FIELDS``): the merge combines each unit's pieces."""
 
     pieces: object
     starts: object
     units: object
-    #: flat (``kernels.serving_flat``): (max blocks, 2) int32, block g of the class's sequence: its K/V row
-    #: (b * S_max + position, paged: the same virtual row) and its piece; None otherwise
+    #: flat (``kernels.serving_flat``): (max blocks, 3) int32, block g of the class's sequence: its K/V row
+    #: (b * S_max + position, paged: the same virtual row), its piece, flags (1: its piece's first block,
+    #: 2: its last); None otherwise
     blocks: object
     block_r: int = dataclasses.field(metadata=dict(static=True))
     block_k: int = dataclasses.field(metadata=dict(static=True))
@@ -116,15 +117,14 @@ except ImportError:  # pragma: no cover - jax is a dependency
     pass
 
 
-def _searchsorted(xp, a, v, side):
+def _searchsorted(xp, a, v, side, method="compare_all"):
     if xp is np:
         return np.searchsorted(a, v, side=side).astype(np.int32)
-    method = "compare_all" if a.size * v.size <= 4_000_000 else "sort"     # small: one fused compare
     return xp.searchsorted(a, v, side=side, method=method).astype(xp.int32)
 
 
 def _pieces(xp, q_starts, kv_lengths, *, in_class, groups: int, block_r: int, block_k: int, kv_len_max: int,
-            num_units: int, programs: int):
+            num_units: int, programs: int, flat: bool = False):
     """(pieces (num_units + programs, 8), starts (programs + 1,), units (num_units, 5)) of one class;
     ``xp`` numpy or jax.numpy.
 
@@ -155,30 +155,35 @@ def _pieces(xp, q_starts, kv_lengths, *, in_class, groups: int, block_r: int, bl
     pb = b[pu]
     blocks = ends - bounds
     unit_rows = xp.where(unit_ok, xp.minimum(rows[b] - row_off, block_r), 0)
-    fields = (pb, starts[pb], row_off[pu], unit_rows[pu], q_pos0[pu], kv[pb], bounds - (unit_end[pu] - nb[pu]), blocks,
-              bounds)
+    fields = (pb, starts[pb], row_off[pu], unit_rows[pu], q_pos0[pu], kv[pb], bounds - (unit_end[pu] - nb[pu]), blocks)
     pieces = xp.stack([xp.asarray(f).astype(i32) for f in fields], axis=1)
     prog_first = _searchsorted(xp, bounds, xp.concatenate([prog_start, total[None] + 1]), "left")
-    # a unit's pieces: from the last piece starting at its first block (an empty piece can start there too,
-    # where a program's run starts with the unit) to the first starting at its end
-    unit_fields = (starts[b], row_off, unit_rows, xp.maximum(_searchsorted(xp, bounds, unit_end - nb, "right") - 1, 0),
-                   _searchsorted(xp, bounds, unit_end, "left"))
+    # a unit's pieces: those starting in [its first block, its end). Flat: an empty piece can start at its
+    # first block too (where a program's run starts with the unit) and is never written, so from the last
+    # piece starting there
+    first_piece = (xp.maximum(_searchsorted(xp, bounds, unit_end - nb, "right") - 1, 0) if flat
+                   else _searchsorted(xp, bounds, unit_end - nb, "left"))
+    unit_fields = (starts[b], row_off, unit_rows, first_piece, _searchsorted(xp, bounds, unit_end, "left"))
     units = xp.stack([xp.asarray(f).astype(i32) for f in unit_fields], axis=1)
     return pieces, prog_first.astype(i32), units
 
 
 def flat_blocks(xp, pieces, starts, *, kv_len_max: int, block_k: int, max_blocks: int):
-    """(runs (programs + 1,), blocks (max_blocks, 2)) for the flat loop: program p walks the class's blocks
-    runs[p] .. runs[p+1]-1; block g reads K/V row blocks[g, 0] and belongs to piece blocks[g, 1]."""
+    """(runs (programs + 1,), blocks (max_blocks, 3)) for the flat loop: program p walks the class's blocks
+    runs[p] .. runs[p+1]-1; block g reads K/V row blocks[g, 0], belongs to piece blocks[g, 1] and is its
+    first (flag 1) and/or last (flag 2) block."""
     i32 = xp.int32
-    start, first, b = pieces[:, 8], pieces[:, 6], pieces[:, 0]
-    total = xp.sum(pieces[:, 7]).astype(i32)
+    first, b, count = pieces[:, 6], pieces[:, 0], pieces[:, 7]
+    start = (xp.cumsum(count) - count).astype(i32)      # pieces tile the block sequence in order
+    total = xp.sum(count).astype(i32)
     n = pieces.shape[0]
     runs = xp.where(starts < n, start[xp.minimum(starts, n - 1)], total).astype(i32)
     g = xp.arange(max_blocks, dtype=i32)
-    j = xp.clip(_searchsorted(xp, start, g, "right") - 1, 0, n - 1)
+    big = n * max_blocks > 4_000_000
+    j = xp.clip(_searchsorted(xp, start, g, "right", "sort" if big else "compare_all") - 1, 0, n - 1)
     row = b[j] * kv_len_max + (first[j] + g - start[j]) * block_k
-    return runs, xp.stack([xp.where(g < total, row, 0), j], axis=1).astype(i32)
+    flags = (g == start[j]).astype(i32) + 2 * (g == start[j] + count[j] - 1).astype(i32)
+    return runs, xp.stack([xp.where(g < total, row, 0), j, flags], axis=1).astype(i32)
 
 
 def num_units(total_tokens: int, batch: int, groups: int, block_r: int, max_q: int) -> int:
@@ -232,9 +237,10 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
         else:
             q_len_x = jax.numpy.diff(jax.numpy.asarray(q_starts).astype(jax.numpy.int32))
         in_class = (q_len_x <= cfg.decode_max_q) if decode else (q_len_x > cfg.decode_max_q)
-        pieces, starts, unit_list = _pieces(xp, q_starts, kv_lengths, in_class=in_class, groups=G, block_r=br,
-                                            block_k=block_k, kv_len_max=kv_len_max, num_units=units, programs=programs)
         flat = bool(cfg.flat and decode and not fused)
+        pieces, starts, unit_list = _pieces(xp, q_starts, kv_lengths, in_class=in_class, groups=G, block_r=br,
+                                            block_k=block_k, kv_len_max=kv_len_max, num_units=units, programs=programs,
+                                            flat=flat)
         blocks = None
         if flat:
             starts, blocks = flat_blocks(xp, pieces, starts, kv_len_max=kv_len_max, block_k=block_k,
