@@ -13,17 +13,18 @@ the keys at positions ``<= kv_lengths[b] - T + t`` (bottom-right aligned, per ba
 with ``causal=False`` every valid key ``< kv_lengths[b]``. No output row is empty (query t
 always sees key 0). At T = 1 both rules are the same.
 
-Paths (``implementation``):
-  * ``"attnlab-decode"``: attnlab's Pallas kernel (``attnlab.kernels.decode``), which knows the
-    rule natively (no mask) and reads only the valid keys; interpret mode on the CPU.
-  * any other registered backend (``"naive"``, ``"xla"``, ``"cudnn"``, ...): the same call
-    expressed as ``attnlab.attention(q, k, v, mask=M, key_value_seq_lengths=kv_lengths)``.
-    ``M`` is a dense bool (B, 1, T, S_max) mask ``s <= kv_lengths[b] - T + t``, built only
-    when causal and T > 1 (cuDNN turns it into a dense bias; at T = 1 or non-causal the
-    lengths alone say it all). A backend that takes no mask or no lengths refuses with its
-    own reason (``UnsupportedError``); nothing falls back silently.
-  * ``None`` / ``"auto"``: attnlab-decode where its auto rule
-    (``backends.attnlab_decode.auto_reason``) says so, else ``attention``'s auto choice.
+Paths (``implementation``): the chosen backend's ``run_decode`` runs the call, whatever the backend.
+  * a backend with a decode kernel of its own overrides ``run_decode`` (``"attnlab-decode"``: attnlab's
+    Pallas kernel, ``attnlab.kernels.decode``, which knows the rule natively (no mask) and reads only the
+    valid keys; interpret mode on the CPU).
+  * every other registered backend (``"naive"``, ``"xla"``, ``"cudnn"``, ...) keeps the default: the same
+    call expressed as ``attnlab.attention(q, k, v, mask=M, key_value_seq_lengths=kv_lengths)``
+    (``backends.masked_decode``). ``M`` is a dense bool (B, 1, T, S_max) mask ``s <= kv_lengths[b] - T + t``,
+    built only when causal and T > 1 (cuDNN turns it into a dense bias; at T = 1 or non-causal the
+    lengths alone say it all). A backend that cannot run the call refuses with its own reason
+    (``Backend.why_not_decode``, an ``UnsupportedError``); nothing falls back silently.
+  * ``None`` / ``"auto"``: the first registered backend whose ``auto_reason`` claims the call
+    (attnlab-decode's: ``backends.attnlab_decode.auto_reason``), else ``attention``'s auto choice.
 
 Validation happens before JAX sees the arrays; errors name the argument and the rule. The rules
 ``attention`` has too are written once, in ``attnlab.core.checks``: the sizes are ``Problem``'s
@@ -42,7 +43,7 @@ import math
 from typing import Any
 
 from .. import backends
-from ..backends.masked_decode import decode_mask, masked_decode  # noqa: F401 (decode_mask: re-exported)
+from ..backends.masked_decode import decode_mask  # noqa: F401 (re-exported)
 from ..core.checks import (_is_tracer, _shape, as_lengths, call_problem, check_flag, check_kv_shapes, check_scale,
                            check_soft_cap, common_float_dtype, length_values)
 from ..core.errors import UnsupportedError
@@ -157,32 +158,27 @@ def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, 
 def paged_refusal(backend) -> str | None:
     """Why a sweep's paged cell does not time ``backend`` (it has no paged path of its own and would
     run on a gathered copy of the cache), or None."""
-    if backend is _decode_backend() or backend.paged:
+    if backend.paged:
         return None
     return "no paged KV cache path of its own (decode_attention would gather the pages into a contiguous copy)"
 
 
-def _decode_backend():
-    return backends.get("attnlab-decode")
-
-
 def select_decode(spec: DecodeSpec, implementation=None):
-    """(backend, native) for this call: native=True runs the decode rule itself (run_decode)."""
+    """The backend that runs this call (its ``run_decode``): the named one (or UnsupportedError with its
+    ``why_not_decode``), or auto's: the first registered backend whose ``auto_reason`` claims the call,
+    else ``attention``'s auto choice for the call as masked attention."""
     from . import dot_product as api
 
     if implementation is not None and not isinstance(implementation, str):
         raise TypeError(f"implementation must be None or a str, got {type(implementation).__name__}")
-    own = _decode_backend()
     if implementation in (None, "auto"):
-        if own.auto_reason(spec) is None:
-            return own, True
-        return api.select(spec.attention_spec(), None), False
-    if backends.canonical(implementation) == own.name:      # any case: "Attnlab-Decode"
-        why = own.available() or own.supports_decode(spec)
-        if why:
-            raise UnsupportedError(own.name, why)
-        return own, True
-    return api.select(spec.attention_spec(), implementation), False
+        claimed = next((b for b in backends.all_backends() if b.auto_reason(spec) is None), None)
+        return claimed or api.select(spec.attention_spec(), None)
+    backend = backends.get(implementation)
+    why = backend.why_not_decode(spec)
+    if why:
+        raise UnsupportedError(backend.name, why)
+    return backend
 
 
 def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, implementation=None,
@@ -195,7 +191,7 @@ def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None
       kv_lengths: (B,) int, T <= kv_lengths[b] <= S_max, counting the T new tokens.
       causal: query t sees keys at positions <= kv_lengths[b] - T + t (else every valid key).
       scale: logits scale, default 1 / sqrt(H).
-      implementation: None/"auto", "attnlab-decode", or any registered backend name.
+      implementation: None/"auto", or any registered backend name ("attnlab-decode", "naive", ...).
       page_table: (B, pages_per_seq) int32 for a paged cache (vLLM's layout): then k_cache and
         v_cache are pages (P, page_size, K, H), sequence b's logical page i is physical page
         page_table[b, i], and S_max = pages_per_seq * page_size. attnlab-decode reads the pages
@@ -213,11 +209,7 @@ def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None
         from .dot_product import empty_result
 
         return empty_result(d, implementation, False, d.query.shape)
-    backend, native = select_decode(d.spec, implementation)
-    if native:
-        return backend.run_decode(d)
-    # attention()'s choice runs as masked attention, even when it has a decode kernel of its own
-    return masked_decode(backend, d, scale)
+    return select_decode(d.spec, implementation).run_decode(d)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,9 +231,6 @@ def explain_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, 
                        logits_soft_cap=logits_soft_cap)
     if d.spec is None:
         return DecodeExplanation("none", {}, None)
-    chosen = select_decode(d.spec, None)[0].name
-    own = _decode_backend()
-    att = d.spec.attention_spec()
-    reasons = {b.name: (b.available() or own.supports_decode(d.spec)) if b is own else b.why_not(att)
-               for b in backends.all_backends()}
+    chosen = select_decode(d.spec, None).name
+    reasons = {b.name: b.why_not_decode(d.spec) for b in backends.all_backends()}
     return DecodeExplanation(chosen, reasons, d.spec)

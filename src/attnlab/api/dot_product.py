@@ -101,14 +101,15 @@ def empty_result(p, implementation, return_residual: bool, shape=None):
 
 
 def with_fp8_recipe(implementation, fp8_recipe):
-    """``implementation`` with the FP8 recipe applied: ("cudnn-fp8", "hadamard") -> "cudnn-fp8-hadamard"."""
+    """``implementation`` with the FP8 recipe applied: ("cudnn-fp8", "hadamard") -> "cudnn-fp8-hadamard"
+    (the backend's ``recipe_variant``; only ``backends.recipe_backends()`` take a recipe)."""
     if fp8_recipe is None:
         return implementation
-    if implementation != "cudnn-fp8":
-        raise ValueError(f"fp8_recipe needs implementation='cudnn-fp8', got implementation={implementation!r}")
-    from ..backends.fp8_recipe import name_of_recipe
-
-    return name_of_recipe(fp8_recipe)
+    takers = backends.recipe_backends()
+    if implementation not in takers:
+        raise ValueError(f"fp8_recipe needs implementation={' or '.join(map(repr, takers))}, "
+                         f"got implementation={implementation!r}")
+    return backends.get(implementation).recipe_variant(fp8_recipe)
 
 
 def _mode_of(x) -> str:

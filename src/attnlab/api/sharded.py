@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from .. import backends
 from .dot_product import attention
 from ..core.masking import large_negative_value
 from ..core.spec import prepare
@@ -64,9 +65,9 @@ def sharded_attention(query, key, value, *, mesh: Mesh, strategy: str, is_causal
                              f"the mesh axis {name!r} size {n} to split heads with their groups")
         spec = P(None, None, name)
         return _per_shard(query, key, value, mesh, spec, spec, is_causal, implementation)
-    if implementation not in (None, "auto", "naive"):
+    if implementation not in (None, "auto", *_ring_names()):
         raise ValueError(f"ring attention computes its blocks with attnlab's blockwise kernel; implementation "
-                         f"must be None or 'naive', got {implementation!r}")
+                         f"must be None or {' or '.join(map(repr, _ring_names()))}, got {implementation!r}")
     if is_causal and sp.q_len != sp.kv_len:
         raise ValueError(f"causal ring attention needs T == S, got T={sp.q_len}, S={sp.kv_len}")
     chunks = 2 * n if is_causal else n
@@ -198,10 +199,15 @@ def place(x, mesh: Mesh, spec: P):
 _PLACEMENT = {"batch": P("x"), "heads": P(None, None, "x"), "ring": P(None, "x")}
 
 
+def _ring_names() -> list[str]:
+    """The backends a ring call or cell may name: those whose math the blockwise kernel is (``Backend.ring_blocks``)."""
+    return [b.name for b in backends.all_backends() if b.ring_blocks]
+
+
 def _builder(strategy: str):
     def build(mesh: Mesh, backend: str, causal: bool):
         # ring computes its blocks itself: the naive backend is its blockwise kernel
-        impl = None if strategy == "ring" and backend == "naive" else backend
+        impl = None if strategy == "ring" and backend in _ring_names() else backend
 
         def fwd(q, k, v):
             return sharded_attention(q, k, v, mesh=mesh, strategy=strategy, is_causal=causal, implementation=impl)
@@ -213,8 +219,8 @@ def _why_not(strategy: str):
     def why_not(backend: str, window) -> str | None:
         if window is not None:
             return "sharded cells take no window"
-        if strategy == "ring" and backend != "naive":
-            return "ring attention computes its blocks with attnlab's blockwise kernel: use backend naive"
+        if strategy == "ring" and backend not in _ring_names():
+            return f"ring attention computes its blocks with attnlab's blockwise kernel: use backend {' or '.join(_ring_names())}"
         return None
     return why_not
 

@@ -85,6 +85,17 @@ def all_backends() -> list[Backend]:
     return list(_REGISTRY.values())
 
 
+def recipe_backends() -> list[str]:
+    """The registered backends that take the option ``fp8_recipe`` (``Backend.takes_fp8_recipe``)."""
+    return [b.name for b in _REGISTRY.values() if b.takes_fp8_recipe]
+
+
+def peers(part: str) -> list[str]:
+    """The names a peers sweep's ``part`` times (``Backend.peer_parts``: "fwd", "train", "decode", ...), in
+    registration order, each backend followed by its ``peer_variants``."""
+    return [n for b in _REGISTRY.values() if part in b.peer_parts for n in (b.name, *b.peer_variants)]
+
+
 #: The built-in backends, in registration order: (module, class, constructor arguments). Adding a
 #: backend is one new module (a ``Backend`` subclass declaring its ``library`` and
 #: ``min_compute_capability``) and one line here (or ``load``/``register`` from outside).
@@ -137,5 +148,5 @@ for _entry in BUILTINS:
     load(*_entry)
 del _entry
 
-__all__ = ["Backend", "NativeBackend", "register", "unregister", "registered", "load", "get", "canonical", "variant_names", "names", "all_backends", "optional_libraries",
+__all__ = ["Backend", "NativeBackend", "register", "unregister", "registered", "load", "get", "canonical", "variant_names", "names", "all_backends", "peers", "recipe_backends", "optional_libraries",
            "library_versions", "AUTO_ORDER", "BUILTINS"]

@@ -52,6 +52,8 @@ class AttnlabDecodeBackend(Backend):
                    "GQA-packed rows, split KV, valid lengths only")
     forward_only = True
     takes_soft_cap = True   # one tanh on the kernel's scores
+    paged = True            # run_decode reads the pages through the table
+    peer_parts = ("decode",)
     #: Tuning parameters used by run/run_decode (None: the defaults of attnlab.kernels.decode).
     config: kd.DecodeConfig | None = None
 

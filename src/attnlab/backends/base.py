@@ -98,9 +98,23 @@ class Backend:
     #: True for a native backend that also times decode sweep cells (``NativeBackend.decode_reason``,
     #: ``run_native_decode``); JAX backends run decode calls through ``run_decode``.
     decode: bool = False
-    #: True when ``run_paged_decode`` reads a paged KV cache through its page table (cudnn); else a
-    #: paged decode call runs on the gathered contiguous copy of the cache.
+    #: True when this backend's decode path reads a paged KV cache through its page table: its own
+    #: ``run_decode`` (attnlab-decode) or, on the masked path, ``run_paged_decode`` (cudnn); else a paged
+    #: decode call runs on the gathered contiguous copy of the cache (and sweeps skip its paged cells).
     paged: bool = False
+    #: The parts of the peers sweeps that time this backend beside the others (``backends.peers(part)``
+    #: lists them in registration order): "fwd" (forward, bfloat16), "fwd16" (forward, float16), "train"
+    #: (fwd+bwd), "decode", "fp8", "quick" (the tiny grid any CPU runs), "auto" (the contenders auto's
+    #: measured pick is scored against; its JAX ones are those the dispatch table is tuned on).
+    peer_parts: tuple[str, ...] = ()
+    #: Configured variants (``variant_names``) timed beside this backend wherever it is a peer.
+    peer_variants: tuple[str, ...] = ()
+    #: True for the backend whose math ring attention's blockwise kernel computes (naive): a ring cell
+    #: runs under its name (``attnlab.api.sharded``), and under no other.
+    ring_blocks: bool = False
+    #: True when the option ``fp8_recipe`` (``attention(fp8_recipe=)``, ``bench --fp8-recipe``) picks one of
+    #: this backend's configured variants (``recipe_variant``); ``backends.recipe_backends()`` lists them.
+    takes_fp8_recipe: bool = False
 
     def available(self) -> str | None:
         """The declared needs, device first: ``min_compute_capability``, then ``library``."""
@@ -130,6 +144,11 @@ class Backend:
     def configured(self, name: str) -> Backend | None:
         """The configured variant of this backend called ``name`` (one of ``variant_names``), else None."""
         return self if name == self.name else None
+
+    def recipe_variant(self, recipe: str) -> str:
+        """The name of the configured variant that runs FP8 recipe ``recipe`` (``takes_fp8_recipe`` backends
+        only); ValueError naming the known recipes for an unknown one."""
+        raise ValueError(f"fp8_recipe: backend {self.name!r} takes no FP8 recipe")
 
     def why_not(self, spec: AttentionSpec) -> str | None:
         """``available()``, the residual, the soft cap, segment ids, then ``supports(spec)``: the first reason
@@ -161,6 +180,11 @@ class Backend:
         """Why ``decode_attention`` cannot run ``spec`` (an ``attnlab.api.decode.DecodeSpec``) with this
         backend, or None. Default: ``why_not`` of the call as attention (the masked path)."""
         return self.why_not(spec.attention_spec())
+
+    def why_not_decode(self, spec) -> str | None:
+        """``available()``, then ``supports_decode(spec)``: the first reason ``decode_attention`` cannot run
+        ``spec`` (a DecodeSpec) with this backend (what a named call raises and ``explain_decode`` lists)."""
+        return self.available() or self.supports_decode(spec)
 
     def auto_reason(self, spec) -> str | None:
         """``decode_attention``'s auto hook: None when its auto should run this backend's own decode

@@ -19,6 +19,7 @@ CUDNN_MARKER = "__cudnn$fmha"
 
 class CudnnBackend(Backend):
     name = "cudnn"
+    peer_parts = ("quick", "fwd", "fwd16", "train", "decode", "fp8", "auto")
     description = "cuDNN flash attention via jax.nn.dot_product_attention(implementation='cudnn')"
     #: jax.nn's cuDNN path returns cuDNN's softmax statistics as the (B, T, N) residual (in the output
     #: dtype); its backward ignores the residual's cotangent, as the XLA path's stop_gradient does.

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from ..core import device
 from ..core.spec import AttentionSpec, Prepared
 from .cudnn import CudnnBackend
-from .fp8_recipe import RECIPES, Fp8Recipe, backend_name, quantise, quantised_qk, suffix_of, tensor_scale
+from .fp8_recipe import RECIPES, Fp8Recipe, backend_name, name_of_recipe, quantise, quantised_qk, suffix_of, tensor_scale
 
 FP8_KEYS = ("amax_dQ", "amax_dK", "amax_dV", "amax_dP", "descale_q", "descale_k", "descale_v", "descale_s",
             "scale_s", "scale_o", "descale_o", "descale_dO", "descale_dP", "scale_dQ", "scale_dK", "scale_dV", "scale_dP")
@@ -88,11 +88,17 @@ class CudnnFp8Backend(CudnnBackend):
     fp8 = True
     residual = False   # the FP8 entry point returns no logsumexp here
     min_compute_capability = (9, 0)
+    peer_parts = ("fp8",)
+    peer_variants = ("cudnn-fp8-unit",)    # unit scales: what JAX's own tests call the kernel with
+    takes_fp8_recipe = True
 
     def __init__(self, suffix: str = ""):
         self.recipe = RECIPES[suffix]
         self.name = backend_name(suffix)
         self.description = f"cuDNN FP8 (e4m3) flash attention via JAX's private API: {self.recipe.describe()}"
+
+    def recipe_variant(self, recipe: str) -> str:
+        return name_of_recipe(recipe)
 
     def variant_names(self) -> list[str]:
         return [backend_name(s) for s in RECIPES]

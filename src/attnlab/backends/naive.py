@@ -70,6 +70,8 @@ def _logsumexp(row_max, denom, p: Prepared):
 
 class NaiveBackend(Backend):
     name = "naive"
+    peer_parts = ("quick",)
+    ring_blocks = True      # ring attention's blockwise kernel is this computation
     description = "attention written out in jax.numpy (the codelab's four steps)"
     portable = True
     residual = True

@@ -10,6 +10,7 @@ from .base import Backend
 
 class PallasTritonBackend(Backend):
     name = "pallas-triton"
+    peer_parts = ("fwd", "train", "auto")
     description = "jax.experimental.pallas.ops.gpu.attention.mha (Pallas Triton FlashAttention-2)"
     block = 128
 
@@ -34,6 +35,7 @@ class PallasTritonBackend(Backend):
 
 class PallasMosaicBackend(Backend):
     name = "pallas-mosaic"
+    peer_parts = ("fwd16",)     # float16 only
     description = "jax.experimental.pallas.ops.gpu.attention_mgpu (Pallas Mosaic GPU FlashAttention-3, Hopper)"
     block_q, block_kv = 64, 128
 

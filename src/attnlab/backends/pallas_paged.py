@@ -77,6 +77,7 @@ def paged_call(q, k_pages, v_pages, block_tables, lengths, *, scale: float, k_sp
 
 class PallasPagedBackend(Backend):
     name = "pallas-paged"
+    peer_parts = ("decode",)
     description = "jax.experimental.pallas.ops.gpu.paged_attention (Pallas Triton paged decode, T = 1)"
     forward_only = True
     page_size = PAGE_SIZE

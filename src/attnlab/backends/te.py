@@ -55,6 +55,7 @@ def _te_rejection(args) -> str:
 
 class TeBackend(Backend):
     name = "te"
+    peer_parts = ("fwd", "train", "decode", "fp8", "auto")
     description = "TransformerEngine-JAX DotProductAttention (cuDNN fused attention through TE)"
     soft_cap_reason = "logits_soft_cap: TransformerEngine-JAX's DotProductAttention takes no soft cap"
 
@@ -120,6 +121,7 @@ class TeBackend(Backend):
 
 class TeFp8Backend(TeBackend):
     name = "te-fp8"
+    peer_parts = ("fp8",)
     fp8 = True
     description = "TransformerEngine DotProductAttention under te.autocast(DelayedScaling): FP8 if TE engages it"
 

@@ -19,6 +19,8 @@ class TokamaxBackend(Backend):
         # tokamax's XLA path runs anywhere JAX does; the Mosaic GPU kernel needs Hopper
         self.min_compute_capability = None if impl == "xla" else (9, 0) if impl == "mosaic" else (8, 0)
         self.name = f"tokamax-{impl}"
+        # tokamax's XLA path is timed forward only, beside the kernels
+        self.peer_parts = ("fwd",) if impl == "xla" else ("fwd", "train", "decode", "auto")
         kind = "XLA" if impl == "xla" else f"Pallas {impl} GPU kernel"
         self.description = f"tokamax.dot_product_attention(implementation='{impl}') ({kind})"
 

@@ -34,6 +34,8 @@ class TorchSdpaBackend(NativeBackend):
     def __init__(self, kind: str):
         self.kind = kind
         self.name = f"torch-{kind}"
+        # the memory-efficient kernel takes no GQA: no contender for auto's held-out (GQA) shapes
+        self.peer_parts = ("fwd", "decode") if kind == "efficient" else ("fwd", "decode", "auto")
         self.description = f"PyTorch scaled_dot_product_attention under sdpa_kernel({_KERNELS[kind]})"
 
     def available(self) -> str | None:

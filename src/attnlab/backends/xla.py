@@ -43,6 +43,7 @@ def residual_reason(spec: AttentionSpec) -> str | None:
 
 class XlaBackend(Backend):
     name = "xla"
+    peer_parts = ("quick", "fwd", "train", "decode", "auto")
     description = "jax.nn.dot_product_attention(implementation='xla'): XLA-fused einsum/softmax"
     portable = True
     residual = True

@@ -14,11 +14,14 @@ import json
 import os
 import time
 
+from .. import backends as registry
 from ..core.problem import Problem
 from ..core.records import time_ms
 
-JAX_BACKENDS = ["cudnn", "tokamax-mosaic", "te", "tokamax-triton", "pallas-triton", "xla"]
-ALL_BACKENDS = JAX_BACKENDS + ["torch-cudnn", "torch-flash"]
+#: The contenders auto's pick is scored against (``Backend.peer_parts`` "auto"); the JAX ops among them
+#: are those the dispatch table is tuned on.
+ALL_BACKENDS = registry.peers("auto")
+JAX_BACKENDS = [n for n in ALL_BACKENDS if not registry.get(n).native]
 WITHIN = 0.05       # auto's time may exceed the best correct backend's by at most this fraction
 GOAL = 0.95         # ... on at least this fraction of held-out cells
 TUNE_SHARE = 0.45   # with ``all``: tune stops starting cells after this share of --max-seconds

@@ -28,8 +28,6 @@ from .engine import SweepInterrupted, run_sweep
 from .spec import Sweep
 
 OVERHEAD_GOAL_S, FIRST_GOAL_S, SWEEP_GOAL_S = 0.3, 2.0, 600.0
-_JAX = ["xla", "cudnn", "te", "tokamax-mosaic", "tokamax-triton", "tokamax-xla", "pallas-triton"]
-_TORCH = ["torch-flash", "torch-cudnn", "torch-efficient"]
 
 
 def _available(names: list[str]) -> list[str]:
@@ -40,19 +38,19 @@ def _available(names: list[str]) -> list[str]:
 def peers_sweeps(quick: bool = False) -> list[Sweep]:
     """The peers sweep (``benchmarks/peers_gpu.py``'s parts), available backends only; ``quick``: a tiny CPU grid."""
     if quick:
-        return [Sweep(_available(["xla", "naive", "cudnn"]), batch=[1], q_len=[64, 128], heads=[2], head_dim=[16],
+        return [Sweep(_available(backends.peers("quick")), batch=[1], q_len=[64, 128], heads=[2], head_dim=[16],
                       dtype=["float32"], causal=[True], mode=["fwd", "fwd+bwd"], name="quick")]
     parts = [
-        Sweep(_JAX + _TORCH, q_len=[1024, 4096, 16384], heads=[16], head_dim=[64, 128], dtype=["bfloat16"],
+        Sweep(backends.peers("fwd"), q_len=[1024, 4096, 16384], heads=[16], head_dim=[64, 128], dtype=["bfloat16"],
               causal=[False, True], tokens=16384, name="fwd"),
-        Sweep(["pallas-mosaic", "cudnn"], q_len=[1024, 4096, 16384], heads=[16], head_dim=[64, 128], dtype=["float16"],
+        Sweep(backends.peers("fwd16"), q_len=[1024, 4096, 16384], heads=[16], head_dim=[64, 128], dtype=["float16"],
               causal=[False, True], tokens=16384, name="fwd16"),
-        Sweep(["xla", "cudnn", "te", "tokamax-mosaic", "tokamax-triton", "pallas-triton"], q_len=[4096], heads=[16],
+        Sweep(backends.peers("train"), q_len=[4096], heads=[16],
               head_dim=[128], dtype=["bfloat16"], causal=[False, True], mode=["fwd+bwd"], tokens=16384, name="train"),
-        Sweep(["xla", "cudnn", "te", "tokamax-mosaic", "tokamax-triton", "attnlab-decode", "pallas-paged"] + _TORCH,
+        Sweep(backends.peers("decode"),
               batch=[8], q_len=[1], kv_len=[4096, 32768, 131072], heads=[32], kv_heads=[8], head_dim=[128],
               dtype=["bfloat16"], name="decode"),
-        Sweep(["cudnn", "cudnn-fp8", "cudnn-fp8-unit", "te", "te-fp8"], q_len=[4096, 16384], heads=[16], head_dim=[128],
+        Sweep(backends.peers("fp8"), q_len=[4096, 16384], heads=[16], head_dim=[128],
               dtype=["bfloat16"], causal=[False, True], tokens=16384, name="fp8"),
     ]
     for s in parts:

@@ -80,19 +80,22 @@ def _windows(text) -> list[tuple[int, int] | None]:
 
 
 def with_fp8_recipes(names: list[str], recipes: list[str]) -> list[str]:
-    """The sweep axis ``fp8_recipe``: ``cudnn-fp8`` among ``names`` becomes one backend per recipe
-    (``hadamard`` -> ``cudnn-fp8-hadamard``, the name its records carry; ``amax`` -> ``cudnn-fp8``)."""
-    from ..backends.fp8_recipe import name_of_recipe
+    """The sweep axis ``fp8_recipe``: a backend among ``names`` that takes FP8 recipes (``cudnn-fp8``:
+    ``backends.recipe_backends()``) becomes one backend per recipe (``hadamard`` -> ``cudnn-fp8-hadamard``,
+    the name its records carry; ``amax`` -> ``cudnn-fp8``)."""
+    from .. import backends
 
-    if "cudnn-fp8" not in names:
-        raise SweepError(f"fp8_recipe: needs the cudnn-fp8 backend among the backends, got {', '.join(names)}")
+    takers = [n for n in names if n in backends.recipe_backends()]
+    if not takers:
+        raise SweepError(f"fp8_recipe: needs the {' or '.join(backends.recipe_backends())} backend among the "
+                         f"backends, got {', '.join(names)}")
     try:
-        variants = [name_of_recipe(r.lower()) for r in recipes]
+        variants = {n: [backends.get(n).recipe_variant(r.lower()) for r in recipes] for n in takers}
     except ValueError as e:
         raise SweepError(str(e)) from None
     out = []
     for n in names:
-        out.extend(variants if n == "cudnn-fp8" else [n])
+        out.extend(variants.get(n, [n]))
     return list(dict.fromkeys(out))
 
 
