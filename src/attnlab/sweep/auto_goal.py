@@ -6,7 +6,7 @@ picks with that table and the static rule's pick (``picks``), then measure the H
 tuned, each in a tuned bucket: ``check_sets``) with every backend. (c) ``score``/``summary``/``markdown``
 (pure): for each held-out cell, the picks' median CUPTI kernel times (ms) against the fastest ``ok``
 record; the goal is auto within 5% on >= 95% of cells. ``run`` does (a), (b), (c) under a wall-clock
-budget that stops *starting* new cells. benchmarks/auto_goal.py is the command line.
+budget that stops *starting* new cells. benchmarks/auto/goal.py is the command line.
 """
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ def _available(names: list[str]) -> list[str]:
 
 
 def peers_sweeps(quick: bool = False) -> list[Sweep]:
-    """The peers sweep (``benchmarks/peers_gpu.py``'s parts), available backends only; ``quick``: a tiny CPU grid."""
+    """The peers sweep (``benchmarks/peers/sweep_gpu.py``'s parts), available backends only; ``quick``: a tiny CPU grid."""
     if quick:
         return [Sweep(_available(["xla", "naive", "cudnn"]), batch=[1], q_len=[64, 128], heads=[2], head_dim=[16],
                       dtype=["float32"], causal=[True], mode=["fwd", "fwd+bwd"], name="quick")]

@@ -1,6 +1,6 @@
 """Tune attnlab's decode kernel on the GPU: CUPTI time of each tuning variant, checked, beside cuDNN.
 
-    PYTHONPATH=src python3 benchmarks/decode_tune.py OUT_DIR [--budget-s 210] [--repeats 20] [--quick] [--smoke]
+    PYTHONPATH=src python3 benchmarks/decode/tune.py OUT_DIR [--budget-s 210] [--repeats 20] [--quick] [--smoke]
 
 Shapes (bf16, causal decode rule, uniform lengths unless named): the issue's goal shape B=8,
 S=32768, N=32, K=8, H=128 at T = 1, 2, 4, 8, 16, 32, 64; B=1, S=131072 and B=32, S=4096 at
@@ -31,7 +31,7 @@ import sys
 import time
 import traceback
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 
 from attnlab.sweep.decode_tune import HBM_TBS, L2_BYTES, PEAK_TFLOPS, SMEM_LIMIT, Shape, goal_lines, shapes, tune_grid  # noqa: E402,F401
 

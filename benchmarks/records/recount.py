@@ -1,7 +1,7 @@
 """Recount the FLOPs and bytes of stored records with today's counter, and check each rate against its
 device's datasheet peak (``attnlab.measure.recount``, ``attnlab.core.rate_check``).
 
-    python benchmarks/recount_results.py [DIR ...] [--write]
+    python benchmarks/records/recount.py [DIR ...] [--write]
 
 Lists every cell record (of every ``*.jsonl`` under DIR, default ``results``) whose ``flops`` or ``bytes``
 the counter changes, and every record above the datasheet peak, stored or recounted; exits 1 when one

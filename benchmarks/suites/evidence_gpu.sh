@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The H200 evidence at a commit (issue 11): GPU tests and the peers sweep, in two calls of < 10 minutes.
-#   source .gpu/setup_device.sh; bash benchmarks/evidence_gpu.sh a $OUT   # GPU tests (-v, JUnit) + peers fwd64, fwd16
-#   source .gpu/setup_device.sh; bash benchmarks/evidence_gpu.sh b $OUT   # peers fwd128, train, decode, fp8
-#   source .gpu/setup_device.sh; bash benchmarks/evidence_gpu.sh c $OUT   # every GPU test + decode goal shape
-#   source .gpu/setup_device.sh; bash benchmarks/evidence_gpu.sh d $OUT   # issue 15: FP8 GPU tests + fp8_recipes.py
-#   source .gpu/setup_device.sh; bash benchmarks/evidence_gpu.sh e $OUT   # issue 16: auto_goal.py all + advise_gpu.sh
+#   source .gpu/setup_device.sh; bash benchmarks/suites/evidence_gpu.sh a $OUT   # GPU tests (-v, JUnit) + peers fwd64, fwd16
+#   source .gpu/setup_device.sh; bash benchmarks/suites/evidence_gpu.sh b $OUT   # peers fwd128, train, decode, fp8
+#   source .gpu/setup_device.sh; bash benchmarks/suites/evidence_gpu.sh c $OUT   # every GPU test + decode goal shape
+#   source .gpu/setup_device.sh; bash benchmarks/suites/evidence_gpu.sh d $OUT   # issue 15: FP8 GPU tests + fp8/recipes.py
+#   source .gpu/setup_device.sh; bash benchmarks/suites/evidence_gpu.sh e $OUT   # issue 16: auto/goal.py all + auto/advise_gpu.sh
 # TransformerEngine's five parts must have been carried first (../shared/gpu/README.md).
 # Each call writes OUT/bundle_X.tgz holding part-X/{results.jsonl,results.csv}, peers_X.log and (a) gpu_tests.{log,xml};
 # the two results files are one sweep (disjoint cells), merged by `cat` into the results folder.
@@ -22,35 +22,35 @@ if [ "$part" = a ]; then
     --junitxml="$out/gpu_tests.xml" > "$out/gpu_tests.log" 2>&1
   echo "gpu tests rc=$? $(( $(date +%s) - t0 ))s: $(tail -1 "$out/gpu_tests.log")"
   grep -E "^(FAILED|ERROR)" "$out/gpu_tests.log" | head -20
-  timeout $(( 570 - ($(date +%s) - t0) )) python3 benchmarks/peers_gpu.py "$out/part-a" fwd64 fwd16 > "$out/peers_a.log" 2>&1
+  timeout $(( 570 - ($(date +%s) - t0) )) python3 benchmarks/peers/sweep_gpu.py "$out/part-a" fwd64 fwd16 > "$out/peers_a.log" 2>&1
 elif [ "$part" = c ]; then   # issues 13/14: every GPU test at a commit, then the decode goal shape's peers
   timeout 330 python3 -m pytest -v -m gpu -p no:cacheprovider tests/gpu \
     --junitxml="$out/gpu_tests.xml" > "$out/gpu_tests.log" 2>&1
   echo "gpu tests rc=$? $(( $(date +%s) - t0 ))s: $(tail -1 "$out/gpu_tests.log")"
   grep -E "^(FAILED|ERROR)" "$out/gpu_tests.log" | head -20
-  timeout $(( 560 - ($(date +%s) - t0) )) python3 benchmarks/decode_peers.py "$out/decode" goal > "$out/peers_c.log" 2>&1
+  timeout $(( 560 - ($(date +%s) - t0) )) python3 benchmarks/decode/peers.py "$out/decode" goal > "$out/peers_c.log" 2>&1
   echo "decode goal rc=$?"
-  python3 benchmarks/decode_peers.py --table "$out/decode/results.jsonl" > "$out/decode_table.md" 2>&1
+  python3 benchmarks/decode/peers.py --table "$out/decode/results.jsonl" > "$out/decode_table.md" 2>&1
   tail -12 "$out/decode_table.md"
 elif [ "$part" = d ]; then   # issue 15: the FP8 recipes on the GPU, then the error-vs-speed grid
   timeout 150 python3 -m pytest -v -m gpu -p no:cacheprovider tests/gpu/test_fp8_gpu.py \
     --junitxml="$out/gpu_tests_fp8.xml" > "$out/gpu_tests_fp8.log" 2>&1
   echo "fp8 gpu tests rc=$? $(( $(date +%s) - t0 ))s: $(tail -1 "$out/gpu_tests_fp8.log")"
   grep -E "^(FAILED|ERROR)" "$out/gpu_tests_fp8.log" | head -20
-  timeout $(( ${FP8_SECONDS:-420} + 40 - ($(date +%s) - t0) )) python3 benchmarks/fp8_recipes.py "$out/fp8-recipes" \
+  timeout $(( ${FP8_SECONDS:-420} + 40 - ($(date +%s) - t0) )) python3 benchmarks/fp8/recipes.py "$out/fp8-recipes" \
     --max-seconds $(( ${FP8_SECONDS:-420} - ($(date +%s) - t0) )) > "$out/peers_d.log" 2>&1
   echo "fp8 recipes rc=$? $(( $(date +%s) - t0 ))s"
-  python3 benchmarks/fp8_recipes.py --table "$out/fp8-recipes/results.jsonl" > "$out/fp8_table.md" 2>&1
+  python3 benchmarks/fp8/recipes.py --table "$out/fp8-recipes/results.jsonl" > "$out/fp8_table.md" 2>&1
   grep -iE "goal|met|missed" "$out/fp8_table.md" | head -12
 elif [ "$part" = e ]; then   # issue 16: advise for Llama-3.1-70B at 32k, then measured auto on held-out shapes
-  ADVISE_SECONDS=${ADVISE_SECONDS:-230} ADVISE_TESTS=0 bash benchmarks/advise_gpu.sh "$out/advise_run"
+  ADVISE_SECONDS=${ADVISE_SECONDS:-230} ADVISE_TESTS=0 bash benchmarks/auto/advise_gpu.sh "$out/advise_run"
   echo "advise rc=$? $(( $(date +%s) - t0 ))s"
-  timeout $(( 590 - ($(date +%s) - t0) )) python3 benchmarks/auto_goal.py all "$out/auto" \
+  timeout $(( 590 - ($(date +%s) - t0) )) python3 benchmarks/auto/goal.py all "$out/auto" \
     --max-seconds $(( 545 - ($(date +%s) - t0) )) > "$out/peers_e.log" 2>&1
   echo "auto goal rc=$? $(( $(date +%s) - t0 ))s"; tail -4 "$out/peers_e.log"
-  python3 benchmarks/auto_goal.py --table "$out/auto" > /dev/null 2>&1; tail -14 "$out/auto/goal.md"
+  python3 benchmarks/auto/goal.py --table "$out/auto" > /dev/null 2>&1; tail -14 "$out/auto/goal.md"
 else
-  timeout 470 python3 benchmarks/peers_gpu.py "$out/part-$part" fwd128 train decode fp8 > "$out/peers_$part.log" 2>&1
+  timeout 470 python3 benchmarks/peers/sweep_gpu.py "$out/part-$part" fwd128 train decode fp8 > "$out/peers_$part.log" 2>&1
 fi
 echo "peers $part rc=$? $(( $(date +%s) - t0 ))s"
 if [ "$part" = b ]; then   # the lab's decode step (issue 13) on the GPU, in what time is left

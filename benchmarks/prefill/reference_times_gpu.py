@@ -1,6 +1,6 @@
 """Issue 3's GPU evidence: reproduce reference kernel times, and kernel vs wall at the codelab shape.
 
-    PYTHONPATH=src python3 benchmarks/issue3_gpu.py OUT_DIR
+    PYTHONPATH=src python3 benchmarks/prefill/reference_times_gpu.py OUT_DIR
 
 Writes OUT_DIR/results.jsonl and .csv (engine records), OUT_DIR/targets.json (measured vs the
 reference times taken on an H200 on 2026-12-02), and prints a table.

@@ -1,10 +1,10 @@
 """Issue 16's goal for measured auto: on shapes it was NOT tuned on, auto within 5% of the best correct backend.
 
-    PYTHONPATH=src python benchmarks/auto_goal.py all OUT [--max-seconds 400]   # tune, held-out, table
-    PYTHONPATH=src python benchmarks/auto_goal.py tune OUT      # (a) TUNE shapes -> OUT/tune/, OUT/dispatch.json
-    PYTHONPATH=src python benchmarks/auto_goal.py heldout OUT   # (b) HELDOUT shapes, every backend -> OUT/heldout/,
+    PYTHONPATH=src python benchmarks/auto/goal.py all OUT [--max-seconds 400]   # tune, held-out, table
+    PYTHONPATH=src python benchmarks/auto/goal.py tune OUT      # (a) TUNE shapes -> OUT/tune/, OUT/dispatch.json
+    PYTHONPATH=src python benchmarks/auto/goal.py heldout OUT   # (b) HELDOUT shapes, every backend -> OUT/heldout/,
                                                                 #     auto's and the static rule's picks -> OUT/picks.jsonl
-    PYTHONPATH=src python benchmarks/auto_goal.py --table OUT   # (c) score -> OUT/goal.md, OUT/goal.json (no GPU needed)
+    PYTHONPATH=src python benchmarks/auto/goal.py --table OUT   # (c) score -> OUT/goal.md, OUT/goal.json (no GPU needed)
 
 (a) measures bf16 fwd and fwd+bwd, causal and not, MHA and GQA, H 64/128/256, T = S powers of two
 1k-16k, with the JAX backends auto may pick (``api.auto_ineligible``), and writes the dispatch table

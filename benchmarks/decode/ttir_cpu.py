@@ -1,8 +1,8 @@
 """Check on a CPU that every decode-kernel variant the tuner will try compiles with Triton for sm_90.
 
-    PYTHONPATH=src python3 benchmarks/decode_ttir_cpu.py OUT_DIR --triton-python /path/to/venv/bin/python
+    PYTHONPATH=src python3 benchmarks/decode/ttir_cpu.py OUT_DIR --triton-python /path/to/venv/bin/python
 
-Step 1 (this Python, no GPU needed): lower each variant of ``decode_tune.py``'s shapes and grids
+Step 1 (this Python, no GPU needed): lower each variant of ``attnlab.sweep.decode_tune``'s shapes and grids
 with ``lowering_platforms=("cuda",)`` (JAX >= 0.11 under an abstract H200 device:
 ``kernels.decode.cuda_lowering_context``) and keep the Triton IR that Pallas emits
 (``OUT_DIR/*.ttir``).
@@ -23,7 +23,7 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "src"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "src"))
 sys.path.insert(0, HERE)
 
 COMPILE = r'''
@@ -61,7 +61,7 @@ def dump(out_dir: str) -> dict:
     import jax.numpy as jnp
     from jax._src.pallas.triton import lowering as tl
 
-    import decode_tune
+    from attnlab.sweep import decode_tune
     from attnlab.kernels import decode as kd
 
     captured = []

@@ -1,6 +1,6 @@
 """Markdown tables of a peers sweep (results/gpu-*-peers*/results.jsonl): TFLOP/s, GB/s, % of peak.
 
-    python3 benchmarks/peers_table.py results/gpu-2026-12-03-peers/results.jsonl
+    python3 benchmarks/peers/table.py results/gpu-2026-12-03-peers/results.jsonl
 
 One clock per table: every number is CUPTI kernel time unless marked † (another timer, named in
 the footnote). A cell that failed its check shows its status and, below the table, its reason.
@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src"))
 
 from attnlab.report.peers_table import tables  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Issue 25 on the H200 (~2-4 min): the Mosaic GPU (wgmma) decode kernel against the Triton one at 64-512 rows.
 
-    PYTHONPATH=src python3 benchmarks/decode_mgpu25_gpu.py OUT_DIR [--max-seconds 380] [--plan-only]
+    PYTHONPATH=src python3 benchmarks/decode/mosaic_vs_triton_gpu.py OUT_DIR [--max-seconds 380] [--plan-only]
 
 B=8, S=32768, H=128, bf16, causal, full lengths: the grid's cells with T*G >= 64, the Triton kernel's
 default plan beside ``kernels.decode_mgpu`` with a few (block_kv, max_steps, splits). Each output is
@@ -16,7 +16,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 
 B, S, H = 8, 32768, 128
 #: (N, K, T) with T*G >= 64 on issue 25's grid, 64-row cells first for the crossover

@@ -1,6 +1,6 @@
 """Issue 25 check on the H200 (~60-80 s): paged (page 16, 64) vs contiguous attnlab-decode where paged was slow.
 
-    PYTHONPATH=src python3 benchmarks/decode_paged25_gpu.py OUT_DIR
+    PYTHONPATH=src python3 benchmarks/decode/paged_vs_contiguous_gpu.py OUT_DIR
 
 B=8, S=32768, H=128, bf16, causal; (N, K) = (28, 4) and (64, 8); T = 4, 16 (12 sweep cells, each
 output checked). Prints kernel ms and paged / contiguous per shape; the goal is <= 1.05.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 
 PAIRS = [(28, 4), (64, 8)]
 

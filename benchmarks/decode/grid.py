@@ -1,7 +1,7 @@
 """Issue 25's H200 evidence: attnlab-decode for every group size, paged caches, row tiles (one run, capped).
 
-    PYTHONPATH=src python3 benchmarks/decode_grid25.py OUT_DIR [part ...] [--max-seconds 300]   # measure (resumable)
-    python3 benchmarks/decode_grid25.py --table OUT_DIR                                         # markdown + goals
+    PYTHONPATH=src python3 benchmarks/decode/grid.py OUT_DIR [part ...] [--max-seconds 300]   # measure (resumable)
+    python3 benchmarks/decode/grid.py --table OUT_DIR                                         # markdown + goals
 
 Parts (run in ``SCHEDULE``'s order, which stops starting cells once --max-seconds are spent; rerun to resume):
   grid   sweep engine, B=8, S=32768, H=128, bf16, causal, full lengths; G in {4, 7, 16, 8, 1} as
@@ -23,7 +23,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 
 PAIRS = [(32, 8), (28, 4), (64, 4), (64, 8), (8, 8)]
 T_ALL = [1, 2, 4, 8, 16, 32, 64]

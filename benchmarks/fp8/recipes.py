@@ -1,7 +1,7 @@
 """Issue 15's FP8 study: every cuDNN FP8 recipe against bf16 cuDNN, error vs float64 against speed.
 
-    PYTHONPATH=src python3 benchmarks/fp8_recipes.py OUT [--max-seconds 390]     # measure (resumable)
-    python3 benchmarks/fp8_recipes.py --table OUT/results.jsonl [--plot P.png]   # table, goals, plot
+    PYTHONPATH=src python3 benchmarks/fp8/recipes.py OUT [--max-seconds 390]     # measure (resumable)
+    python3 benchmarks/fp8/recipes.py --table OUT/results.jsonl [--plot P.png]   # table, goals, plot
 
 The grid, its order, how FP8 cells are judged and what the columns mean are described in
 ``attnlab.report.fp8_recipes``.
@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 
 from attnlab.report.fp8_recipes import BACKENDS, INPUTS, SHAPES, report  # noqa: E402
 

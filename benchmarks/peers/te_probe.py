@@ -5,7 +5,7 @@ cuDNN decides which cuDNN TE loads) and, in each, asks TE's own FusedAttnHelper 
 for a few shapes, then runs ``DotProductAttention`` once and looks for TE's fused custom call
 in the lowered HLO and for the error against a float64 NumPy reference.
 
-    python3 benchmarks/te_probe.py OUTDIR        # writes OUTDIR/te_probe.json, prints a summary
+    python3 benchmarks/peers/te_probe.py OUTDIR        # writes OUTDIR/te_probe.json, prints a summary
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Where an FP8 recipe's time goes: CUPTI time per kernel of one jitted call (issue 15).
 
-    PYTHONPATH=src python3 benchmarks/fp8_kernels.py OUT.json [--iterations 10]
-    python3 benchmarks/fp8_kernels.py --table OUT.json        # markdown from the record (no JAX)
+    PYTHONPATH=src python3 benchmarks/fp8/kernels.py OUT.json [--iterations 10]
+    python3 benchmarks/fp8/kernels.py --table OUT.json        # markdown from the record (no JAX)
 
 For each recipe (per-tensor amax, unit scales, and the three Hadamard rotations) at B=1, T=S in
 {4096, 16384}, N=16, H=128, bf16 in, non-causal, gaussian inputs: every kernel the compiled call
@@ -9,7 +9,7 @@ launches, with its median CUPTI time over ``--iterations`` calls
 (``jax.experimental.mosaic.gpu.profiler.measure(aggregate=False)``), so the cost of the amax
 passes, the rotation and the quantisation stand apart from cuDNN's attention kernel. The output is
 checked on 64 evenly spaced query rows against NumPy float64 (``rel_err_f64_rows``); the whole
-output of every recipe is checked by fp8_recipes.py at these shapes.
+output of every recipe is checked by benchmarks/fp8/recipes.py at these shapes.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 
 RECIPES = ["cudnn-fp8", "cudnn-fp8-unit", "cudnn-fp8-hadamard", "cudnn-fp8-hadamard-fused", "cudnn-fp8-hadamard-f32"]
 SEQS = [4096, 16384]

@@ -1,7 +1,7 @@
 """Issue 13's decode benchmark: attnlab's kernel beside every peer, through the sweep engine, one run.
 
-    PYTHONPATH=src python3 benchmarks/decode_peers.py OUT_DIR [part ...]     # measure (resumable)
-    python3 benchmarks/decode_peers.py --table OUT_DIR/results.jsonl          # markdown tables + goals
+    PYTHONPATH=src python3 benchmarks/decode/peers.py OUT_DIR [part ...]     # measure (resumable)
+    python3 benchmarks/decode/peers.py --table OUT_DIR/results.jsonl          # markdown tables + goals
 
 Every cell is a decode cell (``Cell.lengths``): ``decode_attention`` of the T newest tokens against an
 S-long bf16 cache, causal (query t at position L[b] - T + t), checked on the whole output against
@@ -21,7 +21,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 
 PEERS = ["attnlab-decode", "cudnn", "torch-cudnn", "torch-flash", "tokamax-mosaic", "xla", "pallas-paged"]
 FEW = ["attnlab-decode", "cudnn", "torch-cudnn", "torch-flash"]

@@ -1,7 +1,7 @@
 """Packed sequences on the H200: cuDNN's packed path against unpacked cuDNN, a dense segment mask on
 cuDNN, tokamax and XLA, at the same total tokens; forward and fwd+bwd; every variant checked first.
 
-    python benchmarks/packed_cudnn.py --seq 4096,16384 --docs 4 --out DIR
+    python benchmarks/prefill/packed_cudnn.py --seq 4096,16384 --docs 4 --out DIR
 
 Writes DIR/packed.jsonl (one row per variant, T, mode: ms (CUPTI kernel time), the check's errors,
 or the error; ``flops``, ``tflops`` and ``pct_peak``: the pairs the call computes, counted by

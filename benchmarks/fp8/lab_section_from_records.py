@@ -1,6 +1,6 @@
-"""Lab step 10's FP8-recipe part rendered from a ``benchmarks/fp8_recipes.py`` results file (no JAX).
+"""Lab step 10's FP8-recipe part rendered from a ``benchmarks/fp8/recipes.py`` results file (no JAX).
 
-    python3 benchmarks/lab_step10_from_records.py results/gpu-2026-12-03c-fp8-recipes/fp8-recipes/results.jsonl
+    python3 benchmarks/fp8/lab_section_from_records.py results/gpu-2026-12-03c-fp8-recipes/fp8-recipes/results.jsonl
 
 The lab's own FP8-recipe sweep (``attnlab.lab.steps.te_fp8.sweeps``: every recipe + cudnn, T = S = 4096
 causal, H = 128, gaussian and channel-outliers inputs) is a subset of that grid; this takes those cells,
@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 
 
 def main(path: str) -> str:

@@ -3,8 +3,8 @@
 What is emulated (which tensors are rounded, the recipes, the anchor) is described in
 ``attnlab.reference.fp8_emulation``, where the logic lives; this script measures and writes tables.
 
-    PYTHONPATH=src python benchmarks/fp8_emulation.py --out results/cpu-2026-12-03-fp8-emulation
-    PYTHONPATH=src python benchmarks/fp8_emulation.py --out results/cpu-2026-12-03-fp8-emulation \
+    PYTHONPATH=src python benchmarks/fp8/emulation.py --out results/cpu-2026-12-03-fp8-emulation
+    PYTHONPATH=src python benchmarks/fp8/emulation.py --out results/cpu-2026-12-03-fp8-emulation \
         --T 4096 --N 1 --causal no --name results-T4096
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 import ml_dtypes
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src"))
 
 from attnlab.reference.fp8_emulation import COLUMNS, RECIPES, TENSORS, fp8_attention, reference, rel_l2, table  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Issue 22's measuring-engine benchmark: the peers sweep's cost cell by cell, and optionally a cold lab run.
 
-    PYTHONPATH=src python3 benchmarks/engine_speed.py --out OUT [--quick] [--lab | --lab-only] [--max-seconds 480]
+    PYTHONPATH=src python3 benchmarks/engine/speed.py --out OUT [--quick] [--lab | --lab-only] [--max-seconds 480]
 
 Writes OUT/engine_speed.json and OUT/engine_speed.md (goals met / missed by how much, where the time went).
 The logic lives in attnlab.sweep.engine_speed.

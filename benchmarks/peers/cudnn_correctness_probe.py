@@ -4,7 +4,7 @@ For each case: the raw ``jax.nn.dot_product_attention(implementation="cudnn")`` 
 error against attnlab's float64 reference (or the exception it raised), and what attnlab
 does with the same input (the backend auto picks, its error, or the UnsupportedError).
 
-    PYTHONPATH=src python3 benchmarks/gpu_correctness_probe.py OUT.json
+    PYTHONPATH=src python3 benchmarks/peers/cudnn_correctness_probe.py OUT.json
 """
 import json
 import sys

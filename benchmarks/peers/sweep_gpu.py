@@ -1,6 +1,6 @@
 """Issue 5's side-by-side sweep of every backend on one GPU, on the same inputs and timer.
 
-    PYTHONPATH=src python3 benchmarks/peers_gpu.py OUT_DIR [part ...]
+    PYTHONPATH=src python3 benchmarks/peers/sweep_gpu.py OUT_DIR [part ...]
 
 Parts: fwd (= fwd64 + fwd128: bf16, D64/D128 x T 1k/4k/16k x causal both, 16k tokens), fwd16 (the same in fp16 for
 the float16-only Pallas Mosaic kernel, beside cuDNN), train (fwd+bwd at T=4k), decode (T=1,

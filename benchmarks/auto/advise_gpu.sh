@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Issue 16, item 3 on the H200: `attnlab advise` for Llama-3.1-70B at 32k, batch 1, every phase
 # (prefill, decode T=1 and T=4, train), the main backends side by side; about 3 minutes.
-#   source .gpu/setup_device.sh; bash benchmarks/advise_gpu.sh OUT
+#   source .gpu/setup_device.sh; bash benchmarks/auto/advise_gpu.sh OUT
 # Writes OUT/advise/{results.jsonl,results.csv,advise.json,advise.html}, OUT/advise.log and
 # OUT/gpu_advise_tests.log (the tests/gpu/test_advise_gpu.py run). Resumable: run it again to finish.
 set -u
-out=${1:?usage: benchmarks/advise_gpu.sh OUT}
+out=${1:?usage: benchmarks/auto/advise_gpu.sh OUT}
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 ATTNLAB_CACHE_DIR=/tmp/attnlab-cache
 mkdir -p "$out"
 t0=$(date +%s)

@@ -1,10 +1,10 @@
 """Check on a CPU how the paged decode kernel compiles for sm_90 (no GPU): cp.async, MMA kind, shared memory.
 
-    PYTHONPATH=src python3 benchmarks/decode_paged_ttir_cpu.py OUT_DIR --triton-python /path/to/venv/bin/python
+    PYTHONPATH=src python3 benchmarks/decode/paged_ttir_cpu.py OUT_DIR --triton-python /path/to/venv/bin/python
 
 Lowers the kernel for B=8, S=32768, GQA 32/8, H=128, T=4 contiguous and paged at page sizes 16,
 64 and 128 (block_k 64: a per-key gather, one page, part of a page) and compiles each Triton IR
-with pip's triton 3.6 (``decode_ttir_cpu.COMPILE``). A hint for the H200, not a measurement.
+with pip's triton 3.6 (``benchmarks/decode/ttir_cpu.py``'s ``COMPILE``). A hint for the H200, not a measurement.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "src"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "src"))
 sys.path.insert(0, HERE)
 
 
@@ -65,7 +65,7 @@ def dump(out_dir: str) -> list[str]:
 
 
 def main(argv=None):
-    from decode_ttir_cpu import COMPILE
+    from ttir_cpu import COMPILE
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out_dir")

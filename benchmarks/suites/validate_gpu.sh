@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Mid-session validation on the H200 (issues 11 and 13): the changed GPU paths, each part time-boxed.
-#   source .gpu/setup_device.sh; bash benchmarks/validate_gpu.sh $OUT
+#   source .gpu/setup_device.sh; bash benchmarks/suites/validate_gpu.sh $OUT
 # Writes to OUT: tests11.log, smoke.log + smoke/results.jsonl, decode_tests.log, tune.log + tune/decode_tune.json
 set -u
 out=${1:?OUT dir}
@@ -28,5 +28,5 @@ for l in open(sys.argv[1]):
 PY
 timeout 170 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_decode_gpu.py --maxfail=25 > "$out/decode_tests.log" 2>&1
 echo "decode tests rc=$? $(( $(date +%s) - t0 ))s"; tail -25 "$out/decode_tests.log"
-timeout 115 python3 benchmarks/decode_tune.py "$out/tune" --budget-s 60 > "$out/tune.log" 2>&1
+timeout 115 python3 benchmarks/decode/tune.py "$out/tune" --budget-s 60 > "$out/tune.log" 2>&1
 echo "tune rc=$? $(( $(date +%s) - t0 ))s"; tail -40 "$out/tune.log"
