@@ -3,7 +3,7 @@ import importlib.util
 import json
 import os
 
-from attnlab.sweep import engine_speed
+from benchmarks.engine import cost as engine_speed
 
 
 def _rec(backend, T, cell_s, timing_s, wait_s=0.0, check_s=0.1, mode="fwd"):

@@ -16,14 +16,16 @@ CUPTI kernel times (ms) with the fastest ``ok`` record: the goal is auto within 
 
 Every cell is checked against the references before it is timed (the sweep engine); records are
 written as they finish; ``--max-seconds`` (wall, for ``all``: the whole run, tune getting at most
-TUNE_SHARE of it) stops *starting* new cells. The logic lives in ``attnlab.sweep.auto_goal``.
+TUNE_SHARE of it) stops *starting* new cells. The logic lives in ``benchmarks/auto/held_out.py``.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from attnlab.sweep import auto_goal
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: benchmarks.auto
+from benchmarks.auto import held_out as auto_goal  # noqa: E402
 
 
 def main(argv=None):

@@ -3,14 +3,17 @@
     PYTHONPATH=src python3 benchmarks/engine/speed.py --out OUT [--quick] [--lab | --lab-only] [--max-seconds 480]
 
 Writes OUT/engine_speed.json and OUT/engine_speed.md (goals met / missed by how much, where the time went).
-The logic lives in attnlab.sweep.engine_speed.
+The logic lives in benchmarks/engine/cost.py.
 """
 import argparse
 import json
 import os
+import sys
+from pathlib import Path
 
 from attnlab.core import device
-from attnlab.sweep import engine_speed
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: benchmarks.engine
+from benchmarks.engine import cost as engine_speed  # noqa: E402
 
 
 def main(argv=None):

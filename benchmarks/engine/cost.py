@@ -20,12 +20,12 @@ import subprocess
 import sys
 import time
 
-from .. import backends
-from ..measure import Options
-from ..measure.cell import IDENTITY, IDENTITY_DEFAULTS, record_key
-from ..core.records import cost_summary
-from .engine import SweepInterrupted, run_sweep
-from .spec import Sweep
+from attnlab import backends
+from attnlab.measure import Options
+from attnlab.measure.cell import IDENTITY, IDENTITY_DEFAULTS, record_key
+from attnlab.core.records import cost_summary
+from attnlab.sweep.engine import SweepInterrupted, run_sweep
+from attnlab.sweep.spec import Sweep
 
 OVERHEAD_GOAL_S, FIRST_GOAL_S, SWEEP_GOAL_S = 0.3, 2.0, 600.0
 _JAX = ["xla", "cudnn", "te", "tokamax-mosaic", "tokamax-triton", "tokamax-xla", "pallas-triton"]
@@ -77,7 +77,7 @@ def measure(out: str, quick: bool = False, max_seconds: float = 480.0, options: 
             records += run_sweep(sweep, folder, resume=True, options=opts, on_cell=deadline)
         except SweepInterrupted:
             complete = False
-            from ..core.store import read_records
+            from attnlab.core.store import read_records
 
             records = read_records(os.path.join(folder, "results.jsonl"))
             break
@@ -131,7 +131,7 @@ def summary(records: list[dict], wall_s: float, complete: bool = True) -> dict:
 
 
 def _label(r: dict) -> str:
-    from ..core.records import config_label
+    from attnlab.core.records import config_label
 
     return config_label(r)
 
@@ -153,7 +153,7 @@ def _goal(name: str, measured: float | None, target: float) -> dict:
 def lab_goal_s(quick: bool) -> float:
     """Issue 22's goal for a cold lab run here: GPU 120 s (150 s with TransformerEngine), --quick 30 s;
     CPU 60 s, --quick 15 s."""
-    from ..core import device
+    from attnlab.core import device
 
     if device.current().platform != "gpu":
         return 15.0 if quick else 60.0

@@ -14,8 +14,8 @@ import json
 import os
 import time
 
-from ..core.problem import Problem
-from ..core.records import time_ms
+from attnlab.core.problem import Problem
+from attnlab.core.records import time_ms
 
 JAX_BACKENDS = ["cudnn", "tokamax-mosaic", "te", "tokamax-triton", "pallas-triton", "xla"]
 ALL_BACKENDS = JAX_BACKENDS + ["torch-cudnn", "torch-flash"]
@@ -60,7 +60,7 @@ HELDOUT = [
 
 def check_sets(tune=None, heldout=None) -> None:
     """Assert the held-out set is disjoint from the tuning set and lies in its buckets."""
-    from ..api import dispatch
+    from attnlab.api import dispatch
 
     tune, heldout = tune or TUNE, heldout or HELDOUT
     tuned = {(p, m) for p, m in tune}
@@ -77,7 +77,7 @@ class OutOfTime(Exception):
 
 def default_options():
     """The measuring options of the H200 run: 10 timed calls, 60 s compile budget, 5 pipelined calls."""
-    from ..measure import Options
+    from attnlab.measure import Options
 
     return Options(repeats=10, compile_budget_s=60, pipelined_calls=5)
 
@@ -85,8 +85,8 @@ def default_options():
 def _measure(shapes, backends, out_dir, deadline, options, after_shape=None, log=print):
     """Each (problem, mode) as a one-problem sweep into ``out_dir`` (resumed); stops starting cells at
     ``deadline`` (``time.monotonic()`` seconds)."""
-    from . import run_sweep
-    from .spec import Sweep
+    from attnlab.sweep import run_sweep
+    from attnlab.sweep.spec import Sweep
 
     def on_cell(c, r, i, n):
         if r is not None:
@@ -116,14 +116,14 @@ def _measure(shapes, backends, out_dir, deadline, options, after_shape=None, log
 
 
 def _read(path):
-    from ..core.store import read_records
+    from attnlab.core.store import read_records
 
     return read_records(path) if os.path.exists(path) else []
 
 
 def _usable(names):
     """The backends of ``names`` available here (the others said and skipped)."""
-    from .. import backends
+    from attnlab import backends
 
     out = []
     for name in names:
@@ -137,7 +137,7 @@ def _usable(names):
 
 def tune(out, deadline, shapes=TUNE, backends=JAX_BACKENDS, options=None):
     """(a) ``shapes`` with ``backends`` into OUT/tune/; OUT/dispatch.json rewritten after each shape."""
-    from .tune import write_table
+    from attnlab.sweep.tune import write_table
 
     d = os.path.join(out, "tune")
     table = os.path.join(out, "dispatch.json")
@@ -152,8 +152,8 @@ def tune(out, deadline, shapes=TUNE, backends=JAX_BACKENDS, options=None):
 
 def picks(shapes, table):
     """(problem, mode) -> {auto, auto_why, static, static_why}: auto with ``table``, and the static rule."""
-    from ..api import dot_product as api, dispatch
-    from ..core.spec import AttentionSpec
+    from attnlab.api import dot_product as api, dispatch
+    from attnlab.core.spec import AttentionSpec
 
     before = os.environ.get(dispatch.ENV_VAR)
     os.environ[dispatch.ENV_VAR] = os.path.abspath(table)
