@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 
 def main(path: str) -> str:
     from attnlab.lab.steps.te_fp8 import FP8_RECIPE_INPUTS, fp8_recipes_part
-    from attnlab.lab.core import Section
+    from attnlab.lab.step_types import Section
 
     recs = []
     for line in open(path):

@@ -50,7 +50,7 @@ COLOURS = {"ok": "green", "skipped": "yellow", "failed": "red"}
 def run(out_dir, label, quick, sections, resume, overwrite):
     """Run the codelab's steps and write a report."""
     from ..lab import quiet
-    from ..lab.record import held_results, resume_command
+    from ..lab.run_record import held_results, resume_command
 
     quiet.prepare_environment()   # before JAX loads XLA
     if resume and overwrite:
@@ -60,7 +60,7 @@ def run(out_dir, label, quick, sections, resume, overwrite):
         _fail(f"{out_dir} already holds {held} result(s) of an earlier run: give --resume to go on with it, "
               f"or --overwrite to erase them and start afresh")
     from ..lab import STEPS, run_lab
-    from ..lab.record import LabInterrupted
+    from ..lab.run_record import LabInterrupted
     from ..core.records import cost_summary
     from ..core.store import read_jsonl
 

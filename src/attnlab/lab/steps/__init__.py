@@ -8,7 +8,7 @@ listed once in ``ORDER`` below.
 from __future__ import annotations
 
 from . import causal, cudnn, decode, environment, gqa, jax_nn, naive, next_steps, qkv, sweeps, te_fp8, timing
-from ..core import Step
+from ..step_types import Step
 
 ORDER: list[Step] = [m.STEP for m in (environment, qkv, naive, jax_nn, cudnn, causal,
                                       timing, sweeps, gqa, te_fp8, next_steps, decode)]

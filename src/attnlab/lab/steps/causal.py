@@ -1,7 +1,7 @@
 """Step 6: the causal mask's effect: large at position 0 (sees itself only), none at the last position."""
 from __future__ import annotations
 
-from ..core import LabConfig, LabContext, Step, Table
+from ..step_types import LabConfig, LabContext, Step, Table
 from ..render_common import section_renderer
 from .qkv import qkv_inputs
 

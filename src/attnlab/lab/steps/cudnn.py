@@ -1,7 +1,7 @@
 """Step 5: forcing cuDNN's fused attention in bfloat16, checked against float64 beside XLA."""
 from __future__ import annotations
 
-from ..core import LabConfig, LabContext, Step, Table
+from ..step_types import LabConfig, LabContext, Step, Table
 from ..render_common import section_renderer
 from .qkv import qkv_inputs
 

@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ...core.records import time_ms  # noqa: E402
-from ..core import LabConfig, Section, Step, Table  # noqa: E402
+from ..step_types import LabConfig, Section, Step, Table  # noqa: E402
 from ..plots import log_ticks  # noqa: E402
 from ..render_common import cells  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Step 1: the environment (JAX, the device, cuDNN) and which backends run the lab's input here."""
 from __future__ import annotations
 
-from ..core import LabConfig, LabContext, Step, Table
+from ..step_types import LabConfig, LabContext, Step, Table
 from ..render_common import section_renderer
 from .qkv import qkv_inputs
 

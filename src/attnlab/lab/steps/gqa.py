@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import re
 
-from ...report import tables
-from ..core import LabConfig, LabContext, Step, Table
+from ...report import shared_rows
+from ..step_types import LabConfig, LabContext, Step, Table
 from ..plots import time_ms, timing
 from ..render_common import ITEMSIZE, cells, field_text, section_renderer, time_text
 
@@ -163,7 +163,7 @@ def render(s, p, records, cfg: LabConfig, plots_dir=None) -> None:
     s.tables.append(Table(f"Query heads N={N}; key/value heads K ({'causal' if causal else 'no mask'}, T=S={T}, {dt})",
                           ["variant", "backend", "query shape", "key/value shape", "rel L2 vs float64", "time",
                            "KV cache / token / layer"], rows, sources=recs))
-    s.tables.append(Table(tables.KV_TITLE, tables.KV_COLUMNS, tables.kv_cache_rows()))
+    s.tables.append(Table(shared_rows.KV_TITLE, shared_rows.KV_COLUMNS, shared_rows.kv_cache_rows()))
     s.paragraphs.append("GQA lets G = N/K query heads share one key/value head: same FLOPs as MHA, K/N of the "
                         "key/value memory and bandwidth. attnlab broadcasts key/value heads rather than copying them.")
     s.paragraphs.append(cells_note(c))

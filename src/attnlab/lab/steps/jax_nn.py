@@ -1,7 +1,7 @@
 """Step 4: jax.nn.dot_product_attention's default against naive, and which kernel its program calls."""
 from __future__ import annotations
 
-from ..core import LabConfig, LabContext, Step, Table
+from ..step_types import LabConfig, LabContext, Step, Table
 from ..render_common import section_renderer
 from .qkv import qkv_inputs
 

@@ -1,7 +1,7 @@
 """Step 3: attention written out (naive: QKᵀ, softmax, weighted values), checked against float64."""
 from __future__ import annotations
 
-from ..core import LabConfig, LabContext, Step, Table
+from ..step_types import LabConfig, LabContext, Step, Table
 from ..render_common import section_renderer
 from .qkv import qkv_inputs
 

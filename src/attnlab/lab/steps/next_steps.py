@@ -1,9 +1,9 @@
 """Step 11: next steps: cuDNN's verdict and XLA's time per head dim, compiled memory against T, speed-ups."""
 from __future__ import annotations
 
-from ...report import tables
+from ...report import shared_rows
 from .. import plots
-from ..core import LabConfig, LabContext, Section, Step, Table
+from ..step_types import LabConfig, LabContext, Section, Step, Table
 from ..plan import perf_backends
 from ..render_common import cells, fmt, section_renderer, speedup_text, time_text
 
@@ -23,7 +23,7 @@ def memory_backends(cfg: LabConfig) -> list[str]:
 
 
 def _cudnn_verdicts(cfg: LabConfig):
-    return tables.cudnn_head_dims(cfg.head_dims, batch=cfg.batch, seq=cfg.long_len, heads=cfg.heads)
+    return shared_rows.cudnn_head_dims(cfg.head_dims, batch=cfg.batch, seq=cfg.long_len, heads=cfg.heads)
 
 
 def sweeps(cfg: LabConfig) -> list:

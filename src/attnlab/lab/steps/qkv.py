@@ -1,7 +1,7 @@
 """Step 2: the queries, keys and values every probing step (1-6) runs on, and their statistics."""
 from __future__ import annotations
 
-from ..core import LabConfig, LabContext, Step, Table
+from ..step_types import LabConfig, LabContext, Step, Table
 from ..render_common import section_renderer
 
 TITLE = "2. Queries, keys and values"

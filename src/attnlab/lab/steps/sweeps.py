@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .. import plots
-from ..core import LabConfig, LabContext, Step
+from ..step_types import LabConfig, LabContext, Step
 from ..plan import perf_backends
 from ..render_common import cells, section_renderer, sweep_table, timer_note
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .. import plots
-from ..core import LabConfig, LabContext, Section, Step, Table
+from ..step_types import LabConfig, LabContext, Section, Step, Table
 from ..plan import perf_backends
 from ..plots import time_ms
 from ..render_common import cells, field_text, fmt, section_renderer, status_or, sweep_table, time_text

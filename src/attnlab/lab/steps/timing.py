@@ -3,7 +3,7 @@ times kernels), and what a blocked call's time holds."""
 from __future__ import annotations
 
 from .. import plots
-from ..core import LabConfig, Step, Table
+from ..step_types import LabConfig, Step, Table
 from ..plan import perf_backends
 from ..render_common import cells, field_text, section_renderer, spread, status_or, timer_note
 

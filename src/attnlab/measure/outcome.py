@@ -1,4 +1,4 @@
-"""A cell's record: how failures are classified, the metrics of a timed cell, the finishing touches.
+"""A cell's outcome: how failures are classified, the metrics of a timed cell, the finishing touches.
 
 ``Skip(status, reason)`` ends a cell early with a status of ``attnlab.core.records.STATUSES``;
 ``classify`` maps an exception raised while compiling or running to (status, reason);
