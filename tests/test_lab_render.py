@@ -13,7 +13,9 @@ import sys
 import pytest
 
 CANNED = os.path.join(os.path.dirname(__file__), "data", "lab_quick_cpu.jsonl")
-STEP_IDS = ["environment", "qkv", "naive", "jax_nn", "cudnn", "causal", "timing", "sweeps", "gqa", "te_fp8", "next", "decode"]
+from attnlab.lab.steps import MODULES, STEPS
+
+STEP_IDS = list(STEPS)   # the registry's order (attnlab.lab.steps.MODULES)
 
 RENDER_ALL = r"""
 import json, sys
@@ -87,9 +89,12 @@ def test_each_step_is_one_module_registered_once():
     from attnlab.lab.render import RENDERERS
 
     modules = [importlib.import_module(f"attnlab.lab.steps.{m.name}") for m in pkgutil.iter_modules(steps.__path__)]
-    registered = [m.STEP for m in modules if hasattr(m, "STEP")]
-    assert sorted(s.id for s in registered) == sorted(STEP_IDS) and list(STEPS) == STEP_IDS
-    assert all(STEPS[s.id] is s for s in registered) and list(RENDERERS) == STEP_IDS
+    registered = {m.__name__.rsplit(".", 1)[1]: m.STEP for m in modules if hasattr(m, "STEP")}
+    assert sorted(registered) == sorted(MODULES), "a step module missing from attnlab.lab.steps.MODULES (or listed twice)"
+    assert len(STEPS) == len(MODULES) and list(RENDERERS) == STEP_IDS
+    for number, name in enumerate(MODULES, start=1):   # numbers come from the registry's order, not the titles
+        assert STEPS[registered[name].id].title == f"{number}. {registered[name].title}", name
+        assert not registered[name].title[:1].isdigit(), f"{name}: a step's own title has no number"
     cfg = LabConfig.for_machine(True, False)
     for sid, step in STEPS.items():
         assert step.render([], cfg, None).title.startswith(step.title), sid

@@ -106,7 +106,7 @@ def kv_cache_table(model: dict | None = None) -> HtmlTable:
 
 
 def cudnn_head_dims(head_dims=(32, 64, 128, 256, 512), *, seq: int = 1024, heads: int = 8) -> HtmlTable:
-    """Which head dims cuDNN takes (bf16), as the report's step 11 says it: "accepts" only where
+    """Which head dims cuDNN takes (bf16), as the report's next-steps section says it: "accepts" only where
     cuDNN can run; without an NVIDIA GPU only its shape rule, and the title says why."""
     from . import shared_rows
 

@@ -1,4 +1,4 @@
-"""Step 9: MHA, GQA and MQA at the same FLOPs: the cells, XLA's compiled programs, and the section.
+"""The GQA step: MHA, GQA and MQA at the same FLOPs: the cells, XLA's compiled programs, and the section.
 
 GQA does MHA's FLOPs, so a GQA time that differs from MHA's contradicts the step's first sentence
 unless it is explained. The explanation is measured: the probe reads XLA's compiled program at
@@ -16,7 +16,7 @@ from ..step_types import LabConfig, LabContext, Step, Table
 from ..plots import time_ms, timing
 from ..render_common import ITEMSIZE, cells, field_text, section_renderer, time_text
 
-TITLE = "9. MHA, GQA and MQA"
+TITLE = "MHA, GQA and MQA"
 
 
 def gqa_shape(cfg: LabConfig) -> dict:
@@ -140,7 +140,7 @@ def explanation(recs: list[dict], p: dict | None, backend: str = "xla") -> str |
                  "G = N/K query heads that share a key/value head into one larger matmul, so the variants differ in "
                  "matmul shape and in the layout copies around them, not in work; a CPU's speed depends on both. "
                  "GQA's saving is bandwidth and cache memory (the table below): it shows where reading K and V "
-                 "dominates, in decoding (step 12) and in a GPU's fused kernels.")
+                 "dominates, in decoding (the decode step) and in a GPU's fused kernels.")
     return text
 
 
