@@ -3,6 +3,7 @@ unless they are the same concept in parallel packages."""
 from __future__ import annotations
 
 import importlib.util
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -27,3 +28,13 @@ def test_no_two_source_files_share_a_name_unless_parallel():
                     if p.name not in ("__init__.py", "__main__.py") and "__pycache__" not in p.parts)
     repeated = {n for n, c in names.items() if c > 1}
     assert repeated <= PARALLEL, f"file names repeated across packages (rename by what they hold): {sorted(repeated - PARALLEL)}"
+
+
+def test_every_benchmark_is_listed_and_named_by_what_it_measures():
+    """benchmarks/README.md's table names every script (an old name beside it); no name carries an issue number."""
+    bench = ROOT / "benchmarks"
+    files = sorted(p.relative_to(bench).as_posix() for p in bench.rglob("*") if p.suffix in (".py", ".sh")
+                   and p.name != "__init__.py" and "__pycache__" not in p.parts)
+    readme = (bench / "README.md").read_text(encoding="utf-8")
+    assert [f for f in files if f"`{f}`" not in readme] == [], "add these to benchmarks/README.md's table"
+    assert [f for f in files if re.search(r"issue|[a-z]\d\d", f)] == [], "name a benchmark by what it measures"
