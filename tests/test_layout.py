@@ -15,7 +15,8 @@ _spec.loader.exec_module(layout)
 #: Names allowed in several packages: one concept at several layers (a backend and its lab step, a library
 #: call and its kernel, a command and what it runs). ``spec.py``: core's AttentionSpec and sweep's Sweep, until
 #: the call's types are one Problem (issue 33, item 1).
-PARALLEL = {"cudnn.py", "decode.py", "env.py", "inputs.py", "models.py", "naive.py", "run.py", "spec.py", "tune.py"}
+PARALLEL = {"cudnn.py", "decode.py", "env.py", "inputs.py", "models.py", "naive.py", "run.py", "serving.py", "spec.py",
+            "tune.py"}
 
 
 def test_layout_md_generated_section_is_the_codes():

@@ -12,6 +12,9 @@ Public API::
     attnlab.decode_attention(q, k_cache, v_cache, kv_lengths)  # T new tokens against a KV cache
     attnlab.reference_decode_attention(...)  # its NumPy float64 truth
     attnlab.check_decode_close(out, q, ...)  # its verdict (check_close's decode twin)
+    attnlab.serving_attention(q, k_cache, v_cache, q_starts, kv_lengths)  # a serving step: ragged, mixed
+    attnlab.serving_plan(q_starts, kv_lengths, ...)  # its kernel's plan, once per step, reused by layers
+    attnlab.reference_serving_attention(...)  # its NumPy float64 truth
     attnlab.sharded_attention(q, k, v, mesh=..., strategy=...)  # batch / heads / ring over a Mesh
 
 Every public name loads its submodule on first use (``sharded_attention`` and ``make_mesh``:
@@ -26,8 +29,8 @@ __all__ = [
     "attention", "explain", "select", "Explanation", "Backend", "register", "hlo_uses_cudnn",
     "UnsupportedError", "OutputMismatchError", "reference_attention", "reference_attention_grads", "check_close", "rel_l2",
     "AttentionSpec", "Problem", "Workload", "__version__",
-    "decode_attention", "explain_decode", "reference_decode_attention", "check_decode_close", "sharded_attention",
-    "make_mesh",
+    "decode_attention", "explain_decode", "reference_decode_attention", "check_decode_close",
+    "serving_attention", "explain_serving", "serving_plan", "reference_serving_attention", "sharded_attention", "make_mesh",
 ]
 
 #: Public names served lazily from submodules: name -> module (relative to attnlab).
@@ -39,6 +42,8 @@ _LAZY = {
     **dict.fromkeys(("UnsupportedError", "OutputMismatchError"), ".core.errors"),
     **dict.fromkeys(("check_close", "reference_attention", "reference_attention_grads", "rel_l2"), ".reference.float64"),
     **dict.fromkeys(("reference_decode_attention", "check_decode_close"), ".reference.decode64"),
+    **dict.fromkeys(("serving_attention", "explain_serving", "serving_plan"), ".api.serving"),
+    "reference_serving_attention": ".reference.serving64",
     "AttentionSpec": ".core.spec",
     "Workload": ".core.workload",
     "Problem": ".core.problem",

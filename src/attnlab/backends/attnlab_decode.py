@@ -119,6 +119,43 @@ class AttnlabDecodeBackend(Backend):
                     f"(T={spec.q_len}, S={spec.kv_len})")
         return self.why_not(spec)
 
+    def supports_serving(self, spec) -> str | None:
+        """Why ``serving_attention`` cannot run ``spec`` (an ``attnlab.api.serving.ServingSpec``) on the
+        serving kernel (``kernels.serving``), or None."""
+        p = spec.problem
+        if p.dtype not in kd.DTYPES:
+            return f"dtype {p.dtype} not supported (float16, bfloat16 or float32)"
+        if p.head_dim not in kd.HEAD_DIMS:
+            return f"head dim {p.head_dim} not supported (one of {', '.join(map(str, kd.HEAD_DIMS))})"
+        if not spec.scale_is_static:
+            return "scale is traced: the kernel compiles the scale in (pass a Python float)"
+        ps = spec.page_size
+        if ps is not None and ps & (ps - 1):
+            return f"page size {ps} is not a power of two (the kernel loads whole pages or power-of-two parts)"
+        return None
+
+    def auto_serving_reason(self, spec) -> str | None:
+        """None when ``serving_attention(implementation=None)`` should run the serving kernel."""
+        if self.interpret:
+            return "interpret mode (no GPU): correct but slow"
+        return self.available() or self.supports_serving(spec)
+
+    def run_serving(self, call):
+        """Run an ``attnlab.api.serving.ServingCall`` on the serving kernel (its plan, or one made here)."""
+        from ..kernels.serving import serving_attention_pallas
+        from ..kernels.serving_plan import make_serving_plan
+
+        why = self.supports_serving(call.spec)
+        if why:
+            raise UnsupportedError(self.name, why)
+        p = call.spec.problem
+        plan = call.plan or make_serving_plan(call.q_starts, call.kv_lengths, total_tokens=p.q_len,
+                                              kv_len_max=p.kv_len, heads=p.heads, kv_heads=p.kv_heads,
+                                              head_dim=p.head_dim, dtype=p.dtype)
+        return serving_attention_pallas(call.q, call.k_cache, call.v_cache, call.q_starts, call.kv_lengths,
+                                        plan=plan, scale=float(call.scale), page_table=call.page_table,
+                                        soft_cap=call.spec.soft_cap, interpret=self.interpret)
+
     def version(self) -> str | None:
         import jax
 

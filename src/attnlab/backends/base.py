@@ -185,6 +185,19 @@ class Backend:
         through the page table; only backends with ``paged = True`` implement it."""
         raise UnsupportedError(self.name, "no paged KV cache path of its own")
 
+    def supports_serving(self, spec) -> str | None:
+        """Why ``serving_attention`` cannot run ``spec`` (an ``attnlab.api.serving.ServingSpec``) here, or None.
+        Default: no serving path (ragged packed queries against a cache are not an ``attention`` call)."""
+        return "no serving path (ragged packed queries against a KV cache); serving_attention runs on xla or attnlab-decode"
+
+    def auto_serving_reason(self, spec) -> str | None:
+        """``serving_attention``'s auto hook: None when its auto should run this backend for ``spec``."""
+        return "not serving_attention's auto choice"
+
+    def run_serving(self, call):
+        """Run an ``attnlab.api.serving.ServingCall``; returns (T_total, N, H) in q's dtype."""
+        raise UnsupportedError(self.name, self.supports_serving(call.spec) or "no serving path")
+
     def version(self) -> str | None:
         """Version of the library behind this backend, if any (the declared ``library``'s distribution)."""
         if self.library is None or self.library[0].split(".")[0] == "jax":

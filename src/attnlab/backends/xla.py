@@ -60,6 +60,16 @@ class XlaBackend(Backend):
                     "(rel err ~1e-7, not float64's 1e-10); naive computes in float64")
         return residual_reason(spec)
 
+    def supports_serving(self, spec) -> str | None:
+        return None     # the masked jax.numpy path (``backends.masked_serving``), any platform
+
+    def run_serving(self, call):
+        from .masked_serving import masked_serving
+
+        k, v = call.contiguous()
+        return masked_serving(call.q, k, v, call.q_starts, call.kv_lengths, scale=call.scale,
+                              soft_cap=call.spec.soft_cap)
+
     def run(self, p: Prepared):
         p = segments_as_mask(p)
         extra = {"return_residual": True} if p.spec.return_residual else {}

@@ -1,0 +1,38 @@
+"""The serving benchmark's checks: float64 truth of the last <= 8 tokens of a batch's longest and shortest
+request, judged by the decode tolerance policy (``reference.decode64``)."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def references(q, k, v, starts, kv, table):
+    """float64 truth of the last <= 8 tokens of the longest and the shortest request, with the decode
+    tolerance policy's limit for each (computed once per cell, shared by every path)."""
+    import jax.numpy as jnp
+
+    from attnlab.kernels.pages import gather_pages
+    from attnlab.reference.decode64 import decode_tolerance, reference_decode_attention
+    from attnlab.reference.tolerance import rel_l2
+
+    res = []
+    for b in sorted({int(np.argmax(kv)), int(np.argmin(kv))}):
+        hi = int(starts[b + 1])
+        t = min(8, hi - int(starts[b]))
+        n = int(kv[b])
+        if table is None:
+            kb, vb = k[b:b + 1, :n], v[b:b + 1, :n]
+        else:
+            kb, vb = (gather_pages(x, table[b:b + 1], jnp.asarray(kv[b:b + 1]))[:, :n] for x in (k, v))
+        qb, kb, vb = np.asarray(q[hi - t:hi])[None], np.asarray(kb), np.asarray(vb)
+        ref = reference_decode_attention(qb, kb, vb, [n])
+        emu = reference_decode_attention(qb, kb, vb, [n], emulate=q.dtype)
+        limit, _ = decode_tolerance(q.dtype, baseline_err=rel_l2(emu, ref))
+        res.append((b, slice(hi - t, hi), ref, limit))
+    return res
+
+
+def check(out, refs):
+    from attnlab.reference.tolerance import rel_l2
+
+    return [dict(request=b, rel_err=(e := rel_l2(np.asarray(out[sl])[None], ref)), limit=limit, ok=bool(e <= limit))
+            for b, sl, ref, limit in refs]

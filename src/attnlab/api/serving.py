@@ -1,0 +1,223 @@
+"""``serving_attention``: one serving step's attention: ragged requests, prefill chunks and decodes in one call.
+
+Shapes (the letters used throughout)::
+
+    q           (T_total, N, H)   the new tokens of all B requests packed token by token: request b's
+                                  q_len[b] = q_starts[b+1] - q_starts[b] >= 1 tokens start at row
+                                  q_starts[b]; rows at >= q_starts[B] are padding of the fixed token
+                                  budget T_total (their output rows are 0)
+    q_starts    (B+1,) int32      cumulative starts, q_starts[0] = 0
+    kv_lengths  (B,) int32        request b's cached tokens *including* its new ones:
+                                  q_len[b] <= kv_lengths[b] <= S_max
+    k_cache     (B, S_max, K, H)  contiguous; or pages (num_pages, page_size, K, H) with
+    v_cache                       page_table (B, pages_per_request) int32, S_max = pages_per_request
+                                  x page_size (vLLM's layout, ``attnlab.kernels.pages``)
+
+N query heads share K KV heads (G = N / K, query head n reads KV head n // G); H is the head dim.
+Query i of request b sits at position ``kv_lengths[b] - q_len[b] + i`` and attends the keys at
+positions <= its own (causal, bottom-right aligned per request): a decode request (q_len 1..8) sees
+its whole cache, a prefill chunk sees the cache before it and its own tokens causally.
+``decode_attention`` is the uniform special case (every q_len equal to T, q as (B, T, N, H)).
+
+Paths (``implementation``): ``"attnlab-decode"``: attnlab's serving kernel (``kernels.serving``, Pallas
+Triton: a balanced plan of (request, query tile, KV chunk) pieces, ``kernels.serving_plan``); ``"xla"``:
+masked attention in jax.numpy (``backends.masked_serving``, any platform); every other backend refuses
+with its reason (``explain_serving``). None / ``"auto"``: the kernel on an NVIDIA GPU, else xla.
+
+``plan``: a ``ServingPlan`` from ``serving_plan(q_starts, kv_lengths, ...)`` computed once per step
+(inside jit from traced lengths, or on the host) and passed to every layer's call.
+
+Checks happen before JAX sees the arrays; errors name the argument and the rule (``core.checks``).
+Under ``jax.jit`` with traced ``q_starts``/``kv_lengths`` the value checks are skipped; lengths out of
+their rules then give implementation-defined rows (the kernel clamps and never reads out of bounds).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from .. import backends
+from ..core.checks import (_is_tracer, _shape, call_problem, check_kv_shapes, check_scale, check_soft_cap,
+                           common_float_dtype, length_values)
+from ..core.errors import UnsupportedError
+from ..core.problem import Problem
+
+ARGUMENT_NAMES = {"batch": "kv_lengths size B", "q_len": "q tokens T_total", "kv_len": "k_cache length S_max",
+                  "heads": "q heads N", "kv_heads": "k_cache heads K", "head_dim": "q head dim H"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingSpec:
+    """Static description of a serving call: ``problem`` = Problem(B, T_total, S_max, N, K, H, dtype,
+    causal=True) (q_len is the token budget T_total), the page size, soft cap and whether the scale is static."""
+
+    problem: Problem
+    page_size: int | None = None
+    soft_cap: float | None = None
+    scale_is_static: bool = True
+
+
+@dataclasses.dataclass
+class ServingCall:
+    q: Any
+    k_cache: Any
+    v_cache: Any
+    q_starts: Any        # (B+1,) int32
+    kv_lengths: Any      # (B,) int32
+    scale: Any           # effective scale: float, or a tracer
+    spec: ServingSpec
+    page_table: Any = None
+    plan: Any = None
+
+    def contiguous(self):
+        """(k, v) as contiguous (B, S_max, K, H) caches (the pages gathered through the table)."""
+        if self.page_table is None:
+            return self.k_cache, self.v_cache
+        from ..kernels.pages import gather_pages
+
+        return (gather_pages(self.k_cache, self.page_table, self.kv_lengths),
+                gather_pages(self.v_cache, self.page_table, self.kv_lengths))
+
+
+def _check_values(starts, lengths, T_total: int, S: int):
+    B = lengths.size
+    if starts[0] != 0:
+        raise ValueError(f"q_starts[0]={int(starts[0])} must be 0")
+    for b in range(B):
+        n = int(starts[b + 1] - starts[b])
+        if n < 1:
+            raise ValueError(f"q_starts must increase: request {b} has q_starts[{b + 1}] - q_starts[{b}] = {n} < 1 tokens")
+        if not n <= lengths[b] <= S:
+            raise ValueError(f"kv_lengths[{b}]={int(lengths[b])} must lie in [q_len, S_max]=[{n}, {S}] "
+                             f"(it counts request {b}'s {n} new tokens)")
+    if starts[B] > T_total:
+        raise ValueError(f"q_starts[B]={int(starts[B])} must be <= q's token count T_total={T_total}")
+
+
+def prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=None, scale=None,
+                    logits_soft_cap=None, plan=None) -> ServingCall:
+    """Check every argument of a serving call (module docstring) and describe it."""
+    qs, ks, vs = _shape("q", q), _shape("k_cache", k_cache), _shape("v_cache", v_cache)
+    if len(qs) != 3:
+        raise ValueError(f"q must have rank 3 (T_total, N, H), got shape {qs}")
+    if not hasattr(kv_lengths, "shape"):
+        kv_lengths = np.asarray(kv_lengths)
+    if not hasattr(q_starts, "shape"):
+        q_starts = np.asarray(q_starts)
+    if len(_shape("kv_lengths", kv_lengths)) != 1:
+        raise ValueError(f"kv_lengths must have shape (B,), got {tuple(kv_lengths.shape)}")
+    B = int(kv_lengths.shape[0])
+    page_size = None
+    if page_table is not None:
+        from ..kernels.pages import validate_paged
+
+        page_size, s_max = validate_paged(k_cache, v_cache, page_table, kv_lengths, batch=B, q_len=1)
+        ks = vs = (B, s_max, ks[2], ks[3])
+    if len(ks) != 4:
+        raise ValueError(f"k_cache must have rank 4 (B, S_max, K, H), got shape {ks}")
+    T_total, N, H = qs
+    check_kv_shapes(("q", "k_cache", "v_cache"), (B, T_total, N, H), ks, vs)
+    dtype = common_float_dtype({"q": q, "k_cache": k_cache, "v_cache": v_cache})
+    S, K = ks[1:3]
+    problem = call_problem(ARGUMENT_NAMES, (B, T_total, S, N, K, H), dtype, True)
+    starts = length_values("q_starts", q_starts, B + 1)
+    lengths = length_values("kv_lengths", kv_lengths, B)
+    if starts is not None and lengths is not None:
+        _check_values(starts.astype(np.int64), lengths.astype(np.int64), T_total, S)
+    scale = check_scale(scale)
+    static = not _is_tracer(scale)
+    spec = ServingSpec(problem, page_size=page_size, soft_cap=check_soft_cap(logits_soft_cap), scale_is_static=static)
+    if plan is not None:
+        _check_plan(plan, (T_total, B, N, K, H))
+    import jax.numpy as jnp
+
+    table = None if page_table is None else jnp.asarray(page_table).astype(jnp.int32)
+    return ServingCall(q, k_cache, v_cache, jnp.asarray(q_starts).astype(jnp.int32),
+                       jnp.asarray(kv_lengths).astype(jnp.int32), 1.0 / math.sqrt(H) if scale is None else scale,
+                       spec, table, plan)
+
+
+def _check_plan(plan, sizes):
+    from ..kernels.serving_plan import ServingPlan
+
+    if not isinstance(plan, ServingPlan):
+        raise TypeError(f"plan must be an attnlab ServingPlan (attnlab.serving_plan(...)), got {type(plan).__name__}")
+    if tuple(plan.sizes) != tuple(sizes):
+        raise ValueError(f"plan was made for (T_total, B, N, K, H)={tuple(plan.sizes)}, this call is {tuple(sizes)}")
+
+
+def serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: int, heads: int, kv_heads: int,
+                 head_dim: int, dtype="bfloat16", config=None):
+    """The serving kernel's plan for one step (``kernels.serving_plan.make_serving_plan``): call it once
+    (inside jit with traced lengths, or on the host) and pass it as ``plan=`` to every layer."""
+    from ..kernels.serving_plan import make_serving_plan
+
+    return make_serving_plan(q_starts, kv_lengths, total_tokens=total_tokens, kv_len_max=kv_len_max, heads=heads,
+                             kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, config=config)
+
+
+def select_serving(spec: ServingSpec, implementation=None):
+    """The backend that runs this call: auto's choice, or the named one (UnsupportedError with its reason)."""
+    if implementation is not None and not isinstance(implementation, str):
+        raise TypeError(f"implementation must be None or a str, got {type(implementation).__name__}")
+    if implementation in (None, "auto"):
+        every = backends.all_backends()
+        for b in every:      # a kernel that claims the call, else the first portable path that runs it
+            if not b.portable and b.auto_serving_reason(spec) is None:
+                return b
+        for b in every:
+            if b.portable and (b.available() or b.supports_serving(spec)) is None:
+                return b
+        raise UnsupportedError("auto", "no registered backend runs this serving call")
+    b = backends.get(implementation)
+    why = b.available() or b.supports_serving(spec)
+    if why:
+        raise UnsupportedError(b.name, why)
+    return b
+
+
+def serving_attention(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=None, scale=None,
+                      logits_soft_cap=None, implementation=None, plan=None):
+    """Attention of one serving step (module docstring for the shapes and the rule).
+
+    Args:
+      q: (T_total, N, H) float16/bfloat16/float32, the requests' new tokens packed, padding at the end.
+      k_cache, v_cache: (B, S_max, K, H), or pages (num_pages, page_size, K, H) with ``page_table``.
+      q_starts: (B+1,) int, q_starts[0] = 0, q_len[b] = q_starts[b+1] - q_starts[b] >= 1.
+      kv_lengths: (B,) int, q_len[b] <= kv_lengths[b] <= S_max (the new tokens included).
+      page_table: (B, pages_per_request) int32 for a paged cache.
+      scale: logits scale, default 1 / sqrt(H). logits_soft_cap: None or c > 0: c * tanh(logits / c).
+      implementation: None/"auto", "attnlab-decode" (the serving kernel), "xla", or any backend (refuses).
+      plan: a ``ServingPlan`` (``attnlab.serving_plan``) for the kernel, computed once per step.
+
+    Returns:
+      (T_total, N, H) in q's dtype; padding rows 0.
+    """
+    call = prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, page_table=page_table, scale=scale,
+                           logits_soft_cap=logits_soft_cap, plan=plan)
+    return select_serving(call.spec, implementation).run_serving(call)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingExplanation:
+    chosen: str
+    reasons: dict[str, str | None]
+    spec: ServingSpec
+
+    def __str__(self) -> str:
+        from .dot_product import reason_lines
+
+        return "\n".join([f"auto runs: {self.chosen}", *reason_lines(self.reasons)])
+
+
+def explain_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=None, scale=None,
+                    logits_soft_cap=None) -> ServingExplanation:
+    """Which path ``serving_attention(implementation=None)`` runs, and why not each other one."""
+    call = prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, page_table=page_table, scale=scale,
+                           logits_soft_cap=logits_soft_cap)
+    chosen = select_serving(call.spec).name
+    reasons = {b.name: b.available() or b.supports_serving(call.spec) for b in backends.all_backends()}
+    return ServingExplanation(chosen, reasons, call.spec)

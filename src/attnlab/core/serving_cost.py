@@ -1,0 +1,55 @@
+"""The cost of a serving call (``attnlab.serving_attention``): FLOPs, bytes and the H200 roofline.
+
+A serving call packs the new tokens of B requests: request b has q_len[b] = q_starts[b+1] - q_starts[b]
+new tokens that attend causally to its kv_len[b] cached tokens (counting the new ones). Query i of
+request b sits at position kv_len[b] - q_len[b] + i and sees the kv_len[b] - q_len[b] + i + 1 keys
+at positions <= its own, so request b has
+
+    pairs[b] = q_len[b] * (kv_len[b] - q_len[b]) + q_len[b] * (q_len[b] + 1) / 2
+
+(query, key) pairs per query head. FLOPs = 4 * N * H * sum_b pairs[b] (QK^T and PV, 2 each), exactly
+the valid work. Bytes = the valid K and V rows read once per KV head, 2 * sum_b kv_len[b] * K * H * itemsize,
+plus q read and the output written for the valid tokens, 2 * sum_b q_len[b] * N * H * itemsize.
+Padding tokens (past q_starts[B]) and cache slots past kv_len[b] cost nothing: a roofline of the
+valid work, whatever shape the arrays are padded to.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+#: The H200's HBM bandwidth (bytes/s) and dense bf16/fp16 tensor-core peak (FLOP/s).
+H200_BANDWIDTH = 4.8e12
+H200_PEAK_FLOPS = 989e12
+
+
+def request_lengths(q_starts, kv_lengths) -> tuple[np.ndarray, np.ndarray]:
+    """(q_len, kv_len) as int64 NumPy arrays from concrete ``q_starts`` (B+1,) and ``kv_lengths`` (B,)."""
+    starts = np.asarray(q_starts).astype(np.int64)
+    kv = np.asarray(kv_lengths).astype(np.int64)
+    if starts.ndim != 1 or kv.shape != (starts.size - 1,):
+        raise ValueError(f"q_starts must be (B+1,) and kv_lengths (B,), got {starts.shape} and {kv.shape}")
+    return np.diff(starts), kv
+
+
+def causal_pairs(q_starts, kv_lengths) -> int:
+    """sum_b of request b's visible (query, key) pairs per query head (see the module docstring)."""
+    q, kv = request_lengths(q_starts, kv_lengths)
+    return int(np.sum(q * (kv - q) + q * (q + 1) // 2))
+
+
+def serving_flops(q_starts, kv_lengths, heads: int, head_dim: int) -> float:
+    """FLOPs of the valid work: 4 * N * H * causal_pairs."""
+    return 4.0 * heads * head_dim * causal_pairs(q_starts, kv_lengths)
+
+
+def serving_bytes(q_starts, kv_lengths, heads: int, kv_heads: int, head_dim: int, itemsize: int) -> float:
+    """Bytes of the valid work: K and V of the valid cache rows once per KV head, q and out of the valid tokens."""
+    q, kv = request_lengths(q_starts, kv_lengths)
+    return float(2 * kv.sum() * kv_heads * head_dim * itemsize + 2 * q.sum() * heads * head_dim * itemsize)
+
+
+def serving_roofline_s(q_starts, kv_lengths, heads: int, kv_heads: int, head_dim: int, itemsize: int = 2, *,
+                       bandwidth: float = H200_BANDWIDTH, peak_flops: float = H200_PEAK_FLOPS) -> float:
+    """max(bytes / bandwidth, FLOPs / peak) in seconds (H200 defaults): the fastest the call can run."""
+    return max(serving_bytes(q_starts, kv_lengths, heads, kv_heads, head_dim, itemsize) / bandwidth,
+               serving_flops(q_starts, kv_lengths, heads, head_dim) / peak_flops)

@@ -1,0 +1,271 @@
+"""attnlab's serving kernel in Pallas (Triton lowering): ragged requests, mixed prefill and decode, one plan.
+
+Semantics: ``attnlab.serving_attention`` (q (T_total, N, H) packed token by token, q_starts (B+1,),
+kv_lengths (B,) counting the new tokens; query i of request b at position kv_len - q_len + i sees the
+keys at positions <= its own; padding tokens give 0).
+
+Layout and grid
+    The rows of request b for KV head h are its tokens x G query heads, row r = t*G + g (GQA packing,
+    as ``kernels.decode``): row r reads q[q_start + r // G, h*G + r % G] straight from q viewed as
+    (T_total * N, H) (a row gather, no transpose). The plan (``kernels.serving_plan``) gives each tile
+    class a list of pieces and each program a run of them; grid = (programs, K). Program (p, h) walks
+    its pieces: for each, an online softmax (exp2, float32 scores, running max and sum) streams the
+    piece's KV blocks of its request (causal mask by position, keys past kv_len never loaded) and
+    writes the unnormalised partial O (float32), m and l to the piece's slot. Every program of a class
+    does the same number of KV blocks (stream-K). K/V rows of request b are rows b*S + pos of the
+    contiguous cache viewed as (B*S, K, H), or go through the page table (the flattened table seen as
+    one long sequence, ``paged_load.load_kv_block``).
+Merge (a second Pallas kernel, grid = (units, K))
+    Program (u, h) combines unit u's pieces (consecutive in the list) by log-sum-exp, O = sum 2^(m_i - M)
+    O_i / sum 2^(m_i - M) l_i, and stores its rows in q's dtype at their (token, head) places of the
+    output (a row scatter). The output starts as zeros (aliased through each class's merge), so the
+    padding tokens' rows stay 0. A step costs one zero fill plus two launches per tile class.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+from .decode import LOG2E, NEG
+from .decode_plan import compiled_stages
+from .serving_plan import FIELDS, UNIT_FIELDS, ServingPlan
+
+NF, NU = len(FIELDS), len(UNIT_FIELDS)
+
+
+def _row_index(q_start, row_off, row, h, groups: int, heads: int):
+    """Flat (token * N + head) index of rows ``row_off + row`` of a request starting at token q_start, KV head h."""
+    from jax import lax
+
+    r = row_off + row
+    return (q_start + lax.div(r, groups)) * heads + h * groups + lax.rem(r, groups)
+
+
+def _kernel(starts_ref, pieces_ref, *refs, **static):
+    from jax.experimental import pallas as pl
+
+    table_ref, (q_ref, k_ref, v_ref, o_ref, m_ref, l_ref) = (refs[0], refs[1:]) if static["page_size"] else (None, refs)
+    run_pieces(pl.program_id(0), pl.program_id(1), starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref,
+               o_ref, m_ref, l_ref, **static)
+
+
+def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, groups: int,
+               heads: int, kv_len: int, block_r: int, block_k: int, qk_scale: float, page_size: int | None,
+               soft_cap: float | None, split_mask: bool):
+    """Program p of KV head h: its run of pieces, each piece's partial (O, m, l) to its slot (module docstring)."""
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+
+    from .paged_load import load_kv_block
+
+    H = q_ref.shape[-1]
+    row = lax.iota(jnp.int32, block_r)
+    dims = lax.iota(jnp.int32, H)
+    cols = lax.iota(jnp.int32, block_k)
+    aligned = kv_len % block_k == 0
+
+    def piece(j, carry):
+        b, q_start, row_off, n_rows, q_pos0, length, first, count = (pieces_ref[j * NF + f] for f in range(NF))
+        row_ok = row < n_rows
+        rmask = jnp.broadcast_to(row_ok[:, None], (block_r, H))
+        idx = jnp.where(row_ok, _row_index(q_start, row_off, row, h, groups, heads), 0)
+        q = plgpu.load(q_ref.at[idx[:, None], dims[None, :]], mask=rmask, other=0)
+        q_pos = q_pos0 + lax.div(row_off + row, groups)
+        base = b * kv_len
+
+        def body(i, c, masked=True):
+            acc, m, l = c
+            start = (first + i) * block_k
+            pos = start + cols
+            kv_ok = pos < length if masked else jnp.ones((block_k,), jnp.bool_)
+            at = base + start
+            load = functools.partial(load_kv_block, start=pl.multiple_of(at, block_k) if aligned else at,
+                                     kv_ok=kv_ok, length=length, block_k=block_k, page_size=page_size,
+                                     table_ref=table_ref)
+            s = plgpu.dot(q, load(k_ref), trans_b=True) * qk_scale
+            if soft_cap is not None:
+                s = soft_cap * jnp.tanh(s / soft_cap)
+            if masked:
+                s = jnp.where(kv_ok[None, :] & (pos[None, :] <= q_pos[:, None]), s, NEG)
+            m_new = jnp.maximum(m, jnp.max(s, axis=1))
+            # rows that have seen no key subtract 0 (2^(NEG - 0) = 0); an unmasked block's max is a real score
+            m_use = jnp.where(m_new == NEG, 0.0, m_new) if masked else m_new
+            alpha = jnp.exp2(m - m_use)
+            pr = jnp.exp2(s - m_use[:, None])
+            l = l * alpha + jnp.sum(pr, axis=1)
+            v = load(v_ref)
+            acc = acc * alpha[:, None] + plgpu.dot(pr.astype(v.dtype), v)
+            return acc, m_new, l
+
+        init = (jnp.zeros((block_r, H), jnp.float32), jnp.full((block_r,), NEG, jnp.float32),
+                jnp.zeros((block_r,), jnp.float32))
+        if split_mask:
+            # blocks every row of the tile sees whole (below its first row's position and the length) run
+            # without the mask's compares and selects: most of a prefill tile's blocks
+            whole = jnp.minimum(q_pos0 + lax.div(row_off, groups) + 1, length) // block_k
+            n_whole = jnp.clip(whole - first, 0, count)
+            init = lax.fori_loop(0, n_whole, functools.partial(body, masked=False), init)
+            acc, m, l = lax.fori_loop(n_whole, count, body, init)
+        else:
+            acc, m, l = lax.fori_loop(0, count, body, init)
+        slot = j * block_r
+        plgpu.store(o_ref.at[pl.ds(slot, block_r), :], acc)
+        plgpu.store(m_ref.at[pl.ds(slot, block_r)], m)
+        plgpu.store(l_ref.at[pl.ds(slot, block_r)], l)
+        return carry
+
+    lax.fori_loop(starts_ref[p], starts_ref[p + 1], piece, 0)
+
+
+def _merge_kernel(units_ref, o_ref, m_ref, l_ref, _, out_ref, *, groups: int, heads: int, block_r: int, spare: int):
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+
+    u, h = pl.program_id(0), pl.program_id(1)
+    H = o_ref.shape[-1]
+    q_start, row_off, n_rows, first, end = (units_ref[u * NU + f] for f in range(NU))
+    row = lax.iota(jnp.int32, block_r)
+    dims = lax.iota(jnp.int32, H)
+
+    def body(j, c):
+        acc, top, den = c
+        at = j * block_r
+        mj = plgpu.load(m_ref.at[pl.ds(at, block_r)])
+        new = jnp.maximum(top, mj)
+        a, w = jnp.exp2(top - new), jnp.exp2(mj - new)     # finite NEG: a piece that saw no key weighs 0
+        acc = acc * a[:, None] + w[:, None] * plgpu.load(o_ref.at[pl.ds(at, block_r), :])
+        return acc, new, den * a + w * plgpu.load(l_ref.at[pl.ds(at, block_r)])
+
+    init = (jnp.zeros((block_r, H), jnp.float32), jnp.full((block_r,), NEG, jnp.float32),
+            jnp.zeros((block_r,), jnp.float32))
+    acc, _, den = lax.fori_loop(first, end, body, init)
+    ok = row < n_rows
+    # masked rows point at the spare row: never stored on the GPU; interpret mode stores a masked row's
+    # old value back, which must not land on a row this store writes
+    idx = jnp.where(ok, _row_index(q_start, row_off, row, h, groups, heads), spare)
+    out = acc / jnp.where(den == 0, 1.0, den)[:, None]
+    plgpu.store(out_ref.at[idx[:, None], dims[None, :]], out.astype(out_ref.dtype),
+                mask=jnp.broadcast_to(ok[:, None], (block_r, H)))
+
+
+def class_static(cp, *, G, N, S, qk_scale, page_size, soft_cap) -> dict:
+    """The compiled-in parameters of one class's piece loop (``run_pieces``)."""
+    return dict(groups=G, heads=N, kv_len=S, block_r=cp.block_r, block_k=cp.block_k, qk_scale=qk_scale,
+                page_size=page_size, soft_cap=soft_cap, split_mask=not cp.decode)
+
+
+def partial_shapes(cp, K: int, H: int):
+    """The float32 partials (O, m, l) of one class: a (block_r, H) / (block_r,) slot per piece, per KV head."""
+    import jax
+    import jax.numpy as jnp
+
+    slots = int(cp.pieces.shape[0]) * cp.block_r
+    return [jax.ShapeDtypeStruct((K, slots, H), jnp.float32), jax.ShapeDtypeStruct((K, slots), jnp.float32),
+            jax.ShapeDtypeStruct((K, slots), jnp.float32)]
+
+
+def kernel_name(cp, page_size, merge: bool = False) -> str:
+    kind = "decode" if cp.decode else "prefill"     # kernel names, as CUPTI reports them
+    if merge:
+        return f"attnlab_serving_{kind}_merge_r{cp.block_r}"
+    return f"attnlab_serving_{kind}_r{cp.block_r}_k{cp.block_k}" + (f"_p{page_size}" if page_size else "")
+
+
+def _pieces_call(cp, q_flat, k, v, table, *, K, H, static, interpret):
+    """One tile class's piece kernel: grid (programs, K); returns its partials."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+
+    n_pieces = int(cp.pieces.shape[0])
+    full = lambda shape: pl.BlockSpec(shape, lambda p, h: (0,) * len(shape))   # noqa: E731
+    kv_spec = pl.BlockSpec((int(k.shape[0]), None, H), lambda p, h: (0, h, 0))
+    tables = [] if table is None else [table]
+    slots = n_pieces * cp.block_r
+    return pl.pallas_call(
+        functools.partial(_kernel, **static),
+        grid=(cp.programs, K),
+        in_specs=[full((cp.programs + 1,)), full((n_pieces * NF,)), *[full(tuple(t.shape)) for t in tables],
+                  full(tuple(q_flat.shape)), kv_spec, kv_spec],
+        out_specs=[pl.BlockSpec((None, slots, H), lambda p, h: (h, 0, 0)), pl.BlockSpec((None, slots), lambda p, h: (h, 0)),
+                   pl.BlockSpec((None, slots), lambda p, h: (h, 0))],
+        out_shape=partial_shapes(cp, K, H),
+        compiler_params=plgpu.CompilerParams(
+            num_warps=cp.num_warps, num_stages=compiled_stages(cp.num_stages, 0 if table is None else 1)),
+        interpret=interpret,
+        name=kernel_name(cp, static["page_size"]),
+    )(cp.starts, cp.pieces.reshape(-1), *tables, q_flat, k, v)
+
+
+def merge_call(cp, partials, out, *, K, G, N, H, interpret):
+    """One class's merge kernel (grid (units, K)) into ``out`` (T_total * N [+ 1], H), aliased."""
+    import jax
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+
+    br, n_units = cp.block_r, int(cp.units.shape[0])
+    slots = int(cp.pieces.shape[0]) * br
+    full = lambda shape: pl.BlockSpec(shape, lambda u, h: (0,) * len(shape))   # noqa: E731
+    per_head = [pl.BlockSpec((None, slots, H), lambda u, h: (h, 0, 0)), pl.BlockSpec((None, slots), lambda u, h: (h, 0)),
+                pl.BlockSpec((None, slots), lambda u, h: (h, 0))]
+    return pl.pallas_call(
+        functools.partial(_merge_kernel, groups=G, heads=N, block_r=br, spare=int(out.shape[0]) - (1 if interpret else 0)),
+        grid=(n_units, K),
+        in_specs=[full((n_units * NU,)), *per_head, full(tuple(out.shape))],
+        out_specs=full(tuple(out.shape)),
+        out_shape=jax.ShapeDtypeStruct(out.shape, out.dtype),
+        input_output_aliases={4: 0},
+        compiler_params=plgpu.CompilerParams(num_warps=8 if br * H > 8192 else 4, num_stages=1),
+        interpret=interpret,
+        name=kernel_name(cp, None, merge=True),
+    )(cp.units.reshape(-1), *partials, out)
+
+
+def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan, scale: float | None = None,
+                             page_table=None, soft_cap: float | None = None, interpret: bool | None = None):
+    """The kernel on already validated inputs (see ``attnlab.serving_attention`` for the checks).
+
+    q (T_total, N, H); k, v (B, S, K, H) or pages (P, page_size, K, H) with ``page_table`` (B, pages);
+    ``plan`` from ``serving_plan.make_serving_plan`` for these sizes (it carries the lengths:
+    ``q_starts`` and ``kv_lengths`` are not read again). ``scale`` and ``soft_cap`` are compiled in.
+    Returns (T_total, N, H) in q's dtype."""
+    import jax
+    import jax.numpy as jnp
+
+    del q_starts, kv_lengths
+    T_total, N, H = (int(d) for d in q.shape)
+    if page_table is None:
+        B, S, K, _ = (int(d) for d in k.shape)
+        page_size = None
+        k, v = (x.reshape(B * S, K, H) for x in (k, v))
+        table = None
+    else:
+        n_pages, page_size, K, _ = (int(d) for d in k.shape)
+        S = int(page_table.shape[1]) * page_size
+        k, v = (x.reshape(n_pages * page_size, K, H) for x in (k, v))
+        table = jnp.asarray(page_table).astype(jnp.int32).reshape(-1)
+    G = N // K
+    scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
+    if interpret is None:
+        interpret = jax.default_backend() != "gpu"
+    # padding tokens' rows stay 0; interpret mode needs a spare row past the end (``_merge_kernel``)
+    out = jnp.zeros((T_total * N + (1 if interpret else 0), H), q.dtype)
+    q_flat = q.reshape(T_total * N, H)
+    statics = [class_static(cp, G=G, N=N, S=S, qk_scale=scale * LOG2E, page_size=page_size,
+                            soft_cap=None if soft_cap is None else float(soft_cap) * LOG2E) for cp in plan.classes]
+    if plan.fused and len(plan.classes) == 2:
+        from .serving_fused import fused_pieces_call
+
+        partials = fused_pieces_call(plan.classes, statics, q_flat, k, v, table, K=K, H=H, interpret=interpret)
+    else:
+        from .serving_flat import flat_pieces_call
+
+        partials = [(flat_pieces_call if cp.flat else _pieces_call)(cp, q_flat, k, v, table, K=K, H=H, static=st,
+                                                                    interpret=interpret)
+                    for cp, st in zip(plan.classes, statics)]
+    for cp, parts in zip(plan.classes, partials):
+        out = merge_call(cp, parts, out, K=K, G=G, N=N, H=H, interpret=interpret)
+    return out[:T_total * N].reshape(T_total, N, H) if interpret else out.reshape(T_total, N, H)

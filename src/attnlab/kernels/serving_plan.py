@@ -1,0 +1,251 @@
+"""The serving kernel's plan: a serving call's lengths -> balanced, fixed-size work lists (stream-K).
+
+Units, blocks, pieces
+    The rows of request b for one KV head are its q_len[b] tokens x G query heads, row r = t*G + g
+    (GQA packing, as ``kernels.decode``). They are cut into query tiles of ``block_r`` rows; a
+    *unit* is (request, query tile). A unit needs the KV blocks (``block_k`` keys each) up to the
+    position of its last token (causal): ``(kv_len - q_len + t_last) // block_k + 1`` blocks.
+    Laid end to end, the units' blocks form one sequence of ``total`` blocks (the same for every KV
+    head). ``programs`` programs per KV head each take an equal run of ``chunk = ceil(total /
+    programs)`` blocks of it (LeanAttention's stream-K), so every program does the same work, a long
+    request is spread over many programs and a short one sits inside one. Where a program's run
+    crosses a unit boundary it is cut: a *piece* is (unit, first block, block count), at most
+    ``units + programs`` of them. Each piece writes a partial (O, m, l); the kernel's merge combines
+    a row's partials by log-sum-exp.
+
+Tile classes
+    Requests with q_len <= ``decode_max_q`` form the decode class (tiles of ``block_r_decode`` rows,
+    16..64: bandwidth-bound), the others the prefill class (``block_r_prefill`` = 128 rows at
+    H <= 128: compute-bound); each class is its own launch with its own balanced list. A class that
+    cannot occur (``max_q_len``, a static bound) is not launched.
+
+Static sizes, traced values
+    Every array has a length fixed by the shapes (T_total, B) and the config, so the plan is computed
+    with ``jax.numpy`` inside ``jit`` from traced lengths (no-op pieces past the end: count 0) and
+    with NumPy on the host from concrete ones: one function body (``_pieces(xp, ...)``) for both.
+    ``ServingPlan`` is a pytree (arrays are leaves, sizes static): compute it once per step and pass
+    it to every layer's ``serving_attention(..., plan=plan)``.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .decode_plan import cdiv, default_block_k, next_pow2
+from .decode_resources import programs_per_sm, sm_count
+
+#: Fields of one piece, in the order of a row of ``ClassPlan.pieces``.
+FIELDS = ("request", "q_start", "row_offset", "rows", "q_pos0", "kv_len", "first_block", "blocks")
+#: Fields of one unit, in the order of a row of ``ClassPlan.units`` (its pieces: first_piece .. end_piece-1).
+UNIT_FIELDS = ("q_start", "row_offset", "rows", "first_piece", "end_piece")
+DECODE_MAX_Q = 16
+MIN_CHUNK = 2        # blocks: a program's run is never shorter (tiny batches: fewer, longer programs)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingConfig:
+    """Tuning parameters; None means the default for the shape (module docstring)."""
+
+    block_k: int | None = None               # both classes, unless block_k_prefill is given
+    block_k_prefill: int | None = None
+    block_r_decode: int | None = None
+    block_r_prefill: int | None = None
+    decode_max_q: int = DECODE_MAX_Q
+    #: q_len the decode tile is sized for (rows = G x this); None: the longest decode request when
+    #: the lengths are concrete, else ``max_q_len`` (capped at ``decode_max_q``), else 1
+    decode_q_len: int | None = None
+    #: a static upper bound on every q_len (the caller's promise, e.g. the speculative depth);
+    #: with max_q_len <= decode_max_q no prefill launch is made
+    max_q_len: int | None = None
+    programs: int | None = None      # per KV head and class; None: SMs x programs per SM / K
+    num_warps: int | None = None
+    num_stages: int | None = None
+    #: the prefill class's own (None: as above)
+    num_warps_prefill: int | None = None
+    num_stages_prefill: int | None = None
+    #: the decode class's programs walk their blocks in one loop across pieces (``kernels.serving_flat``):
+    #: the K/V pipeline does not restart at each piece; opt-in until measured
+    flat: bool = False
+    #: both classes in one launch (``kernels.serving_fused``): 4 warps, 64-row prefill tiles, one
+    #: program per SM and class; opt-in until measured
+    fused: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassPlan:
+    """One tile class's work list: ``pieces`` (num_pieces, 8) int32 (``FIELDS``), ``starts``
+    (programs + 1,) int32: program p runs pieces starts[p] .. starts[p+1]-1 (flat: blocks), and ``units``
+    (num_units, 5) int32 (``UNIT_FIELDS``): the merge combines each unit's pieces."""
+
+    pieces: object
+    starts: object
+    units: object
+    #: flat (``kernels.serving_flat``): (max blocks, 3) int32, block g of the class's sequence: its K/V row
+    #: (b * S_max + position, paged: the same virtual row), its piece, flags (1: its piece's first block,
+    #: 2: its last); None otherwise
+    blocks: object
+    block_r: int = dataclasses.field(metadata=dict(static=True))
+    block_k: int = dataclasses.field(metadata=dict(static=True))
+    programs: int = dataclasses.field(metadata=dict(static=True))
+    num_warps: int = dataclasses.field(metadata=dict(static=True))
+    num_stages: int = dataclasses.field(metadata=dict(static=True))
+    decode: bool = dataclasses.field(metadata=dict(static=True))
+    flat: bool = dataclasses.field(default=False, metadata=dict(static=True))
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingPlan:
+    """The plan of one step: its tile classes and the sizes it was made for (checked on reuse)."""
+
+    classes: tuple
+    sizes: tuple = dataclasses.field(metadata=dict(static=True))    # (T_total, B, N, K, H)
+    fused: bool = dataclasses.field(default=False, metadata=dict(static=True))
+
+
+def _register():
+    import jax
+
+    for cls, data in ((ClassPlan, ["pieces", "starts", "units", "blocks"]), (ServingPlan, ["classes"])):
+        meta = [f.name for f in dataclasses.fields(cls) if f.name not in data]
+        jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=meta)
+
+
+try:
+    _register()
+except ImportError:  # pragma: no cover - jax is a dependency
+    pass
+
+
+def _searchsorted(xp, a, v, side, method="compare_all"):
+    if xp is np:
+        return np.searchsorted(a, v, side=side).astype(np.int32)
+    return xp.searchsorted(a, v, side=side, method=method).astype(xp.int32)
+
+
+def _pieces(xp, q_starts, kv_lengths, *, in_class, groups: int, block_r: int, block_k: int, kv_len_max: int,
+            num_units: int, programs: int, flat: bool = False):
+    """(pieces (num_units + programs, 8), starts (programs + 1,), units (num_units, 5)) of one class;
+    ``xp`` numpy or jax.numpy.
+
+    ``in_class`` (B,) bool: the requests of this class. Lengths are clamped into the shapes' bounds
+    (under jit they are unchecked), so no piece ever addresses past the arrays."""
+    i32 = xp.int32
+    starts = xp.asarray(q_starts).astype(i32)
+    q_len = xp.maximum(starts[1:] - starts[:-1], 0)
+    kv = xp.clip(xp.asarray(kv_lengths).astype(i32), 0, kv_len_max)
+    rows = q_len * groups
+    tiles = xp.where(in_class, (rows + block_r - 1) // block_r, 0)
+    tile_end = xp.cumsum(tiles).astype(i32)                          # units of requests <= b
+    u = xp.arange(num_units, dtype=i32)
+    b = xp.minimum(_searchsorted(xp, tile_end, u, "right"), q_len.shape[0] - 1)
+    row_off = (u - (tile_end[b] - tiles[b])) * block_r
+    unit_ok = u < tile_end[-1]
+    q_pos0 = kv[b] - q_len[b]
+    t_last = (xp.minimum(row_off + block_r, rows[b]) - 1) // groups
+    nb = xp.where(unit_ok, xp.clip((q_pos0 + t_last) // block_k + 1, 0, cdiv(kv_len_max, block_k)), 0).astype(i32)
+    unit_end = xp.cumsum(nb).astype(i32)
+    total = unit_end[-1]
+    chunk = xp.maximum((total + programs - 1) // programs, MIN_CHUNK)
+    prog_start = xp.minimum(xp.arange(programs, dtype=i32) * chunk, total)
+    bounds = xp.sort(xp.concatenate([unit_end - nb, prog_start]))    # every piece starts at one
+    bounds = xp.minimum(bounds, total)
+    ends = xp.concatenate([bounds[1:], total[None]])
+    pu = xp.minimum(_searchsorted(xp, unit_end, bounds, "right"), num_units - 1)
+    pb = b[pu]
+    blocks = ends - bounds
+    unit_rows = xp.where(unit_ok, xp.minimum(rows[b] - row_off, block_r), 0)
+    fields = (pb, starts[pb], row_off[pu], unit_rows[pu], q_pos0[pu], kv[pb], bounds - (unit_end[pu] - nb[pu]), blocks)
+    pieces = xp.stack([xp.asarray(f).astype(i32) for f in fields], axis=1)
+    prog_first = _searchsorted(xp, bounds, xp.concatenate([prog_start, total[None] + 1]), "left")
+    # a unit's pieces: those starting in [its first block, its end). Flat: an empty piece can start at its
+    # first block too (where a program's run starts with the unit) and is never written, so from the last
+    # piece starting there
+    first_piece = (xp.maximum(_searchsorted(xp, bounds, unit_end - nb, "right") - 1, 0) if flat
+                   else _searchsorted(xp, bounds, unit_end - nb, "left"))
+    unit_fields = (starts[b], row_off, unit_rows, first_piece, _searchsorted(xp, bounds, unit_end, "left"))
+    units = xp.stack([xp.asarray(f).astype(i32) for f in unit_fields], axis=1)
+    return pieces, prog_first.astype(i32), units
+
+
+def flat_blocks(xp, pieces, starts, *, kv_len_max: int, block_k: int, max_blocks: int):
+    """(runs (programs + 1,), blocks (max_blocks, 3)) for the flat loop: program p walks the class's blocks
+    runs[p] .. runs[p+1]-1; block g reads K/V row blocks[g, 0], belongs to piece blocks[g, 1] and is its
+    first (flag 1) and/or last (flag 2) block."""
+    i32 = xp.int32
+    first, b, count = pieces[:, 6], pieces[:, 0], pieces[:, 7]
+    start = (xp.cumsum(count) - count).astype(i32)      # pieces tile the block sequence in order
+    total = xp.sum(count).astype(i32)
+    n = pieces.shape[0]
+    runs = xp.where(starts < n, start[xp.minimum(starts, n - 1)], total).astype(i32)
+    g = xp.arange(max_blocks, dtype=i32)
+    big = n * max_blocks > 4_000_000
+    j = xp.clip(_searchsorted(xp, start, g, "right", "sort" if big else "compare_all") - 1, 0, n - 1)
+    row = b[j] * kv_len_max + (first[j] + g - start[j]) * block_k
+    flags = (g == start[j]).astype(i32) + 2 * (g == start[j] + count[j] - 1).astype(i32)
+    return runs, xp.stack([xp.where(g < total, row, 0), j, flags], axis=1).astype(i32)
+
+
+def num_units(total_tokens: int, batch: int, groups: int, block_r: int, max_q: int) -> int:
+    """A static bound on a class's units: sum_b ceil(q_len[b] G / block_r) over requests of q_len <= max_q."""
+    return max(1, min(cdiv(total_tokens * groups, block_r) + batch, batch * cdiv(max_q * groups, block_r)))
+
+
+def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: int, heads: int, kv_heads: int,
+                      head_dim: int, dtype="bfloat16", config: ServingConfig | None = None,
+                      sms: int | None = None) -> ServingPlan:
+    """The plan of a serving call (module docstring): jax.numpy when a length array is traced, else NumPy.
+
+    ``total_tokens`` T_total (q's first dimension), ``kv_len_max`` S_max."""
+    import jax
+
+    cfg = config or ServingConfig()
+    traced = any(isinstance(x, jax.core.Tracer) for x in (q_starts, kv_lengths))
+    xp = jax.numpy if traced else np
+    B = int(np.shape(kv_lengths)[0])
+    G = heads // kv_heads
+    cap_k = max(16, next_pow2(kv_len_max))
+    max_q = max(1, min(cfg.max_q_len or total_tokens, total_tokens))
+    q_len = None if traced else np.diff(np.asarray(q_starts).astype(np.int64))
+    if q_len is not None:
+        max_q = max(1, min(max_q, int(q_len.max(initial=1))))
+    dec_q = cfg.decode_q_len or (int(q_len[q_len <= cfg.decode_max_q].max(initial=1)) if q_len is not None
+                                 else min(cfg.max_q_len or 1, cfg.decode_max_q))
+    itemsize = np.dtype(dtype).itemsize
+    classes = []
+    for decode in (True, False):
+        if decode and max_q < 1 or not decode and max_q <= cfg.decode_max_q:
+            continue
+        block_k = min(cap_k, (None if decode else cfg.block_k_prefill) or cfg.block_k or default_block_k(head_dim))
+        fused = cfg.fused and max_q > cfg.decode_max_q
+        if decode:
+            br = cfg.block_r_decode or min(64, next_pow2(max(16, G * dec_q)))
+        else:
+            br = cfg.block_r_prefill or (64 if fused or head_dim > 128 else 128)
+        warps = (None if decode or fused else cfg.num_warps_prefill) or cfg.num_warps or (
+            4 if fused else 8 if br * (head_dim + block_k) > 12288 else 4)
+        stages = (None if decode else cfg.num_stages_prefill) or cfg.num_stages or 3
+        # at most 2 resident programs per SM: every program must be resident at once (stream-K gives each
+        # the same work, so a second wave would double the time); ptxas gave the paged r16 tile 204
+        # registers (2 per SM) where the estimate says 3 (benchmarks/serving_ttir_cpu.py)
+        occ = min(2, programs_per_sm(br, block_k, head_dim, warps, stages, itemsize))
+        programs = cfg.programs or max(1, (sms or sm_count()) * (1 if fused else occ) // kv_heads)
+        top = min(max_q, cfg.decode_max_q) if decode else max_q
+        units = num_units(total_tokens, B, G, br, top)
+        if xp is np:
+            q_len_x = np.diff(np.asarray(q_starts).astype(np.int32))
+        else:
+            q_len_x = jax.numpy.diff(jax.numpy.asarray(q_starts).astype(jax.numpy.int32))
+        in_class = (q_len_x <= cfg.decode_max_q) if decode else (q_len_x > cfg.decode_max_q)
+        flat = bool(cfg.flat and decode and not fused)
+        pieces, starts, unit_list = _pieces(xp, q_starts, kv_lengths, in_class=in_class, groups=G, block_r=br,
+                                            block_k=block_k, kv_len_max=kv_len_max, num_units=units, programs=programs,
+                                            flat=flat)
+        blocks = None
+        if flat:
+            starts, blocks = flat_blocks(xp, pieces, starts, kv_len_max=kv_len_max, block_k=block_k,
+                                         max_blocks=units * cdiv(kv_len_max, block_k))
+        classes.append(ClassPlan(pieces, starts, unit_list, blocks, block_r=br, block_k=block_k, programs=programs,
+                                 num_warps=warps, num_stages=stages, decode=decode, flat=flat))
+    return ServingPlan(tuple(classes), sizes=(total_tokens, B, heads, kv_heads, head_dim),
+                       fused=bool(cfg.fused and len(classes) == 2))

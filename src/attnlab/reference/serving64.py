@@ -1,0 +1,52 @@
+"""The truth for a serving call (``attnlab.serving_attention``): NumPy float64, request by request.
+
+q (T_total, N, H) packs the new tokens of B requests; q_starts (B+1,) their cumulative starts;
+kv_lengths (B,) each request's cached tokens *including* its new ones; caches (B, S_max, K, H)
+(a paged cache is judged through its gathered twin, ``attnlab.kernels.pages.gather_pages``).
+Query i of request b sits at position kv_lengths[b] - q_len[b] + i and sees the keys at positions
+<= its own. Tokens at >= q_starts[B] are padding: their output rows are 0.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..core.checks import check_soft_cap
+
+
+def reference_serving_attention(q, k_cache, v_cache, q_starts, kv_lengths, *, scale=None, logits_soft_cap=None,
+                                requests=None) -> np.ndarray:
+    """Float64 (T_total, N, H) output of a serving call (see the module docstring).
+
+    ``requests``: the request indices to compute (default all); the rows of the others stay 0, so
+    a check of a long batch can sample its longest and shortest requests only."""
+    q = np.asarray(q).astype(np.float64)
+    k, v = (np.asarray(x).astype(np.float64) for x in (k_cache, v_cache))
+    starts = np.asarray(q_starts).astype(np.int64)
+    lengths = np.asarray(kv_lengths).astype(np.int64)
+    T_total, N, H = q.shape
+    B, S, K, _ = k.shape
+    if starts.shape != (B + 1,) or lengths.shape != (B,):
+        raise ValueError(f"q_starts must be (B+1,)=({B + 1},) and kv_lengths (B,)=({B},), "
+                         f"got {starts.shape} and {lengths.shape}")
+    G = N // K
+    sc = 1.0 / math.sqrt(H) if scale is None else float(scale)
+    cap = check_soft_cap(logits_soft_cap)
+    out = np.zeros((T_total, N, H))
+    for b in range(B) if requests is None else requests:
+        lo, hi, n = int(starts[b]), int(starts[b + 1]), int(lengths[b])
+        t = hi - lo
+        if t <= 0:
+            continue
+        qb = q[lo:hi].reshape(t, K, G, H)
+        logits = np.einsum("tkgh,skh->kgts", qb, k[b, :n]) * sc
+        if cap is not None:
+            logits = cap * np.tanh(logits / cap)
+        pos = n - t + np.arange(t)
+        vis = np.arange(n)[None, :] <= pos[:, None]                      # (t, n)
+        logits = np.where(vis, logits, -np.inf)
+        w = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        w = w / w.sum(axis=-1, keepdims=True)
+        out[lo:hi] = np.einsum("kgts,skh->tkgh", w, v[b, :n]).reshape(t, N, H)
+    return out

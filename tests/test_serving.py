@@ -1,0 +1,194 @@
+"""serving_attention: the cost model, the float64 reference, the masked xla path, the plan and the kernel
+(Pallas interpret mode), checks and explain. Kernel shapes stay tiny: interpret mode compiles slowly."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attnlab
+from attnlab.core.errors import UnsupportedError
+from attnlab.core.serving_cost import causal_pairs, serving_bytes, serving_flops, serving_roofline_s
+from attnlab.kernels import serving_plan as sp
+from attnlab.kernels.pages import to_pages
+from attnlab.reference.decode64 import reference_decode_attention
+from attnlab.reference.serving64 import reference_serving_attention
+from attnlab.reference.tolerance import rel_l2, tolerance
+
+# (q_len per request, kv_len per request): ragged decodes, mixed prefill + decode, one token everywhere
+CASES = {
+    "ragged-decode": ([1, 1, 1, 1], [37, 1, 64, 9]),
+    "mixed": ([1, 12, 3, 1, 20], [7, 40, 3, 64, 33]),
+    "speculative": ([4, 4, 4], [4, 50, 17]),
+    "one-long": ([1, 1, 1, 1], [160, 5, 9, 2]),       # the long one: 10 blocks of 16 over 5 programs
+}
+S = 160
+
+
+def batch(case, N, K, H=16, pad=3, dtype=np.float32, seed=0):
+    q_len, kv = (np.array(x, np.int32) for x in CASES[case])
+    rng = np.random.default_rng(seed)
+    starts = np.concatenate([[0], np.cumsum(q_len)]).astype(np.int32)
+    T = int(starts[-1]) + pad
+    q = rng.standard_normal((T, N, H)).astype(dtype)
+    k, v = (rng.standard_normal((len(kv), S, K, H)).astype(dtype) for _ in range(2))
+    return q, k, v, starts, kv
+
+
+def assert_close(out, ref, q):
+    limit, rule = tolerance(np.dtype(q.dtype))
+    err = rel_l2(np.asarray(out, np.float64), ref)
+    assert err <= limit, f"rel L2 {err:.2e} > {limit:.2e} ({rule})"
+    pad = np.asarray(out)[int(np.flatnonzero(np.abs(ref).sum(axis=(1, 2)))[-1]) + 1:]
+    assert not np.any(pad), "padding tokens must give 0"
+
+
+# ---------------------------------------------------------------- cost model and reference
+
+def test_cost_counts_exactly_the_visible_pairs():
+    q_len, kv = np.array([1, 5, 3]), np.array([9, 5, 30])
+    starts = np.concatenate([[0], np.cumsum(q_len)])
+    brute = sum(int(np.sum(np.arange(n)[None, :] <= (n - t + np.arange(t))[:, None])) for t, n in zip(q_len, kv))
+    assert causal_pairs(starts, kv) == brute
+    assert serving_flops(starts, kv, heads=8, head_dim=16) == 4 * 8 * 16 * brute
+    assert serving_bytes(starts, kv, 8, 2, 16, 2) == 2 * 44 * 2 * 16 * 2 + 2 * 9 * 8 * 16 * 2
+    # B=32 decodes at 32k, G=4, H=128: bandwidth-bound, 32 x 32768 x 8 heads x 2 x 256 B / 4.8 TB/s
+    big = serving_roofline_s(np.arange(33), np.full(32, 32768), 32, 8, 128)
+    assert big == pytest.approx(serving_bytes(np.arange(33), np.full(32, 32768), 32, 8, 128, 2) / 4.8e12)
+
+
+def test_reference_is_decode_reference_for_uniform_requests():
+    q, k, v, starts, kv = batch("speculative", 8, 2, pad=0)
+    got = reference_serving_attention(q, k, v, starts, kv, logits_soft_cap=2.0)
+    want = reference_decode_attention(q.reshape(3, 4, 8, 16), k, v, kv, logits_soft_cap=2.0)
+    np.testing.assert_allclose(got, want.reshape(12, 8, 16), rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------- the masked xla path
+
+@pytest.mark.parametrize("case,heads,paged", [("ragged-decode", (4, 4), False), ("mixed", (8, 2), True),
+                                               ("speculative", (14, 2), False)],
+                         ids=["ragged-G1-contig", "mixed-G4-paged", "spec-G7-contig"])
+def test_xla_path_matches_float64_under_jit(case, heads, paged):
+    N, K = heads
+    q, k, v, starts, kv = batch(case, N, K)
+    cap = 2.5 if case == "mixed" else None
+    ref = reference_serving_attention(q, k, v, starts, kv, logits_soft_cap=cap)
+    table = None
+    if paged:
+        k, v, table = to_pages(k, v, 16)
+    f = jax.jit(functools.partial(attnlab.serving_attention, implementation="xla", logits_soft_cap=cap))
+    out = f(q, k, v, jnp.asarray(starts), jnp.asarray(kv), page_table=table)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert_close(out, ref, q)
+
+
+# ---------------------------------------------------------------- the plan
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_plan_covers_every_needed_block_once_and_balances(case):
+    q, k, v, starts, kv = batch(case, 8, 2)
+    kw = dict(total_tokens=q.shape[0], kv_len_max=S, heads=8, kv_heads=2, head_dim=16,
+              config=sp.ServingConfig(block_k=16, decode_max_q=4, programs=3))
+    host = sp.make_serving_plan(starts, kv, **kw)
+    # the same body under jit from traced lengths (one compile: the mixed case; the others on the host twice)
+    traced = (jax.jit(lambda a, b: sp.make_serving_plan(a, b, **kw))(jnp.asarray(starts), jnp.asarray(kv))
+              if case == "mixed" else sp.make_serving_plan(starts, kv, **kw))
+    G, q_len = 4, np.diff(starts)
+    for cp, tp in zip(host.classes, traced.classes):
+        assert cp.block_r == tp.block_r
+        pieces, dev = np.asarray(cp.pieces), np.asarray(tp.pieces)
+        live = pieces[pieces[:, 7] > 0]
+        np.testing.assert_array_equal(live, dev[dev[:, 7] > 0])          # NumPy and jnp agree
+        seen = {}
+        for b, _, row_off, _, _, _, first, count in live.tolist():
+            seen.setdefault((b, row_off), []).extend(range(first, first + count))
+        in_class = (q_len <= 4) if cp.decode else (q_len > 4)
+        want = {}
+        for b in np.flatnonzero(in_class):
+            for r0 in range(0, q_len[b] * G, cp.block_r):
+                t_last = (min(r0 + cp.block_r, q_len[b] * G) - 1) // G
+                want[(b, r0)] = list(range((kv[b] - q_len[b] + t_last) // 16 + 1))
+        assert {key: sorted(x) for key, x in seen.items()} == want
+        st = np.asarray(cp.starts)
+        per_program = [int(pieces[st[p]:st[p + 1], 7].sum()) for p in range(cp.programs)]
+        chunk = max(-(-sum(per_program) // cp.programs), sp.MIN_CHUNK)
+        assert sum(per_program) == int(live[:, 7].sum())                  # every piece in one program's run
+        assert max(per_program) <= chunk                                   # no program longer than the chunk
+
+
+# ---------------------------------------------------------------- the kernel, Pallas interpret mode
+
+@pytest.mark.parametrize("case,heads,paged,fused,flat", [
+    ("mixed", (14, 2), True, False, False), ("one-long", (8, 2), False, False, False),
+    ("mixed", (8, 2), False, True, False), ("mixed", (8, 2), True, False, True)],
+    ids=["mixed-G7-paged", "one-long-G4-contig", "mixed-G4-contig-fused", "mixed-G4-paged-flat"])
+def test_kernel_matches_float64_under_jit(case, heads, paged, fused, flat):
+    N, K = heads
+    q, k, v, starts, kv = batch(case, N, K)
+    ref = reference_serving_attention(q, k, v, starts, kv, logits_soft_cap=2.5)
+    table = None
+    if paged:
+        k, v, table = to_pages(k, v, 8)       # block_k 16 > page 8: the per-key gather
+    cfg = sp.ServingConfig(block_k=16, decode_max_q=4, programs=7 if case == "one-long" else 3,
+                           max_q_len=1 if case == "one-long" else None, fused=fused, flat=flat)
+
+    def step(q, k, v, a, b, t):
+        plan = attnlab.serving_plan(a, b, total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K,
+                                    head_dim=16, dtype="float32", config=cfg)
+        return attnlab.serving_attention(q, k, v, a, b, page_table=t, logits_soft_cap=2.5,
+                                         implementation="attnlab-decode", plan=plan)
+
+    out = jax.jit(step)(q, k, v, jnp.asarray(starts), jnp.asarray(kv), table)
+    assert_close(out, ref, q)
+    # the plan made as the step makes it: one class for decodes only, two (one launch when fused) for a mixed batch
+    plan = attnlab.serving_plan(starts, kv, total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K, head_dim=16,
+                                config=cfg)
+    assert (len(plan.classes), plan.fused) == ((1, False) if case == "one-long" else (2, fused))
+    if case == "one-long":      # the long request's unit merges 5 pieces (an empty one may sit among them)
+        first, end = np.asarray(plan.classes[0].units)[0, 3:5]
+        assert int(np.sum(np.asarray(plan.classes[0].pieces)[first:end, 7] > 0)) == 5
+
+
+# ---------------------------------------------------------------- checks, explain, refusals
+
+def _call(**over):
+    q, k, v, starts, kv = batch("mixed", 8, 2)
+    args = dict(q=q, k_cache=k, v_cache=v, q_starts=starts, kv_lengths=kv)
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over,err,words", [
+    (dict(q=np.zeros((4, 8), np.float32)), ValueError, "q must have rank 3"),
+    (dict(q_starts=np.array([0, 1, 13, 16, 17], np.int32)), ValueError, "q_starts must have shape (B,)=(6,)"),
+    (dict(q_starts=np.array([1, 2, 14, 17, 18, 38], np.int32)), ValueError, "q_starts[0]=1 must be 0"),
+    (dict(q_starts=np.array([0, 1, 1, 17, 18, 38], np.int32)), ValueError, "request 1 has"),
+    (dict(kv_lengths=np.array([7, 11, 3, 64, 33], np.int32)), ValueError, "kv_lengths[1]=11 must lie in [q_len, S_max]=[12, 160]"),
+    (dict(kv_lengths=np.array([7, 40, 3, 161, 33], np.int32)), ValueError, "kv_lengths[3]=161"),
+    (dict(q_starts=np.array([0, 1, 13, 16, 17, 60], np.int32), kv_lengths=np.array([7, 40, 3, 64, 60], np.int32)),
+     ValueError, "q_starts[B]=60 must be <= q's token count T_total=40"),
+    (dict(kv_lengths=np.array([7., 40, 3, 64, 33])), TypeError, "kv_lengths must be an integer array"),
+    (dict(q=np.zeros((40, 7, 16), np.float32)), ValueError, "q heads N=7 must be a multiple of k_cache heads K=2"),
+    (dict(q=np.zeros((40, 8, 16), np.float16)), TypeError, "must share one dtype"),
+])
+def test_bad_arguments_raise_named_errors(over, err, words):
+    with pytest.raises(err) as e:
+        attnlab.serving_attention(**_call(**over))
+    assert words in str(e.value)
+
+
+def test_explain_and_refusals():
+    args = _call()
+    ex = attnlab.explain_serving(**args)
+    assert ex.chosen == "xla" and ex.reasons["xla"] is None
+    assert "no serving path" in ex.reasons["naive"]
+    with pytest.raises(UnsupportedError, match="naive: no serving path"):
+        attnlab.serving_attention(**args, implementation="naive")
+    with pytest.raises(UnsupportedError, match="attnlab-decode: scale is traced"):
+        jax.jit(lambda s: attnlab.serving_attention(**args, scale=s, implementation="attnlab-decode"))(0.3)
+    plan = attnlab.serving_plan(args["q_starts"], args["kv_lengths"], total_tokens=39, kv_len_max=S, heads=8,
+                                kv_heads=2, head_dim=16)
+    with pytest.raises(ValueError, match=r"plan was made for \(T_total, B, N, K, H\)=\(39, 5, 8, 2, 16\)"):
+        attnlab.serving_attention(**args, plan=plan)
