@@ -1,7 +1,7 @@
 """Exit codes of the command lines that used to abort in XLA's C++ (exit 134, "terminate called"):
 N runs in all, counted by exit code. The goal: none but 0, 1, 2 and 130.
 
-    PYTHONPATH=src python benchmarks/exit_codes.py OUT [--runs 50] [--jobs 3] [--only bench,advise-ctrl-c]
+    PYTHONPATH=src python benchmarks/cli/exit_codes.py OUT [--runs 50] [--jobs 3] [--only bench,advise-ctrl-c]
 
 The commands (``COMMANDS``): ``bench`` of two cells over a 1 s cell budget; ``advise`` of
 llama-3.1-8b at 4k (the README's command; half its cells over the CPU's budget); and both with

@@ -1,6 +1,6 @@
 """serving_attention on the GPU: ragged and mixed serving batches against the roofline of their valid work.
 
-    PYTHONPATH=src python benchmarks/serving_gpu.py --out OUT [--quick | --focus] [--flat-too] [--no-peers]
+    PYTHONPATH=src python benchmarks/serving/gpu.py --out OUT [--quick | --focus] [--flat-too] [--no-peers]
         [--max-seconds 220] [--variant-seconds 25]
 
 Batches (B=32, S_max=32768, H=128, bf16): lengths uniform (all S), spread (uniform T..S), lognormal (many
@@ -11,7 +11,7 @@ function (once per step) and passed to the timed call, as a server passes it to 
 its own time, set against a 32-layer step). Each cell is checked against float64 on the last <= 8 tokens of
 its longest and shortest request first; then CUPTI kernel time, % of the roofline of the valid work
 (``core.serving_cost``), the peers (``decode_attention`` with attnlab-decode and cuDNN on the padded batch,
-uniform q_len only; the masked xla path where its gather fits), and tile variants (``serving_variants``).
+uniform q_len only; the masked xla path where its gather fits), and tile variants (``variants.py``).
 Writes ``results.jsonl`` and ``README.md`` (a table) to --out.
 """
 from __future__ import annotations
@@ -26,7 +26,8 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))   # the repository root: benchmarks.serving
 
 B, S, H = 32, 32768, 128
 PAIRS = ((32, 8), (56, 8))
@@ -59,7 +60,7 @@ def starts_of(q_len):
     return np.concatenate([[0], np.cumsum(q_len)]).astype(np.int32)
 
 
-from serving_checks import check, references  # noqa: E402,I001 (after sys.path)
+from benchmarks.serving.checks import check, references  # noqa: E402,I001 (after sys.path)
 
 def time_ms(fn, args, repeats=10):
     from attnlab.measure import timers
@@ -218,7 +219,7 @@ def table_md(path) -> str:
                 f"✗ {fl.get('error', '')[:30]} |" if fl else "– | –")
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {r.get('ms', 0):.4f} | {got} | {goal}% "
                      f"{verdict} | {peer} | {flat} |")
-    from serving_variants import variants_md
+    from benchmarks.serving.variants import variants_md
 
     lines += variants_md(recs)
     plans = [r for r in cells.values() if r.get("plan_ms") and r.get("ms")]
@@ -282,14 +283,14 @@ def main(argv=None):
                     run_cell(rec, q, k, v, q_len, kv, table, 1, N, K, f, peers=not a.no_peers, flat_too=a.flat_too)
                     del k, v, table
         if not a.quick:
-            from serving_variants import decode_variants, prefill_variants
+            from benchmarks.serving.variants import decode_variants, prefill_variants
 
             # the decode variants get --variant-seconds past the limit; the prefill ones what is left of it
             decode_variants(f, key, dev, t0, max(a.max_seconds, time.perf_counter() - t0) + a.variant_seconds)
             prefill_variants(f, key, dev, t0, a.max_seconds + a.variant_seconds)
     md = table_md(path)
     with open(os.path.join(a.out, "README.md"), "w") as f:
-        f.write(f"# serving_attention on {dev}\n\n`PYTHONPATH=src python benchmarks/serving_gpu.py --out {a.out}`\n\n" + md)
+        f.write(f"# serving_attention on {dev}\n\n`PYTHONPATH=src python benchmarks/serving/gpu.py --out {a.out}`\n\n" + md)
     print(md)
     print(json.dumps({"out": a.out, "seconds": round(time.perf_counter() - t0, 1)}))
 

@@ -1,4 +1,4 @@
-"""Tile variants for ``serving_gpu.py`` (run at its end, within its time limit): decode programs,
+"""Tile variants for ``benchmarks/serving/gpu.py`` (run at its end, within its time limit): decode programs,
 block_k and depth on the skewed batches, prefill tiles and the fused launch on a mixed batch.
 Each variant is checked against float64 before it is timed; its kernels are timed one by one (CUPTI).
 """
@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-import serving_gpu as g
+from benchmarks.serving import gpu as g
 
 
 #: decode tile variants (programs per KV head, block_k, num_stages, flat) on the skewed batches (G=4, T=1,

@@ -1,12 +1,12 @@
 """Check on a CPU that the serving kernel's tile classes compile with Triton for sm_90 (no GPU needed).
 
-    PYTHONPATH=src python3 benchmarks/serving_ttir_cpu.py OUT_DIR --triton-python /path/to/venv/bin/python
+    PYTHONPATH=src python3 benchmarks/serving/ttir_cpu.py OUT_DIR --triton-python /path/to/venv/bin/python
 
 Lowers ``kernels.serving`` for the benchmark's shapes (B=32, S=32768, H=128, bf16; G=4 T=1, G=7 T=4,
 a mixed batch's prefill class; contiguous and paged 16/64) under an abstract H200
 (``kernels.decode.cuda_lowering_context``), keeps each Triton IR and, with ``--triton-python`` (pip's
 triton 3.6.0), compiles it for sm_90 and reports shared memory, registers, spills, wgmma or mma.sync
-and cp.async pipelining (``decode_ttir_cpu.COMPILE``). A strong hint, not a proof: XLA compiles
+and cp.async pipelining (``benchmarks/decode/ttir_cpu.py``'s ``COMPILE``). A strong hint, not a proof: XLA compiles
 the same IR with jaxlib's own Triton.
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "src"))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "src"))
+sys.path.insert(0, os.path.join(HERE, "..", ".."))   # the repository root: benchmarks.decode
 
 
 def dump(out_dir: str) -> list[str]:
@@ -105,7 +105,7 @@ def main(argv=None):
     if not a.triton_python:
         print("\n".join(tags))
         return 0
-    from decode_ttir_cpu import COMPILE
+    from benchmarks.decode.ttir_cpu import COMPILE
 
     subprocess.run([a.triton_python, "-c", COMPILE, a.out_dir], check=True)
     res = json.load(open(os.path.join(a.out_dir, "compiled.json")))
