@@ -1,4 +1,4 @@
-"""attnlab.sweep.auto_goal (benchmarks/auto_goal.py; issue 16, item 5) on a CPU:
+"""benchmarks/auto/held_out.py (the logic of benchmarks/auto/goal.py; issue 16, item 5) on a CPU:
 the shape sets, the score on canned records, a tiny run."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from attnlab.api import dispatch
 from attnlab.core.problem import Problem
-from attnlab.sweep import auto_goal as goal
+from benchmarks.auto import held_out as goal
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -105,7 +105,7 @@ def test_the_script_scores_a_folder(tmp_path):
     (tmp_path / "heldout").mkdir()
     (tmp_path / "heldout" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in CANNED))
     (tmp_path / "picks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in PICKS[:2]))
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "auto_goal.py"), "--table", str(tmp_path)],
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "auto" / "goal.py"), "--table", str(tmp_path)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "goal >= 95%: met" in r.stdout and json.loads((tmp_path / "goal.json").read_text())["summary"]["met"]

@@ -459,7 +459,7 @@ def _canned_decode_records():
 
 def test_decode_section_renders_from_canned_records(tmp_path):
     """The lab's decode section is a pure function of records: table, roofline line, why peers fall off."""
-    from attnlab.lab.core import LabConfig
+    from attnlab.lab.step_types import LabConfig
     from attnlab.lab.steps.decode import render_decode
 
     s = render_decode(_canned_decode_records(), LabConfig(gpu=True), str(tmp_path))

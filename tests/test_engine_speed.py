@@ -1,9 +1,9 @@
-"""benchmarks/engine_speed.py and its package module: the goals' verdicts, and a --quick run on the CPU."""
+"""benchmarks/engine/speed.py and its package module: the goals' verdicts, and a --quick run on the CPU."""
 import importlib.util
 import json
 import os
 
-from attnlab.sweep import engine_speed
+from benchmarks.engine import cost as engine_speed
 
 
 def _rec(backend, T, cell_s, timing_s, wait_s=0.0, check_s=0.1, mode="fwd"):
@@ -30,7 +30,7 @@ def test_summary_judges_the_goals_and_says_by_how_much():
 
 
 def test_quick_run_of_the_benchmark_script_on_the_cpu(tmp_path):
-    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "engine_speed.py")
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "engine", "speed.py")
     spec = importlib.util.spec_from_file_location("engine_speed_script", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -1,4 +1,4 @@
-"""attnlab.report.fp8_recipes (benchmarks/fp8_recipes.py --table): table, goals and plot on canned records
+"""attnlab.report.fp8_recipes (benchmarks/fp8/recipes.py --table): table, goals and plot on canned records
 (no JAX, no GPU)."""
 import json
 import os

@@ -3,7 +3,7 @@ shares the cells it can, and says in its text which cells ran and why."""
 import pytest
 
 from attnlab.lab import STEPS
-from attnlab.lab.core import LabConfig
+from attnlab.lab.step_types import LabConfig
 from attnlab.lab.steps import next_steps, te_fp8
 from attnlab.lab.steps.te_fp8 import LAB_FP8_RECIPES
 

@@ -13,12 +13,14 @@ import sys
 import pytest
 
 CANNED = os.path.join(os.path.dirname(__file__), "data", "lab_quick_cpu.jsonl")
-STEP_IDS = ["environment", "qkv", "naive", "jax_nn", "cudnn", "causal", "timing", "sweeps", "gqa", "te_fp8", "next", "decode"]
+from attnlab.lab.steps import MODULES, STEPS
+
+STEP_IDS = list(STEPS)   # the registry's order (attnlab.lab.steps.MODULES)
 
 RENDER_ALL = r"""
 import json, sys
 import attnlab.lab.render as render
-from attnlab.lab.core import LabConfig
+from attnlab.lab.step_types import LabConfig
 from attnlab.report.html import render as html
 from attnlab.core.store import read_records
 
@@ -68,7 +70,7 @@ def test_every_step_renders_from_canned_records_without_jax(tmp_path):
 
 
 def test_renderers_skip_a_step_without_records():
-    from attnlab.lab.core import LabConfig
+    from attnlab.lab.step_types import LabConfig
     from attnlab.lab.render import RENDERERS
 
     for sid, render in RENDERERS.items():
@@ -83,13 +85,16 @@ def test_each_step_is_one_module_registered_once():
     import pkgutil
 
     from attnlab.lab import STEPS, steps
-    from attnlab.lab.core import LabConfig
+    from attnlab.lab.step_types import LabConfig
     from attnlab.lab.render import RENDERERS
 
     modules = [importlib.import_module(f"attnlab.lab.steps.{m.name}") for m in pkgutil.iter_modules(steps.__path__)]
-    registered = [m.STEP for m in modules if hasattr(m, "STEP")]
-    assert sorted(s.id for s in registered) == sorted(STEP_IDS) and list(STEPS) == STEP_IDS
-    assert all(STEPS[s.id] is s for s in registered) and list(RENDERERS) == STEP_IDS
+    registered = {m.__name__.rsplit(".", 1)[1]: m.STEP for m in modules if hasattr(m, "STEP")}
+    assert sorted(registered) == sorted(MODULES), "a step module missing from attnlab.lab.steps.MODULES (or listed twice)"
+    assert len(STEPS) == len(MODULES) and list(RENDERERS) == STEP_IDS
+    for number, name in enumerate(MODULES, start=1):   # numbers come from the registry's order, not the titles
+        assert STEPS[registered[name].id].title == f"{number}. {registered[name].title}", name
+        assert not registered[name].title[:1].isdigit(), f"{name}: a step's own title has no number"
     cfg = LabConfig.for_machine(True, False)
     for sid, step in STEPS.items():
         assert step.render([], cfg, None).title.startswith(step.title), sid
@@ -98,7 +103,7 @@ def test_each_step_is_one_module_registered_once():
 
 
 def test_importing_the_lab_imports_no_jax():
-    code = ("import sys, attnlab, attnlab.lab, attnlab.lab.render, attnlab.lab.steps, attnlab.lab.core, attnlab.lab.plots; "
+    code = ("import sys, attnlab, attnlab.lab, attnlab.lab.render, attnlab.lab.steps, attnlab.lab.step_types, attnlab.lab.plots; "
             "assert 'jax' not in sys.modules; attnlab.attention; assert 'jax' in sys.modules")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -106,7 +111,7 @@ def test_importing_the_lab_imports_no_jax():
 
 def test_measuring_steps_declare_sweeps():
     from attnlab.lab import STEPS
-    from attnlab.lab.core import LabConfig
+    from attnlab.lab.step_types import LabConfig
     from attnlab.sweep.spec import Sweep
 
     cfg = LabConfig.for_machine(True, False)
@@ -122,7 +127,7 @@ def test_measuring_steps_declare_sweeps():
 def test_run_lab_resumes_after_a_kill(tmp_path, monkeypatch):
     """Killed after 3 cells (Ctrl-C in the engine), re-run with resume=True: only the missing cells are measured."""
     from attnlab.lab import run_lab
-    from attnlab.lab.core import LabConfig
+    from attnlab.lab.step_types import LabConfig
     from attnlab.sweep import engine
 
     cfg = LabConfig(batch=2, q_len=16, heads=2, head_dim=8, quick=True, gpu=False)
@@ -194,7 +199,7 @@ def _fp8_cell(step, backend, T, err, ms, inputs="gaussian", status="ok"):
 def test_step10_shows_the_best_fp8_recipe_and_its_cost():
     """Canned H200-like records: the recipe table, the best recipe per inputs (rule: lowest error within
     5% of the fastest FP8 recipe) and its cost against bf16 cuDNN; without recipe records it still renders."""
-    from attnlab.lab.core import LabConfig
+    from attnlab.lab.step_types import LabConfig
     from attnlab.lab.steps.te_fp8 import best_fp8_recipe
     from attnlab.lab.steps.te_fp8 import render as render_te_fp8
 
@@ -242,7 +247,7 @@ def _decode_rec(backend, T, ms, N=32, K=8, lengths="full", page_size=None, statu
 def test_the_decode_step_shows_group_size_and_paging():
     """Issue 25: G = 7 beside G = 4, and paged caches against their contiguous twin, in their own table;
     the main race keeps the contiguous G = 4 cells only."""
-    from attnlab.lab.core import LabConfig
+    from attnlab.lab.step_types import LabConfig
     from attnlab.lab.steps.decode import render_decode
 
     recs = [_decode_rec("attnlab-decode", 1, 0.26, lengths="paged", page_size=16),       # any order
@@ -274,7 +279,7 @@ def _timing_gpu_rec(backend, kernel, wall):
 def test_each_column_shows_the_record_field_its_header_names():
     """A column headed by a key of FIELD_COLUMNS shows that field of its row's record: "rel L2 vs float64"
     is rel_err_f64 (sampled rows against NumPy float64), never rel_err (the float32 device reference)."""
-    from attnlab.lab.core import LabConfig
+    from attnlab.lab.step_types import LabConfig
     from attnlab.lab.render import render_all
     from attnlab.lab.render_common import FIELD_COLUMNS, fmt
     from attnlab.lab.steps.te_fp8 import render as render_te_fp8
@@ -312,7 +317,7 @@ def test_each_column_shows_the_record_field_its_header_names():
 def test_cpu_sections_say_what_ran_here():
     """On a CPU: step 7's table is wall time only (its title says why), step 11 calls a path faster than
     XLA only where the repeats' spreads do not overlap, step 12 names the CPU programs, not GPU kernels."""
-    from attnlab.lab.core import LabConfig
+    from attnlab.lab.step_types import LabConfig
     from attnlab.lab.render import render_all
     from attnlab.lab.render_common import speedup_text
 

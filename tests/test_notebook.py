@@ -54,11 +54,11 @@ def test_committed_notebook_has_cpu_outputs():
 
 
 def test_notebook_kv_cache_row_is_the_reports():
-    from attnlab.report import tables
+    from attnlab.report import shared_rows
 
     nb = nbformat.read(NB, as_version=4)
     text = _outputs_text(nb)
-    mqa = next(r for r in tables.kv_cache_rows() if r[0] == "MQA")
+    mqa = next(r for r in shared_rows.kv_cache_rows() if r[0] == "MQA")
     assert mqa[1] == 1 and mqa[3] == "0.12 GiB"
     assert any(line.split()[:2] == ["MQA", "1"] and "0.12 GiB" in line for line in text.splitlines())
     assert "0.50 GiB" not in text

@@ -1,4 +1,4 @@
-"""attnlab.report.peers_table (the tables benchmarks/peers_table.py prints): one clock per table, failing cells shown
+"""attnlab.report.peers_table (the tables benchmarks/peers/table.py prints): one clock per table, failing cells shown
 with their reason, what was checked; no JAX."""
 import subprocess
 import sys

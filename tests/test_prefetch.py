@@ -4,7 +4,7 @@ import pytest
 from attnlab.measure import check, prefetch
 from attnlab.measure.cell import Cell, Options, measure_cell
 from attnlab.reference import blockwise, compiled
-from attnlab.sweep.engine_speed import _overhead
+from benchmarks.engine.cost import _overhead
 
 CELLS = [
     Cell("xla", batch=2, q_len=4, kv_len=128, heads=8, kv_heads=2, head_dim=32, dtype="float32", causal=True,

@@ -5,7 +5,7 @@ import html.parser
 import pytest
 
 from attnlab.lab import plots
-from attnlab.lab.core import Section, Table
+from attnlab.lab.step_types import Section, Table
 from attnlab.measure import peaks
 from attnlab.report.html import render
 

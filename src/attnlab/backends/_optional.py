@@ -56,7 +56,7 @@ def preload_pip_cudnn() -> str | None:
     'libcudnn_cnn.so.9: undefined symbol ... libcudnn_graph.so.9' (seen 2026-12-02). With this
     preload TE reports cuDNN 9.19 and its fused kernels; with LD_LIBRARY_PATH set to the pip folder
     instead, TE imported but loaded the system 9.14 and found no fused kernel
-    (CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED; benchmarks/te_probe.py). Returns the folder used, or None.
+    (CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED; benchmarks/peers/te_probe.py). Returns the folder used, or None.
     """
     import ctypes
     import glob

@@ -7,7 +7,7 @@ reshape; for K > 1 it is a transpose that copies the whole cache.
 
 What is timed: through ``attention(..., implementation="pallas-paged")`` (``run``) the
 conversion is inside the call, so a sweep's kernel time includes that copy for K > 1 (it is
-reported as is, not hidden). ``benchmarks/decode_tune.py`` times ``paged_call`` on pages made
+reported as is, not hidden). ``benchmarks/decode/tune.py`` times ``paged_call`` on pages made
 beforehand (``to_pages``), which is the kernel alone: use those numbers for the comparison.
 
 The kernel applies no logits scale, so q is multiplied by it first (in float32, then rounded

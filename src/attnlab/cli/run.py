@@ -14,10 +14,16 @@ import click
 
 from ._app import _fail, console, main, writable_folder, writes_to
 
-#: The lab's step ids, in order (``attnlab.lab.STEPS``; a test keeps the two equal): listed by ``--help``
-#: without importing JAX.
-STEP_IDS = ("environment", "qkv", "naive", "jax_nn", "cudnn", "causal", "timing", "sweeps", "gqa", "te_fp8", "next",
-            "decode")
+
+class StepsOption(click.Option):
+    """``--sections``, whose help lists the lab's step ids (``attnlab.lab.steps.STEPS``), read when help is shown:
+    the steps import matplotlib, which every other command line would pay for at start."""
+
+    def get_help_record(self, ctx):
+        from ..lab.steps import STEPS
+
+        self.help = "Comma-separated step ids to run (default: all): " + ", ".join(STEPS) + "."
+        return super().get_help_record(ctx)
 
 
 def step_ids(text: str, steps) -> list[str]:
@@ -43,14 +49,14 @@ COLOURS = {"ok": "green", "skipped": "yellow", "failed": "red"}
               help="Folder for report.html, results.jsonl, results.csv, plots/ and run.log.")
 @click.option("--label", default=None, help="A name for this run, shown in the report.")
 @click.option("--quick", is_flag=True, help="Smallest sizes: a smoke test of every step.")
-@click.option("--sections", default=None, help="Comma-separated step ids to run (default: all): " + ", ".join(STEP_IDS) + ".")
+@click.option("--sections", cls=StepsOption, default=None, help="Comma-separated step ids to run (default: all).")
 @click.option("--resume", is_flag=True, help="Go on with a stopped run in --out: cells measured there are not measured again.")
 @click.option("--overwrite", is_flag=True, help="Erase the results in --out and start afresh (without it, or --resume, "
                                                 "a folder holding results is refused).")
 def run(out_dir, label, quick, sections, resume, overwrite):
     """Run the codelab's steps and write a report."""
     from ..lab import quiet
-    from ..lab.record import held_results, resume_command
+    from ..lab.run_record import held_results, resume_command
 
     quiet.prepare_environment()   # before JAX loads XLA
     if resume and overwrite:
@@ -60,7 +66,7 @@ def run(out_dir, label, quick, sections, resume, overwrite):
         _fail(f"{out_dir} already holds {held} result(s) of an earlier run: give --resume to go on with it, "
               f"or --overwrite to erase them and start afresh")
     from ..lab import STEPS, run_lab
-    from ..lab.record import LabInterrupted
+    from ..lab.run_record import LabInterrupted
     from ..core.records import cost_summary
     from ..core.store import read_jsonl
 

@@ -37,7 +37,7 @@ Why Triton here, and Mosaic GPU above 64 rows
     ~206 on the H200); what it needs is masked loads against per-batch valid lengths, a dynamic
     trip count and deep software pipelining (``num_stages``), which Triton gives on Ampere and
     Hopper alike, in Pallas interpret mode on the CPU for the tests. Compiled for sm_90 by Triton
-    3.6 (``benchmarks/decode_ttir_cpu.py``) the default tiles use mma.sync at 16-32 rows and wgmma
+    3.6 (``benchmarks/decode/ttir_cpu.py``) the default tiles use mma.sync at 16-32 rows and wgmma
     from 64, cp.async pipelines for K and V, no register spills. Above 64 rows per KV head its MMA
     loop bounds it (59-63% of the roofline at 112-128 rows on the H200), so on sm_90 the plan runs
     ``kernels.decode_mgpu`` there instead (warp-specialised wgmma + TMA: 84-89%); see

@@ -50,7 +50,7 @@ SMEM_SLACK = 1.15
 
 def smem_bytes(block_r: int, block_k: int, head_dim: int, num_stages: int, itemsize: int = 2) -> int:
     """Shared memory of one program: (stages - 1) K and V blocks in flight, q, P (within ~15% of
-    what Triton 3.6 allocates for this kernel on sm_90; ``benchmarks/decode_ttir_cpu.py``)."""
+    what Triton 3.6 allocates for this kernel on sm_90; ``benchmarks/decode/ttir_cpu.py``)."""
     return (max(1, num_stages - 1) * 2 * block_k * head_dim + 2 * block_r * head_dim + block_r * block_k) * itemsize
 
 

@@ -227,7 +227,7 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
         stages = (None if decode else cfg.num_stages_prefill) or cfg.num_stages or 3
         # at most 2 resident programs per SM: every program must be resident at once (stream-K gives each
         # the same work, so a second wave would double the time); ptxas gave the paged r16 tile 204
-        # registers (2 per SM) where the estimate says 3 (benchmarks/serving_ttir_cpu.py)
+        # registers (2 per SM) where the estimate says 3 (benchmarks/serving/ttir_cpu.py)
         occ = min(2, programs_per_sm(br, block_k, head_dim, warps, stages, itemsize))
         programs = cfg.programs or max(1, (sms or sm_count()) * (1 if fused else occ) // kv_heads)
         top = min(max_q, cfg.decode_max_q) if decode else max_q

@@ -1,4 +1,4 @@
-"""Step 11's memory probe: the compiled temp memory of an attention path, never allocated.
+"""The next-steps step's memory probe: the compiled temp memory of an attention path, never allocated.
 
 A program that cannot fit is predicted, not tried: its lowered program's largest tensor (read from
 the StableHLO text, before anything is compiled) or its compiled memory estimate

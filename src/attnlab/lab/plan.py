@@ -9,7 +9,7 @@ which cells ran and why, said in its text) is in its module of ``attnlab.lab.ste
 """
 from __future__ import annotations
 
-from .core import LabConfig
+from .step_types import LabConfig
 
 
 def perf_backends(cfg: LabConfig) -> list[str]:

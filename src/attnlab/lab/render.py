@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from .core import LabConfig, Section
+from .step_types import LabConfig, Section
 from .steps import STEPS
 
 #: {step id: render(records, cfg, plots_dir) -> Section}, in the lab's order.

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..core.records import timing
 from ..core.units import format_flops
-from .core import LabConfig, Section, Table
+from .step_types import LabConfig, Section, Table
 from .plots import time_ms
 
 ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}

@@ -10,8 +10,8 @@ from ..core import device
 from ..measure import env as envmod
 from ..measure import prefetch
 from ..core.store import ResultStore, read_jsonl
-from .core import LabConfig, LabContext, Section
-from .record import LabInterrupted, OutputHasResults, held_results, run_record
+from .step_types import LabConfig, LabContext, Section
+from .run_record import LabInterrupted, OutputHasResults, held_results, run_record
 from .steps import STEPS
 
 
@@ -68,7 +68,7 @@ def run_lab(out_dir: str = "attnlab-out", *, label: str | None = None, quick: bo
     (``OutputHasResults``) unless ``resume`` or ``overwrite`` is given. ``config`` overrides the
     machine's sizes. ``progress(step, i, n)`` is called before each step, ``on_step(section, i, n)``
     after it, ``on_cell(sweep, i, n)`` after each cell. The last record of results.jsonl is the run's
-    ``kind: "run"`` record (``attnlab.lab.record.run_record``); Ctrl-C writes it too (status
+    ``kind: "run"`` record (``attnlab.lab.run_record.run_record``); Ctrl-C writes it too (status
     "interrupted") and raises ``LabInterrupted``, which says what finished."""
     from ..report.html import write_report
 

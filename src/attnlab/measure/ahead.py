@@ -12,7 +12,7 @@ arrays do not exist yet) and compiled AOT, or None where the cell is not compile
 
 For a fwd+bwd cell the future's result has a 4th element where it compiles: the forward program
 the check runs, compiled beside it. ``measure_cell(cell, compiled=future)`` takes the result; a failure in the ahead compile is that
-cell's ``compile_error`` (or ``oom`` / ``unsupported``, by ``record.classify``), nothing else's.
+cell's ``compile_error`` (or ``oom`` / ``unsupported``, by ``outcome.classify``), nothing else's.
 The sweep engine waits for the next cell's compile before the current cell's timing starts: XLA's
 GPU autotuner runs candidate kernels on the device while it compiles, and CUPTI would count them,
 so the timer still owns the device alone.

@@ -1,7 +1,7 @@
 """The compile watchdog: a compilation that runs past its budget is abandoned and the cell skipped."""
 from __future__ import annotations
 
-from .record import Skip
+from .outcome import Skip
 from .threads import JaxThread
 
 

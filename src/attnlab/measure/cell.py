@@ -36,7 +36,7 @@ from .phases import Phases
 from .budget import _with_budget, compile_within_budget  # noqa: F401
 from .check import _check_grads_into, _check_into, ref_key, semantics  # noqa: F401
 from .inputs import _functions, call_extras, _input_sets, _mesh_record, _place_sharded, strategy_refusal  # noqa: F401
-from .record import MEASURED_FIELDS, TIMING_FIELDS, Skip as _Skip, _finish, _metrics, _short, classify  # noqa: F401
+from .outcome import MEASURED_FIELDS, TIMING_FIELDS, Skip as _Skip, _finish, _metrics, _short, classify  # noqa: F401
 
 MODES = ("fwd", "fwd+bwd", "bwd")
 #: Decode cells (``lengths`` set): the q_len queries are the last tokens of each sequence of the cache.

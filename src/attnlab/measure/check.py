@@ -39,7 +39,7 @@ from ..reference.float64 import reference_attention
 from ..core.errors import OutputMismatchError
 from ..reference import rules
 from ..reference.tolerance import LIMIT_FACTOR, policy_limit, rel_l2, row_rel_err
-from .record import Skip
+from .outcome import Skip
 
 TILE = 64
 INTERIOR_TILES = 2

@@ -17,7 +17,7 @@ from ..core import device, strategies
 from ..reference.distributions import make_qkv
 from ..reference.inputs import random_qkv
 from . import peaks
-from .record import Skip
+from .outcome import Skip
 
 
 def _input_sets(cell, opts):

@@ -8,7 +8,7 @@ from . import memory
 from .check import _check_into
 from .inputs import call_extras
 from .native import measure_native
-from .record import Skip, _metrics, classify
+from .outcome import Skip, _metrics, classify
 
 
 def _measure_native(backend, cell, spec, sets, opts, rec: dict, info, phases) -> None:

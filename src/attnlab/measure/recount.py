@@ -4,7 +4,7 @@ Records store the ``flops`` and ``bytes`` their cell was counted at when measure
 before the counter learned a case (packed documents: ``attnlab.core.pairs``) overstates its rate.
 Its identity holds all the counter needs (shape, causal, window, decode lengths, ``packing``: the
 documents are seeded by the shape, ``Cell.segment_ids``), so ``recount`` gives the record as today's
-counter would have written it; the times are untouched. ``benchmarks/recount_results.py`` applies it
+counter would have written it; the times are untouched. ``benchmarks/records/recount.py`` applies it
 to committed results.
 """
 from __future__ import annotations

@@ -23,7 +23,7 @@ Recipes (the scale s of each rounded tensor):
 
 The anchor is ``attnlab.reference.float64.reference_attention(..., emulate="bfloat16")`` (the kernel-like
 bf16 emulation). Errors: relative L2 against float64 attention of the same (float32) inputs.
-benchmarks/fp8_emulation.py runs it over the input distributions and writes the tables.
+benchmarks/fp8/emulation.py runs it over the input distributions and writes the tables.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 The grid: every ``cudnn-fp8*`` recipe + ``cudnn`` (the bf16 anchor) x inputs {gaussian, outliers,
 channel-outliers, shifted-keys} x T = S in {16384, 4096} x causal {False, True}; B=1, N=K=16, H=128,
-bf16 in, forward (benchmarks/fp8_recipes.py measures it through the sweep engine).
+bf16 in, forward (benchmarks/fp8/recipes.py measures it through the sweep engine).
 
 FP8 cells are judged at the backend's rel L2 limit (0.1): a recipe beyond it is ``incorrect`` and
 untimed (its error is still recorded: a finding). The error column is ``rel_err_f64``, rel L2 of the
@@ -20,7 +20,7 @@ import os
 
 from ..core.records import time_ms
 
-#: The grid measured by benchmarks/fp8_recipes.py; the report reads these backends only.
+#: The grid measured by benchmarks/fp8/recipes.py; the report reads these backends only.
 RECIPES = ["cudnn-fp8", "cudnn-fp8-unit", "cudnn-fp8-pow2", "cudnn-fp8-s256", "cudnn-fp8-s1", "cudnn-fp8-hadamard",
            "cudnn-fp8-hadamard-f32", "cudnn-fp8-hadamard-fused", "cudnn-fp8-smoothk", "cudnn-fp8-hadamard-smoothk"]
 ANCHOR = "cudnn"

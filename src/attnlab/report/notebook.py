@@ -99,17 +99,17 @@ def plot_sweep(records, x: str = "q_len", y: str = "time", *, title: str = "", l
 
 def kv_cache_table(model: dict | None = None) -> HtmlTable:
     """The KV-cache calculator of ``attnlab run``'s report (the same rows: MHA K=32, GQA K=8, MQA K=1)."""
-    from . import tables
+    from . import shared_rows
 
-    title = tables.KV_TITLE if model is None else f"KV-cache calculator: {model}"
-    return HtmlTable(tables.KV_COLUMNS, tables.kv_cache_rows(model), title)
+    title = shared_rows.KV_TITLE if model is None else f"KV-cache calculator: {model}"
+    return HtmlTable(shared_rows.KV_COLUMNS, shared_rows.kv_cache_rows(model), title)
 
 
 def cudnn_head_dims(head_dims=(32, 64, 128, 256, 512), *, seq: int = 1024, heads: int = 8) -> HtmlTable:
-    """Which head dims cuDNN takes (bf16), as the report's step 11 says it: "accepts" only where
+    """Which head dims cuDNN takes (bf16), as the report's next-steps section says it: "accepts" only where
     cuDNN can run; without an NVIDIA GPU only its shape rule, and the title says why."""
-    from . import tables
+    from . import shared_rows
 
-    rows, why = tables.cudnn_head_dims(head_dims, seq=seq, heads=heads)
+    rows, why = shared_rows.cudnn_head_dims(head_dims, seq=seq, heads=heads)
     title = "cuDNN and the head dim (bf16)" if not why else f"cuDNN's shape rule for the head dim (bf16); cuDNN cannot run here: {why}"
     return HtmlTable(["H", "cuDNN"], rows, title)

@@ -3,7 +3,7 @@
 Pure Python, no JAX. One clock per table: every number is CUPTI kernel time unless marked † (another
 timer, named in the footnote). A cell that failed its check shows its status and, below the table, its
 reason. Under each table: how much of the output and which gradients the records say were checked.
-benchmarks/peers_table.py is the command line.
+benchmarks/peers/table.py is the command line.
 """
 
 MARK = "†"

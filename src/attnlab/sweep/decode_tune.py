@@ -1,4 +1,4 @@
-"""The decode kernel's tuning plan and goals (``benchmarks/decode_tune.py`` measures them on a GPU):
+"""The decode kernel's tuning plan and goals (``benchmarks/decode/tune.py`` measures them on a GPU):
 the shapes, each shape's grid of variants after the default plan, and how issue 13's goals stand."""
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def tune_grid(sh: Shape, default_plan) -> list[dict]:
                 continue
             out.append(dict(block_k=bk, num_stages=st))
     if default_plan.num_warps == 8:
-        # 4 warps spill at 128 rows (ptxas, benchmarks/decode_ttir_cpu.py): try smaller row tiles instead
+        # 4 warps spill at 128 rows (ptxas, benchmarks/decode/ttir_cpu.py): try smaller row tiles instead
         out.append(dict(block_r=default_plan.block_r // 2) if default_plan.block_r > 16 else dict(num_warps=4))
     else:
         out.append(dict(num_warps=8))

@@ -1,4 +1,4 @@
-"""Records -> auto's dispatch table (``attnlab.api.dispatch``): what ``attnlab tune`` and benchmarks/auto_goal.py write."""
+"""Records -> auto's dispatch table (``attnlab.api.dispatch``): what ``attnlab tune`` and benchmarks/auto/goal.py write."""
 from __future__ import annotations
 
 import os

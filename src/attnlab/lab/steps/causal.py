@@ -1,11 +1,11 @@
-"""Step 6: the causal mask's effect: large at position 0 (sees itself only), none at the last position."""
+"""The causal step: the causal mask's effect: large at position 0 (sees itself only), none at the last position."""
 from __future__ import annotations
 
-from ..core import LabConfig, LabContext, Step, Table
+from ..step_types import LabConfig, LabContext, Step, Table
 from ..render_common import section_renderer
 from .qkv import qkv_inputs
 
-TITLE = "6. The causal mask's effect"
+TITLE = "The causal mask's effect"
 
 
 def probe(ctx: LabContext) -> dict:

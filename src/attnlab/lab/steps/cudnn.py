@@ -1,11 +1,11 @@
-"""Step 5: forcing cuDNN's fused attention in bfloat16, checked against float64 beside XLA."""
+"""The cuDNN step: forcing cuDNN's fused attention in bfloat16, checked against float64 beside XLA."""
 from __future__ import annotations
 
-from ..core import LabConfig, LabContext, Step, Table
+from ..step_types import LabConfig, LabContext, Step, Table
 from ..render_common import section_renderer
 from .qkv import qkv_inputs
 
-TITLE = "5. Forcing cuDNN (bfloat16)"
+TITLE = "Forcing cuDNN (bfloat16)"
 
 
 def probe(ctx: LabContext) -> dict:

@@ -1,4 +1,4 @@
-"""Step 12, "decode": T = 1-64 new tokens against a long KV cache, every path beside attnlab's kernel.
+"""The decode step: T = 1-64 new tokens against a long KV cache, every path beside attnlab's kernel.
 
 ``sweeps_decode(cfg)`` declares the decode cells (``Cell.lengths = "full"``: ``decode_attention`` of
 the T newest tokens, causal tail rule) as a ``Sweep`` the engine runs, each cell checked against the
@@ -15,11 +15,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ...core.records import time_ms  # noqa: E402
-from ..core import LabConfig, Section, Step, Table  # noqa: E402
+from ..step_types import LabConfig, Section, Step, Table  # noqa: E402
 from ..plots import log_ticks  # noqa: E402
 from ..render_common import cells  # noqa: E402
 
-TITLE = "12. Decode: T new tokens against a long KV cache"
+TITLE = "Decode: T new tokens against a long KV cache"
 
 #: attnlab's kernel, timed at every T of ``decode_shape``; the peers at ``peer_q_lens`` only: T = 1 (their
 #: dedicated decode path) and one T > 1 (their prefill kernel) show where they fall off; `attnlab bench`

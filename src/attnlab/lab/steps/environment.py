@@ -1,11 +1,11 @@
-"""Step 1: the environment (JAX, the device, cuDNN) and which backends run the lab's input here."""
+"""The environment step: JAX, the device, cuDNN, and which backends run the lab's input here."""
 from __future__ import annotations
 
-from ..core import LabConfig, LabContext, Step, Table
+from ..step_types import LabConfig, LabContext, Step, Table
 from ..render_common import section_renderer
 from .qkv import qkv_inputs
 
-TITLE = "1. Environment and GPU check"
+TITLE = "Environment and GPU check"
 
 
 def probe(ctx: LabContext) -> dict:

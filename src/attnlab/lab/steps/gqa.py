@@ -1,4 +1,4 @@
-"""Step 9: MHA, GQA and MQA at the same FLOPs: the cells, XLA's compiled programs, and the section.
+"""The GQA step: MHA, GQA and MQA at the same FLOPs: the cells, XLA's compiled programs, and the section.
 
 GQA does MHA's FLOPs, so a GQA time that differs from MHA's contradicts the step's first sentence
 unless it is explained. The explanation is measured: the probe reads XLA's compiled program at
@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import re
 
-from ...report import tables
-from ..core import LabConfig, LabContext, Step, Table
+from ...report import shared_rows
+from ..step_types import LabConfig, LabContext, Step, Table
 from ..plots import time_ms, timing
 from ..render_common import ITEMSIZE, cells, field_text, section_renderer, time_text
 
-TITLE = "9. MHA, GQA and MQA"
+TITLE = "MHA, GQA and MQA"
 
 
 def gqa_shape(cfg: LabConfig) -> dict:
@@ -140,7 +140,7 @@ def explanation(recs: list[dict], p: dict | None, backend: str = "xla") -> str |
                  "G = N/K query heads that share a key/value head into one larger matmul, so the variants differ in "
                  "matmul shape and in the layout copies around them, not in work; a CPU's speed depends on both. "
                  "GQA's saving is bandwidth and cache memory (the table below): it shows where reading K and V "
-                 "dominates, in decoding (step 12) and in a GPU's fused kernels.")
+                 "dominates, in decoding (the decode step) and in a GPU's fused kernels.")
     return text
 
 
@@ -163,7 +163,7 @@ def render(s, p, records, cfg: LabConfig, plots_dir=None) -> None:
     s.tables.append(Table(f"Query heads N={N}; key/value heads K ({'causal' if causal else 'no mask'}, T=S={T}, {dt})",
                           ["variant", "backend", "query shape", "key/value shape", "rel L2 vs float64", "time",
                            "KV cache / token / layer"], rows, sources=recs))
-    s.tables.append(Table(tables.KV_TITLE, tables.KV_COLUMNS, tables.kv_cache_rows()))
+    s.tables.append(Table(shared_rows.KV_TITLE, shared_rows.KV_COLUMNS, shared_rows.kv_cache_rows()))
     s.paragraphs.append("GQA lets G = N/K query heads share one key/value head: same FLOPs as MHA, K/N of the "
                         "key/value memory and bandwidth. attnlab broadcasts key/value heads rather than copying them.")
     s.paragraphs.append(cells_note(c))

@@ -1,11 +1,11 @@
-"""Step 3: attention written out (naive: QKᵀ, softmax, weighted values), checked against float64."""
+"""The naive step: attention written out (naive: QKᵀ, softmax, weighted values), checked against float64."""
 from __future__ import annotations
 
-from ..core import LabConfig, LabContext, Step, Table
+from ..step_types import LabConfig, LabContext, Step, Table
 from ..render_common import section_renderer
 from .qkv import qkv_inputs
 
-TITLE = "3. Attention written out"
+TITLE = "Attention written out"
 
 
 def probe(ctx: LabContext) -> dict:

@@ -1,13 +1,13 @@
-"""Step 11: next steps: cuDNN's verdict and XLA's time per head dim, compiled memory against T, speed-ups."""
+"""The next-steps step: cuDNN's verdict and XLA's time per head dim, compiled memory against T, speed-ups."""
 from __future__ import annotations
 
-from ...report import tables
+from ...report import shared_rows
 from .. import plots
-from ..core import LabConfig, LabContext, Section, Step, Table
+from ..step_types import LabConfig, LabContext, Section, Step, Table
 from ..plan import perf_backends
 from ..render_common import cells, fmt, section_renderer, speedup_text, time_text
 
-TITLE = "11. Next steps: head dims, memory, speed-ups"
+TITLE = "Next steps: head dims, memory, speed-ups"
 
 
 def memory_seqs(cfg: LabConfig) -> list[int]:
@@ -23,7 +23,7 @@ def memory_backends(cfg: LabConfig) -> list[str]:
 
 
 def _cudnn_verdicts(cfg: LabConfig):
-    return tables.cudnn_head_dims(cfg.head_dims, batch=cfg.batch, seq=cfg.long_len, heads=cfg.heads)
+    return shared_rows.cudnn_head_dims(cfg.head_dims, batch=cfg.batch, seq=cfg.long_len, heads=cfg.heads)
 
 
 def sweeps(cfg: LabConfig) -> list:
@@ -101,7 +101,7 @@ def render(s, p, records, cfg: LabConfig, plots_dir=None) -> None:
                               ["T = S", "xla"] + [x for b in others for x in (b, f"{b} vs xla")], ratios))
 
 def _memory(records, c: LabConfig, s: Section, plots_dir) -> None:
-    """Step 11's compiled-memory table and plot; the plot's title claims only what the records show."""
+    """The compiled-memory table and plot; the plot's title claims only what the records show."""
     seqs, bes = memory_seqs(c), memory_backends(c)
     mem = [r for r in records if r.get("kind") == "memory" and r.get("step") == "next"]
 

@@ -1,10 +1,10 @@
-"""Step 2: the queries, keys and values every probing step (1-6) runs on, and their statistics."""
+"""The q, k, v step: the queries, keys and values the probing steps (environment to causal) run on, and their stats."""
 from __future__ import annotations
 
-from ..core import LabConfig, LabContext, Step, Table
+from ..step_types import LabConfig, LabContext, Step, Table
 from ..render_common import section_renderer
 
-TITLE = "2. Queries, keys and values"
+TITLE = "Queries, keys and values"
 
 
 def qkv_inputs(cfg: LabConfig, dtype: str = "float32", seed: int = 0):

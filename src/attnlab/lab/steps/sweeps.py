@@ -1,12 +1,12 @@
-"""Step 8: the sequence-length and batch sweeps: time and FLOP/s against T and B, and the roofline."""
+"""The sweeps step: the sequence-length and batch sweeps: time and FLOP/s against T and B, and the roofline."""
 from __future__ import annotations
 
 from .. import plots
-from ..core import LabConfig, LabContext, Step
+from ..step_types import LabConfig, LabContext, Step
 from ..plan import perf_backends
 from ..render_common import cells, section_renderer, sweep_table, timer_note
 
-TITLE = "8. Sequence-length and batch sweeps"
+TITLE = "Sequence-length and batch sweeps"
 
 
 def sweeps(cfg: LabConfig) -> list:

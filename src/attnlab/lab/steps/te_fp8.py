@@ -1,13 +1,13 @@
-"""Step 10: TransformerEngine beside XLA and cuDNN, FP8 attention against bf16 cuDNN, and the FP8 recipes."""
+"""The TransformerEngine and FP8 step: TransformerEngine beside XLA and cuDNN, FP8 attention against bf16 cuDNN, and the FP8 recipes."""
 from __future__ import annotations
 
 from .. import plots
-from ..core import LabConfig, LabContext, Section, Step, Table
+from ..step_types import LabConfig, LabContext, Section, Step, Table
 from ..plan import perf_backends
 from ..plots import time_ms
 from ..render_common import cells, field_text, fmt, section_renderer, status_or, sweep_table, time_text
 
-TITLE = "10. TransformerEngine and FP8"
+TITLE = "TransformerEngine and FP8"
 
 #: The FP8 recipes the lab times (``attnlab bench`` times them all): per-tensor amax, the fused
 #: Hadamard rotation and smoothed K: the baseline and the two fixes for outlier channels.
@@ -120,7 +120,7 @@ def _lowest_error_note(recs: list[dict]) -> str:
 
 
 def fp8_recipes_part(records, p: dict, s: Section) -> None:
-    """Step 10's recipe table (rows: recipes, columns: inputs) and, per inputs, the best recipe and its cost."""
+    """The recipe table (rows: recipes, columns: inputs) and, per inputs, the best recipe and its cost."""
     why = p.get("recipes_why") or {}
     if why and all(why.values()):
         first = next(iter(why.values()))

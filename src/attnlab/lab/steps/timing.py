@@ -1,13 +1,13 @@
-"""Step 7: kernel time and wall time side by side at the default shape (wall time alone where no GPU
+"""The timing step: kernel time and wall time side by side at the default shape (wall time alone where no GPU
 times kernels), and what a blocked call's time holds."""
 from __future__ import annotations
 
 from .. import plots
-from ..core import LabConfig, Step, Table
+from ..step_types import LabConfig, Step, Table
 from ..plan import perf_backends
 from ..render_common import cells, field_text, section_renderer, spread, status_or, timer_note
 
-TITLE = "7. Timing at the default shape"
+TITLE = "Timing at the default shape"
 
 
 def sweeps(cfg: LabConfig) -> list:

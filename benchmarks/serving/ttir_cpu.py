@@ -1,0 +1,127 @@
+"""Check on a CPU that the serving kernel's tile classes compile with Triton for sm_90 (no GPU needed).
+
+    PYTHONPATH=src python3 benchmarks/serving/ttir_cpu.py OUT_DIR --triton-python /path/to/venv/bin/python
+
+Lowers ``kernels.serving`` for the benchmark's shapes (B=32, S=32768, H=128, bf16; G=4 T=1, G=7 T=4,
+a mixed batch's prefill class; contiguous and paged 16/64) under an abstract H200
+(``kernels.decode.cuda_lowering_context``), keeps each Triton IR and, with ``--triton-python`` (pip's
+triton 3.6.0), compiles it for sm_90 and reports shared memory, registers, spills, wgmma or mma.sync
+and cp.async pipelining (``benchmarks/decode/ttir_cpu.py``'s ``COMPILE``). A strong hint, not a proof: XLA compiles
+the same IR with jaxlib's own Triton.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "src"))
+sys.path.insert(0, os.path.join(HERE, "..", ".."))   # the repository root: benchmarks.decode
+
+
+def dump(out_dir: str) -> list[str]:
+    import jax
+    import jax.numpy as jnp
+    import jax._src.pallas.triton.pallas_call_registration as reg
+
+    from attnlab.kernels import decode as kd
+    from attnlab.kernels import serving as ks
+    from attnlab.kernels.serving_plan import ServingConfig, make_serving_plan
+
+    captured = []
+    orig = reg.lowering.lower_jaxpr_to_triton_module
+
+    def keep(*a, **k):
+        res = orig(*a, **k)
+        captured.append(res.module.operation.get_asm(enable_debug_info=False))
+        return res
+
+    reg.lowering.lower_jaxpr_to_triton_module = keep
+    s = jax.ShapeDtypeStruct
+    B, S, H, tags = 32, 32768, 128, []
+    try:
+        for (N, K, T, max_q, fused, flat) in ((32, 8, 1, 1, False, False), (56, 8, 4, 4, False, False),
+                                              (32, 8, 1, None, False, False), (32, 8, 1, None, True, False),
+                                              (32, 8, 1, 1, False, True)):
+            for page in (None, 16, 64):
+                Ttot = B * T
+                cfg = ServingConfig(max_q_len=max_q, decode_q_len=T, fused=fused, flat=flat)
+
+                def f(q, k, v, a, b, t=None):
+                    plan = make_serving_plan(a, b, total_tokens=Ttot, kv_len_max=S, heads=N, kv_heads=K, head_dim=H,
+                                             config=cfg, sms=132)
+                    return ks.serving_attention_pallas(q, k, v, a, b, plan=plan, page_table=t, interpret=False)
+
+                kv = ((B, S, K, H) if page is None else (B * S // page, page, K, H))
+                args = [s((Ttot, N, H), jnp.bfloat16), s(kv, jnp.bfloat16), s(kv, jnp.bfloat16),
+                        s((B + 1,), jnp.int32), s((B,), jnp.int32)]
+                if page:
+                    args.append(s((B, S // page), jnp.int32))
+                n0 = len(captured)
+                with kd.cuda_lowering_context():
+                    jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",))
+                plan = jax.eval_shape(lambda a, b: make_serving_plan(a, b, total_tokens=Ttot, kv_len_max=S, heads=N,
+                                                                    kv_heads=K, head_dim=H, config=cfg, sms=132),
+                                      args[3], args[4])
+                if plan.fused:      # one fused pieces kernel, then the two merges
+                    cp = plan.classes[1]
+                    tag = f"G{N // K}_T{T}_fused_r{plan.classes[0].block_r}_r{cp.block_r}_" + (
+                        "contig" if page is None else f"paged{page}")
+                    with open(os.path.join(out_dir, tag + ".ttir"), "w") as fh:
+                        fh.write(captured[n0])
+                    with open(os.path.join(out_dir, tag + ".json"), "w") as fh:
+                        json.dump(dict(num_warps=cp.num_warps,
+                                       num_stages=kd.compiled_stages(cp.num_stages, 0 if page is None else 1)), fh)
+                    tags.append(tag)
+                    continue
+                # the classes' pieces kernels, then their merges
+                n = len(plan.classes)
+                for i, cp in enumerate(plan.classes):
+                    base = (f"G{N // K}_T{T}_r{cp.block_r}{'_flat' if cp.flat else ''}_"
+                            f"{'contig' if page is None else f'paged{page}'}")
+                    stages = kd.compiled_stages(cp.num_stages, (0 if page is None else 1) + (1 if cp.flat else 0))
+                    for tag, ttir, meta in ((base, captured[n0 + i], dict(num_warps=cp.num_warps, num_stages=stages)),
+                                            (base + "_merge", captured[n0 + n + i], dict(num_warps=8 if cp.block_r * H > 8192 else 4, num_stages=1))):
+                        with open(os.path.join(out_dir, tag + ".ttir"), "w") as fh:
+                            fh.write(ttir)
+                        with open(os.path.join(out_dir, tag + ".json"), "w") as fh:
+                            json.dump(meta, fh)
+                        tags.append(tag)
+    finally:
+        reg.lowering.lower_jaxpr_to_triton_module = orig
+    return tags
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out_dir")
+    ap.add_argument("--triton-python")
+    a = ap.parse_args(argv)
+    os.makedirs(a.out_dir, exist_ok=True)
+    tags = dump(a.out_dir)
+    if not a.triton_python:
+        print("\n".join(tags))
+        return 0
+    from benchmarks.decode.ttir_cpu import COMPILE
+
+    subprocess.run([a.triton_python, "-c", COMPILE, a.out_dir], check=True)
+    res = json.load(open(os.path.join(a.out_dir, "compiled.json")))
+    bad = 0
+    for tag in tags:
+        t = res.get(tag, {})
+        if not t.get("ok"):
+            bad += 1
+            print(f"{tag:<28} FAILED {t.get('error')}")
+            continue
+        spill = " SPILLS" if t.get("stack", 0) > 0 else ""
+        bad += bool(spill)
+        print(f"{tag:<28} smem {t['shared'] // 1024:4d} KB regs {t.get('regs')} "
+              f"{'wgmma' if t['wgmma'] else 'mma.sync'} cp.async={t['cp_async']}{spill}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

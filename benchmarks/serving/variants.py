@@ -1,0 +1,151 @@
+"""Tile variants for ``benchmarks/serving/gpu.py`` (run at its end, within its time limit): decode programs,
+block_k and depth on the skewed batches, prefill tiles and the fused launch on a mixed batch.
+Each variant is checked against float64 before it is timed; its kernels are timed one by one (CUPTI).
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+
+from benchmarks.serving import gpu as g
+
+
+#: decode tile variants (programs per KV head, block_k, num_stages, flat) on the skewed batches (G=4, T=1,
+#: contiguous); None: the default (33 programs per KV head = 2 per SM at K=8, block_k 64, 3 stages); flat: one
+#: loop across pieces (``kernels.serving_flat``)
+DECODE_VARIANTS = ((None, None, None, False), (None, None, None, True), (None, 128, None, True), (49, None, None, True),
+                   (None, 128, None, False), (49, None, None, False), (16, None, None, False), (None, 32, None, False),
+                   (None, None, 4, False))
+
+
+def decode_variants(out_f, key, dev, t0, max_seconds):
+    """The skewed decode batches (lognormal, one-long) by program count, block_k and pipeline depth."""
+    import jax
+    import jax.numpy as jnp
+
+    import attnlab
+    from attnlab.core.serving_cost import serving_roofline_s
+    from attnlab.kernels.serving_plan import ServingConfig
+
+    N, K = 32, 8
+    k, v, _ = g.caches(key, g.B, g.S, K, "contig")
+    q = jax.random.normal(jax.random.PRNGKey(1), (g.B, N, g.H), jnp.bfloat16)
+    starts = g.starts_of(np.ones(g.B, np.int32))
+    fn = jax.jit(lambda q, k, v, a, b, p: attnlab.serving_attention(q, k, v, a, b, plan=p,
+                                                                     implementation="attnlab-decode"))
+    cells = []
+    for dist in ("lognormal", "one-long"):
+        kv = g.lengths_of(dist, 1, np.random.default_rng(7))
+        cells.append((dist, kv, g.references(q, k, v, starts, kv, None),
+                      serving_roofline_s(starts, kv, N, K, g.H, 2) * 1e3))
+    for programs, bk, stages, flat in DECODE_VARIANTS:      # variant first: each is seen on both batches
+        for dist, kv, refs, roof_ms in cells:
+            if time.perf_counter() - t0 > max_seconds:
+                return
+            cfg = ServingConfig(max_q_len=1, decode_q_len=1, programs=programs, block_k=bk, num_stages=stages, flat=flat)
+            r = dict(device=dev, batch=f"decode variant {dist}", path="attnlab-serving", N=N, K=K, G=4, T=1,
+                     layout="contig", programs=programs, block_k=bk, num_stages=stages, flat=flat)
+            try:
+                plan = attnlab.serving_plan(jnp.asarray(starts), jnp.asarray(kv), total_tokens=g.B, kv_len_max=g.S,
+                                            heads=N, kv_heads=K, head_dim=g.H, config=cfg)
+                args = (q, k, v, jnp.asarray(starts), jnp.asarray(kv), plan)
+                r["check"] = g.check(fn(*args), refs)
+                if not all(c["ok"] for c in r["check"]):
+                    raise RuntimeError(f"check failed: {r['check']}")
+                r["kernels"] = g.kernels_ms(fn, args)
+                r["ms"] = sum(t for _, t in r["kernels"])
+                r["pct_roofline"] = 100 * roof_ms / r["ms"]
+            except Exception as e:  # noqa: BLE001 - a variant that fails is a result
+                r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            print(f"decode variant {dist} programs={programs} block_k={bk} stages={stages} flat={flat}: "
+                  f"{r.get('ms') or 0:.4f} ms "
+                  f"{r.get('pct_roofline') or 0:.0f}% {r.get('error', '')[:100]}", flush=True)
+            out_f.write(json.dumps(r) + "\n")
+            out_f.flush()
+
+
+#: prefill tile variants (block_k, num_warps, num_stages, fused) timed on the 2 x 2048 + 126 mixed batch, G=4;
+#: fused: both classes in one launch (``kernels.serving_fused``, 64-row prefill tiles, 4 warps)
+PREFILL_VARIANTS = ((64, 8, 3, False), (64, 4, 3, True), (128, 8, 2, False), (64, 4, 3, False), (64, 4, 2, True),
+                    (128, 8, 3, False), (32, 4, 3, False))
+
+
+def prefill_variants(out_f, key, dev, t0, max_seconds):
+    """The prefill class's kernel time by tile variant (the decode class unchanged): TFLOP/s of the chunks."""
+    import jax
+    import jax.numpy as jnp
+
+    import attnlab
+    from attnlab.core.serving_cost import serving_flops
+    from attnlab.kernels.serving_plan import ServingConfig
+
+    N, K, s_mix = 32, 8, 16384
+    q_len, kv = g.mixed_batch(2, 2048, 126, s_mix, np.random.default_rng(3))
+    starts = g.starts_of(q_len)
+    k, v, _ = g.caches(key, len(kv), s_mix, K, "contig")
+    q = jax.random.normal(jax.random.PRNGKey(5), (int(q_len.sum()) + 64, N, g.H), jnp.bfloat16)
+    from attnlab.core.serving_cost import serving_roofline_s
+
+    flops = serving_flops(g.starts_of(q_len[:2]), kv[:2], N, g.H)
+    refs = g.references(q, k, v, starts, kv, None)
+    roof_ms = serving_roofline_s(starts, kv, N, K, g.H, 2) * 1e3
+    for bk, warps, stages, fused in PREFILL_VARIANTS:
+        if time.perf_counter() - t0 > max_seconds:
+            break
+        cfg = (ServingConfig(block_k_prefill=bk, num_warps=warps, num_stages=stages, fused=True) if fused else
+               ServingConfig(block_k_prefill=bk, num_warps_prefill=warps, num_stages_prefill=stages))
+        r = dict(device=dev, batch="prefill variant", path="attnlab-serving", N=N, K=K, G=N // K, T=1, layout="contig",
+                 block_k=bk, num_warps=warps, num_stages=stages, fused=fused)
+        try:
+            plan = attnlab.serving_plan(jnp.asarray(starts), jnp.asarray(kv), total_tokens=int(q.shape[0]),
+                                        kv_len_max=s_mix, heads=N, kv_heads=K, head_dim=g.H, config=cfg)
+            fn = jax.jit(lambda q, k, v, a, b, p: attnlab.serving_attention(q, k, v, a, b, plan=p,
+                                                                             implementation="attnlab-decode"))
+            args = (q, k, v, jnp.asarray(starts), jnp.asarray(kv), plan)
+            r["check"] = g.check(fn(*args), refs)
+            if not all(c["ok"] for c in r["check"]):
+                raise RuntimeError(f"check failed: {r['check']}")
+            r["kernels"] = g.kernels_ms(fn, args)
+            pk = [t for n, t in r["kernels"] if "serving_prefill_r" in n or "serving_fused" in n]
+            r["prefill_ms"] = pk[0] if pk else None
+            r["prefill_tflops"] = flops / (pk[0] * 1e-3) / 1e12 if pk and not fused else None
+            r["ms"] = sum(t for _, t in r["kernels"])
+            r["pct_roofline"] = 100 * roof_ms / r["ms"]
+        except Exception as e:  # noqa: BLE001 - a variant that fails is a result
+            r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        print(f"prefill variant bk={bk} warps={warps} stages={stages} fused={fused}: {r.get('prefill_ms') or 0:.4f} ms "
+              f"{r.get('prefill_tflops') or 0:.0f} TFLOP/s; call {r.get('ms') or 0:.4f} ms "
+              f"{r.get('pct_roofline') or 0:.0f}% {r.get('error', '')[:100]}", flush=True)
+        out_f.write(json.dumps(r) + "\n")
+        out_f.flush()
+
+
+
+def variants_md(recs) -> list[str]:
+    """The variants' tables (markdown lines) from the records."""
+    lines: list[str] = []
+    dvars = [r for r in recs if r["batch"].startswith("decode variant")]
+    if dvars:
+        lines += ["", "Decode variants (B=32, G=4, T=1, contiguous; None = the default: 33 programs per KV head, "
+                  "block_k 64, 3 stages), with each call's kernels:", "",
+                  "| batch | programs | block_k | stages | flat | ms | % roofline | kernels (ms) |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| {r['batch'][15:]} | {r['programs']} | {r['block_k']} | {r['num_stages']} | {r.get('flat', False)} | "
+                  f"{r.get('ms') or 0:.4f} | "
+                  f"{r.get('pct_roofline') or 0:.0f}% | "
+                  + (", ".join(f"{n.split('attnlab_serving_')[-1][:24]} {t:.4f}" for n, t in r.get("kernels", []))
+                     or f"✗ {r.get('error', '')[:60]}") + " |" for r in dvars]
+    variants = [r for r in recs if r["batch"] == "prefill variant"]
+    if variants:
+        lines += ["", "Prefill tile variants (mixed 2x2048+126, G=4, contiguous): the prefill kernel (fused: the one "
+                  "launch of both classes) and the whole call", "",
+                  "| block_k | warps | stages | fused | prefill kernel ms | TFLOP/s | call ms | % roofline |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| {r['block_k']} | {r['num_warps']} | {r['num_stages']} | {r.get('fused', False)} | "
+                  f"{r.get('prefill_ms') or 0:.4f} | {r.get('prefill_tflops') or 0:.0f} | {r.get('ms') or 0:.4f} | "
+                  f"{r.get('pct_roofline') or 0:.0f}% |" if not r.get("error") else
+                  f"| {r['block_k']} | {r['num_warps']} | {r['num_stages']} | {r.get('fused', False)} | "
+                  f"✗ {r['error'][:60]} | | | |" for r in variants]
+    return lines
