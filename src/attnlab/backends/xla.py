@@ -71,7 +71,7 @@ class XlaBackend(Backend):
 
         k, v = call.contiguous()
         return masked_serving(call.q, k, v, call.q_starts, call.kv_lengths, scale=call.scale,
-                              soft_cap=call.spec.soft_cap)
+                              soft_cap=call.spec.soft_cap, sinks=call.sinks)
 
     def run(self, p: Prepared):
         if p.sinks is not None:
