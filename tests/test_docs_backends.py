@@ -3,7 +3,7 @@
 The table under "The refusals, checked" holds one call per row: where it holds (``any``, ``CPU``: no
 GPU, ``GPU``: an NVIDIA GPU), the backend (or ``auto``), the query and key/value shapes and dtype,
 ``explain``'s other arguments, and what it says: ``runs``, ``runs `NAME``` (auto) or ``refuses: `REASON```
-(the start of the reason). Each row is one test; GPU rows are marked ``gpu`` (run them on the H200:
+(the start of the reason); ``sinks=(N,)`` stands for a float32 array of that shape. Each row is one test; GPU rows are marked ``gpu`` (run them on the H200:
 ``python -m pytest -q -m gpu tests/test_docs_backends.py``).
 """
 import ast
@@ -45,8 +45,11 @@ def doc_rows(text: str | None = None) -> list[dict]:
 def explain_says(row: dict) -> str:
     """What ``attnlab.explain`` says of the row's backend, in the table's words."""
     q, kv = (jax.ShapeDtypeStruct(row[s], row["dtype"]) for s in ("query", "kv"))
+    args = dict(row["arguments"])
+    if "sinks" in args:
+        args["sinks"] = jax.ShapeDtypeStruct(args["sinks"], "float32")
     with jax.enable_x64(row["dtype"] == "float64"):
-        e = attnlab.explain(q, kv, kv, **row["arguments"])
+        e = attnlab.explain(q, kv, kv, **args)
     if row["backend"] == "auto":
         return f"runs `{e.chosen}`"
     why = e.reasons[row["backend"]]

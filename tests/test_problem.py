@@ -121,7 +121,7 @@ def test_decode_spec_holds_a_problem():
     k = np.zeros((2, 12, 2, 16), np.float32)
     spec = prepare_decode(q, k, k, [12, 5], scale=0.5).spec
     assert [f.name for f in dataclasses.fields(DecodeSpec)] == ["problem", "scale", "scale_is_static", "page_size",
-                                                                "soft_cap"]
+                                                                "soft_cap", "has_sinks"]
     assert spec.problem == Problem(2, 4, 12, 4, 2, 16, "float32", True) and spec == DecodeSpec(spec.problem, 0.5)
     assert (spec.batch, spec.q_len, spec.max_len, spec.heads, spec.kv_heads, spec.head_dim, spec.dtype, spec.causal,
             spec.groups) == (2, 4, 12, 4, 2, 16, "float32", True, 2)

@@ -45,7 +45,7 @@ from typing import Any
 from .. import backends
 from ..backends.masked_decode import decode_mask  # noqa: F401 (re-exported)
 from ..core.checks import (_is_tracer, _shape, as_lengths, call_problem, check_flag, check_kv_shapes, check_scale,
-                           check_soft_cap, common_float_dtype, length_values)
+                           check_sinks, check_soft_cap, common_float_dtype, length_values)
 from ..core.errors import UnsupportedError
 from ..core.problem import Problem, delegate_fields
 from ..core.spec import AttentionSpec
@@ -71,6 +71,7 @@ class DecodeSpec:
     scale_is_static: bool = True
     page_size: int | None = None    # paged KV cache (vLLM layout); max_len = pages_per_seq * page_size
     soft_cap: float | None = None   # logits_soft_cap: cap * tanh(logits / cap) before masking
+    has_sinks: bool = False         # sinks: one extra softmax logit per query head (no value)
 
     @property
     def groups(self) -> int:
@@ -86,7 +87,7 @@ class DecodeSpec:
         mask = (self.batch, 1, self.q_len, self.max_len) if self.needs_mask else None
         # decode's causal rule is the mask (bottom-right); attention's is_causal (top-left) stays off
         return AttentionSpec(problem=dataclasses.replace(self.problem, causal=False), scale=self.scale,
-                             mask_shape=mask, has_kv_lengths=True, soft_cap=self.soft_cap)
+                             mask_shape=mask, has_kv_lengths=True, soft_cap=self.soft_cap, has_sinks=self.has_sinks)
 
 
 delegate_fields(DecodeSpec, max_len="kv_len")
@@ -101,6 +102,7 @@ class DecodeCall:
     scale: Any           # effective scale: float, or a tracer
     spec: DecodeSpec | None  # None for an empty batch (B = 0): nothing to run
     page_table: Any = None   # (B, pages_per_seq) int32 when k_cache/v_cache are pages
+    sinks: Any = None        # (N,) float logits or None
 
     def contiguous(self):
         """(k, v) as contiguous (B, S_max, K, H) caches: the pages gathered through the table (the
@@ -114,7 +116,7 @@ class DecodeCall:
 
 
 def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, page_table=None,
-                   logits_soft_cap=None) -> DecodeCall:
+                   logits_soft_cap=None, sinks=None) -> DecodeCall:
     """Check every argument of a decode call (see the module docstring) and describe it."""
     qs, ks, vs = _shape("q", q), _shape("k_cache", k_cache), _shape("v_cache", v_cache)
     if len(qs) != 4:
@@ -145,14 +147,16 @@ def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, 
     scale = check_scale(scale)
     static_scale = not _is_tracer(scale)
     soft_cap = check_soft_cap(logits_soft_cap)
+    sinks = check_sinks(sinks, N)
     spec = None if problem is None else DecodeSpec(problem, scale=scale if static_scale else None,
-                                                   scale_is_static=static_scale, page_size=page_size, soft_cap=soft_cap)
+                                                   scale_is_static=static_scale, page_size=page_size, soft_cap=soft_cap,
+                                                   has_sinks=sinks is not None)
     import jax.numpy as jnp
 
     lengths = jnp.asarray(kv_lengths).astype(jnp.int32)
     effective = 1.0 / math.sqrt(H) if scale is None else scale
     table = None if page_table is None else jnp.asarray(page_table).astype(jnp.int32)
-    return DecodeCall(q, k_cache, v_cache, lengths, effective, spec, table)
+    return DecodeCall(q, k_cache, v_cache, lengths, effective, spec, table, sinks)
 
 
 def paged_refusal(backend) -> str | None:
@@ -182,7 +186,7 @@ def select_decode(spec: DecodeSpec, implementation=None):
 
 
 def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, implementation=None,
-                     page_table=None, logits_soft_cap=None):
+                     page_table=None, logits_soft_cap=None, sinks=None):
     """Attention of T new tokens against a KV cache of valid lengths (see the module docstring).
 
     Args:
@@ -199,12 +203,14 @@ def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None
         uses it; any other backend runs on the gathered contiguous twin (a copy of the cache).
       logits_soft_cap: None or a positive float c: logits -> c * tanh(logits / c) before masking
         (attnlab-decode applies it in the kernel; generic paths as ``attention`` does).
+      sinks: None or (N,) float logits, ``attention``'s attention sinks; the masked path runs them
+        (naive, xla), attnlab-decode and cuDNN refuse.
 
     Returns:
       (B, T, N, H) in q's dtype.
     """
     d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale, page_table=page_table,
-                       logits_soft_cap=logits_soft_cap)
+                       logits_soft_cap=logits_soft_cap, sinks=sinks)
     if d.spec is None:                  # B = 0: an empty batch, whatever the path
         from .dot_product import empty_result
 
@@ -225,10 +231,10 @@ class DecodeExplanation:
 
 
 def explain_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, page_table=None,
-                   logits_soft_cap=None) -> DecodeExplanation:
+                   logits_soft_cap=None, sinks=None) -> DecodeExplanation:
     """Which path ``decode_attention(implementation=None)`` runs, and why not each other one."""
     d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale, page_table=page_table,
-                       logits_soft_cap=logits_soft_cap)
+                       logits_soft_cap=logits_soft_cap, sinks=sinks)
     if d.spec is None:
         return DecodeExplanation("none", {}, None)
     chosen = select_decode(d.spec, None).name

@@ -17,7 +17,7 @@ from ..core.spec import AttentionSpec, prepare
 def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
               query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
               implementation=None, return_residual=False, fp8_recipe=None, logits_soft_cap=None,
-              query_segment_ids=None, key_value_segment_ids=None):
+              query_segment_ids=None, key_value_segment_ids=None, sinks=None):
     """Scaled dot-product attention with ``jax.nn.dot_product_attention``'s arguments and semantics.
 
     Args:
@@ -53,6 +53,11 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
         (beyond jax.nn; packed rows): query t sees key s only when their ids are equal and >= 0, on
         top of every other rule; query rows with a negative id are padding and give 0. naive, xla
         and tokamax apply them as a dense mask; cuDNN runs them packed (Hopper, contiguous ids).
+      sinks: None or (N,) floating logits, one per query head (beyond jax.nn; gpt-oss's attention
+        sinks): each row's softmax gets one more logit with no value, out = sum_s e^(l_s - m) v_s /
+        (e^(sink - m) + sum_s e^(l_s - m)), m = max(max_s l_s, sink); the residual includes it. A row
+        that sees no key gives 0 (all weight on the sink). Gradients reach sinks. naive and xla run
+        it; every other backend refuses (``explain`` says why). sinks = -inf is the call without.
 
     Returns:
       An array shaped and typed like ``query``. B, T, S or N may be 0, as in jax.nn: such an empty
@@ -70,7 +75,7 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
                 query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
                 local_window_size=local_window_size, return_residual=return_residual,
                 logits_soft_cap=logits_soft_cap, query_segment_ids=query_segment_ids,
-                key_value_segment_ids=key_value_segment_ids, allow_empty=True)
+                key_value_segment_ids=key_value_segment_ids, sinks=sinks, allow_empty=True)
     if p.empty:
         return empty_result(p, with_fp8_recipe(implementation, fp8_recipe), bool(return_residual))
     backend = select(p.spec, with_fp8_recipe(implementation, fp8_recipe), mode=_mode_of(query))

@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 
 from .. import backends
-from ..core.checks import (_is_tracer, _shape, call_problem, check_kv_shapes, check_scale, check_soft_cap,
-                           common_float_dtype, length_values)
+from ..core.checks import (_is_tracer, _shape, call_problem, check_kv_shapes, check_scale, check_sinks,
+                           check_soft_cap, common_float_dtype, length_values)
 from ..core.errors import UnsupportedError
 from ..core.problem import Problem
 
@@ -52,12 +52,14 @@ ARGUMENT_NAMES = {"batch": "kv_lengths size B", "q_len": "q tokens T_total", "kv
 @dataclasses.dataclass(frozen=True)
 class ServingSpec:
     """Static description of a serving call: ``problem`` = Problem(B, T_total, S_max, N, K, H, dtype,
-    causal=True) (q_len is the token budget T_total), the page size, soft cap and whether the scale is static."""
+    causal=True) (q_len is the token budget T_total), the page size, soft cap, whether the scale is static
+    and whether sinks (one extra softmax logit per query head) are given."""
 
     problem: Problem
     page_size: int | None = None
     soft_cap: float | None = None
     scale_is_static: bool = True
+    has_sinks: bool = False
 
 
 @dataclasses.dataclass
@@ -71,6 +73,7 @@ class ServingCall:
     spec: ServingSpec
     page_table: Any = None
     plan: Any = None
+    sinks: Any = None    # (N,) float logits or None
 
     def contiguous(self):
         """(k, v) as contiguous (B, S_max, K, H) caches (the pages gathered through the table)."""
@@ -98,7 +101,7 @@ def _check_values(starts, lengths, T_total: int, S: int):
 
 
 def prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=None, scale=None,
-                    logits_soft_cap=None, plan=None) -> ServingCall:
+                    logits_soft_cap=None, plan=None, sinks=None) -> ServingCall:
     """Check every argument of a serving call (module docstring) and describe it."""
     qs, ks, vs = _shape("q", q), _shape("k_cache", k_cache), _shape("v_cache", v_cache)
     if len(qs) != 3:
@@ -129,7 +132,9 @@ def prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=Non
         _check_values(starts.astype(np.int64), lengths.astype(np.int64), T_total, S)
     scale = check_scale(scale)
     static = not _is_tracer(scale)
-    spec = ServingSpec(problem, page_size=page_size, soft_cap=check_soft_cap(logits_soft_cap), scale_is_static=static)
+    sinks = check_sinks(sinks, N)
+    spec = ServingSpec(problem, page_size=page_size, soft_cap=check_soft_cap(logits_soft_cap), scale_is_static=static,
+                       has_sinks=sinks is not None)
     if plan is not None:
         _check_plan(plan, (T_total, B, N, K, H))
     import jax.numpy as jnp
@@ -137,7 +142,7 @@ def prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=Non
     table = None if page_table is None else jnp.asarray(page_table).astype(jnp.int32)
     return ServingCall(q, k_cache, v_cache, jnp.asarray(q_starts).astype(jnp.int32),
                        jnp.asarray(kv_lengths).astype(jnp.int32), 1.0 / math.sqrt(H) if scale is None else scale,
-                       spec, table, plan)
+                       spec, table, plan, sinks)
 
 
 def _check_plan(plan, sizes):
@@ -180,7 +185,7 @@ def select_serving(spec: ServingSpec, implementation=None):
 
 
 def serving_attention(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=None, scale=None,
-                      logits_soft_cap=None, implementation=None, plan=None):
+                      logits_soft_cap=None, implementation=None, plan=None, sinks=None):
     """Attention of one serving step (module docstring for the shapes and the rule).
 
     Args:
@@ -192,12 +197,14 @@ def serving_attention(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=N
       scale: logits scale, default 1 / sqrt(H). logits_soft_cap: None or c > 0: c * tanh(logits / c).
       implementation: None/"auto", "attnlab-decode" (the serving kernel), "xla", or any backend (refuses).
       plan: a ``ServingPlan`` (``attnlab.serving_plan``) for the kernel, computed once per step.
+      sinks: None or (N,) float logits, ``attention``'s attention sinks (one more logit per query head in
+        the softmax denominator, no value); the xla path runs them, the serving kernel refuses.
 
     Returns:
       (T_total, N, H) in q's dtype; padding rows 0.
     """
     call = prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, page_table=page_table, scale=scale,
-                           logits_soft_cap=logits_soft_cap, plan=plan)
+                           logits_soft_cap=logits_soft_cap, plan=plan, sinks=sinks)
     return select_serving(call.spec, implementation).run_serving(call)
 
 
@@ -214,10 +221,10 @@ class ServingExplanation:
 
 
 def explain_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=None, scale=None,
-                    logits_soft_cap=None) -> ServingExplanation:
+                    logits_soft_cap=None, sinks=None) -> ServingExplanation:
     """Which path ``serving_attention(implementation=None)`` runs, and why not each other one."""
     call = prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, page_table=page_table, scale=scale,
-                           logits_soft_cap=logits_soft_cap)
+                           logits_soft_cap=logits_soft_cap, sinks=sinks)
     chosen = select_serving(call.spec).name
     reasons = {b.name: b.available() or b.supports_serving(call.spec) for b in backends.all_backends()}
     return ServingExplanation(chosen, reasons, call.spec)

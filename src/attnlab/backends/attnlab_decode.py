@@ -54,6 +54,7 @@ class AttnlabDecodeBackend(Backend):
     takes_soft_cap = True   # one tanh on the kernel's scores
     paged = True            # run_decode reads the pages through the table
     peer_parts = ("decode",)
+    sinks_reason = "sinks: attnlab's Pallas kernels (decode, serving) have no attention sinks (naive and xla do)"
     #: Tuning parameters used by run/run_decode (None: the defaults of attnlab.kernels.decode).
     config: kd.DecodeConfig | None = None
 
@@ -92,6 +93,8 @@ class AttnlabDecodeBackend(Backend):
             return why
         if not spec.scale_is_static:
             return "scale is traced: the kernel compiles the scale in (pass a Python float)"
+        if getattr(spec, "has_sinks", False):
+            return self.sinks_reason
         ps = getattr(spec, "page_size", None)
         if ps is not None and ps & (ps - 1):
             return f"page size {ps} is not a power of two (the kernel loads whole pages or power-of-two parts)"
@@ -131,6 +134,8 @@ class AttnlabDecodeBackend(Backend):
             return f"head dim {p.head_dim} not supported (one of {', '.join(map(str, kd.HEAD_DIMS))})"
         if not spec.scale_is_static:
             return "scale is traced: the kernel compiles the scale in (pass a Python float)"
+        if getattr(spec, "has_sinks", False):
+            return self.sinks_reason
         ps = spec.page_size
         if ps is not None and ps & (ps - 1):
             return f"page size {ps} is not a power of two (the kernel loads whole pages or power-of-two parts)"

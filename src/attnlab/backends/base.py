@@ -95,6 +95,9 @@ class Backend:
     #: True when ``run`` applies query/key_value segment ids (packed rows) exactly.
     takes_segment_ids: bool = False
     segment_reason: str = "query_segment_ids/key_value_segment_ids: this backend takes no packed segments"
+    #: True when ``run`` applies ``sinks`` (one extra logit per query head in the softmax denominator) exactly.
+    takes_sinks: bool = False
+    sinks_reason: str = "sinks: no attention sinks (an extra per-head logit in the softmax denominator) in this path"
     #: True for a native backend that also times decode sweep cells (``NativeBackend.decode_reason``,
     #: ``run_native_decode``); JAX backends run decode calls through ``run_decode``.
     decode: bool = False
@@ -151,7 +154,7 @@ class Backend:
         raise ValueError(f"fp8_recipe: backend {self.name!r} takes no FP8 recipe")
 
     def why_not(self, spec: AttentionSpec) -> str | None:
-        """``available()``, the residual, the soft cap, segment ids, then ``supports(spec)``: the first reason
+        """``available()``, the residual, the soft cap, segment ids, sinks, then ``supports(spec)``: the first reason
         this backend cannot run."""
         why = self.available()
         if why is None and spec.return_residual and not self.residual:
@@ -160,6 +163,8 @@ class Backend:
             why = self.soft_cap_reason
         if why is None and spec.has_segment_ids and not self.takes_segment_ids:
             why = self.segment_reason
+        if why is None and getattr(spec, "has_sinks", False) and not self.takes_sinks:
+            why = self.sinks_reason
         return why or self.supports(spec)
 
     def mode_reason(self, spec: AttentionSpec, mode: str) -> str | None:

@@ -29,6 +29,7 @@ class CudnnBackend(Backend):
     takes_segment_ids = True
     paged = True   # run_paged_decode: cuDNN's own paged attention
     soft_cap_reason = "logits_soft_cap: cuDNN through JAX (jax.nn and the fused entry point) takes no soft cap"
+    sinks_reason = "sinks: cuDNN through JAX (jax.nn and the fused entry point) has no attention sinks"
 
     def available(self) -> str | None:
         info = device.current()

@@ -27,5 +27,5 @@ def masked_decode(backend, d, scale):
         return backend.run_paged_decode(d, mask)
     k, v = d.contiguous()
     p = prepare(d.query, k, v, None, mask, scale=scale,
-                key_value_seq_lengths=d.kv_lengths, logits_soft_cap=sp.soft_cap)
+                key_value_seq_lengths=d.kv_lengths, logits_soft_cap=sp.soft_cap, sinks=getattr(d, "sinks", None))
     return backend.run(p).reshape(p.out_shape)

@@ -19,8 +19,9 @@ def request_of_tokens(q_starts, total_tokens: int):
     return req, t - starts[jnp.minimum(req, starts.shape[0] - 2)]
 
 
-def masked_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, scale, soft_cap=None):
-    """(T_total, N, H) in q's dtype from q (T_total, N, H) and contiguous caches (B, S, K, H), float32 inside."""
+def masked_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, scale, soft_cap=None, sinks=None):
+    """(T_total, N, H) in q's dtype from q (T_total, N, H) and contiguous caches (B, S, K, H), float32 inside.
+    ``sinks`` (N,): one more logit per query head in the softmax, with no value (attention sinks)."""
     import jax
     import jax.numpy as jnp
 
@@ -40,6 +41,10 @@ def masked_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, scale, soft_cap
     if soft_cap is not None:
         logits = soft_cap * jnp.tanh(logits / soft_cap)
     logits = jnp.where(vis[:, None, None, :], logits, -jnp.inf)
-    w = jax.nn.softmax(jnp.where(pad[:, None, None, None], 0.0, logits), axis=-1)
+    logits = jnp.where(pad[:, None, None, None], 0.0, logits)
+    if sinks is not None:       # the sink as column S of the softmax, dropped before P.V
+        sink = jnp.broadcast_to(sinks.astype(jnp.float32).reshape(1, K, G, 1), (T_total, K, G, 1))
+        logits = jnp.concatenate([logits, sink], axis=-1)
+    w = jax.nn.softmax(logits, axis=-1)[..., :S]
     out = jnp.einsum("tkgs,tskh->tkgh", w, v_cache.astype(jnp.float32)[r]).reshape(T_total, N, H)
     return jnp.where(pad[:, None, None], 0.0, out).astype(q.dtype)

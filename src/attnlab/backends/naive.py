@@ -2,7 +2,8 @@
 
 GQA is done by viewing the N query heads as (K, G) and letting einsum broadcast each
 key/value head over its G query heads; no key/value copy is made.
-Rows that see no key at all give 0 (as FlashAttention does). Masked logits take jax.nn's finite
+Rows that see no key at all give 0 (as FlashAttention does). ``sinks`` (N,) add exp(sink - m) to each
+row's softmax denominator (gpt-oss's attention sinks: a logit with no value). Masked logits take jax.nn's finite
 large negative (``attnlab.core.masking``), never ``-inf``: no Inf appears in the forward or backward
 pass, so masked calls run under ``jax.debug_infs(True)``.
 """
@@ -77,6 +78,7 @@ class NaiveBackend(Backend):
     residual = True
     takes_soft_cap = True
     takes_segment_ids = True
+    takes_sinks = True
 
     def run(self, p: Prepared):
         sp = p.spec
@@ -94,9 +96,14 @@ class NaiveBackend(Backend):
         vis = visible_mask(p)
         scores = jnp.where(vis, scores, large_negative(acc))
         row_max = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
+        sink = None if p.sinks is None else p.sinks.astype(acc).reshape(1, K, G, 1, 1)
+        if sink is not None:    # m = max(row max, sink): exp(sink - m) never overflows
+            row_max = jnp.maximum(row_max, jax.lax.stop_gradient(sink))
         # masked keys weigh exactly 0; a row that sees no key has weights 0 and gives 0
         weights = jnp.where(vis, jnp.exp(scores - row_max), 0.0)
         denom = jnp.sum(weights, axis=-1, keepdims=True)
+        if sink is not None:    # the sink's weight: in the denominator, with no value
+            denom = denom + jnp.exp(sink - row_max)
         probs = weights / jnp.where(denom == 0, 1.0, denom)
         # 3. attend: probabilities in the input dtype, accumulation in float32
         out = jnp.einsum("bkgts,bskh->btkgh", probs.astype(p.value.dtype), p.value, preferred_element_type=acc)

@@ -9,7 +9,9 @@ the platform has, and the output (and residual) are cast back to float16: the sa
 F16_F16_F32 (float16 operands are exact in float32, the accumulation is float32), eager and under
 ``jax.jit``, and gradients flow back through the casts in float16.
 
-Packed segments run as a dense (B, 1, T, S) mask (exact; memory O(B T S)). ``logits_soft_cap`` is
+Packed segments run as a dense (B, 1, T, S) mask (exact; memory O(B T S)). ``sinks`` (jax.nn has none) run
+as one more key: a zero key and value whose logit is the sink (a bias column), every other rule folded into
+a dense (B, N, T, S + 1) mask (memory O(B N T S)). ``logits_soft_cap`` is
 refused: jax.nn's fused softmax leaves no place to apply the tanh.
 """
 from __future__ import annotations
@@ -48,6 +50,7 @@ class XlaBackend(Backend):
     portable = True
     residual = True
     takes_segment_ids = True
+    takes_sinks = True
     soft_cap_reason = ("logits_soft_cap: jax.nn.dot_product_attention has no soft cap, and its fused softmax "
                        "leaves no place to apply cap * tanh(logits / cap) exactly")
 
@@ -69,9 +72,11 @@ class XlaBackend(Backend):
 
         k, v = call.contiguous()
         return masked_serving(call.q, k, v, call.q_starts, call.kv_lengths, scale=call.scale,
-                              soft_cap=call.spec.soft_cap)
+                              soft_cap=call.spec.soft_cap, sinks=call.sinks)
 
     def run(self, p: Prepared):
+        if p.sinks is not None:
+            return _run_with_sinks(p)
         p = segments_as_mask(p)
         extra = {"return_residual": True} if p.spec.return_residual else {}
         dtype = p.query.dtype
@@ -92,3 +97,44 @@ class XlaBackend(Backend):
                 lse = jnp.where(keep[:, :, None], lse, jnp.asarray(large_negative_value(lse.dtype), lse.dtype))
         out = out.astype(dtype)
         return out if lse is None else (out, lse.astype(dtype))
+
+
+def _sink_column(p: Prepared) -> Prepared:
+    """``p`` with the sinks as key S: zero key and value rows, the sink as its bias (so its logit is the sink,
+    whatever the scale), visible to every row; causality, window, lengths, mask and segments become one
+    dense (B or 1, N or 1, T, S + 1) mask. Query lengths stay (padded rows are zeroed by the caller)."""
+    import dataclasses
+
+    from .naive import visible_mask
+
+    sp = p.spec
+    B, T, N, H = p.query.shape
+    vis = visible_mask(p)                                  # broadcastable to (B, K, G, T, S)
+    vis = jnp.broadcast_to(vis, vis.shape[:3] + (T, sp.kv_len))
+    vis = vis.reshape((vis.shape[0], vis.shape[1] * vis.shape[2], T, sp.kv_len))
+    mask = jnp.concatenate([vis, jnp.ones(vis.shape[:3] + (1,), bool)], axis=-1)
+    base = jnp.zeros((1, 1, 1, sp.kv_len), jnp.float32) if p.bias is None else p.bias.astype(jnp.float32)
+    lead = (base.shape[0], N, base.shape[2])
+    sink = jnp.broadcast_to(p.sinks.astype(jnp.float32).reshape(1, N, 1, 1), lead + (1,))
+    bias = jnp.concatenate([jnp.broadcast_to(base, lead + (sp.kv_len,)), sink], axis=-1)
+    zero = jnp.zeros((B, 1, sp.kv_heads, H), p.key.dtype)
+    key, value = (jnp.concatenate([x, zero], axis=1) for x in (p.key, p.value))
+    spec = dataclasses.replace(sp, problem=dataclasses.replace(sp.problem, kv_len=sp.kv_len + 1, causal=False,
+                                                               window=None),
+                               bias_shape=tuple(bias.shape), mask_shape=tuple(mask.shape), has_kv_lengths=False,
+                               has_segment_ids=False, has_sinks=False)
+    return dataclasses.replace(p, key=key, value=value, bias=bias, mask=mask, kv_lengths=None, spec=spec,
+                               q_segment_ids=None, kv_segment_ids=None, sinks=None)
+
+
+def _run_with_sinks(p: Prepared):
+    """jax.nn on ``_sink_column(p)``; rows t >= query_seq_lengths and padding segments give 0 (lse: jax.nn's
+    masked-logit value). A row that sees no key puts all its weight on the sink: it gives 0, lse = sink."""
+    keep = query_keep(p)
+    res = XlaBackend().run(_sink_column(p))
+    out, lse = res if p.spec.return_residual else (res, None)
+    if keep is not None:
+        out = jnp.where(keep[:, :, None, None], out, 0).astype(out.dtype)
+        if lse is not None:
+            lse = jnp.where(keep[:, :, None], lse, jnp.asarray(large_negative_value(lse.dtype), lse.dtype))
+    return out if lse is None else (out, lse)

@@ -6,8 +6,8 @@ Each rule is written once: the sizes of a call (every one >= 1, N a multiple of 
 B, T, S and N be 0, as jax.nn does) are the rules of ``attnlab.core.problem.Problem`` itself
 (``call_problem`` builds the call's Problem and says a broken rule in the call's argument names);
 dtypes (``common_float_dtype``), the key/value shapes against the query's (``check_kv_shapes``),
-flags (``check_flag``), length arrays (``as_lengths``, ``length_values``), scale, soft cap and window
-have one helper each. Errors are ``ValueError``/``TypeError`` naming the argument
+flags (``check_flag``), length arrays (``as_lengths``, ``length_values``), scale, soft cap, sinks and
+window have one helper each. Errors are ``ValueError``/``TypeError`` naming the argument
 and the rule, raised before JAX sees the arrays; value checks are skipped for traced arrays.
 """
 from __future__ import annotations
@@ -160,6 +160,18 @@ def check_soft_cap(cap) -> float | None:
     if not (math.isfinite(c) and c > 0):
         raise ValueError(f"logits_soft_cap must be positive and finite (logits -> cap * tanh(logits / cap)), got {c}")
     return c
+
+
+def check_sinks(sinks, heads: int, name: str = "sinks"):
+    """None, or a (N,) floating array (one logit per query head: attention sinks) returned as given."""
+    if sinks is None:
+        return None
+    shape = _shape(name, sinks)
+    if shape != (heads,):
+        raise ValueError(f"{name} must have shape (N,)=({heads},), one logit per query head, got {shape}")
+    if np.dtype(sinks.dtype).name not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must have a floating dtype ({', '.join(FLOAT_DTYPES)}), got {np.dtype(sinks.dtype).name}")
+    return sinks
 
 
 def normalise_window(local_window_size) -> tuple[int, int] | None:

@@ -30,7 +30,7 @@ import numpy as np
 from .names import FLOAT_DTYPES
 from . import segments
 from .checks import (_check_lengths, _is_tracer, _shape, as_lengths, call_problem, check_flag, check_kv_shapes,
-                     check_scale, check_soft_cap, common_float_dtype, normalise_window)
+                     check_scale, check_sinks, check_soft_cap, common_float_dtype, normalise_window)
 from .problem import Problem, delegate_fields
 
 #: How ``attention``'s errors name the sizes of a call (``checks.call_problem``).
@@ -62,18 +62,20 @@ class AttentionSpec:
     #: segments are contiguous; None when the ids are traced (unknown until run)
     max_segments: int | None = None
     segments_contiguous: bool | None = None
+    has_sinks: bool = False         # sinks given: one extra logit per query head in the softmax denominator
 
     def __init__(self, batch=None, q_len=None, kv_len=None, heads=None, kv_heads=None, head_dim=None, dtype=None,
                  scale=None, is_causal=False, bias_shape=None, mask_shape=None, has_q_lengths=False,
                  has_kv_lengths=False, window=None, return_residual=False, soft_cap=None, has_segment_ids=False,
-                 max_segments=None, segments_contiguous=None, *, problem: Problem | None = None):
+                 max_segments=None, segments_contiguous=None, has_sinks=False, *, problem: Problem | None = None):
         if problem is None:
             problem = Problem(batch, q_len, kv_len, heads, kv_heads, head_dim, dtype, bool(is_causal), window)
         for name, value in (("problem", problem), ("scale", scale), ("bias_shape", bias_shape),
                             ("mask_shape", mask_shape), ("has_q_lengths", has_q_lengths),
                             ("has_kv_lengths", has_kv_lengths), ("return_residual", return_residual),
                             ("soft_cap", soft_cap), ("has_segment_ids", has_segment_ids),
-                            ("max_segments", max_segments), ("segments_contiguous", segments_contiguous)):
+                            ("max_segments", max_segments), ("segments_contiguous", segments_contiguous),
+                            ("has_sinks", bool(has_sinks))):
             object.__setattr__(self, name, value)
 
     @property
@@ -102,6 +104,7 @@ class Prepared:
     scale: Any  # the logits' scale: a float, or a tracer when scale was traced
     q_segment_ids: Any = None    # (B, T) ints or None
     kv_segment_ids: Any = None   # (B, S) ints or None
+    sinks: Any = None            # (N,) float logits or None
 
     @property
     def empty(self) -> bool:
@@ -130,7 +133,7 @@ def _check_broadcast(name: str, shape: tuple[int, ...], target: tuple[int, int, 
 def prepare(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
             query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
             return_residual=False, logits_soft_cap=None, query_segment_ids=None,
-            key_value_segment_ids=None, allow_empty=False) -> Prepared:
+            key_value_segment_ids=None, sinks=None, allow_empty=False) -> Prepared:
     """Check every argument of an attention call and normalise it. See the module docstring.
 
     ``allow_empty``: B, T, S or N may be 0, as in jax.nn (``attention`` and the reference answer such a
@@ -177,10 +180,11 @@ def prepare(query, key, value, bias=None, mask=None, *, scale=None, is_causal=Fa
         query_segment_ids, key_value_segment_ids = (_expand(x, 2) if hasattr(x, "shape") and len(x.shape) == 1 else x
                                                     for x in (query_segment_ids, key_value_segment_ids))
     segments.check_segment_ids(query_segment_ids, key_value_segment_ids, B, T, S)
+    sinks = check_sinks(sinks, N)
     effective_scale = 1.0 / math.sqrt(H) if scale is None else scale
     if problem is None:
         return Prepared(q4, k4, v4, bias, mask, query_seq_lengths, key_value_seq_lengths, None, qs, effective_scale,
-                        query_segment_ids, key_value_segment_ids)
+                        query_segment_ids, key_value_segment_ids, sinks)
     most = contiguous = None
     if query_segment_ids is not None and not (_is_tracer(query_segment_ids) or _is_tracer(key_value_segment_ids)):
         (mq, cq), (mk, ck) = segments.host_layout(query_segment_ids), segments.host_layout(key_value_segment_ids)
@@ -191,6 +195,7 @@ def prepare(query, key, value, bias=None, mask=None, *, scale=None, is_causal=Fa
         has_q_lengths=query_seq_lengths is not None, has_kv_lengths=key_value_seq_lengths is not None,
         return_residual=return_residual, soft_cap=soft_cap,
         has_segment_ids=query_segment_ids is not None, max_segments=most, segments_contiguous=contiguous,
+        has_sinks=sinks is not None,
     )
     return Prepared(q4, k4, v4, bias, mask, query_seq_lengths, key_value_seq_lengths, spec, qs, effective_scale,
-                    query_segment_ids, key_value_segment_ids)
+                    query_segment_ids, key_value_segment_ids, sinks)

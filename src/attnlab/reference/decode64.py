@@ -45,9 +45,10 @@ def _f32(x):
 
 
 def reference_decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, emulate=None,
-                               implementation=None, logits_soft_cap=None) -> np.ndarray:
+                               implementation=None, logits_soft_cap=None, sinks=None) -> np.ndarray:
     """Float64 decode attention (see the module docstring); ``implementation`` is ignored.
-    ``logits_soft_cap``: logits -> cap * tanh(logits / cap) before masking."""
+    ``logits_soft_cap``: logits -> cap * tanh(logits / cap) before masking. ``sinks`` (N,): one more
+    logit per query head in the softmax denominator, with no value."""
     del implementation
     q, k, v = (np.asarray(x).astype(np.float64) for x in (q, k_cache, v_cache))
     if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape:
@@ -73,8 +74,12 @@ def reference_decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, 
             logits = _f32(logits)
     vis = decode_visible(lengths, T, S, causal)[:, None, None]          # (B, 1, 1, T, S)
     logits = np.where(vis, logits, -np.inf)
-    w = np.where(vis, np.exp(logits - logits.max(axis=-1, keepdims=True)), 0.0)
-    denom = w.sum(axis=-1, keepdims=True)
+    m = logits.max(axis=-1, keepdims=True)
+    sink = None if sinks is None else np.asarray(sinks, np.float64).reshape(1, K, G, 1, 1)
+    if sink is not None:
+        m = np.maximum(m, sink)
+    w = np.where(vis, np.exp(logits - m), 0.0)
+    denom = w.sum(axis=-1, keepdims=True) + (0.0 if sink is None else np.exp(sink - m))
     if low is not None:
         w, denom = _f32(w), _f32(denom)
         num = _f32(np.einsum("bkgts,bskh->btkgh", w.astype(low).astype(np.float64), v, optimize=True))
@@ -98,7 +103,7 @@ def decode_tolerance(dtype, *, baseline_err: float | None = None, tf32: bool | N
 
 
 def check_decode_close(out, q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, ref=None,
-                       tf32: bool | None = None, logits_soft_cap=None) -> Verdict:
+                       tf32: bool | None = None, logits_soft_cap=None, sinks=None) -> Verdict:
     """Judge a decode output against float64 by the decode tolerance policy (whole output).
 
     ``out`` must be one array of ``q``'s exact shape and dtype, as ``attnlab.decode_attention`` returns
@@ -108,12 +113,12 @@ def check_decode_close(out, q, k_cache, v_cache, kv_lengths, *, causal=True, sca
                        "q's: (B, T, N, H)")
     if ref is None:
         ref = reference_decode_attention(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale,
-                                         logits_soft_cap=logits_soft_cap)
+                                         logits_soft_cap=logits_soft_cap, sinks=sinks)
     dtype = np.dtype(out.dtype)
     baseline = None
     if dtype.name in _LOW:
         emu = reference_decode_attention(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale, emulate=dtype,
-                                         logits_soft_cap=logits_soft_cap)
+                                         logits_soft_cap=logits_soft_cap, sinks=sinks)
         baseline = rel_l2(emu, ref)
     limit, rule = decode_tolerance(dtype, baseline_err=baseline, tf32=tf32)
     err = rel_l2(out, ref)

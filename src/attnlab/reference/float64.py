@@ -8,7 +8,8 @@ precision ``dtype``: the baseline of the tolerance policy, whose numbers are
 ``attnlab.reference.tolerance`` (re-exported here) and which ``check_close`` applies; the policy in
 words, written once, is docs/measuring.md ("Tolerance policy"). Rows that see no key at all are given
 jax.nn's value there, the mean of V over all keys, and an lse of -inf; ``check_close`` also accepts 0
-there (``attnlab.reference.rules``). ``reference_attention(..., return_residual=True)`` gives
+there (``attnlab.reference.rules``); with ``sinks`` such a row gives 0 (all weight on the sink) and an lse
+of the sink. ``reference_attention(..., return_residual=True)`` gives
 (out, lse), lse (B, T, N) float64 as ``jax.nn.dot_product_attention``'s residual.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 from ..core import segments
 from ..core.spec import prepare
 from . import rules
+from .keyblocks import KEY_BLOCK, _pv, _rows, _scores, _unrows  # noqa: F401 (KEY_BLOCK re-exported)
 from .tolerance import (FLOORS, LIMIT_FACTOR, TF32_LIMIT, Verdict, default_matmul_is_tf32,  # noqa: F401 (re-exported)
                         policy_limit, rel_l2, row_rel_err, tolerance)
 
@@ -83,54 +85,16 @@ class _Forward:
     cap_slope: np.ndarray | None = None   # d(capped logits)/d(logits) = 1 - tanh^2, with a soft cap
     lse: np.ndarray | None = None         # (B, T, N) logsumexp of the visible logits; -inf: none or padded
     empty: np.ndarray | None = None       # (B, T, N) bool: the row sees no key (padded rows excluded)
-
-
-def _rows(x, K):
-    """(B, T, N, H) -> (B, K, G*T, H): the G query heads of each key/value head as one row block
-    (query head n = k*G + g reads key/value head k), so scores are one batched matmul per (b, k)."""
-    B, T, N, H = x.shape
-    return x.reshape(B, T, K, N // K, H).transpose(0, 2, 3, 1, 4).reshape(B, K, N // K * T, H)
-
-
-def _unrows(x, T):
-    """(B, K, G*T, H) -> (B, T, N, H), the inverse of ``_rows``."""
-    B, K, GT, H = x.shape
-    return x.reshape(B, K, GT // T, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, K * (GT // T), H)
-
-
-#: Keys made float64 at a time: a long cache's K and V are never whole in float64 (3 GiB each at S=128k).
-KEY_BLOCK = 4096
-
-
-def _keys64(x, s, low):
-    """Keys [s, s + KEY_BLOCK) of a (B, K, S, H) array as float64 (rounded to ``low`` when emulating)."""
-    return _round(np.ascontiguousarray(x[:, :, s:s + KEY_BLOCK], np.float64), low)
-
-
-def _scores(qr, kg, low):
-    """qr (B, K, R, H) float64 @ kg (B, K, S, H)^T -> (B, K, R, S) float64, a block of keys at a time."""
-    S = kg.shape[2]
-    out = np.empty(qr.shape[:3] + (S,))
-    for s in range(0, S, KEY_BLOCK):
-        out[..., s:s + KEY_BLOCK] = qr @ _keys64(kg, s, low).transpose(0, 1, 3, 2)
-    return out
-
-
-def _pv(probs, vg, low):
-    """probs (B, K, R, S) float64 @ vg (B, K, S, H) -> (B, K, R, H) float64, summed over blocks of keys."""
-    out = np.zeros(probs.shape[:3] + (vg.shape[3],))
-    for s in range(0, vg.shape[2], KEY_BLOCK):
-        out += probs[..., s:s + KEY_BLOCK] @ _keys64(vg, s, low)
-    return out
+    sink_probs: np.ndarray | None = None  # (B, N, T) the sink's softmax weight, with sinks
 
 
 def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
              query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
              emulate=None, query_offset=0, query_positions=None, logits_soft_cap=None,
-             query_segment_ids=None, key_value_segment_ids=None) -> _Forward:
+             query_segment_ids=None, key_value_segment_ids=None, sinks=None) -> _Forward:
     p = prepare(query, key, value, bias, mask, scale=scale, is_causal=is_causal,
                 query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
-                local_window_size=local_window_size, logits_soft_cap=logits_soft_cap,
+                local_window_size=local_window_size, logits_soft_cap=logits_soft_cap, sinks=sinks,
                 query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids, allow_empty=True)
     if p.empty:                                 # B, T, S or N = 0: jax.nn's zeros, nothing to compute
         B, T, N = p.query.shape[:3]
@@ -156,9 +120,15 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
     vis = np.broadcast_to(vis, (B, N, T, S))
     w = np.where(vis, logits, -np.inf)          # then, in place: exp(logits - row max); masked keys give 0
     row_max = w.max(axis=-1, keepdims=True)
+    sink = None if p.sinks is None else _np(p.sinks).reshape(1, N, 1, 1)
+    if sink is not None:                        # the sink: one more logit, with no value
+        row_max = np.maximum(row_max, sink)
     np.subtract(w, np.where(np.isfinite(row_max), row_max, 0.0), out=w)
     np.exp(w, out=w)
     denom = w.sum(axis=-1, keepdims=True)
+    sink_w = None if sink is None else np.exp(sink - np.where(np.isfinite(row_max), row_max, 0.0))
+    if sink_w is not None:
+        denom = denom + sink_w
     with np.errstate(divide="ignore"):         # log(0) = -inf: the lse of a row that sees no key
         lse = _round(_f32((row_max + np.log(denom))[..., 0].transpose(0, 2, 1), low), low)   # (B, T, N)
     probs = _f32(np.divide(w, np.where(denom == 0, 1.0, denom), out=w), low)
@@ -176,14 +146,15 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
         out = np.where(empty[..., None], vmean[:, None], out)
     out = out * q_keep[:, :, None, None]
     lse = np.where(q_keep[:, :, None], lse, -np.inf)
-    return _Forward(probs, out, q, kg, vg, sc, q_keep, p.out_shape, cap_slope, lse, empty)
+    sink_probs = None if sink is None else (sink_w / np.where(denom == 0, 1.0, denom))[..., 0]
+    return _Forward(probs, out, q, kg, vg, sc, q_keep, p.out_shape, cap_slope, lse, empty, sink_probs)
 
 
 def reference_attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
                         query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
                         implementation=None, emulate=None, query_offset=0, query_positions=None,
                         logits_soft_cap=None, query_segment_ids=None, key_value_segment_ids=None,
-                        return_residual=False):
+                        return_residual=False, sinks=None):
     """Float64 attention with ``attnlab.attention``'s semantics; ``implementation`` is ignored.
 
     Returns an ndarray shaped like the output; with ``return_residual=True`` the pair (out, lse), lse
@@ -193,6 +164,9 @@ def reference_attention(query, key, value, bias=None, mask=None, *, scale=None, 
     ``logits_soft_cap``: logits = cap * tanh((scale * q.k + bias) / cap), then masking.
     ``query_segment_ids`` (B, T) / ``key_value_segment_ids`` (B, S): query t sees key s only when their
     ids are equal and >= 0; rows with a negative id give 0 (with sampled rows, pass their ids only).
+    ``sinks`` (N,): one more logit per query head in each row's softmax denominator, with no value
+    (gpt-oss); the lse includes it. A row that sees no key then gives 0 (all its weight on the sink)
+    and its lse is the sink; a sink of -inf is the call without one.
 
     ``query_offset``: the given query rows sit at positions offset, offset+1, ... of a longer
     sequence; ``query_positions`` ((T,) or (B, T) ints) gives each row's position instead. Both
@@ -204,7 +178,7 @@ def reference_attention(query, key, value, bias=None, mask=None, *, scale=None, 
     f = _forward(query, key, value, bias, mask, scale=scale, is_causal=is_causal,
                  query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
                  local_window_size=local_window_size, emulate=emulate, query_offset=query_offset,
-                 query_positions=query_positions, logits_soft_cap=logits_soft_cap,
+                 query_positions=query_positions, logits_soft_cap=logits_soft_cap, sinks=sinks,
                  query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids)
     out = f.out.reshape(f.out_shape)
     return (out, f.lse.reshape(f.out_shape[:-1])) if return_residual else out
@@ -213,15 +187,16 @@ def reference_attention(query, key, value, bias=None, mask=None, *, scale=None, 
 def reference_attention_grads(query, key, value, cotangent, bias=None, mask=None, *, scale=None,
                               is_causal=False, query_seq_lengths=None, key_value_seq_lengths=None,
                               local_window_size=None, logits_soft_cap=None, query_segment_ids=None,
-                              key_value_segment_ids=None):
+                              key_value_segment_ids=None, sinks=None):
     """(dq, dk, dv) in float64 for the loss sum(out * cotangent), by the analytic backward pass
-    (through the soft cap's tanh when ``logits_soft_cap`` is given)."""
+    (through the soft cap's tanh when ``logits_soft_cap`` is given); with ``sinks``, (dq, dk, dv, dsinks),
+    dsinks (N,) = -sum over rows of p_sink * sum_s p_s dP_s (the sink has no value)."""
     f = _forward(query, key, value, bias, mask, scale=scale, is_causal=is_causal,
                  query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
-                 local_window_size=local_window_size, logits_soft_cap=logits_soft_cap,
+                 local_window_size=local_window_size, logits_soft_cap=logits_soft_cap, sinks=sinks,
                  query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids)
     if f.probs is None:                         # an empty call: its output is a constant
-        return tuple(np.zeros(np.shape(x)) for x in (query, key, value))
+        return tuple(np.zeros(np.shape(x)) for x in (query, key, value) + (() if sinks is None else (sinks,)))
     B, T, N, H = f.out.shape
     K, S = f.k.shape[1], f.k.shape[2]
     k, v = _np(f.k), _np(f.v)
@@ -229,13 +204,17 @@ def reference_attention_grads(query, key, value, cotangent, bias=None, mask=None
     probs = f.probs.reshape(B, K, -1, S)
     dv = probs.transpose(0, 1, 3, 2) @ dout                                            # (B, K, S, H)
     dprobs = dout @ v.transpose(0, 1, 3, 2)
-    dlogits = probs * (dprobs - np.sum(dprobs * probs, axis=-1, keepdims=True))
+    row_dot = np.sum(dprobs * probs, axis=-1, keepdims=True)                          # (B, K, G*T, 1)
+    dlogits = probs * (dprobs - row_dot)
     if f.cap_slope is not None:
         dlogits = dlogits * f.cap_slope.reshape(dlogits.shape)
     dq = _unrows(dlogits @ k, T) * f.scale
     dk = dlogits.transpose(0, 1, 3, 2) @ _rows(f.q, K) * f.scale
     dk, dv = (x.transpose(0, 2, 1, 3) for x in (dk, dv))                              # (B, S, K, H)
-    return dq.reshape(np.shape(query)), dk.reshape(np.shape(key)), dv.reshape(np.shape(value))
+    grads = dq.reshape(np.shape(query)), dk.reshape(np.shape(key)), dv.reshape(np.shape(value))
+    if f.sink_probs is None:
+        return grads
+    return grads + (-(f.sink_probs * row_dot.reshape(B, N, T)).sum(axis=(0, 2)),)
 
 
 def low_precision_baseline(query, key, value, *args, ref, emulate, **kwargs) -> float:

@@ -16,8 +16,9 @@ from ..core.checks import check_soft_cap
 
 
 def reference_serving_attention(q, k_cache, v_cache, q_starts, kv_lengths, *, scale=None, logits_soft_cap=None,
-                                requests=None) -> np.ndarray:
+                                requests=None, sinks=None) -> np.ndarray:
     """Float64 (T_total, N, H) output of a serving call (see the module docstring).
+    ``sinks`` (N,): one more logit per query head in the softmax denominator, with no value.
 
     ``requests``: the request indices to compute (default all); the rows of the others stay 0, so
     a check of a long batch can sample its longest and shortest requests only."""
@@ -46,7 +47,10 @@ def reference_serving_attention(q, k_cache, v_cache, q_starts, kv_lengths, *, sc
         pos = n - t + np.arange(t)
         vis = np.arange(n)[None, :] <= pos[:, None]                      # (t, n)
         logits = np.where(vis, logits, -np.inf)
-        w = np.exp(logits - logits.max(axis=-1, keepdims=True))
-        w = w / w.sum(axis=-1, keepdims=True)
+        m = logits.max(axis=-1, keepdims=True)
+        sink = None if sinks is None else np.asarray(sinks, np.float64).reshape(K, G, 1, 1)
+        m = m if sink is None else np.maximum(m, sink)
+        w = np.exp(logits - m)
+        w = w / (w.sum(axis=-1, keepdims=True) + (0.0 if sink is None else np.exp(sink - m)))
         out[lo:hi] = np.einsum("kgts,skh->tkgh", w, v[b, :n]).reshape(t, N, H)
     return out
