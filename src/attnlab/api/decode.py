@@ -219,15 +219,19 @@ def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None
 
 
 @dataclasses.dataclass(frozen=True)
-class DecodeExplanation:
+class CallExplanation:
+    """What auto runs for a decode or serving call (``chosen``) and each backend's reason not to (None: it can)."""
     chosen: str
     reasons: dict[str, str | None]
-    spec: DecodeSpec
+    spec: Any       # the call's DecodeSpec or ServingSpec
 
     def __str__(self) -> str:
         from .dot_product import reason_lines
 
         return "\n".join([f"auto runs: {self.chosen}", *reason_lines(self.reasons)])
+
+
+DecodeExplanation = CallExplanation
 
 
 def explain_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, page_table=None,

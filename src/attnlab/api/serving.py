@@ -44,6 +44,7 @@ from ..core.checks import (_is_tracer, _shape, call_problem, check_kv_shapes, ch
                            check_soft_cap, common_float_dtype, length_values)
 from ..core.errors import UnsupportedError
 from ..core.problem import Problem
+from .decode import CallExplanation
 
 ARGUMENT_NAMES = {"batch": "kv_lengths size B", "q_len": "q tokens T_total", "kv_len": "k_cache length S_max",
                   "heads": "q heads N", "kv_heads": "k_cache heads K", "head_dim": "q head dim H"}
@@ -208,16 +209,7 @@ def serving_attention(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=N
     return select_serving(call.spec, implementation).run_serving(call)
 
 
-@dataclasses.dataclass(frozen=True)
-class ServingExplanation:
-    chosen: str
-    reasons: dict[str, str | None]
-    spec: ServingSpec
-
-    def __str__(self) -> str:
-        from .dot_product import reason_lines
-
-        return "\n".join([f"auto runs: {self.chosen}", *reason_lines(self.reasons)])
+ServingExplanation = CallExplanation
 
 
 def explain_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=None, scale=None,
