@@ -68,7 +68,7 @@ class ServingConfig:
     #: the K/V pipeline does not restart at each piece; opt-in: it has run in the interpreter only, never on a GPU
     flat: bool = False
     #: both classes in one launch (``kernels.serving_fused``): 4 warps, 64-row prefill tiles, one
-    #: program per SM and class; opt-in: slower on the H200 (6.1 ms against 4.6 ms in two launches,
+    #: program per SM and class; opt-in: slower on the H200 (a call of 6.19 ms against 4.63 ms in two launches,
     #: results/gpu-2026-12-04-serving-2)
     fused: bool = False
 
