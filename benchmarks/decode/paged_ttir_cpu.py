@@ -23,24 +23,15 @@ sys.path.insert(0, HERE)
 def dump(out_dir: str) -> list[str]:
     import jax
     import jax.numpy as jnp
-    import jax._src.pallas.triton.pallas_call_registration as reg
+    from ttir_cpu import triton_modules
 
     from attnlab.kernels import decode as kd
 
-    captured = []
-    orig = reg.lowering.lower_jaxpr_to_triton_module
-
-    def keep(*a, **k):
-        res = orig(*a, **k)
-        captured.append(res.module.operation.get_asm(enable_debug_info=False))
-        return res
-
-    reg.lowering.lower_jaxpr_to_triton_module = keep
     s = jax.ShapeDtypeStruct
     B, T, S, N, K, H = 8, 4, 32768, 32, 8, 128
     plan = kd.make_plan(B, T, S, N, K, H, "bfloat16", sms=132, compute_capability=(9, 0))
     tags = []
-    try:
+    with triton_modules() as captured:
         for ps in (None, 16, 64, 128):
             f = jax.jit(functools.partial(kd.decode_attention_pallas, causal=True, interpret=False, plan=plan))
             q = s((B, T, N, H), jnp.bfloat16)
@@ -59,8 +50,6 @@ def dump(out_dir: str) -> list[str]:
                 json.dump(dict(num_warps=plan.num_warps,   # what the kernel passes Triton (issue 25)
                                num_stages=kd.compiled_stages(plan.num_stages, 0 if ps is None else 1)), fh)
             tags.append(tag)
-    finally:
-        reg.lowering.lower_jaxpr_to_triton_module = orig
     return tags
 
 

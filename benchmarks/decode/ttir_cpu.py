@@ -15,6 +15,7 @@ Writes OUT_DIR/ttir_check.json and prints a table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -56,28 +57,35 @@ json.dump(res, open(os.path.join(out_dir, "compiled.json"), "w"), indent=1)
 '''
 
 
-def dump(out_dir: str) -> dict:
-    import jax
-    import jax.numpy as jnp
-    from jax._src.pallas.triton import lowering as tl
+@contextlib.contextmanager
+def triton_modules():
+    """The Triton modules (TTIR text) Pallas lowers inside the block, appended to the yielded list."""
+    import jax._src.pallas.triton.pallas_call_registration as reg
 
-    from attnlab.sweep import decode_tune
-    from attnlab.kernels import decode as kd
-
-    captured = []
-    orig = tl.lower_jaxpr_to_triton_module
+    captured, orig = [], reg.lowering.lower_jaxpr_to_triton_module
 
     def keep(*a, **k):
         res = orig(*a, **k)
         captured.append(res.module.operation.get_asm(enable_debug_info=False))
         return res
 
-    import jax._src.pallas.triton.pallas_call_registration as reg
-
     reg.lowering.lower_jaxpr_to_triton_module = keep
+    try:
+        yield captured
+    finally:
+        reg.lowering.lower_jaxpr_to_triton_module = orig
+
+
+def dump(out_dir: str) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    from attnlab.sweep import decode_tune
+    from attnlab.kernels import decode as kd
+
     s = jax.ShapeDtypeStruct
     variants = {}
-    try:
+    with triton_modules() as captured:
         for sh in decode_tune.shapes():
             dt = jnp.dtype(sh.dtype)
             base = kd.make_plan(sh.B, sh.T, sh.S, sh.N, sh.K, sh.H, sh.dtype, sms=132, compute_capability=(9, 0))
@@ -98,8 +106,6 @@ def dump(out_dir: str) -> dict:
                 with open(os.path.join(out_dir, tag + ".json"), "w") as fh:
                     json.dump(dict(num_warps=plan.num_warps, num_stages=plan.num_stages), fh)
                 variants[tag] = dict(config=cfg, plan=dataclasses.asdict(plan), lowered=True)
-    finally:
-        reg.lowering.lower_jaxpr_to_triton_module = orig
     return variants
 
 

@@ -25,24 +25,15 @@ sys.path.insert(0, os.path.join(HERE, "..", ".."))   # the repository root: benc
 def dump(out_dir: str) -> list[str]:
     import jax
     import jax.numpy as jnp
-    import jax._src.pallas.triton.pallas_call_registration as reg
+    from benchmarks.decode.ttir_cpu import triton_modules
 
     from attnlab.kernels import decode as kd
     from attnlab.kernels import serving as ks
     from attnlab.kernels.serving_plan import ServingConfig, make_serving_plan
 
-    captured = []
-    orig = reg.lowering.lower_jaxpr_to_triton_module
-
-    def keep(*a, **k):
-        res = orig(*a, **k)
-        captured.append(res.module.operation.get_asm(enable_debug_info=False))
-        return res
-
-    reg.lowering.lower_jaxpr_to_triton_module = keep
     s = jax.ShapeDtypeStruct
     B, S, H, tags = 32, 32768, 128, []
-    try:
+    with triton_modules() as captured:
         for (N, K, T, max_q, fused, flat) in ((32, 8, 1, 1, False, False), (56, 8, 4, 4, False, False),
                                               (32, 8, 1, None, False, False), (32, 8, 1, None, True, False),
                                               (32, 8, 1, 1, False, True)):
@@ -90,8 +81,6 @@ def dump(out_dir: str) -> list[str]:
                         with open(os.path.join(out_dir, tag + ".json"), "w") as fh:
                             json.dump(meta, fh)
                         tags.append(tag)
-    finally:
-        reg.lowering.lower_jaxpr_to_triton_module = orig
     return tags
 
 
