@@ -120,11 +120,10 @@ def test_plan_covers_every_needed_block_once_and_balances(case):
 
 # ---------------------------------------------------------------- the kernel, Pallas interpret mode
 
-@pytest.mark.parametrize("case,heads,paged,fused,flat", [
-    ("mixed", (14, 2), True, False, False), ("one-long", (8, 2), False, False, False),
-    ("mixed", (8, 2), False, True, False), ("mixed", (8, 2), True, False, True)],
-    ids=["mixed-G7-paged", "one-long-G4-contig", "mixed-G4-contig-fused", "mixed-G4-paged-flat"])
-def test_kernel_matches_float64_under_jit(case, heads, paged, fused, flat):
+@pytest.mark.parametrize("case,heads,paged", [
+    ("mixed", (14, 2), True), ("one-long", (8, 2), False), ("mixed", (8, 2), False)],
+    ids=["mixed-G7-paged", "one-long-G4-contig", "mixed-G4-contig"])
+def test_kernel_matches_float64_under_jit(case, heads, paged):
     N, K = heads
     q, k, v, starts, kv = batch(case, N, K)
     ref = reference_serving_attention(q, k, v, starts, kv, logits_soft_cap=2.5)
@@ -132,7 +131,7 @@ def test_kernel_matches_float64_under_jit(case, heads, paged, fused, flat):
     if paged:
         k, v, table = to_pages(k, v, 8)       # block_k 16 > page 8: the per-key gather
     cfg = sp.ServingConfig(block_k=16, decode_max_q=4, programs=7 if case == "one-long" else 3,
-                           max_q_len=1 if case == "one-long" else None, fused=fused, flat=flat)
+                           max_q_len=1 if case == "one-long" else None)
 
     def step(q, k, v, a, b, t):
         plan = attnlab.serving_plan(a, b, total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K,
@@ -142,10 +141,10 @@ def test_kernel_matches_float64_under_jit(case, heads, paged, fused, flat):
 
     out = jax.jit(step)(q, k, v, jnp.asarray(starts), jnp.asarray(kv), table)
     assert_close(out, ref, q)
-    # the plan made as the step makes it: one class for decodes only, two (one launch when fused) for a mixed batch
+    # the plan made as the step makes it: one class for decodes only, two for a mixed batch
     plan = attnlab.serving_plan(starts, kv, total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K, head_dim=16,
                                 config=cfg)
-    assert (len(plan.classes), plan.fused) == ((1, False) if case == "one-long" else (2, fused))
+    assert len(plan.classes) == (1 if case == "one-long" else 2)
     if case == "one-long":      # the long request's unit merges 5 pieces (an empty one may sit among them)
         first, end = np.asarray(plan.classes[0].units)[0, 3:5]
         assert int(np.sum(np.asarray(plan.classes[0].pieces)[first:end, 7] > 0)) == 5

@@ -1,6 +1,6 @@
 """serving_attention on the GPU: ragged and mixed serving batches against the roofline of their valid work.
 
-    PYTHONPATH=src python benchmarks/serving/gpu.py --out OUT [--quick | --focus] [--flat-too] [--no-peers]
+    PYTHONPATH=src python benchmarks/serving/gpu.py --out OUT [--quick | --focus] [--no-peers]
         [--max-seconds 220] [--variant-seconds 25]
 
 Batches (B=32, S_max=32768, H=128, bf16): lengths uniform (all S), spread (uniform T..S), lognormal (many
@@ -17,7 +17,6 @@ Writes ``results.jsonl`` and ``README.md`` (a table) to --out.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import json
 import os
@@ -98,7 +97,7 @@ def jitted(key, make):
     return _JIT[key]
 
 
-def run_cell(rec, q, k, v, q_len, kv, table, T, N, K, out_f, peers=True, flat_too=False):
+def run_cell(rec, q, k, v, q_len, kv, table, T, N, K, out_f, peers=True):
     import jax
     import jax.numpy as jnp
 
@@ -123,11 +122,6 @@ def run_cell(rec, q, k, v, q_len, kv, table, T, N, K, out_f, peers=True, flat_to
         lambda q, k, v, a, b, t, plan: attnlab.serving_attention(q, k, v, a, b, page_table=t, plan=plan,
                                                                  implementation="attnlab-decode")))
     paths = {"attnlab-serving": (serve, args + (plan,))}
-    if flat_too:        # the decode class in one loop across pieces (kernels.serving_flat)
-        flat_cfg = dataclasses.replace(cfg, flat=True)
-        make_flat = jitted(("plan", flat_cfg, *static), lambda: jax.jit(lambda a, b: attnlab.serving_plan(
-            a, b, total_tokens=Ttot, kv_len_max=s_max, heads=N, kv_heads=K, head_dim=H, config=flat_cfg)))
-        paths["attnlab-serving flat"] = (serve, args + (make_flat(a, b),))
     if peers and len(set(q_len.tolist())) == 1:
         def dec(impl, q, k, v, a, b, t):
             del a
@@ -238,7 +232,6 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="one G, T=1, contiguous and paged 16, no mixed 8x512")
     ap.add_argument("--max-seconds", type=float, default=220.0)
     ap.add_argument("--no-peers", action="store_true")
-    ap.add_argument("--flat-too", action="store_true", help="also time the flat decode loop on every cell")
     ap.add_argument("--focus", action="store_true", help="the skewed batches (lognormal, one-long), contiguous "
                     "and paged 16, then the mixed ones")
     ap.add_argument("--variant-seconds", type=float, default=25.0, help="time for the decode variants past the limit")
@@ -265,8 +258,7 @@ def main(argv=None):
                         kv = lengths_of(dist, T, rng)
                         q = jax.random.normal(jax.random.PRNGKey(T), (B * T, N, H), jax.numpy.bfloat16)
                         rec = dict(device=dev, batch=dist, B=B, S=S, H=H, N=N, K=K, G=N // K, T=T, layout=layout)
-                        run_cell(rec, q, k, v, np.full(B, T, np.int32), kv, table, T, N, K, f, peers=not a.no_peers,
-                                 flat_too=a.flat_too)
+                        run_cell(rec, q, k, v, np.full(B, T, np.int32), kv, table, T, N, K, f, peers=not a.no_peers)
                 del k, v, table
         s_mix = 16384
         for chunks, chunk, decodes in ((2, 2048, 126),) + (() if a.quick else ((8, 512, 248),)):
@@ -280,7 +272,7 @@ def main(argv=None):
                     q = jax.random.normal(jax.random.PRNGKey(5), (int(q_len.sum()) + 64, N, H), jax.numpy.bfloat16)
                     rec = dict(device=dev, batch=f"mixed {chunks}x{chunk}+{decodes}", B=len(kv), S=s_mix, H=H, N=N,
                                K=K, G=N // K, T=1, layout=layout)
-                    run_cell(rec, q, k, v, q_len, kv, table, 1, N, K, f, peers=not a.no_peers, flat_too=a.flat_too)
+                    run_cell(rec, q, k, v, q_len, kv, table, 1, N, K, f, peers=not a.no_peers)
                     del k, v, table
         if not a.quick:
             from benchmarks.serving.variants import decode_variants, prefill_variants

@@ -34,12 +34,10 @@ def dump(out_dir: str) -> list[str]:
     s = jax.ShapeDtypeStruct
     B, S, H, tags = 32, 32768, 128, []
     with triton_modules() as captured:
-        for (N, K, T, max_q, fused, flat) in ((32, 8, 1, 1, False, False), (56, 8, 4, 4, False, False),
-                                              (32, 8, 1, None, False, False), (32, 8, 1, None, True, False),
-                                              (32, 8, 1, 1, False, True)):
+        for (N, K, T, max_q) in ((32, 8, 1, 1), (56, 8, 4, 4), (32, 8, 1, None)):
             for page in (None, 16, 64):
                 Ttot = B * T
-                cfg = ServingConfig(max_q_len=max_q, decode_q_len=T, fused=fused, flat=flat)
+                cfg = ServingConfig(max_q_len=max_q, decode_q_len=T)
 
                 def f(q, k, v, a, b, t=None):
                     plan = make_serving_plan(a, b, total_tokens=Ttot, kv_len_max=S, heads=N, kv_heads=K, head_dim=H,
@@ -57,23 +55,11 @@ def dump(out_dir: str) -> list[str]:
                 plan = jax.eval_shape(lambda a, b: make_serving_plan(a, b, total_tokens=Ttot, kv_len_max=S, heads=N,
                                                                     kv_heads=K, head_dim=H, config=cfg, sms=132),
                                       args[3], args[4])
-                if plan.fused:      # one fused pieces kernel, then the two merges
-                    cp = plan.classes[1]
-                    tag = f"G{N // K}_T{T}_fused_r{plan.classes[0].block_r}_r{cp.block_r}_" + (
-                        "contig" if page is None else f"paged{page}")
-                    with open(os.path.join(out_dir, tag + ".ttir"), "w") as fh:
-                        fh.write(captured[n0])
-                    with open(os.path.join(out_dir, tag + ".json"), "w") as fh:
-                        json.dump(dict(num_warps=cp.num_warps,
-                                       num_stages=kd.compiled_stages(cp.num_stages, 0 if page is None else 1)), fh)
-                    tags.append(tag)
-                    continue
                 # the classes' pieces kernels, then their merges
                 n = len(plan.classes)
                 for i, cp in enumerate(plan.classes):
-                    base = (f"G{N // K}_T{T}_r{cp.block_r}{'_flat' if cp.flat else ''}_"
-                            f"{'contig' if page is None else f'paged{page}'}")
-                    stages = kd.compiled_stages(cp.num_stages, (0 if page is None else 1) + (1 if cp.flat else 0))
+                    base = f"G{N // K}_T{T}_r{cp.block_r}_{'contig' if page is None else f'paged{page}'}"
+                    stages = kd.compiled_stages(cp.num_stages, 0 if page is None else 1)
                     for tag, ttir, meta in ((base, captured[n0 + i], dict(num_warps=cp.num_warps, num_stages=stages)),
                                             (base + "_merge", captured[n0 + n + i], dict(num_warps=8 if cp.block_r * H > 8192 else 4, num_stages=1))):
                         with open(os.path.join(out_dir, tag + ".ttir"), "w") as fh:

@@ -1,5 +1,5 @@
 """Tile variants for ``benchmarks/serving/gpu.py`` (run at its end, within its time limit): decode programs,
-block_k and depth on the skewed batches, prefill tiles and the fused launch on a mixed batch.
+block_k and depth on the skewed batches, prefill tiles on a mixed batch.
 Each variant is checked against float64 before it is timed; its kernels are timed one by one (CUPTI).
 """
 from __future__ import annotations
@@ -12,12 +12,23 @@ import numpy as np
 from benchmarks.serving import gpu as g
 
 
-#: decode tile variants (programs per KV head, block_k, num_stages, flat) on the skewed batches (G=4, T=1,
-#: contiguous); None: the default (33 programs per KV head = 2 per SM at K=8, block_k 64, 3 stages); flat: one
-#: loop across pieces (``kernels.serving_flat``)
-DECODE_VARIANTS = ((None, None, None, False), (None, None, None, True), (None, 128, None, True), (49, None, None, True),
-                   (None, 128, None, False), (49, None, None, False), (16, None, None, False), (None, 32, None, False),
-                   (None, None, 4, False))
+#: decode tile variants (programs per KV head, block_k, num_stages) on the skewed batches (G=4, T=1,
+#: contiguous); None: the default (33 programs per KV head = 2 per SM at K=8, block_k 64, 3 stages)
+DECODE_VARIANTS = ((None, None, None), (None, 128, None), (49, None, None), (16, None, None), (None, 32, None),
+                   (None, None, 4))
+
+
+def _time_into(r, fn, args, refs, roof_ms):
+    """Check ``fn(*args)`` against float64, then time its kernels (CUPTI) into ``r``; an error is a result."""
+    try:
+        r["check"] = g.check(fn(*args), refs)
+        if not all(c["ok"] for c in r["check"]):
+            raise RuntimeError(f"check failed: {r['check']}")
+        r["kernels"] = g.kernels_ms(fn, args)
+        r["ms"] = sum(t for _, t in r["kernels"])
+        r["pct_roofline"] = 100 * roof_ms / r["ms"]
+    except Exception as e:  # noqa: BLE001 - a variant that fails is a result
+        r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
 
 
 def decode_variants(out_f, key, dev, t0, max_seconds):
@@ -40,36 +51,25 @@ def decode_variants(out_f, key, dev, t0, max_seconds):
         kv = g.lengths_of(dist, 1, np.random.default_rng(7))
         cells.append((dist, kv, g.references(q, k, v, starts, kv, None),
                       serving_roofline_s(starts, kv, N, K, g.H, 2) * 1e3))
-    for programs, bk, stages, flat in DECODE_VARIANTS:      # variant first: each is seen on both batches
+    for programs, bk, stages in DECODE_VARIANTS:      # variant first: each is seen on both batches
         for dist, kv, refs, roof_ms in cells:
             if time.perf_counter() - t0 > max_seconds:
                 return
-            cfg = ServingConfig(max_q_len=1, decode_q_len=1, programs=programs, block_k=bk, num_stages=stages, flat=flat)
+            cfg = ServingConfig(max_q_len=1, decode_q_len=1, programs=programs, block_k=bk, num_stages=stages)
             r = dict(device=dev, batch=f"decode variant {dist}", path="attnlab-serving", N=N, K=K, G=4, T=1,
-                     layout="contig", programs=programs, block_k=bk, num_stages=stages, flat=flat)
-            try:
-                plan = attnlab.serving_plan(jnp.asarray(starts), jnp.asarray(kv), total_tokens=g.B, kv_len_max=g.S,
-                                            heads=N, kv_heads=K, head_dim=g.H, config=cfg)
-                args = (q, k, v, jnp.asarray(starts), jnp.asarray(kv), plan)
-                r["check"] = g.check(fn(*args), refs)
-                if not all(c["ok"] for c in r["check"]):
-                    raise RuntimeError(f"check failed: {r['check']}")
-                r["kernels"] = g.kernels_ms(fn, args)
-                r["ms"] = sum(t for _, t in r["kernels"])
-                r["pct_roofline"] = 100 * roof_ms / r["ms"]
-            except Exception as e:  # noqa: BLE001 - a variant that fails is a result
-                r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-            print(f"decode variant {dist} programs={programs} block_k={bk} stages={stages} flat={flat}: "
+                     layout="contig", programs=programs, block_k=bk, num_stages=stages)
+            plan = attnlab.serving_plan(jnp.asarray(starts), jnp.asarray(kv), total_tokens=g.B, kv_len_max=g.S,
+                                        heads=N, kv_heads=K, head_dim=g.H, config=cfg)
+            _time_into(r, fn, (q, k, v, jnp.asarray(starts), jnp.asarray(kv), plan), refs, roof_ms)
+            print(f"decode variant {dist} programs={programs} block_k={bk} stages={stages}: "
                   f"{r.get('ms') or 0:.4f} ms "
                   f"{r.get('pct_roofline') or 0:.0f}% {r.get('error', '')[:100]}", flush=True)
             out_f.write(json.dumps(r) + "\n")
             out_f.flush()
 
 
-#: prefill tile variants (block_k, num_warps, num_stages, fused) timed on the 2 x 2048 + 126 mixed batch, G=4;
-#: fused: both classes in one launch (``kernels.serving_fused``, 64-row prefill tiles, 4 warps)
-PREFILL_VARIANTS = ((64, 8, 3, False), (64, 4, 3, True), (128, 8, 2, False), (64, 4, 3, False), (64, 4, 2, True),
-                    (128, 8, 3, False), (32, 4, 3, False))
+#: prefill tile variants (block_k, num_warps, num_stages) timed on the 2 x 2048 + 126 mixed batch, G=4
+PREFILL_VARIANTS = ((64, 8, 3), (128, 8, 2), (64, 4, 3), (128, 8, 3), (32, 4, 3))
 
 
 def prefill_variants(out_f, key, dev, t0, max_seconds):
@@ -91,31 +91,21 @@ def prefill_variants(out_f, key, dev, t0, max_seconds):
     flops = serving_flops(g.starts_of(q_len[:2]), kv[:2], N, g.H)
     refs = g.references(q, k, v, starts, kv, None)
     roof_ms = serving_roofline_s(starts, kv, N, K, g.H, 2) * 1e3
-    for bk, warps, stages, fused in PREFILL_VARIANTS:
+    fn = jax.jit(lambda q, k, v, a, b, p: attnlab.serving_attention(q, k, v, a, b, plan=p,
+                                                                     implementation="attnlab-decode"))
+    for bk, warps, stages in PREFILL_VARIANTS:
         if time.perf_counter() - t0 > max_seconds:
             break
-        cfg = (ServingConfig(block_k_prefill=bk, num_warps=warps, num_stages=stages, fused=True) if fused else
-               ServingConfig(block_k_prefill=bk, num_warps_prefill=warps, num_stages_prefill=stages))
+        cfg = ServingConfig(block_k_prefill=bk, num_warps_prefill=warps, num_stages_prefill=stages)
         r = dict(device=dev, batch="prefill variant", path="attnlab-serving", N=N, K=K, G=N // K, T=1, layout="contig",
-                 block_k=bk, num_warps=warps, num_stages=stages, fused=fused)
-        try:
-            plan = attnlab.serving_plan(jnp.asarray(starts), jnp.asarray(kv), total_tokens=int(q.shape[0]),
-                                        kv_len_max=s_mix, heads=N, kv_heads=K, head_dim=g.H, config=cfg)
-            fn = jax.jit(lambda q, k, v, a, b, p: attnlab.serving_attention(q, k, v, a, b, plan=p,
-                                                                             implementation="attnlab-decode"))
-            args = (q, k, v, jnp.asarray(starts), jnp.asarray(kv), plan)
-            r["check"] = g.check(fn(*args), refs)
-            if not all(c["ok"] for c in r["check"]):
-                raise RuntimeError(f"check failed: {r['check']}")
-            r["kernels"] = g.kernels_ms(fn, args)
-            pk = [t for n, t in r["kernels"] if "serving_prefill_r" in n or "serving_fused" in n]
-            r["prefill_ms"] = pk[0] if pk else None
-            r["prefill_tflops"] = flops / (pk[0] * 1e-3) / 1e12 if pk and not fused else None
-            r["ms"] = sum(t for _, t in r["kernels"])
-            r["pct_roofline"] = 100 * roof_ms / r["ms"]
-        except Exception as e:  # noqa: BLE001 - a variant that fails is a result
-            r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-        print(f"prefill variant bk={bk} warps={warps} stages={stages} fused={fused}: {r.get('prefill_ms') or 0:.4f} ms "
+                 block_k=bk, num_warps=warps, num_stages=stages)
+        plan = attnlab.serving_plan(jnp.asarray(starts), jnp.asarray(kv), total_tokens=int(q.shape[0]),
+                                    kv_len_max=s_mix, heads=N, kv_heads=K, head_dim=g.H, config=cfg)
+        _time_into(r, fn, (q, k, v, jnp.asarray(starts), jnp.asarray(kv), plan), refs, roof_ms)
+        pk = [t for n, t in r.get("kernels", []) if "serving_prefill_r" in n]
+        r["prefill_ms"] = pk[0] if pk else None
+        r["prefill_tflops"] = flops / (pk[0] * 1e-3) / 1e12 if pk else None
+        print(f"prefill variant bk={bk} warps={warps} stages={stages}: {r.get('prefill_ms') or 0:.4f} ms "
               f"{r.get('prefill_tflops') or 0:.0f} TFLOP/s; call {r.get('ms') or 0:.4f} ms "
               f"{r.get('pct_roofline') or 0:.0f}% {r.get('error', '')[:100]}", flush=True)
         out_f.write(json.dumps(r) + "\n")

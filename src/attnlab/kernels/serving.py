@@ -256,16 +256,8 @@ def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan
     q_flat = q.reshape(T_total * N, H)
     statics = [class_static(cp, G=G, N=N, S=S, qk_scale=scale * LOG2E, page_size=page_size,
                             soft_cap=None if soft_cap is None else float(soft_cap) * LOG2E) for cp in plan.classes]
-    if plan.fused and len(plan.classes) == 2:
-        from .serving_fused import fused_pieces_call
-
-        partials = fused_pieces_call(plan.classes, statics, q_flat, k, v, table, K=K, H=H, interpret=interpret)
-    else:
-        from .serving_flat import flat_pieces_call
-
-        partials = [(flat_pieces_call if cp.flat else _pieces_call)(cp, q_flat, k, v, table, K=K, H=H, static=st,
-                                                                    interpret=interpret)
-                    for cp, st in zip(plan.classes, statics)]
+    partials = [_pieces_call(cp, q_flat, k, v, table, K=K, H=H, static=st, interpret=interpret)
+                for cp, st in zip(plan.classes, statics)]
     for cp, parts in zip(plan.classes, partials):
         out = merge_call(cp, parts, out, K=K, G=G, N=N, H=H, interpret=interpret)
     return out[:T_total * N].reshape(T_total, N, H) if interpret else out.reshape(T_total, N, H)

@@ -64,35 +64,23 @@ class ServingConfig:
     #: the prefill class's own (None: as above)
     num_warps_prefill: int | None = None
     num_stages_prefill: int | None = None
-    #: the decode class's programs walk their blocks in one loop across pieces (``kernels.serving_flat``):
-    #: the K/V pipeline does not restart at each piece; opt-in: it has run in the interpreter only, never on a GPU
-    flat: bool = False
-    #: both classes in one launch (``kernels.serving_fused``): 4 warps, 64-row prefill tiles, one
-    #: program per SM and class; opt-in: slower on the H200 (a call of 6.19 ms against 4.63 ms in two launches,
-    #: results/gpu-2026-12-04-serving-2)
-    fused: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
 class ClassPlan:
     """One tile class's work list: ``pieces`` (num_pieces, 8) int32 (``FIELDS``), ``starts``
-    (programs + 1,) int32: program p runs pieces starts[p] .. starts[p+1]-1 (flat: blocks), and ``units``
+    (programs + 1,) int32: program p runs pieces starts[p] .. starts[p+1]-1, and ``units``
     (num_units, 5) int32 (``UNIT_FIELDS``): the merge combines each unit's pieces."""
 
     pieces: object
     starts: object
     units: object
-    #: flat (``kernels.serving_flat``): (max blocks, 3) int32, block g of the class's sequence: its K/V row
-    #: (b * S_max + position, paged: the same virtual row), its piece, flags (1: its piece's first block,
-    #: 2: its last); None otherwise
-    blocks: object
     block_r: int = dataclasses.field(metadata=dict(static=True))
     block_k: int = dataclasses.field(metadata=dict(static=True))
     programs: int = dataclasses.field(metadata=dict(static=True))
     num_warps: int = dataclasses.field(metadata=dict(static=True))
     num_stages: int = dataclasses.field(metadata=dict(static=True))
     decode: bool = dataclasses.field(metadata=dict(static=True))
-    flat: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,13 +89,12 @@ class ServingPlan:
 
     classes: tuple
     sizes: tuple = dataclasses.field(metadata=dict(static=True))    # (T_total, B, N, K, H)
-    fused: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
 
 def _register():
     import jax
 
-    for cls, data in ((ClassPlan, ["pieces", "starts", "units", "blocks"]), (ServingPlan, ["classes"])):
+    for cls, data in ((ClassPlan, ["pieces", "starts", "units"]), (ServingPlan, ["classes"])):
         meta = [f.name for f in dataclasses.fields(cls) if f.name not in data]
         jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=meta)
 
@@ -125,7 +112,7 @@ def _searchsorted(xp, a, v, side, method="compare_all"):
 
 
 def _pieces(xp, q_starts, kv_lengths, *, in_class, groups: int, block_r: int, block_k: int, kv_len_max: int,
-            num_units: int, programs: int, flat: bool = False):
+            num_units: int, programs: int):
     """(pieces (num_units + programs, 8), starts (programs + 1,), units (num_units, 5)) of one class;
     ``xp`` numpy or jax.numpy.
 
@@ -159,32 +146,11 @@ def _pieces(xp, q_starts, kv_lengths, *, in_class, groups: int, block_r: int, bl
     fields = (pb, starts[pb], row_off[pu], unit_rows[pu], q_pos0[pu], kv[pb], bounds - (unit_end[pu] - nb[pu]), blocks)
     pieces = xp.stack([xp.asarray(f).astype(i32) for f in fields], axis=1)
     prog_first = _searchsorted(xp, bounds, xp.concatenate([prog_start, total[None] + 1]), "left")
-    # a unit's pieces: those starting in [its first block, its end). Flat: an empty piece can start at its
-    # first block too (where a program's run starts with the unit) and is never written, so from the last
-    # piece starting there
-    first_piece = (xp.maximum(_searchsorted(xp, bounds, unit_end - nb, "right") - 1, 0) if flat
-                   else _searchsorted(xp, bounds, unit_end - nb, "left"))
+    # a unit's pieces: those starting in [its first block, its end)
+    first_piece = _searchsorted(xp, bounds, unit_end - nb, "left")
     unit_fields = (starts[b], row_off, unit_rows, first_piece, _searchsorted(xp, bounds, unit_end, "left"))
     units = xp.stack([xp.asarray(f).astype(i32) for f in unit_fields], axis=1)
     return pieces, prog_first.astype(i32), units
-
-
-def flat_blocks(xp, pieces, starts, *, kv_len_max: int, block_k: int, max_blocks: int):
-    """(runs (programs + 1,), blocks (max_blocks, 3)) for the flat loop: program p walks the class's blocks
-    runs[p] .. runs[p+1]-1; block g reads K/V row blocks[g, 0], belongs to piece blocks[g, 1] and is its
-    first (flag 1) and/or last (flag 2) block."""
-    i32 = xp.int32
-    first, b, count = pieces[:, 6], pieces[:, 0], pieces[:, 7]
-    start = (xp.cumsum(count) - count).astype(i32)      # pieces tile the block sequence in order
-    total = xp.sum(count).astype(i32)
-    n = pieces.shape[0]
-    runs = xp.where(starts < n, start[xp.minimum(starts, n - 1)], total).astype(i32)
-    g = xp.arange(max_blocks, dtype=i32)
-    big = n * max_blocks > 4_000_000
-    j = xp.clip(_searchsorted(xp, start, g, "right", "sort" if big else "compare_all") - 1, 0, n - 1)
-    row = b[j] * kv_len_max + (first[j] + g - start[j]) * block_k
-    flags = (g == start[j]).astype(i32) + 2 * (g == start[j] + count[j] - 1).astype(i32)
-    return runs, xp.stack([xp.where(g < total, row, 0), j, flags], axis=1).astype(i32)
 
 
 def num_units(total_tokens: int, batch: int, groups: int, block_r: int, max_q: int) -> int:
@@ -218,19 +184,18 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
         if decode and max_q < 1 or not decode and max_q <= cfg.decode_max_q:
             continue
         block_k = min(cap_k, (None if decode else cfg.block_k_prefill) or cfg.block_k or default_block_k(head_dim))
-        fused = cfg.fused and max_q > cfg.decode_max_q
         if decode:
             br = cfg.block_r_decode or min(64, next_pow2(max(16, G * dec_q)))
         else:
-            br = cfg.block_r_prefill or (64 if fused or head_dim > 128 else 128)
-        warps = (None if decode or fused else cfg.num_warps_prefill) or cfg.num_warps or (
-            4 if fused else 8 if br * (head_dim + block_k) > 12288 else 4)
+            br = cfg.block_r_prefill or (64 if head_dim > 128 else 128)
+        warps = (None if decode else cfg.num_warps_prefill) or cfg.num_warps or (
+            8 if br * (head_dim + block_k) > 12288 else 4)
         stages = (None if decode else cfg.num_stages_prefill) or cfg.num_stages or 3
         # at most 2 resident programs per SM: every program must be resident at once (stream-K gives each
         # the same work, so a second wave would double the time); ptxas gave the paged r16 tile 204
         # registers (2 per SM) where the estimate says 3 (benchmarks/serving/ttir_cpu.py)
         occ = min(2, programs_per_sm(br, block_k, head_dim, warps, stages, itemsize))
-        programs = cfg.programs or max(1, (sms or sm_count()) * (1 if fused else occ) // kv_heads)
+        programs = cfg.programs or max(1, (sms or sm_count()) * occ // kv_heads)
         top = min(max_q, cfg.decode_max_q) if decode else max_q
         units = num_units(total_tokens, B, G, br, top)
         if xp is np:
@@ -238,15 +203,8 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
         else:
             q_len_x = jax.numpy.diff(jax.numpy.asarray(q_starts).astype(jax.numpy.int32))
         in_class = (q_len_x <= cfg.decode_max_q) if decode else (q_len_x > cfg.decode_max_q)
-        flat = bool(cfg.flat and decode and not fused)
         pieces, starts, unit_list = _pieces(xp, q_starts, kv_lengths, in_class=in_class, groups=G, block_r=br,
-                                            block_k=block_k, kv_len_max=kv_len_max, num_units=units, programs=programs,
-                                            flat=flat)
-        blocks = None
-        if flat:
-            starts, blocks = flat_blocks(xp, pieces, starts, kv_len_max=kv_len_max, block_k=block_k,
-                                         max_blocks=units * cdiv(kv_len_max, block_k))
-        classes.append(ClassPlan(pieces, starts, unit_list, blocks, block_r=br, block_k=block_k, programs=programs,
-                                 num_warps=warps, num_stages=stages, decode=decode, flat=flat))
-    return ServingPlan(tuple(classes), sizes=(total_tokens, B, heads, kv_heads, head_dim),
-                       fused=bool(cfg.fused and len(classes) == 2))
+                                            block_k=block_k, kv_len_max=kv_len_max, num_units=units, programs=programs)
+        classes.append(ClassPlan(pieces, starts, unit_list, block_r=br, block_k=block_k, programs=programs,
+                                 num_warps=warps, num_stages=stages, decode=decode))
+    return ServingPlan(tuple(classes), sizes=(total_tokens, B, heads, kv_heads, head_dim))
