@@ -13,6 +13,16 @@ the keys at positions ``<= kv_lengths[b] - T + t`` (bottom-right aligned, per ba
 with ``causal=False`` every valid key ``< kv_lengths[b]``. No output row is empty (query t
 always sees key 0). At T = 1 both rules are the same.
 
+Sliding window (``local_window_size``, jax.nn's argument): an int w means (w, w), or (left, right). Query t
+(at absolute position p = kv_lengths[b] - T + t) then sees only the keys at positions in
+[p - left, p + right], intersected with the rule above and [0, kv_lengths[b]): positions are absolute in
+the cache, not the top-left indices ``attention``'s window counts from. With ``causal=True`` ``right`` is
+allowed, as jax.nn allows it, and changes nothing (the causal mask already hides every key past p: jax.nn
+ANDs the two masks); with ``causal=False`` it bounds the keys after p. Every row still sees its own key
+p. attnlab-decode loads only the KV blocks from the block of kv_lengths[b] - T - left on; the generic
+paths (naive, xla) fold the window into their decode mask; every other backend refuses, naming it
+(``Backend.takes_decode_window``).
+
 Paths (``implementation``): the chosen backend's ``run_decode`` runs the call, whatever the backend.
   * a backend with a decode kernel of its own overrides ``run_decode`` (``"attnlab-decode"``: attnlab's
     Pallas kernel, ``attnlab.kernels.decode``, which knows the rule natively (no mask) and reads only the
@@ -45,7 +55,7 @@ from typing import Any
 from .. import backends
 from ..backends.masked_decode import decode_mask  # noqa: F401 (re-exported)
 from ..core.checks import (_is_tracer, _shape, as_lengths, call_problem, check_flag, check_kv_shapes, check_scale,
-                           check_sinks, check_soft_cap, common_float_dtype, length_values)
+                           check_sinks, check_soft_cap, common_float_dtype, length_values, normalise_window)
 from ..core.errors import UnsupportedError
 from ..core.problem import Problem, delegate_fields
 from ..core.spec import AttentionSpec
@@ -61,7 +71,8 @@ class DecodeSpec:
 
     ``problem``: ``Problem(B, T, S_max, N, K, H, dtype, causal)``: ``kv_len`` is the cache's capacity
     S_max (contiguous: k_cache's length; paged: pages_per_seq * page_size), ``causal`` decode's
-    bottom-right rule (query t sees keys <= kv_lengths[b] - T + t), ``window`` None. Its fields read
+    bottom-right rule (query t sees keys <= kv_lengths[b] - T + t), ``window`` the call's
+    ``local_window_size`` as (left, right) around each query's absolute position, or None. Its fields read
     as attributes (``spec.heads``, ``spec.q_len``), ``spec.max_len`` is ``problem.kv_len``.
     The per-sequence ``kv_lengths`` are values, not part of the static description.
     """
@@ -79,14 +90,14 @@ class DecodeSpec:
 
     @property
     def needs_mask(self) -> bool:
-        """Whether the generic path needs a dense mask (the causal tail of T > 1 tokens)."""
-        return self.causal and self.q_len > 1
+        """Whether the generic path needs a dense mask (the causal tail of T > 1 tokens, or a window)."""
+        return self.causal and self.q_len > 1 or self.window is not None
 
     def attention_spec(self) -> AttentionSpec:
         """The ``attention()`` call this decode is expressed as on the generic backends."""
         mask = (self.batch, 1, self.q_len, self.max_len) if self.needs_mask else None
-        # decode's causal rule is the mask (bottom-right); attention's is_causal (top-left) stays off
-        return AttentionSpec(problem=dataclasses.replace(self.problem, causal=False), scale=self.scale,
+        # decode's causal rule and window are the mask (bottom-right); attention's (top-left) stay off
+        return AttentionSpec(problem=dataclasses.replace(self.problem, causal=False, window=None), scale=self.scale,
                              mask_shape=mask, has_kv_lengths=True, soft_cap=self.soft_cap, has_sinks=self.has_sinks)
 
 
@@ -116,7 +127,7 @@ class DecodeCall:
 
 
 def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, page_table=None,
-                   logits_soft_cap=None, sinks=None) -> DecodeCall:
+                   logits_soft_cap=None, sinks=None, local_window_size=None) -> DecodeCall:
     """Check every argument of a decode call (see the module docstring) and describe it."""
     qs, ks, vs = _shape("q", q), _shape("k_cache", k_cache), _shape("v_cache", v_cache)
     if len(qs) != 4:
@@ -134,7 +145,7 @@ def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, 
     B, T, N, H = qs
     S, K = ks[1:3]
     problem = call_problem(ARGUMENT_NAMES, (B, T, S, N, K, H), dtype, check_flag("causal", causal),
-                           may_be_empty=("batch",))
+                           normalise_window(local_window_size), may_be_empty=("batch",))
     if S < T:
         raise ValueError(f"k_cache length S_max={S} must be >= T={T}: the T new tokens must fit in the cache")
     kv_lengths = as_lengths(kv_lengths)
@@ -177,7 +188,11 @@ def select_decode(spec: DecodeSpec, implementation=None):
         raise TypeError(f"implementation must be None or a str, got {type(implementation).__name__}")
     if implementation in (None, "auto"):
         claimed = next((b for b in backends.all_backends() if b.auto_reason(spec) is None), None)
-        return claimed or api.select(spec.attention_spec(), None)
+        chosen = claimed or api.select(spec.attention_spec(), None)
+        if spec.window is not None and not chosen.takes_decode_window:   # a portable path that takes the window
+            every = sorted(backends.all_backends(), key=lambda b: not b.portable)
+            chosen = next((b for b in every if b.why_not_decode(spec) is None), chosen)
+        return chosen
     backend = backends.get(implementation)
     why = backend.why_not_decode(spec)
     if why:
@@ -186,7 +201,7 @@ def select_decode(spec: DecodeSpec, implementation=None):
 
 
 def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, implementation=None,
-                     page_table=None, logits_soft_cap=None, sinks=None):
+                     page_table=None, logits_soft_cap=None, sinks=None, local_window_size=None):
     """Attention of T new tokens against a KV cache of valid lengths (see the module docstring).
 
     Args:
@@ -205,12 +220,15 @@ def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None
         (attnlab-decode applies it in the kernel; generic paths as ``attention`` does).
       sinks: None or (N,) float logits, ``attention``'s attention sinks; the masked path runs them
         (naive, xla), attnlab-decode and cuDNN refuse.
+      local_window_size: None, an int w ((w, w)) or (left, right): query t at position
+        p = kv_lengths[b] - T + t sees only keys in [p - left, p + right] (module docstring);
+        attnlab-decode reads only the window's KV blocks; naive and xla mask; other backends refuse.
 
     Returns:
       (B, T, N, H) in q's dtype.
     """
     d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale, page_table=page_table,
-                       logits_soft_cap=logits_soft_cap, sinks=sinks)
+                       logits_soft_cap=logits_soft_cap, sinks=sinks, local_window_size=local_window_size)
     if d.spec is None:                  # B = 0: an empty batch, whatever the path
         from .dot_product import empty_result
 
@@ -235,10 +253,10 @@ DecodeExplanation = CallExplanation
 
 
 def explain_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, page_table=None,
-                   logits_soft_cap=None, sinks=None) -> DecodeExplanation:
+                   logits_soft_cap=None, sinks=None, local_window_size=None) -> DecodeExplanation:
     """Which path ``decode_attention(implementation=None)`` runs, and why not each other one."""
     d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale, page_table=page_table,
-                       logits_soft_cap=logits_soft_cap, sinks=sinks)
+                       logits_soft_cap=logits_soft_cap, sinks=sinks, local_window_size=local_window_size)
     if d.spec is None:
         return DecodeExplanation("none", {}, None)
     chosen = select_decode(d.spec, None).name

@@ -17,6 +17,11 @@ N query heads share K KV heads (G = N / K, query head n reads KV head n // G); H
 Query i of request b sits at position ``kv_lengths[b] - q_len[b] + i`` and attends the keys at
 positions <= its own (causal, bottom-right aligned per request): a decode request (q_len 1..8) sees
 its whole cache, a prefill chunk sees the cache before it and its own tokens causally.
+With ``local_window_size`` (jax.nn's argument: an int w means (w, w), or (left, right)) a query at
+position p sees only the keys in [p - left, p]: the call is causal, so ``right`` is allowed (as jax.nn
+allows it with ``is_causal``) and changes nothing. The serving kernel's plan starts each unit at its first
+visible KV block (``serving_plan(..., local_window_size=)``: a plan is made for one window), so stream-K
+balances only the windowed work; the xla path masks.
 ``decode_attention`` is the uniform special case (every q_len equal to T, q as (B, T, N, H)).
 
 Paths (``implementation``): ``"attnlab-decode"``: attnlab's serving kernel (``kernels.serving``, Pallas
@@ -41,7 +46,7 @@ import numpy as np
 
 from .. import backends
 from ..core.checks import (_is_tracer, _shape, call_problem, check_kv_shapes, check_scale, check_sinks,
-                           check_soft_cap, common_float_dtype, length_values)
+                           check_soft_cap, common_float_dtype, length_values, normalise_window)
 from ..core.errors import UnsupportedError
 from ..core.problem import Problem
 from .decode import CallExplanation
@@ -53,8 +58,9 @@ ARGUMENT_NAMES = {"batch": "kv_lengths size B", "q_len": "q tokens T_total", "kv
 @dataclasses.dataclass(frozen=True)
 class ServingSpec:
     """Static description of a serving call: ``problem`` = Problem(B, T_total, S_max, N, K, H, dtype,
-    causal=True) (q_len is the token budget T_total), the page size, soft cap, whether the scale is static
-    and whether sinks (one extra softmax logit per query head) are given."""
+    causal=True, window) (q_len is the token budget T_total; window the call's ``local_window_size`` as
+    (left, right), or None), the page size, soft cap, whether the scale is static and whether sinks (one
+    extra softmax logit per query head) are given."""
 
     problem: Problem
     page_size: int | None = None
@@ -102,7 +108,7 @@ def _check_values(starts, lengths, T_total: int, S: int):
 
 
 def prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=None, scale=None,
-                    logits_soft_cap=None, plan=None, sinks=None) -> ServingCall:
+                    logits_soft_cap=None, plan=None, sinks=None, local_window_size=None) -> ServingCall:
     """Check every argument of a serving call (module docstring) and describe it."""
     qs, ks, vs = _shape("q", q), _shape("k_cache", k_cache), _shape("v_cache", v_cache)
     if len(qs) != 3:
@@ -126,7 +132,7 @@ def prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=Non
     check_kv_shapes(("q", "k_cache", "v_cache"), (B, T_total, N, H), ks, vs)
     dtype = common_float_dtype({"q": q, "k_cache": k_cache, "v_cache": v_cache})
     S, K = ks[1:3]
-    problem = call_problem(ARGUMENT_NAMES, (B, T_total, S, N, K, H), dtype, True)
+    problem = call_problem(ARGUMENT_NAMES, (B, T_total, S, N, K, H), dtype, True, normalise_window(local_window_size))
     starts = length_values("q_starts", q_starts, B + 1)
     lengths = length_values("kv_lengths", kv_lengths, B)
     if starts is not None and lengths is not None:
@@ -137,7 +143,7 @@ def prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=Non
     spec = ServingSpec(problem, page_size=page_size, soft_cap=check_soft_cap(logits_soft_cap), scale_is_static=static,
                        has_sinks=sinks is not None)
     if plan is not None:
-        _check_plan(plan, (T_total, B, N, K, H))
+        _check_plan(plan, (T_total, B, N, K, H), problem.window)
     import jax.numpy as jnp
 
     table = None if page_table is None else jnp.asarray(page_table).astype(jnp.int32)
@@ -146,23 +152,30 @@ def prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=Non
                        spec, table, plan, sinks)
 
 
-def _check_plan(plan, sizes):
+def _check_plan(plan, sizes, window):
     from ..kernels.serving_plan import ServingPlan
 
     if not isinstance(plan, ServingPlan):
         raise TypeError(f"plan must be an attnlab ServingPlan (attnlab.serving_plan(...)), got {type(plan).__name__}")
     if tuple(plan.sizes) != tuple(sizes):
         raise ValueError(f"plan was made for (T_total, B, N, K, H)={tuple(plan.sizes)}, this call is {tuple(sizes)}")
+    left = None if window is None else window[0]
+    if plan.window_left != left:
+        raise ValueError(f"plan was made for local_window_size left={plan.window_left}, this call's is {left} "
+                         "(pass the call's local_window_size to serving_plan)")
 
 
 def serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: int, heads: int, kv_heads: int,
-                 head_dim: int, dtype="bfloat16", config=None):
+                 head_dim: int, dtype="bfloat16", config=None, local_window_size=None):
     """The serving kernel's plan for one step (``kernels.serving_plan.make_serving_plan``): call it once
-    (inside jit with traced lengths, or on the host) and pass it as ``plan=`` to every layer."""
+    (inside jit with traced lengths, or on the host) and pass it as ``plan=`` to every layer of the same
+    ``local_window_size`` (a windowed layer needs a plan made with its window)."""
     from ..kernels.serving_plan import make_serving_plan
 
+    window = normalise_window(local_window_size)
     return make_serving_plan(q_starts, kv_lengths, total_tokens=total_tokens, kv_len_max=kv_len_max, heads=heads,
-                             kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, config=config)
+                             kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, config=config,
+                             window_left=None if window is None else window[0])
 
 
 def select_serving(spec: ServingSpec, implementation=None):
@@ -186,7 +199,7 @@ def select_serving(spec: ServingSpec, implementation=None):
 
 
 def serving_attention(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=None, scale=None,
-                      logits_soft_cap=None, implementation=None, plan=None, sinks=None):
+                      logits_soft_cap=None, implementation=None, plan=None, sinks=None, local_window_size=None):
     """Attention of one serving step (module docstring for the shapes and the rule).
 
     Args:
@@ -200,12 +213,14 @@ def serving_attention(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=N
       plan: a ``ServingPlan`` (``attnlab.serving_plan``) for the kernel, computed once per step.
       sinks: None or (N,) float logits, ``attention``'s attention sinks (one more logit per query head in
         the softmax denominator, no value); the xla path runs them, the serving kernel refuses.
+      local_window_size: None, an int w ((w, w)) or (left, right): a query at position p sees only keys
+        in [p - left, p] (causal: right changes nothing); the kernel reads only the window's KV blocks.
 
     Returns:
       (T_total, N, H) in q's dtype; padding rows 0.
     """
     call = prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, page_table=page_table, scale=scale,
-                           logits_soft_cap=logits_soft_cap, plan=plan, sinks=sinks)
+                           logits_soft_cap=logits_soft_cap, plan=plan, sinks=sinks, local_window_size=local_window_size)
     return select_serving(call.spec, implementation).run_serving(call)
 
 
@@ -213,10 +228,10 @@ ServingExplanation = CallExplanation
 
 
 def explain_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=None, scale=None,
-                    logits_soft_cap=None, sinks=None) -> ServingExplanation:
+                    logits_soft_cap=None, sinks=None, local_window_size=None) -> ServingExplanation:
     """Which path ``serving_attention(implementation=None)`` runs, and why not each other one."""
     call = prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, page_table=page_table, scale=scale,
-                           logits_soft_cap=logits_soft_cap, sinks=sinks)
+                           logits_soft_cap=logits_soft_cap, sinks=sinks, local_window_size=local_window_size)
     chosen = select_serving(call.spec).name
     reasons = {b.name: b.available() or b.supports_serving(call.spec) for b in backends.all_backends()}
     return ServingExplanation(chosen, reasons, call.spec)

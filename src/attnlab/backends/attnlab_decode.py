@@ -53,6 +53,7 @@ class AttnlabDecodeBackend(Backend):
     forward_only = True
     takes_soft_cap = True   # one tanh on the kernel's scores
     paged = True            # run_decode reads the pages through the table
+    takes_decode_window = True   # the kernels load only the window's KV blocks
     peer_parts = ("decode",)
     sinks_reason = "sinks: attnlab's Pallas kernels (decode, serving) have no attention sinks (naive and xla do)"
     #: Tuning parameters used by run/run_decode (None: the defaults of attnlab.kernels.decode).
@@ -106,7 +107,7 @@ class AttnlabDecodeBackend(Backend):
             return "auto off until the H200 benchmark decides (attnlab.backends.attnlab_decode.AUTO_ENABLED)"
         if self.interpret:
             return "interpret mode (no GPU): correct but slow"
-        if spec.q_len < AUTO_MIN_T:
+        if spec.q_len < AUTO_MIN_T and spec.window is None:   # cuDNN takes no decode window
             return f"T={spec.q_len} < {AUTO_MIN_T}: cuDNN is as fast at T=1"
         return self.available() or self.supports_decode(spec)
 
@@ -158,7 +159,8 @@ class AttnlabDecodeBackend(Backend):
         p = call.spec.problem
         plan = call.plan or make_serving_plan(call.q_starts, call.kv_lengths, total_tokens=p.q_len,
                                               kv_len_max=p.kv_len, heads=p.heads, kv_heads=p.kv_heads,
-                                              head_dim=p.head_dim, dtype=p.dtype)
+                                              head_dim=p.head_dim, dtype=p.dtype,
+                                              window_left=None if p.window is None else p.window[0])
         return serving_attention_pallas(call.q, call.k_cache, call.v_cache, call.q_starts, call.kv_lengths,
                                         plan=plan, scale=float(call.scale), page_table=call.page_table,
                                         soft_cap=call.spec.soft_cap, interpret=self.interpret)
@@ -168,11 +170,12 @@ class AttnlabDecodeBackend(Backend):
 
         return f"jax {jax.__version__}"
 
-    def _call(self, q, k, v, lengths, causal, scale, page_table=None, soft_cap=None):
+    def _call(self, q, k, v, lengths, causal, scale, page_table=None, soft_cap=None, window=None):
         if _is_tracer(scale):
             raise UnsupportedError(self.name, "scale is traced: the kernel compiles the scale in (pass a Python float)")
         return kd.decode_attention_pallas(q, k, v, lengths, causal=causal, scale=float(scale), config=self.config,
-                                          interpret=self.interpret, page_table=page_table, soft_cap=soft_cap)
+                                          interpret=self.interpret, page_table=page_table, soft_cap=soft_cap,
+                                          window=window)
 
     def run(self, p: Prepared):
         import jax.numpy as jnp
@@ -183,20 +186,27 @@ class AttnlabDecodeBackend(Backend):
 
     def run_decode(self, d):
         """Run an ``attnlab.api.decode.DecodeCall`` with its causal rule."""
-        return self._call(d.query, d.k_cache, d.v_cache, d.kv_lengths, d.spec.causal, d.scale, d.page_table, d.spec.soft_cap)
+        return self._call(d.query, d.k_cache, d.v_cache, d.kv_lengths, d.spec.causal, d.scale, d.page_table,
+                          d.spec.soft_cap, d.spec.window)
 
 
-def kv_bytes(lengths, kv_heads: int, head_dim: int, itemsize: int) -> int:
-    """Bytes of K and V a decode call must read: the valid keys only."""
-    return int(2 * sum(int(n) for n in lengths) * kv_heads * head_dim * itemsize)
+def keys_read(lengths, q_len: int = 1, window=None) -> list[int]:
+    """Keys per sequence a decode call must read: the valid ones, from the window's first key on
+    (``window`` (left, right): max(0, n - T - left) .. n - 1)."""
+    return [int(n) - (kd.window_start(int(n), q_len, window) or 0) for n in lengths]
+
+
+def kv_bytes(lengths, kv_heads: int, head_dim: int, itemsize: int, *, q_len: int = 1, window=None) -> int:
+    """Bytes of K and V a decode call must read: the valid keys only (a window's keys only)."""
+    return int(2 * sum(keys_read(lengths, q_len, window)) * kv_heads * head_dim * itemsize)
 
 
 def roofline_ms(lengths, q_len: int, heads: int, kv_heads: int, head_dim: int, itemsize: int, *,
-                hbm_tbs: float = 4.8, peak_tflops: float = 989.0) -> float:
-    """max(bytes / HBM bandwidth, FLOPs / peak) in ms (H200 defaults; FLOPs count every valid key)."""
-    nbytes = kv_bytes(lengths, kv_heads, head_dim, itemsize)
-    flops = 4.0 * q_len * heads * head_dim * sum(int(n) for n in lengths)
+                hbm_tbs: float = 4.8, peak_tflops: float = 989.0, window=None) -> float:
+    """max(bytes / HBM bandwidth, FLOPs / peak) in ms (H200 defaults; FLOPs count every key read, T times)."""
+    nbytes = kv_bytes(lengths, kv_heads, head_dim, itemsize, q_len=q_len, window=window)
+    flops = 4.0 * q_len * heads * head_dim * sum(keys_read(lengths, q_len, window))
     return max(nbytes / (hbm_tbs * 1e12), flops / (peak_tflops * 1e12)) * 1e3
 
 
-__all__ = ["AttnlabDecodeBackend", "AUTO_ENABLED", "AUTO_MIN_T", "AUTO_MAX_T", "AUTO_MIN_S", "AUTO_CLAIMS_ATTENTION", "kv_bytes", "roofline_ms"]
+__all__ = ["AttnlabDecodeBackend", "AUTO_ENABLED", "AUTO_MIN_T", "AUTO_MAX_T", "AUTO_MIN_S", "AUTO_CLAIMS_ATTENTION", "keys_read", "kv_bytes", "roofline_ms"]

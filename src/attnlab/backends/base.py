@@ -98,6 +98,11 @@ class Backend:
     #: True when ``run`` applies ``sinks`` (one extra logit per query head in the softmax denominator) exactly.
     takes_sinks: bool = False
     sinks_reason: str = "sinks: no attention sinks (an extra per-head logit in the softmax denominator) in this path"
+    #: True when ``run_decode`` applies a decode call's ``local_window_size`` (a sliding window around each
+    #: query's absolute position in the cache) exactly: the generic masked path (naive, xla) and attnlab-decode.
+    takes_decode_window: bool = False
+    decode_window_reason: str = ("local_window_size: no sliding window in this backend's decode path "
+                                 "(naive, xla and attnlab-decode take one)")
     #: True for a native backend that also times decode sweep cells (``NativeBackend.decode_reason``,
     #: ``run_native_decode``); JAX backends run decode calls through ``run_decode``.
     decode: bool = False
@@ -188,7 +193,10 @@ class Backend:
 
     def why_not_decode(self, spec) -> str | None:
         """``available()``, then ``supports_decode(spec)``: the first reason ``decode_attention`` cannot run
-        ``spec`` (a DecodeSpec) with this backend (what a named call raises and ``explain_decode`` lists)."""
+        ``spec`` (a DecodeSpec) with this backend (what a named call raises and ``explain_decode`` lists); a
+        window refused by ``takes_decode_window`` comes before ``supports_decode``."""
+        if spec.window is not None and not self.takes_decode_window:
+            return self.available() or self.decode_window_reason
         return self.available() or self.supports_decode(spec)
 
     def auto_reason(self, spec) -> str | None:

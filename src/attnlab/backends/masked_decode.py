@@ -8,13 +8,18 @@ from __future__ import annotations
 from ..core.spec import prepare
 
 
-def decode_mask(kv_lengths, q_len: int, max_len: int):
-    """Bool (B, 1, T, S_max): key s visible to query t iff s <= kv_lengths[b] - T + t (the causal tail)."""
+def decode_mask(kv_lengths, q_len: int, max_len: int, *, causal: bool = True, window=None):
+    """Bool (B, 1, T, S_max): key s visible to query t at p = kv_lengths[b] - T + t iff s <= p (``causal``,
+    the causal tail) and, with ``window`` (left, right), p - left <= s <= p + right (absolute positions)."""
     import jax.numpy as jnp
 
     lengths = jnp.asarray(kv_lengths, jnp.int32)
-    q_pos = lengths[:, None] - q_len + jnp.arange(q_len)[None, :]          # (B, T)
-    return (jnp.arange(max_len)[None, None, :] <= q_pos[:, :, None])[:, None]
+    q_pos = (lengths[:, None] - q_len + jnp.arange(q_len)[None, :])[:, :, None]     # (B, T, 1)
+    s = jnp.arange(max_len)[None, None, :]
+    vis = s <= q_pos if causal else jnp.ones((1, 1, max_len), bool)
+    if window is not None:
+        vis = vis & (s >= q_pos - window[0]) & (s <= q_pos + window[1])
+    return jnp.broadcast_to(vis, (lengths.shape[0], q_len, max_len))[:, None]
 
 
 def masked_decode(backend, d, scale):
@@ -22,7 +27,7 @@ def masked_decode(backend, d, scale):
 
     ``scale``: handed to ``prepare`` as given (the caller's argument, None: 1 / sqrt(H); or ``d.scale``)."""
     sp = d.spec
-    mask = decode_mask(d.kv_lengths, sp.q_len, sp.max_len) if sp.needs_mask else None
+    mask = decode_mask(d.kv_lengths, sp.q_len, sp.max_len, causal=sp.causal, window=sp.window) if sp.needs_mask else None
     if d.page_table is not None and backend.paged:
         return backend.run_paged_decode(d, mask)
     k, v = d.contiguous()

@@ -19,9 +19,10 @@ def request_of_tokens(q_starts, total_tokens: int):
     return req, t - starts[jnp.minimum(req, starts.shape[0] - 2)]
 
 
-def masked_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, scale, soft_cap=None, sinks=None):
+def masked_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, scale, soft_cap=None, sinks=None, window=None):
     """(T_total, N, H) in q's dtype from q (T_total, N, H) and contiguous caches (B, S, K, H), float32 inside.
-    ``sinks`` (N,): one more logit per query head in the softmax, with no value (attention sinks)."""
+    ``sinks`` (N,): one more logit per query head in the softmax, with no value (attention sinks).
+    ``window`` (left, right): a token at position p also needs s >= p - left (right: no effect, causal)."""
     import jax
     import jax.numpy as jnp
 
@@ -35,6 +36,8 @@ def masked_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, scale, soft_cap
     kv = jnp.asarray(kv_lengths, jnp.int32)[r]
     pos = kv - (starts[r + 1] - starts[r]) + i                               # (T,)
     vis = (jnp.arange(S)[None, :] <= pos[:, None]) & (jnp.arange(S)[None, :] < kv[:, None])
+    if window is not None:
+        vis = vis & (jnp.arange(S)[None, :] >= pos[:, None] - window[0])
     qg = q.astype(jnp.float32).reshape(T_total, K, G, H)
     k = k_cache.astype(jnp.float32)[r]                                        # (T, S, K, H)
     logits = jnp.einsum("tkgh,tskh->tkgs", qg, k) * scale

@@ -79,6 +79,7 @@ class NaiveBackend(Backend):
     takes_soft_cap = True
     takes_segment_ids = True
     takes_sinks = True
+    takes_decode_window = True     # the masked decode path folds the window into its mask
 
     def run(self, p: Prepared):
         sp = p.spec

@@ -51,6 +51,7 @@ class XlaBackend(Backend):
     residual = True
     takes_segment_ids = True
     takes_sinks = True
+    takes_decode_window = True     # the masked decode path folds the window into its mask
     soft_cap_reason = ("logits_soft_cap: jax.nn.dot_product_attention has no soft cap, and its fused softmax "
                        "leaves no place to apply cap * tanh(logits / cap) exactly")
 
@@ -72,7 +73,7 @@ class XlaBackend(Backend):
 
         k, v = call.contiguous()
         return masked_serving(call.q, k, v, call.q_starts, call.kv_lengths, scale=call.scale,
-                              soft_cap=call.spec.soft_cap, sinks=call.sinks)
+                              soft_cap=call.spec.soft_cap, sinks=call.sinks, window=call.spec.problem.window)
 
     def run(self, p: Prepared):
         if p.sinks is not None:

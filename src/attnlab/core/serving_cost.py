@@ -12,6 +12,12 @@ the valid work. Bytes = the valid K and V rows read once per KV head, 2 * sum_b 
 plus q read and the output written for the valid tokens, 2 * sum_b q_len[b] * N * H * itemsize.
 Padding tokens (past q_starts[B]) and cache slots past kv_len[b] cost nothing: a roofline of the
 valid work, whatever shape the arrays are padded to.
+
+A sliding window of left size L (``window_left``; ``local_window_size``'s left, the call being causal)
+keeps only the keys at positions >= p - L for the query at p: it sees min(p, L) + 1 keys, so with
+f(n) = sum_{p < n} (min(p, L) + 1) request b has pairs[b] = f(kv_len[b]) - f(kv_len[b] - q_len[b]),
+and reads the kv_len[b] - max(0, kv_len[b] - q_len[b] - L) keys of its window: the roofline of the
+window's bytes.
 """
 from __future__ import annotations
 
@@ -31,25 +37,45 @@ def request_lengths(q_starts, kv_lengths) -> tuple[np.ndarray, np.ndarray]:
     return np.diff(starts), kv
 
 
-def causal_pairs(q_starts, kv_lengths) -> int:
+def _window_prefix(n, left: int):
+    """f(n) = sum over p < n of (min(p, left) + 1): the keys the first n positions see under the window."""
+    n = np.maximum(n, 0)
+    inside = np.minimum(n, left + 1)
+    return inside * (inside + 1) // 2 + (n - inside) * (left + 1)
+
+
+def causal_pairs(q_starts, kv_lengths, window_left: int | None = None) -> int:
     """sum_b of request b's visible (query, key) pairs per query head (see the module docstring)."""
     q, kv = request_lengths(q_starts, kv_lengths)
+    if window_left is not None:
+        return int(np.sum(_window_prefix(kv, int(window_left)) - _window_prefix(kv - q, int(window_left))))
     return int(np.sum(q * (kv - q) + q * (q + 1) // 2))
 
 
-def serving_flops(q_starts, kv_lengths, heads: int, head_dim: int) -> float:
-    """FLOPs of the valid work: 4 * N * H * causal_pairs."""
-    return 4.0 * heads * head_dim * causal_pairs(q_starts, kv_lengths)
-
-
-def serving_bytes(q_starts, kv_lengths, heads: int, kv_heads: int, head_dim: int, itemsize: int) -> float:
-    """Bytes of the valid work: K and V of the valid cache rows once per KV head, q and out of the valid tokens."""
+def keys_read(q_starts, kv_lengths, window_left: int | None = None) -> np.ndarray:
+    """(B,) keys each request's queries see: kv_len[b], or its window's kv_len - max(0, kv_len - q_len - L)."""
     q, kv = request_lengths(q_starts, kv_lengths)
+    return kv if window_left is None else kv - np.maximum(kv - q - int(window_left), 0)
+
+
+def serving_flops(q_starts, kv_lengths, heads: int, head_dim: int, window_left: int | None = None) -> float:
+    """FLOPs of the valid work: 4 * N * H * causal_pairs."""
+    return 4.0 * heads * head_dim * causal_pairs(q_starts, kv_lengths, window_left)
+
+
+def serving_bytes(q_starts, kv_lengths, heads: int, kv_heads: int, head_dim: int, itemsize: int,
+                  window_left: int | None = None) -> float:
+    """Bytes of the valid work: K and V of the keys seen (``keys_read``) once per KV head, q and out of the
+    valid tokens."""
+    q, _ = request_lengths(q_starts, kv_lengths)
+    kv = keys_read(q_starts, kv_lengths, window_left)
     return float(2 * kv.sum() * kv_heads * head_dim * itemsize + 2 * q.sum() * heads * head_dim * itemsize)
 
 
 def serving_roofline_s(q_starts, kv_lengths, heads: int, kv_heads: int, head_dim: int, itemsize: int = 2, *,
-                       bandwidth: float = H200_BANDWIDTH, peak_flops: float = H200_PEAK_FLOPS) -> float:
-    """max(bytes / bandwidth, FLOPs / peak) in seconds (H200 defaults): the fastest the call can run."""
-    return max(serving_bytes(q_starts, kv_lengths, heads, kv_heads, head_dim, itemsize) / bandwidth,
-               serving_flops(q_starts, kv_lengths, heads, head_dim) / peak_flops)
+                       bandwidth: float = H200_BANDWIDTH, peak_flops: float = H200_PEAK_FLOPS,
+                       window_left: int | None = None) -> float:
+    """max(bytes / bandwidth, FLOPs / peak) in seconds (H200 defaults): the fastest the call can run
+    (a window's: only its keys' bytes and pairs)."""
+    return max(serving_bytes(q_starts, kv_lengths, heads, kv_heads, head_dim, itemsize, window_left) / bandwidth,
+               serving_flops(q_starts, kv_lengths, heads, head_dim, window_left) / peak_flops)

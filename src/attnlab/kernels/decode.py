@@ -7,6 +7,10 @@ Semantics (the append / verification rule of FlashInfer and vLLM)
     keys at positions ``<= lengths[b] - T + t``; without, every valid key ``< lengths[b]``.
     Keys at positions ``>= lengths[b]`` are never read and never attended. No row is empty
     (query t always sees key 0). Output (B, T, N, H) in q's dtype.
+    Sliding window ``window`` = (left, right): query t at p = lengths[b] - T + t also needs
+    p - left <= s (and s <= p + right when not causal; causal already bounds it by p). Every program
+    starts at the block of ``window_start`` = max(0, lengths[b] - T - left), the first key any row
+    sees, and the splits cut only the blocks from there: the blocks before the window are never loaded.
 
 Layout and grid
     GQA packing: the T*G query rows that share one KV head (G = N // K) form one tile's rows,
@@ -57,7 +61,7 @@ import math
 from ..core.masking import large_negative_value
 from .decode_plan import (DTYPES, FILL_BLOCKS, HEAD_DIMS, MAX_ROWS, MIN_ROWS, DecodeConfig, Plan,  # noqa: F401
                           blocks_visited, cdiv, choose_num_splits, compiled_stages, default_block_k, make_plan, next_pow2,
-                          split_range, unsupported, wave_cost)
+                          split_range, unsupported, wave_cost, window_start)
 from .decode_resources import (CPU_SM_COUNT, DEFAULT_SM_COUNT, REGS_PER_SM, SM_COUNTS, SMEM_PER_BLOCK,  # noqa: F401
                                SMEM_PER_BLOCK_OTHER_SM8X, SMEM_PER_SM, SMEM_SLACK, fit_stages, programs_per_sm,
                                sm_count, smem_bytes, smem_limit)
@@ -90,7 +94,7 @@ def cuda_lowering_context(device_kind: str = "NVIDIA H200", cores: int = 132):
 
 def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, block_r: int, block_k: int,
             num_splits: int, causal: bool, qk_scale: float, page_size: int | None = None,
-            soft_cap: float | None = None):
+            soft_cap: float | None = None, window: tuple[int, int] | None = None):
     import jax.numpy as jnp
     from jax import lax
     from jax.experimental import pallas as pl
@@ -108,7 +112,8 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
     row_ok = row < rows
     q = plgpu.load(q_ref, mask=jnp.broadcast_to(row_ok[:, None], (block_r, H)), other=0)
     first, count = split_range(length, split, num_splits=num_splits, block_k=block_k,
-                               div=lax.div, minimum=jnp.minimum, maximum=jnp.maximum)
+                               div=lax.div, minimum=jnp.minimum, maximum=jnp.maximum,
+                               lo=window_start(length, q_len, window, maximum=jnp.maximum))
     q_pos = length - q_len + lax.div(row, groups)          # position of each row's query
     cols = lax.iota(jnp.int32, block_k)
 
@@ -126,6 +131,10 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
         visible = kv_ok[None, :]
         if causal:
             visible = visible & (pos[None, :] <= q_pos[:, None])
+        if window is not None:
+            visible = visible & (pos[None, :] >= q_pos[:, None] - window[0])
+            if not causal:
+                visible = visible & (pos[None, :] <= q_pos[:, None] + window[1])
         s = jnp.where(visible, s, NEG)                       # finite, as jax.nn (attnlab.core.masking)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))           # NEG for rows that have seen no key yet
         # Such rows subtract 0 instead, so 2^(NEG - 0) = 0 keeps their l = 0 and acc = 0. A per-row
@@ -175,7 +184,7 @@ def combined_queries(o, m, l, *, q_len: int, groups: int, dtype):
 def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: float | None = None,
                             config: DecodeConfig | None = None, interpret: bool | None = None,
                             plan: Plan | None = None, page_table=None,
-                            soft_cap: float | None = None):
+                            soft_cap: float | None = None, window: tuple[int, int] | None = None):
     """The kernel on already validated inputs (see ``attnlab.decode_attention`` for the checks).
 
     q (B, T, N, H); k, v (B, S, K, H), one dtype (float16, bfloat16 or float32); lengths (B,)
@@ -183,7 +192,9 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
     (P, page_size, K, H) in vLLM's layout (``attnlab.kernels.pages``; page_size a power of two)
     and S = pages_per_seq * page_size. ``scale`` must be a Python float (default 1/sqrt(H)): it
     is compiled in, as is
-    ``soft_cap`` (logits -> soft_cap * tanh(logits / soft_cap), None: no cap). ``interpret`` defaults to True when JAX's default backend is not a GPU.
+    ``soft_cap`` (logits -> soft_cap * tanh(logits / soft_cap), None: no cap), and ``window``
+    ((left, right) ints: the sliding window, None: none; a windowed call always runs this Triton kernel,
+    the Mosaic GPU one takes no window). ``interpret`` defaults to True when JAX's default backend is not a GPU.
     Returns (B, T, N, H) in q's dtype.
     """
     import jax
@@ -212,6 +223,10 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
         # a config that tunes the Triton kernel (block_r, ...) keeps it unless it names the kernel
         requested = None if config is None else config.kernel or (
             "triton" if dataclasses.replace(config, kernel=None) != DecodeConfig() else None)
+        if window is not None:
+            if requested == "mosaic":
+                raise ValueError("local_window_size: the Mosaic GPU decode kernel takes no window (kernel='triton')")
+            requested = "triton"
         # T*G > 64 rows on Hopper: the wgmma kernel (decode_mgpu_plan.pick_kernel)
         if decode_mgpu.pick_kernel(T, S, N, K, H, str(q.dtype), compute_capability=None if interpret else cc,
                                    page_size=page_size, soft_cap=soft_cap, requested=requested) == "mosaic":
@@ -219,7 +234,7 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
                                                      interpret=decode_mgpu.gpu_interpreter() if interpret else False,
                                                      page_table=page_table)
         known = None if isinstance(lengths, jax.core.Tracer) else [int(n) for n in np.asarray(lengths)]
-        plan = make_plan(B, T, S, N, K, H, q.dtype, config, compute_capability=cc, lengths=known)
+        plan = make_plan(B, T, S, N, K, H, q.dtype, config, compute_capability=cc, lengths=known, window=window)
     R, br, P = plan.rows, plan.block_r, plan.num_splits
     qp = q.reshape(B, T, K, G, H)
     qp = (qp.reshape(B, K, R, H) if T == 1 else jnp.transpose(qp, (0, 2, 1, 3, 4)).reshape(B, K, R, H))
@@ -231,7 +246,8 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
     kernel = functools.partial(_kernel, q_len=T, groups=G, rows=R, kv_len=S, block_r=br, block_k=plan.block_k,
                                num_splits=P, causal=bool(causal) and T > 1, qk_scale=scale * LOG2E,
                                page_size=page_size,
-                               soft_cap=None if soft_cap is None else float(soft_cap) * LOG2E)
+                               soft_cap=None if soft_cap is None else float(soft_cap) * LOG2E,
+                               window=None if window is None else (int(window[0]), int(window[1])))
     if page_table is None:
         kv_spec = pl.BlockSpec((None, S, None, H), lambda r, j, x: (bk(x)[0], 0, bk(x)[1], 0))
         table_specs, tables = [], []

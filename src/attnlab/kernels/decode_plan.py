@@ -14,7 +14,8 @@ Tuning parameters (``DecodeConfig``; None = the default)
                in the fewest whole waves, weighed against the partial outputs' traffic
                (<= 25% of the KV bytes), at least 4 blocks per split. With lengths known at
                trace time and ragged, ``decode_splits.choose_num_splits_ragged`` instead (the grid
-               simulated with each sequence's own length; modelled, not yet measured).
+               simulated with each sequence's own length; modelled, not yet measured). With a
+               sliding window (``window``) both count only the window's blocks (``window_span``).
 """
 from __future__ import annotations
 
@@ -107,23 +108,39 @@ def choose_num_splits(kv_len: int, batch_kv_heads: int, *, rows: int, block_k: i
 
 
 def split_range(length, split, *, num_splits: int, block_k: int, div=operator.floordiv,
-                minimum=min, maximum=max):
+                minimum=min, maximum=max, lo=None):
     """(first block, number of blocks) that split ``split`` reads of a sequence of ``length`` keys.
 
-    The ceil(length / block_k) valid blocks are cut into ``num_splits`` runs of
+    The valid blocks, from the block of key ``lo`` (the first key any query sees: a sliding window's
+    start, ``window_start``; None: 0) to ceil(length / block_k), are cut into ``num_splits`` runs of
     ceil(blocks / num_splits); the last runs may be short or empty. Works on Python ints
     (the grid model) and, with ``div=lax.div`` etc., on traced int32 scalars (the kernel).
     """
-    n_blocks = div(length + (block_k - 1), block_k)
+    first_block = 0 if lo is None else div(lo, block_k)
+    n_blocks = div(length + (block_k - 1), block_k) - first_block
     per = div(n_blocks + (num_splits - 1), num_splits)
     first = split * per
     count = minimum(maximum(n_blocks - first, 0), per)
-    return first, count
+    return first + first_block, count
 
 
-def blocks_visited(lengths, *, num_splits: int, block_k: int) -> list[list[int]]:
+def window_start(length, q_len: int, window, maximum=max):
+    """The first key position any of the T = ``q_len`` newest queries of a ``length``-key sequence sees
+    under ``window`` (left, right): max(0, length - T - left); None when there is no window."""
+    return None if window is None else maximum(length - q_len - int(window[0]), 0)
+
+
+def window_span(length: int, q_len: int, window, block_k: int) -> int:
+    """Keys from the first block the window touches to ``length`` (what the kernel reads, in whole blocks
+    at the start): the length the split rules plan for. ``length`` itself without a window."""
+    lo = window_start(length, q_len, window)
+    return length if lo is None else length - (lo // block_k) * block_k
+
+
+def blocks_visited(lengths, *, num_splits: int, block_k: int, q_len: int = 1, window=None) -> list[list[int]]:
     """Pure-Python model of the grid: blocks each (batch, split) program loads, per batch."""
-    return [[split_range(int(n), j, num_splits=num_splits, block_k=block_k)[1] for j in range(num_splits)]
+    return [[split_range(int(n), j, num_splits=num_splits, block_k=block_k,
+                         lo=window_start(int(n), q_len, window))[1] for j in range(num_splits)]
             for n in lengths]
 
 
@@ -133,10 +150,10 @@ def default_block_k(head_dim: int) -> int:
 
 def make_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: int, dtype="bfloat16",
               config: DecodeConfig | None = None, *, sms: int | None = None, compute_capability=None,
-              lengths=None) -> Plan:
+              lengths=None, window=None) -> Plan:
     """Fill ``config``'s unset parameters for this shape (see the module docstring). ``lengths``: the
     batch's valid lengths when known at trace time; a ragged batch's split count then follows them
-    (``kernels.decode_splits``)."""
+    (``kernels.decode_splits``). ``window`` (left, right): the splits cut only the window's blocks."""
     import numpy as np
 
     cfg = config or DecodeConfig()
@@ -161,11 +178,14 @@ def make_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, he
         occ = programs_per_sm(block_r, block_k, head_dim, num_warps, stages, itemsize)
         kw = dict(rows=rows, block_k=block_k, head_dim=head_dim, row_tiles=row_tiles, itemsize=itemsize,
                   sm_count=sms if sms is not None else sm_count(), occupancy=occ)
-        splits = choose_num_splits(kv_len, batch * kv_heads, **kw)
+        # a window's keys: at most T + left, one block more where the window starts inside a block
+        span = kv_len if window is None else min(kv_len, q_len + int(window[0]) + block_k)
+        splits = choose_num_splits(span, batch * kv_heads, **kw)
         if lengths is not None:
             from .decode_splits import choose_num_splits_ragged
 
-            splits = choose_num_splits_ragged(lengths, kv_heads, uniform_choice=splits, **kw)
+            spans = [window_span(int(n), q_len, window, block_k) for n in lengths]
+            splits = choose_num_splits_ragged(spans, kv_heads, uniform_choice=splits, **kw)
     if splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {splits}")
     return Plan(rows=rows, block_r=block_r, row_tiles=row_tiles, block_k=block_k, num_splits=int(splits),

@@ -2,7 +2,9 @@
 
 Semantics: ``attnlab.serving_attention`` (q (T_total, N, H) packed token by token, q_starts (B+1,),
 kv_lengths (B,) counting the new tokens; query i of request b at position kv_len - q_len + i sees the
-keys at positions <= its own; padding tokens give 0).
+keys at positions <= its own, and with a sliding window of left size ``left`` only those >= its position
+- left; padding tokens give 0). A windowed call's plan starts each unit at its first visible block
+(``serving_plan``), so the blocks before the window are never loaded.
 
 Layout and grid
     The rows of request b for KV head h are its tokens x G query heads, row r = t*G + g (GQA packing,
@@ -51,7 +53,7 @@ def _kernel(starts_ref, pieces_ref, *refs, **static):
 
 def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, groups: int,
                heads: int, kv_len: int, block_r: int, block_k: int, qk_scale: float, page_size: int | None,
-               soft_cap: float | None, split_mask: bool):
+               soft_cap: float | None, split_mask: bool, window_left: int | None = None):
     """Program p of KV head h: its run of pieces, each piece's partial (O, m, l) to its slot (module docstring)."""
     import jax.numpy as jnp
     from jax import lax
@@ -88,7 +90,10 @@ def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_r
             if soft_cap is not None:
                 s = soft_cap * jnp.tanh(s / soft_cap)
             if masked:
-                s = jnp.where(kv_ok[None, :] & (pos[None, :] <= q_pos[:, None]), s, NEG)
+                visible = kv_ok[None, :] & (pos[None, :] <= q_pos[:, None])
+                if window_left is not None:
+                    visible = visible & (pos[None, :] >= q_pos[:, None] - window_left)
+                s = jnp.where(visible, s, NEG)
             m_new = jnp.maximum(m, jnp.max(s, axis=1))
             # rows that have seen no key subtract 0 (2^(NEG - 0) = 0); an unmasked block's max is a real score
             m_use = jnp.where(m_new == NEG, 0.0, m_new) if masked else m_new
@@ -105,8 +110,13 @@ def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_r
             # blocks every row of the tile sees whole (below its first row's position and the length) run
             # without the mask's compares and selects: most of a prefill tile's blocks
             whole = jnp.minimum(q_pos0 + lax.div(row_off, groups) + 1, length) // block_k
-            n_whole = jnp.clip(whole - first, 0, count)
-            init = lax.fori_loop(0, n_whole, functools.partial(body, masked=False), init)
+            n_lo = 0
+            if window_left is not None:     # ... and at or past its last row's window start
+                last_pos = q_pos0 + lax.div(row_off + n_rows - 1, groups)
+                n_lo = jnp.clip(lax.div(jnp.maximum(last_pos - window_left, 0) + block_k - 1, block_k) - first, 0, count)
+                init = lax.fori_loop(0, n_lo, body, init)
+            n_whole = jnp.clip(whole - first, n_lo, count)
+            init = lax.fori_loop(n_lo, n_whole, functools.partial(body, masked=False), init)
             acc, m, l = lax.fori_loop(n_whole, count, body, init)
         else:
             acc, m, l = lax.fori_loop(0, count, body, init)
@@ -152,10 +162,10 @@ def _merge_kernel(units_ref, o_ref, m_ref, l_ref, _, out_ref, *, groups: int, he
                 mask=jnp.broadcast_to(ok[:, None], (block_r, H)))
 
 
-def class_static(cp, *, G, N, S, qk_scale, page_size, soft_cap) -> dict:
+def class_static(cp, *, G, N, S, qk_scale, page_size, soft_cap, window_left=None) -> dict:
     """The compiled-in parameters of one class's piece loop (``run_pieces``)."""
     return dict(groups=G, heads=N, kv_len=S, block_r=cp.block_r, block_k=cp.block_k, qk_scale=qk_scale,
-                page_size=page_size, soft_cap=soft_cap, split_mask=not cp.decode)
+                page_size=page_size, soft_cap=soft_cap, split_mask=not cp.decode, window_left=window_left)
 
 
 def partial_shapes(cp, K: int, H: int):
@@ -230,7 +240,8 @@ def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan
 
     q (T_total, N, H); k, v (B, S, K, H) or pages (P, page_size, K, H) with ``page_table`` (B, pages);
     ``plan`` from ``serving_plan.make_serving_plan`` for these sizes (it carries the lengths:
-    ``q_starts`` and ``kv_lengths`` are not read again). ``scale`` and ``soft_cap`` are compiled in.
+    ``q_starts`` and ``kv_lengths`` are not read again) and this window: the left size of the sliding
+    window is the plan's ``window_left`` (None: none). ``scale`` and ``soft_cap`` are compiled in.
     Returns (T_total, N, H) in q's dtype."""
     import jax
     import jax.numpy as jnp
@@ -255,7 +266,8 @@ def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan
     out = jnp.zeros((T_total * N + (1 if interpret else 0), H), q.dtype)
     q_flat = q.reshape(T_total * N, H)
     statics = [class_static(cp, G=G, N=N, S=S, qk_scale=scale * LOG2E, page_size=page_size,
-                            soft_cap=None if soft_cap is None else float(soft_cap) * LOG2E) for cp in plan.classes]
+                            soft_cap=None if soft_cap is None else float(soft_cap) * LOG2E,
+                            window_left=plan.window_left) for cp in plan.classes]
     partials = [_pieces_call(cp, q_flat, k, v, table, K=K, H=H, static=st, interpret=interpret)
                 for cp, st in zip(plan.classes, statics)]
     for cp, parts in zip(plan.classes, partials):

@@ -6,7 +6,10 @@ Units, blocks, pieces
     *unit* is (request, query tile). A unit needs the KV blocks (``block_k`` keys each) up to the
     position of its last token (causal): ``(kv_len - q_len + t_last) // block_k + 1`` blocks.
     Laid end to end, the units' blocks form one sequence of ``total`` blocks (the same for every KV
-    head). ``programs`` programs per KV head each take an equal run of ``chunk = ceil(total /
+    head). With a sliding window (``window_left`` = left) a unit's blocks start at the first block any
+    of its rows sees, ``max(0, q_pos of its first token - left) // block_k`` (its pieces' ``first_block``
+    counts from block 0 of the cache), so only the windowed blocks are laid end to end and balanced.
+    ``programs`` programs per KV head each take an equal run of ``chunk = ceil(total /
     programs)`` blocks of it (LeanAttention's stream-K), so every program does the same work, a long
     request is spread over many programs and a short one sits inside one. Where a program's run
     crosses a unit boundary it is cut: a *piece* is (unit, first block, block count), at most
@@ -85,10 +88,11 @@ class ClassPlan:
 
 @dataclasses.dataclass(frozen=True)
 class ServingPlan:
-    """The plan of one step: its tile classes and the sizes it was made for (checked on reuse)."""
+    """The plan of one step: its tile classes and the sizes and window it was made for (checked on reuse)."""
 
     classes: tuple
     sizes: tuple = dataclasses.field(metadata=dict(static=True))    # (T_total, B, N, K, H)
+    window_left: int | None = dataclasses.field(default=None, metadata=dict(static=True))   # None: no window
 
 
 def _register():
@@ -112,7 +116,7 @@ def _searchsorted(xp, a, v, side, method="compare_all"):
 
 
 def _pieces(xp, q_starts, kv_lengths, *, in_class, groups: int, block_r: int, block_k: int, kv_len_max: int,
-            num_units: int, programs: int):
+            num_units: int, programs: int, window_left: int | None = None):
     """(pieces (num_units + programs, 8), starts (programs + 1,), units (num_units, 5)) of one class;
     ``xp`` numpy or jax.numpy.
 
@@ -131,7 +135,11 @@ def _pieces(xp, q_starts, kv_lengths, *, in_class, groups: int, block_r: int, bl
     unit_ok = u < tile_end[-1]
     q_pos0 = kv[b] - q_len[b]
     t_last = (xp.minimum(row_off + block_r, rows[b]) - 1) // groups
-    nb = xp.where(unit_ok, xp.clip((q_pos0 + t_last) // block_k + 1, 0, cdiv(kv_len_max, block_k)), 0).astype(i32)
+    end_block = xp.clip((q_pos0 + t_last) // block_k + 1, 0, cdiv(kv_len_max, block_k))
+    # the unit's first visible block: its first row's window start (none: block 0)
+    lo = 0 if window_left is None else xp.maximum(q_pos0 + row_off // groups - window_left, 0) // block_k
+    lo = xp.minimum(lo, end_block)
+    nb = xp.where(unit_ok, end_block - lo, 0).astype(i32)
     unit_end = xp.cumsum(nb).astype(i32)
     total = unit_end[-1]
     chunk = xp.maximum((total + programs - 1) // programs, MIN_CHUNK)
@@ -143,7 +151,8 @@ def _pieces(xp, q_starts, kv_lengths, *, in_class, groups: int, block_r: int, bl
     pb = b[pu]
     blocks = ends - bounds
     unit_rows = xp.where(unit_ok, xp.minimum(rows[b] - row_off, block_r), 0)
-    fields = (pb, starts[pb], row_off[pu], unit_rows[pu], q_pos0[pu], kv[pb], bounds - (unit_end[pu] - nb[pu]), blocks)
+    first_block = bounds - (unit_end[pu] - nb[pu]) + (lo[pu] if window_left is not None else 0)
+    fields = (pb, starts[pb], row_off[pu], unit_rows[pu], q_pos0[pu], kv[pb], first_block, blocks)
     pieces = xp.stack([xp.asarray(f).astype(i32) for f in fields], axis=1)
     prog_first = _searchsorted(xp, bounds, xp.concatenate([prog_start, total[None] + 1]), "left")
     # a unit's pieces: those starting in [its first block, its end)
@@ -160,10 +169,11 @@ def num_units(total_tokens: int, batch: int, groups: int, block_r: int, max_q: i
 
 def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: int, heads: int, kv_heads: int,
                       head_dim: int, dtype="bfloat16", config: ServingConfig | None = None,
-                      sms: int | None = None) -> ServingPlan:
+                      sms: int | None = None, window_left: int | None = None) -> ServingPlan:
     """The plan of a serving call (module docstring): jax.numpy when a length array is traced, else NumPy.
 
-    ``total_tokens`` T_total (q's first dimension), ``kv_len_max`` S_max."""
+    ``total_tokens`` T_total (q's first dimension), ``kv_len_max`` S_max, ``window_left`` the left size of
+    the call's sliding window (None: no window)."""
     import jax
 
     cfg = config or ServingConfig()
@@ -204,7 +214,9 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
             q_len_x = jax.numpy.diff(jax.numpy.asarray(q_starts).astype(jax.numpy.int32))
         in_class = (q_len_x <= cfg.decode_max_q) if decode else (q_len_x > cfg.decode_max_q)
         pieces, starts, unit_list = _pieces(xp, q_starts, kv_lengths, in_class=in_class, groups=G, block_r=br,
-                                            block_k=block_k, kv_len_max=kv_len_max, num_units=units, programs=programs)
+                                            block_k=block_k, kv_len_max=kv_len_max, num_units=units, programs=programs,
+                                            window_left=window_left)
         classes.append(ClassPlan(pieces, starts, unit_list, block_r=br, block_k=block_k, programs=programs,
                                  num_warps=warps, num_stages=stages, decode=decode))
-    return ServingPlan(tuple(classes), sizes=(total_tokens, B, heads, kv_heads, head_dim))
+    return ServingPlan(tuple(classes), sizes=(total_tokens, B, heads, kv_heads, head_dim),
+                       window_left=None if window_left is None else int(window_left))

@@ -2,8 +2,8 @@
 
 ``reference_decode_attention(q, k_cache, v_cache, kv_lengths, causal=..., scale=...)`` returns
 a float64 (B, T, N, H) array with ``attnlab.decode_attention``'s semantics: query t of batch b
-sits at position kv_lengths[b] - T + t; causal: it sees keys <= that position, else every key
-< kv_lengths[b].
+sits at position p = kv_lengths[b] - T + t; causal: it sees keys <= p, else every key
+< kv_lengths[b]; ``local_window_size`` (w or (left, right)): only keys in [p - left, p + right] too.
 
 ``emulate=dtype`` (bf16/fp16) carries out the computation the way a flash-decoding kernel does:
 scores in float32, softmax numerator P = exp(s - max) in float32 and rounded to the dtype before
@@ -29,15 +29,28 @@ DECODE_FACTOR = 2.0
 DECODE_FLOOR = 1e-5
 
 
-def decode_visible(kv_lengths, q_len: int, max_len: int, causal: bool) -> np.ndarray:
-    """Bool (B, T, S): True where query t of batch b may attend key s."""
+def decode_visible(kv_lengths, q_len: int, max_len: int, causal: bool, window=None) -> np.ndarray:
+    """Bool (B, T, S): True where query t of batch b may attend key s (``window``: (left, right) or None)."""
     lengths = np.asarray(kv_lengths).astype(np.int64).reshape(-1, 1, 1)
     s = np.arange(max_len).reshape(1, 1, -1)
     vis = s < lengths
+    q_pos = lengths - q_len + np.arange(q_len).reshape(1, -1, 1)
     if causal:
-        q_pos = lengths - q_len + np.arange(q_len).reshape(1, -1, 1)
         vis = vis & (s <= q_pos)
+    if window is not None:
+        left, right = window
+        vis = vis & (q_pos - left <= s) & (s <= q_pos + right)
     return vis
+
+
+def _window(local_window_size):
+    """jax.nn's reading of ``local_window_size``: w -> (w, w), (left, right) as given, None."""
+    if local_window_size is None:
+        return None
+    if np.ndim(local_window_size) == 0:
+        return (int(local_window_size),) * 2
+    left, right = (int(x) for x in local_window_size)
+    return left, right
 
 
 def _f32(x):
@@ -45,7 +58,8 @@ def _f32(x):
 
 
 def reference_decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, emulate=None,
-                               implementation=None, logits_soft_cap=None, sinks=None) -> np.ndarray:
+                               implementation=None, logits_soft_cap=None, sinks=None,
+                               local_window_size=None) -> np.ndarray:
     """Float64 decode attention (see the module docstring); ``implementation`` is ignored.
     ``logits_soft_cap``: logits -> cap * tanh(logits / cap) before masking. ``sinks`` (N,): one more
     logit per query head in the softmax denominator, with no value."""
@@ -72,7 +86,7 @@ def reference_decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, 
         logits = cap * np.tanh(logits / cap)
         if low is not None:
             logits = _f32(logits)
-    vis = decode_visible(lengths, T, S, causal)[:, None, None]          # (B, 1, 1, T, S)
+    vis = decode_visible(lengths, T, S, causal, _window(local_window_size))[:, None, None]   # (B, 1, 1, T, S)
     logits = np.where(vis, logits, -np.inf)
     m = logits.max(axis=-1, keepdims=True)
     sink = None if sinks is None else np.asarray(sinks, np.float64).reshape(1, K, G, 1, 1)
@@ -103,7 +117,7 @@ def decode_tolerance(dtype, *, baseline_err: float | None = None, tf32: bool | N
 
 
 def check_decode_close(out, q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, ref=None,
-                       tf32: bool | None = None, logits_soft_cap=None, sinks=None) -> Verdict:
+                       tf32: bool | None = None, logits_soft_cap=None, sinks=None, local_window_size=None) -> Verdict:
     """Judge a decode output against float64 by the decode tolerance policy (whole output).
 
     ``out`` must be one array of ``q``'s exact shape and dtype, as ``attnlab.decode_attention`` returns
@@ -113,12 +127,14 @@ def check_decode_close(out, q, k_cache, v_cache, kv_lengths, *, causal=True, sca
                        "q's: (B, T, N, H)")
     if ref is None:
         ref = reference_decode_attention(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale,
-                                         logits_soft_cap=logits_soft_cap, sinks=sinks)
+                                         logits_soft_cap=logits_soft_cap, sinks=sinks,
+                                         local_window_size=local_window_size)
     dtype = np.dtype(out.dtype)
     baseline = None
     if dtype.name in _LOW:
         emu = reference_decode_attention(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale, emulate=dtype,
-                                         logits_soft_cap=logits_soft_cap, sinks=sinks)
+                                         logits_soft_cap=logits_soft_cap, sinks=sinks,
+                                         local_window_size=local_window_size)
         baseline = rel_l2(emu, ref)
     limit, rule = decode_tolerance(dtype, baseline_err=baseline, tf32=tf32)
     err = rel_l2(out, ref)

@@ -4,7 +4,8 @@ q (T_total, N, H) packs the new tokens of B requests; q_starts (B+1,) their cumu
 kv_lengths (B,) each request's cached tokens *including* its new ones; caches (B, S_max, K, H)
 (a paged cache is judged through its gathered twin, ``attnlab.kernels.pages.gather_pages``).
 Query i of request b sits at position kv_lengths[b] - q_len[b] + i and sees the keys at positions
-<= its own. Tokens at >= q_starts[B] are padding: their output rows are 0.
+<= its own; with ``local_window_size`` (w, read as (w, w), or (left, right)) only those >= its position
+- left (the call is causal: right changes nothing). Tokens at >= q_starts[B] are padding: their output rows are 0.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from ..core.checks import check_soft_cap
 
 
 def reference_serving_attention(q, k_cache, v_cache, q_starts, kv_lengths, *, scale=None, logits_soft_cap=None,
-                                requests=None, sinks=None) -> np.ndarray:
+                                requests=None, sinks=None, local_window_size=None) -> np.ndarray:
     """Float64 (T_total, N, H) output of a serving call (see the module docstring).
     ``sinks`` (N,): one more logit per query head in the softmax denominator, with no value.
 
@@ -46,6 +47,9 @@ def reference_serving_attention(q, k_cache, v_cache, q_starts, kv_lengths, *, sc
             logits = cap * np.tanh(logits / cap)
         pos = n - t + np.arange(t)
         vis = np.arange(n)[None, :] <= pos[:, None]                      # (t, n)
+        if local_window_size is not None:
+            left = int(local_window_size if np.ndim(local_window_size) == 0 else local_window_size[0])
+            vis &= np.arange(n)[None, :] >= pos[:, None] - left
         logits = np.where(vis, logits, -np.inf)
         m = logits.max(axis=-1, keepdims=True)
         sink = None if sinks is None else np.asarray(sinks, np.float64).reshape(K, G, 1, 1)
