@@ -1,0 +1,240 @@
+"""Sliding windows (``local_window_size``) in decode_attention and serving_attention: the float64 references,
+the checks, the masked paths, attnlab's kernels (Pallas interpret mode) and the cost of the window.
+
+Every kernel case runs on a cache poisoned with NaN in the blocks before the window (any load of them
+would make the output NaN: 0 * NaN = NaN in P.V), so it checks both the values and that those blocks
+are never read. Shapes stay tiny: interpret mode runs the grid program by program."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attnlab
+from attnlab.backends import attnlab_decode
+from attnlab.core import serving_cost
+from attnlab.core.errors import UnsupportedError
+from attnlab.kernels import decode as kd
+from attnlab.kernels import serving_plan as sp
+from attnlab.kernels.pages import to_pages
+from attnlab.reference.decode64 import check_decode_close, reference_decode_attention
+from attnlab.reference.float64 import reference_attention
+from attnlab.reference.inputs import random_qkv
+from attnlab.reference.serving64 import reference_serving_attention
+from attnlab.reference.tolerance import rel_l2, tolerance
+
+
+def poisoned(x, firsts):
+    """``x`` (B, S, K, H) with NaN at the positions before each sequence's ``firsts[b]``."""
+    before = (jnp.arange(x.shape[1])[None, :] < jnp.asarray(firsts)[:, None])[:, :, None, None]
+    return jnp.where(before, jnp.nan, x)
+
+
+def skipped(lengths, q_len, window, block_k):
+    """The first key of the first block a windowed kernel loads, per sequence: everything before is skipped."""
+    return [(kd.window_start(n, q_len, window) // block_k) * block_k for n in lengths]
+
+
+# ---------------------------------------------------------------- the references and the masked paths
+
+def test_reference_equals_attention_reference_at_absolute_positions():
+    """decode64's window is jax.nn's window around each query's absolute position (float64.py's own mask)."""
+    q, k, v = random_qkv(2, 3, 20, 4, 2, 8, "float32", seed=1)
+    lengths = np.array([20, 9])
+    pos = lengths[:, None] - 3 + np.arange(3)[None, :]
+    for causal, w in ((True, (4, 2)), (False, (4, 2)), (False, 3)):
+        want = reference_attention(q, k, v, is_causal=causal, local_window_size=w, query_positions=pos,
+                                   key_value_seq_lengths=lengths)
+        got = reference_decode_attention(q, k, v, lengths, causal=causal, local_window_size=w)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    # causal: right changes nothing (the masks AND, as jax.nn's)
+    np.testing.assert_array_equal(reference_decode_attention(q, k, v, lengths, local_window_size=(4, 0)),
+                                  reference_decode_attention(q, k, v, lengths, local_window_size=(4, 9)))
+
+
+def test_masked_paths_match_float64_under_jit():
+    q, k, v = random_qkv(3, 4, 32, 4, 2, 16, "float32", seed=2)
+    lengths = [32, 4, 19]
+    f = jax.jit(functools.partial(attnlab.decode_attention, causal=False, implementation="xla", local_window_size=(6, 1)))
+    out = f(q, k, v, jnp.array(lengths))
+    assert check_decode_close(out, q, k, v, lengths, causal=False, local_window_size=(6, 1)).ok
+    # T = 1 causal also needs the mask: without it the window would be lost
+    f = jax.jit(functools.partial(attnlab.decode_attention, implementation="naive", local_window_size=2))
+    out = f(q[:, :1], k, v, jnp.array(lengths))
+    assert check_decode_close(out, q[:, :1], k, v, lengths, local_window_size=2).ok
+
+
+@pytest.mark.parametrize("bad,words", [(-1, "local_window_size must be >= 0"), ((2, -1), "both be >= 0"),
+                                       ("8", "an int or a (left, right) pair"), ((1, 2, 3), "(left, right) pair")])
+def test_bad_windows_raise_named_errors(bad, words):
+    q, k, v = random_qkv(1, 2, 8, 2, 2, 8, "float32")
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        attnlab.decode_attention(q, k, v, jnp.array([8]), local_window_size=bad)
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        attnlab.serving_attention(q[0], k, v, np.array([0, 2]), np.array([8]), local_window_size=bad)
+
+
+def test_backends_without_a_decode_window_refuse_naming_it():
+    q, k, v = random_qkv(2, 2, 16, 4, 2, 16, "float32")
+    ex = attnlab.explain_decode(q, k, v, jnp.array([16, 5]), local_window_size=4)
+    assert ex.chosen in ("naive", "xla") and ex.reasons["attnlab-decode"] is None
+    assert "local_window_size" in ex.reasons["tokamax-xla"]
+    with pytest.raises(UnsupportedError, match="local_window_size"):
+        attnlab.decode_attention(q, k, v, jnp.array([16, 5]), local_window_size=4, implementation="tokamax-xla")
+    with pytest.raises(ValueError, match="Mosaic GPU decode kernel takes no window"):
+        kd.decode_attention_pallas(q, k, v, jnp.array([16, 5]), config=kd.DecodeConfig(kernel="mosaic"),
+                                   interpret=True, window=(4, 4))
+
+
+# ---------------------------------------------------------------- the decode kernel
+
+DECODE_CASES = {  # B, T, S, N, K, H, dtype, lengths, causal, window, config, page size, soft cap
+    # window < cache for 96 and 50, > cache for 4; soft cap
+    "gqa4-ragged-softcap": (3, 4, 96, 8, 2, 16, "bfloat16", [96, 4, 50], True, (5, 0), dict(block_k=16, num_splits=2),
+                            None, 3.0),
+    # paged (block_k 16 > page 8: the per-key gather); right bounds non-causal rows; window > cache for 17
+    "paged-noncausal-right": (2, 3, 64, 4, 1, 32, "float16", [64, 17], False, (20, 2), dict(block_k=16, num_splits=3),
+                              8, None),
+}
+
+
+@pytest.mark.parametrize("case", list(DECODE_CASES))
+def test_kernel_matches_float64_and_skips_the_blocks_before_the_window(case):
+    B, T, S, N, K, H, dtype, lengths, causal, w, cfg, page, cap = DECODE_CASES[case]
+    window = (w, w) if isinstance(w, int) else w
+    q, k, v = random_qkv(B, T, S, N, K, H, dtype, seed=len(case))
+    firsts = skipped(lengths, T, window, cfg["block_k"])
+    kp, vp, table = poisoned(k, firsts), poisoned(v, firsts), None
+    if page:
+        kp, vp, table = to_pages(kp, vp, page)
+    run = jax.jit(functools.partial(kd.decode_attention_pallas, causal=causal, config=kd.DecodeConfig(**cfg),
+                                    interpret=True, soft_cap=cap, window=window))
+    out = run(q, kp, vp, jnp.array(lengths), page_table=table)
+    assert np.all(np.isfinite(np.asarray(out, np.float32)))
+    verdict = check_decode_close(out, q, k, v, lengths, causal=causal, logits_soft_cap=cap, local_window_size=w)
+    assert verdict.ok, verdict
+
+
+def test_kernel_through_decode_attention_under_jit_with_traced_lengths():
+    """T = 1, default plan (block_k 128 at H = 16): the long sequence's block 0 lies before its window."""
+    q, k, v = random_qkv(2, 1, 256, 8, 1, 16, "bfloat16", seed=7)
+    lengths = [256, 140]
+    firsts = skipped(lengths, 1, (16, 16), 128)
+    assert firsts == [128, 0]
+    f = jax.jit(functools.partial(attnlab.decode_attention, implementation="attnlab-decode", local_window_size=16))
+    out = f(q, poisoned(k, firsts), poisoned(v, firsts), jnp.array(lengths, jnp.int32))
+    assert check_decode_close(out, q, k, v, lengths, local_window_size=16).ok
+
+
+def test_plan_splits_only_the_windows_blocks():
+    # gpt-oss's 128-token window in a 32k cache: 3 blocks of 64 per sequence, not 512
+    visited = kd.blocks_visited([32768, 200], num_splits=2, block_k=64, q_len=1, window=(128, 0))
+    assert [sum(x) for x in visited] == [3, 3]
+    full = kd.make_plan(8, 1, 32768, 32, 8, 128, "bfloat16", sms=132)
+    windowed = kd.make_plan(8, 1, 32768, 32, 8, 128, "bfloat16", sms=132, window=(128, 0))
+    assert windowed.num_splits == 1 < full.num_splits
+    # the splits cut the window's blocks, from its first one, each read by exactly one split
+    for n in (32768, 200, 50):
+        lo = kd.window_start(n, 4, (300, 0))
+        ranges = [kd.split_range(n, j, num_splits=3, block_k=64, lo=lo) for j in range(3)]
+        blocks = [b for first, count in ranges for b in range(first, first + count)]
+        assert blocks == list(range(lo // 64, -(-n // 64)))
+
+
+# ---------------------------------------------------------------- the serving kernel and its plan
+
+Q_LEN, KV = np.array([1, 12, 3, 1, 20]), np.array([7, 40, 3, 64, 33])
+S_SERVE = 64
+
+
+def serving_batch(N, K, H=16, seed=0):
+    rng = np.random.default_rng(seed)
+    starts = np.concatenate([[0], np.cumsum(Q_LEN)]).astype(np.int32)
+    T = int(starts[-1]) + 3
+    q = rng.standard_normal((T, N, H)).astype(np.float32)
+    k, v = (rng.standard_normal((len(KV), S_SERVE, K, H)).astype(np.float32) for _ in range(2))
+    return q, k, v, starts, KV.astype(np.int32)
+
+
+def test_serving_plan_starts_each_unit_at_its_first_visible_block():
+    q, _, _, starts, kv = serving_batch(8, 2)
+    left, G, bk = 5, 4, 16
+    plan = sp.make_serving_plan(starts, kv, total_tokens=q.shape[0], kv_len_max=S_SERVE, heads=8, kv_heads=2,
+                                head_dim=16, config=sp.ServingConfig(block_k=bk, decode_max_q=4, programs=3),
+                                window_left=left)
+    for cp in plan.classes:
+        live = np.asarray(cp.pieces)[np.asarray(cp.pieces)[:, 7] > 0]
+        seen = {}
+        for b, _, row_off, _, _, _, first, count in live.tolist():
+            seen.setdefault((b, row_off), []).extend(range(first, first + count))
+        want = {}
+        for b in np.flatnonzero((Q_LEN <= 4) if cp.decode else (Q_LEN > 4)):
+            for r0 in range(0, Q_LEN[b] * G, cp.block_r):
+                pos0 = kv[b] - Q_LEN[b]
+                t_last = (min(r0 + cp.block_r, Q_LEN[b] * G) - 1) // G
+                want[(b, r0)] = list(range(max(0, pos0 + r0 // G - left) // bk, (pos0 + t_last) // bk + 1))
+        assert {key: sorted(x) for key, x in seen.items()} == want
+
+
+@pytest.mark.parametrize("window,paged", [(5, False), ((9, 2), True)], ids=["contiguous", "paged"])
+def test_serving_kernel_matches_float64_and_skips_the_blocks_before_the_window(window, paged):
+    N, K = 8, 2
+    q, k, v, starts, kv = serving_batch(N, K, seed=3)
+    ref = reference_serving_attention(q, k, v, starts, kv, logits_soft_cap=2.5, local_window_size=window)
+    left = window if isinstance(window, int) else window[0]
+    firsts = [(max(0, n - t - left) // 16) * 16 for n, t in zip(kv, Q_LEN)]
+    kp, vp, table = poisoned(k, firsts), poisoned(v, firsts), None
+    if paged:
+        kp, vp, table = to_pages(kp, vp, 8)
+    # paged: a decode and a prefill class (the prefill tile's unmasked middle); contiguous: one decode class
+    cfg = sp.ServingConfig(block_k=16, decode_max_q=4 if paged else 32, programs=3)
+
+    def step(q, k, v, a, b, t):
+        plan = attnlab.serving_plan(a, b, total_tokens=q.shape[0], kv_len_max=S_SERVE, heads=N, kv_heads=K,
+                                    head_dim=16, dtype="float32", config=cfg, local_window_size=window)
+        return attnlab.serving_attention(q, k, v, a, b, page_table=t, logits_soft_cap=2.5, plan=plan,
+                                         implementation="attnlab-decode", local_window_size=window)
+
+    run = jax.jit(step) if paged else step      # traced lengths (paged); host plan (contiguous)
+    out = np.asarray(run(q, kp, vp, jnp.asarray(starts), jnp.asarray(kv), table), np.float64)
+    limit, rule = tolerance(np.dtype("float32"))
+    assert np.all(np.isfinite(out)) and rel_l2(out, ref) <= limit, rule
+    if not paged:
+        xla = jax.jit(functools.partial(attnlab.serving_attention, logits_soft_cap=2.5, implementation="xla",
+                                        local_window_size=window))(q, k, v, jnp.asarray(starts), jnp.asarray(kv))
+        assert rel_l2(np.asarray(xla, np.float64), ref) <= limit
+
+
+def test_serving_plan_must_be_made_for_the_calls_window():
+    q, k, v, starts, kv = serving_batch(8, 2)
+    plan = attnlab.serving_plan(starts, kv, total_tokens=q.shape[0], kv_len_max=S_SERVE, heads=8, kv_heads=2,
+                                head_dim=16)
+    with pytest.raises(ValueError, match="plan was made for local_window_size left=None, this call's is 4"):
+        attnlab.serving_attention(q, k, v, starts, kv, plan=plan, local_window_size=4)
+
+
+# ---------------------------------------------------------------- the cost of the window
+
+def test_serving_cost_counts_the_windows_pairs_and_keys():
+    """Against a brute-force count of the reference's visibility rule, request by request."""
+    _, _, _, starts, kv = serving_batch(8, 2)
+    for left in (0, 3, 17, 1000):
+        pairs = keys = 0
+        for t, n in zip(Q_LEN, kv):
+            pos = n - t + np.arange(t)[:, None]
+            s = np.arange(n)[None, :]
+            vis = (s <= pos) & (s >= pos - left)
+            pairs, keys = pairs + int(vis.sum()), keys + int(vis.any(0).sum())
+        assert serving_cost.causal_pairs(starts, kv, left) == pairs
+        assert int(serving_cost.keys_read(starts, kv, left).sum()) == keys
+        assert serving_cost.serving_bytes(starts, kv, 8, 2, 16, 2, left) == 2 * keys * 2 * 16 * 2 + 2 * Q_LEN.sum() * 8 * 16 * 2
+    assert serving_cost.causal_pairs(starts, kv, 1000) == serving_cost.causal_pairs(starts, kv)
+
+
+def test_decode_roofline_counts_the_windows_bytes():
+    full = attnlab_decode.kv_bytes([32768, 100], 8, 128, 2)
+    windowed = attnlab_decode.kv_bytes([32768, 100], 8, 128, 2, q_len=4, window=(128, 0))
+    assert full == 2 * 32868 * 8 * 128 * 2 and windowed == 2 * (132 + 100) * 8 * 128 * 2
+    assert attnlab_decode.roofline_ms([32768], 4, 32, 8, 128, 2, window=(128, 0)) < attnlab_decode.roofline_ms(
+        [32768], 4, 32, 8, 128, 2) / 100
