@@ -144,7 +144,9 @@ def test_plan_splits_only_the_windows_blocks():
 
 # ---------------------------------------------------------------- the serving kernel and its plan
 
-Q_LEN, KV = np.array([1, 12, 3, 1, 20]), np.array([7, 40, 3, 64, 33])
+# request 3 (6 new tokens at 58..63 of 64) under a window of 40: its prefill tile runs block 1 masked (the
+# last row's window starts at 23), block 2 unmasked (every row sees all of it) and block 3 masked
+Q_LEN, KV = np.array([1, 12, 3, 6, 20]), np.array([7, 40, 3, 64, 33])
 S_SERVE = 64
 
 
@@ -177,7 +179,7 @@ def test_serving_plan_starts_each_unit_at_its_first_visible_block():
         assert {key: sorted(x) for key, x in seen.items()} == want
 
 
-@pytest.mark.parametrize("window,paged", [(5, False), ((9, 2), True)], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("window,paged", [(5, False), ((40, 2), True)], ids=["contiguous", "paged"])
 def test_serving_kernel_matches_float64_and_skips_the_blocks_before_the_window(window, paged):
     N, K = 8, 2
     q, k, v, starts, kv = serving_batch(N, K, seed=3)
