@@ -4,6 +4,7 @@ the checks, the masked paths, attnlab's kernels (Pallas interpret mode) and the 
 Every kernel case runs on a cache poisoned with NaN in the blocks before the window (any load of them
 would make the output NaN: 0 * NaN = NaN in P.V), so it checks both the values and that those blocks
 are never read. Shapes stay tiny: interpret mode runs the grid program by program."""
+import dataclasses
 import functools
 
 import jax
@@ -240,3 +241,25 @@ def test_decode_roofline_counts_the_windows_bytes():
     assert full == 2 * 32868 * 8 * 128 * 2 and windowed == 2 * (132 + 100) * 8 * 128 * 2
     assert attnlab_decode.roofline_ms([32768], 4, 32, 8, 128, 2, window=(128, 0)) < attnlab_decode.roofline_ms(
         [32768], 4, 32, 8, 128, 2) / 100
+
+
+# ---------------------------------------------------------------- sweep cells
+
+def test_windowed_decode_cells_through_the_sweep_engine():
+    """--window on decode cells: the cell runs decode_attention's window, is checked against float64 at absolute
+    positions and counts only the window's pairs and keys; a backend without a decode window is refused."""
+    from attnlab.measure import Cell, Options, measure_cell
+    from attnlab.sweep.spec import Sweep
+
+    sw = Sweep(backends=["xla", "tokamax-xla"], batch=[2], q_len=[2], kv_len=[64], heads=[4], kv_heads=[2],
+               head_dim=[16], dtype=["float32"], causal=[True], window=[(8, 0)], lengths=["ragged"])
+    xla, tok = sw.cells()
+    assert xla.window == (8, 0) and xla.lengths == "ragged"
+    work, whole = xla.workload, dataclasses.replace(xla, window=None).workload
+    assert work.counts().pairs == sum(min(p, 8) + 1 for n in xla.kv_lengths() for p in (n - 2, n - 1))
+    assert work.kv_bytes() == 2 * sum(min(n, 10) for n in xla.kv_lengths()) * 2 * 16 * 4 < whole.kv_bytes()
+    opts = Options(repeats=1, warmup=0, pipelined_calls=1, min_time_s=0.0)
+    rec = measure_cell(xla, opts)
+    assert rec["status"] == "ok" and rec["checked_fraction"] == 1.0 and rec["window"] == [8, 0], rec["reason"]
+    rec = measure_cell(tok, opts)
+    assert rec["status"] == "unsupported" and "local_window_size" in rec["reason"]

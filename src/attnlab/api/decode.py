@@ -178,6 +178,12 @@ def paged_refusal(backend) -> str | None:
     return "no paged KV cache path of its own (decode_attention would gather the pages into a contiguous copy)"
 
 
+def window_refusal(backend, window) -> str | None:
+    """Why a sweep's windowed decode cell does not time ``backend`` (its decode path takes no window: a native
+    one would read the window top-left), or None."""
+    return backend.decode_window_reason if window is not None and not backend.takes_decode_window else None
+
+
 def select_decode(spec: DecodeSpec, implementation=None):
     """The backend that runs this call (its ``run_decode``): the named one (or UnsupportedError with its
     ``why_not_decode``), or auto's: the first registered backend whose ``auto_reason`` claims the call,

@@ -88,8 +88,8 @@ class Cell:
         if self.lengths is not None:
             if self.lengths not in LENGTHS:
                 raise ValueError(f"lengths must be None or one of {LENGTHS}, got {self.lengths!r}")
-            if self.q_len > self.kv_len or self.window is not None or self.strategy is not None:
-                raise ValueError("decode cells (lengths) need q_len <= kv_len, no window and no strategy")
+            if self.q_len > self.kv_len or self.strategy is not None:
+                raise ValueError("decode cells (lengths) need q_len <= kv_len and no strategy")
         if (self.lengths == "paged") != (self.page_size is not None):
             raise ValueError(f"page_size is given exactly for lengths 'paged', got lengths={self.lengths!r}, "
                              f"page_size={self.page_size!r}")
@@ -217,9 +217,9 @@ def _measure_cell(cell: Cell, opts: Options | None, on_phase=None, ahead=None) -
         spec = prepare(q0, k0, v0, is_causal=cell.causal, local_window_size=cell.window, **call_extras(cell)).spec
         # decode cells: the backend's refusal comes from decode_attention itself when it is traced
         why = backend.why_not(spec) if cell.lengths is None else backend.available()
-        if not why and cell.lengths == "paged":
-            from ..api.decode import paged_refusal
-            why = paged_refusal(backend)
+        if not why and cell.lengths is not None:
+            from ..api.decode import paged_refusal, window_refusal
+            why = window_refusal(backend, cell.window) or (paged_refusal(backend) if cell.lengths == "paged" else None)
         if why:
             raise _Skip("unsupported", f"{cell.backend}: {why}")
         why_mode = backend.mode_reason(spec, cell.mode)

@@ -266,7 +266,8 @@ def semantics(cell) -> Semantics:
     if lens is None:
         ids = cell.segment_ids() if getattr(cell, "packing", None) else None
         return Semantics(causal=cell.causal, window=cell.window, soft_cap=cap, segment_ids=ids)
-    return Semantics(causal=cell.causal, kv_lengths=lens, q_offsets=tuple(n - cell.q_len for n in lens), soft_cap=cap)
+    return Semantics(causal=cell.causal, window=cell.window, kv_lengths=lens,
+                     q_offsets=tuple(n - cell.q_len for n in lens), soft_cap=cap)
 
 
 def _check_into(rec: dict, out, inputs, cell, backend, opts) -> None:

@@ -95,7 +95,7 @@ def _functions(cell):
 
         def fwd(q, k, v):
             return attnlab.decode_attention(q, k, v, lens, causal=cell.causal, implementation=cell.backend,
-                                            logits_soft_cap=cell.soft_cap)
+                                            logits_soft_cap=cell.soft_cap, local_window_size=cell.window)
 
         if cell.lengths == "paged" and cell.mode == "fwd":
             # timed on pages made beforehand (shuffled, vLLM layout); checked as its contiguous twin (q, k, v)
@@ -104,7 +104,7 @@ def _functions(cell):
             def paged(q, k_pages, v_pages, table):
                 return attnlab.decode_attention(q, k_pages, v_pages, lens, causal=cell.causal,
                                                 implementation=cell.backend, page_table=table,
-                                                logits_soft_cap=cell.soft_cap)
+                                                logits_soft_cap=cell.soft_cap, local_window_size=cell.window)
 
             def fwd(q, k, v):   # noqa: F811 - the paged call on pages made from (q, k, v)
                 return paged(q, *to_pages(k, v, cell.page_size))

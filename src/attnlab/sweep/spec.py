@@ -10,7 +10,8 @@ lengths packed in each row, as segment ids; self-attention cells only, q_len == 
 tokens // q_len; not with batch). ``window`` entries are ``none``, ``LEFT:RIGHT`` or an int ``W``,
 which means ``(W, W)`` exactly as ``jax.nn.dot_product_attention`` reads an int
 ``local_window_size``: query t sees keys t - W ... t + W (2W + 1 keys); a causal sliding window of
-W keys back is ``W:0``.
+W keys back is ``W:0``. On decode cells (``lengths``) the window is ``decode_attention``'s: around each
+new token's absolute position in the cache (``W:0`` reads the last W + T keys).
 Sweeps come from CLI flags (``from_flags``) or a TOML file (``load_toml``), their values parsed by
 ``sweep.parse``: every bad value raises ``SweepError`` naming it.
 """
@@ -121,7 +122,7 @@ class Sweep:
             K = N if K is None else K
             if N % K or (st is None and nd != 1):
                 continue
-            if ln is not None and (T > S or w or st):   # decode cells: T new tokens in an S-long cache
+            if ln is not None and (T > S or st):   # decode cells: T new tokens in an S-long cache
                 continue
             page = _page_size_of(ln) if ln is not None else None
             if page and S % page:
