@@ -19,6 +19,7 @@ from attnlab.core.errors import UnsupportedError
 from attnlab.kernels import decode as kd
 from attnlab.kernels import serving_plan as sp
 from attnlab.kernels.pages import to_pages
+from attnlab.kernels.serving import serving_attention_pallas
 from attnlab.reference.decode64 import check_decode_close, reference_decode_attention
 from attnlab.reference.float64 import reference_attention
 from attnlab.reference.inputs import random_qkv
@@ -263,3 +264,24 @@ def test_windowed_decode_cells_through_the_sweep_engine():
     assert rec["status"] == "ok" and rec["checked_fraction"] == 1.0 and rec["window"] == [8, 0], rec["reason"]
     rec = measure_cell(tok, opts)
     assert rec["status"] == "unsupported" and "local_window_size" in rec["reason"]
+
+
+def test_windowed_kernels_lower_to_triton_for_cuda_without_a_gpu():
+    """Pallas -> Triton IR lowering of the windowed decode kernel (paged) and the serving kernel (its prefill
+    class: the masked / unmasked / masked loops), on the CPU: what the GPU will compile."""
+    s = jax.ShapeDtypeStruct
+    B, T, S, N, K, H = 4, 4, 4096, 32, 8, 128
+    plan = kd.make_plan(B, T, S, N, K, H, "bfloat16", sms=132, compute_capability=(9, 0), window=(128, 0))
+    dec = jax.jit(functools.partial(kd.decode_attention_pallas, interpret=False, plan=plan, window=(128, 0)))
+    pages = s((B * S // 16, 16, K, H), jnp.bfloat16)
+    dec_args = (s((B, T, N, H), jnp.bfloat16), pages, pages, s((B,), jnp.int32))
+    starts, kv = np.array([0, 300, 301], np.int32), np.array([2000, 77], np.int32)
+    splan = attnlab.serving_plan(starts, kv, total_tokens=320, kv_len_max=S, heads=N, kv_heads=K, head_dim=H,
+                                 local_window_size=128)
+    serve = jax.jit(lambda q, k, v: serving_attention_pallas(q, k, v, None, None, plan=splan, interpret=False))
+    cache = s((2, S, K, H), jnp.bfloat16)
+    with kd.cuda_lowering_context():
+        texts = [dec.trace(*dec_args, page_table=s((B, S // 16), jnp.int32)).lower(lowering_platforms=("cuda",)),
+                 serve.trace(s((320, N, H), jnp.bfloat16), cache, cache).lower(lowering_platforms=("cuda",))]
+    for lowered in texts:
+        assert "__gpu$xla.gpu.triton" in lowered.as_text() or "triton_kernel_call" in lowered.as_text()

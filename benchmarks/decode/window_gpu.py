@@ -1,0 +1,211 @@
+"""Sliding-window decode on the GPU: attnlab-decode against the roofline of the window's bytes.
+
+    PYTHONPATH=src python benchmarks/decode/window_gpu.py --out OUT [--quick] [--max-seconds 200]
+    PYTHONPATH=src JAX_PLATFORMS=cpu python benchmarks/decode/window_gpu.py --out OUT --dry-run
+
+Cells: ``decode_attention(..., local_window_size=(W, 0))`` (causal: each new token reads the W keys before
+it and itself, W + T keys in all) with W in {128, 512, 1024, 4096}, cache length S in {8192, 32768, 131072}
+with every cache full (the window at its end, the most the kernel can skip), T in {1, 4}, contiguous and
+paged (16 tokens a page, vLLM's default), gpt-oss's heads (N, K, H) = (64, 8, 64), bf16; B = 256 (S <= 32768)
+or 128 (S = 131072): the largest power of two whose cache fits 40 GB. Lengths are traced arguments of
+``jax.jit`` (the plan cannot see them: it splits the window's span by its rule).
+
+Each cell is checked against float64 before it is timed: batch elements 0 and B-1, on the window's keys
+sliced out of the cache (the window's output depends on nothing else), by the decode tolerance policy
+(``check_decode_close``). Then CUPTI (``jax.experimental.mosaic.gpu.profiler.measure``): the median over
+iterations of the call's kernels summed (the split kernel and the combine), % of the roofline of the
+window's K/V bytes (``attnlab_decode.roofline_ms(..., window=)``; ``pct_with_q_out`` also counts q read and
+the output written) and the same call without a window (``full_ms``: what the window saves).
+Goal (issue: windows in decode): <= 1.15x the roofline of the window's bytes, i.e. >= 87%.
+Writes ``results.jsonl`` and ``README.md`` (a table) to --out. ``--dry-run``: tiny sizes in Pallas interpret
+mode on the CPU: the cell list and the reference checks, nothing timed.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+
+WINDOWS = (128, 512, 1024, 4096)
+LENGTHS = (8192, 32768, 131072)
+HEADS = (64, 8, 64)            # gpt-oss: N, K, H
+CACHE_BYTES = 40e9
+GOAL_PCT = 100 / 1.15
+PAGE = 16
+
+
+def batch_for(S: int, K: int, H: int, itemsize: int = 2) -> int:
+    """The largest power of two <= 256 whose K and V caches of S tokens fit ``CACHE_BYTES``."""
+    b = 256
+    while b > 1 and b * S * K * H * 2 * itemsize > CACHE_BYTES:
+        b //= 2
+    return b
+
+
+def cells(quick: bool, dry_run: bool) -> list[dict]:
+    """Every cell of the run, in order (grouped by cache: one cache per (S, layout))."""
+    if dry_run:
+        return [dict(S=256, W=w, T=t, layout=lay, B=2, N=8, K=2, H=16)
+                for lay in ("contig", f"paged{PAGE}") for w in (16, 64) for t in (1, 4)]
+    N, K, H = HEADS
+    out = []
+    for S in LENGTHS:
+        for lay in ("contig", f"paged{PAGE}"):
+            for T in ((1,) if quick else (1, 4)):
+                for W in ((128, 1024) if quick else WINDOWS):
+                    out.append(dict(S=S, W=W, T=T, layout=lay, B=batch_for(S, K, H), N=N, K=K, H=H))
+    return out
+
+
+def references(q, k, v, lengths, W: int):
+    """(batch element, q_b, k_b, v_b, length in the slice) for elements 0 and B-1: the window's keys only."""
+    T = int(q.shape[1])
+    out = []
+    for b in sorted({0, int(q.shape[0]) - 1}):
+        n = int(lengths[b])
+        lo = max(0, n - T - W)
+        out.append((b, np.asarray(q[b:b + 1]), np.asarray(k[b:b + 1, lo:n]), np.asarray(v[b:b + 1, lo:n]), n - lo))
+    return out
+
+
+def check(out, refs, W: int) -> list[dict]:
+    from attnlab.reference.decode64 import check_decode_close
+
+    res = []
+    for b, qb, kb, vb, n in refs:
+        vd = check_decode_close(np.asarray(out[b:b + 1]), qb, kb, vb, [n], local_window_size=(W, 0))
+        res.append(dict(b=b, rel_err=vd.rel_err, limit=vd.limit, ok=bool(vd.ok)))
+    return res
+
+
+def cupti_ms(fn, args, iterations: int = 10) -> tuple[float, list]:
+    """(median ms of the call's kernels summed, [(kernel, median ms)]) by CUPTI."""
+    from jax.experimental.mosaic.gpu import profiler
+
+    _, per_iter = profiler.measure(fn, aggregate=False, iterations=iterations)(*args)
+    names = [n for n, _ in per_iter[0]]
+    kernels = [(n, float(np.median([it[i][1] for it in per_iter]))) for i, n in enumerate(names)]
+    return float(np.median([sum(t for _, t in it) for it in per_iter])), kernels
+
+
+@functools.lru_cache(maxsize=None)
+def call(window, paged: bool, interpret: bool):
+    """The jitted decode call of one window (None: the whole cache), contiguous or through a page table."""
+    import jax
+
+    import attnlab
+    from attnlab.kernels import decode as kd
+
+    if interpret:        # the CPU: the kernel itself in interpret mode (decode_attention's would be the same)
+        def f(q, k, v, lengths, table=None):
+            return kd.decode_attention_pallas(q, k, v, lengths, interpret=True, page_table=table, window=window)
+    else:
+        def f(q, k, v, lengths, table=None):
+            return attnlab.decode_attention(q, k, v, lengths, implementation="attnlab-decode", page_table=table,
+                                            local_window_size=window)
+    return jax.jit(f)
+
+
+def caches(S, B, K, H, layout, seed=0):
+    """k, v (B, S, K, H) bf16 drawn on the device, and (k_pages, v_pages, table) for a paged layout."""
+    import jax
+    import jax.numpy as jnp
+
+    from attnlab.kernels.pages import to_pages
+
+    kk, kv = jax.random.split(jax.random.PRNGKey(seed))
+    k = jax.random.normal(kk, (B, S, K, H), jnp.bfloat16)
+    v = jax.random.normal(kv, (B, S, K, H), jnp.bfloat16)
+    return k, v, (to_pages(k, v, PAGE) if layout != "contig" else None)
+
+
+def run_cell(c: dict, k, v, paged, dev: str, dry_run: bool) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    from attnlab.backends.attnlab_decode import kv_bytes, roofline_ms
+
+    B, S, T, W, N, K, H = (c[x] for x in ("B", "S", "T", "W", "N", "K", "H"))
+    q = jax.random.normal(jax.random.PRNGKey(T + W), (B, T, N, H), jnp.bfloat16)
+    lengths = jnp.full((B,), S, jnp.int32)
+    rec = dict(c, device=dev, window=[W, 0], dtype="bfloat16", lengths_traced=True,
+               window_kv_bytes=kv_bytes([S] * B, K, H, 2, q_len=T, window=(W, 0)),
+               roofline_ms=roofline_ms([S] * B, T, N, K, H, 2, window=(W, 0)))
+    args = (q, k, v, lengths) if paged is None else (q, paged[0], paged[1], lengths, paged[2])
+    fn = call((W, 0), paged is not None, dry_run)
+    try:
+        rec["check"] = check(fn(*args), references(q, k, v, [S] * B, W), W)
+        if not all(x["ok"] for x in rec["check"]):
+            rec["error"] = "check failed"
+        elif not dry_run:
+            rec["ms"], rec["kernels"] = cupti_ms(fn, args)
+            rec["pct_roofline"] = 100 * rec["roofline_ms"] / rec["ms"]
+            q_out = 2 * B * T * N * H * 2 / 4.8e12 * 1e3
+            rec["pct_with_q_out"] = 100 * (rec["roofline_ms"] + q_out) / rec["ms"]
+            rec["full_ms"], _ = cupti_ms(call(None, paged is not None, False), args)
+    except Exception as e:  # noqa: BLE001 - one failed cell is recorded, the run goes on
+        rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    return rec
+
+
+def table_md(recs) -> str:
+    lines = ["| S | cache | B | T | W | ms | % roofline (window K/V) | with q/out | goal >= 87% | whole cache ms | "
+             "check |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in recs:
+        worst = max((x["rel_err"] / x["limit"] for x in r.get("check", [])), default=float("nan"))
+        chk = f"ok ({worst:.2f} of limit)" if "error" not in r else f"✗ {r['error'][:50]}"
+        pct, pct_qo = r.get("pct_roofline"), r.get("pct_with_q_out")
+        verdict = "–" if pct is None else "met" if pct >= GOAL_PCT else f"missed ({r['ms'] / r['roofline_ms']:.2f}x)"
+        cols = [r["S"], r["layout"], r["B"], r["T"], r["W"], f"{r['ms']:.4f}" if "ms" in r else "–",
+                "–" if pct is None else f"{pct:.0f}%", "–" if pct_qo is None else f"{pct_qo:.0f}%", verdict,
+                f"{r['full_ms']:.4f}" if "full_ms" in r else "–", chk]
+        lines.append("| " + " | ".join(map(str, cols)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true", help="T=1, W in {128, 1024}")
+    ap.add_argument("--max-seconds", type=float, default=200.0, help="no new cell starts past this")
+    ap.add_argument("--dry-run", action="store_true", help="tiny sizes, interpret mode: cells and checks only")
+    a = ap.parse_args(argv)
+    import jax
+
+    os.makedirs(a.out, exist_ok=True)
+    t0 = time.perf_counter()
+    dev = str(jax.devices()[0].device_kind)
+    todo = cells(a.quick, a.dry_run)
+    recs, held = [], (None, None)
+    with open(os.path.join(a.out, "results.jsonl"), "w") as f:
+        for c in todo:
+            if time.perf_counter() - t0 > a.max_seconds:
+                rec = dict(c, error=f"not run: past --max-seconds {a.max_seconds:g}")
+            else:
+                key = (c["S"], c["B"], c["layout"])
+                if held[0] != key:
+                    held = (None, None)                       # free the last cache before making the next
+                    held = (key, caches(c["S"], c["B"], c["K"], c["H"], c["layout"]))
+                rec = run_cell(c, *held[1], dev, a.dry_run)
+            recs.append(rec)
+            f.write(json.dumps(rec) + "\n")
+            f.flush()
+            print(json.dumps({k: rec.get(k) for k in ("S", "layout", "T", "W", "ms", "pct_roofline", "error")}))
+    md = table_md(recs)
+    with open(os.path.join(a.out, "README.md"), "w") as f:
+        f.write(f"# Sliding-window decode on {dev}\n\n`PYTHONPATH=src python benchmarks/decode/window_gpu.py "
+                f"--out {a.out}{' --dry-run' if a.dry_run else ''}`\n\n" + md)
+    print(md)
+    print(json.dumps({"out": a.out, "cells": len(recs), "seconds": round(time.perf_counter() - t0, 1)}))
+    return recs
+
+
+if __name__ == "__main__":
+    main()
