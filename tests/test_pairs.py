@@ -39,6 +39,7 @@ CASES = {
     "ragged q and kv": dict(causal=True, q_lengths=(13, 4, 0), kv_lengths=(17, 6, 3)),
     "decode ragged": dict(causal=True, kv_lengths=(13, 15, 17), decode=True),
     "decode window": dict(causal=True, window=(5, 0), kv_lengths=(13, 16, 17), decode=True),
+    "decode window, right, not causal": dict(window=(3, 2), kv_lengths=(13, 16, 17), decode=True),
     "segment ids": dict(causal=True, ids=IDS, kv_ids=KV_IDS),
     "segment ids, decode": dict(causal=True, kv_lengths=(13, 15, 17), decode=True, ids=IDS, kv_ids=KV_IDS),
     "segment ids, window, lengths": dict(window=(2, 3), q_lengths=(9, 13, 2), kv_lengths=(17, 5, 11), ids=IDS,
