@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import attnlab
+from attnlab import backends
 from attnlab.backends import attnlab_decode
 from attnlab.core import serving_cost
 from attnlab.core.errors import UnsupportedError
@@ -264,6 +265,10 @@ def test_windowed_decode_cells_through_the_sweep_engine():
     assert rec["status"] == "ok" and rec["checked_fraction"] == 1.0 and rec["window"] == [8, 0], rec["reason"]
     rec = measure_cell(tok, opts)
     assert rec["status"] == "unsupported" and "local_window_size" in rec["reason"]
+    # a native backend's decode path would read the window top-left: the cell refuses it before it runs
+    from attnlab.api.decode import window_refusal
+    assert "local_window_size" in window_refusal(backends.get("torch-flash"), (8, 0))
+    assert window_refusal(backends.get("torch-flash"), None) is None and window_refusal(backends.get("xla"), (8, 0)) is None
 
 
 def test_windowed_kernels_lower_to_triton_for_cuda_without_a_gpu():
