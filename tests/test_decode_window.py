@@ -59,7 +59,8 @@ def test_reference_equals_attention_reference_at_absolute_positions():
 def test_masked_paths_match_float64_under_jit():
     q, k, v = random_qkv(3, 4, 32, 4, 2, 16, "float32", seed=2)
     lengths = [32, 4, 19]
-    f = jax.jit(functools.partial(attnlab.decode_attention, causal=False, implementation="xla", local_window_size=(6, 1)))
+    f = jax.jit(functools.partial(attnlab.decode_attention, causal=False, implementation="xla",
+                                  local_window_size=(6, 1)))
     out = f(q, k, v, jnp.array(lengths))
     assert check_decode_close(out, q, k, v, lengths, causal=False, local_window_size=(6, 1)).ok
     # T = 1 causal also needs the mask: without it the window would be lost
@@ -229,7 +230,8 @@ def test_serving_cost_counts_the_windows_pairs_and_keys():
             pairs, keys = pairs + int(vis.sum()), keys + int(vis.any(0).sum())
         assert serving_cost.causal_pairs(starts, kv, left) == pairs
         assert int(serving_cost.keys_read(starts, kv, left).sum()) == keys
-        assert serving_cost.serving_bytes(starts, kv, 8, 2, 16, 2, left) == 2 * keys * 2 * 16 * 2 + 2 * Q_LEN.sum() * 8 * 16 * 2
+        want_bytes = 2 * keys * 2 * 16 * 2 + 2 * Q_LEN.sum() * 8 * 16 * 2
+        assert serving_cost.serving_bytes(starts, kv, 8, 2, 16, 2, left) == want_bytes
     assert serving_cost.causal_pairs(starts, kv, 1000) == serving_cost.causal_pairs(starts, kv)
 
 
@@ -264,7 +266,8 @@ def test_windowed_decode_cells_through_the_sweep_engine():
     # a native backend's decode path would read the window top-left: the cell refuses it before it runs
     from attnlab.api.decode import window_refusal
     assert "local_window_size" in window_refusal(backends.get("torch-flash"), (8, 0))
-    assert window_refusal(backends.get("torch-flash"), None) is None and window_refusal(backends.get("xla"), (8, 0)) is None
+    assert window_refusal(backends.get("torch-flash"), None) is None
+    assert window_refusal(backends.get("xla"), (8, 0)) is None
 
 
 def test_windowed_kernels_lower_to_triton_for_cuda_without_a_gpu():

@@ -209,4 +209,5 @@ def roofline_ms(lengths, q_len: int, heads: int, kv_heads: int, head_dim: int, i
     return max(nbytes / (hbm_tbs * 1e12), flops / (peak_tflops * 1e12)) * 1e3
 
 
-__all__ = ["AttnlabDecodeBackend", "AUTO_ENABLED", "AUTO_MIN_T", "AUTO_MAX_T", "AUTO_MIN_S", "AUTO_CLAIMS_ATTENTION", "keys_read", "kv_bytes", "roofline_ms"]
+__all__ = ["AttnlabDecodeBackend", "AUTO_ENABLED", "AUTO_MIN_T", "AUTO_MAX_T", "AUTO_MIN_S", "AUTO_CLAIMS_ATTENTION",
+           "keys_read", "kv_bytes", "roofline_ms"]

@@ -27,7 +27,8 @@ def masked_decode(backend, d, scale):
 
     ``scale``: handed to ``prepare`` as given (the caller's argument, None: 1 / sqrt(H); or ``d.scale``)."""
     sp = d.spec
-    mask = decode_mask(d.kv_lengths, sp.q_len, sp.max_len, causal=sp.causal, window=sp.window) if sp.needs_mask else None
+    mask = (decode_mask(d.kv_lengths, sp.q_len, sp.max_len, causal=sp.causal, window=sp.window)
+            if sp.needs_mask else None)
     if d.page_table is not None and backend.paged:
         return backend.run_paged_decode(d, mask)
     k, v = d.contiguous()

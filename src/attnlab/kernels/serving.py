@@ -113,7 +113,8 @@ def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_r
             n_lo = 0
             if window_left is not None:     # ... and at or past its last row's window start
                 last_pos = q_pos0 + lax.div(row_off + n_rows - 1, groups)
-                n_lo = jnp.clip(lax.div(jnp.maximum(last_pos - window_left, 0) + block_k - 1, block_k) - first, 0, count)
+                lo_whole = lax.div(jnp.maximum(last_pos - window_left, 0) + block_k - 1, block_k)
+                n_lo = jnp.clip(lo_whole - first, 0, count)
                 init = lax.fori_loop(0, n_lo, body, init)
             n_whole = jnp.clip(whole - first, n_lo, count)
             init = lax.fori_loop(n_lo, n_whole, functools.partial(body, masked=False), init)
