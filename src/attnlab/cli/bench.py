@@ -15,7 +15,8 @@ from ..core.records import time_ms
 
 WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys before each query and none after) "
                "or an int W, read as jax.nn.dot_product_attention reads local_window_size=W: (W, W), W keys before "
-               "and W after (2W+1 keys), not a causal window of W.")
+               "and W after (2W+1 keys), not a causal window of W. On decode cells (--lengths) it is decode_attention's "
+               "window, around each new token's position in the cache.")
 
 
 @main.command()
