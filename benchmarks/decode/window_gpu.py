@@ -56,7 +56,7 @@ def cells(quick: bool, dry_run: bool) -> list[dict]:
                 for lay in ("contig", f"paged{PAGE}") for w in (16, 64) for t in (1, 4)]
     N, K, H = HEADS
     out = []
-    for S in LENGTHS:
+    for S in sorted(LENGTHS, reverse=True):      # the longest caches first: the goal's hardest case
         for lay in ("contig", f"paged{PAGE}"):
             for T in ((1,) if quick else (1, 4)):
                 for W in ((128, 1024) if quick else WINDOWS):
@@ -126,6 +126,9 @@ def caches(S, B, K, H, layout, seed=0):
     return k, v, (to_pages(k, v, PAGE) if layout != "contig" else None)
 
 
+_FULL_MS: dict = {}
+
+
 def run_cell(c: dict, k, v, paged, dev: str, dry_run: bool) -> dict:
     import jax
     import jax.numpy as jnp
@@ -149,7 +152,10 @@ def run_cell(c: dict, k, v, paged, dev: str, dry_run: bool) -> dict:
             rec["pct_roofline"] = 100 * rec["roofline_ms"] / rec["ms"]
             q_out = 2 * B * T * N * H * 2 / 4.8e12 * 1e3
             rec["pct_with_q_out"] = 100 * (rec["roofline_ms"] + q_out) / rec["ms"]
-            rec["full_ms"], _ = cupti_ms(call(None, paged is not None, False), args)
+            full = (B, S, T, c["layout"])             # the whole-cache call, once per cache and T (not per W)
+            if full not in _FULL_MS:
+                _FULL_MS[full] = cupti_ms(call(None, paged is not None, False), args)[0]
+            rec["full_ms"] = _FULL_MS[full]
     except Exception as e:  # noqa: BLE001 - one failed cell is recorded, the run goes on
         rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     return rec

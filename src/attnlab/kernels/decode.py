@@ -32,7 +32,8 @@ Layout and grid
 
 What is read from HBM
     KV: ceil(lengths[b] / block_k) * block_k rows of (H,) per (b, kv head), K and V once each
-    (the masked tail of the last block is not fetched); q once per split; partials
+    (the masked tail of the last block is not fetched; with a window only the blocks from the window's
+    first one); q once per split; partials
     (B, K, splits, T*G, H+2) float32 written then read by the combine (weighed by the split rule;
     ~1% at T*G = 16, at most 25%).
 
