@@ -49,16 +49,18 @@ def test_attention_path_on_the_decode_kernel_takes_sinks():
 
 def test_serving_kernel_sinks_match_float64():
     """A paged cache (the merge, where the sinks go, is the contiguous call's), a mixed batch (decode and prefill classes), G = 4, a long request split into stream-K pieces that the
-    merge combines, soft cap, a padding token, traced lengths and sinks under jit."""
+    merge combines, G = 7 (a prefill request's row tiles start mid-group), soft cap, a padding token, traced
+    lengths and sinks under jit."""
     q_len, kv = np.array([1, 9, 1, 2], np.int32), np.array([80, 30, 5, 64], np.int32)
     starts = np.concatenate([[0], np.cumsum(q_len)]).astype(np.int32)
-    N, K, H, S = 8, 2, 16, 80
+    N, K, H, S = 14, 2, 16, 80
+    sinks = jnp.concatenate([SINKS, SINKS[:6] - 0.5])
     rng = np.random.default_rng(1)
     q = rng.standard_normal((int(starts[-1]) + 1, N, H)).astype(np.float32)
     k, v = (rng.standard_normal((len(kv), S, K, H)).astype(np.float32) for _ in range(2))
-    ref = reference_serving_attention(q, k, v, starts, kv, logits_soft_cap=2.5, sinks=SINKS)
+    ref = reference_serving_attention(q, k, v, starts, kv, logits_soft_cap=2.5, sinks=sinks)
     kc, vc, table = to_pages(k, v, 8)
-    cfg = sp.ServingConfig(block_k=16, decode_max_q=4, programs=3)
+    cfg = sp.ServingConfig(block_k=16, decode_max_q=4, programs=3, block_r_prefill=16)
 
     def step(q, k, v, a, b, t, s):
         plan = attnlab.serving_plan(a, b, total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K,
@@ -66,7 +68,7 @@ def test_serving_kernel_sinks_match_float64():
         return attnlab.serving_attention(q, k, v, a, b, page_table=t, logits_soft_cap=2.5, sinks=s,
                                          implementation="attnlab-decode", plan=plan)
 
-    out = np.asarray(jax.jit(step)(q, kc, vc, jnp.asarray(starts), jnp.asarray(kv), table, SINKS), np.float64)
+    out = np.asarray(jax.jit(step)(q, kc, vc, jnp.asarray(starts), jnp.asarray(kv), table, sinks), np.float64)
     limit, rule = tolerance(np.float32)
     assert rel_l2(out, ref) <= limit, rule
     assert not np.any(out[-1]), "the padding token gives 0"
