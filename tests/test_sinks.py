@@ -107,3 +107,28 @@ def test_bad_sinks_raise_named_errors(bad, err, words):
                  lambda: attnlab.serving_attention(q[0], k, v, jnp.array([0, 3, 5]), L, sinks=bad)):
         with pytest.raises(err, match=words):
             call()
+
+
+def test_sweep_cells_carry_sinks_to_the_call_and_both_references(monkeypatch):
+    """--sinks both: a cell without and one with; the call gets ``random_sinks(N)`` and so do the float32 and
+    float64 references: a call given other sinks than the references' is incorrect."""
+    from attnlab.measure import Options
+    from attnlab.measure import inputs as measure_inputs
+    from attnlab.measure.cell import measure_cell
+    from attnlab.reference.inputs import random_sinks
+    from attnlab.sweep.spec import SweepError, build
+
+    sweep = build({"backends": "xla", "batch": "2", "q_len": "2", "kv_len": "32", "heads": "4", "kv_heads": "2",
+                   "head_dim": "16", "dtype": "float32", "causal": "true", "lengths": "ragged", "sinks": "both"})
+    plain, cell = sweep.cells()
+    assert (plain.sinks, cell.sinks) == (False, True) and cell.config_label.endswith(" sinks")
+    assert plain.key() != cell.key() and "sinks" not in plain.config_label
+    np.testing.assert_array_equal(random_sinks(4), random_sinks(4))
+    opts = Options(repeats=1, warmup=0, min_time_s=0)
+    rec = measure_cell(cell, opts)
+    assert rec["status"] == "ok" and rec["sinks"] is True, rec["reason"]
+    monkeypatch.setattr(measure_inputs, "random_sinks", lambda n: random_sinks(n) + 3.0)   # the call's only
+    rec = measure_cell(cell, opts)
+    assert rec["status"] == "incorrect" and "float32" in rec["reason"] and "float64" in rec["reason"], rec["reason"]
+    with pytest.raises(SweepError, match="sinks: 'maybe' must be true, false or both"):
+        build({"backends": "xla", "sinks": "maybe"})
