@@ -127,6 +127,8 @@ def test_sweep_cells_carry_sinks_to_the_call_and_both_references(monkeypatch):
     opts = Options(repeats=1, warmup=0, min_time_s=0)
     rec = measure_cell(cell, opts)
     assert rec["status"] == "ok" and rec["sinks"] is True, rec["reason"]
+    # the emulation (with sinks) agrees with the float64 rows: they too have the sinks (else the baseline hides it)
+    assert rec["checks"]["float64_rows"]["baseline"] < 1e-5
     monkeypatch.setattr(measure_inputs, "random_sinks", lambda n: random_sinks(n) + 3.0)   # the call's only
     rec = measure_cell(cell, opts)
     assert rec["status"] == "incorrect" and "float32" in rec["reason"] and "float64" in rec["reason"], rec["reason"]
