@@ -74,3 +74,39 @@ def test_serving_kernel_sinks_match_float64():
     assert not np.any(out[-1]), "the padding token gives 0"
     without = reference_serving_attention(q, k, v, starts, kv, logits_soft_cap=2.5)
     assert rel_l2(out, without) > 100 * limit, "the sinks change the result"
+
+
+def test_serving_merge_with_sinks_lowers_to_triton_for_sm90():
+    """No GPU here: the merge kernel's gather of a (N,) sinks row (N = 14, not a power of two) lowers to Triton
+    IR for an abstract H200, one load more than the merge without sinks."""
+    import contextlib
+
+    import jax._src.pallas.triton.pallas_call_registration as reg
+
+    from attnlab.kernels import serving as ks
+
+    s = jax.ShapeDtypeStruct
+    B, S, N, K, H = 4, 256, 14, 2, 64
+    args = [s((B, N, H), jnp.bfloat16), s((B, S, K, H), jnp.bfloat16), s((B, S, K, H), jnp.bfloat16),
+            s((B + 1,), jnp.int32), s((B,), jnp.int32)]
+
+    def merge_loads(*sinks):
+        def f(q, k, v, a, b, *sk):
+            plan = sp.make_serving_plan(a, b, total_tokens=B, kv_len_max=S, heads=N, kv_heads=K, head_dim=H, sms=132)
+            return ks.serving_attention_pallas(q, k, v, a, b, plan=plan, interpret=False, sinks=sk[0] if sk else None)
+
+        captured, orig = [], reg.lowering.lower_jaxpr_to_triton_module
+
+        def keep(*a, **kw):
+            res = orig(*a, **kw)
+            captured.append(res.module.operation.get_asm(enable_debug_info=False))
+            return res
+
+        with contextlib.ExitStack() as stack:
+            stack.callback(setattr, reg.lowering, "lower_jaxpr_to_triton_module", orig)
+            reg.lowering.lower_jaxpr_to_triton_module = keep
+            with kd.cuda_lowering_context():
+                jax.jit(f).trace(*args, *sinks).lower(lowering_platforms=("cuda",))
+        return captured[-1].count("tt.load")
+
+    assert merge_loads(s((N,), jnp.float32)) == merge_loads() + 1
