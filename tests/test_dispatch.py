@@ -301,8 +301,9 @@ def test_tune_is_a_command():
 
 
 def test_capped_and_packed_calls_are_their_own_never_tuned_buckets():
-    """A soft-capped or packed record keys no entry, and such a call never looks up a plain entry."""
-    assert dispatch.build([_rec("xla", 1.0) | {"soft_cap": 50.0}, _rec("naive", 1.0) | {"packing": "docs:4"}]) == []
+    """A soft-capped, packed or sinks record keys no entry, and such a call never looks up a plain entry."""
+    assert dispatch.build([_rec("xla", 1.0) | {"soft_cap": 50.0}, _rec("naive", 1.0) | {"packing": "docs:4"},
+                           _rec("xla", 1.0) | {"sinks": True}]) == []
     q, k, v = attnlab.reference.inputs.random_qkv(1, 48, 48, 4, 2, 16, "float32", seed=0)
     ids = np.zeros((1, 48), np.int32)
     plain = dispatch.bucket(attnlab.explain(q, k, v, is_causal=True).spec)
@@ -310,3 +311,5 @@ def test_capped_and_packed_calls_are_their_own_never_tuned_buckets():
     packed = dispatch.bucket(attnlab.explain(q, k, v, is_causal=True, query_segment_ids=ids,
                                              key_value_segment_ids=ids).spec)
     assert capped == plain + " softcap" and packed == plain + " segments"
+    sinks = np.zeros((4,), np.float32)
+    assert dispatch.bucket(attnlab.explain(q, k, v, is_causal=True, sinks=sinks).spec) == plain + " sinks"

@@ -8,7 +8,8 @@ from attnlab.cli import main
 from attnlab.core.models import BY_NAME, PRESETS, ModelPreset, preset
 
 WANTED = ("llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "mistral-7b", "mixtral-8x7b", "qwen2.5-7b",
-          "qwen2.5-72b", "gemma-2-9b", "gemma-2-27b", "phi-3-mini")
+          "qwen2.5-72b", "gemma-2-9b", "gemma-2-27b", "phi-3-mini", "gemma-3-4b", "gemma-3-12b", "gemma-3-27b",
+          "gpt-oss-20b", "gpt-oss-120b")
 
 
 def test_every_preset_the_issue_names_is_there_with_a_source():
@@ -47,3 +48,36 @@ def test_models_command_lists_them():
     r = CliRunner().invoke(main, ["models", "--json"])
     rows = json.loads(r.output)
     assert [x["name"] for x in rows] == [p.name for p in PRESETS] and rows[0]["source"]
+
+
+def test_gpt_oss_and_gemma3_windowed_layers_and_sinks_reach_the_plan():
+    """gpt-oss: 128-token window on every other layer and sinks on all; Gemma 3: 1024 on 5 of every 6 layers;
+    their Hugging Face ids resolve; every plan entry of gpt-oss carries the sinks (and only its records match)."""
+    from attnlab.core.model_config import from_config, resolve
+    from attnlab.core.model_plan import notes, plan
+    from attnlab.report.advice import cell_rows
+
+    kinds = lambda p: [(k.kind, k.layers, k.window) for k in p.layer_kinds()]   # noqa: E731
+    oss, big, g27 = preset("gpt-oss-20b"), preset("gpt-oss-120b"), preset("gemma-3-27b")
+    assert (oss.layers, oss.heads, oss.kv_heads, oss.head_dim, oss.sinks) == (24, 64, 8, 64, True)
+    assert kinds(oss) == [("windowed", 12, 128), ("global", 12, None)] and kinds(big)[0] == ("windowed", 18, 128)
+    assert (g27.heads, g27.kv_heads, g27.head_dim, g27.sinks) == (32, 16, 128, False)
+    assert kinds(g27) == [("windowed", 52, 1024), ("global", 10, None)]
+    assert [k.layers for k in preset("gemma-3-4b").layer_kinds()] == [29, 5]
+    for text, name in (("openai/gpt-oss-20b", "gpt-oss-20b"), ("GPT-OSS-120B", "gpt-oss-120b"),
+                       ("google/gemma-3-27b-it", "gemma-3-27b"), ("google/gemma-3-12b-pt", "gemma-3-12b")):
+        assert resolve(text).name == name
+    types = ["sliding_attention", "full_attention"] * 12       # gpt-oss-20b's config.json, attention fields
+    cfg = from_config({"model_type": "gpt_oss", "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+                       "num_hidden_layers": 24, "hidden_size": 2880, "max_position_embeddings": 131072,
+                       "sliding_window": 128, "layer_types": types})
+    assert cfg.sinks and kinds(cfg) == kinds(oss)
+    entries = plan(oss, "prefill,decode", "4k")
+    assert {e.kind for e in entries} == {"windowed", "global"} and all(e.sinks for e in entries)
+    assert all(e.axes()["sinks"] == [True] for e in entries)
+    assert [e.window for e in entries if e.phase == "prefill"] == [(128, 0), None]
+    rec = {k: v[0] for k, v in entries[0].axes().items()}
+    assert entries[0].matches(rec) and not entries[0].matches({**rec, "sinks": False})
+    assert any("attention sinks on every layer" in n for n in notes(oss, "4k"))
+    assert all(r["sinks"] for r in cell_rows(entries, []))
+    assert not any(e.sinks for e in plan(g27, "decode", "4k"))

@@ -1,6 +1,7 @@
 """Attention sinks (gpt-oss: one learned logit per query head in the softmax denominator, with no value):
 naive and xla against the float64 reference, forward, residual and gradients (d sinks included);
-decode and serving through their generic paths; every other backend refuses, saying why."""
+decode and serving through their generic paths; every other backend but attnlab-decode (its kernels:
+tests/test_sinks_kernels.py) refuses, saying why."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -58,21 +59,20 @@ def test_bfloat16_and_minus_inf_sinks():
 
 def test_every_other_backend_refuses_sinks_saying_why(monkeypatch):
     spec = AttentionSpec(1, 64, 64, N, K, 64, "bfloat16", has_sinks=True)
-    refusing = [b for b in backends.all_backends() if b.name not in ("naive", "xla")]
+    refusing = [b for b in backends.all_backends() if b.name not in ("naive", "xla", "attnlab-decode")]
     for b in refusing:      # as on a GPU with every library: the sinks rule speaks before any other
         monkeypatch.setattr(b, "available", lambda: None)
         assert b.why_not(spec).startswith("sinks:") and not b.takes_sinks, b.name
     assert "cuDNN" in backends.get("cudnn").why_not(spec)
     q, k, v = _inputs()
     e = attnlab.explain(q, k, v, sinks=SINKS)
-    assert e.chosen == "xla" and e.reasons["naive"] is None and e.reasons["attnlab-decode"].startswith("sinks:")
+    assert e.chosen == "xla" and e.reasons["naive"] is None and e.reasons["attnlab-decode"] is None
+    assert backends.get("attnlab-decode").takes_sinks
     L = jnp.array([8, 5], jnp.int32)
     d = attnlab.explain_decode(q[:, :2], k, v, L, sinks=SINKS)
-    assert d.reasons["attnlab-decode"].startswith("sinks: attnlab's Pallas") and d.chosen == "xla"
-    with pytest.raises(attnlab.UnsupportedError, match="attnlab-decode: sinks"):
-        attnlab.decode_attention(q[:, :2], k, v, L, implementation="attnlab-decode", sinks=SINKS)
+    assert d.reasons["attnlab-decode"] is None and d.reasons["xla"] is None
     s = attnlab.explain_serving(q[0], k, v, jnp.array([0, 3, 5]), L, sinks=SINKS)
-    assert s.reasons["attnlab-decode"].startswith("sinks:") and s.chosen == "xla"
+    assert s.reasons["attnlab-decode"] is None and s.chosen == "xla"
 
 
 def test_decode_masked_path_matches_float64():
@@ -107,3 +107,30 @@ def test_bad_sinks_raise_named_errors(bad, err, words):
                  lambda: attnlab.serving_attention(q[0], k, v, jnp.array([0, 3, 5]), L, sinks=bad)):
         with pytest.raises(err, match=words):
             call()
+
+
+def test_sweep_cells_carry_sinks_to_the_call_and_both_references(monkeypatch):
+    """--sinks both: a cell without and one with; the call gets ``random_sinks(N)`` and so do the float32 and
+    float64 references: a call given other sinks than the references' is incorrect."""
+    from attnlab.measure import Options
+    from attnlab.measure import inputs as measure_inputs
+    from attnlab.measure.cell import measure_cell
+    from attnlab.reference.inputs import random_sinks
+    from attnlab.sweep.spec import SweepError, build
+
+    sweep = build({"backends": "xla", "batch": "2", "q_len": "2", "kv_len": "32", "heads": "4", "kv_heads": "2",
+                   "head_dim": "16", "dtype": "float32", "causal": "true", "lengths": "ragged", "sinks": "both"})
+    plain, cell = sweep.cells()
+    assert (plain.sinks, cell.sinks) == (False, True) and cell.config_label.endswith(" sinks")
+    assert plain.key() != cell.key() and "sinks" not in plain.config_label
+    np.testing.assert_array_equal(random_sinks(4), random_sinks(4))
+    opts = Options(repeats=1, warmup=0, min_time_s=0)
+    rec = measure_cell(cell, opts)
+    assert rec["status"] == "ok" and rec["sinks"] is True, rec["reason"]
+    # the emulation (with sinks) agrees with the float64 rows: they too have the sinks (else the baseline hides it)
+    assert rec["checks"]["float64_rows"]["baseline"] < 1e-5
+    monkeypatch.setattr(measure_inputs, "random_sinks", lambda n: random_sinks(n) + 3.0)   # the call's only
+    rec = measure_cell(cell, opts)
+    assert rec["status"] == "incorrect" and "float32" in rec["reason"] and "float64" in rec["reason"], rec["reason"]
+    with pytest.raises(SweepError, match="sinks: 'maybe' must be true, false or both"):
+        build({"backends": "xla", "sinks": "maybe"})

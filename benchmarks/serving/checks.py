@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 
-def references(q, k, v, starts, kv, table):
+def references(q, k, v, starts, kv, table, sinks=None):
     """float64 truth of the last <= 8 tokens of the longest and the shortest request, with the decode
-    tolerance policy's limit for each (computed once per cell, shared by every path)."""
+    tolerance policy's limit for each (computed once per cell, shared by every path); ``sinks`` (N,): the
+    call's attention sinks."""
     import jax.numpy as jnp
 
     from attnlab.kernels.pages import gather_pages
@@ -24,8 +25,8 @@ def references(q, k, v, starts, kv, table):
         else:
             kb, vb = (gather_pages(x, table[b:b + 1], jnp.asarray(kv[b:b + 1]))[:, :n] for x in (k, v))
         qb, kb, vb = np.asarray(q[hi - t:hi])[None], np.asarray(kb), np.asarray(vb)
-        ref = reference_decode_attention(qb, kb, vb, [n])
-        emu = reference_decode_attention(qb, kb, vb, [n], emulate=q.dtype)
+        ref = reference_decode_attention(qb, kb, vb, [n], sinks=sinks)
+        emu = reference_decode_attention(qb, kb, vb, [n], emulate=q.dtype, sinks=sinks)
         limit, _ = decode_tolerance(q.dtype, baseline_err=rel_l2(emu, ref))
         res.append((b, slice(hi - t, hi), ref, limit))
     return res

@@ -88,8 +88,8 @@ def bucket_fields(obj, mode: str | None = None) -> dict:
 
     dtype, causal, window kind, mode (fwd | train | bwd), head dim H exactly, group kind
     (mha/gqa/mqa), T and S rounded up to a power of two, B·N rounded up to a power of two,
-    ``lengths`` (query/key lengths given: ragged), ``extra`` (bias, mask, residual, a soft cap or
-    segment ids: never tuned)."""
+    ``lengths`` (query/key lengths given: ragged), ``extra`` (bias, mask, residual, a soft cap, segment
+    ids or sinks: never tuned)."""
     get = obj.get if isinstance(obj, Mapping) else lambda k, d=None: getattr(obj, k, d)
     p = get("problem") if not isinstance(obj, Mapping) and get("problem") is not None else Problem.of(obj)
     if mode is None:
@@ -100,7 +100,8 @@ def bucket_fields(obj, mode: str | None = None) -> dict:
     lengths = bool(get("lengths", None) or get("has_q_lengths", False) or get("has_kv_lengths", False))
     extra = [n for n, v in (("bias", get("bias_shape", None)), ("mask", get("mask_shape", None)),
                             ("residual", get("return_residual", False)), ("softcap", get("soft_cap", None)),
-                            ("segments", get("has_segment_ids", False) or get("packing", None))) if v]
+                            ("segments", get("has_segment_ids", False) or get("packing", None)),
+                            ("sinks", get("has_sinks", False) or get("sinks", False))) if v]
     return {"dtype": p.dtype, "causal": bool(p.causal), "window": window_kind(p.window), "mode": mode,
             "H": p.head_dim, "group": group_kind(p.heads, p.kv_heads), "T": pow2_ceil(p.q_len),
             "S": pow2_ceil(p.kv_len), "BN": pow2_ceil(p.batch * p.heads), "lengths": lengths,
@@ -113,8 +114,7 @@ def bucket(obj, mode: str | None = None) -> str:
     f = bucket_fields(obj, mode)
     parts = [f["dtype"], "causal" if f["causal"] else "full", f"win:{f['window']}", f["mode"], f"H{f['H']}",
              f["group"], f"T{f['T']}", f"S{f['S']}", f"BN{f['BN']}", "ragged" if f["lengths"] else "dense"]
-    if f["extra"]:
-        parts.append(f["extra"])
+    parts += [f["extra"]] if f["extra"] else []
     return " ".join(parts)
 
 
@@ -152,7 +152,7 @@ def build(records: Iterable[dict], library_of: Callable[[str], Iterable[str]] = 
     groups: dict[tuple, dict] = {}
     for r in records:
         if (r.get("strategy") or (r.get("devices") or 1) != 1 or r.get("lengths") or r.get("soft_cap") is not None
-                or r.get("packing") or r.get("inputs", "gaussian") != "gaussian"):
+                or r.get("packing") or r.get("sinks") or r.get("inputs", "gaussian") != "gaussian"):
             continue   # not what a plain call of the shape runs; other inputs time the same kernels (one entry a shape)
         env = r.get("env") or {}
         if not isinstance(env.get("device_kind"), str):

@@ -56,8 +56,9 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
       sinks: None or (N,) floating logits, one per query head (beyond jax.nn; gpt-oss's attention
         sinks): each row's softmax gets one more logit with no value, out = sum_s e^(l_s - m) v_s /
         (e^(sink - m) + sum_s e^(l_s - m)), m = max(max_s l_s, sink); the residual includes it. A row
-        that sees no key gives 0 (all weight on the sink). Gradients reach sinks. naive and xla run
-        it; every other backend refuses (``explain`` says why). sinks = -inf is the call without.
+        that sees no key gives 0 (all weight on the sink). Gradients reach sinks. naive, xla and
+        attnlab-decode (forward only) run it; every other backend refuses (``explain`` says why).
+        sinks = -inf is the call without.
 
     Returns:
       An array shaped and typed like ``query``. B, T, S or N may be 0, as in jax.nn: such an empty

@@ -212,7 +212,7 @@ def serving_attention(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=N
       implementation: None/"auto", "attnlab-decode" (the serving kernel), "xla", or any backend (refuses).
       plan: a ``ServingPlan`` (``attnlab.serving_plan``) for the kernel, computed once per step.
       sinks: None or (N,) float logits, ``attention``'s attention sinks (one more logit per query head in
-        the softmax denominator, no value); the xla path runs them, the serving kernel refuses.
+        the softmax denominator, no value); the xla path and the serving kernel (in its merge) run them.
       local_window_size: None, an int w ((w, w)) or (left, right): a query at position p sees only keys
         in [p - left, p] (causal: right changes nothing); the kernel reads only the window's KV blocks.
 

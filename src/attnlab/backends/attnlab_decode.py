@@ -9,7 +9,8 @@ Two ways in:
     (query t at position L[b] - T + t), which the kernel applies natively (``run_decode``).
 
 Runs on NVIDIA GPUs (compute capability >= 8.0) compiled by Triton, and on the CPU in Pallas
-interpret mode (correct but slow: for tests). Forward only.
+interpret mode (correct but slow: for tests). Forward only. ``sinks`` (gpt-oss's attention sinks) are
+added to each row's denominator once, in the split combine and in the serving merge.
 
 Auto: not in ``AUTO_ORDER``; two hooks claim calls for it: ``auto_reason(decode spec)`` for
 ``decode_attention`` and ``auto_claim(attention spec)`` for ``attention`` (None = auto runs this
@@ -55,7 +56,7 @@ class AttnlabDecodeBackend(Backend):
     paged = True            # run_decode reads the pages through the table
     takes_decode_window = True   # the kernels load only the window's KV blocks
     peer_parts = ("decode",)
-    sinks_reason = "sinks: attnlab's Pallas kernels (decode, serving) have no attention sinks (naive and xla do)"
+    takes_sinks = True      # added to each row's denominator by the split combine / the serving merge
     #: Tuning parameters used by run/run_decode (None: the defaults of attnlab.kernels.decode).
     config: kd.DecodeConfig | None = None
 
@@ -94,8 +95,6 @@ class AttnlabDecodeBackend(Backend):
             return why
         if not spec.scale_is_static:
             return "scale is traced: the kernel compiles the scale in (pass a Python float)"
-        if getattr(spec, "has_sinks", False):
-            return self.sinks_reason
         ps = getattr(spec, "page_size", None)
         if ps is not None and ps & (ps - 1):
             return f"page size {ps} is not a power of two (the kernel loads whole pages or power-of-two parts)"
@@ -135,8 +134,6 @@ class AttnlabDecodeBackend(Backend):
             return f"head dim {p.head_dim} not supported (one of {', '.join(map(str, kd.HEAD_DIMS))})"
         if not spec.scale_is_static:
             return "scale is traced: the kernel compiles the scale in (pass a Python float)"
-        if getattr(spec, "has_sinks", False):
-            return self.sinks_reason
         ps = spec.page_size
         if ps is not None and ps & (ps - 1):
             return f"page size {ps} is not a power of two (the kernel loads whole pages or power-of-two parts)"
@@ -163,31 +160,31 @@ class AttnlabDecodeBackend(Backend):
                                               window_left=None if p.window is None else p.window[0])
         return serving_attention_pallas(call.q, call.k_cache, call.v_cache, call.q_starts, call.kv_lengths,
                                         plan=plan, scale=float(call.scale), page_table=call.page_table,
-                                        soft_cap=call.spec.soft_cap, interpret=self.interpret)
+                                        soft_cap=call.spec.soft_cap, interpret=self.interpret, sinks=call.sinks)
 
     def version(self) -> str | None:
         import jax
 
         return f"jax {jax.__version__}"
 
-    def _call(self, q, k, v, lengths, causal, scale, page_table=None, soft_cap=None, window=None):
+    def _call(self, q, k, v, lengths, causal, scale, page_table=None, soft_cap=None, window=None, sinks=None):
         if _is_tracer(scale):
             raise UnsupportedError(self.name, "scale is traced: the kernel compiles the scale in (pass a Python float)")
         return kd.decode_attention_pallas(q, k, v, lengths, causal=causal, scale=float(scale), config=self.config,
                                           interpret=self.interpret, page_table=page_table, soft_cap=soft_cap,
-                                          window=window)
+                                          window=window, sinks=sinks)
 
     def run(self, p: Prepared):
         import jax.numpy as jnp
 
         B, S = p.spec.batch, p.spec.kv_len
         lengths = jnp.full((B,), S, jnp.int32) if p.kv_lengths is None else p.kv_lengths
-        return self._call(p.query, p.key, p.value, lengths, False, p.scale, soft_cap=p.spec.soft_cap)
+        return self._call(p.query, p.key, p.value, lengths, False, p.scale, soft_cap=p.spec.soft_cap, sinks=p.sinks)
 
     def run_decode(self, d):
         """Run an ``attnlab.api.decode.DecodeCall`` with its causal rule."""
         return self._call(d.query, d.k_cache, d.v_cache, d.kv_lengths, d.spec.causal, d.scale, d.page_table,
-                          d.spec.soft_cap, d.spec.window)
+                          d.spec.soft_cap, d.spec.window, d.sinks)
 
 
 def keys_read(lengths, q_len: int = 1, window=None) -> list[int]:

@@ -52,6 +52,8 @@ WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys
               "logits -> cap * tanh(logits / cap) before masking.")
 @click.option("--packing", help="none or docs:N (comma-separated): N documents of random lengths packed in each row "
               "(segment ids; seeded by the shape; self-attention cells, q_len == kv_len).")
+@click.option("--sinks", help="false, true or both: attention sinks (gpt-oss), one logit per query head drawn "
+              "standard normal (seeded by the head count), on attention and decode cells.")
 @click.option("--config", "config", type=click.Path(dir_okay=False),
               help="A sweep.toml ([sweep] and [run] tables); a flag replaces the file's value of its axis "
                    "(--seq its q_len/kv_len, --tokens its batch and the other way round).")

@@ -13,7 +13,7 @@ from ._app import console, main
 @main.command("models")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def models_cmd(as_json):
-    """Model presets: N, K, H, layers, context, window and soft-cap, each from the model's config.json."""
+    """Model presets: N, K, H, layers, context, window, soft-cap and sinks, each from the model's config.json."""
     from ..core.models import PRESETS
 
     if as_json:
@@ -27,10 +27,11 @@ def models_cmd(as_json):
         window = "–" if p.window is None else f"{p.window}" + ("" if p.window_layers == "all" else "*")
         t.add_row(p.name, str(p.layers), str(p.heads), str(p.kv_heads), str(p.head_dim), str(p.context), window,
                   "–" if p.softcap is None else f"{p.softcap:g}", f"{p.kv_cache_bytes(1) / 2**10:.0f} KiB")
-        if p.note:
-            notes.append(f"{p.name}: {p.note}")
+        if p.note or p.sinks:
+            notes.append(f"{p.name}: " + "; ".join(x for x in ("attention sinks" if p.sinks else "", p.note) if x))
     console.print(t)
-    console.print("window*: on every other layer; cap: attention logit soft-cap; KV/token: K+V cache of one token "
-                  "over all layers in bf16")
+    console.print("window*: on some layers only (every other layer: Gemma-2, gpt-oss; 5 of every 6: Gemma 3); cap: "
+                  "attention logit soft-cap; KV/token: K+V cache of one token over all "
+                  "layers in bf16")
     for n in notes:
         console.print(n, highlight=False)

@@ -16,7 +16,8 @@ An unknown name raises ``ModelConfigError`` with the nearest presets (difflib) a
 ``from_config(cfg, name)`` reads num_attention_heads, num_key_value_heads (default: the heads),
 head_dim (else hidden_size / heads), num_hidden_layers, max_position_embeddings, the sliding window
 (sliding_window with use_sliding_window, layer_types, Gemma-2's alternation, Gemma-3's
-sliding_window_pattern), attn_logit_softcapping and query_pre_attn_scalar; a multimodal config's
+sliding_window_pattern), attn_logit_softcapping and query_pre_attn_scalar, and sinks for gpt-oss (model_type
+gpt_oss: its learned sinks are weights, no config field says so); a multimodal config's
 ``text_config`` is read when the top level has no heads. A field it cannot interpret raises
 ``ModelConfigError`` naming the field and why.
 """
@@ -176,8 +177,9 @@ def from_config(cfg: dict, name: str = "config", source: str = "config.json") ->
     note = f"from {source}"
     if scalar is not None and scalar != head_dim:
         note += f"; query_pre_attn_scalar {scalar:g}: logits scaled by 1/sqrt({scalar:g}), not 1/sqrt(H)"
+    sinks = cfg.get("model_type") == "gpt_oss"     # gpt-oss: learned sinks on every layer (weights, no config field)
     return ModelPreset(str(name), layers, heads, kv_heads, head_dim, hidden or heads * head_dim, context, source,
-                       window=window, window_layers=where, softcap=cap, note=note)
+                       window=window, window_layers=where, softcap=cap, note=note, sinks=sinks)
 
 
 __all__ = ["resolve", "from_config", "load_config", "base_name", "ModelConfigError", "ALIASES"]

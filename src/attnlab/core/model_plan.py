@@ -15,6 +15,7 @@ against the cache a rolling buffer holds: ``min(context, W + T)`` tokens (exact 
 before the query and its own; for T > 1 the first queries see up to T - 1 keys more than their window).
 The attention logit soft-cap (Gemma-2: 50) is measured: every cell of such a model carries it
 (``soft_cap``), so only backends that apply it (naive, tokamax, attnlab-decode) can be its fastest.
+So are attention sinks (gpt-oss, every layer: ``sinks``; naive, xla and attnlab-decode apply them).
 """
 from __future__ import annotations
 
@@ -78,6 +79,7 @@ class PlanEntry:
     mode: str
     lengths: str | None    # "full": a decode cell
     soft_cap: float | None = None   # the model's attention logit soft-cap
+    sinks: bool = False             # the model's attention sinks (gpt-oss: every layer)
 
     @property
     def tokens_per_step(self) -> int:
@@ -88,7 +90,8 @@ class PlanEntry:
         """The ``Sweep`` keyword axes of this entry (one value each), without backends."""
         return dict(batch=[self.batch], q_len=[self.q_len], kv_len=[self.kv_len], heads=[self.heads],
                     kv_heads=[self.kv_heads], head_dim=[self.head_dim], dtype=[self.dtype], causal=[True],
-                    window=[self.window], mode=[self.mode], lengths=[self.lengths], soft_cap=[self.soft_cap])
+                    window=[self.window], mode=[self.mode], lengths=[self.lengths], soft_cap=[self.soft_cap],
+                    sinks=[self.sinks])
 
     def matches(self, rec: dict) -> bool:
         """Whether ``rec`` is a record of this entry's cell (any backend, one device)."""
@@ -96,9 +99,9 @@ class PlanEntry:
         return (rec.get("batch"), rec.get("q_len"), rec.get("kv_len"), rec.get("heads"), rec.get("kv_heads"),
                 rec.get("head_dim"), rec.get("dtype"), bool(rec.get("causal")), tuple(w) if w else None,
                 rec.get("mode"), rec.get("lengths"), rec.get("strategy"), rec.get("devices", 1),
-                rec.get("soft_cap"), rec.get("packing")) == (
+                rec.get("soft_cap"), rec.get("packing"), bool(rec.get("sinks"))) == (
             self.batch, self.q_len, self.kv_len, self.heads, self.kv_heads, self.head_dim, self.dtype, True,
-            self.window, self.mode, self.lengths, None, 1, self.soft_cap, None)
+            self.window, self.mode, self.lengths, None, 1, self.soft_cap, None, self.sinks)
 
 
 def plan(preset: ModelPreset, phases, contexts, batch: int = 1, dtype: str = "bfloat16") -> list[PlanEntry]:
@@ -115,7 +118,7 @@ def plan(preset: ModelPreset, phases, contexts, batch: int = 1, dtype: str = "bf
             for kind in _kinds(preset, ctx):
                 common = dict(phase=phase, context=ctx, kind=kind.kind, layers=kind.layers, batch=batch,
                               heads=preset.heads, kv_heads=preset.kv_heads, head_dim=preset.head_dim, dtype=dtype,
-                              mode=MODE[phase], soft_cap=preset.softcap)
+                              mode=MODE[phase], soft_cap=preset.softcap, sinks=preset.sinks)
                 if phase == "decode":
                     for t in DECODE_T:
                         if t > ctx:
@@ -152,6 +155,10 @@ def notes(preset: ModelPreset, contexts) -> list[str]:
     if preset.softcap is not None:
         out.append(f"{preset.name}: attention logit soft-cap {preset.softcap:g} measured (logits_soft_cap on every "
                    f"cell); backends without a soft cap (cuDNN, xla, TransformerEngine, PyTorch) are unsupported")
+    if preset.sinks:
+        out.append(f"{preset.name}: attention sinks on every layer measured (sinks on every cell: one logit per query "
+                   f"head, standard normal); backends without sinks (cuDNN, tokamax, TransformerEngine, PyTorch) are "
+                   f"unsupported")
     if preset.note:
         out.append(f"{preset.name}: {preset.note}")
     return out

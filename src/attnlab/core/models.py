@@ -2,7 +2,8 @@
 
 Each preset is what a model's published configuration (its Hugging Face ``config.json``) says about
 attention: layers, query heads N, key/value heads K, head dim H, the context it was released for,
-and what changes attention's semantics (a sliding window and on which layers, a logit soft-cap).
+and what changes attention's semantics (a sliding window and on which layers, a logit soft-cap,
+attention sinks).
 ``preset(name).problem(batch, context)`` gives the ``Problem`` of one layer's prefill.
 No network: the numbers are copied here, with the file they come from in ``source``.
 """
@@ -29,6 +30,7 @@ class ModelPreset:
     softcap: float | None = None       # attention logit soft-cap (tanh), None: none
     note: str = ""
     params: float | None = None        # parameters, billions, from the model's published name/size (weights only)
+    sinks: bool = False                # learned attention sinks on every layer (gpt-oss: one logit per query head)
 
     def __post_init__(self):
         if self.heads % self.kv_heads:
@@ -50,7 +52,8 @@ class ModelPreset:
                    for k in self.layer_kinds())
 
     def layer_kinds(self) -> tuple[LayerKind, ...]:
-        """The layer kinds of one forward pass: all global, all windowed, or (Gemma-2) half each."""
+        """The layer kinds of one forward pass: all global, all windowed, (Gemma-2, gpt-oss) half each, or
+        (Gemma 3) N of L windowed."""
         if self.window is None:
             return (LayerKind("global", self.layers, None),)
         if self.window_layers == "all":
@@ -102,6 +105,25 @@ PRESETS: tuple[ModelPreset, ...] = (
     ModelPreset("gemma-2-27b", 46, 32, 16, 128, 4608, 8192, _HF.format("google/gemma-2-27b"), window=4096,
                 window_layers="every other layer", softcap=50.0,
                 note="query_pre_attn_scalar 144: logits scaled by 1/sqrt(144), not 1/sqrt(H)", params=27.2),
+    ModelPreset("gemma-3-1b", 26, 4, 1, 256, 1152, 32768, _HF.format("google/gemma-3-1b-pt"), window=512,
+                window_layers="22 of 26 layers", note="sliding_window_pattern 6: every 6th layer global", params=1.0),
+    ModelPreset("gemma-3-4b", 34, 8, 4, 256, 2560, 131072, _HF.format("google/gemma-3-4b-pt"), window=1024,
+                window_layers="29 of 34 layers", note="sliding_window_pattern 6: every 6th layer global (text_config)",
+                params=4.3),
+    ModelPreset("gemma-3-12b", 48, 16, 8, 256, 3840, 131072, _HF.format("google/gemma-3-12b-pt"), window=1024,
+                window_layers="40 of 48 layers", note="sliding_window_pattern 6: every 6th layer global (text_config)",
+                params=12.2),
+    ModelPreset("gemma-3-27b", 62, 32, 16, 128, 5376, 131072, _HF.format("google/gemma-3-27b-pt"), window=1024,
+                window_layers="52 of 62 layers", note="sliding_window_pattern 6: every 6th layer global (text_config); "
+                "query_pre_attn_scalar 168: logits scaled by 1/sqrt(168), not 1/sqrt(H)", params=27.4),
+    ModelPreset("gpt-oss-20b", 24, 64, 8, 64, 2880, 131072, _HF.format("openai/gpt-oss-20b"), window=128,
+                window_layers="every other layer", sinks=True,
+                note="layer_types alternate sliding_attention (128) and full_attention; "
+                "32 experts in the MLP, attention dense", params=20.9),
+    ModelPreset("gpt-oss-120b", 36, 64, 8, 64, 2880, 131072, _HF.format("openai/gpt-oss-120b"), window=128,
+                window_layers="every other layer", sinks=True,
+                note="layer_types alternate sliding_attention (128) and full_attention; "
+                "128 experts in the MLP, attention dense", params=116.8),
     ModelPreset("phi-3-mini", 32, 32, 32, 96, 3072, 4096, _HF.format("microsoft/Phi-3-mini-4k-instruct"),
                 window=2047, window_layers="all", note="4k-instruct; head dim 96 (cuDNN needs a multiple of 8: ok)", params=3.82),
 )

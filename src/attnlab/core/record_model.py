@@ -64,6 +64,7 @@ class Problem(_Part):
     page_size: Optional[int] = None
     soft_cap: Num = None
     packing: Optional[str] = None
+    sinks: Optional[bool] = False
 
 
 _SPREAD = ("min", "p25", "p75", "max", "iqr")

@@ -28,7 +28,8 @@ Layout and grid
     P = exp2(S - m) rounded to the input dtype, O += P v (float32 accumulation).
     Each program writes its unnormalised partial O (float32), running max m and sum l; a
     second step in jax.numpy (fused by XLA) combines the splits by log-sum-exp:
-    O = sum_j 2^(m_j - M) O_j / sum_j 2^(m_j - M) l_j with M = max_j m_j.
+    O = sum_j 2^(m_j - M) O_j / sum_j 2^(m_j - M) l_j with M = max_j m_j (with ``sinks``, gpt-oss's
+    attention sinks, M also takes the row's sink and the denominator gains 2^(sink - M), once per row).
 
 What is read from HBM
     KV: ceil(lengths[b] / block_k) * block_k rows of (H,) per (b, kv head), K and V once each
@@ -156,28 +157,46 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
     plgpu.store(l_ref, l, mask=row_ok)
 
 
-def combine(o, m, l):
+def sink_rows(sinks, *, kv_heads: int, groups: int, rows: int):
+    """Sinks (N,) natural-log logits -> (K, rows) float32 in log2 units, laid out as the packed rows
+    (row r of KV head h is query head h * G + r % G; rows past T*G repeat the pattern and are dropped)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    per_head = jnp.asarray(sinks).astype(jnp.float32).reshape(kv_heads, groups) * LOG2E
+    return per_head[:, np.arange(rows) % groups]
+
+
+def combine(o, m, l, sinks=None):
     """Log-sum-exp combine of the splits: o (B, K, P, R, H), m and l (B, K, P, R) -> (B, K, R, H) float32.
 
     m is in log2 units; a split that saw no key has m = NEG (finite), l = 0, o = 0 and weighs 0
     (2^(NEG - M) = 0 beside any split that saw a key). A row that saw no key at all (only with
-    unchecked lengths under jit) has l = 0 everywhere and gives 0.
+    unchecked lengths under jit) has l = 0 everywhere and gives 0. ``sinks`` (K, R) float32 in log2
+    units (``sink_rows``), or None: each row's denominator gets 2^(sink - M) once, after the splits
+    are merged (the sink has no value), so every split count gives the same result.
     """
     import jax.numpy as jnp
 
     top = jnp.max(m, axis=2, keepdims=True)
+    if sinks is not None:
+        top = jnp.maximum(top, sinks[None, :, None, :])
     w = jnp.exp2(m - top)                                   # (B, K, P, R)
     den = jnp.sum(w * l, axis=2)
+    if sinks is not None:
+        den = den + jnp.exp2(sinks[None] - top[:, :, 0])
     num = jnp.sum(w[..., None] * o, axis=2)
     return num / jnp.where(den == 0, 1.0, den)[..., None]
 
 
-def combined_queries(o, m, l, *, q_len: int, groups: int, dtype):
-    """``combine`` the splits and undo the GQA row packing: partials (B, K, P, >= T*G rows, H) -> (B, T, N, H)."""
+def combined_queries(o, m, l, *, q_len: int, groups: int, dtype, sinks=None):
+    """``combine`` the splits and undo the GQA row packing: partials (B, K, P, >= T*G rows, H) -> (B, T, N, H).
+    ``sinks``: None or (N,) float logits (natural-log units), one more logit per query head."""
     import jax.numpy as jnp
 
-    out = combine(o, m, l)
-    B, K, _, H = out.shape
+    B, K, _, R, H = o.shape
+    rows = None if sinks is None else sink_rows(sinks, kv_heads=K, groups=groups, rows=R)
+    out = combine(o, m, l, rows)
     out = out[:, :, :q_len * groups].reshape(B, K, q_len, groups, H)
     return jnp.transpose(out, (0, 2, 1, 3, 4)).reshape(B, q_len, K * groups, H).astype(dtype)
 
@@ -185,7 +204,7 @@ def combined_queries(o, m, l, *, q_len: int, groups: int, dtype):
 def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: float | None = None,
                             config: DecodeConfig | None = None, interpret: bool | None = None,
                             plan: Plan | None = None, page_table=None,
-                            soft_cap: float | None = None, window: tuple[int, int] | None = None):
+                            soft_cap: float | None = None, window: tuple[int, int] | None = None, sinks=None):
     """The kernel on already validated inputs (see ``attnlab.decode_attention`` for the checks).
 
     q (B, T, N, H); k, v (B, S, K, H), one dtype (float16, bfloat16 or float32); lengths (B,)
@@ -196,6 +215,8 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
     ``soft_cap`` (logits -> soft_cap * tanh(logits / soft_cap), None: no cap), and ``window``
     ((left, right) ints: the sliding window, None: none; a windowed call always runs this Triton kernel,
     the Mosaic GPU one takes no window). ``interpret`` defaults to True when JAX's default backend is not a GPU.
+    ``sinks``: None or (N,) float logits (traced or not), gpt-oss's attention sinks: one more logit per
+    query head in the softmax denominator, with no value, added by the combine (``combine``).
     Returns (B, T, N, H) in q's dtype.
     """
     import jax
@@ -233,7 +254,7 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
                                    page_size=page_size, soft_cap=soft_cap, requested=requested) == "mosaic":
             return decode_mgpu.decode_attention_mgpu(q, k, v, lengths, causal=causal, scale=scale,
                                                      interpret=decode_mgpu.gpu_interpreter() if interpret else False,
-                                                     page_table=page_table)
+                                                     page_table=page_table, sinks=sinks)
         known = None if isinstance(lengths, jax.core.Tracer) else [int(n) for n in np.asarray(lengths)]
         plan = make_plan(B, T, S, N, K, H, q.dtype, config, compute_capability=cc, lengths=known, window=window)
     R, br, P = plan.rows, plan.block_r, plan.num_splits
@@ -284,4 +305,4 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
         interpret=interpret,
         name=f"attnlab_decode_r{br}_k{plan.block_k}" + (f"_p{page_size}" if page_size else ""),
     )(lengths, *tables, qp, k, v)
-    return combined_queries(o, m, l, q_len=T, groups=G, dtype=q.dtype)
+    return combined_queries(o, m, l, q_len=T, groups=G, dtype=q.dtype, sinks=sinks)

@@ -211,11 +211,12 @@ def gpu_interpreter():
 
 
 def decode_attention_mgpu(q, k, v, lengths, *, causal: bool = True, scale: float | None = None,
-                          plan: MgpuPlan | None = None, interpret=False, page_table=None):
+                          plan: MgpuPlan | None = None, interpret=False, page_table=None, sinks=None):
     """The Mosaic GPU kernel on already validated inputs: q (B, T, N, H), k, v (B, S, K, H), lengths (B,).
 
     With ``page_table`` (B, pages_per_seq) int32, k and v are pages (P, page_size, K, H) (vLLM's
     layout, page_size a power of two >= 16) and S = pages_per_seq * page_size.
+    ``sinks``: None or (N,) float logits (attention sinks), added by the combine (``kernels.decode.combine``).
     Returns (B, T, N, H) in q's dtype. ``scale`` is a Python float (default 1/sqrt(H)).
     ``interpret``: True (or ``gpu_interpreter()``) runs it in JAX's GPU interpreter on the CPU,
     where both matmuls are plain dots; everything else (TMA, barriers, splits, masks) is the kernel's.
@@ -286,4 +287,4 @@ def decode_attention_mgpu(q, k, v, lengths, *, causal: bool = True, scale: float
         interpret=interpret,
     )(jnp.asarray(lengths).astype(jnp.int32), *([] if page_table is None else [jnp.asarray(page_table, jnp.int32)]),
       qp, k, v)
-    return combined_queries(o, m, l, q_len=T, groups=G, dtype=dtype)
+    return combined_queries(o, m, l, q_len=T, groups=G, dtype=dtype, sinks=sinks)

@@ -20,7 +20,8 @@ Layout and grid
 Merge (a second Pallas kernel, grid = (units, K))
     Program (u, h) combines unit u's pieces (consecutive in the list) by log-sum-exp, O = sum 2^(m_i - M)
     O_i / sum 2^(m_i - M) l_i, and stores its rows in q's dtype at their (token, head) places of the
-    output (a row scatter). The output starts as zeros (aliased through each class's merge), so the
+    output (a row scatter); with sinks, each row's denominator gains 2^(sink - M) of its query head there,
+    once, after its pieces are merged. The output starts as zeros (aliased through each class's merge), so the
     padding tokens' rows stay 0. A step costs one zero fill plus two launches per tile class.
 """
 from __future__ import annotations
@@ -130,12 +131,13 @@ def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_r
     lax.fori_loop(starts_ref[p], starts_ref[p + 1], piece, 0)
 
 
-def _merge_kernel(units_ref, o_ref, m_ref, l_ref, _, out_ref, *, groups: int, heads: int, block_r: int, spare: int):
+def _merge_kernel(units_ref, o_ref, m_ref, l_ref, _, *refs, groups: int, heads: int, block_r: int, spare: int):
     import jax.numpy as jnp
     from jax import lax
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as plgpu
 
+    sinks_ref, out_ref = refs if len(refs) == 2 else (None, refs[0])
     u, h = pl.program_id(0), pl.program_id(1)
     H = o_ref.shape[-1]
     q_start, row_off, n_rows, first, end = (units_ref[u * NU + f] for f in range(NU))
@@ -153,7 +155,12 @@ def _merge_kernel(units_ref, o_ref, m_ref, l_ref, _, out_ref, *, groups: int, he
 
     init = (jnp.zeros((block_r, H), jnp.float32), jnp.full((block_r,), NEG, jnp.float32),
             jnp.zeros((block_r,), jnp.float32))
-    acc, _, den = lax.fori_loop(first, end, body, init)
+    acc, top, den = lax.fori_loop(first, end, body, init)
+    if sinks_ref is not None:   # the sink (log2 units): one more logit of the row's head, with no value
+        sink = plgpu.load(sinks_ref.at[h * groups + lax.rem(row_off + row, groups)])
+        new = jnp.maximum(top, sink)
+        a = jnp.exp2(top - new)
+        acc, den = acc * a[:, None], den * a + jnp.exp2(sink - new)
     ok = row < n_rows
     # masked rows point at the spare row: never stored on the GPU; interpret mode stores a masked row's
     # old value back, which must not land on a row this store writes
@@ -211,8 +218,9 @@ def _pieces_call(cp, q_flat, k, v, table, *, K, H, static, interpret):
     )(cp.starts, cp.pieces.reshape(-1), *tables, q_flat, k, v)
 
 
-def merge_call(cp, partials, out, *, K, G, N, H, interpret):
-    """One class's merge kernel (grid (units, K)) into ``out`` (T_total * N [+ 1], H), aliased."""
+def merge_call(cp, partials, out, *, K, G, N, H, interpret, sinks=None):
+    """One class's merge kernel (grid (units, K)) into ``out`` (T_total * N [+ 1], H), aliased;
+    ``sinks``: None or (N,) float32 sinks in log2 units, added to each row's denominator."""
     import jax
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as plgpu
@@ -225,24 +233,26 @@ def merge_call(cp, partials, out, *, K, G, N, H, interpret):
     return pl.pallas_call(
         functools.partial(_merge_kernel, groups=G, heads=N, block_r=br, spare=int(out.shape[0]) - (1 if interpret else 0)),
         grid=(n_units, K),
-        in_specs=[full((n_units * NU,)), *per_head, full(tuple(out.shape))],
+        in_specs=[full((n_units * NU,)), *per_head, full(tuple(out.shape)), *([] if sinks is None else [full((N,))])],
         out_specs=full(tuple(out.shape)),
         out_shape=jax.ShapeDtypeStruct(out.shape, out.dtype),
         input_output_aliases={4: 0},
         compiler_params=plgpu.CompilerParams(num_warps=8 if br * H > 8192 else 4, num_stages=1),
         interpret=interpret,
         name=kernel_name(cp, None, merge=True),
-    )(cp.units.reshape(-1), *partials, out)
+    )(cp.units.reshape(-1), *partials, out, *([] if sinks is None else [sinks]))
 
 
 def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan, scale: float | None = None,
-                             page_table=None, soft_cap: float | None = None, interpret: bool | None = None):
+                             page_table=None, soft_cap: float | None = None, interpret: bool | None = None,
+                             sinks=None):
     """The kernel on already validated inputs (see ``attnlab.serving_attention`` for the checks).
 
     q (T_total, N, H); k, v (B, S, K, H) or pages (P, page_size, K, H) with ``page_table`` (B, pages);
     ``plan`` from ``serving_plan.make_serving_plan`` for these sizes (it carries the lengths:
     ``q_starts`` and ``kv_lengths`` are not read again) and this window: the left size of the sliding
     window is the plan's ``window_left`` (None: none). ``scale`` and ``soft_cap`` are compiled in.
+    ``sinks``: None or (N,) float logits (gpt-oss's attention sinks), added once per row by the merge.
     Returns (T_total, N, H) in q's dtype."""
     import jax
     import jax.numpy as jnp
@@ -271,6 +281,7 @@ def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan
                             window_left=plan.window_left) for cp in plan.classes]
     partials = [_pieces_call(cp, q_flat, k, v, table, K=K, H=H, static=st, interpret=interpret)
                 for cp, st in zip(plan.classes, statics)]
+    sinks = None if sinks is None else jnp.asarray(sinks).astype(jnp.float32) * LOG2E
     for cp, parts in zip(plan.classes, partials):
-        out = merge_call(cp, parts, out, K=K, G=G, N=N, H=H, interpret=interpret)
+        out = merge_call(cp, parts, out, K=K, G=G, N=N, H=H, interpret=interpret, sinks=sinks)
     return out[:T_total * N].reshape(T_total, N, H) if interpret else out.reshape(T_total, N, H)

@@ -62,11 +62,12 @@ class Cell:
     page_size: int | None = dataclasses.field(default=None, metadata=_SINCE)     # lengths "paged": tokens per page
     soft_cap: float | None = dataclasses.field(default=None, metadata=_SINCE)    # logits_soft_cap
     packing: str | None = dataclasses.field(default=None, metadata=_SINCE)       # None or "docs:N" (segment ids)
+    sinks: bool = dataclasses.field(default=False, metadata=_SINCE)              # reference.inputs.random_sinks
 
     def __init__(self, backend, batch=_UNSET, q_len=_UNSET, kv_len=_UNSET, heads=_UNSET, kv_heads=_UNSET,
                  head_dim=_UNSET, dtype=_UNSET, causal=_UNSET, window=_UNSET, mode="fwd", devices=1, strategy=None,
-                 lengths=None, inputs="gaussian", page_size=None, soft_cap=None,
-                 packing=None, *, problem: Problem | None = None):
+                 lengths=None, inputs="gaussian", page_size=None, soft_cap=None, packing=None, *, problem: Problem | None = None,
+                 sinks=False):
         given = {k: v for k, v in zip(PROBLEM_FIELDS, (batch, q_len, kv_len, heads, kv_heads, head_dim, dtype, causal,
                                                        window)) if v is not _UNSET}
         if problem is None:
@@ -76,7 +77,7 @@ class Cell:
             problem = dataclasses.replace(problem, **given)
         for name, value in (("backend", backend), ("problem", problem), ("mode", mode), ("devices", devices),
                             ("strategy", strategy), ("lengths", lengths), ("inputs", inputs), ("page_size", page_size),
-                            ("soft_cap", None if soft_cap is None else float(soft_cap)), ("packing", packing)):
+                            ("soft_cap", None if soft_cap is None else float(soft_cap)), ("packing", packing), ("sinks", sinks)):
             object.__setattr__(self, name, value)
         self._validate()
 

@@ -36,6 +36,7 @@ import numpy as np
 from ..reference.blockwise import batch_rows, blockwise_grads_pair, blockwise_pair, empty_rows, rel_errors
 from ..reference.compiled import compiled_once
 from ..reference.float64 import reference_attention
+from ..reference.inputs import random_sinks
 from ..core.errors import OutputMismatchError
 from ..reference import rules
 from ..reference.tolerance import LIMIT_FACTOR, policy_limit, rel_l2, row_rel_err
@@ -58,6 +59,7 @@ class Semantics:
     q_offsets: tuple[int, ...] | None = None        # (B,) position of query row 0 (decode: kv_len - T)
     soft_cap: float | None = None                   # logits_soft_cap
     segment_ids: np.ndarray | None = None           # (B, T) packed ids of a self-attention cell (T == S)
+    sinks: np.ndarray | None = None                 # (N,) float32 attention sinks
 
     def device_kwargs(self, T: int) -> dict:
         """``blockwise_pair``'s keyword arguments: the rules, and the lengths, positions and ids as int32 arrays."""
@@ -72,6 +74,8 @@ class Semantics:
         kw: dict = dict(causal=self.causal, window=self.window, soft_cap=self.soft_cap)
         if self.segment_ids is not None:
             kw["q_segments"] = kw["kv_segments"] = np.asarray(self.segment_ids, np.int32)
+        if self.sinks is not None:
+            kw["sinks"] = np.asarray(self.sinks, np.float32)
         if self.kv_lengths is not None:
             kw["kv_lengths"] = np.asarray(self.kv_lengths, np.int32)
         if self.q_offsets is not None:
@@ -80,6 +84,8 @@ class Semantics:
 
     def numpy_kwargs(self, batch_idx, rows) -> dict:
         kw: dict = dict(is_causal=self.causal, local_window_size=self.window, logits_soft_cap=self.soft_cap)
+        if self.sinks is not None:
+            kw["sinks"] = np.asarray(self.sinks, np.float32)
         if self.segment_ids is not None:
             ids = np.asarray(self.segment_ids)[np.asarray(batch_idx)]
             kw["query_segment_ids"], kw["key_value_segment_ids"] = ids[:, np.asarray(rows)], ids
@@ -263,11 +269,12 @@ def ref_key(cell, seed: int) -> str:
 def semantics(cell) -> Semantics:
     lens = cell.kv_lengths()
     cap = getattr(cell, "soft_cap", None)
+    sinks = random_sinks(cell.heads) if getattr(cell, "sinks", False) else None
     if lens is None:
         ids = cell.segment_ids() if getattr(cell, "packing", None) else None
-        return Semantics(causal=cell.causal, window=cell.window, soft_cap=cap, segment_ids=ids)
+        return Semantics(causal=cell.causal, window=cell.window, soft_cap=cap, segment_ids=ids, sinks=sinks)
     return Semantics(causal=cell.causal, window=cell.window, kv_lengths=lens,
-                     q_offsets=tuple(n - cell.q_len for n in lens), soft_cap=cap)
+                     q_offsets=tuple(n - cell.q_len for n in lens), soft_cap=cap, sinks=sinks)
 
 
 def _check_into(rec: dict, out, inputs, cell, backend, opts) -> None:

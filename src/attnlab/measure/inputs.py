@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from ..api import dot_product as api
 from ..core import device, strategies
 from ..reference.distributions import make_qkv
-from ..reference.inputs import random_qkv
+from ..reference.inputs import random_qkv, random_sinks
 from . import peaks
 from .outcome import Skip
 
@@ -74,8 +74,10 @@ def strategy_refusal(cell) -> str | None:
 
 
 def call_extras(cell) -> dict:
-    """``attention``'s keyword arguments for the cell's soft cap and packing (none when unset)."""
+    """``attention``'s keyword arguments for the cell's soft cap, packing and sinks (none when unset)."""
     kw = {}
+    if getattr(cell, "sinks", False):
+        kw["sinks"] = jnp.asarray(random_sinks(cell.heads))
     if getattr(cell, "soft_cap", None) is not None:
         kw["logits_soft_cap"] = cell.soft_cap
     ids = cell.segment_ids() if getattr(cell, "packing", None) else None
@@ -92,10 +94,12 @@ def _functions(cell):
         import attnlab
 
         lens = jnp.asarray(cell.kv_lengths(), jnp.int32)
+        sinks = kw.get("sinks")
 
         def fwd(q, k, v):
             return attnlab.decode_attention(q, k, v, lens, causal=cell.causal, implementation=cell.backend,
-                                            logits_soft_cap=cell.soft_cap, local_window_size=cell.window)
+                                            logits_soft_cap=cell.soft_cap, local_window_size=cell.window,
+                                            sinks=sinks)
 
         if cell.lengths == "paged" and cell.mode == "fwd":
             # timed on pages made beforehand (shuffled, vLLM layout); checked as its contiguous twin (q, k, v)
@@ -104,7 +108,8 @@ def _functions(cell):
             def paged(q, k_pages, v_pages, table):
                 return attnlab.decode_attention(q, k_pages, v_pages, lens, causal=cell.causal,
                                                 implementation=cell.backend, page_table=table,
-                                                logits_soft_cap=cell.soft_cap, local_window_size=cell.window)
+                                                logits_soft_cap=cell.soft_cap, local_window_size=cell.window,
+                                                sinks=sinks)
 
             def fwd(q, k, v):   # noqa: F811 - the paged call on pages made from (q, k, v)
                 return paged(q, *to_pages(k, v, cell.page_size))

@@ -18,7 +18,8 @@ def _measure_native(backend, cell, spec, sets, opts, rec: dict, info, phases) ->
     scale = 1.0 / math.sqrt(cell.head_dim)
     decode = None
     if cell.lengths is not None:
-        why = backend.supports(spec) or backend.decode_reason(cell.kv_lengths(), cell.q_len, cell.kv_len)
+        why = (backend.supports(spec) or backend.decode_reason(cell.kv_lengths(), cell.q_len, cell.kv_len)
+               or (backend.sinks_reason if spec.has_sinks and not backend.takes_sinks else None))
         if why:
             raise Skip("unsupported", f"{cell.backend}: {why}")
         decode = (cell.kv_lengths(), cell.causal)

@@ -67,9 +67,10 @@ def _visible(pos, S, kv_lengths, causal, window, q_seg=None, kv_seg=None):
     return vis
 
 
-def _tile(qt, pos, k, v, kv_lengths, *, scale, causal, window, emulate, soft_cap=None, q_seg=None, kv_seg=None):
+def _tile(qt, pos, k, v, kv_lengths, *, scale, causal, window, emulate, soft_cap=None, q_seg=None, kv_seg=None,
+          sinks=None):
     """One query tile: qt (B, R, K, G, H), pos (B, R) -> (B, R, K, G, H); q_seg (B, R) and kv_seg (B, S)
-    segment ids or None."""
+    segment ids or None; sinks (N,) or None: one more logit per query head in the denominator, no value."""
     S = k.shape[1]
     acc = _acc(qt.dtype)
     if emulate:
@@ -83,8 +84,11 @@ def _tile(qt, pos, k, v, kv_lengths, *, scale, causal, window, emulate, soft_cap
     vis = _visible(pos, S, kv_lengths, causal, window, q_seg, kv_seg)[:, None, None]   # (B, 1, 1, R, S)
     s = jnp.where(vis, s, large_negative(acc))                 # finite, as jax.nn (attnlab.core.masking)
     m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
+    sink = None if sinks is None else jnp.asarray(sinks).astype(acc).reshape(1, k.shape[2], -1, 1, 1)
+    if sink is not None:
+        m = jnp.maximum(m, sink)
     w = jnp.where(vis, jnp.exp(s - m), 0.0)
-    denom = jnp.sum(w, axis=-1, keepdims=True)
+    denom = jnp.sum(w, axis=-1, keepdims=True) + (0.0 if sink is None else jnp.exp(sink - m))
     p = w / jnp.where(denom == 0, 1.0, denom)
     if emulate:
         p = p.astype(v.dtype)
@@ -145,16 +149,17 @@ def _segs(q_segments, kv_segments, B, T, R, n):
 @functools.partial(jax.jit, static_argnames=("causal", "window", "emulate", "tile", "budget", "soft_cap"))
 def blockwise_attention(q, k, v, *, scale=None, causal=False, window=None, kv_lengths=None, q_positions=None,
                         q_lengths=None, emulate=False, tile=None, budget=None, soft_cap=None, q_segments=None,
-                        kv_segments=None):
+                        kv_segments=None, sinks=None):
     """Attention output (B, T, N, H): float32 reference, or the kernel-like emulation (see module doc).
     ``soft_cap``: logits -> cap * tanh(logits / cap) before masking; ``q_segments`` (B, T) and
-    ``kv_segments`` (B, S): packed segment ids (equal ids see each other; id < 0: padding, row 0)."""
+    ``kv_segments`` (B, S): packed segment ids (equal ids see each other; id < 0: padding, row 0); ``sinks``
+    (N,): attention sinks, one more logit per query head in each row's denominator, with no value."""
     B, T, N, H, K, R, n, qg, pos, lens = _prepare(q, k, v, q_positions, kv_lengths, tile, budget)
     scale = 1.0 / math.sqrt(H) if scale is None else scale
     qseg, kvseg = _segs(q_segments, kv_segments, B, T, R, n)
     fn = functools.partial(_tile, k=k, v=v, kv_lengths=lens, scale=scale, causal=causal,
                            window=None if window is None else tuple(window), emulate=emulate, soft_cap=soft_cap,
-                           kv_seg=kvseg)
+                           kv_seg=kvseg, sinks=sinks)
     if qseg is None:
         out = jax.lax.map(lambda xs: fn(xs[0], xs[1]), (_tiles(qg, R, n), _tiles(pos, R, n)))
     else:
@@ -165,7 +170,7 @@ def blockwise_attention(q, k, v, *, scale=None, causal=False, window=None, kv_le
 @functools.partial(jax.jit, static_argnames=("causal", "window", "emulate", "tile", "budget", "soft_cap"))
 def blockwise_grads(q, k, v, cotangent, *, scale=None, causal=False, window=None, kv_lengths=None,
                     q_positions=None, q_lengths=None, emulate=False, tile=None, budget=None, soft_cap=None,
-                    q_segments=None, kv_segments=None):
+                    q_segments=None, kv_segments=None, sinks=None):
     """(dq, dk, dv) of sum(out * cotangent): float32 (q's dtype with ``emulate``), per-tile vjp."""
     B, T, N, H, K, R, n, qg, pos, lens = _prepare(q, k, v, q_positions, kv_lengths, tile, budget)
     qseg, kvseg = _segs(q_segments, kv_segments, B, T, R, n)
@@ -181,7 +186,7 @@ def blockwise_grads(q, k, v, cotangent, *, scale=None, causal=False, window=None
         dk, dv = carry
         qt, pt, ctt, st = xs
         f = functools.partial(_tile, pos=pt, kv_lengths=lens, scale=scale, causal=causal, window=win, emulate=emulate,
-                              soft_cap=soft_cap, q_seg=None if kvseg is None else st, kv_seg=kvseg)
+                              soft_cap=soft_cap, q_seg=None if kvseg is None else st, kv_seg=kvseg, sinks=sinks)
         _, vjp = jax.vjp(lambda a, b, c: f(a, k=b, v=c), qt, k, v)
         dqt, dkt, dvt = vjp(ctt)
         return (dk + dkt.astype(acc), dv + dvt.astype(acc)), dqt

@@ -59,3 +59,14 @@ def random_qkv(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, h
 
 def for_workload(w, seed: int = 0):
     return random_qkv(w.batch, w.q_len, w.kv_len, w.heads, w.kv_heads, w.head_dim, w.dtype, seed)
+
+
+def random_sinks(heads: int):
+    """(N,) float32 attention sinks (one logit per query head, gpt-oss's), standard normal, seeded by the
+    head count only: every backend, cell and run of N heads sees the same sinks (NumPy, on the host)."""
+    import hashlib
+
+    import numpy as np
+
+    seed = int(hashlib.sha256(f"sinks N{int(heads)}".encode()).hexdigest()[:8], 16)
+    return np.random.default_rng(seed).standard_normal(int(heads)).astype(np.float32)

@@ -52,7 +52,7 @@ def cell_rows(entries: list[PlanEntry], records: list[dict], non_jax=frozenset()
         best, best_ms = _best(by)
         jax_best, jax_ms = _best(by, non_jax) if best in non_jax else (None, None)
         rows.append({"phase": e.phase, "context": e.context, "kind": e.kind, "layers": e.layers, "q_len": e.q_len,
-                     "kv_len": e.kv_len, "window": list(e.window) if e.window else None, "mode": e.mode,
+                     "kv_len": e.kv_len, "window": list(e.window) if e.window else None, "mode": e.mode, "sinks": e.sinks,
                      "backends": {b: {"status": r["status"], "ms": time_ms(r) if r["status"] in ("ok", "unchecked")
                                       else None, "reason": r.get("reason"), "estimate_s": r.get("estimate_s")}
                                   for b, r in by.items()},
@@ -189,7 +189,8 @@ def tables(adv: dict) -> list[dict]:
                 cells.append(fmt_ms(x["ms"]) + (" *" if b == c["best"] else ""))
             else:
                 cells.append(x["status"])
-        cell = f"T{c['q_len']} S{c['kv_len']}" + (f" w{c['window'][0]}:0" if c["window"] else "")
+        cell = f"T{c['q_len']} S{c['kv_len']}" + (f" w{c['window'][0]}:0" if c["window"] else "") + (
+            " sinks" if c.get("sinks") else "")
         side["rows"].append([c["phase"] + " " + _step(c) if c["phase"] == "decode" else c["phase"], str(c["context"]),
                              f"{c['layers']} {c['kind']}", cell, *cells, _best_text(c)])
     summary = {"title": f"{adv['model']}, batch {adv['batch']}: the fastest correct path per phase",

@@ -38,15 +38,16 @@ def _strs(text) -> list[str]:
     return [p.strip() for p in str(text).split(",") if p.strip()]
 
 
-def _causal(text) -> list[bool]:
+def _causal(text, axis: str = "causal") -> list[bool]:
+    """A bool axis (causal, sinks): true, false or both, or a TOML bool or list of them."""
     if isinstance(text, bool):
         return [text]
     if isinstance(text, (list, tuple)):
-        return [_causal(x)[0] for x in text]
+        return [_causal(x, axis)[0] for x in text]
     t = str(text).strip().lower()
     table = {"both": [False, True], "true": [True], "yes": [True], "1": [True], "false": [False], "no": [False], "0": [False]}
     if t not in table:
-        raise SweepError(f"causal: {text!r} must be true, false or both")
+        raise SweepError(f"{axis}: {text!r} must be true, false or both")
     return table[t]
 
 

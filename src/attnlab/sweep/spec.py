@@ -4,7 +4,8 @@ Axes: backend, batch, q_len, kv_len, heads, kv_heads, head_dim, dtype, causal, w
 lengths (none: ``attention``; full/ragged: ``decode_attention`` of the q_len newest tokens against
 an S-long cache, every sequence full or of ragged valid lengths), inputs (the distribution q, k, v
 are drawn from: a name of ``attnlab.reference.distributions.DISTRIBUTIONS``, default gaussian), soft_cap
-(none or the logits' soft cap, e.g. 50) and packing (none or ``docs:N``: N documents of random
+(none or the logits' soft cap, e.g. 50), sinks (false, true or both: attention sinks, one standard
+normal logit per query head, ``attnlab.reference.inputs.random_sinks``) and packing (none or ``docs:N``: N documents of random
 lengths packed in each row, as segment ids; self-attention cells only, q_len == kv_len).
 ``seq`` ties q_len = kv_len (not with q_len/kv_len); ``tokens`` fixes batch * q_len (batch =
 tokens // q_len; not with batch). ``window`` entries are ``none``, ``LEFT:RIGHT`` or an int ``W``,
@@ -48,6 +49,7 @@ class Sweep:
     inputs: list[str] = dataclasses.field(default_factory=lambda: ["gaussian"])
     soft_cap: list[float | None] = dataclasses.field(default_factory=lambda: [None])
     packing: list[str | None] = dataclasses.field(default_factory=lambda: [None])
+    sinks: list[bool] = dataclasses.field(default_factory=lambda: [False])   # attention sinks (random_sinks)
     tokens: int | None = None
     name: str = "sweep"
 
@@ -100,9 +102,10 @@ class Sweep:
                 parse_packing(pk)
             except ValueError as e:
                 raise SweepError(str(e)) from None
-        for c in self.causal:
-            if not isinstance(c, bool):
-                raise SweepError(f"causal: {c!r} is not a bool")
+        for axis in ("causal", "sinks"):
+            for c in getattr(self, axis):
+                if not isinstance(c, bool):
+                    raise SweepError(f"{axis}: {c!r} is not a bool")
         for w in self.window:
             if w is not None and (len(w) != 2 or any(not isinstance(x, int) or x < 0 for x in w)):
                 raise SweepError(f"window: {w!r} is not (left, right) with non-negative ints")
@@ -115,9 +118,9 @@ class Sweep:
         out = []
         kv_lens = self.kv_len or [None]
         kv_heads = self.kv_heads or [None]
-        for (T, S, N, K, H, dt, c, w, m, st, nd, ln, dist, cap, pk) in itertools.product(
+        for (T, S, N, K, H, dt, c, w, m, st, nd, ln, dist, cap, pk, sk) in itertools.product(
                 self.q_len, kv_lens, self.heads, kv_heads, self.head_dim, self.dtype, self.causal, self.window, self.mode,
-                self.strategy, self.devices, self.lengths, self.inputs, self.soft_cap, self.packing):
+                self.strategy, self.devices, self.lengths, self.inputs, self.soft_cap, self.packing, self.sinks):
             S = T if S is None else S
             K = N if K is None else K
             if N % K or (st is None and nd != 1):
@@ -129,12 +132,14 @@ class Sweep:
                 continue
             if pk is not None and (T != S or ln is not None or st):   # packing: self-attention rows only
                 continue
+            if sk and st:                                               # sharded strategies take no sinks
+                continue
             batches = [max(1, self.tokens // T)] if self.tokens else self.batch
             for B in batches:
                 for b in self.backends:
                     out.append(Cell(b, B, T, S, N, K, H, dt, c, tuple(w) if w else None, m, nd, st,
                                     "paged" if page else ln, dist, page,
-                                    cap, pk))
+                                    cap, pk, sinks=sk))
         return out
 
 
@@ -159,7 +164,7 @@ def build(values: dict) -> Sweep:
     """A Sweep from loosely typed values (CLI strings or TOML values); keys as in the TOML file."""
     known = {"backends", "backend", "batch", "seq", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype",
              "causal", "window", "mode", "tokens", "name", "devices", "strategy", "lengths", "inputs", "fp8_recipe",
-             "soft_cap", "packing"}
+             "soft_cap", "packing", "sinks"}
     unknown = set(values) - known
     if unknown:
         raise SweepError(f"unknown sweep key(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
@@ -195,6 +200,8 @@ def build(values: dict) -> Sweep:
         kw["inputs"] = [x.lower() for x in _strs(values["inputs"])]
     if values.get("soft_cap") is not None:
         kw["soft_cap"] = _caps(values["soft_cap"])
+    if values.get("sinks") is not None:
+        kw["sinks"] = _causal(values["sinks"], "sinks")
     if values.get("packing") is not None:
         kw["packing"] = [None if x.lower() == "none" else x.lower() for x in _strs(values["packing"])]
     if values.get("tokens") is not None:
