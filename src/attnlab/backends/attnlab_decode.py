@@ -53,6 +53,7 @@ class AttnlabDecodeBackend(Backend):
     forward_only = True
     takes_soft_cap = True   # one tanh on the kernel's scores
     paged = True            # run_decode reads the pages through the table
+    takes_kv_scales = True  # a quantized cache (FP8/int8 + scales) dequantized in registers, decode and serving
     peer_parts = ("decode",)
     sinks_reason = "sinks: attnlab's Pallas kernels (decode, serving) have no attention sinks (naive and xla do)"
     #: Tuning parameters used by run/run_decode (None: the defaults of attnlab.kernels.decode).
@@ -161,18 +162,21 @@ class AttnlabDecodeBackend(Backend):
                                               head_dim=p.head_dim, dtype=p.dtype)
         return serving_attention_pallas(call.q, call.k_cache, call.v_cache, call.q_starts, call.kv_lengths,
                                         plan=plan, scale=float(call.scale), page_table=call.page_table,
-                                        soft_cap=call.spec.soft_cap, interpret=self.interpret)
+                                        soft_cap=call.spec.soft_cap, interpret=self.interpret,
+                                        k_scale=call.k_scale, v_scale=call.v_scale, kv_scale=call.spec.kv_scale)
 
     def version(self) -> str | None:
         import jax
 
         return f"jax {jax.__version__}"
 
-    def _call(self, q, k, v, lengths, causal, scale, page_table=None, soft_cap=None):
+    def _call(self, q, k, v, lengths, causal, scale, page_table=None, soft_cap=None, scales=(None, None, None)):
         if _is_tracer(scale):
             raise UnsupportedError(self.name, "scale is traced: the kernel compiles the scale in (pass a Python float)")
+        k_scale, v_scale, layout = scales
         return kd.decode_attention_pallas(q, k, v, lengths, causal=causal, scale=float(scale), config=self.config,
-                                          interpret=self.interpret, page_table=page_table, soft_cap=soft_cap)
+                                          interpret=self.interpret, page_table=page_table, soft_cap=soft_cap,
+                                          k_scale=k_scale, v_scale=v_scale, kv_scale=layout)
 
     def run(self, p: Prepared):
         import jax.numpy as jnp
@@ -183,7 +187,8 @@ class AttnlabDecodeBackend(Backend):
 
     def run_decode(self, d):
         """Run an ``attnlab.api.decode.DecodeCall`` with its causal rule."""
-        return self._call(d.query, d.k_cache, d.v_cache, d.kv_lengths, d.spec.causal, d.scale, d.page_table, d.spec.soft_cap)
+        return self._call(d.query, d.k_cache, d.v_cache, d.kv_lengths, d.spec.causal, d.scale, d.page_table, d.spec.soft_cap,
+                          (d.k_scale, d.v_scale, d.spec.kv_scale))
 
 
 def kv_bytes(lengths, kv_heads: int, head_dim: int, itemsize: int) -> int:

@@ -79,6 +79,7 @@ class NaiveBackend(Backend):
     takes_soft_cap = True
     takes_segment_ids = True
     takes_sinks = True
+    takes_kv_scales = True      # decode / serving: the masked path dequantizes the cache in float32
 
     def run(self, p: Prepared):
         sp = p.spec

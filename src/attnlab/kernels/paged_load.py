@@ -40,3 +40,4 @@ def load_kv_block(ref, *, start, kv_ok, length, block_k: int, page_size: int | N
     pages = plgpu.load(table_ref.at[lax.div(pos, page_size)], mask=kv_ok, other=0)
     rows = jnp.clip(jnp.where(kv_ok, pages, 0), 0, last_page) * page_size + lax.rem(pos, page_size)
     return plgpu.load(ref.at[rows[:, None], lax.iota(jnp.int32, H)[None, :]], mask=mask, other=0)
+
