@@ -8,7 +8,8 @@ their scales applied in float32 in registers:
 * keys: q . (s_j k_j) = s_j (q . k_j): the score column of key j times its scale (``dequantized_scores``),
   block_r x block_k multiplies instead of block_k x H, before the soft cap and the mask;
 * values: sum_j p_j s_j v_j: column j of P times its value scale before P is rounded for the MMA
-  (``dequantized_pv``); a per-head scale multiplies the product.
+  (``dequantized_pv``; float16 dequantizes the value rows instead, out of float16's subnormals); a
+  per-head scale multiplies the product.
 
 The scales come in as refs beside K and V (``scale_inputs``, ``scale_block_spec``) and are loaded per block
 (``load_scale_block``) with the same rows, page table included, as ``paged_load.load_kv_block``.
@@ -27,12 +28,18 @@ def dequantized_scores(q, k, k_scale):
 
 
 def dequantized_pv(p, v, v_scale, dtype):
-    """P V (block_r, H) float32 of a quantized value block: each key's value scale multiplies its column of P
-    (float32) before P is rounded to ``dtype`` for the MMA; a per-head scale multiplies the product."""
+    """P V (block_r, H) float32 of a quantized value block. bfloat16 and float32: each key's value scale
+    multiplies its column of P (float32) before P is rounded to ``dtype`` for the MMA, block_r x block_k
+    multiplies. float16: the value rows are dequantized instead (block_k x H), because p * scale of a cache
+    with small scales (e5m2's absmax / 57344) falls below float16's normal range. A per-head scale
+    multiplies the product."""
+    import jax.numpy as jnp
     from jax.experimental.pallas import triton as plgpu
 
     if not v_scale.ndim:
         return plgpu.dot(p.astype(dtype), v.astype(dtype)) * v_scale
+    if jnp.dtype(dtype) == jnp.float16:
+        return plgpu.dot(p.astype(dtype), (v.astype(jnp.float32) * v_scale[:, None]).astype(dtype))
     return plgpu.dot((p * v_scale[None, :]).astype(dtype), v.astype(dtype))
 
 

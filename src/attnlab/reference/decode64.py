@@ -116,12 +116,16 @@ def decode_tolerance(dtype, *, baseline_err: float | None = None, tf32: bool | N
 
 
 def check_decode_close(out, q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, ref=None,
-                       tf32: bool | None = None, logits_soft_cap=None, sinks=None) -> Verdict:
+                       tf32: bool | None = None, logits_soft_cap=None, sinks=None, k_scale=None,
+                       v_scale=None) -> Verdict:
     """Judge a decode output against float64 by the decode tolerance policy (whole output).
 
     ``out`` must be one array of ``q``'s exact shape and dtype, as ``attnlab.decode_attention`` returns
     it (else ``OutputMismatchError``, ``attnlab.reference.rules``). Every decode row sees a key
-    (kv_lengths[b] >= T), so the empty-row rule never applies here."""
+    (kv_lengths[b] >= T), so the empty-row rule never applies here. A quantized contiguous cache
+    (``k_scale``/``v_scale``) is judged on its values dequantized in float64 (``dequantized64``)."""
+    if k_scale is not None or v_scale is not None:
+        k_cache, v_cache = dequantized64(k_cache, v_cache, k_scale, v_scale)
     rules.require_like(out, "out", np.shape(q), q.dtype if hasattr(q, "dtype") else np.asarray(q).dtype,
                        "q's: (B, T, N, H)")
     if ref is None:
