@@ -42,14 +42,22 @@ def serving_flops(q_starts, kv_lengths, heads: int, head_dim: int) -> float:
     return 4.0 * heads * head_dim * causal_pairs(q_starts, kv_lengths)
 
 
-def serving_bytes(q_starts, kv_lengths, heads: int, kv_heads: int, head_dim: int, itemsize: int) -> float:
-    """Bytes of the valid work: K and V of the valid cache rows once per KV head, q and out of the valid tokens."""
+def serving_bytes(q_starts, kv_lengths, heads: int, kv_heads: int, head_dim: int, itemsize: int, *,
+                  kv_itemsize: int | None = None, kv_scale: str | None = None) -> float:
+    """Bytes of the valid work: K and V of the valid cache rows once per KV head, q and out of the valid tokens.
+    A quantized cache (``core.kv_quant``): K and V at ``kv_itemsize`` (1) bytes, plus their float32 scales
+    read per valid token (``kv_scale="token"``) or per KV head / once (``head``/``tensor``; ``page``: counted
+    as per token, an upper bound)."""
     q, kv = request_lengths(q_starts, kv_lengths)
-    return float(2 * kv.sum() * kv_heads * head_dim * itemsize + 2 * q.sum() * heads * head_dim * itemsize)
+    kv_item = itemsize if kv_itemsize is None else kv_itemsize
+    scales = {None: 0, "tensor": 2 * 4, "head": 2 * 4 * kv_heads}.get(kv_scale, 2 * 4 * int(kv.sum()) * kv_heads)
+    return float(2 * kv.sum() * kv_heads * head_dim * kv_item + scales + 2 * q.sum() * heads * head_dim * itemsize)
 
 
 def serving_roofline_s(q_starts, kv_lengths, heads: int, kv_heads: int, head_dim: int, itemsize: int = 2, *,
-                       bandwidth: float = H200_BANDWIDTH, peak_flops: float = H200_PEAK_FLOPS) -> float:
+                       bandwidth: float = H200_BANDWIDTH, peak_flops: float = H200_PEAK_FLOPS,
+                       kv_itemsize: int | None = None, kv_scale: str | None = None) -> float:
     """max(bytes / bandwidth, FLOPs / peak) in seconds (H200 defaults): the fastest the call can run."""
-    return max(serving_bytes(q_starts, kv_lengths, heads, kv_heads, head_dim, itemsize) / bandwidth,
+    return max(serving_bytes(q_starts, kv_lengths, heads, kv_heads, head_dim, itemsize, kv_itemsize=kv_itemsize,
+                             kv_scale=kv_scale) / bandwidth,
                serving_flops(q_starts, kv_lengths, heads, head_dim) / peak_flops)
