@@ -110,3 +110,40 @@ def check_into(rec: dict, out, inputs, cell, backend, opts) -> None:
                kv_rel_err=rel_l2(o, unquantized))
     if not verdict.ok:
         raise Skip("incorrect", f"output wrong: rel L2 {verdict.rel_err:.3g} > {verdict.limit:.3g} ({rule})")
+
+
+def kv_cache_errors(B: int, T: int, S: int, N: int, K: int, H: int, *, kv_dtypes=("float8_e4m3fn",),
+                    kv_scale: str = "token", distributions=("gaussian", "outliers", "channel-outliers"),
+                    implementation: str | None = "xla", dtype: str = "bfloat16", causal: bool = True,
+                    page_size: int | None = None, seed: int = 0) -> list[dict]:
+    """What a quantized KV cache costs in accuracy: one row per (input distribution, cache dtype).
+
+    q, k, v are drawn in float32 from ``attnlab.reference.distributions`` (every sequence full, S keys); the
+    truth is float64 attention of those unquantized values. ``bf16_rel_err``: relative L2 error of
+    ``decode_attention`` on q, K and V in ``dtype``; ``rel_err``: the same call on the ``dtype`` cache
+    quantized as a server does (``quantize_kv_cache``, ``kv_scale`` layout; paged with ``page_size``).
+    ``implementation``: the backend both calls run on (attnlab-decode for the kernel)."""
+    import attnlab
+    import jax.numpy as jnp
+
+    from ..kernels.pages import to_pages
+    from ..reference.decode64 import reference_decode_attention
+    from ..reference.distributions import make_qkv
+    from ..reference.tolerance import rel_l2
+
+    lens = jnp.full((B,), S, jnp.int32)
+    rows = []
+    for dist in distributions:
+        q, k, v = make_qkv(dist, B, T, S, N, K, H, "float32", seed=seed)
+        ref = reference_decode_attention(q, k, v, np.asarray(lens), causal=causal)
+        qd, kd, vd = (jnp.asarray(x).astype(dtype) for x in (q, k, v))
+        call = dict(causal=causal, implementation=implementation)
+        bf16 = rel_l2(np.asarray(attnlab.decode_attention(qd, kd, vd, lens, **call), np.float64), ref)
+        if page_size:
+            kd, vd, call["page_table"] = to_pages(kd, vd, page_size)
+        for name in kv_dtypes:
+            (kc, ks), (vc, vs) = (attnlab.quantize_kv_cache(x, name, kv_scale) for x in (kd, vd))
+            out = attnlab.decode_attention(qd, kc, vc, lens, k_scale=ks, v_scale=vs, **call)
+            rows.append({"inputs": dist, "kv_dtype": canonical_kv_dtype(name), "kv_scale": kv_scale,
+                         "rel_err": rel_l2(np.asarray(out, np.float64), ref), "bf16_rel_err": bf16})
+    return rows
