@@ -96,7 +96,7 @@ def test_masked_paths_dequantize_and_other_backends_refuse():
 DECODE_CASES = {
     "fp8-token-bf16-cap-jit": ("fp8", "token", "bfloat16", 3, None),
     "e5m2-page-f16-ps8-gather": ("e5m2", "page", "float16", 2, 8),
-    "int8-head-f32-T1-ps32": ("int8", "head", "float32", 1, 32),
+    "int8-token-f32-T1-ps32": ("int8", "token", "float32", 1, 32),
 }
 
 
@@ -123,7 +123,7 @@ def test_decode_kernel_dequantizes_in_registers(case):
     assert verdict.ok, verdict
 
 
-@pytest.mark.parametrize("layout, ps", [("token", None), ("token", 16)], ids=["fp8-token-contig", "fp8-token-paged16"])
+@pytest.mark.parametrize("layout, ps", [("head", None), ("token", 8)], ids=["fp8-head-contig", "fp8-token-paged8-gather"])
 def test_serving_kernel_dequantizes_in_registers(layout, ps):
     rng = np.random.default_rng(3)
     q_len, kv = np.array([1, 3, 2], np.int32), np.array([40, 48, 9], np.int32)   # decode tiles only: one class
