@@ -8,6 +8,7 @@ from attnlab.core.workload import Workload, kv_cache_bytes
 from attnlab.measure import Options
 from attnlab.measure.cell import Cell, measure_cell
 from attnlab.measure.kv_cells import kv_cache_errors
+from attnlab.measure.recount import recount
 from attnlab.sweep import SweepError, build
 
 
@@ -60,6 +61,7 @@ def test_a_quantized_decode_cell_is_checked_on_the_dequantized_cache_and_records
     assert rec["bytes"] == cell.workload.bytes() < Cell("xla", 2, 2, 64, 4, 2, 16, "bfloat16", True,
                                                         lengths="ragged").workload.bytes()
     assert CellRecord.from_flat(rec).flat()["kv_rel_err"] == rec["kv_rel_err"]
+    assert recount(rec)["bytes"] == rec["bytes"]
 
 
 def test_kv_cache_errors_report_quantized_next_to_bf16_per_distribution():

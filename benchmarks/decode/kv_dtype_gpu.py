@@ -13,7 +13,9 @@ cell's own bytes (``Workload.bytes``: K/V at the cache's dtype plus the scales; 
 speed-up over the bf16 cache of the same T and layout. Goals (issue 34): fp8 >= 1.8x bf16 at T <= 8, and
 >= 85% of its roofline. Then the error report (``measure.kv_cells.kv_cache_errors``, B=2, S=4096, T=4, on
 attnlab-decode): per input distribution, each cache's relative L2 error against float64 of the unquantized
-values, next to bf16 K/V's. Writes ``results.jsonl`` and ``README.md`` (two tables) to --out.
+values, next to bf16 K/V's. Then (not ``--quick``) tile variants of the kernel on the fp8 cache (``VARIANTS``:
+longer key blocks, deeper pipelines; the plan sizes shared memory by q's dtype). Writes ``results.jsonl`` and
+``README.md`` (the tables) to --out.
 ``--dry-run``: the same cells at B=2, S=256, H=64 in Pallas interpret mode with the wall clock (checks that
 every cell runs; the times mean nothing).
 """
@@ -41,8 +43,9 @@ def cache_name(kv) -> str:
     return "bf16" if kv is None else f"{kv[0]}:{kv[1]}"
 
 
-def make_cell(key, T, kv, page_size, shape):
-    """(timed fn, its args, checker) of one cell; the caches quantized before timing (as a server holds them)."""
+def make_cell(key, T, kv, page_size, shape, config=None):
+    """(timed fn, its args, checker) of one cell; the caches quantized before timing (as a server holds them).
+    ``config``: a ``DecodeConfig`` variant of the kernel (called directly), else decode_attention's default."""
     import jax
     import jax.numpy as jnp
 
@@ -65,6 +68,11 @@ def make_cell(key, T, kv, page_size, shape):
 
     @jax.jit
     def fn(q, k, v, lens, table, ks, vs):
+        if config is not None:
+            from attnlab.kernels.decode import decode_attention_pallas
+
+            return decode_attention_pallas(q, k, v, lens, causal=True, config=config, page_table=table, k_scale=ks,
+                                           v_scale=vs, kv_scale=None if kv is None else kv[1])
         return attnlab.decode_attention(q, k, v, lens, implementation="attnlab-decode", page_table=table,
                                         k_scale=ks, v_scale=vs)
 
@@ -143,6 +151,40 @@ def run_cells(f, shape, Ts, caches, layouts, dev, t0, max_s, dry):
                 print(json.dumps(rec))
 
 
+#: Tile variants timed beside the default on the fp8 cache (the plan sizes shared memory by q's dtype, so a
+#: 1-byte cache may want longer key blocks or deeper pipelines): (block_k, num_stages); None = the plan's.
+VARIANTS = ((128, None), (128, 4), (256, None), (256, 3))
+
+
+def run_variants(f, shape, dev, t0, max_s, dry):
+    """fp8 (per token) cells at T in {1, 8}, contiguous and paged 16, for each tile variant: checked, timed."""
+    import jax
+
+    from attnlab.kernels.decode import DecodeConfig
+
+    key, kv = jax.random.PRNGKey(0), ("float8_e4m3fn", "token")
+    for page_size in (None, 16):
+        for T in (1, 8):
+            for block_k, stages in VARIANTS[:1] if dry else VARIANTS:
+                if time.perf_counter() - t0 > max_s:
+                    return
+                cfg = DecodeConfig(block_k=block_k, num_stages=stages)
+                rec = dict(kind="variant", device=dev, T=T, cache=cache_name(kv), layout=f"paged{page_size}" if page_size
+                           else "contig", block_k=block_k, num_stages=stages, **shape)
+                try:
+                    fn, args, checker = make_cell(key, T, kv, page_size, shape, cfg)
+                    rec["check"] = checker(fn(*args))
+                    if rec["check"]["ok"]:
+                        rec["ms"] = time_ms(fn, args, dry)
+                        rec["bytes"], rec["roofline_ms"] = roofline_ms(T, kv, page_size, shape)
+                        rec["pct_roofline"] = 100 * rec["roofline_ms"] / rec["ms"]
+                except Exception as e:  # noqa: BLE001
+                    rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                f.write(json.dumps(rec) + "\n")
+                f.flush()
+                print(json.dumps(rec))
+
+
 def run_errors(f, dev, dry):
     from attnlab.measure.kv_cells import kv_cache_errors
 
@@ -169,6 +211,14 @@ def table_md(path) -> str:
             goal = f"{'met' if ok else 'missed'} (>= {GOAL_SPEEDUP}x, >= {GOAL_ROOFLINE:.0f}%)"
         lines.append(f"| {r['T']} | {r['cache']} | {r['layout']} | {r['ms']:.4f} | {r['pct_roofline']:.0f}% | "
                      f"{'' if sp is None else f'{sp:.2f}'} | {goal} |")
+    var = [r for r in recs if r["kind"] == "variant"]
+    if var:
+        lines += ["", "Tile variants on the fp8 cache (per-token scales):", "",
+                  "| T | layout | block_k | num_stages | ms | % roofline |", "| --- | --- | --- | --- | --- | --- |"]
+        for r in var:
+            got = (f"{r['ms']:.4f} | {r['pct_roofline']:.0f}%" if "ms" in r else
+                   f"✗ {(r.get('error') or 'check failed')[:60]} |")
+            lines.append(f"| {r['T']} | {r['layout']} | {r['block_k']} | {r['num_stages'] or 'plan'} | {got} |")
     errs = [r for r in recs if r["kind"] == "error"]
     if errs:
         names = list(dict.fromkeys(r["kv_dtype"] for r in errs))
@@ -187,7 +237,8 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="bf16 and fp8 per token, T in {1, 8}")
     ap.add_argument("--dry-run", action="store_true", help="tiny sizes, interpret mode, wall clock (any CPU)")
-    ap.add_argument("--max-seconds", type=float, default=200.0)
+    ap.add_argument("--max-seconds", type=float, default=170.0, help="cells and errors stop being started after it")
+    ap.add_argument("--variant-seconds", type=float, default=40.0, help="time for the tile variants past the limit")
     a = ap.parse_args(argv)
     import jax
 
@@ -200,6 +251,8 @@ def main(argv=None):
         run_cells(f, DRY if a.dry_run else FULL, (1, 8) if quick else (1, 2, 4, 8), CACHES[:2] if quick else CACHES,
                   (None, 16), dev, t0, a.max_seconds, a.dry_run)
         run_errors(f, dev, a.dry_run)
+        if not a.quick:
+            run_variants(f, DRY if a.dry_run else FULL, dev, t0, a.max_seconds + a.variant_seconds, a.dry_run)
     md = table_md(path)
     with open(os.path.join(a.out, "README.md"), "w") as f:
         f.write(f"# Quantized KV caches on {dev}\n\n`PYTHONPATH=src python benchmarks/decode/kv_dtype_gpu.py "

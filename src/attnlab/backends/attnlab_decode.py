@@ -107,7 +107,7 @@ class AttnlabDecodeBackend(Backend):
             return "auto off until the H200 benchmark decides (attnlab.backends.attnlab_decode.AUTO_ENABLED)"
         if self.interpret:
             return "interpret mode (no GPU): correct but slow"
-        if spec.q_len < AUTO_MIN_T:
+        if spec.q_len < AUTO_MIN_T and getattr(spec, "kv_scale", None) is None:   # cuDNN takes no quantized cache
             return f"T={spec.q_len} < {AUTO_MIN_T}: cuDNN is as fast at T=1"
         return self.available() or self.supports_decode(spec)
 
