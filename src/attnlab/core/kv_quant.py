@@ -139,10 +139,3 @@ def quantize_kv_cache(cache, dtype: str = "float8_e4m3fn", granularity: str = "t
     y = jnp.clip(y, -QMAX[dtype], QMAX[dtype])       # rounding of the division may step past the largest value
     return y.astype(dtype), scale
 
-
-def scale_bytes(layout: str | None, cache_shape, kv_heads: int | None = None) -> int:
-    """Bytes of one scale array (float32) of ``layout`` for a cache of ``cache_shape``."""
-    if layout is None:
-        return 0
-    a, b, K = (int(d) for d in cache_shape[:3])
-    return 4 * {"tensor": 1, "head": K, "page": a * K, "token": a * b * K}[layout]

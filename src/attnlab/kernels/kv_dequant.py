@@ -16,6 +16,7 @@ The scales come in as refs beside K and V (``scale_inputs``, ``scale_block_spec`
 """
 from __future__ import annotations
 
+
 def dequantized_scores(q, k, k_scale):
     """q k^T (block_r, block_k) float32 of a quantized key block: the stored keys converted to q's dtype (exact:
     every FP8 e4m3/e5m2 and int8 value is a bfloat16 and a float16), their scales multiplying the score columns
@@ -45,7 +46,8 @@ def dequantized_pv(p, v, v_scale, dtype):
 
 def load_scale_block(ref, *, layout: str, start, kv_ok, block_k: int, page_size: int | None, table_ref=None):
     """The float32 scales of a quantized cache's keys start .. start+block_k-1 (``attnlab.core.kv_quant``):
-    (block_k,) for the ``token`` and ``page`` layouts (0 where not kv_ok), a scalar for ``head``/``tensor``.
+    (block_k,) for the ``token`` and ``page`` layouts (keys not kv_ok get 0, or their page's scale: never
+    attended either way), a scalar for ``head``/``tensor``.
 
     ``ref``: ``head``/``tensor``: this kv head's (1,) scale; ``token``: its (S,) contiguous row of
     scales or its (P * page_size,) paged one (the rows of ``load_kv_block``); ``page``: its (P,) page scales."""
