@@ -152,7 +152,8 @@ def test_quantized_decode_lowers_to_triton_for_cuda_without_a_gpu():
     B, T, S, N, K, H = 4, 4, 8192, 32, 8, 128
     plan = kd.make_plan(B, T, S, N, K, H, "bfloat16", sms=132, compute_capability=(9, 0))
     f8 = jnp.float8_e4m3fn
-    for ps, layout, scale_shape in ((None, "token", (B, S, K)), (16, "page", (B * S // 16, K))):
+    for ps, layout, scale_shape, f8 in ((None, "token", (B, S, K), f8), (16, "page", (B * S // 16, K), f8),
+                                        (None, "head", (K,), jnp.int8)):
         f = jax.jit(functools.partial(kd.decode_attention_pallas, causal=True, interpret=False, plan=plan, kv_scale=layout))
         kv = (B, S, K, H) if ps is None else (B * S // ps, ps, K, H)
         kw = dict(k_scale=s(scale_shape, jnp.float32), v_scale=s(scale_shape, jnp.float32))
@@ -162,3 +163,21 @@ def test_quantized_decode_lowers_to_triton_for_cuda_without_a_gpu():
             text = f.trace(s((B, T, N, H), jnp.bfloat16), s(kv, f8), s(kv, f8), s((B,), jnp.int32),
                            **kw).lower(lowering_platforms=("cuda",)).as_text()
         assert "triton" in text
+
+
+def test_quantized_serving_lowers_to_triton_for_cuda_without_a_gpu():
+    from attnlab.kernels import serving as ks
+
+    s = jax.ShapeDtypeStruct
+    B, S, N, K, H, ps, Ttot = 4, 4096, 32, 8, 128, 16, 512
+
+    def step(q, k, v, a, b, t, sk, sv):
+        plan = sp.make_serving_plan(a, b, total_tokens=Ttot, kv_len_max=S, heads=N, kv_heads=K, head_dim=H)
+        return ks.serving_attention_pallas(q, k, v, a, b, plan=plan, page_table=t, interpret=False, k_scale=sk,
+                                           v_scale=sv, kv_scale="token")
+
+    kv, sc = s((B * S // ps, ps, K, H), jnp.float8_e5m2), s((B * S // ps, ps, K), jnp.float32)
+    with kd.cuda_lowering_context():
+        text = jax.jit(step).trace(s((Ttot, N, H), jnp.bfloat16), kv, kv, s((B + 1,), jnp.int32), s((B,), jnp.int32),
+                                   s((B, S // ps), jnp.int32), sc, sc).lower(lowering_platforms=("cuda",)).as_text()
+    assert "triton" in text

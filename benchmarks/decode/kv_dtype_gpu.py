@@ -17,7 +17,7 @@ values, next to bf16 K/V's. Then (not ``--quick``) tile variants of the kernel o
 longer key blocks, deeper pipelines; the plan sizes shared memory by q's dtype). Writes ``results.jsonl`` and
 ``README.md`` (the tables) to --out.
 ``--dry-run``: the same cells at B=2, S=256, H=64 in Pallas interpret mode with the wall clock (checks that
-every cell runs; the times mean nothing).
+every cell runs; the times mean nothing). Written without a GPU: it has run only as ``--dry-run`` on a CPU.
 """
 from __future__ import annotations
 
