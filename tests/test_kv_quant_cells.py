@@ -50,6 +50,8 @@ def test_kv_dtype_makes_forward_decode_cells_only():
         Cell("xla", 1, 2, 64, 2, 1, 16, "bfloat16", True, kv_dtype="fp8")
     c = Cell("xla", 1, 2, 64, 2, 1, 16, "bfloat16", True, lengths="full", kv_dtype="e5m2")
     assert (c.kv_dtype, c.kv_scale) == ("float8_e5m2", "token") and "kv=float8_e5m2:token" in c.config_label
+    from attnlab.measure import ahead
+    assert "quantized KV cache" in ahead.why_not(c)     # its timed call takes the cache and scales, not (q, k, v)
 
 
 def test_a_quantized_decode_cell_is_checked_on_the_dequantized_cache_and_records_its_error():
