@@ -86,3 +86,12 @@ def test_advise_memory_table_per_cache_dtype():
     assert m["float8_e4m3fn"]["bytes_per_token"] == m["int8"]["bytes_per_token"] == 2 * 32 * 8 * (128 + 4)
     assert m["float8_e4m3fn"]["max_batch"] == (141 * 10**9 - p.weight_bytes(2)) // (4096 * 2 * 32 * 8 * 132)
     assert m["float8_e4m3fn"]["max_batch"] >= 1.9 * m["bfloat16"]["max_batch"]
+    # a model's cells are the bf16 cache's: a record of a quantized cache is never taken for one
+    from attnlab.core.model_plan import plan
+
+    from attnlab.sweep.spec import Sweep
+
+    e = next(e for e in plan(p, "decode", "4k") if e.lengths)
+    bf16, fp8 = (Sweep(["xla"], **e.axes(), kv_dtype=[kv]).cells()[0].identity()
+                 for kv in (None, ("float8_e4m3fn", "token")))
+    assert e.matches(bf16) and not e.matches(fp8)
