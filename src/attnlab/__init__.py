@@ -14,6 +14,7 @@ Public API::
     attnlab.check_decode_close(out, q, ...)  # its verdict (check_close's decode twin)
     attnlab.serving_attention(q, k_cache, v_cache, q_starts, kv_lengths)  # a serving step: ragged, mixed
     attnlab.serving_plan(q_starts, kv_lengths, ...)  # its kernel's plan, once per step, reused by layers
+    attnlab.quantize_kv_cache(cache, "fp8")  # (FP8/int8 cache, float32 scales) for k_scale=/v_scale=
     attnlab.reference_serving_attention(...)  # its NumPy float64 truth
     attnlab.sharded_attention(q, k, v, mesh=..., strategy=...)  # batch / heads / ring over a Mesh
 
@@ -31,6 +32,7 @@ __all__ = [
     "AttentionSpec", "Problem", "Workload", "__version__",
     "decode_attention", "explain_decode", "reference_decode_attention", "check_decode_close",
     "serving_attention", "explain_serving", "serving_plan", "reference_serving_attention", "sharded_attention", "make_mesh",
+    "quantize_kv_cache",
 ]
 
 #: Public names served lazily from submodules: name -> module (relative to attnlab).
@@ -44,6 +46,7 @@ _LAZY = {
     **dict.fromkeys(("reference_decode_attention", "check_decode_close"), ".reference.decode64"),
     **dict.fromkeys(("serving_attention", "explain_serving", "serving_plan"), ".api.serving"),
     "reference_serving_attention": ".reference.serving64",
+    "quantize_kv_cache": ".core.kv_quant",
     "AttentionSpec": ".core.spec",
     "Workload": ".core.workload",
     "Problem": ".core.problem",

@@ -83,6 +83,8 @@ class DecodeSpec:
     page_size: int | None = None    # paged KV cache (vLLM layout); max_len = pages_per_seq * page_size
     soft_cap: float | None = None   # logits_soft_cap: cap * tanh(logits / cap) before masking
     has_sinks: bool = False         # sinks: one extra softmax logit per query head (no value)
+    kv_dtype: str | None = None     # a quantized cache's dtype (``core.kv_quant``), None: q's dtype
+    kv_scale: str | None = None     # its scale layout: tensor, head, page or token
 
     @property
     def groups(self) -> int:
@@ -114,20 +116,46 @@ class DecodeCall:
     spec: DecodeSpec | None  # None for an empty batch (B = 0): nothing to run
     page_table: Any = None   # (B, pages_per_seq) int32 when k_cache/v_cache are pages
     sinks: Any = None        # (N,) float logits or None
+    k_scale: Any = None      # float32 scales of a quantized cache (``core.kv_quant``) or None
+    v_scale: Any = None
 
     def contiguous(self):
         """(k, v) as contiguous (B, S_max, K, H) caches: the pages gathered through the table (the
-        paged call's twin), or the caches themselves."""
-        if self.page_table is None:
-            return self.k_cache, self.v_cache
-        from ..kernels.pages import gather_pages
+        paged call's twin), or the caches themselves; a quantized cache dequantized in float32."""
+        return contiguous_kv(self, None if self.spec is None else self.spec.kv_scale)
 
-        return (gather_pages(self.k_cache, self.page_table, self.kv_lengths),
-                gather_pages(self.v_cache, self.page_table, self.kv_lengths))
+
+def contiguous_kv(call, layout):
+    """(k, v) of a decode or serving call as contiguous float caches (B, S_max, K, H): pages gathered,
+    a quantized cache (``layout`` not None) dequantized in float32 (``core.kv_quant.dequantize``)."""
+    k, v = call.k_cache, call.v_cache
+    if layout is not None:
+        import jax.numpy as jnp
+
+        from ..core.kv_quant import dequantize
+
+        k, v = (dequantize(c, s, layout, "float32", jnp) for c, s in ((k, call.k_scale), (v, call.v_scale)))
+    if call.page_table is None:
+        return k, v
+    from ..kernels.pages import gather_pages
+
+    return gather_pages(k, call.page_table, call.kv_lengths), gather_pages(v, call.page_table, call.kv_lengths)
+
+
+def check_cache_dtypes(q, k_cache, v_cache, k_scale, v_scale, *, paged: bool):
+    """(q's dtype, cache dtype or None, scale layout or None): a float cache shares q's dtype, a quantized
+    one (``core.kv_quant.check_kv_scales``) comes with its scales and q has a float dtype of its own."""
+    from ..core.kv_quant import check_kv_scales
+
+    kv_dtype, layout = check_kv_scales(k_cache, v_cache, k_scale, v_scale, paged=paged)
+    if kv_dtype is None:
+        return common_float_dtype({"q": q, "k_cache": k_cache, "v_cache": v_cache}), None, None
+    return common_float_dtype({"q": q}), kv_dtype, layout
 
 
 def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, page_table=None,
-                   logits_soft_cap=None, sinks=None, local_window_size=None) -> DecodeCall:
+                   logits_soft_cap=None, sinks=None, local_window_size=None, k_scale=None,
+                   v_scale=None) -> DecodeCall:
     """Check every argument of a decode call (see the module docstring) and describe it."""
     qs, ks, vs = _shape("q", q), _shape("k_cache", k_cache), _shape("v_cache", v_cache)
     if len(qs) != 4:
@@ -141,7 +169,7 @@ def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, 
     if len(ks) != 4:
         raise ValueError(f"k_cache must have rank 4 (B, S_max, K, H), got shape {ks}")
     check_kv_shapes(("q", "k_cache", "v_cache"), qs, ks, vs)
-    dtype = common_float_dtype({"q": q, "k_cache": k_cache, "v_cache": v_cache})
+    dtype, kv_dtype, kv_scale = check_cache_dtypes(q, k_cache, v_cache, k_scale, v_scale, paged=page_table is not None)
     B, T, N, H = qs
     S, K = ks[1:3]
     problem = call_problem(ARGUMENT_NAMES, (B, T, S, N, K, H), dtype, check_flag("causal", causal),
@@ -161,13 +189,13 @@ def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, 
     sinks = check_sinks(sinks, N)
     spec = None if problem is None else DecodeSpec(problem, scale=scale if static_scale else None,
                                                    scale_is_static=static_scale, page_size=page_size, soft_cap=soft_cap,
-                                                   has_sinks=sinks is not None)
+                                                   has_sinks=sinks is not None, kv_dtype=kv_dtype, kv_scale=kv_scale)
     import jax.numpy as jnp
 
     lengths = jnp.asarray(kv_lengths).astype(jnp.int32)
     effective = 1.0 / math.sqrt(H) if scale is None else scale
     table = None if page_table is None else jnp.asarray(page_table).astype(jnp.int32)
-    return DecodeCall(q, k_cache, v_cache, lengths, effective, spec, table, sinks)
+    return DecodeCall(q, k_cache, v_cache, lengths, effective, spec, table, sinks, k_scale, v_scale)
 
 
 def paged_refusal(backend) -> str | None:
@@ -194,6 +222,9 @@ def select_decode(spec: DecodeSpec, implementation=None):
         raise TypeError(f"implementation must be None or a str, got {type(implementation).__name__}")
     if implementation in (None, "auto"):
         claimed = next((b for b in backends.all_backends() if b.auto_reason(spec) is None), None)
+        if claimed is None and spec.kv_scale is not None:   # a quantized cache: a path that takes its scales
+            claimed = next((b for b in backends.all_backends() if b.takes_kv_scales and b.portable
+                            and b.why_not_decode(spec) is None), None)
         chosen = claimed or api.select(spec.attention_spec(), None)
         if spec.window is not None and not chosen.takes_decode_window:   # a portable path that takes the window
             every = sorted(backends.all_backends(), key=lambda b: not b.portable)
@@ -207,7 +238,8 @@ def select_decode(spec: DecodeSpec, implementation=None):
 
 
 def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, implementation=None,
-                     page_table=None, logits_soft_cap=None, sinks=None, local_window_size=None):
+                     page_table=None, logits_soft_cap=None, sinks=None, local_window_size=None, k_scale=None,
+                     v_scale=None):
     """Attention of T new tokens against a KV cache of valid lengths (see the module docstring).
 
     Args:
@@ -229,12 +261,18 @@ def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None
       local_window_size: None, an int w ((w, w)) or (left, right): query t at position
         p = kv_lengths[b] - T + t sees only keys in [p - left, p + right] (module docstring);
         attnlab-decode reads only the window's KV blocks; naive and xla mask; other backends refuse.
+      k_scale, v_scale: float32 scales of a quantized cache (k_cache/v_cache float8_e4m3fn, float8_e5m2
+        or int8; ``attnlab.quantize_kv_cache`` makes both): () per tensor, (K,) per KV head, the cache's
+        shape without H per token, or (P, K) per page of a paged cache (``attnlab.core.kv_quant``). The
+        attended value is float32(stored) * scale; attnlab-decode dequantizes in registers, the masked
+        path (naive, xla) in float32, other backends refuse.
 
     Returns:
       (B, T, N, H) in q's dtype.
     """
     d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale, page_table=page_table,
-                       logits_soft_cap=logits_soft_cap, sinks=sinks, local_window_size=local_window_size)
+                       logits_soft_cap=logits_soft_cap, sinks=sinks, local_window_size=local_window_size,
+                       k_scale=k_scale, v_scale=v_scale)
     if d.spec is None:                  # B = 0: an empty batch, whatever the path
         from .dot_product import empty_result
 
@@ -259,10 +297,12 @@ DecodeExplanation = CallExplanation
 
 
 def explain_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, page_table=None,
-                   logits_soft_cap=None, sinks=None, local_window_size=None) -> DecodeExplanation:
+                   logits_soft_cap=None, sinks=None, local_window_size=None, k_scale=None,
+                   v_scale=None) -> DecodeExplanation:
     """Which path ``decode_attention(implementation=None)`` runs, and why not each other one."""
     d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale, page_table=page_table,
-                       logits_soft_cap=logits_soft_cap, sinks=sinks, local_window_size=local_window_size)
+                       logits_soft_cap=logits_soft_cap, sinks=sinks, local_window_size=local_window_size,
+                       k_scale=k_scale, v_scale=v_scale)
     if d.spec is None:
         return DecodeExplanation("none", {}, None)
     chosen = select_decode(d.spec, None).name

@@ -46,10 +46,10 @@ import numpy as np
 
 from .. import backends
 from ..core.checks import (_is_tracer, _shape, call_problem, check_kv_shapes, check_scale, check_sinks,
-                           check_soft_cap, common_float_dtype, length_values, normalise_window)
+                           check_soft_cap, length_values, normalise_window)
 from ..core.errors import UnsupportedError
 from ..core.problem import Problem
-from .decode import CallExplanation
+from .decode import CallExplanation, check_cache_dtypes, contiguous_kv
 
 ARGUMENT_NAMES = {"batch": "kv_lengths size B", "q_len": "q tokens T_total", "kv_len": "k_cache length S_max",
                   "heads": "q heads N", "kv_heads": "k_cache heads K", "head_dim": "q head dim H"}
@@ -67,6 +67,8 @@ class ServingSpec:
     soft_cap: float | None = None
     scale_is_static: bool = True
     has_sinks: bool = False
+    kv_dtype: str | None = None     # a quantized cache's dtype (``core.kv_quant``), None: q's dtype
+    kv_scale: str | None = None     # its scale layout: tensor, head, page or token
 
 
 @dataclasses.dataclass
@@ -81,15 +83,13 @@ class ServingCall:
     page_table: Any = None
     plan: Any = None
     sinks: Any = None    # (N,) float logits or None
+    k_scale: Any = None  # float32 scales of a quantized cache (``core.kv_quant``) or None
+    v_scale: Any = None
 
     def contiguous(self):
-        """(k, v) as contiguous (B, S_max, K, H) caches (the pages gathered through the table)."""
-        if self.page_table is None:
-            return self.k_cache, self.v_cache
-        from ..kernels.pages import gather_pages
-
-        return (gather_pages(self.k_cache, self.page_table, self.kv_lengths),
-                gather_pages(self.v_cache, self.page_table, self.kv_lengths))
+        """(k, v) as contiguous (B, S_max, K, H) caches (the pages gathered through the table; a quantized
+        cache dequantized in float32)."""
+        return contiguous_kv(self, self.spec.kv_scale)
 
 
 def _check_values(starts, lengths, T_total: int, S: int):
@@ -108,7 +108,8 @@ def _check_values(starts, lengths, T_total: int, S: int):
 
 
 def prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=None, scale=None,
-                    logits_soft_cap=None, plan=None, sinks=None, local_window_size=None) -> ServingCall:
+                    logits_soft_cap=None, plan=None, sinks=None, local_window_size=None, k_scale=None,
+                    v_scale=None) -> ServingCall:
     """Check every argument of a serving call (module docstring) and describe it."""
     qs, ks, vs = _shape("q", q), _shape("k_cache", k_cache), _shape("v_cache", v_cache)
     if len(qs) != 3:
@@ -130,7 +131,7 @@ def prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=Non
         raise ValueError(f"k_cache must have rank 4 (B, S_max, K, H), got shape {ks}")
     T_total, N, H = qs
     check_kv_shapes(("q", "k_cache", "v_cache"), (B, T_total, N, H), ks, vs)
-    dtype = common_float_dtype({"q": q, "k_cache": k_cache, "v_cache": v_cache})
+    dtype, kv_dtype, kv_scale = check_cache_dtypes(q, k_cache, v_cache, k_scale, v_scale, paged=page_table is not None)
     S, K = ks[1:3]
     problem = call_problem(ARGUMENT_NAMES, (B, T_total, S, N, K, H), dtype, True, normalise_window(local_window_size))
     starts = length_values("q_starts", q_starts, B + 1)
@@ -141,7 +142,7 @@ def prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=Non
     static = not _is_tracer(scale)
     sinks = check_sinks(sinks, N)
     spec = ServingSpec(problem, page_size=page_size, soft_cap=check_soft_cap(logits_soft_cap), scale_is_static=static,
-                       has_sinks=sinks is not None)
+                       has_sinks=sinks is not None, kv_dtype=kv_dtype, kv_scale=kv_scale)
     if plan is not None:
         _check_plan(plan, (T_total, B, N, K, H), problem.window)
     import jax.numpy as jnp
@@ -149,7 +150,7 @@ def prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=Non
     table = None if page_table is None else jnp.asarray(page_table).astype(jnp.int32)
     return ServingCall(q, k_cache, v_cache, jnp.asarray(q_starts).astype(jnp.int32),
                        jnp.asarray(kv_lengths).astype(jnp.int32), 1.0 / math.sqrt(H) if scale is None else scale,
-                       spec, table, plan, sinks)
+                       spec, table, plan, sinks, k_scale, v_scale)
 
 
 def _check_plan(plan, sizes, window):
@@ -199,7 +200,8 @@ def select_serving(spec: ServingSpec, implementation=None):
 
 
 def serving_attention(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=None, scale=None,
-                      logits_soft_cap=None, implementation=None, plan=None, sinks=None, local_window_size=None):
+                      logits_soft_cap=None, implementation=None, plan=None, sinks=None, local_window_size=None,
+                      k_scale=None, v_scale=None):
     """Attention of one serving step (module docstring for the shapes and the rule).
 
     Args:
@@ -215,12 +217,15 @@ def serving_attention(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=N
         the softmax denominator, no value); the xla path and the serving kernel (in its merge) run them.
       local_window_size: None, an int w ((w, w)) or (left, right): a query at position p sees only keys
         in [p - left, p] (causal: right changes nothing); the kernel reads only the window's KV blocks.
+      k_scale, v_scale: float32 scales of a quantized cache (float8_e4m3fn, float8_e5m2 or int8), as for
+        ``decode_attention`` (``attnlab.core.kv_quant``): the serving kernel dequantizes in registers, xla in float32.
 
     Returns:
       (T_total, N, H) in q's dtype; padding rows 0.
     """
     call = prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, page_table=page_table, scale=scale,
-                           logits_soft_cap=logits_soft_cap, plan=plan, sinks=sinks, local_window_size=local_window_size)
+                           logits_soft_cap=logits_soft_cap, plan=plan, sinks=sinks,
+                           local_window_size=local_window_size, k_scale=k_scale, v_scale=v_scale)
     return select_serving(call.spec, implementation).run_serving(call)
 
 
@@ -228,10 +233,12 @@ ServingExplanation = CallExplanation
 
 
 def explain_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=None, scale=None,
-                    logits_soft_cap=None, sinks=None, local_window_size=None) -> ServingExplanation:
+                    logits_soft_cap=None, sinks=None, local_window_size=None, k_scale=None,
+                    v_scale=None) -> ServingExplanation:
     """Which path ``serving_attention(implementation=None)`` runs, and why not each other one."""
     call = prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, page_table=page_table, scale=scale,
-                           logits_soft_cap=logits_soft_cap, sinks=sinks, local_window_size=local_window_size)
+                           logits_soft_cap=logits_soft_cap, sinks=sinks, local_window_size=local_window_size,
+                           k_scale=k_scale, v_scale=v_scale)
     chosen = select_serving(call.spec).name
     reasons = {b.name: b.available() or b.supports_serving(call.spec) for b in backends.all_backends()}
     return ServingExplanation(chosen, reasons, call.spec)

@@ -55,6 +55,7 @@ class AttnlabDecodeBackend(Backend):
     takes_soft_cap = True   # one tanh on the kernel's scores
     paged = True            # run_decode reads the pages through the table
     takes_decode_window = True   # the kernels load only the window's KV blocks
+    takes_kv_scales = True  # a quantized cache (FP8/int8 + scales) dequantized in registers, decode and serving
     peer_parts = ("decode",)
     takes_sinks = True      # added to each row's denominator by the split combine / the serving merge
     #: Tuning parameters used by run/run_decode (None: the defaults of attnlab.kernels.decode).
@@ -106,7 +107,8 @@ class AttnlabDecodeBackend(Backend):
             return "auto off until the H200 benchmark decides (attnlab.backends.attnlab_decode.AUTO_ENABLED)"
         if self.interpret:
             return "interpret mode (no GPU): correct but slow"
-        if spec.q_len < AUTO_MIN_T and spec.window is None:   # cuDNN takes no decode window
+        # cuDNN takes no decode window and no quantized cache
+        if spec.q_len < AUTO_MIN_T and spec.window is None and getattr(spec, "kv_scale", None) is None:
             return f"T={spec.q_len} < {AUTO_MIN_T}: cuDNN is as fast at T=1"
         return self.available() or self.supports_decode(spec)
 
@@ -160,19 +162,22 @@ class AttnlabDecodeBackend(Backend):
                                               window_left=None if p.window is None else p.window[0])
         return serving_attention_pallas(call.q, call.k_cache, call.v_cache, call.q_starts, call.kv_lengths,
                                         plan=plan, scale=float(call.scale), page_table=call.page_table,
-                                        soft_cap=call.spec.soft_cap, interpret=self.interpret, sinks=call.sinks)
+                                        soft_cap=call.spec.soft_cap, interpret=self.interpret, sinks=call.sinks,
+                                        k_scale=call.k_scale, v_scale=call.v_scale, kv_scale=call.spec.kv_scale)
 
     def version(self) -> str | None:
         import jax
 
         return f"jax {jax.__version__}"
 
-    def _call(self, q, k, v, lengths, causal, scale, page_table=None, soft_cap=None, window=None, sinks=None):
+    def _call(self, q, k, v, lengths, causal, scale, page_table=None, soft_cap=None, window=None, sinks=None,
+              scales=(None, None, None)):
         if _is_tracer(scale):
             raise UnsupportedError(self.name, "scale is traced: the kernel compiles the scale in (pass a Python float)")
+        k_scale, v_scale, layout = scales
         return kd.decode_attention_pallas(q, k, v, lengths, causal=causal, scale=float(scale), config=self.config,
                                           interpret=self.interpret, page_table=page_table, soft_cap=soft_cap,
-                                          window=window, sinks=sinks)
+                                          window=window, sinks=sinks, k_scale=k_scale, v_scale=v_scale, kv_scale=layout)
 
     def run(self, p: Prepared):
         import jax.numpy as jnp
@@ -184,7 +189,7 @@ class AttnlabDecodeBackend(Backend):
     def run_decode(self, d):
         """Run an ``attnlab.api.decode.DecodeCall`` with its causal rule."""
         return self._call(d.query, d.k_cache, d.v_cache, d.kv_lengths, d.spec.causal, d.scale, d.page_table,
-                          d.spec.soft_cap, d.spec.window, d.sinks)
+                          d.spec.soft_cap, d.spec.window, d.sinks, (d.k_scale, d.v_scale, d.spec.kv_scale))
 
 
 def keys_read(lengths, q_len: int = 1, window=None) -> list[int]:

@@ -103,6 +103,11 @@ class Backend:
     takes_decode_window: bool = False
     decode_window_reason: str = ("local_window_size: no sliding window in this backend's decode path "
                                  "(naive, xla and attnlab-decode take one)")
+    #: True when ``run_decode`` / ``run_serving`` take a quantized KV cache with its ``k_scale``/``v_scale``
+    #: (``attnlab.core.kv_quant``) exactly: the masked paths dequantize in float32, attnlab's kernels in registers.
+    takes_kv_scales: bool = False
+    kv_scales_reason: str = ("k_scale/v_scale: no quantized KV cache (FP8/int8 with scales) in this path "
+                             "(attnlab-decode, naive and xla take one)")
     #: True for a native backend that also times decode sweep cells (``NativeBackend.decode_reason``,
     #: ``run_native_decode``); JAX backends run decode calls through ``run_decode``.
     decode: bool = False
@@ -192,12 +197,17 @@ class Backend:
         return self.why_not(spec.attention_spec())
 
     def why_not_decode(self, spec) -> str | None:
-        """``available()``, then ``supports_decode(spec)``: the first reason ``decode_attention`` cannot run
-        ``spec`` (a DecodeSpec) with this backend (what a named call raises and ``explain_decode`` lists); a
-        window refused by ``takes_decode_window`` comes before ``supports_decode``."""
+        """``available()``, a window refused by ``takes_decode_window``, a quantized cache
+        (``kv_scales_refusal``), then ``supports_decode(spec)``: the first reason ``decode_attention`` cannot run
+        ``spec`` (a DecodeSpec) with this backend (what a named call raises and ``explain_decode`` lists)."""
         if spec.window is not None and not self.takes_decode_window:
             return self.available() or self.decode_window_reason
-        return self.available() or self.supports_decode(spec)
+        return self.available() or self.kv_scales_refusal(spec) or self.supports_decode(spec)
+
+    def kv_scales_refusal(self, spec) -> str | None:
+        """``kv_scales_reason`` when ``spec`` (a DecodeSpec or ServingSpec) has a quantized cache and this
+        backend does not take one (``takes_kv_scales``), else None."""
+        return self.kv_scales_reason if getattr(spec, "kv_scale", None) and not self.takes_kv_scales else None
 
     def auto_reason(self, spec) -> str | None:
         """``decode_attention``'s auto hook: None when its auto should run this backend's own decode

@@ -31,7 +31,11 @@ def masked_decode(backend, d, scale):
             if sp.needs_mask else None)
     if d.page_table is not None and backend.paged:
         return backend.run_paged_decode(d, mask)
-    k, v = d.contiguous()
-    p = prepare(d.query, k, v, None, mask, scale=scale,
+    k, v = d.contiguous()               # a quantized cache: dequantized in float32, and the call runs in float32
+    q = d.query
+    if getattr(sp, "kv_scale", None) is not None:       # (float64 q: in float64)
+        work = "float64" if q.dtype == "float64" else "float32"
+        q, k, v = q.astype(work), k.astype(work), v.astype(work)
+    p = prepare(q, k, v, None, mask, scale=scale,
                 key_value_seq_lengths=d.kv_lengths, logits_soft_cap=sp.soft_cap, sinks=getattr(d, "sinks", None))
-    return backend.run(p).reshape(p.out_shape)
+    return backend.run(p).reshape(p.out_shape).astype(d.query.dtype)

@@ -80,6 +80,7 @@ class NaiveBackend(Backend):
     takes_segment_ids = True
     takes_sinks = True
     takes_decode_window = True     # the masked decode path folds the window into its mask
+    takes_kv_scales = True      # decode / serving: the masked path dequantizes the cache in float32
 
     def run(self, p: Prepared):
         sp = p.spec

@@ -52,6 +52,7 @@ class XlaBackend(Backend):
     takes_segment_ids = True
     takes_sinks = True
     takes_decode_window = True     # the masked decode path folds the window into its mask
+    takes_kv_scales = True      # decode / serving: the masked path dequantizes the cache in float32
     soft_cap_reason = ("logits_soft_cap: jax.nn.dot_product_attention has no soft cap, and its fused softmax "
                        "leaves no place to apply cap * tanh(logits / cap) exactly")
 
@@ -66,7 +67,7 @@ class XlaBackend(Backend):
         return residual_reason(spec)
 
     def supports_serving(self, spec) -> str | None:
-        return None     # the masked jax.numpy path (``backends.masked_serving``), any platform
+        return self.kv_scales_refusal(spec)   # the masked jax.numpy path (``backends.masked_serving``), any platform
 
     def run_serving(self, call):
         from .masked_serving import masked_serving

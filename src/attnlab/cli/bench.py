@@ -50,6 +50,9 @@ WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys
               "s1, hadamard, hadamard-f32, hadamard-fused, smoothk, hadamard-smoothk; each runs as cudnn-fp8-RECIPE.")
 @click.option("--soft-cap", help="Logit soft caps, comma-separated: none or a positive number (Gemma-2: 50); "
               "logits -> cap * tanh(logits / cap) before masking.")
+@click.option("--kv-dtype", help="KV cache dtypes of decode cells (comma-separated): none, fp8 (e4m3), e5m2, int8, each "
+              "with an optional scale layout :token (default), :head, :tensor or :page (paged cells); the cache is "
+              "quantized before timing and checked against float64 of its dequantized values.")
 @click.option("--packing", help="none or docs:N (comma-separated): N documents of random lengths packed in each row "
               "(segment ids; seeded by the shape; self-attention cells, q_len == kv_len).")
 @click.option("--sinks", help="false, true or both: attention sinks (gpt-oss), one logit per query head drawn "

@@ -99,9 +99,9 @@ class PlanEntry:
         return (rec.get("batch"), rec.get("q_len"), rec.get("kv_len"), rec.get("heads"), rec.get("kv_heads"),
                 rec.get("head_dim"), rec.get("dtype"), bool(rec.get("causal")), tuple(w) if w else None,
                 rec.get("mode"), rec.get("lengths"), rec.get("strategy"), rec.get("devices", 1),
-                rec.get("soft_cap"), rec.get("packing"), bool(rec.get("sinks"))) == (
+                rec.get("soft_cap"), rec.get("packing"), bool(rec.get("sinks")), rec.get("kv_dtype")) == (
             self.batch, self.q_len, self.kv_len, self.heads, self.kv_heads, self.head_dim, self.dtype, True,
-            self.window, self.mode, self.lengths, None, 1, self.soft_cap, None, self.sinks)
+            self.window, self.mode, self.lengths, None, 1, self.soft_cap, None, self.sinks, None)
 
 
 def plan(preset: ModelPreset, phases, contexts, batch: int = 1, dtype: str = "bfloat16") -> list[PlanEntry]:

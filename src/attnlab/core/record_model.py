@@ -65,6 +65,8 @@ class Problem(_Part):
     soft_cap: Num = None
     packing: Optional[str] = None
     sinks: Optional[bool] = False
+    kv_dtype: Optional[str] = None      # a quantized KV cache's dtype (decode cells; ``core.kv_quant``)
+    kv_scale: Optional[str] = None      # its scale layout: tensor, head, page or token
 
 
 _SPREAD = ("min", "p25", "p75", "max", "iqr")
@@ -123,6 +125,7 @@ class Correctness(_Part):
     grad_margin: Num = None
     grad_checked_fraction: Num = None
     same_as: Optional[str] = None
+    kv_rel_err: Num = None              # a quantized cache: rel L2 vs float64 of the unquantized K/V
 
 
 class Memory(_Part):

@@ -170,7 +170,7 @@ def time_ms(rec: dict) -> float | None:
 
 
 def config_label(rec: dict, mesh: bool = True) -> str:
-    """``<problem label> [decode-L] mode [strategy x devices] [inputs=] [cap=] [packing=] [sinks]`` of a record or
+    """``<problem label> [decode-L] mode [strategy x devices] [inputs=] [cap=] [packing=] [sinks] [kv=]`` of a record or
     ``Cell.identity()``: the one label of a cell everywhere (tables, compare, the lab)."""
     parts = [problem_label(rec)]
     if rec.get("lengths"):
@@ -186,6 +186,8 @@ def config_label(rec: dict, mesh: bool = True) -> str:
         parts.append(f"packing={rec['packing']}")
     if rec.get("sinks"):
         parts.append("sinks")
+    if rec.get("kv_dtype"):
+        parts.append(f"kv={rec['kv_dtype']}:{rec.get('kv_scale')}")
     return " ".join(parts)
 
 

@@ -64,18 +64,25 @@ def serving_flops(q_starts, kv_lengths, heads: int, head_dim: int, window_left: 
 
 
 def serving_bytes(q_starts, kv_lengths, heads: int, kv_heads: int, head_dim: int, itemsize: int,
-                  window_left: int | None = None) -> float:
+                  window_left: int | None = None, *, kv_itemsize: int | None = None,
+                  kv_scale: str | None = None) -> float:
     """Bytes of the valid work: K and V of the keys seen (``keys_read``) once per KV head, q and out of the
-    valid tokens."""
+    valid tokens. A quantized cache (``core.kv_quant``): K and V at ``kv_itemsize`` (1) bytes, plus their
+    float32 scales read per key seen (``kv_scale="token"``) or per KV head / once (``head``/``tensor``;
+    ``page``: counted as per token, an upper bound)."""
     q, _ = request_lengths(q_starts, kv_lengths)
     kv = keys_read(q_starts, kv_lengths, window_left)
-    return float(2 * kv.sum() * kv_heads * head_dim * itemsize + 2 * q.sum() * heads * head_dim * itemsize)
+    kv_item = itemsize if kv_itemsize is None else kv_itemsize
+    scales = {None: 0, "tensor": 2 * 4, "head": 2 * 4 * kv_heads}.get(kv_scale, 2 * 4 * int(kv.sum()) * kv_heads)
+    return float(2 * kv.sum() * kv_heads * head_dim * kv_item + scales + 2 * q.sum() * heads * head_dim * itemsize)
 
 
 def serving_roofline_s(q_starts, kv_lengths, heads: int, kv_heads: int, head_dim: int, itemsize: int = 2, *,
                        bandwidth: float = H200_BANDWIDTH, peak_flops: float = H200_PEAK_FLOPS,
-                       window_left: int | None = None) -> float:
+                       window_left: int | None = None, kv_itemsize: int | None = None,
+                       kv_scale: str | None = None) -> float:
     """max(bytes / bandwidth, FLOPs / peak) in seconds (H200 defaults): the fastest the call can run
     (a window's: only its keys' bytes and pairs)."""
-    return max(serving_bytes(q_starts, kv_lengths, heads, kv_heads, head_dim, itemsize, window_left) / bandwidth,
+    return max(serving_bytes(q_starts, kv_lengths, heads, kv_heads, head_dim, itemsize, window_left,
+                             kv_itemsize=kv_itemsize, kv_scale=kv_scale) / bandwidth,
                serving_flops(q_starts, kv_lengths, heads, head_dim, window_left) / peak_flops)

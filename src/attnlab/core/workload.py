@@ -33,6 +33,11 @@ class Workload(Problem):
     #: packed rows (T == S): each row's contiguous documents' lengths in order, shared by queries and
     #: keys (``segments.docs``); tokens past a row's sum are padding (segment id -1)
     doc_lengths: tuple[tuple[int, ...], ...] | None = None
+    #: a quantized KV cache (``core.kv_quant``): its dtype and scale layout; K and V bytes are counted at the
+    #: cache's dtype plus the scales read (``page_size``: the pages a ``page`` layout reads a scale of)
+    kv_dtype: str | None = None
+    kv_scale: str | None = None
+    page_size: int | None = None
 
     def __post_init__(self):
         super().__post_init__()
@@ -50,6 +55,13 @@ class Workload(Problem):
                 raise ValueError(f"doc_lengths must hold {self.batch} rows of positive document lengths summing to "
                                  f"at most q_len={self.q_len}, got {d!r}")
             object.__setattr__(self, "doc_lengths", tuple(tuple(int(x) for x in row) for row in d))
+        if self.kv_dtype is not None:
+            from .kv_quant import SCALE_LAYOUTS, canonical_kv_dtype
+
+            object.__setattr__(self, "kv_dtype", canonical_kv_dtype(self.kv_dtype))
+            if self.kv_scale not in SCALE_LAYOUTS or (self.kv_scale == "page" and not self.page_size):
+                raise ValueError(f"kv_scale must be one of {SCALE_LAYOUTS} with kv_dtype (page: with page_size), "
+                                 f"got {self.kv_scale!r}")
 
     # --- counts -----------------------------------------------------------
     def counts(self) -> pairs.Counts:
@@ -61,13 +73,46 @@ class Workload(Problem):
                            q_lengths=self.q_lengths or (self.q_len,) * self.batch,
                            kv_lengths=self.kv_lengths or (self.kv_len,) * self.batch, decode=self.decode)
 
+    @property
+    def kv_itemsize(self) -> int:
+        """Bytes per element of the K/V cache: the quantized cache's dtype, else the problem's."""
+        return _itemsize(self.kv_dtype) if self.kv_dtype else self.itemsize
+
     def kv_bytes(self) -> int:
-        """Bytes of the key and value caches a forward pass reads (decode: valid lengths only)."""
-        return 2 * self.kv_tokens() * self.kv_heads * self.head_dim * self.itemsize
+        """Bytes of the key and value caches a forward pass reads (decode: valid lengths only), a quantized
+        cache's scales included (``kv_scale_bytes``)."""
+        return 2 * self.kv_tokens() * self.kv_heads * self.head_dim * self.kv_itemsize + self.kv_scale_bytes()
+
+    def kv_scale_bytes(self) -> int:
+        """Bytes of k_scale and v_scale (float32) a forward pass reads: per token of the keys it reads, per page of
+        them (``page_size``), per KV head or one each; 0 for a float cache."""
+        if self.kv_dtype is None:
+            return 0
+        K = self.kv_heads
+        if self.kv_scale == "token":
+            n = self.kv_tokens() * K
+        elif self.kv_scale == "page":
+            lens = self.kv_lengths or (self.kv_len,) * self.batch
+            n = sum(-(-int(x) // self.page_size) for x in lens) * K
+        else:
+            n = K if self.kv_scale == "head" else 1
+        return 2 * 4 * n
+
+    def bytes(self, mode: str = "fwd") -> float:
+        """``Problem.bytes``; a quantized cache (forward only) reads K and V at its dtype plus the scales."""
+        b = super().bytes(mode)
+        if self.kv_dtype is None:
+            return b
+        if mode != "fwd":
+            raise ValueError(f"a quantized KV cache (kv_dtype={self.kv_dtype}) is read by the forward pass only, "
+                             f"got mode {mode!r}")
+        kv = 2 * self.counts().kv_rows * self.kv_heads * self.head_dim
+        return b - kv * self.itemsize + kv * self.kv_itemsize + self.kv_scale_bytes()
 
     def kv_cache_bytes_per_token(self) -> int:
-        """Bytes of key + value cache one token costs in one layer."""
-        return 2 * self.kv_heads * self.head_dim * self.itemsize
+        """Bytes of key + value cache one token costs in one layer (per-token scales included)."""
+        scales = 2 * 4 * self.kv_heads if self.kv_scale == "token" else 0
+        return 2 * self.kv_heads * self.head_dim * self.kv_itemsize + scales
 
     @classmethod
     def from_problem(cls, problem: Problem, **extra) -> "Workload":
@@ -85,6 +130,8 @@ class Workload(Problem):
 
 
 def kv_cache_bytes(*, layers: int, kv_heads: int, head_dim: int, context: int, batch: int = 1,
-                   dtype: str = "bfloat16") -> int:
-    """Bytes of key + value cache for a model: 2 * layers * kv_heads * head_dim * itemsize per token."""
-    return 2 * layers * kv_heads * head_dim * _itemsize(dtype) * context * batch
+                   dtype: str = "bfloat16", kv_scale: str | None = None) -> int:
+    """Bytes of key + value cache for a model: 2 * layers * kv_heads * head_dim * itemsize per token, plus
+    2 * layers * kv_heads float32 scales per token for a quantized cache with ``kv_scale="token"``."""
+    per_token = 2 * layers * kv_heads * (head_dim * _itemsize(dtype) + (4 if kv_scale == "token" else 0))
+    return per_token * context * batch

@@ -51,6 +51,8 @@ Why Triton here, and Mosaic GPU above 64 rows
     DeprecationWarning at lowering); it still ships and works there.
 
 Paged caches (``page_table``): ``paged_load.load_kv_block`` reads each block through the table.
+Quantized caches (FP8/int8 with ``k_scale``/``v_scale``): read at 1 byte per element, dequantized in
+registers (``kernels.kv_dequant``); the Triton kernel only.
 Tuning parameters and the split count: ``kernels.decode_plan``; the GPU's SM count, shared memory
 and occupancy: ``kernels.decode_resources``. Both are re-exported here.
 """
@@ -64,6 +66,7 @@ from ..core.masking import large_negative_value
 from .decode_plan import (DTYPES, FILL_BLOCKS, HEAD_DIMS, MAX_ROWS, MIN_ROWS, DecodeConfig, Plan,  # noqa: F401
                           blocks_visited, cdiv, choose_num_splits, compiled_stages, default_block_k, make_plan, next_pow2,
                           split_range, unsupported, wave_cost, window_start)
+from .kv_dequant import dequantized_pv, dequantized_scores, load_scale_block, scale_block_spec, scale_inputs
 from .decode_resources import (CPU_SM_COUNT, DEFAULT_SM_COUNT, REGS_PER_SM, SM_COUNTS, SMEM_PER_BLOCK,  # noqa: F401
                                SMEM_PER_BLOCK_OTHER_SM8X, SMEM_PER_SM, SMEM_SLACK, fit_stages, programs_per_sm,
                                sm_count, smem_bytes, smem_limit)
@@ -96,7 +99,7 @@ def cuda_lowering_context(device_kind: str = "NVIDIA H200", cores: int = 132):
 
 def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, block_r: int, block_k: int,
             num_splits: int, causal: bool, qk_scale: float, page_size: int | None = None,
-            soft_cap: float | None = None, window: tuple[int, int] | None = None):
+            soft_cap: float | None = None, window: tuple[int, int] | None = None, kv_scale: str | None = None):
     import jax.numpy as jnp
     from jax import lax
     from jax.experimental import pallas as pl
@@ -104,8 +107,12 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
 
     from .paged_load import load_kv_block
 
-    # paged: refs start with this sequence's page table row, and k_ref / v_ref are (P * page_size, H)
-    table_ref, (q_ref, k_ref, v_ref, o_ref, m_ref, l_ref) = (refs[0], refs[1:]) if page_size else (None, refs)
+    # paged: refs start with this sequence's page table row, and k_ref / v_ref are (P * page_size, H);
+    # a quantized cache (kv_scale: its scale layout) adds the two scale refs after v_ref
+    table_ref, refs = (refs[0], refs[1:]) if page_size else (None, refs)
+    (q_ref, k_ref, v_ref), refs = refs[:3], refs[3:]
+    (ks_ref, vs_ref), refs = (refs[:2], refs[2:]) if kv_scale else ((None, None), refs)
+    o_ref, m_ref, l_ref = refs
     H = q_ref.shape[-1]
     tile, split = pl.program_id(0), pl.program_id(1)
     # Lengths are clamped to [0, S]: under jit they are not checked, and nothing past S is ever read.
@@ -127,7 +134,12 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
         load = functools.partial(load_kv_block, start=start, kv_ok=kv_ok, length=length, block_k=block_k,
                                  page_size=page_size, table_ref=table_ref)
         k = load(k_ref)
-        s = plgpu.dot(q, k, trans_b=True) * qk_scale        # (block_r, block_k) float32, log2 units
+        if kv_scale:   # dequantized in registers (``dequantized_scores``)
+            scales = functools.partial(load_scale_block, layout=kv_scale, start=start, kv_ok=kv_ok, block_k=block_k,
+                                       page_size=page_size, table_ref=table_ref)
+            s = dequantized_scores(q, k, scales(ks_ref)) * qk_scale
+        else:
+            s = plgpu.dot(q, k, trans_b=True) * qk_scale    # (block_r, block_k) float32, log2 units
         if soft_cap is not None:                             # cap * tanh(x / cap), cap in log2 units too
             s = soft_cap * jnp.tanh(s / soft_cap)
         visible = kv_ok[None, :]
@@ -146,7 +158,8 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
         p = jnp.exp2(s - m_use[:, None])
         l = l * alpha + jnp.sum(p, axis=1)
         v = load(v_ref)
-        acc = acc * alpha[:, None] + plgpu.dot(p.astype(v.dtype), v)
+        pv = dequantized_pv(p, v, scales(vs_ref), q.dtype) if kv_scale else plgpu.dot(p.astype(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
         return acc, m_new, l
 
     init = (jnp.zeros((block_r, H), jnp.float32), jnp.full((block_r,), NEG, jnp.float32),
@@ -204,7 +217,8 @@ def combined_queries(o, m, l, *, q_len: int, groups: int, dtype, sinks=None):
 def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: float | None = None,
                             config: DecodeConfig | None = None, interpret: bool | None = None,
                             plan: Plan | None = None, page_table=None,
-                            soft_cap: float | None = None, window: tuple[int, int] | None = None, sinks=None):
+                            soft_cap: float | None = None, window: tuple[int, int] | None = None, sinks=None,
+                            k_scale=None, v_scale=None, kv_scale: str | None = None):
     """The kernel on already validated inputs (see ``attnlab.decode_attention`` for the checks).
 
     q (B, T, N, H); k, v (B, S, K, H), one dtype (float16, bfloat16 or float32); lengths (B,)
@@ -217,6 +231,9 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
     the Mosaic GPU one takes no window). ``interpret`` defaults to True when JAX's default backend is not a GPU.
     ``sinks``: None or (N,) float logits (traced or not), gpt-oss's attention sinks: one more logit per
     query head in the softmax denominator, with no value, added by the combine (``combine``).
+    A quantized cache (k, v FP8 or int8): ``k_scale``/``v_scale`` float32 in the layout ``kv_scale``
+    (``attnlab.core.kv_quant``), dequantized in registers (``dequantized_scores``, ``dequantized_pv``);
+    it always runs the Triton kernel.
     Returns (B, T, N, H) in q's dtype.
     """
     import jax
@@ -251,7 +268,8 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
             requested = "triton"
         # T*G > 64 rows on Hopper: the wgmma kernel (decode_mgpu_plan.pick_kernel)
         if decode_mgpu.pick_kernel(T, S, N, K, H, str(q.dtype), compute_capability=None if interpret else cc,
-                                   page_size=page_size, soft_cap=soft_cap, requested=requested) == "mosaic":
+                                   page_size=page_size, soft_cap=soft_cap,
+                                   requested="triton" if kv_scale else requested) == "mosaic":
             return decode_mgpu.decode_attention_mgpu(q, k, v, lengths, causal=causal, scale=scale,
                                                      interpret=decode_mgpu.gpu_interpreter() if interpret else False,
                                                      page_table=page_table, sinks=sinks)
@@ -267,7 +285,7 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
 
     kernel = functools.partial(_kernel, q_len=T, groups=G, rows=R, kv_len=S, block_r=br, block_k=plan.block_k,
                                num_splits=P, causal=bool(causal) and T > 1, qk_scale=scale * LOG2E,
-                               page_size=page_size,
+                               page_size=page_size, kv_scale=kv_scale,
                                soft_cap=None if soft_cap is None else float(soft_cap) * LOG2E,
                                window=None if window is None else (int(window[0]), int(window[1])))
     if page_table is None:
@@ -278,6 +296,9 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
         kv_spec = pl.BlockSpec((n_pages * page_size, None, H), lambda r, j, x: (0, bk(x)[1], 0))
         table_specs = [pl.BlockSpec((None, S // page_size), lambda r, j, x: (bk(x)[0], 0))]
         tables = [jnp.asarray(page_table).astype(jnp.int32)]
+    scales = scale_inputs(k_scale, v_scale, kv_scale, K=K)
+    scale_spec = [scale_block_spec(kv_scale, scales[0].shape, lambda r, j, x: bk(x),
+                                   rows=None if page_table is not None else S)] * 2 if scales else []
     o, m, l = pl.pallas_call(
         kernel,
         grid=(plan.row_tiles, P, B * K),
@@ -287,6 +308,7 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
             pl.BlockSpec((None, None, br, H), lambda r, j, x: (*bk(x), r, 0)),
             kv_spec,
             kv_spec,
+            *scale_spec,
         ],
         out_specs=[
             pl.BlockSpec((None, None, None, br, H), lambda r, j, x: (*bk(x), j, r, 0)),
@@ -304,5 +326,5 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
             num_warps=plan.num_warps, num_stages=compiled_stages(plan.num_stages, 0 if page_table is None else 1)),
         interpret=interpret,
         name=f"attnlab_decode_r{br}_k{plan.block_k}" + (f"_p{page_size}" if page_size else ""),
-    )(lengths, *tables, qp, k, v)
+    )(lengths, *tables, qp, k, v, *scales)
     return combined_queries(o, m, l, q_len=T, groups=G, dtype=q.dtype, sinks=sinks)

@@ -28,15 +28,18 @@ def load_kv_block(ref, *, start, kv_ok, length, block_k: int, page_size: int | N
 
     H = ref.shape[-1]
     mask = jnp.broadcast_to(kv_ok[:, None], (block_k, H))
+    # Triton's lowering casts an int fill to a float8 block not at all (a float fill it does)
+    zero = 0.0 if jnp.issubdtype(ref.dtype, jnp.floating) and jnp.dtype(ref.dtype).itemsize == 1 else 0
     if page_size is None:
-        return plgpu.load(ref.at[pl.ds(start, block_k), :], mask=mask, other=0)
+        return plgpu.load(ref.at[pl.ds(start, block_k), :], mask=mask, other=zero)
     last_page = ref.shape[0] // page_size - 1
     if block_k <= page_size:
         page = jnp.clip(table_ref[lax.div(start, page_size)], 0, last_page)   # start < length: a used slot
         first_row = pl.multiple_of(page * page_size + lax.rem(start, page_size), block_k)
-        return plgpu.load(ref.at[pl.ds(first_row, block_k), :], mask=mask, other=0)
+        return plgpu.load(ref.at[pl.ds(first_row, block_k), :], mask=mask, other=zero)
     pos = start + lax.iota(jnp.int32, block_k)
     # every index an array (Pallas interpret mode loads either all slices or all arrays)
     pages = plgpu.load(table_ref.at[lax.div(pos, page_size)], mask=kv_ok, other=0)
     rows = jnp.clip(jnp.where(kv_ok, pages, 0), 0, last_page) * page_size + lax.rem(pos, page_size)
-    return plgpu.load(ref.at[rows[:, None], lax.iota(jnp.int32, H)[None, :]], mask=mask, other=0)
+    return plgpu.load(ref.at[rows[:, None], lax.iota(jnp.int32, H)[None, :]], mask=mask, other=zero)
+

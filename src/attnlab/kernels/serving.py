@@ -31,6 +31,7 @@ import math
 
 from .decode import LOG2E, NEG
 from .decode_plan import compiled_stages
+from .kv_dequant import scale_block_spec, scale_inputs
 from .serving_plan import FIELDS, UNIT_FIELDS, ServingPlan
 
 NF, NU = len(FIELDS), len(UNIT_FIELDS)
@@ -47,20 +48,25 @@ def _row_index(q_start, row_off, row, h, groups: int, heads: int):
 def _kernel(starts_ref, pieces_ref, *refs, **static):
     from jax.experimental import pallas as pl
 
-    table_ref, (q_ref, k_ref, v_ref, o_ref, m_ref, l_ref) = (refs[0], refs[1:]) if static["page_size"] else (None, refs)
+    table_ref, refs = (refs[0], refs[1:]) if static["page_size"] else (None, refs)
+    # a quantized cache: its two scale refs after v_ref (``kernels.kv_dequant``)
+    scale_refs, refs = (refs[3:5], refs[:3] + refs[5:]) if static.get("kv_scale") else ((None, None), refs)
+    q_ref, k_ref, v_ref, o_ref, m_ref, l_ref = refs
     run_pieces(pl.program_id(0), pl.program_id(1), starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref,
-               o_ref, m_ref, l_ref, **static)
+               o_ref, m_ref, l_ref, scale_refs=scale_refs, **static)
 
 
 def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, groups: int,
                heads: int, kv_len: int, block_r: int, block_k: int, qk_scale: float, page_size: int | None,
-               soft_cap: float | None, split_mask: bool, window_left: int | None = None):
+               soft_cap: float | None, split_mask: bool, window_left: int | None = None, kv_scale: str | None = None,
+               scale_refs=(None, None)):
     """Program p of KV head h: its run of pieces, each piece's partial (O, m, l) to its slot (module docstring)."""
     import jax.numpy as jnp
     from jax import lax
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as plgpu
 
+    from .kv_dequant import dequantized_pv, dequantized_scores, load_scale_block
     from .paged_load import load_kv_block
 
     H = q_ref.shape[-1]
@@ -87,7 +93,12 @@ def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_r
             load = functools.partial(load_kv_block, start=pl.multiple_of(at, block_k) if aligned else at,
                                      kv_ok=kv_ok, length=length, block_k=block_k, page_size=page_size,
                                      table_ref=table_ref)
-            s = plgpu.dot(q, load(k_ref), trans_b=True) * qk_scale
+            if kv_scale:
+                scales = functools.partial(load_scale_block, layout=kv_scale, start=pl.multiple_of(at, block_k) if aligned
+                                           else at, kv_ok=kv_ok, block_k=block_k, page_size=page_size, table_ref=table_ref)
+                s = dequantized_scores(q, load(k_ref), scales(scale_refs[0])) * qk_scale
+            else:
+                s = plgpu.dot(q, load(k_ref), trans_b=True) * qk_scale
             if soft_cap is not None:
                 s = soft_cap * jnp.tanh(s / soft_cap)
             if masked:
@@ -102,7 +113,8 @@ def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_r
             pr = jnp.exp2(s - m_use[:, None])
             l = l * alpha + jnp.sum(pr, axis=1)
             v = load(v_ref)
-            acc = acc * alpha[:, None] + plgpu.dot(pr.astype(v.dtype), v)
+            pv = dequantized_pv(pr, v, scales(scale_refs[1]), q.dtype) if kv_scale else plgpu.dot(pr.astype(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
             return acc, m_new, l
 
         init = (jnp.zeros((block_r, H), jnp.float32), jnp.full((block_r,), NEG, jnp.float32),
@@ -170,10 +182,11 @@ def _merge_kernel(units_ref, o_ref, m_ref, l_ref, _, *refs, groups: int, heads: 
                 mask=jnp.broadcast_to(ok[:, None], (block_r, H)))
 
 
-def class_static(cp, *, G, N, S, qk_scale, page_size, soft_cap, window_left=None) -> dict:
+def class_static(cp, *, G, N, S, qk_scale, page_size, soft_cap, window_left=None, kv_scale=None) -> dict:
     """The compiled-in parameters of one class's piece loop (``run_pieces``)."""
     return dict(groups=G, heads=N, kv_len=S, block_r=cp.block_r, block_k=cp.block_k, qk_scale=qk_scale,
-                page_size=page_size, soft_cap=soft_cap, split_mask=not cp.decode, window_left=window_left)
+                page_size=page_size, soft_cap=soft_cap, split_mask=not cp.decode, window_left=window_left,
+                kv_scale=kv_scale)
 
 
 def partial_shapes(cp, K: int, H: int):
@@ -193,7 +206,7 @@ def kernel_name(cp, page_size, merge: bool = False) -> str:
     return f"attnlab_serving_{kind}_r{cp.block_r}_k{cp.block_k}" + (f"_p{page_size}" if page_size else "")
 
 
-def _pieces_call(cp, q_flat, k, v, table, *, K, H, static, interpret):
+def _pieces_call(cp, q_flat, k, v, table, *, K, H, static, interpret, scales=()):
     """One tile class's piece kernel: grid (programs, K); returns its partials."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as plgpu
@@ -207,7 +220,8 @@ def _pieces_call(cp, q_flat, k, v, table, *, K, H, static, interpret):
         functools.partial(_kernel, **static),
         grid=(cp.programs, K),
         in_specs=[full((cp.programs + 1,)), full((n_pieces * NF,)), *[full(tuple(t.shape)) for t in tables],
-                  full(tuple(q_flat.shape)), kv_spec, kv_spec],
+                  full(tuple(q_flat.shape)), kv_spec, kv_spec,
+                  *[scale_block_spec(static["kv_scale"], x.shape, lambda p, h: (0, h)) for x in scales]],
         out_specs=[pl.BlockSpec((None, slots, H), lambda p, h: (h, 0, 0)), pl.BlockSpec((None, slots), lambda p, h: (h, 0)),
                    pl.BlockSpec((None, slots), lambda p, h: (h, 0))],
         out_shape=partial_shapes(cp, K, H),
@@ -215,7 +229,7 @@ def _pieces_call(cp, q_flat, k, v, table, *, K, H, static, interpret):
             num_warps=cp.num_warps, num_stages=compiled_stages(cp.num_stages, 0 if table is None else 1)),
         interpret=interpret,
         name=kernel_name(cp, static["page_size"]),
-    )(cp.starts, cp.pieces.reshape(-1), *tables, q_flat, k, v)
+    )(cp.starts, cp.pieces.reshape(-1), *tables, q_flat, k, v, *scales)
 
 
 def merge_call(cp, partials, out, *, K, G, N, H, interpret, sinks=None):
@@ -245,7 +259,7 @@ def merge_call(cp, partials, out, *, K, G, N, H, interpret, sinks=None):
 
 def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan, scale: float | None = None,
                              page_table=None, soft_cap: float | None = None, interpret: bool | None = None,
-                             sinks=None):
+                             sinks=None, k_scale=None, v_scale=None, kv_scale: str | None = None):
     """The kernel on already validated inputs (see ``attnlab.serving_attention`` for the checks).
 
     q (T_total, N, H); k, v (B, S, K, H) or pages (P, page_size, K, H) with ``page_table`` (B, pages);
@@ -253,7 +267,8 @@ def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan
     ``q_starts`` and ``kv_lengths`` are not read again) and this window: the left size of the sliding
     window is the plan's ``window_left`` (None: none). ``scale`` and ``soft_cap`` are compiled in.
     ``sinks``: None or (N,) float logits (gpt-oss's attention sinks), added once per row by the merge.
-    Returns (T_total, N, H) in q's dtype."""
+    A quantized cache: ``k_scale``/``v_scale`` in the layout ``kv_scale``, dequantized in registers
+    (``kernels.kv_dequant``). Returns (T_total, N, H) in q's dtype."""
     import jax
     import jax.numpy as jnp
 
@@ -278,8 +293,9 @@ def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan
     q_flat = q.reshape(T_total * N, H)
     statics = [class_static(cp, G=G, N=N, S=S, qk_scale=scale * LOG2E, page_size=page_size,
                             soft_cap=None if soft_cap is None else float(soft_cap) * LOG2E,
-                            window_left=plan.window_left) for cp in plan.classes]
-    partials = [_pieces_call(cp, q_flat, k, v, table, K=K, H=H, static=st, interpret=interpret)
+                            window_left=plan.window_left, kv_scale=kv_scale) for cp in plan.classes]
+    scales = scale_inputs(k_scale, v_scale, kv_scale, K=K)
+    partials = [_pieces_call(cp, q_flat, k, v, table, K=K, H=H, static=st, interpret=interpret, scales=scales)
                 for cp, st in zip(plan.classes, statics)]
     sinks = None if sinks is None else jnp.asarray(sinks).astype(jnp.float32) * LOG2E
     for cp, parts in zip(plan.classes, partials):

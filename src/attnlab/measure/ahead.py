@@ -67,6 +67,8 @@ def why_not(cell, opts=None) -> str | None:
         return "bwd: its inputs are the forward pass's residuals"
     if cell.lengths == "paged":
         return "paged: its arguments are the pages and the page table made from its inputs"
+    if getattr(cell, "kv_dtype", None):
+        return "quantized KV cache: its arguments are the cache and the scales made from its inputs"
     if cell.dtype == "float64":
         return "float64: x64 is set per thread"
     try:

@@ -2,17 +2,14 @@
 
 A cell is one (backend, problem, mode[, mesh strategy, decode lengths]); its problem is an
 ``attnlab.core.problem.Problem``; its record's schema and statuses: ``attnlab.core.record_model``.
-An incorrect cell is never timed.
-
-This module is the cell and its state machine; the concerns it walks through live beside it:
-``inputs`` (input sets, mesh placement, the mode builders), ``check`` (references and the check
-policy), ``budget`` (the compile watchdog), ``record`` (classification, metrics, finishing).
-"""
+An incorrect cell is never timed. This module is the cell and its state machine; the concerns it walks
+through live beside it: ``inputs`` (input sets, mesh placement, the mode builders), ``check`` (references
+and the check policy), ``budget`` (the compile watchdog), ``outcome`` (classification, metrics, finishing),
+``kv_cells`` (decode cells on a quantized KV cache)."""
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
 import traceback
 
@@ -28,7 +25,7 @@ from ..core.records import SCHEMA_VERSION, STATUSES, config_label  # noqa: F401 
 from ..core.checks import check_soft_cap
 from ..core.spec import prepare
 from ..core.workload import Workload
-from . import check, estimate, memory, timers
+from . import check, estimate, kv_cells, memory, timers
 from .native_cell import _measure_native
 from .options import Options
 from .phases import Phases
@@ -63,11 +60,13 @@ class Cell:
     soft_cap: float | None = dataclasses.field(default=None, metadata=_SINCE)    # logits_soft_cap
     packing: str | None = dataclasses.field(default=None, metadata=_SINCE)       # None or "docs:N" (segment ids)
     sinks: bool = dataclasses.field(default=False, metadata=_SINCE)              # reference.inputs.random_sinks
+    kv_dtype: str | None = dataclasses.field(default=None, metadata=_SINCE)      # decode: a quantized cache's dtype
+    kv_scale: str | None = dataclasses.field(default=None, metadata=_SINCE)      # and its scale layout (kv_cells)
 
     def __init__(self, backend, batch=_UNSET, q_len=_UNSET, kv_len=_UNSET, heads=_UNSET, kv_heads=_UNSET,
                  head_dim=_UNSET, dtype=_UNSET, causal=_UNSET, window=_UNSET, mode="fwd", devices=1, strategy=None,
-                 lengths=None, inputs="gaussian", page_size=None, soft_cap=None, packing=None, *, problem: Problem | None = None,
-                 sinks=False):
+                 lengths=None, inputs="gaussian", page_size=None, soft_cap=None,
+                 packing=None, kv_dtype=None, kv_scale=None, *, problem: Problem | None = None, sinks=False):
         given = {k: v for k, v in zip(PROBLEM_FIELDS, (batch, q_len, kv_len, heads, kv_heads, head_dim, dtype, causal,
                                                        window)) if v is not _UNSET}
         if problem is None:
@@ -77,7 +76,8 @@ class Cell:
             problem = dataclasses.replace(problem, **given)
         for name, value in (("backend", backend), ("problem", problem), ("mode", mode), ("devices", devices),
                             ("strategy", strategy), ("lengths", lengths), ("inputs", inputs), ("page_size", page_size),
-                            ("soft_cap", None if soft_cap is None else float(soft_cap)), ("packing", packing), ("sinks", sinks)):
+                            ("soft_cap", None if soft_cap is None else float(soft_cap)), ("packing", packing),
+                            ("sinks", sinks), *kv_cells.cell_fields(kv_dtype, kv_scale)):
             object.__setattr__(self, name, value)
         self._validate()
 
@@ -96,16 +96,15 @@ class Cell:
                              f"page_size={self.page_size!r}")
         if self.page_size is not None and (self.page_size < 1 or self.kv_len % self.page_size):
             raise ValueError(f"page_size must divide kv_len={self.kv_len}, got {self.page_size}")
-        if self.soft_cap is not None:
-            check_soft_cap(self.soft_cap)
+        check_soft_cap(self.soft_cap)       # None passes
         if self.packing is not None:
             segments.parse_packing(self.packing)
             if self.q_len != self.kv_len or self.lengths is not None or self.strategy is not None:
                 raise ValueError("packing needs q_len == kv_len, no decode lengths and no strategy")
-        if self.strategy is not None:
-            if self.strategy not in strategies.names():
-                raise ValueError(strategies.unknown(self.strategy))
-        elif self.devices != 1:
+        kv_cells.validate(self)
+        if self.strategy is not None and self.strategy not in strategies.names():
+            raise ValueError(strategies.unknown(self.strategy))
+        if self.strategy is None and self.devices != 1:
             raise ValueError("devices > 1 needs a strategy (batch, heads or ring)")
 
     def kv_lengths(self) -> tuple[int, ...] | None:
@@ -130,7 +129,8 @@ class Cell:
     @property
     def workload(self) -> Workload:
         docs = segments.run_lengths(self.segment_ids()) if self.packing else None   # packed: pairs within documents
-        return Workload.from_problem(self.problem, kv_lengths=self.kv_lengths(), decode=self.lengths is not None, doc_lengths=docs)
+        return Workload.from_problem(self.problem, kv_lengths=self.kv_lengths(), decode=self.lengths is not None, doc_lengths=docs,
+                                     kv_dtype=self.kv_dtype, kv_scale=self.kv_scale, page_size=self.page_size)
 
     def identity(self) -> dict:
         """The record's identity fields in order, the problem's as ``Problem.identity`` spells them."""
@@ -209,8 +209,7 @@ def _measure_cell(cell: Cell, opts: Options | None, on_phase=None, ahead=None) -
                 sets = _input_sets(cell, opts)
             except Exception as e:  # noqa: BLE001
                 raise _Skip(*classify(e, "run"))
-        rec["input_sets"] = len(sets)
-        rec["inputs_draw"] = INPUTS_DRAW
+        rec.update(input_sets=len(sets), inputs_draw=INPUTS_DRAW)
         q0, k0, v0 = sets[0]
         if np.dtype(q0.dtype).name != cell.dtype:
             raise _Skip("unsupported", f"dtype {cell.dtype}: JAX made {np.dtype(q0.dtype).name} inputs "
@@ -263,7 +262,7 @@ def _measure_cell(cell: Cell, opts: Options | None, on_phase=None, ahead=None) -
                 try:
                     out = (compiled(*arg_sets[0]) if cell.mode == "fwd"     # paged cells: (q, pages, table)
                            else (fwd_ahead[0] if fwd_ahead else jax.jit(fwd))(q0, k0, v0))
-                    _check_into(rec, out, sets[0], cell, backend, opts)
+                    (kv_cells.check_into if cell.kv_dtype else _check_into)(rec, out, sets[0], cell, backend, opts)
                     if cell.mode != "fwd":
                         grads = compiled(*arg_sets[0])
                         _check_grads_into(rec, grads, sets[0], cts[0], cell, opts)

@@ -94,6 +94,10 @@ def _functions(cell):
         import attnlab
 
         lens = jnp.asarray(cell.kv_lengths(), jnp.int32)
+        if getattr(cell, "kv_dtype", None):     # a quantized cache, made before timing (``kv_cells``)
+            from .kv_cells import functions as quantized_functions
+
+            return quantized_functions(cell, lens)
         sinks = kw.get("sinks")
 
         def fwd(q, k, v):

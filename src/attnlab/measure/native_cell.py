@@ -17,6 +17,8 @@ def _measure_native(backend, cell, spec, sets, opts, rec: dict, info, phases) ->
     q0, k0, v0 = sets[0]
     scale = 1.0 / math.sqrt(cell.head_dim)
     decode = None
+    if getattr(cell, "kv_dtype", None) and not backend.takes_kv_scales:
+        raise Skip("unsupported", f"{cell.backend}: {backend.kv_scales_reason}")
     if cell.lengths is not None:
         why = (backend.supports(spec) or backend.decode_reason(cell.kv_lengths(), cell.q_len, cell.kv_len)
                or (backend.sinks_reason if spec.has_sinks and not backend.takes_sinks else None))

@@ -20,7 +20,8 @@ def recounted_workload(rec: dict):
     """The ``Workload`` of a record's cell (the mesh left out: it changes no count)."""
     return Cell(rec["backend"], problem=Problem.of(rec), mode=rec.get("mode", "fwd"), lengths=rec.get("lengths"),
                 inputs=rec.get("inputs") or "gaussian", page_size=rec.get("page_size"), soft_cap=rec.get("soft_cap"),
-                packing=rec.get("packing"), sinks=bool(rec.get("sinks"))).workload
+                packing=rec.get("packing"), sinks=bool(rec.get("sinks")), kv_dtype=rec.get("kv_dtype"),
+                kv_scale=rec.get("kv_scale")).workload
 
 
 def recount(rec: dict) -> dict:

@@ -23,6 +23,7 @@ import numpy as np
 from . import rules
 from .float64 import Verdict, rel_l2, tolerance
 from ..core.checks import check_soft_cap
+from ..core.kv_quant import check_kv_scales, dequantize
 
 _LOW = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 DECODE_FACTOR = 2.0
@@ -57,14 +58,25 @@ def _f32(x):
     return x.astype(np.float32).astype(np.float64)
 
 
+def dequantized64(k_cache, v_cache, k_scale=None, v_scale=None):
+    """(k, v) as float64 contiguous caches (B, S_max, K, H): a quantized cache (``attnlab.core.kv_quant``:
+    scales () per tensor, (K,) per KV head or (B, S_max, K) per token) dequantized in float64."""
+    if k_scale is None and v_scale is None:
+        return tuple(np.asarray(x).astype(np.float64) for x in (k_cache, v_cache))
+    _, layout = check_kv_scales(k_cache, v_cache, k_scale, v_scale, paged=False)
+    return tuple(dequantize(np.asarray(c), np.asarray(s), layout, "float64") for c, s in ((k_cache, k_scale), (v_cache, v_scale)))
+
+
 def reference_decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, emulate=None,
                                implementation=None, logits_soft_cap=None, sinks=None,
-                               local_window_size=None) -> np.ndarray:
+                               local_window_size=None, k_scale=None, v_scale=None) -> np.ndarray:
     """Float64 decode attention (see the module docstring); ``implementation`` is ignored.
     ``logits_soft_cap``: logits -> cap * tanh(logits / cap) before masking. ``sinks`` (N,): one more
-    logit per query head in the softmax denominator, with no value."""
+    logit per query head in the softmax denominator, with no value. ``k_scale``/``v_scale``: a quantized
+    contiguous cache's scales (``dequantized64``); the cache is dequantized in float64 first."""
     del implementation
-    q, k, v = (np.asarray(x).astype(np.float64) for x in (q, k_cache, v_cache))
+    q = np.asarray(q).astype(np.float64)
+    k, v = dequantized64(k_cache, v_cache, k_scale, v_scale)
     if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape:
         raise ValueError(f"q must be (B, T, N, H) and k_cache, v_cache (B, S_max, K, H), got {q.shape}, {k.shape}, {v.shape}")
     B, T, N, H = q.shape
@@ -117,12 +129,16 @@ def decode_tolerance(dtype, *, baseline_err: float | None = None, tf32: bool | N
 
 
 def check_decode_close(out, q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, ref=None,
-                       tf32: bool | None = None, logits_soft_cap=None, sinks=None, local_window_size=None) -> Verdict:
+                       tf32: bool | None = None, logits_soft_cap=None, sinks=None, local_window_size=None,
+                       k_scale=None, v_scale=None) -> Verdict:
     """Judge a decode output against float64 by the decode tolerance policy (whole output).
 
     ``out`` must be one array of ``q``'s exact shape and dtype, as ``attnlab.decode_attention`` returns
     it (else ``OutputMismatchError``, ``attnlab.reference.rules``). Every decode row sees a key
-    (kv_lengths[b] >= T), so the empty-row rule never applies here."""
+    (kv_lengths[b] >= T), so the empty-row rule never applies here. A quantized contiguous cache
+    (``k_scale``/``v_scale``) is judged on its values dequantized in float64 (``dequantized64``)."""
+    if k_scale is not None or v_scale is not None:
+        k_cache, v_cache = dequantized64(k_cache, v_cache, k_scale, v_scale)
     rules.require_like(out, "out", np.shape(q), q.dtype if hasattr(q, "dtype") else np.asarray(q).dtype,
                        "q's: (B, T, N, H)")
     if ref is None:

@@ -14,17 +14,21 @@ import math
 import numpy as np
 
 from ..core.checks import check_soft_cap
+from .decode64 import dequantized64
 
 
 def reference_serving_attention(q, k_cache, v_cache, q_starts, kv_lengths, *, scale=None, logits_soft_cap=None,
-                                requests=None, sinks=None, local_window_size=None) -> np.ndarray:
+                                requests=None, sinks=None, local_window_size=None, k_scale=None,
+                                v_scale=None) -> np.ndarray:
     """Float64 (T_total, N, H) output of a serving call (see the module docstring).
     ``sinks`` (N,): one more logit per query head in the softmax denominator, with no value.
+    ``k_scale``/``v_scale``: a quantized contiguous cache's scales; dequantized in float64 first
+    (``attnlab.reference.decode64.dequantized64``).
 
     ``requests``: the request indices to compute (default all); the rows of the others stay 0, so
     a check of a long batch can sample its longest and shortest requests only."""
     q = np.asarray(q).astype(np.float64)
-    k, v = (np.asarray(x).astype(np.float64) for x in (k_cache, v_cache))
+    k, v = dequantized64(k_cache, v_cache, k_scale, v_scale)
     starts = np.asarray(q_starts).astype(np.int64)
     lengths = np.asarray(kv_lengths).astype(np.int64)
     T_total, N, H = q.shape

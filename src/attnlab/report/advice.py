@@ -13,7 +13,9 @@
 - ``memory``: per context, KV-cache bytes per sequence (bf16; windowed layers cache only their window,
   a rolling buffer of min(context, W + 1) tokens; the every-layer-caches-all figure beside it), the
   weights in bf16 (``params`` x 2 bytes), and the largest batch whose KV cache fits in the device's
-  memory beside the weights (activations and workspace not counted).
+  memory beside the weights (activations and workspace not counted); ``by_kv_dtype``: per cache dtype
+  (bf16, fp8 e4m3, int8 with per-token float32 scales) the bytes per token (every layer) and per
+  sequence and the largest batch.
 Times are milliseconds, sizes bytes.
 """
 from __future__ import annotations
@@ -28,6 +30,11 @@ KV_CONVENTION = ("KV cache: K and V in bf16; a windowed layer caches only min(co
                  "buffer), a global layer every token")
 MEMORY_CONVENTION = "max batch: (device memory - weights in bf16) // KV bytes per sequence; weights bf16 assumed, " \
                     "activations and workspace not counted"
+#: The KV cache dtypes the memory table compares: (name, label, bytes per element); a 1-byte cache carries float32
+#: scales per (token, KV head) for K and V (attnlab.core.kv_quant's ``token`` layout: +4/H per element).
+KV_CACHE_DTYPES = (("bfloat16", "bf16", 2), ("float8_e4m3fn", "fp8", 1), ("int8", "int8", 1))
+KV_DTYPE_CONVENTION = ("KV cache per cache dtype: bf16 2 bytes per element; fp8 (e4m3) and int8 1 byte plus float32 "
+                       "scales per (token, KV head) for K and V (4 bytes each; vLLM's per-tensor scales cost none)")
 
 
 def _best(by: dict[str, dict], leave_out=frozenset()) -> tuple[str | None, float | None]:
@@ -86,10 +93,23 @@ def memory_rows(preset: ModelPreset, contexts: list[int], device_bytes: int | No
     for ctx in contexts:
         kv = preset.kv_cache_bytes(ctx, 2, windowed=True)
         free = None if device_bytes is None or weights is None else device_bytes - weights
+        by_dtype = {}
+        for name, _, size in KV_CACHE_DTYPES:
+            per_token, per_seq = (kv_bytes_as(preset.kv_cache_bytes(n, 1, windowed=w), preset.head_dim, size)
+                                  for n, w in ((1, False), (ctx, True)))
+            by_dtype[name] = {"bytes_per_token": per_token, "kv_bytes_per_seq": per_seq,
+                              "max_batch": None if free is None else max(0, free // per_seq)}
         out.append({"context": ctx, "kv_bytes_per_seq": kv, "kv_bytes_per_seq_all_layers_full":
                     preset.kv_cache_bytes(ctx, 2), "weights_bytes": weights, "device_bytes": device_bytes,
-                    "free_bytes": free, "max_batch": None if free is None else max(0, free // kv)})
+                    "free_bytes": free, "max_batch": None if free is None else max(0, free // kv),
+                    "by_kv_dtype": by_dtype})
     return out
+
+
+def kv_bytes_as(elements: int, head_dim: int, itemsize: int) -> int:
+    """Bytes of ``elements`` K/V cache elements at ``itemsize``; a 1-byte (quantized) cache adds its float32 scales,
+    one per head_dim elements (per token and KV head)."""
+    return elements * itemsize + (4 * elements // head_dim if itemsize == 1 else 0)
 
 
 def over_budget_note(cells: list[dict], flag: str = "--cell-budget") -> str | None:
@@ -114,7 +134,7 @@ def advise(preset: ModelPreset, entries: list[PlanEntry], records: list[dict], *
     contexts = list(dict.fromkeys(e.context for e in entries))
     cells = cell_rows(entries, records, frozenset(non_jax))
     backends_ = list(dict.fromkeys(b for c in cells for b in c["backends"]))
-    notes = plan_notes(preset, contexts) + [KV_CONVENTION, MEMORY_CONVENTION,
+    notes = plan_notes(preset, contexts) + [KV_CONVENTION, MEMORY_CONVENTION, KV_DTYPE_CONVENTION,
                                             "decode per token = whole-model step time / T (T new tokens per sequence "
                                             "a step, all sequences of the batch at once)",
                                             "fastest = the fastest backend whose cell is ok (checked correct, then "
@@ -207,11 +227,20 @@ def tables(adv: dict) -> list[dict]:
     memory = {"title": f"KV cache and the largest batch ({adv.get('device_kind') or 'this device'}: "
                        f"{fmt_bytes(adv.get('device_bytes'))}" + (f", {adv['device_bytes_source']}"
                                                                   if adv.get("device_bytes_source") else "") + ")",
-              "key": 1, "columns": ["context", "KV / sequence", "KV / seq. (every layer full)", "weights (bf16)", "max batch"],
+              "key": 1, "columns": ["context", "KV / sequence", "KV / seq. (every layer full)", "weights (bf16)", "max batch",
+                                    *(f"{label}: KV / token, max batch" for _, label, _ in KV_CACHE_DTYPES)],
               "rows": [[str(m["context"]), fmt_bytes(m["kv_bytes_per_seq"]),
                         fmt_bytes(m["kv_bytes_per_seq_all_layers_full"]), fmt_bytes(m["weights_bytes"]),
-                        "–" if m["max_batch"] is None else str(m["max_batch"])] for m in adv["memory"]]}
+                        "–" if m["max_batch"] is None else str(m["max_batch"]),
+                        *(_per_dtype(m.get("by_kv_dtype", {}).get(name)) for name, _, _ in KV_CACHE_DTYPES)]
+                       for m in adv["memory"]]}
     return [summary, side, memory]
+
+
+def _per_dtype(d: dict | None) -> str:
+    if d is None:
+        return "–"
+    return f"{fmt_bytes(d['bytes_per_token'])}, {'–' if d['max_batch'] is None else d['max_batch']}"
 
 
 __all__ = ["advise", "cell_rows", "phase_rows", "memory_rows", "tables", "fmt_bytes", "fmt_ms"]

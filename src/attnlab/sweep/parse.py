@@ -118,6 +118,27 @@ def _caps(text) -> list[float | None]:
     return out
 
 
+def _kv_dtypes(text) -> list[tuple[str, str] | None]:
+    """"none,fp8,int8:head" (CLI) or a TOML list: KV cache dtypes of decode cells, each none (the cell's dtype)
+    or DTYPE[:LAYOUT] (fp8 = float8_e4m3fn, e5m2, int8; layout token (default), head, tensor or page)."""
+    from ..core.kv_quant import SCALE_LAYOUTS, canonical_kv_dtype
+
+    out = []
+    for it in _strs(text):
+        if it.lower() in ("none", "bf16", "bfloat16", ""):
+            out.append(None)
+            continue
+        name, _, layout = it.lower().partition(":")
+        try:
+            name = canonical_kv_dtype(name)
+        except ValueError as e:
+            raise SweepError(f"kv_dtype: {e}") from None
+        if (layout or "token") not in SCALE_LAYOUTS:
+            raise SweepError(f"kv_dtype: {it!r}: the scale layout must be one of {', '.join(SCALE_LAYOUTS)}")
+        out.append((name, layout or "token"))
+    return out
+
+
 def load_toml(path) -> tuple[dict, dict]:
     """(sweep values, run options) from a TOML file with a [sweep] table and an optional [run] table."""
     try:

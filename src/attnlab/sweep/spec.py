@@ -5,8 +5,10 @@ lengths (none: ``attention``; full/ragged: ``decode_attention`` of the q_len new
 an S-long cache, every sequence full or of ragged valid lengths), inputs (the distribution q, k, v
 are drawn from: a name of ``attnlab.reference.distributions.DISTRIBUTIONS``, default gaussian), soft_cap
 (none or the logits' soft cap, e.g. 50), sinks (false, true or both: attention sinks, one standard
-normal logit per query head, ``attnlab.reference.inputs.random_sinks``) and packing (none or ``docs:N``: N documents of random
-lengths packed in each row, as segment ids; self-attention cells only, q_len == kv_len).
+normal logit per query head, ``attnlab.reference.inputs.random_sinks``), packing (none or ``docs:N``: N documents
+of random lengths packed in each row, as segment ids; self-attention cells only, q_len == kv_len) and kv_dtype
+(none, or a quantized KV cache ``DTYPE[:LAYOUT]`` such as ``fp8``, ``int8:head``, ``e5m2:page``: forward
+decode cells only, ``attnlab.measure.kv_cells``).
 ``seq`` ties q_len = kv_len (not with q_len/kv_len); ``tokens`` fixes batch * q_len (batch =
 tokens // q_len; not with batch). ``window`` entries are ``none``, ``LEFT:RIGHT`` or an int ``W``,
 which means ``(W, W)`` exactly as ``jax.nn.dot_product_attention`` reads an int
@@ -27,7 +29,8 @@ from ..reference.distributions import DISTRIBUTIONS
 from ..measure.cell import LENGTHS, MODES, Cell
 from ..core.names import DTYPE_ALIASES, FLOAT_DTYPES, canonical_dtype, closest, dtype_choices, unknown
 from ..core.segments import parse_packing
-from .parse import SweepError, _caps, _causal, _ints, _strs, _windows, load_toml, with_fp8_recipes  # noqa: F401
+from .parse import (SweepError, _caps, _causal, _ints, _kv_dtypes, _strs, _windows, load_toml,  # noqa: F401
+                    with_fp8_recipes)
 
 
 @dataclasses.dataclass
@@ -50,6 +53,7 @@ class Sweep:
     soft_cap: list[float | None] = dataclasses.field(default_factory=lambda: [None])
     packing: list[str | None] = dataclasses.field(default_factory=lambda: [None])
     sinks: list[bool] = dataclasses.field(default_factory=lambda: [False])   # attention sinks (random_sinks)
+    kv_dtype: list[tuple[str, str] | None] = dataclasses.field(default_factory=lambda: [None])
     tokens: int | None = None
     name: str = "sweep"
 
@@ -118,9 +122,10 @@ class Sweep:
         out = []
         kv_lens = self.kv_len or [None]
         kv_heads = self.kv_heads or [None]
-        for (T, S, N, K, H, dt, c, w, m, st, nd, ln, dist, cap, pk, sk) in itertools.product(
+        for (T, S, N, K, H, dt, c, w, m, st, nd, ln, dist, cap, pk, sk, kv) in itertools.product(
                 self.q_len, kv_lens, self.heads, kv_heads, self.head_dim, self.dtype, self.causal, self.window, self.mode,
-                self.strategy, self.devices, self.lengths, self.inputs, self.soft_cap, self.packing, self.sinks):
+                self.strategy, self.devices, self.lengths, self.inputs, self.soft_cap, self.packing, self.sinks,
+                self.kv_dtype):
             S = T if S is None else S
             K = N if K is None else K
             if N % K or (st is None and nd != 1):
@@ -134,12 +139,14 @@ class Sweep:
                 continue
             if sk and st:                                               # sharded strategies take no sinks
                 continue
+            if kv is not None and (ln is None or m != "fwd" or (kv[1] == "page" and not page)):   # quantized: decode
+                continue
             batches = [max(1, self.tokens // T)] if self.tokens else self.batch
             for B in batches:
                 for b in self.backends:
                     out.append(Cell(b, B, T, S, N, K, H, dt, c, tuple(w) if w else None, m, nd, st,
                                     "paged" if page else ln, dist, page,
-                                    cap, pk, sinks=sk))
+                                    cap, pk, *(kv or (None, None)), sinks=sk))
         return out
 
 
@@ -164,7 +171,7 @@ def build(values: dict) -> Sweep:
     """A Sweep from loosely typed values (CLI strings or TOML values); keys as in the TOML file."""
     known = {"backends", "backend", "batch", "seq", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype",
              "causal", "window", "mode", "tokens", "name", "devices", "strategy", "lengths", "inputs", "fp8_recipe",
-             "soft_cap", "packing", "sinks"}
+             "soft_cap", "packing", "sinks", "kv_dtype"}
     unknown = set(values) - known
     if unknown:
         raise SweepError(f"unknown sweep key(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
@@ -204,6 +211,8 @@ def build(values: dict) -> Sweep:
         kw["sinks"] = _causal(values["sinks"], "sinks")
     if values.get("packing") is not None:
         kw["packing"] = [None if x.lower() == "none" else x.lower() for x in _strs(values["packing"])]
+    if values.get("kv_dtype") is not None:
+        kw["kv_dtype"] = _kv_dtypes(values["kv_dtype"])
     if values.get("tokens") is not None:
         if values.get("batch") is not None:
             raise SweepError("tokens sets batch = tokens // q_len: give either tokens or batch")

@@ -1,0 +1,269 @@
+"""Quantized KV caches on the GPU: attnlab-decode on FP8 / int8 caches against the bf16 cache, and what they cost.
+
+    PYTHONPATH=src python benchmarks/decode/kv_dtype_gpu.py --out OUT [--quick] [--max-seconds 200]
+    PYTHONPATH=src python benchmarks/decode/kv_dtype_gpu.py --out /tmp/kvq --dry-run     # tiny, any CPU
+
+Cells: B=8, S=32768 (every sequence full), N/K = 32/8, H=128, q bf16, T in {1, 2, 4, 8}; caches bf16 and
+fp8 (e4m3) with per-token scales, fp8 per-tensor, e5m2 and int8 per-token (``--quick``: bf16 and fp8 per
+token, T in {1, 8}); contiguous and paged (pages of 16). Every cell is checked first: its first and last
+sequence against float64 of the dequantized cache (``check_decode_close``, the decode tolerance policy);
+a cell that fails is not timed. Then CUPTI kernel time (``jax.experimental.mosaic.gpu.profiler.measure``
+through ``attnlab.measure.timers.kernel_per_call``: every kernel of the call summed), the roofline of the
+cell's own bytes (``Workload.bytes``: K/V at the cache's dtype plus the scales; H200 4.8 TB/s) and the
+speed-up over the bf16 cache of the same T and layout. Goals (issue 34): fp8 >= 1.8x bf16 at T <= 8, and
+>= 85% of its roofline. Then the error report (``measure.kv_cells.kv_cache_errors``, B=2, S=4096, T=4, on
+attnlab-decode): per input distribution, each cache's relative L2 error against float64 of the unquantized
+values, next to bf16 K/V's. Then (not ``--quick``) tile variants of the kernel on the fp8 cache (``VARIANTS``:
+longer key blocks, deeper pipelines; the plan sizes shared memory by q's dtype). Writes ``results.jsonl`` and
+``README.md`` (the tables) to --out.
+``--dry-run``: the same cells at B=2, S=256, H=64 in Pallas interpret mode with the wall clock (checks that
+every cell runs; the times mean nothing). Written without a GPU: it has run only as ``--dry-run`` on a CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+
+FULL = dict(B=8, S=32768, N=32, K=8, H=128)
+DRY = dict(B=2, S=256, N=8, K=2, H=64)
+CACHES = (None, ("float8_e4m3fn", "token"), ("float8_e4m3fn", "tensor"), ("float8_e5m2", "token"), ("int8", "token"))
+GOAL_SPEEDUP, GOAL_ROOFLINE = 1.8, 85.0
+BANDWIDTH, PEAK = 4.8e12, 989e12
+
+
+def cache_name(kv) -> str:
+    return "bf16" if kv is None else f"{kv[0]}:{kv[1]}"
+
+
+def make_cell(key, T, kv, page_size, shape, config=None):
+    """(timed fn, its args, checker) of one cell; the caches quantized before timing (as a server holds them).
+    ``config``: a ``DecodeConfig`` variant of the kernel (called directly), else decode_attention's default."""
+    import jax
+    import jax.numpy as jnp
+
+    import attnlab
+    from attnlab.kernels.pages import to_pages
+
+    B, S, N, K, H = (shape[x] for x in "BSNKH")
+    kq, kk, kv_ = jax.random.split(jax.random.fold_in(key, T), 3)
+    q = jax.random.normal(kq, (B, T, N, H), jnp.bfloat16)
+    k, v = (jax.random.normal(x, (B, S, K, H), jnp.bfloat16) for x in (kk, kv_))
+    lens = jnp.full((B,), S, jnp.int32)
+    table = None
+    if page_size:
+        k, v, table = to_pages(k, v, page_size)
+        table = jnp.asarray(table)
+    scales = (None, None)
+    if kv is not None:
+        (k, ks), (v, vs) = (attnlab.quantize_kv_cache(x, kv[0], kv[1]) for x in (k, v))
+        scales = (ks, vs)
+
+    @jax.jit
+    def fn(q, k, v, lens, table, ks, vs):
+        if config is not None:
+            from attnlab.kernels.decode import decode_attention_pallas
+
+            return decode_attention_pallas(q, k, v, lens, causal=True, config=config, page_table=table, k_scale=ks,
+                                           v_scale=vs, kv_scale=None if kv is None else kv[1])
+        return attnlab.decode_attention(q, k, v, lens, implementation="attnlab-decode", page_table=table,
+                                        k_scale=ks, v_scale=vs)
+
+    args = (q, k, v, lens, table, *scales)
+    return fn, args, functools.partial(check_cell, args=args, kv=kv, page_size=page_size)
+
+
+def check_cell(out, *, args, kv, page_size) -> dict:
+    """The first and last sequence against float64 of their (dequantized) cache rows."""
+    from attnlab.core.kv_quant import dequantize
+    from attnlab.reference.decode64 import check_decode_close
+
+    q, k, v, lens, table, ks, vs = args
+    bi = np.array(sorted({0, int(q.shape[0]) - 1}))
+    rows = bi if table is None else np.asarray(table)[bi].ravel()      # the sequences' rows, or their pages
+
+    def host(c, s):
+        x = np.asarray(c)[rows]
+        if kv is not None:
+            s = np.asarray(s)
+            x = dequantize(x, s[rows] if kv[1] in ("token", "page") else s, kv[1], "float64")
+        return np.asarray(x, np.float64).reshape(len(bi), -1, *x.shape[2:])
+
+    verdict = check_decode_close(np.asarray(out)[bi], np.asarray(q)[bi], host(k, ks), host(v, vs), np.asarray(lens)[bi])
+    return {"ok": verdict.ok, "rel_err": verdict.rel_err, "limit": verdict.limit}
+
+
+def time_ms(fn, args, dry: bool) -> float:
+    if dry:
+        import jax
+
+        jax.block_until_ready(fn(*args))
+        t = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        return (time.perf_counter() - t) * 1e3
+    from attnlab.measure import timers
+
+    return timers.kernel_per_call(fn, [args], 20).median
+
+
+def roofline_ms(T, kv, page_size, shape) -> tuple[float, float]:
+    """(bytes, roofline ms) of a cell: its own bytes (the cache's dtype, the scales) at 4.8 TB/s, or its FLOPs."""
+    from attnlab.core.workload import Workload
+
+    B, S, N, K, H = (shape[x] for x in "BSNKH")
+    w = Workload(B, T, S, N, K, H, "bfloat16", True, kv_lengths=(S,) * B, decode=True,
+                 kv_dtype=None if kv is None else kv[0], kv_scale=None if kv is None else kv[1], page_size=page_size)
+    return w.bytes(), max(w.bytes() / BANDWIDTH, w.flops() / PEAK) * 1e3
+
+
+def run_cells(f, shape, Ts, caches, layouts, dev, t0, max_s, dry):
+    """The goal's cells first (bf16 and fp8 per token, every layout and T), then the other caches."""
+    import jax
+
+    key = jax.random.PRNGKey(0)
+    base = {}                                   # (layout, T) -> the bf16 cache's ms
+    for group in (caches[:2], caches[2:]):
+        for page_size in layouts:
+            for T in Ts:
+                for kv in group:
+                    if time.perf_counter() - t0 > max_s:
+                        return
+                    layout = f"paged{page_size}" if page_size else "contig"
+                    rec = dict(kind="cell", device=dev, T=T, cache=cache_name(kv), layout=layout, **shape)
+                    try:
+                        fn, args, checker = make_cell(key, T, kv, page_size, shape)
+                        rec["check"] = checker(fn(*args))
+                        if rec["check"]["ok"]:
+                            rec["ms"] = time_ms(fn, args, dry)
+                            rec["bytes"], rec["roofline_ms"] = roofline_ms(T, kv, page_size, shape)
+                            rec["pct_roofline"] = 100 * rec["roofline_ms"] / rec["ms"]
+                            if kv is None:
+                                base[(layout, T)] = rec["ms"]
+                            elif (layout, T) in base:
+                                rec["speedup_vs_bf16"] = base[(layout, T)] / rec["ms"]
+                    except Exception as e:  # noqa: BLE001 - one failing cell must not stop the benchmark
+                        rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                    f.write(json.dumps(rec) + "\n")
+                    f.flush()
+                    print(json.dumps(rec))
+
+
+#: Tile variants timed beside the default on the fp8 cache (the plan sizes shared memory by q's dtype, so a
+#: 1-byte cache may want longer key blocks or deeper pipelines): (block_k, num_stages); None = the plan's.
+VARIANTS = ((128, None), (128, 4), (256, None), (256, 3))
+
+
+def run_variants(f, shape, dev, t0, max_s, dry):
+    """fp8 (per token) cells at T in {1, 8}, contiguous and paged 16, for each tile variant: checked, timed."""
+    import jax
+
+    from attnlab.kernels.decode import DecodeConfig
+
+    key, kv = jax.random.PRNGKey(0), ("float8_e4m3fn", "token")
+    for page_size in (None, 16):
+        for T in (1, 8):
+            for block_k, stages in VARIANTS[:1] if dry else VARIANTS:
+                if time.perf_counter() - t0 > max_s:
+                    return
+                cfg = DecodeConfig(block_k=block_k, num_stages=stages)
+                rec = dict(kind="variant", device=dev, T=T, cache=cache_name(kv), layout=f"paged{page_size}" if page_size
+                           else "contig", block_k=block_k, num_stages=stages, **shape)
+                try:
+                    fn, args, checker = make_cell(key, T, kv, page_size, shape, cfg)
+                    rec["check"] = checker(fn(*args))
+                    if rec["check"]["ok"]:
+                        rec["ms"] = time_ms(fn, args, dry)
+                        rec["bytes"], rec["roofline_ms"] = roofline_ms(T, kv, page_size, shape)
+                        rec["pct_roofline"] = 100 * rec["roofline_ms"] / rec["ms"]
+                except Exception as e:  # noqa: BLE001
+                    rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                f.write(json.dumps(rec) + "\n")
+                f.flush()
+                print(json.dumps(rec))
+
+
+def run_errors(f, dev, dry):
+    from attnlab.measure.kv_cells import kv_cache_errors
+
+    B, T, S, N, K, H = (2, 4, 4096, 32, 8, 128) if not dry else (1, 2, 128, 4, 2, 64)
+    for row in kv_cache_errors(B, T, S, N, K, H, kv_dtypes=("float8_e4m3fn", "float8_e5m2", "int8"),
+                               implementation="attnlab-decode"):
+        rec = dict(kind="error", device=dev, B=B, T=T, S=S, N=N, K=K, H=H, **row)
+        f.write(json.dumps(rec) + "\n")
+        print(json.dumps(rec))
+
+
+def table_md(path) -> str:
+    recs = [json.loads(x) for x in open(path, encoding="utf-8") if x.strip()]
+    lines = ["| T | cache | layout | ms | % roofline (own bytes) | x bf16 | goal |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    cells = sorted((r for r in recs if r["kind"] == "cell"), key=lambda r: (r["layout"], r["T"], r["cache"] != "bf16"))
+    for r in cells:
+        if "ms" not in r:
+            why = r.get("error") or f"check failed: rel L2 {r['check']['rel_err']:.3g} > {r['check']['limit']:.3g}"
+            lines.append(f"| {r['T']} | {r['cache']} | {r['layout']} | ✗ {why[:80]} | | | |")
+            continue
+        sp = r.get("speedup_vs_bf16")
+        goal = ""
+        if r["cache"].startswith("float8_e4m3fn") and sp is not None:
+            ok = sp >= GOAL_SPEEDUP and r["pct_roofline"] >= GOAL_ROOFLINE
+            goal = f"{'met' if ok else 'missed'} (>= {GOAL_SPEEDUP}x, >= {GOAL_ROOFLINE:.0f}%)"
+        lines.append(f"| {r['T']} | {r['cache']} | {r['layout']} | {r['ms']:.4f} | {r['pct_roofline']:.0f}% | "
+                     f"{'' if sp is None else f'{sp:.2f}'} | {goal} |")
+    var = [r for r in recs if r["kind"] == "variant"]
+    if var:
+        lines += ["", "Tile variants on the fp8 cache (per-token scales):", "",
+                  "| T | layout | block_k | num_stages | ms | % roofline |", "| --- | --- | --- | --- | --- | --- |"]
+        for r in var:
+            got = (f"{r['ms']:.4f} | {r['pct_roofline']:.0f}%" if "ms" in r else
+                   f"✗ {(r.get('error') or 'check failed')[:60]} |")
+            lines.append(f"| {r['T']} | {r['layout']} | {r['block_k']} | {r['num_stages'] or 'plan'} | {got} |")
+    errs = [r for r in recs if r["kind"] == "error"]
+    if errs:
+        names = list(dict.fromkeys(r["kv_dtype"] for r in errs))
+        lines += ["", "Error against float64 of the unquantized values (relative L2; per-token scales; "
+                  f"B={errs[0]['B']}, T={errs[0]['T']}, S={errs[0]['S']}, attnlab-decode):", "",
+                  "| inputs | bf16 K/V | " + " | ".join(names) + " |", "| --- " * (2 + len(names)) + "|"]
+        for dist in dict.fromkeys(r["inputs"] for r in errs):
+            row = {r["kv_dtype"]: r for r in errs if r["inputs"] == dist}
+            lines.append(f"| {dist} | {next(iter(row.values()))['bf16_rel_err']:.2e} | "
+                         + " | ".join(f"{row[n]['rel_err']:.2e}" for n in names) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true", help="bf16 and fp8 per token, T in {1, 8}")
+    ap.add_argument("--dry-run", action="store_true", help="tiny sizes, interpret mode, wall clock (any CPU)")
+    ap.add_argument("--max-seconds", type=float, default=150.0, help="no cell is started after it (the errors run after)")
+    ap.add_argument("--variant-seconds", type=float, default=40.0, help="time for the tile variants past the limit")
+    a = ap.parse_args(argv)
+    import jax
+
+    os.makedirs(a.out, exist_ok=True)
+    path = os.path.join(a.out, "results.jsonl")
+    t0 = time.perf_counter()
+    dev = str(jax.devices()[0].device_kind)
+    with open(path, "w") as f:
+        run_cells(f, DRY if a.dry_run else FULL, (1, 8) if a.quick or a.dry_run else (1, 2, 4, 8),
+                  CACHES[:2] if a.quick else CACHES, (None, 16), dev, t0, a.max_seconds, a.dry_run)
+        run_errors(f, dev, a.dry_run)
+        if not a.quick:
+            run_variants(f, DRY if a.dry_run else FULL, dev, t0, a.max_seconds + a.variant_seconds, a.dry_run)
+    md = table_md(path)
+    with open(os.path.join(a.out, "README.md"), "w") as f:
+        f.write(f"# Quantized KV caches on {dev}\n\n`PYTHONPATH=src python benchmarks/decode/kv_dtype_gpu.py "
+                f"--out {a.out}{' --dry-run' if a.dry_run else ''}`\n\n" + md)
+    print(md)
+    print(json.dumps({"out": a.out, "seconds": round(time.perf_counter() - t0, 1)}))
+
+
+if __name__ == "__main__":
+    main()

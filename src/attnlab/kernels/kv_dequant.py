@@ -1,0 +1,105 @@
+"""Quantized KV caches inside attnlab's kernels (decode and serving): scale loads and dequantization in registers.
+
+A quantized cache (``attnlab.core.kv_quant``: FP8 e4m3/e5m2 or int8 values, float32 scales per tensor, per
+KV head, per page or per token) is read as stored, 1 byte per element; each block's keys and values are
+converted to q's dtype after the load (exact: every FP8 and int8 value is a bfloat16 and a float16) and
+their scales applied in float32 in registers:
+
+* keys: q . (s_j k_j) = s_j (q . k_j): the score column of key j times its scale (``dequantized_scores``),
+  block_r x block_k multiplies instead of block_k x H, before the soft cap and the mask;
+* values: sum_j p_j s_j v_j: column j of P times its value scale before P is rounded for the MMA
+  (``dequantized_pv``; float16 dequantizes the value rows instead, out of float16's subnormals); a
+  per-head scale multiplies the product.
+
+The scales come in as refs beside K and V (``scale_inputs``, ``scale_block_spec``) and are loaded per block
+(``load_scale_block``) with the same rows, page table included, as ``paged_load.load_kv_block``.
+"""
+from __future__ import annotations
+
+
+def dequantized_scores(q, k, k_scale):
+    """q k^T (block_r, block_k) float32 of a quantized key block: the stored keys converted to q's dtype (exact:
+    every FP8 e4m3/e5m2 and int8 value is a bfloat16 and a float16), their scales multiplying the score columns
+    (one scale per key, or one per head): q . (s_j k_j) = s_j (q . k_j), in float32, block_r x block_k products
+    instead of block_k x H."""
+    from jax.experimental.pallas import triton as plgpu
+
+    s = plgpu.dot(q, k.astype(q.dtype), trans_b=True)
+    return s * (k_scale[None, :] if k_scale.ndim else k_scale)
+
+
+def dequantized_pv(p, v, v_scale, dtype):
+    """P V (block_r, H) float32 of a quantized value block. bfloat16 and float32: each key's value scale
+    multiplies its column of P (float32) before P is rounded to ``dtype`` for the MMA, block_r x block_k
+    multiplies. float16: the value rows are dequantized instead (block_k x H), because p * scale of a cache
+    with small scales (e5m2's absmax / 57344) falls below float16's normal range. A per-head scale
+    multiplies the product."""
+    import jax.numpy as jnp
+    from jax.experimental.pallas import triton as plgpu
+
+    if not v_scale.ndim:
+        return plgpu.dot(p.astype(dtype), v.astype(dtype)) * v_scale
+    if jnp.dtype(dtype) == jnp.float16:
+        return plgpu.dot(p.astype(dtype), (v.astype(jnp.float32) * v_scale[:, None]).astype(dtype))
+    return plgpu.dot((p * v_scale[None, :]).astype(dtype), v.astype(dtype))
+
+
+def load_scale_block(ref, *, layout: str, start, kv_ok, block_k: int, page_size: int | None, table_ref=None):
+    """The float32 scales of a quantized cache's keys start .. start+block_k-1 (``attnlab.core.kv_quant``):
+    (block_k,) for the ``token`` and ``page`` layouts (keys not kv_ok get 0, or their page's scale: never
+    attended either way), a scalar for ``head``/``tensor``.
+
+    ``ref``: ``head``/``tensor``: this kv head's (1,) scale; ``token``: its (S,) contiguous row of
+    scales or its (P * page_size,) paged one (the rows of ``load_kv_block``); ``page``: its (P,) page scales."""
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+
+    if layout in ("head", "tensor"):
+        return ref[0]
+    if page_size is None:               # contiguous: token scales only
+        return plgpu.load(ref.at[pl.ds(start, block_k)], mask=kv_ok, other=0)
+    per_row = layout == "token"
+    last_page = (ref.shape[0] // page_size if per_row else ref.shape[0]) - 1
+    if block_k <= page_size:
+        page = jnp.clip(table_ref[lax.div(start, page_size)], 0, last_page)
+        if not per_row:                 # the block lies in one page: one scale
+            return jnp.broadcast_to(ref[page], (block_k,))
+        first_row = pl.multiple_of(page * page_size + lax.rem(start, page_size), block_k)
+        return plgpu.load(ref.at[pl.ds(first_row, block_k)], mask=kv_ok, other=0)
+    pos = start + lax.iota(jnp.int32, block_k)
+    pages = jnp.clip(jnp.where(kv_ok, plgpu.load(table_ref.at[lax.div(pos, page_size)], mask=kv_ok, other=0), 0),
+                     0, last_page)
+    rows = pages * page_size + lax.rem(pos, page_size) if per_row else pages
+    return plgpu.load(ref.at[rows], mask=kv_ok, other=0)
+
+
+def scale_inputs(k_scale, v_scale, layout: str | None, *, K: int):
+    """The scales as the kernels' refs read them (``load_scale_block``): ``head``/``tensor`` as (K, 1),
+    ``token`` as (rows, K) (contiguous (B*S, K), paged (P * page_size, K)), ``page`` as (P, K); [] without."""
+    import jax.numpy as jnp
+
+    if layout is None:
+        return []
+    out = []
+    for s in (k_scale, v_scale):
+        s = jnp.asarray(s, jnp.float32)
+        if layout in ("head", "tensor"):
+            out.append(jnp.broadcast_to(s.reshape(-1, 1), (K, 1)))
+        else:
+            out.append(s.reshape(-1, K))
+    return out
+
+
+def scale_block_spec(layout: str, shape, bh, rows: int | None = None):
+    """The BlockSpec of one scale input (``scale_inputs``' shape) for a grid whose ``bh(*grid ids)`` gives
+    (sequence, kv head): per head a (1,) block; per token of a contiguous decode cache (``rows`` = S) the
+    sequence's (S,) rows of the head; otherwise all rows of the head (paged, or the serving kernel)."""
+    from jax.experimental import pallas as pl
+
+    if layout in ("head", "tensor"):
+        return pl.BlockSpec((None, 1), lambda *g: (bh(*g)[1], 0))
+    if rows is not None:
+        return pl.BlockSpec((rows, None), lambda *g: bh(*g))
+    return pl.BlockSpec((int(shape[0]), None), lambda *g: (0, bh(*g)[1]))

@@ -1,0 +1,160 @@
+"""Decode cells on a quantized KV cache (``Cell.kv_dtype``, ``bench --kv-dtype``): the call, its check, its error.
+
+A cell with ``kv_dtype`` (``float8_e4m3fn``, ``float8_e5m2`` or ``int8``) and ``kv_scale`` (the scale layout,
+default ``token``; ``attnlab.core.kv_quant``) is a forward decode cell whose timed call reads the cache
+quantized by ``attnlab.quantize_kv_cache`` (made before timing, from the cell's drawn K/V in its dtype, the
+"unquantized values"; a paged cell quantizes its pages) with its scales.
+
+Its check (before timing): the sampled batch elements (the first and the last) against float64 of the
+*dequantized* cache (``check_decode_close``: the decode tolerance policy, the kernel-like emulation as its
+baseline), so the check judges the kernel and not the quantization. The cost of the quantization goes to the
+record beside it: ``kv_rel_err``, the same output's relative L2 error against float64 of the unquantized K/V.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.kv_quant import SCALE_LAYOUTS, canonical_kv_dtype, dequantize
+from .outcome import Skip
+
+
+def cell_fields(kv_dtype, kv_scale) -> tuple:
+    """(("kv_dtype", canonical name or None), ("kv_scale", layout or None)): a cache dtype's layout defaults
+    to ``token``."""
+    if kv_dtype is None:
+        return ("kv_dtype", None), ("kv_scale", kv_scale)
+    return ("kv_dtype", canonical_kv_dtype(kv_dtype)), ("kv_scale", kv_scale or "token")
+
+
+def validate(cell) -> None:
+    """The rules of a quantized-cache cell: a forward decode cell, a known layout, ``page`` on paged caches only."""
+    if cell.kv_dtype is None:
+        if cell.kv_scale is not None:
+            raise ValueError(f"kv_scale={cell.kv_scale!r} needs a kv_dtype")
+        return
+    if cell.lengths is None or cell.mode != "fwd":
+        raise ValueError(f"kv_dtype={cell.kv_dtype}: a quantized KV cache needs a forward decode cell (lengths set, "
+                         f"mode fwd), got lengths={cell.lengths!r}, mode={cell.mode!r}")
+    if cell.kv_scale not in SCALE_LAYOUTS:
+        raise ValueError(f"kv_scale must be one of {', '.join(SCALE_LAYOUTS)}, got {cell.kv_scale!r}")
+    if cell.kv_scale == "page" and cell.lengths != "paged":
+        raise ValueError("kv_scale 'page' (one scale per page and KV head) needs a paged cell (lengths paged)")
+
+
+def quantized_caches(cell, k, v):
+    """(k_cache, k_scale, v_cache, v_scale[, page_table]) of the cell's timed call from its K/V (B, S, K, H)."""
+    import attnlab
+
+    tail = ()
+    if cell.lengths == "paged":
+        from ..kernels.pages import to_pages
+
+        k, v, table = to_pages(k, v, cell.page_size)
+        tail = (table,)
+    (kc, ks), (vc, vs) = (attnlab.quantize_kv_cache(x, cell.kv_dtype, cell.kv_scale) for x in (k, v))
+    return (kc, ks, vc, vs, *tail)
+
+
+def _semantics(cell) -> dict:
+    """The cell's window and sinks, as the call and both references take them."""
+    from ..reference.inputs import random_sinks
+
+    return dict(local_window_size=cell.window,
+                sinks=random_sinks(cell.heads) if getattr(cell, "sinks", False) else None)
+
+
+def functions(cell, lens):
+    """(forward fn(q, k, v), timed fn(q, k_cache, k_scale, v_cache, v_scale[, table]), its argument maker)."""
+    import attnlab
+
+    extra = _semantics(cell)
+
+    def timed(q, kc, ks, vc, vs, table=None):
+        return attnlab.decode_attention(q, kc, vc, lens, causal=cell.causal, implementation=cell.backend,
+                                        page_table=table, logits_soft_cap=cell.soft_cap, k_scale=ks, v_scale=vs,
+                                        **extra)
+
+    def fwd(q, k, v):
+        return timed(q, *quantized_caches(cell, k, v))
+
+    return fwd, timed, lambda q, k, v, ct: (q, *quantized_caches(cell, k, v))
+
+
+def dequantized_twin(cell, x, batch_idx):
+    """Float64 (len(batch_idx), S, K, H): the cell's cache ``x`` (B, S, K, H) quantized as the timed call's is,
+    dequantized in float64, for the sampled batch elements (pages quantize per page: the cache cut into
+    page_size-token pages in order, the same values whatever the table's order)."""
+    import attnlab
+
+    B, S, K, H = (int(d) for d in x.shape)
+    ps = cell.page_size if cell.lengths == "paged" else None
+    src = x if ps is None else x.reshape(B * S // ps, ps, K, H)
+    c, s = attnlab.quantize_kv_cache(src, cell.kv_dtype, cell.kv_scale)
+    deq = dequantize(np.asarray(c), np.asarray(s), cell.kv_scale, "float64")
+    return deq.reshape(B, S, K, H)[np.asarray(batch_idx)]
+
+
+def check_into(rec: dict, out, inputs, cell, backend, opts) -> None:
+    """The check of a quantized-cache cell (module docstring); records it and ``kv_rel_err``; raises
+    Skip('incorrect') when it fails."""
+    from ..reference.decode64 import check_decode_close, reference_decode_attention
+    from ..reference.tolerance import rel_l2
+
+    del backend, opts
+    q, k, v = inputs
+    rec["out_dtype"] = np.dtype(out.dtype).name
+    if rec["out_dtype"] != cell.dtype:
+        raise Skip("incorrect", f"output dtype {rec['out_dtype']} is not the cell's dtype {cell.dtype}")
+    bi = sorted({0, cell.batch - 1})
+    lens = np.asarray(cell.kv_lengths())[bi]
+    qs, o = np.asarray(q)[bi], np.asarray(out)[bi]
+    kw = dict(causal=cell.causal, logits_soft_cap=cell.soft_cap, **_semantics(cell))
+    kd, vd = (dequantized_twin(cell, x, bi) for x in (k, v))
+    verdict = check_decode_close(o, qs, kd, vd, lens, **kw)
+    unquantized = reference_decode_attention(qs, np.asarray(k)[bi], np.asarray(v)[bi], lens, **kw)
+    rule = f"{verdict.rule}; against the float64 of the dequantized cache (sampled batch elements {bi})"
+    rec.update(checked_fraction=len(bi) / cell.batch, checked_rows=len(bi) * cell.q_len, rel_err=verdict.rel_err,
+               rel_err_f64=verdict.rel_err, max_abs_err=verdict.max_abs_err, tolerance=rule,
+               margin=verdict.limit / verdict.rel_err if verdict.rel_err > 0 else None,
+               checks={"float64_dequantized": {"ok": verdict.ok, "rel_err": verdict.rel_err, "limit": verdict.limit,
+                                               "batch": bi, "reference": "NumPy float64 of the dequantized cache"}},
+               kv_rel_err=rel_l2(o, unquantized))
+    if not verdict.ok:
+        raise Skip("incorrect", f"output wrong: rel L2 {verdict.rel_err:.3g} > {verdict.limit:.3g} ({rule})")
+
+
+def kv_cache_errors(B: int, T: int, S: int, N: int, K: int, H: int, *, kv_dtypes=("float8_e4m3fn",),
+                    kv_scale: str = "token", distributions=("gaussian", "outliers", "channel-outliers"),
+                    implementation: str | None = "xla", dtype: str = "bfloat16", causal: bool = True,
+                    page_size: int | None = None, seed: int = 0) -> list[dict]:
+    """What a quantized KV cache costs in accuracy: one row per (input distribution, cache dtype).
+
+    q, k, v are drawn in float32 from ``attnlab.reference.distributions`` (every sequence full, S keys); the
+    truth is float64 attention of those unquantized values. ``bf16_rel_err``: relative L2 error of
+    ``decode_attention`` on q, K and V in ``dtype``; ``rel_err``: the same call on the ``dtype`` cache
+    quantized as a server does (``quantize_kv_cache``, ``kv_scale`` layout; paged with ``page_size``).
+    ``implementation``: the backend both calls run on (attnlab-decode for the kernel)."""
+    import attnlab
+    import jax.numpy as jnp
+
+    from ..kernels.pages import to_pages
+    from ..reference.decode64 import reference_decode_attention
+    from ..reference.distributions import make_qkv
+    from ..reference.tolerance import rel_l2
+
+    lens = jnp.full((B,), S, jnp.int32)
+    rows = []
+    for dist in distributions:
+        q, k, v = make_qkv(dist, B, T, S, N, K, H, "float32", seed=seed)
+        ref = reference_decode_attention(q, k, v, np.asarray(lens), causal=causal)
+        qd, kd, vd = (jnp.asarray(x).astype(dtype) for x in (q, k, v))
+        call = dict(causal=causal, implementation=implementation)
+        bf16 = rel_l2(np.asarray(attnlab.decode_attention(qd, kd, vd, lens, **call), np.float64), ref)
+        if page_size:
+            kd, vd, call["page_table"] = to_pages(kd, vd, page_size)
+        for name in kv_dtypes:
+            (kc, ks), (vc, vs) = (attnlab.quantize_kv_cache(x, name, kv_scale) for x in (kd, vd))
+            out = attnlab.decode_attention(qd, kc, vc, lens, k_scale=ks, v_scale=vs, **call)
+            rows.append({"inputs": dist, "kv_dtype": canonical_kv_dtype(name), "kv_scale": kv_scale,
+                         "rel_err": rel_l2(np.asarray(out, np.float64), ref), "bf16_rel_err": bf16})
+    return rows

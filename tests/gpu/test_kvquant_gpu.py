@@ -1,0 +1,88 @@
+"""Quantized KV caches (FP8 e4m3/e5m2, int8 with float32 scales) on an NVIDIA GPU: attnlab's decode and serving
+kernels, contiguous and paged, every scale layout, GQA, ragged lengths and soft cap, against float64 of the
+dequantized cache. Never run yet (written without a GPU).
+
+    PYTHONPATH=src python -m pytest -q -m gpu tests/gpu/test_kvquant_gpu.py
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attnlab
+from attnlab import backends
+from attnlab.core.kv_quant import dequantize
+from attnlab.kernels import pages as kp
+from attnlab.reference.decode64 import check_decode_close
+from attnlab.reference.inputs import random_qkv
+from attnlab.reference.serving64 import reference_serving_attention
+from attnlab.reference.tolerance import rel_l2
+
+pytestmark = pytest.mark.gpu
+S = 2048
+LENGTHS = [S, 4 + 17, S // 2 + 3, 77]
+
+
+@pytest.fixture(autouse=True)
+def _need_kernel():
+    why = backends.get("attnlab-decode").available()
+    if why or jax.default_backend() != "gpu":
+        pytest.skip(f"attnlab-decode on a GPU: {why or 'no GPU'}")
+
+
+def _dequantized(c, s, layout, table=None):
+    x = dequantize(np.asarray(c), np.asarray(s), layout, "float64")
+    return x if table is None else kp.gather_pages(x, np.asarray(table))
+
+
+SHAPES = [(1, 32, 8, 128, None), (4, 28, 4, 128, 30.0), (8, 64, 8, 64, None), (3, 16, 8, 256, None)]
+LAYOUTS = [("token", None), ("head", None), ("tensor", None), ("token", 16), ("page", 16), ("token", 64), ("page", 128)]
+# every (dtype, layout) once, the shapes (T, N, K, H, soft cap) in turn: 21 compiles
+CASES = [(name, *lay, *SHAPES[i % len(SHAPES)]) for i, (name, lay) in enumerate(
+    (n, lay) for n in ("float8_e4m3fn", "float8_e5m2", "int8") for lay in LAYOUTS)]
+
+
+@pytest.mark.parametrize("name, layout, page_size, T, N, K, H, cap", CASES)
+def test_decode_kernel_against_float64(name, layout, page_size, T, N, K, H, cap):
+    q, k, v = random_qkv(4, T, S, N, K, H, "bfloat16", seed=T + (page_size or 0))
+    lengths = [max(T, n) for n in LENGTHS]
+    table = None
+    if page_size:
+        k, v, table = kp.to_pages(k, v, page_size, seed=page_size)
+    (kc, ks), (vc, vs) = (attnlab.quantize_kv_cache(x, name, layout) for x in (k, v))
+    f = jax.jit(functools.partial(attnlab.decode_attention, implementation="attnlab-decode", logits_soft_cap=cap))
+    out = f(q, kc, vc, jnp.asarray(lengths, jnp.int32), page_table=table, k_scale=ks, v_scale=vs)
+    verdict = check_decode_close(out, q, _dequantized(kc, ks, layout, table), _dequantized(vc, vs, layout, table),
+                                 lengths, logits_soft_cap=cap)
+    assert verdict.ok, verdict
+
+
+@pytest.mark.parametrize("layout, page_size", [("token", None), ("head", None), ("token", 16), ("page", 64)])
+def test_serving_kernel_against_float64(layout, page_size):
+    rng = np.random.default_rng(7)
+    q_len = np.array([1, 1, 4, 300, 1, 2], np.int32)
+    kv = np.array([S, 5, 900, 1500, 64, 2000], np.int32)
+    starts = np.concatenate([[0], np.cumsum(q_len)]).astype(np.int32)
+    N, K, H = 32, 8, 128
+    q = jnp.asarray(rng.standard_normal((int(starts[-1]) + 5, N, H)), jnp.bfloat16)
+    k, v = (jnp.asarray(rng.standard_normal((len(kv), S, K, H)), jnp.bfloat16) for _ in range(2))
+    table = None
+    if page_size:
+        k, v, table = kp.to_pages(k, v, page_size)
+    (kc, ks), (vc, vs) = (attnlab.quantize_kv_cache(x, "fp8", layout) for x in (k, v))
+    out = attnlab.serving_attention(q, kc, vc, starts, kv, page_table=table, k_scale=ks, v_scale=vs,
+                                    implementation="attnlab-decode")
+    ref = reference_serving_attention(q, _dequantized(kc, ks, layout, table), _dequantized(vc, vs, layout, table),
+                                      starts, kv)
+    assert rel_l2(np.asarray(out, np.float64), ref) < 8e-3
+
+
+def test_fp8_cache_costs_what_the_error_report_says():
+    from attnlab.measure.kv_cells import kv_cache_errors
+
+    rows = kv_cache_errors(2, 4, 4096, 32, 8, 128, kv_dtypes=("fp8", "int8"), implementation="attnlab-decode")
+    for r in rows:
+        assert r["bf16_rel_err"] < r["rel_err"], r
+        assert r["rel_err"] < 0.1, r

@@ -1,0 +1,183 @@
+"""Quantized KV caches (FP8 e4m3/e5m2, int8 with float32 scales): the quantizer, the argument rules, the masked
+paths, attnlab's decode and serving kernels (Pallas interpret mode) against float64, and the Triton lowering.
+Kernel shapes stay tiny: interpret mode is slow."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import attnlab
+from attnlab.core import kv_quant as kq
+from attnlab.core.errors import UnsupportedError
+from attnlab.kernels import decode as kd
+from attnlab.kernels import serving_plan as sp
+from attnlab.kernels.pages import gather_pages, to_pages
+from attnlab.reference.decode64 import check_decode_close
+from attnlab.reference.inputs import random_qkv
+from attnlab.reference.serving64 import reference_serving_attention
+from attnlab.reference.tolerance import rel_l2
+
+
+def test_quantize_kv_cache_is_absmax_over_qmax_per_group():
+    x = np.random.default_rng(0).standard_normal((2, 8, 2, 16)).astype(np.float32) * 3
+    x[1, 3, 0] = 0.0                                           # an all-zero token: scale 1, stored 0
+    xb = np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32)
+    cases = (("fp8", ml_dtypes.float8_e4m3fn, "token", (3,)), ("e5m2", ml_dtypes.float8_e5m2, "head", (0, 1, 3)),
+             ("int8", np.int8, "page", (1, 3)), ("int8", np.int8, "tensor", (0, 1, 2, 3)))
+    for dtype, np_dtype, gran, axes in cases:
+        name = kq.canonical_kv_dtype(dtype)
+        c, s = attnlab.quantize_kv_cache(jnp.asarray(x, jnp.bfloat16), dtype, gran)
+        amax = np.abs(xb).max(axis=axes)
+        want_s = np.where(amax > 0, amax / kq.QMAX[name], 1.0).astype(np.float32)
+        assert c.dtype == np_dtype and s.dtype == np.float32 and s.shape == want_s.shape
+        np.testing.assert_allclose(np.asarray(s), want_s, rtol=1e-6)
+        y = xb / np.asarray(kq.broadcast_scale(np.asarray(s), gran))
+        want = np.clip(np.round(y) if name == "int8" else y, -kq.QMAX[name], kq.QMAX[name]).astype(np_dtype)
+        got = np.asarray(c)
+        assert np.abs(got.astype(np.float32)).max() == kq.QMAX[name]        # the group's absmax lands on QMAX
+        # XLA may divide as x * (1 / s): a value on a rounding boundary may land one step away
+        assert np.mean(got != want) < 0.01, (name, gran)
+    assert np.asarray(attnlab.quantize_kv_cache(jnp.asarray(x), "int8", "token")[1])[1, 3, 0] == 1.0
+    with pytest.raises(ValueError, match="kv cache dtype must be one of"):
+        attnlab.quantize_kv_cache(jnp.asarray(x), "fp4")
+    with pytest.raises(ValueError, match="granularity must be one of"):
+        attnlab.quantize_kv_cache(jnp.asarray(x), "fp8", "channel")
+
+
+def _call(kind, q, kc, vc, lens, **kw):
+    if kind == "decode":
+        return attnlab.decode_attention(q, kc, vc, lens, implementation="xla", **kw)
+    starts = np.arange(q.shape[0] + 1, dtype=np.int32)         # one token per request
+    return attnlab.serving_attention(q.reshape(-1, *q.shape[2:]), kc, vc, starts, lens, implementation="xla", **kw)
+
+
+_Q, _K, _V = random_qkv(2, 1, 32, 4, 2, 16, "bfloat16", seed=1)
+_KQ, _KS = attnlab.quantize_kv_cache(_K, "fp8")
+_VQ, _VS = attnlab.quantize_kv_cache(_V, "fp8")
+_BAD = {   # (k_cache, v_cache, kwargs) -> (error type, message)
+    "no scales": ((_KQ, _VQ, {}), (TypeError, "k_cache has the quantized dtype float8_e4m3fn: give k_scale and v_scale")),
+    "scales on bf16": ((_K, _V, dict(k_scale=_KS, v_scale=_VS)), (TypeError, "k_cache must have a quantized dtype")),
+    "one scale": ((_KQ, _VQ, dict(k_scale=_KS)), (ValueError, "k_scale and v_scale go together")),
+    "bad shape": ((_KQ, _VQ, dict(k_scale=_KS[:, :4], v_scale=_VS)), (ValueError, r"k_scale shape \(2, 4, 2\) is not a scale layout")),
+    "page on contiguous": ((_KQ, _VQ, dict(k_scale=_KS[:, 0], v_scale=_VS[:, 0])), (ValueError, "not a scale layout of the contiguous")),
+    "f16 scale": ((_KQ, _VQ, dict(k_scale=_KS.astype(jnp.float16), v_scale=_VS)), (TypeError, "k_scale must be float32")),
+    "mixed dtypes": ((_KQ, _VQ.astype(jnp.int8), dict(k_scale=_KS, v_scale=_VS)), (TypeError, "share one quantized dtype")),
+    "layouts differ": ((_KQ, _VQ, dict(k_scale=_KS, v_scale=jnp.ones((2,), jnp.float32))), (ValueError, "share one layout")),
+}
+
+
+@pytest.mark.parametrize("kind", ["decode", "serving"])
+@pytest.mark.parametrize("case", list(_BAD))
+def test_quantized_cache_arguments_are_checked_up_front(kind, case):
+    (kc, vc, kw), (exc, match) = _BAD[case]
+    with pytest.raises(exc, match=match):
+        _call(kind, _Q, kc, vc, jnp.array([32, 9], jnp.int32), **kw)
+
+
+def test_masked_paths_dequantize_and_other_backends_refuse():
+    lens = np.array([32, 9], np.int32)
+    ref = attnlab.reference_decode_attention(_Q, _KQ, _VQ, lens, k_scale=_KS, v_scale=_VS)
+    for impl in ("xla",):
+        out = attnlab.decode_attention(_Q, _KQ, _VQ, lens, k_scale=_KS, v_scale=_VS, implementation=impl)
+        assert out.dtype == _Q.dtype and check_decode_close(out, _Q, _KQ, _VQ, lens, k_scale=_KS, v_scale=_VS).ok
+        assert rel_l2(out, ref) < 1e-2
+    out = _call("serving", _Q, _KQ, _VQ, lens, k_scale=_KS, v_scale=_VS)
+    assert rel_l2(out.reshape(_Q.shape), ref) < 1e-2
+    with pytest.raises(UnsupportedError, match="k_scale/v_scale: no quantized KV cache"):
+        attnlab.decode_attention(_Q, _KQ, _VQ, lens, k_scale=_KS, v_scale=_VS, implementation="tokamax-xla")
+    reasons = attnlab.explain_decode(_Q, _KQ, _VQ, lens, k_scale=_KS, v_scale=_VS).reasons
+    assert reasons["xla"] is None and reasons["attnlab-decode"] is None and "k_scale" in reasons["tokamax-xla"]
+
+
+# (dtype name, scale layout, q dtype, T, page size or None): GQA G=4, ragged lengths, block_k 16 / 2 splits
+DECODE_CASES = {
+    "fp8-token-bf16-cap-jit": ("fp8", "token", "bfloat16", 3, None),
+    "e5m2-page-f16-ps8-gather": ("e5m2", "page", "float16", 2, 8),
+    "int8-token-f32-T1-ps32": ("int8", "token", "float32", 1, 32),
+}
+
+
+@pytest.mark.parametrize("case", list(DECODE_CASES))
+def test_decode_kernel_dequantizes_in_registers(case):
+    name, layout, dtype, T, ps = DECODE_CASES[case]
+    B, S, N, K, H = 2, 64, 8, 2, 16
+    q, k, v = random_qkv(B, T, S, N, K, H, dtype, seed=len(case))
+    lens = np.array([64, 21], np.int32)
+    cap = 3.0 if "cap" in case else None
+    table = None
+    if ps:
+        k, v, table = to_pages(k, v, ps)
+    (kc, ks), (vc, vs) = (attnlab.quantize_kv_cache(x, name, layout) for x in (k, v))
+    call = functools.partial(kd.decode_attention_pallas, causal=True, interpret=True, soft_cap=cap, kv_scale=layout,
+                             config=kd.DecodeConfig(block_k=16, num_splits=2), page_table=table)
+    if "jit" in case:
+        call = jax.jit(call)
+    out = call(q, kc, vc, jnp.asarray(lens), k_scale=ks, v_scale=vs)
+    kd64, vd64 = (kq.dequantize(np.asarray(c), np.asarray(s), layout, "float64") for c, s in ((kc, ks), (vc, vs)))
+    if ps:
+        kd64, vd64 = (gather_pages(x, np.asarray(table)) for x in (kd64, vd64))
+    verdict = check_decode_close(out, q, kd64, vd64, lens, logits_soft_cap=cap)
+    assert verdict.ok, verdict
+
+
+@pytest.mark.parametrize("layout, ps", [("head", None), ("token", 8)], ids=["fp8-head-contig", "fp8-token-paged8-gather"])
+def test_serving_kernel_dequantizes_in_registers(layout, ps):
+    rng = np.random.default_rng(3)
+    q_len, kv = np.array([1, 3, 2], np.int32), np.array([40, 48, 9], np.int32)   # decode tiles only: one class
+    starts = np.concatenate([[0], np.cumsum(q_len)]).astype(np.int32)
+    N, K, H, S = 8, 2, 16, 48
+    q = jnp.asarray(rng.standard_normal((int(starts[-1]) + 2, N, H)), jnp.bfloat16)
+    k, v = (jnp.asarray(rng.standard_normal((3, S, K, H)), jnp.bfloat16) for _ in range(2))
+    table = None
+    if ps:
+        k, v, table = to_pages(k, v, ps)
+    (kc, ks), (vc, vs) = (attnlab.quantize_kv_cache(x, "fp8", layout) for x in (k, v))
+    kd64, vd64 = (kq.dequantize(np.asarray(c), np.asarray(s), layout, "float64") for c, s in ((kc, ks), (vc, vs)))
+    if ps:
+        kd64, vd64 = (gather_pages(x, np.asarray(table)) for x in (kd64, vd64))
+    ref = reference_serving_attention(q, kd64, vd64, starts, kv, logits_soft_cap=2.5)
+    plan = attnlab.serving_plan(starts, kv, total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K, head_dim=H,
+                                config=sp.ServingConfig(block_k=16, decode_max_q=4, programs=3))
+    out = attnlab.serving_attention(q, kc, vc, starts, kv, page_table=table, logits_soft_cap=2.5, k_scale=ks,
+                                    v_scale=vs, implementation="attnlab-decode", plan=plan)
+    assert out.dtype == q.dtype and rel_l2(np.asarray(out, np.float64), ref) < 8e-3   # bf16 P and output
+    assert not np.any(np.asarray(out)[int(starts[-1]):])
+
+
+def test_quantized_decode_lowers_to_triton_for_cuda_without_a_gpu():
+    s = jax.ShapeDtypeStruct
+    B, T, S, N, K, H = 4, 4, 8192, 32, 8, 128
+    plan = kd.make_plan(B, T, S, N, K, H, "bfloat16", sms=132, compute_capability=(9, 0))
+    f8 = jnp.float8_e4m3fn
+    for ps, layout, scale_shape, f8 in ((None, "token", (B, S, K), f8), (16, "page", (B * S // 16, K), f8),
+                                        (None, "head", (K,), jnp.int8)):
+        f = jax.jit(functools.partial(kd.decode_attention_pallas, causal=True, interpret=False, plan=plan, kv_scale=layout))
+        kv = (B, S, K, H) if ps is None else (B * S // ps, ps, K, H)
+        kw = dict(k_scale=s(scale_shape, jnp.float32), v_scale=s(scale_shape, jnp.float32))
+        if ps:
+            kw["page_table"] = s((B, S // ps), jnp.int32)
+        with kd.cuda_lowering_context():
+            text = f.trace(s((B, T, N, H), jnp.bfloat16), s(kv, f8), s(kv, f8), s((B,), jnp.int32),
+                           **kw).lower(lowering_platforms=("cuda",)).as_text()
+        assert "triton" in text
+
+
+def test_quantized_serving_lowers_to_triton_for_cuda_without_a_gpu():
+    from attnlab.kernels import serving as ks
+
+    s = jax.ShapeDtypeStruct
+    B, S, N, K, H, ps, Ttot = 4, 4096, 32, 8, 128, 16, 512
+
+    def step(q, k, v, a, b, t, sk, sv):
+        plan = sp.make_serving_plan(a, b, total_tokens=Ttot, kv_len_max=S, heads=N, kv_heads=K, head_dim=H)
+        return ks.serving_attention_pallas(q, k, v, a, b, plan=plan, page_table=t, interpret=False, k_scale=sk,
+                                           v_scale=sv, kv_scale="token")
+
+    kv, sc = s((B * S // ps, ps, K, H), jnp.float8_e5m2), s((B * S // ps, ps, K), jnp.float32)
+    with kd.cuda_lowering_context():
+        text = jax.jit(step).trace(s((Ttot, N, H), jnp.bfloat16), kv, kv, s((B + 1,), jnp.int32), s((B,), jnp.int32),
+                                   s((B, S // ps), jnp.int32), sc, sc).lower(lowering_platforms=("cuda",)).as_text()
+    assert "triton" in text

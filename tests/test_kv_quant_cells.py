@@ -1,0 +1,97 @@
+"""Quantized KV caches in the cost model, the sweeps, the records, the error report and advise (cheap: no kernel)."""
+import numpy as np
+import pytest
+
+from attnlab.core.record_model import CellRecord
+from attnlab.core.serving_cost import serving_bytes
+from attnlab.core.workload import Workload, kv_cache_bytes
+from attnlab.measure import Options
+from attnlab.measure.cell import Cell, measure_cell
+from attnlab.measure.kv_cells import kv_cache_errors
+from attnlab.measure.recount import recount
+from attnlab.sweep import SweepError, build
+
+
+def test_bytes_count_the_cache_at_its_dtype_plus_the_scales():
+    B, T, S, N, K, H = 2, 4, 1024, 32, 8, 128
+    lens = (1024, 100)
+    bf16 = Workload(B, T, S, N, K, H, "bfloat16", True, kv_lengths=lens, decode=True)
+    q_and_out = bf16.bytes() - 2 * sum(lens) * K * H * 2
+    for layout, scales in (("token", 2 * 4 * sum(lens) * K), ("page", 2 * 4 * (16 + 2) * K), ("head", 2 * 4 * K),
+                           ("tensor", 2 * 4)):
+        w = Workload(B, T, S, N, K, H, "bfloat16", True, kv_lengths=lens, decode=True, kv_dtype="fp8", kv_scale=layout,
+                     page_size=64)
+        assert w.kv_dtype == "float8_e4m3fn" and w.kv_bytes() == 2 * sum(lens) * K * H + scales
+        assert w.bytes() == q_and_out + w.kv_bytes()
+    assert w.flops() == bf16.flops()
+    with pytest.raises(ValueError, match="forward pass only"):
+        w.bytes("fwd+bwd")
+    with pytest.raises(ValueError, match="kv_scale must be one of"):
+        Workload(B, T, S, N, K, H, kv_dtype="int8")
+    assert kv_cache_bytes(layers=2, kv_heads=8, head_dim=128, context=10, dtype="int8", kv_scale="token") == \
+        2 * 2 * 8 * (128 + 4) * 10
+    starts, kv = np.array([0, 1, 3]), np.array([100, 50])
+    assert serving_bytes(starts, kv, 8, 2, 64, 2, kv_itemsize=1, kv_scale="token") == \
+        serving_bytes(starts, kv, 8, 2, 64, 2) - 150 * 2 * 64 * 2 + 2 * 4 * 150 * 2
+
+
+def test_kv_dtype_makes_forward_decode_cells_only():
+    sw = build({"backends": "attnlab-decode", "q_len": "2", "kv_len": "64", "heads": "8", "kv_heads": "2",
+                "head_dim": "32", "lengths": "none,full,paged16", "mode": "fwd,fwd+bwd",
+                "kv_dtype": "none,fp8,int8:page"})
+    got = {(c.lengths, c.mode, c.kv_dtype, c.kv_scale) for c in sw.cells()}
+    assert ("full", "fwd", "float8_e4m3fn", "token") in got and ("paged", "fwd", "int8", "page") in got
+    assert all(kvd is None for ln, m, kvd, _ in got if ln is None or m != "fwd")
+    assert ("full", "fwd", "int8", "page") not in got          # page scales: paged cells only
+    for bad, match in (("fp4", "kv cache dtype must be one of"), ("fp8:channel", "scale layout must be one of")):
+        with pytest.raises(SweepError, match=match):
+            build({"backends": "xla", "kv_dtype": bad})
+    with pytest.raises(ValueError, match="needs a forward decode cell"):
+        Cell("xla", 1, 2, 64, 2, 1, 16, "bfloat16", True, kv_dtype="fp8")
+    c = Cell("xla", 1, 2, 64, 2, 1, 16, "bfloat16", True, lengths="full", kv_dtype="e5m2")
+    assert (c.kv_dtype, c.kv_scale) == ("float8_e5m2", "token") and "kv=float8_e5m2:token" in c.config_label
+    from attnlab.measure import ahead
+    assert "quantized KV cache" in ahead.why_not(c)     # its timed call takes the cache and scales, not (q, k, v)
+
+
+def test_a_quantized_decode_cell_is_checked_on_the_dequantized_cache_and_records_its_error():
+    cell = Cell("xla", 2, 2, 64, 4, 2, 16, "bfloat16", True, lengths="ragged", kv_dtype="fp8")
+    rec = measure_cell(cell, Options(repeats=1, warmup=0, min_time_s=0.0))
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["kv_dtype"] == "float8_e4m3fn" and rec["kv_scale"] == "token"
+    assert rec["rel_err"] < 5e-3 < rec["kv_rel_err"] < 0.1      # the kernel is right; the cache costs ~3%
+    assert rec["bytes"] == cell.workload.bytes() < Cell("xla", 2, 2, 64, 4, 2, 16, "bfloat16", True,
+                                                        lengths="ragged").workload.bytes()
+    assert CellRecord.from_flat(rec).flat()["kv_rel_err"] == rec["kv_rel_err"]
+    assert recount(rec)["bytes"] == rec["bytes"]
+
+
+def test_kv_cache_errors_report_quantized_next_to_bf16_per_distribution():
+    rows = kv_cache_errors(1, 1, 64, 2, 1, 16, kv_dtypes=("int8", "fp8"), distributions=("gaussian", "channel-outliers"))
+    assert [(r["inputs"], r["kv_dtype"]) for r in rows] == [
+        ("gaussian", "int8"), ("gaussian", "float8_e4m3fn"), ("channel-outliers", "int8"),
+        ("channel-outliers", "float8_e4m3fn")]
+    for r in rows:
+        assert r["bf16_rel_err"] < r["rel_err"] < 0.1
+    assert rows[0]["rel_err"] < rows[1]["rel_err"]              # int8 keeps 7 bits, e4m3 3
+
+
+def test_advise_memory_table_per_cache_dtype():
+    from attnlab.core.models import preset
+    from attnlab.report.advice import memory_rows
+
+    p = preset("llama-3.1-8b")                                  # 32 layers, 8 KV heads, head dim 128
+    m = memory_rows(p, [4096], 141 * 10**9)[0]["by_kv_dtype"]
+    assert m["bfloat16"]["bytes_per_token"] == 2 * 32 * 8 * 128 * 2
+    assert m["float8_e4m3fn"]["bytes_per_token"] == m["int8"]["bytes_per_token"] == 2 * 32 * 8 * (128 + 4)
+    assert m["float8_e4m3fn"]["max_batch"] == (141 * 10**9 - p.weight_bytes(2)) // (4096 * 2 * 32 * 8 * 132)
+    assert m["float8_e4m3fn"]["max_batch"] >= 1.9 * m["bfloat16"]["max_batch"]
+    # a model's cells are the bf16 cache's: a record of a quantized cache is never taken for one
+    from attnlab.core.model_plan import plan
+
+    from attnlab.sweep.spec import Sweep
+
+    e = next(e for e in plan(p, "decode", "4k") if e.lengths)
+    bf16, fp8 = (Sweep(["xla"], **e.axes(), kv_dtype=[kv]).cells()[0].identity()
+                 for kv in (None, ("float8_e4m3fn", "token")))
+    assert e.matches(bf16) and not e.matches(fp8)
