@@ -23,7 +23,7 @@ BASE = dict(batch=2, q_len=4, kv_len=4, heads=4, kv_heads=2, head_dim=8)
 OLD_IDENTITY = ("backend", "batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype", "causal", "window",
                 "mode", "devices", "strategy", "lengths")
 #: Issue 15 added the input distribution (old records read as gaussian).
-NEW_IDENTITY = OLD_IDENTITY + ("inputs", "page_size", "soft_cap", "packing", "sinks")
+NEW_IDENTITY = OLD_IDENTITY + ("inputs", "page_size", "soft_cap", "packing", "sinks", "kv_dtype", "kv_scale")
 OLD_CSV_COLUMNS = list(NEW_IDENTITY) + [
     "status", "reason", "timer", "kernel_ms", "wall_ms", "pipelined_ms", "dispatch_ms", "compile_s", "tflops", "gbps",
     "pct_peak", "peak_dtype", "pct_ceiling", "pct_bandwidth", "roofline_ms", "pct_roofline", "checked_fraction", "rel_err",
@@ -74,7 +74,8 @@ def test_one_label_format_everywhere():
 def test_identity_and_csv_columns_derived_from_fields_equal_the_old_lists():
     assert IDENTITY == NEW_IDENTITY
     assert IDENTITY_DEFAULTS == {"devices": 1, "strategy": None, "lengths": None, "inputs": "gaussian", "page_size": None,
-                                 "soft_cap": None, "packing": None, "sinks": False}
+                                 "soft_cap": None, "packing": None, "sinks": False,
+                                 "kv_dtype": None, "kv_scale": None}
     # derived from the typed record (record_model.csv_columns): identity, status, reason, then each part's
     # fields in declaration order, then the top-level extras; every old column is still there
     assert engine.CSV_COLUMNS[:len(NEW_IDENTITY) + 2] == list(NEW_IDENTITY) + ["status", "reason"]
@@ -121,7 +122,7 @@ def test_decode_spec_holds_a_problem():
     k = np.zeros((2, 12, 2, 16), np.float32)
     spec = prepare_decode(q, k, k, [12, 5], scale=0.5).spec
     assert [f.name for f in dataclasses.fields(DecodeSpec)] == ["problem", "scale", "scale_is_static", "page_size",
-                                                                "soft_cap", "has_sinks"]
+                                                                "soft_cap", "has_sinks", "kv_dtype", "kv_scale"]
     assert spec.problem == Problem(2, 4, 12, 4, 2, 16, "float32", True) and spec == DecodeSpec(spec.problem, 0.5)
     assert (spec.batch, spec.q_len, spec.max_len, spec.heads, spec.kv_heads, spec.head_dim, spec.dtype, spec.causal,
             spec.groups) == (2, 4, 12, 4, 2, 16, "float32", True, 2)
