@@ -64,6 +64,10 @@ class Problem(_Part):
     page_size: Optional[int] = None
     soft_cap: Num = None
     packing: Optional[str] = None
+    #: per-request lengths of a decode/serving cell (``core.problem.Problem.lengths_record``): requests, seed,
+    #: totals, min/median/max of the KV lengths, and the q and kv lists themselves when there are <= 64 requests
+    request_lengths: Optional[dict] = None
+    lengths_traced: Optional[bool] = None   # the lengths were a traced argument of the jitted call (a server's way)
 
 
 _SPREAD = ("min", "p25", "p75", "max", "iqr")

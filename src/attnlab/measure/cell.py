@@ -27,7 +27,6 @@ from ..core.problem import FIELDS as PROBLEM_FIELDS, Problem, delegate_fields
 from ..core.records import SCHEMA_VERSION, STATUSES, config_label  # noqa: F401  (STATUSES, config_label re-exported)
 from ..core.checks import check_soft_cap
 from ..core.spec import prepare
-from ..core.workload import Workload
 from . import check, estimate, memory, timers
 from .native_cell import _measure_native
 from .options import Options
@@ -127,9 +126,11 @@ class Cell:
         return segments.docs(self.batch, self.q_len, n, check.seed_of(f"packing {self.packing} B{self.batch} T{self.q_len}"))
 
     @property
-    def workload(self) -> Workload:
+    def workload(self) -> Problem:
+        """The problem with the cell's decode lengths and documents (what its FLOPs and bytes count)."""
         docs = segments.run_lengths(self.segment_ids()) if self.packing else None   # packed: pairs within documents
-        return Workload.from_problem(self.problem, kv_lengths=self.kv_lengths(), decode=self.lengths is not None, doc_lengths=docs)
+        return dataclasses.replace(self.problem, kv_lengths=self.kv_lengths(), decode=self.lengths is not None,
+                                   doc_lengths=docs)
 
     def identity(self) -> dict:
         """The record's identity fields in order, the problem's as ``Problem.identity`` spells them."""
