@@ -43,24 +43,16 @@ from .. import backends
 from ..core.checks import (_is_tracer, _shape, call_problem, check_kv_shapes, check_scale, check_sinks,
                            check_soft_cap, common_float_dtype, length_values)
 from ..core.errors import UnsupportedError
-from ..core.problem import Problem
-from .decode import CallExplanation
+from .decode import CallExplanation, DecodeSpec
 
 ARGUMENT_NAMES = {"batch": "kv_lengths size B", "q_len": "q tokens T_total", "kv_len": "k_cache length S_max",
                   "heads": "q heads N", "kv_heads": "k_cache heads K", "head_dim": "q head dim H"}
 
 
-@dataclasses.dataclass(frozen=True)
-class ServingSpec:
-    """Static description of a serving call: ``problem`` = Problem(B, T_total, S_max, N, K, H, dtype,
-    causal=True) (q_len is the token budget T_total), the page size, soft cap, whether the scale is static
-    and whether sinks (one extra softmax logit per query head) are given."""
-
-    problem: Problem
-    page_size: int | None = None
-    soft_cap: float | None = None
-    scale_is_static: bool = True
-    has_sinks: bool = False
+#: Static description of a serving call: decode's call type (``DecodeSpec``), whose ``problem`` is
+#: Problem(B, T_total, S_max, N, K, H, dtype, causal=True) (q_len the token budget T_total), with the static
+#: scale, the page size, soft cap, whether the scale is static and whether sinks are given.
+ServingSpec = DecodeSpec
 
 
 @dataclasses.dataclass
@@ -134,8 +126,8 @@ def prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=Non
     scale = check_scale(scale)
     static = not _is_tracer(scale)
     sinks = check_sinks(sinks, N)
-    spec = ServingSpec(problem, page_size=page_size, soft_cap=check_soft_cap(logits_soft_cap), scale_is_static=static,
-                       has_sinks=sinks is not None)
+    spec = ServingSpec(problem, scale=scale if static else None, scale_is_static=static, page_size=page_size,
+                       soft_cap=check_soft_cap(logits_soft_cap), has_sinks=sinks is not None)
     if plan is not None:
         _check_plan(plan, (T_total, B, N, K, H))
     import jax.numpy as jnp

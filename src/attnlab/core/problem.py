@@ -23,7 +23,7 @@ It is the one place that
   sweep's configuration labels), ``key``/``identity`` (the nine JSON fields a record's identity holds) and
   ``lengths_record`` (the compact per-request lengths a record stores).
 
-``AttentionSpec`` (the prepared call), ``DecodeSpec``/``ServingSpec`` (a prepared decode or serving call)
+``AttentionSpec`` (the prepared call), ``DecodeSpec`` (a prepared decode or serving call: ``ServingSpec`` is it)
 and ``measure.Cell`` (one sweep cell) hold a Problem instead of repeating its fields.
 """
 from __future__ import annotations
