@@ -24,7 +24,7 @@ BASE = dict(batch=2, q_len=4, kv_len=4, heads=4, kv_heads=2, head_dim=8)
 OLD_IDENTITY = ("backend", "batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype", "causal", "window",
                 "mode", "devices", "strategy", "lengths")
 #: Issue 15 added the input distribution (old records read as gaussian).
-NEW_IDENTITY = OLD_IDENTITY + ("inputs", "page_size", "soft_cap", "packing")
+NEW_IDENTITY = OLD_IDENTITY + ("inputs", "page_size", "soft_cap", "packing", "prefill_chunks")
 OLD_CSV_COLUMNS = list(NEW_IDENTITY) + [
     "status", "reason", "timer", "kernel_ms", "wall_ms", "pipelined_ms", "dispatch_ms", "compile_s", "tflops", "gbps",
     "pct_peak", "peak_dtype", "pct_ceiling", "pct_bandwidth", "roofline_ms", "pct_roofline", "checked_fraction", "rel_err",
@@ -75,7 +75,7 @@ def test_one_label_format_everywhere():
 def test_identity_and_csv_columns_derived_from_fields_equal_the_old_lists():
     assert IDENTITY == NEW_IDENTITY
     assert IDENTITY_DEFAULTS == {"devices": 1, "strategy": None, "lengths": None, "inputs": "gaussian", "page_size": None,
-                                 "soft_cap": None, "packing": None}
+                                 "soft_cap": None, "packing": None, "prefill_chunks": None}
     # derived from the typed record (record_model.csv_columns): identity, status, reason, then each part's
     # fields in declaration order, then the top-level extras; every old column is still there
     assert engine.CSV_COLUMNS[:len(NEW_IDENTITY) + 2] == list(NEW_IDENTITY) + ["status", "reason"]

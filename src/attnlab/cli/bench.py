@@ -36,7 +36,12 @@ WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys
 @click.option("--strategy", help="none, batch, heads, ring (comma-separated): sharded_attention strategies.")
 @click.option("--lengths", help="none, full, ragged, paged, pagedN (comma-separated): full/ragged/paged make decode "
               "cells, decode_attention of the q_len newest tokens against a kv_len cache; paged (page size 16) "
-              "and pagedN: full lengths in a paged cache of N-token pages (vLLM layout).")
+              "and pagedN: full lengths in a paged cache of N-token pages (vLLM layout). uniform, spread, "
+              "lognormal, one-long, FILE (or file:FILE, whitespace-separated KV lengths) make serving cells: "
+              "serving_attention on --batch requests with KV lengths of that distribution, traced as a server "
+              "passes them (causal, fwd).")
+@click.option("--prefill-chunks", help="none or NxSIZE (comma-separated, e.g. 2x2048): N prefill chunks of SIZE "
+              "tokens beside a serving cell's decodes (a mixed step).")
 @click.option("--model", help="A model: a preset (attnlab models), a Hugging Face id of one or of its "
               "variants (meta-llama/Llama-3.1-8B-Instruct, llama3.1-8b), or a config.json or a folder holding one; "
               "the cells come from its shape, "

@@ -64,6 +64,7 @@ class Problem(_Part):
     page_size: Optional[int] = None
     soft_cap: Num = None
     packing: Optional[str] = None
+    prefill_chunks: Optional[str] = None    # serving cells: "NxSIZE" prefill chunks beside the decodes
     #: per-request lengths of a decode/serving cell (``core.problem.Problem.lengths_record``): requests, seed,
     #: totals, min/median/max of the KV lengths, and the q and kv lists themselves when there are <= 64 requests
     request_lengths: Optional[dict] = None
@@ -109,6 +110,7 @@ class Rates(_Part):
     flops: Num = None
     bytes: Num = None
     intensity: Num = None
+    tokens_per_s: Num = _f("timed", "cleared")   # serving cells: the step's new tokens / its time
 
 
 class Correctness(_Part):

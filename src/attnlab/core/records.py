@@ -170,7 +170,7 @@ def time_ms(rec: dict) -> float | None:
 
 
 def config_label(rec: dict, mesh: bool = True) -> str:
-    """``<problem label> [decode-L] mode [strategy x devices] [inputs=] [cap=] [packing=]`` of a record or
+    """``<problem label> [decode-L] mode [strategy x devices] [inputs=] [cap=] [packing=] [prefill=]`` of a record or
     ``Cell.identity()``: the one label of a cell everywhere (tables, compare, the lab)."""
     parts = [problem_label(rec)]
     if rec.get("lengths"):
@@ -184,6 +184,8 @@ def config_label(rec: dict, mesh: bool = True) -> str:
         parts.append(f"cap={rec['soft_cap']:g}")
     if rec.get("packing"):
         parts.append(f"packing={rec['packing']}")
+    if rec.get("prefill_chunks"):
+        parts.append(f"prefill={rec['prefill_chunks']}")
     return " ".join(parts)
 
 
