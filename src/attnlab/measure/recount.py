@@ -20,7 +20,7 @@ def recounted_workload(rec: dict):
     """The ``Problem`` (lengths included) of a record's cell (the mesh left out: it changes no count)."""
     return Cell(rec["backend"], problem=Problem.of(rec), mode=rec.get("mode", "fwd"), lengths=rec.get("lengths"),
                 inputs=rec.get("inputs") or "gaussian", page_size=rec.get("page_size"), soft_cap=rec.get("soft_cap"),
-                packing=rec.get("packing")).workload
+                packing=rec.get("packing"), prefill_chunks=rec.get("prefill_chunks")).workload
 
 
 def recount(rec: dict) -> dict:
