@@ -50,7 +50,7 @@ def test_sweep_axis_makes_serving_cells_and_refuses_bad_values():
 def test_a_serving_cell_runs_traced_checked_and_counts_the_valid_work(monkeypatch):
     cell = Cell("xla", 3, 2, 64, 4, 2, 16, "float32", True, lengths="one-long", prefill_chunks="1x8")
     q, kv, _ = serving_cell.requests(cell)
-    assert q.tolist() == [8, 2, 2, 2] and kv[1:].tolist() == [64, 2, 2]
+    assert q.tolist() == [8, 2, 2, 2] and kv[1:].tolist() == [64, 2, 2] and cell.kv_lengths() == tuple(kv.tolist())
     compiled_on = []
     real = serving_cell.compile_within_budget
     monkeypatch.setattr(serving_cell, "compile_within_budget", lambda f, a, b: compiled_on.append(a) or real(f, a, b))

@@ -113,10 +113,10 @@ class Cell:
 
         "full": every sequence fills the cache (S). "ragged": lengths drawn uniformly from [T, S]
         with a seed fixed by the shape, so every backend and every run sees the same batch."""
-        if self.lengths is None:
-            return None
-        if self.lengths in ("full", "paged"):
-            return (self.kv_len,) * self.batch
+        if self.lengths is None or self.lengths in ("full", "paged"):
+            return None if self.lengths is None else (self.kv_len,) * self.batch
+        if serving_cell.is_serving(self):   # a serving cell: every request's, the prefill chunks first
+            return tuple(serving_cell.requests(self)[1].tolist())
         rng = np.random.default_rng(check.seed_of(f"ragged B{self.batch} T{self.q_len} S{self.kv_len}"))
         return tuple(int(x) for x in rng.integers(self.q_len, self.kv_len + 1, size=self.batch))
 
