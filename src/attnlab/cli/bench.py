@@ -205,11 +205,12 @@ def bench_cell_text(r: dict, ridge_intensity: float | None, bw_tbps: float | Non
     from ..core.units import format_flops
 
     ms = time_ms(r)
+    tok = f" · {r['tokens_per_s']:.4g} tok/s" if r.get("tokens_per_s") else ""    # a serving cell's new tokens
     if peaks.memory_bound(r, ridge_intensity) and r.get("gbps") is not None:
         bw = f"{100 * r['gbps'] / (bw_tbps * 1000):.1f}% BW" if bw_tbps else "–"
-        return f"{ms:.4g} · {r['gbps']:.4g} GB/s · {bw}"
+        return f"{ms:.4g} · {r['gbps']:.4g} GB/s · {bw}{tok}"
     pk = f"{r['pct_peak']:.1f}%" if r.get("pct_peak") is not None else "–"
-    return f"{ms:.4g} · {format_flops(r['tflops'] * 1e12)} · {pk}"
+    return f"{ms:.4g} · {format_flops(r['tflops'] * 1e12)} · {pk}{tok}"
 
 
 def _print_bench_table(records, out_dir, wide: bool = False):
