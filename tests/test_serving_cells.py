@@ -34,10 +34,11 @@ def test_distributions_files_and_mixed_batches(tmp_path):
 
 def test_sweep_axis_makes_serving_cells_and_refuses_bad_values():
     base = dict(backends="xla", batch="3", q_len="2", kv_len="64", heads="4", kv_heads="2", head_dim="16")
-    cells = build({**base, "lengths": "spread,full", "prefill_chunks": "none,1x8", "causal": "both"}).cells()
+    cells = build({**base, "lengths": "spread,full,Spread:paged16", "prefill_chunks": "none,1x8", "causal": "both"}).cells()
     serving = [c for c in cells if c.prefill_chunks or c.lengths == "spread"]
-    assert {(c.lengths, c.prefill_chunks, c.causal) for c in serving} == {("spread", None, True), ("spread", "1x8", True)}
-    assert "prefill=1x8" in serving[-1].config_label
+    assert {(c.lengths, c.prefill_chunks, c.causal, c.page_size) for c in serving} == {
+        ("spread", None, True, None), ("spread", "1x8", True, None), ("spread", None, True, 16), ("spread", "1x8", True, 16)}
+    assert "prefill=1x8" in serving[1].config_label and "decode-spread:paged16" in serving[-1].config_label
     for values, match in ((dict(lengths="spread", causal="false"), "are causal"),
                           (dict(lengths="spread", prefill_chunks="2y3", causal="true"), "NxSIZE"),
                           (dict(lengths="file:/no/such/file", causal="true"), "no/such/file")):
@@ -47,8 +48,10 @@ def test_sweep_axis_makes_serving_cells_and_refuses_bad_values():
         Cell("xla", 3, 2, 64, 4, 2, 16, causal=True, lengths="full", prefill_chunks="1x8")
 
 
-def test_a_serving_cell_runs_traced_checked_and_counts_the_valid_work(monkeypatch):
-    cell = Cell("xla", 3, 2, 64, 4, 2, 16, "float32", True, lengths="one-long", prefill_chunks="1x8")
+@pytest.mark.parametrize("backend,page_size", [("xla", None), ("attnlab-decode", 16)])
+def test_a_serving_cell_runs_traced_checked_and_counts_the_valid_work(monkeypatch, backend, page_size):
+    cell = Cell(backend, 3, 2, 64, 4, 2, 16, "float32", True, lengths="one-long", page_size=page_size,
+                prefill_chunks="1x8")
     q, kv, _ = serving_cell.requests(cell)
     assert q.tolist() == [8, 2, 2, 2] and kv[1:].tolist() == [64, 2, 2] and cell.kv_lengths() == tuple(kv.tolist())
     compiled_on = []
@@ -63,7 +66,8 @@ def test_a_serving_cell_runs_traced_checked_and_counts_the_valid_work(monkeypatc
     assert r["request_lengths"]["kv"] == kv.tolist() and r["tokens_per_s"] == pytest.approx(14 / (r["wall_ms"] * 1e-3))
     assert r["checks"]["float64_requests"]["requests"] == [0, 1, 2] and r["checked_rows"] == 8 + 2 + 2
     # the lengths are arguments of the jitted step (traced, as a server passes them), not constants in it
-    assert [np.asarray(x).tolist() for x in compiled_on[0][3:]] == [[0, 8, 10, 12, 14], kv.tolist()]
+    assert [np.asarray(x).tolist() for x in compiled_on[0][3:5]] == [[0, 8, 10, 12, 14], kv.tolist()]
+    assert compiled_on[0][1].shape == ((4 * 64 // 16, 16, 2, 16) if page_size else (4, 64, 2, 16))   # pages
 
 
 def test_the_check_samples_the_longest_and_shortest_requests_and_catches_a_wrong_row():

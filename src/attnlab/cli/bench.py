@@ -39,7 +39,7 @@ WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys
               "and pagedN: full lengths in a paged cache of N-token pages (vLLM layout). uniform, spread, "
               "lognormal, one-long, FILE (or file:FILE, whitespace-separated KV lengths) make serving cells: "
               "serving_attention on --batch requests with KV lengths of that distribution, traced as a server "
-              "passes them (causal, fwd).")
+              "passes them (causal, fwd); DIST:pagedN: in a paged cache of N-token pages.")
 @click.option("--prefill-chunks", help="none or NxSIZE (comma-separated, e.g. 2x2048): N prefill chunks of SIZE "
               "tokens beside a serving cell's decodes (a mixed step).")
 @click.option("--model", help="A model: a preset (attnlab models), a Hugging Face id of one or of its "

@@ -174,7 +174,9 @@ def config_label(rec: dict, mesh: bool = True) -> str:
     ``Cell.identity()``: the one label of a cell everywhere (tables, compare, the lab)."""
     parts = [problem_label(rec)]
     if rec.get("lengths"):
-        parts.append(f"decode-{rec['lengths']}{rec.get('page_size') or ''}")
+        page = rec.get("page_size") or ""
+        parts.append(f"decode-{rec['lengths']}{page}" if rec["lengths"] == "paged" or not page
+                     else f"decode-{rec['lengths']}:paged{page}")       # a serving cell's paged cache
     parts.append(rec["mode"])
     if mesh and rec.get("strategy"):
         parts.append(f"{rec['strategy']}x{rec.get('devices', 1)}")

@@ -90,8 +90,8 @@ class Cell:
                                  f"got {self.lengths!r}")
             if self.q_len > self.kv_len or self.window is not None or self.strategy is not None:
                 raise ValueError("decode cells (lengths) need q_len <= kv_len, no window and no strategy")
-        if (self.lengths == "paged") != (self.page_size is not None):
-            raise ValueError(f"page_size is given exactly for lengths 'paged', got lengths={self.lengths!r}, "
+        if (self.lengths == "paged") != (self.page_size is not None) and not serving_cell.is_serving(self):
+            raise ValueError(f"page_size is given exactly for lengths 'paged' (or serving), got lengths={self.lengths!r}, "
                              f"page_size={self.page_size!r}")
         if self.page_size is not None and (self.page_size < 1 or self.kv_len % self.page_size):
             raise ValueError(f"page_size must divide kv_len={self.kv_len}, got {self.page_size}")

@@ -12,7 +12,9 @@ them). The check runs first: the first and last ``EDGE`` tokens of the longest a
 KV length and by query length) against NumPy float64 (``attnlab.reference.serving64``), each error within the
 tolerance policy's limit from a kernel-like emulation of the same rows (scores in float32, P rounded to the
 cell's dtype). The record adds ``request_lengths`` (``Problem.lengths_record``) and ``tokens_per_s`` (the
-step's new tokens / its time). Contiguous caches only (no paged serving cells yet).
+step's new tokens / its time). With ``page_size`` the caches are pages of that many tokens in a shuffled
+order, found through a page table (vLLM's layout, ``kernels.pages.to_pages``, made before the timed call);
+the check reads the contiguous caches they were made from.
 """
 from __future__ import annotations
 
@@ -52,8 +54,8 @@ def check_cell(cell) -> None:
         return
     if not cell.causal or cell.mode != "fwd" or cell.q_len > cell.kv_len:
         raise ValueError(f"serving cells (lengths {cell.lengths}) are causal, mode fwd and q_len <= kv_len")
-    if cell.window is not None or cell.strategy is not None or cell.packing or cell.page_size is not None:
-        raise ValueError("serving cells take no window, strategy, packing or page size")
+    if cell.window is not None or cell.strategy is not None or cell.packing:
+        raise ValueError("serving cells take no window, strategy or packing")
     if cell.inputs != "gaussian":
         raise ValueError(f"serving cells draw gaussian inputs, got inputs={cell.inputs!r}")
     if chunks and chunks[1] > cell.kv_len:
@@ -104,15 +106,21 @@ def measure(backend, cell, opts, rec: dict, info, phases) -> dict:
     rec.update(request_lengths=p.lengths_record(seed), lengths_traced=True, inputs_draw=INPUTS_DRAW)
     with phases("inputs"):
         sets = _inputs(p, q_lens, kv_lens, opts)
-    rec["input_sets"] = len(sets)
+    rec["input_sets"] = len(sets)   # each set: (q, k, v, q_starts, kv_lengths), + the page table when paged
+    args = [_paged(s, cell.page_size) for s in sets] if cell.page_size else sets
+    contiguous = sets[0]          # what the check reads (the other contiguous sets are not kept)
+    del sets
     try:
-        select_serving(prepare_serving(*sets[0], logits_soft_cap=cell.soft_cap).spec, cell.backend)
+        select_serving(prepare_serving(*args[0][:5], page_table=args[0][5] if cell.page_size else None,
+                                       logits_soft_cap=cell.soft_cap).spec, cell.backend)
     except UnsupportedError as e:
         raise Skip("unsupported", str(e)) from None
-    step = jax.jit(functools.partial(serving_attention, implementation=cell.backend, logits_soft_cap=cell.soft_cap))
+    call = functools.partial(serving_attention, implementation=cell.backend, logits_soft_cap=cell.soft_cap)
+    step = jax.jit(lambda q, k, v, starts, kv, *table: call(q, k, v, starts, kv,
+                                                            page_table=table[0] if table else None))
     with phases("compile", key="compile_wait_s"):
         try:
-            compiled, lower_s, compile_s, *_ = compile_within_budget(step, sets[0], opts.compile_budget_s)
+            compiled, lower_s, compile_s, *_ = compile_within_budget(step, args[0], opts.compile_budget_s)
         except Skip:
             raise
         except Exception as e:  # noqa: BLE001
@@ -121,14 +129,14 @@ def measure(backend, cell, opts, rec: dict, info, phases) -> dict:
     if opts.check:
         with phases("check"):
             try:
-                out = compiled(*sets[0])
+                out = compiled(*args[0])
             except Exception as e:  # noqa: BLE001
                 raise Skip(*classify(e, "run")) from None
-            check_into(rec, out, sets[0], q_lens, kv_lens, cell, backend)
+            check_into(rec, out, contiguous, q_lens, kv_lens, cell, backend)
     rec["repeats"] = opts.repeats or (20 if info.platform == "gpu" else 5)
     with phases("timing"):
         try:
-            timers.time_into(rec, compiled, sets, opts, cupti=rec["timer"] == "cupti")
+            timers.time_into(rec, compiled, args, opts, cupti=rec["timer"] == "cupti")
         except Exception as e:  # noqa: BLE001
             raise Skip(*classify(e, "run")) from None
     rec["process_peak_bytes"] = memory.process_peak_bytes()
@@ -137,6 +145,15 @@ def measure(backend, cell, opts, rec: dict, info, phases) -> dict:
     if not opts.check:
         rec["status"] = "unchecked"
     return rec
+
+
+def _paged(args: tuple, page_size: int) -> tuple:
+    """(q, k_pages, v_pages, q_starts, kv_lengths, page_table) of a contiguous argument set."""
+    from ..kernels.pages import to_pages
+
+    q, k, v, starts, kv = args
+    k_pages, v_pages, table = to_pages(k, v, page_size)
+    return q, k_pages, v_pages, starts, kv, table
 
 
 def sampled(q_lens, kv_lens) -> list[tuple[int, int, int, int]]:

@@ -4,7 +4,8 @@ Axes: backend, batch, q_len, kv_len, heads, kv_heads, head_dim, dtype, causal, w
 lengths (none: ``attention``; full/ragged: ``decode_attention`` of the q_len newest tokens against
 an S-long cache, every sequence full or of ragged valid lengths; uniform, spread, lognormal, one-long or
 file:PATH: a serving cell, ``serving_attention`` on B requests whose KV lengths are drawn from that
-distribution, ``attnlab.core.request_lengths``, lengths traced; causal fwd cells only), prefill_chunks (none or
+distribution, ``attnlab.core.request_lengths``, lengths traced; causal fwd cells only; ``DIST:pagedN``: in a
+paged cache of N-token pages), prefill_chunks (none or
 ``NxSIZE``: N prefill chunks of SIZE tokens beside a serving cell's B decodes), inputs (the distribution q, k, v
 are drawn from: a name of ``attnlab.reference.distributions.DISTRIBUTIONS``, default gaussian), soft_cap
 (none or the logits' soft cap, e.g. 50) and packing (none or ``docs:N``: N documents of random
@@ -91,10 +92,11 @@ class Sweep:
             if ln is not None and ln not in LENGTHS and not _page_size_of(ln) and not _serving(ln):
                 raise SweepError(f"lengths: {ln!r} is not none, one of {', '.join(LENGTHS)}, pagedN (N tokens per "
                                  f"page, e.g. paged64; paged is paged{DEFAULT_PAGE_SIZE}), a request-length "
-                                 f"distribution ({', '.join(request_lengths.DISTRIBUTIONS)}) or file:PATH")
+                                 f"distribution ({', '.join(request_lengths.DISTRIBUTIONS)}) or file:PATH, "
+                                 f"either with :pagedN for a paged cache")
             if _serving(ln) and ln.startswith("file:"):
                 try:
-                    request_lengths.read_lengths(ln[5:])
+                    request_lengths.read_lengths(_serving_page(ln)[0][5:])
                 except (OSError, ValueError) as e:
                     raise SweepError(f"lengths: {ln}: {e}") from None
         for pc in self.prefill_chunks:
@@ -147,7 +149,8 @@ class Sweep:
                 continue    # serving cells: causal fwd cells on gaussian inputs
             if pc and (not _serving(ln) or request_lengths.parse_chunks(pc)[1] > S):
                 continue    # prefill chunks: beside a serving cell's decodes, each fitting in the cache
-            page = _page_size_of(ln) if ln is not None and not _serving(ln) else None
+            serving, page = _serving_page(ln)
+            page = page if serving else _page_size_of(ln) if ln is not None else None
             if page and S % page:
                 continue
             if pk is not None and (T != S or ln is not None or st):   # packing: self-attention rows only
@@ -156,7 +159,7 @@ class Sweep:
             for B in batches:
                 for b in self.backends:
                     out.append(Cell(b, B, T, S, N, K, H, dt, c, tuple(w) if w else None, m, nd, st,
-                                    "paged" if page else ln, dist, page,
+                                    serving or ("paged" if page else ln), dist, page,
                                     cap, pk, pc))
         return out
 
@@ -170,8 +173,19 @@ DEFAULT_PAGE_SIZE = 16
 
 
 def _serving(lengths) -> bool:
-    """A serving cell's lengths: a request-length distribution (``attnlab.core.request_lengths``)."""
-    return request_lengths.is_distribution(lengths)
+    """A serving cell's lengths: a request-length distribution (``attnlab.core.request_lengths``), or one
+    with ``:pagedN`` (a paged cache of N-token pages)."""
+    return _serving_page(lengths)[0] is not None
+
+
+def _serving_page(lengths) -> tuple[str | None, int | None]:
+    """(distribution, page size or None) of a serving lengths value ``DIST`` or ``DIST:pagedN``; else (None, None)."""
+    if not isinstance(lengths, str):
+        return None, None
+    base, sep, tail = lengths.rpartition(":paged")
+    if sep and tail.isdigit() and int(tail) > 0 and request_lengths.is_distribution(base):
+        return base, int(tail)
+    return (lengths, None) if request_lengths.is_distribution(lengths) else (None, None)
 
 
 def _page_size_of(lengths: str) -> int | None:
@@ -240,9 +254,12 @@ def build(values: dict) -> Sweep:
 
 
 def _lengths_value(text: str) -> str:
-    """A lengths value as the cells spell it: lower case, but ``file:PATH`` (or a file's path) keeps its path."""
+    """A lengths value as the cells spell it: lower case, but ``file:PATH`` (or a file's path) keeps its path
+    (and a ``:pagedN`` after it)."""
     import os
 
-    if text.lower().startswith("file:"):
-        return "file:" + text[5:]
-    return "file:" + text if os.path.isfile(text) else text.lower()
+    head, sep, tail = text.rpartition(":paged")
+    path, suffix = (head, sep + tail) if sep and tail.isdigit() else (text, "")
+    if path.lower().startswith("file:"):
+        return "file:" + path[5:] + suffix
+    return "file:" + path + suffix if os.path.isfile(path) else text.lower()
