@@ -399,14 +399,14 @@ def test_roofline_and_bytes():
 def test_tune_grid_and_goal_lines():
     from attnlab.sweep import decode_tune as dt
     for sh in dt.shapes():
-        base = kd.make_plan(sh.B, sh.T, sh.S, sh.N, sh.K, sh.H, sh.dtype, sms=132, compute_capability=(9, 0))
+        base = kd.make_plan(*dt.sizes(sh), sh.dtype, sms=132, compute_capability=(9, 0))
         grid = dt.tune_grid(sh, base)
         assert 6 <= len(grid) <= 12 and {} not in grid
         for cfg in grid:
-            p = kd.make_plan(sh.B, sh.T, sh.S, sh.N, sh.K, sh.H, sh.dtype, kd.DecodeConfig(**cfg), sms=132)
-            assert kd.smem_bytes(p.block_r, p.block_k, sh.H, p.num_stages) <= dt.SMEM_LIMIT
-    assert sum(len(dt.tune_grid(s, kd.make_plan(s.B, s.T, s.S, s.N, s.K, s.H, sms=132))) + 1 for s in dt.shapes()) <= 170
-    goal = lambda t: dt.Shape("goal", 8, 32768, 32, 8, 128, t).label()  # noqa: E731
+            p = kd.make_plan(*dt.sizes(sh), sh.dtype, kd.DecodeConfig(**cfg), sms=132)
+            assert kd.smem_bytes(p.block_r, p.block_k, sh.head_dim, p.num_stages) <= dt.SMEM_LIMIT
+    assert sum(len(dt.tune_grid(s, kd.make_plan(*dt.sizes(s), sms=132))) + 1 for s in dt.shapes()) <= 170
+    goal = lambda t: dt.label(dt.shape(8, 32768, 32, 8, 128, t))  # noqa: E731
     best = lambda ms, gbps, roof: {"ms": ms, "gbps": gbps, "pct_hbm": gbps / 48, "pct_roofline": roof}  # noqa: E731
     report = {"shapes": [{"label": goal(1), "best": best(0.25, 4300, 90), "cudnn_kvlen_ms": 0.244},
                          {"label": goal(4), "best": best(0.27, 3900, 85), "cudnn_kvlen_ms": 0.75},

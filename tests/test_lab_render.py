@@ -269,6 +269,25 @@ def test_the_decode_step_shows_group_size_and_paging():
     assert sec.facts["cells"] == 8
 
 
+def test_the_decode_step_shows_a_ragged_serving_batch_beside_the_uniform_one():
+    from attnlab.lab.step_types import LabConfig
+    from attnlab.lab.steps.decode import render_decode, sweeps_decode
+
+    uniform = dict(_decode_rec("attnlab-decode", 1, 0.25, lengths="uniform"), tokens_per_s=32000.0,
+                   request_lengths={"kv_total": 8 * 32768})
+    skewed = dict(_decode_rec("attnlab-decode", 1, 0.1, lengths="one-long"), pct_roofline=29.0, tokens_per_s=80000.0,
+                  request_lengths={"kv_total": 32768 + 7 * 1024})
+    sec = render_decode([skewed, _decode_rec("attnlab-decode", 1, 0.24), uniform], LabConfig.for_machine(False, True))
+    main, serving = sec.tables              # the serving records are not in the main race nor in a layout table
+    assert [r[:4] for r in serving.rows] == [["decode_attention, every sequence full", 262144, "0.24 ms", "90%"],
+                                             ["serving_attention, uniform", 262144, "0.25 ms", "90%"],
+                                             ["serving_attention, one-long", 39936, "0.1 ms", "29%"]]
+    assert serving.rows[2][4] == "8e+04" and len(main.rows) == 1 and sec.facts["cells"] == 1
+    cells = [c for s in sweeps_decode(LabConfig.for_machine(False, True)) for c in s.cells() if c.lengths != "full"]
+    assert {(c.lengths, c.backend, c.q_len) for c in cells if not c.page_size} == {
+        ("uniform", "attnlab-decode", 1), ("one-long", "attnlab-decode", 1)}
+
+
 def _timing_gpu_rec(backend, kernel, wall):
     return {"kind": "cell", "step": "timing", "backend": backend, "dtype": "bfloat16", "status": "ok", "reason": None,
             "timer": "cupti", "kernel_ms": kernel, "kernel_p25_ms": kernel * 0.95, "kernel_p75_ms": kernel * 1.05,

@@ -5,6 +5,7 @@ import pytest
 
 from attnlab import Problem, Workload
 from attnlab.core import pairs, segments
+from attnlab.core.workload import with_segment_ids
 from attnlab.core.pairs import Counts
 from attnlab.measure.cell import Cell
 from attnlab.reference.float64 import _visible
@@ -66,7 +67,7 @@ def test_packed_documents_closed_form(causal, window):
     """doc_lengths (closed form per document) == the general count == the mask of the same segment ids."""
     ids = DOCS.copy()
     ids[1, -3:] = -1                                  # a padded tail
-    w = Workload.from_segment_ids(Problem(3, T, T, 2, 2, 8, causal=causal, window=window), ids)
+    w = with_segment_ids(Problem(3, T, T, 2, 2, 8, causal=causal, window=window), ids)
     want = brute(T, T, 3, causal, window, ids=ids, kv_ids=ids)
     assert w.counts() == want == pairs.count(T, T, causal=causal, window=window, q_segment_ids=ids, kv_segment_ids=ids)
     assert w.flops("fwd+bwd") == 3.5 * 4 * 2 * 8 * want.pairs

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from attnlab import Problem, Workload
+from attnlab.core.problem import FIELDS
 from attnlab.measure import cell as cellmod
 from attnlab.measure.cell import IDENTITY, IDENTITY_DEFAULTS, Cell, record_key
 from attnlab.core.spec import AttentionSpec, prepare
@@ -23,7 +24,8 @@ BASE = dict(batch=2, q_len=4, kv_len=4, heads=4, kv_heads=2, head_dim=8)
 OLD_IDENTITY = ("backend", "batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype", "causal", "window",
                 "mode", "devices", "strategy", "lengths")
 #: Issue 15 added the input distribution (old records read as gaussian).
-NEW_IDENTITY = OLD_IDENTITY + ("inputs", "page_size", "soft_cap", "packing", "sinks", "kv_dtype", "kv_scale")
+NEW_IDENTITY = OLD_IDENTITY + ("inputs", "page_size", "soft_cap", "packing", "sinks", "kv_dtype", "kv_scale",
+                               "prefill_chunks")
 OLD_CSV_COLUMNS = list(NEW_IDENTITY) + [
     "status", "reason", "timer", "kernel_ms", "wall_ms", "pipelined_ms", "dispatch_ms", "compile_s", "tflops", "gbps",
     "pct_peak", "peak_dtype", "pct_ceiling", "pct_bandwidth", "roofline_ms", "pct_roofline", "checked_fraction", "rel_err",
@@ -58,7 +60,7 @@ def test_problem_counts_and_names():
     assert isinstance(w, Problem) and w.as_problem() == p
     assert (p.flops("fwd+bwd"), p.bytes("bwd"), p.intensity()) == (w.flops("fwd+bwd"), w.bytes("bwd"), w.intensity())
     assert p.label == w.label == "B2 T128 S256 N8/2 H64 bfloat16 causal w16:0"
-    assert json.loads(p.key()) == {**dataclasses.asdict(p), "window": [16, 0]}
+    assert json.loads(p.key()) == {**{f: getattr(p, f) for f in FIELDS}, "window": [16, 0]}
     assert Problem.of(json.loads(p.key())) == p
 
 
@@ -75,12 +77,12 @@ def test_identity_and_csv_columns_derived_from_fields_equal_the_old_lists():
     assert IDENTITY == NEW_IDENTITY
     assert IDENTITY_DEFAULTS == {"devices": 1, "strategy": None, "lengths": None, "inputs": "gaussian", "page_size": None,
                                  "soft_cap": None, "packing": None, "sinks": False,
-                                 "kv_dtype": None, "kv_scale": None}
+                                 "kv_dtype": None, "kv_scale": None, "prefill_chunks": None}
     # derived from the typed record (record_model.csv_columns): identity, status, reason, then each part's
     # fields in declaration order, then the top-level extras; every old column is still there
     assert engine.CSV_COLUMNS[:len(NEW_IDENTITY) + 2] == list(NEW_IDENTITY) + ["status", "reason"]
     assert set(OLD_CSV_COLUMNS) <= set(engine.CSV_COLUMNS) and len(set(engine.CSV_COLUMNS)) == len(engine.CSV_COLUMNS)
-    assert tuple(f.name for f in dataclasses.fields(Problem)) == OLD_IDENTITY[1:10]
+    assert FIELDS == OLD_IDENTITY[1:10]
 
 
 def test_cell_constructors_properties_and_replace():
@@ -110,7 +112,6 @@ def test_attention_spec_holds_a_problem():
     legacy = AttentionSpec(batch=2, q_len=8, kv_len=12, heads=4, kv_heads=2, head_dim=16, dtype="float32", scale=None,
                            is_causal=True, window=(3, 0))
     assert legacy == spec and dataclasses.replace(spec, scale=0.5).problem == spec.problem
-    assert Workload.from_spec(spec).as_problem() == spec.problem
 
 
 def test_decode_spec_holds_a_problem():
@@ -130,7 +131,6 @@ def test_decode_spec_holds_a_problem():
         spec.max_len = 3
     att = spec.attention_spec()       # decode's causal tail is a mask there, not attention's top-left is_causal
     assert att.problem == dataclasses.replace(spec.problem, causal=False) and att.mask_shape == (2, 1, 4, 12)
-    assert Workload.from_spec(spec).as_problem() == spec.problem
 
 
 def test_committed_records_rebuild_their_cells_keys():
@@ -184,3 +184,24 @@ def test_strategy_registry_declares_placement_and_refusals():
     assert strategies.get("batch").why_not("xla", (4, 0)) == "sharded cells take no window"
     with pytest.raises(ValueError, match="diagonal"):
         strategies.get("diagonal")
+
+
+def test_problem_carries_per_request_lengths_and_counts_a_serving_step_exactly():
+    from attnlab.core import serving_cost as sc
+
+    q, kv = (512, 1, 1, 4), (2048, 77, 1, 300)
+    p = Problem.serving(q, kv, 8, 2, 64, total_tokens=600, kv_len_max=4096)
+    starts = [0, 512, 513, 514, 518]
+    assert (p.batch, p.q_len, p.kv_len, p.causal, p.decode) == (4, 600, 4096, True, True)
+    assert p.flops() == sc.serving_flops(starts, kv, 8, 64)
+    assert p.bytes() == sc.serving_bytes(starts, kv, 8, 2, 64, 2) and p.new_tokens() == 518
+    ragged = Problem(3, 2, 64, 8, 2, 64, causal=True, kv_lengths=(64, 9, 2), decode=True)    # a ragged decode batch
+    assert ragged.flops() == sc.serving_flops([0, 2, 4, 6], (64, 9, 2), 8, 64)
+    rec = p.lengths_record(seed=7)
+    assert rec["q"] == list(q) and rec["kv"] == list(kv) and (rec["kv_total"], rec["seed"]) == (2426, 7)
+    assert "kv" not in p.lengths_record(short=3) and Problem(1, 1, 8, 1, 1, 8).lengths_record() is None
+    for kw, field in ((dict(kv_lengths=(5000,) * 4), "kv_lengths"), (dict(q_lengths=(1, 1, 1)), "q_lengths"),
+                      (dict(kv_lengths=(2048, 77, 1, 3)), "kv_lengths"), (dict(q_lengths=(512, 77, 1, 100)), "q_lengths")):
+        with pytest.raises(ValueError, match=field) as e:
+            dataclasses.replace(p, **kw)
+        assert e.value.fields == (field,)

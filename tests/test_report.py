@@ -210,6 +210,7 @@ def test_memory_bound_cells_show_bandwidth(capsys):
     assert peaks.memory_bound(_cell(16, 16384, lengths="ragged"), rid)
     assert not peaks.memory_bound(_cell(64, 64), rid)             # T <= 64 but not against a longer S
     assert bench_cell_text(decode, rid, 4.8) == "0.25 · 4000 GB/s · 83.3% BW"
+    assert bench_cell_text(dict(decode, tokens_per_s=1.28e5), rid, 4.8) == "0.25 · 4000 GB/s · 83.3% BW · 1.28e+05 tok/s"
     assert bench_cell_text(square, rid, 4.8) == "0.25 · 600.0 TFLOP/s · 60.6%"   # the report's unit (units.format_flops)
     console.width = 200
     _print_bench_table([decode, square], "out")

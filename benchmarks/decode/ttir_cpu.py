@@ -88,16 +88,17 @@ def dump(out_dir: str) -> dict:
     with triton_modules() as captured:
         for sh in decode_tune.shapes():
             dt = jnp.dtype(sh.dtype)
-            base = kd.make_plan(sh.B, sh.T, sh.S, sh.N, sh.K, sh.H, sh.dtype, sms=132, compute_capability=(9, 0))
+            B, T, S, N, K, H = decode_tune.sizes(sh)
+            base = kd.make_plan(B, T, S, N, K, H, sh.dtype, sms=132, compute_capability=(9, 0))
             for i, cfg in enumerate([{}] + decode_tune.tune_grid(sh, base)):
-                plan = kd.make_plan(sh.B, sh.T, sh.S, sh.N, sh.K, sh.H, sh.dtype, kd.DecodeConfig(**cfg), sms=132,
+                plan = kd.make_plan(B, T, S, N, K, H, sh.dtype, kd.DecodeConfig(**cfg), sms=132,
                                     compute_capability=(9, 0))
-                tag = f"{sh.name}_T{sh.T}_B{sh.B}_S{sh.S}" + ("_ragged" if sh.ragged else "") + f"_v{i}"
+                tag = f"{decode_tune.group(sh)}_T{T}_B{B}_S{S}" + ("_ragged" if sh.kv_lengths else "") + f"_v{i}"
                 f = jax.jit(functools.partial(kd.decode_attention_pallas, causal=True, interpret=False, plan=plan))
                 try:
                     with kd.cuda_lowering_context():
-                        f.trace(s((sh.B, sh.T, sh.N, sh.H), dt), s((sh.B, sh.S, sh.K, sh.H), dt),
-                                s((sh.B, sh.S, sh.K, sh.H), dt), s((sh.B,), jnp.int32)).lower(lowering_platforms=("cuda",))
+                        f.trace(s((B, T, N, H), dt), s((B, S, K, H), dt),
+                                s((B, S, K, H), dt), s((B,), jnp.int32)).lower(lowering_platforms=("cuda",))
                 except Exception as e:  # noqa: BLE001
                     variants[tag] = dict(config=cfg, plan=dataclasses.asdict(plan), lowered=False, error=f"{type(e).__name__}: {e}")
                     continue

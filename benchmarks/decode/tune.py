@@ -33,7 +33,9 @@ import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 
-from attnlab.sweep.decode_tune import HBM_TBS, L2_BYTES, PEAK_TFLOPS, SMEM_LIMIT, Shape, goal_lines, shapes, tune_grid  # noqa: E402,F401
+from attnlab import Problem  # noqa: E402
+from attnlab.sweep.decode_tune import (HBM_TBS, L2_BYTES, PEAK_TFLOPS, SMEM_LIMIT, goal_lines, label, lengths,  # noqa: E402,F401
+                                        shape_record, sizes, shapes, tune_grid)
 
 
 def _time(fn, args, repeats):
@@ -76,18 +78,18 @@ def run(out_dir: str, budget_s: float, repeats: int, quick: bool, smoke: bool = 
 
     state = {}   # shape name -> (inputs, reference, record)
 
-    def inputs(sh: Shape):
-        q, k, v = attnlab.reference.inputs.random_qkv(sh.B, sh.T, sh.S, sh.N, sh.K, sh.H, sh.dtype, seed=sh.T)
-        lengths = jnp.asarray(sh.lengths(), jnp.int32)
-        nbytes = 2 * sum(sh.lengths()) * sh.K * sh.H * 2
+    def inputs(sh: Problem):
+        q, k, v = attnlab.reference.inputs.random_qkv(*sizes(sh), sh.dtype, seed=sh.q_len)
+        kv_lens = jnp.asarray(lengths(sh), jnp.int32)
+        nbytes = 2 * sum(lengths(sh)) * sh.kv_heads * sh.head_dim * 2
         sets = max(1, min(3, math.ceil(4 * L2_BYTES / nbytes)))
-        arg_sets = [(q, k, v, lengths)]
+        arg_sets = [(q, k, v, kv_lens)]
         for i in range(1, sets):
-            qi, ki, vi = attnlab.reference.inputs.random_qkv(sh.B, sh.T, sh.S, sh.N, sh.K, sh.H, sh.dtype, seed=100 + i)
-            arg_sets.append((qi, ki, vi, lengths))
+            qi, ki, vi = attnlab.reference.inputs.random_qkv(*sizes(sh), sh.dtype, seed=100 + i)
+            arg_sets.append((qi, ki, vi, kv_lens))
         return arg_sets, nbytes
 
-    def reference(q, k, v, lengths, sh: Shape):
+    def reference(q, k, v, lengths, sh: Problem):
         f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
         with jax.default_matmul_precision("highest"):
             return jax.jit(lambda q, k, v, n: attnlab.decode_attention(f32(q), f32(k), f32(v), n, causal=True,
@@ -97,11 +99,11 @@ def run(out_dir: str, budget_s: float, repeats: int, quick: bool, smoke: bool = 
         d = out.astype(jnp.float32) - ref
         return float(jnp.linalg.norm(d.ravel()) / jnp.linalg.norm(ref.ravel()))
 
-    def variant(sh: Shape, cfg: dict, tag: str):
-        arg_sets, ref, rec = state[sh.label()]
+    def variant(sh: Problem, cfg: dict, tag: str):
+        arg_sets, ref, rec = state[label(sh)]
         v = {"tag": tag, "config": cfg}
         try:
-            plan = kd.make_plan(sh.B, sh.T, sh.S, sh.N, sh.K, sh.H, sh.dtype, kd.DecodeConfig(**cfg), sms=sms,
+            plan = kd.make_plan(*sizes(sh), sh.dtype, kd.DecodeConfig(**cfg), sms=sms,
                                 compute_capability=cc)
             v["plan"] = dataclasses.asdict(plan)
             fn = lambda q, k, vv, n: kd.decode_attention_pallas(q, k, vv, n, causal=True, plan=plan,  # noqa: E731
@@ -119,27 +121,27 @@ def run(out_dir: str, budget_s: float, repeats: int, quick: bool, smoke: bool = 
         rec["best"] = min(good, key=lambda x: x["ms"]) if good else None
         ms = f"{v['ms']:.4f} ms {v['gbps']:7.0f} GB/s {v['pct_roofline']:5.1f}% roof err {v['rel_err']:.1e}" if "ms" in v \
             else v.get("error", "")[:120]
-        print(f"[{time.perf_counter() - t_start:6.1f}s] {sh.label():<34} {tag:<8} {json.dumps(cfg):<42} {ms}", flush=True)
+        print(f"[{time.perf_counter() - t_start:6.1f}s] {label(sh):<34} {tag:<8} {json.dumps(cfg):<42} {ms}", flush=True)
 
-    def peers(sh: Shape):
-        arg_sets, ref, rec = state[sh.label()]
+    def peers(sh: Problem):
+        arg_sets, ref, rec = state[label(sh)]
         q, k, v, n = arg_sets[0]
         calls = {"cudnn_kvlen": lambda q, k, v, n: attnlab.attention(q, k, v, key_value_seq_lengths=n, implementation="cudnn")}
-        if sh.T > 1:
+        if sh.q_len > 1:
             calls["cudnn_causal"] = lambda q, k, v, n: attnlab.decode_attention(q, k, v, n, causal=True, implementation="cudnn")
         for name, fn in calls.items():
             try:
                 compiled, st, _ = _time(fn, arg_sets, repeats)
                 rec[f"{name}_ms"] = st.median
-                if name == "cudnn_causal" or sh.T == 1:
+                if name == "cudnn_causal" or sh.q_len == 1:
                     rec[f"{name}_rel_err"] = rel_err(compiled(*arg_sets[0]), ref)
             except Exception as e:  # noqa: BLE001
                 rec[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
-        if sh.T == 1 and sh.S % pallas_paged.PAGE_SIZE == 0:
+        if sh.q_len == 1 and sh.kv_len % pallas_paged.PAGE_SIZE == 0:
             try:
                 kp, vp, tables = jax.jit(pallas_paged.to_pages)(k, v)
-                splits, per_block = pallas_paged.launch_params(sh.S)
-                fn = lambda q, kp, vp, t, n: pallas_paged.paged_call(q, kp, vp, t, n, scale=1 / math.sqrt(sh.H),  # noqa: E731
+                splits, per_block = pallas_paged.launch_params(sh.kv_len)
+                fn = lambda q, kp, vp, t, n: pallas_paged.paged_call(q, kp, vp, t, n, scale=1 / math.sqrt(sh.head_dim),  # noqa: E731
                                                                      k_splits=splits, pages_per_block=per_block)
                 compiled, st, _ = _time(fn, [(q, kp, vp, tables, n)], repeats)
                 rec["paged_ms"] = st.median
@@ -147,22 +149,22 @@ def run(out_dir: str, budget_s: float, repeats: int, quick: bool, smoke: bool = 
                 del kp, vp
             except Exception as e:  # noqa: BLE001
                 rec["paged_error"] = f"{type(e).__name__}: {str(e)[:300]}"
-        print(f"[{time.perf_counter() - t_start:6.1f}s] {sh.label():<34} peers    "
+        print(f"[{time.perf_counter() - t_start:6.1f}s] {label(sh):<34} peers    "
               + " ".join(f"{k}={rec[k]:.4f}" for k in ("cudnn_kvlen_ms", "cudnn_causal_ms", "paged_ms") if k in rec)
               + " " + " ".join(f"{k}={rec[k][:80]}" for k in rec if k.endswith("_error")), flush=True)
 
-    def setup(sh: Shape):
+    def setup(sh: Problem):
         arg_sets, nbytes = inputs(sh)
         q, k, v, n = arg_sets[0]
-        flops = 4.0 * sh.T * sh.N * sh.H * sum(sh.lengths())
-        rec = {"shape": dataclasses.asdict(sh), "label": sh.label(), "lengths": sh.lengths(), "kv_bytes": nbytes,
+        flops = 4.0 * sh.q_len * sh.heads * sh.head_dim * sum(lengths(sh))
+        rec = {"shape": shape_record(sh), "label": label(sh), "lengths": lengths(sh), "kv_bytes": nbytes,
                "flops": flops, "input_sets": len(arg_sets),
                "roofline_ms": max(nbytes / (HBM_TBS * 1e12), flops / (PEAK_TFLOPS * 1e12)) * 1e3, "variants": []}
-        state[sh.label()] = (arg_sets, reference(q, k, v, n, sh), rec)
+        state[label(sh)] = (arg_sets, reference(q, k, v, n, sh), rec)
         report["shapes"].append(rec)
 
-    def release(sh: Shape):
-        state.pop(sh.label(), None)
+    def release(sh: Problem):
+        state.pop(label(sh), None)
 
     all_shapes = shapes(quick, smoke)
     # Phase 1: defaults and peers for every shape.
@@ -172,30 +174,30 @@ def run(out_dir: str, budget_s: float, repeats: int, quick: bool, smoke: bool = 
             variant(sh, {}, "default")
             peers(sh)
         except Exception as e:  # noqa: BLE001
-            report["skipped"].append({"label": sh.label(), "error": f"{type(e).__name__}: {e}",
+            report["skipped"].append({"label": label(sh), "error": f"{type(e).__name__}: {e}",
                                       "trace": traceback.format_exc()[-1500:]})
             release(sh)
         save()
     # Phase 2: the grid, shape by shape, while the budget lasts (inputs stay on the device: ~10 GB).
     for sh in all_shapes:
-        if sh.label() not in state:
+        if label(sh) not in state:
             continue
-        rec = state[sh.label()][2]
+        rec = state[label(sh)][2]
         if not rec["variants"] or "plan" not in rec["variants"][0]:
             continue
         if time.perf_counter() - t_start > budget_s:
-            report["skipped"].append({"label": sh.label(), "error": "time budget spent: grid not run"})
+            report["skipped"].append({"label": label(sh), "error": "time budget spent: grid not run"})
             continue
         default_plan = kd.Plan(**rec["variants"][0]["plan"])
         grid = tune_grid(sh, default_plan)
-        if sh.ragged:
-            goal4 = next((r for r in report["shapes"] if r["shape"]["name"] == "goal" and r["shape"]["T"] == sh.T
-                          and not r["shape"]["ragged"] and r["shape"]["S"] == sh.S), None)
+        if sh.kv_lengths is not None:
+            goal4 = next((r for r in report["shapes"] if r["shape"]["name"] == "goal" and r["shape"]["T"] == sh.q_len
+                          and not r["shape"]["ragged"] and r["shape"]["S"] == sh.kv_len), None)
             best = goal4 and goal4.get("best")
             grid = [best["config"]] if best and best["config"] else []
         for cfg in grid:
             if time.perf_counter() - t_start > budget_s:
-                report["skipped"].append({"label": sh.label(), "config": cfg, "error": "time budget spent"})
+                report["skipped"].append({"label": label(sh), "config": cfg, "error": "time budget spent"})
                 continue
             variant(sh, cfg, "grid")
         release(sh)

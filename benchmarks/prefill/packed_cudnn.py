@@ -5,7 +5,7 @@ cuDNN, tokamax and XLA, at the same total tokens; forward and fwd+bwd; every var
 
 Writes DIR/packed.jsonl (one row per variant, T, mode: ms (CUPTI kernel time), the check's errors,
 or the error; ``flops``, ``tflops`` and ``pct_peak``: the pairs the call computes, counted by
-``attnlab.Workload``: within each document for the packed and masked variants, every causal pair for
+``attnlab.Problem``: within each document for the packed and masked variants, every causal pair for
 unpacked) and prints a table. The GQA probe calls JAX's packed entry point directly with K < N
 (attnlab refuses it) to show whether JAX's key offsets are strided right.
 """
@@ -22,7 +22,8 @@ import numpy as np
 
 import attnlab
 import attnlab.reference.inputs
-from attnlab import Problem, Workload
+from attnlab import Problem
+from attnlab.core.workload import with_segment_ids
 from attnlab.core import segments
 from attnlab.measure import check, peaks, timers
 
@@ -70,7 +71,7 @@ def rate(row, q, ids, mode):
     and ``pct_peak`` of the device's datasheet bf16 peak."""
     B, T, N, H = (int(d) for d in q.shape)
     prob = Problem(B, T, T, N, N, H, "bfloat16", True)
-    w = Workload.from_segment_ids(prob, ids) if ids is not None else Workload.from_problem(prob)
+    w = with_segment_ids(prob, ids) if ids is not None else prob
     row["flops"] = w.flops(mode)
     row["tflops"] = row["flops"] / (row["ms"] * 1e-3) / 1e12
     pk = peaks.peak_tflops(jax.devices()[0].device_kind, "bfloat16")

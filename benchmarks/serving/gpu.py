@@ -33,30 +33,12 @@ PAIRS = ((32, 8), (56, 8))
 GOAL_DECODE, GOAL_MIXED = 85, 75
 
 
+from attnlab.core.request_lengths import draw, mixed_batch, starts_of  # noqa: E402,F401 (mixed_batch, starts_of: used here and by variants.py)
+
+
 def lengths_of(dist: str, T: int, rng) -> np.ndarray:
-    if dist == "uniform":
-        n = np.full(B, S)
-    elif dist == "spread":
-        n = rng.integers(T, S + 1, B)
-    elif dist == "lognormal":
-        n = np.exp(rng.normal(np.log(2048), 1.2, B)).astype(np.int64)
-    elif dist == "one-long":
-        n = np.full(B, S // 32)
-        n[0] = S
-    else:
-        raise ValueError(dist)
-    return np.clip(n, T, S).astype(np.int32)
-
-
-def mixed_batch(chunks: int, chunk: int, decodes: int, s_max: int, rng):
-    q_len = np.array([chunk] * chunks + [1] * decodes)
-    kv = rng.integers(1, s_max + 1, chunks + decodes)
-    kv[:chunks] = rng.integers(chunk, s_max + 1, chunks)
-    return q_len.astype(np.int32), np.maximum(kv, q_len).astype(np.int32)
-
-
-def starts_of(q_len):
-    return np.concatenate([[0], np.cumsum(q_len)]).astype(np.int32)
+    """This benchmark's batch (B requests, caches of at most S) drawn from ``attnlab.core.request_lengths``."""
+    return draw(dist, B, T, S, rng)
 
 
 from benchmarks.serving.checks import check, references  # noqa: E402,I001 (after sys.path)

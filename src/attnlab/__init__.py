@@ -7,7 +7,7 @@ Public API::
     attnlab.reference_attention(q, k, v, ...)  # NumPy float64 truth
     attnlab.UnsupportedError                 # a forced backend that cannot run the input
     attnlab.Problem                          # one problem: B T S N K H dtype causal window
-    attnlab.Workload                         # FLOP / byte model (a Problem with decode lengths)
+    attnlab.Workload                         # the Problem (its FLOP / byte model), by its old name
     attnlab.hlo_uses_cudnn(fn, *args)        # did cuDNN's fused attention really get lowered?
     attnlab.decode_attention(q, k_cache, v_cache, kv_lengths)  # T new tokens against a KV cache
     attnlab.reference_decode_attention(...)  # its NumPy float64 truth

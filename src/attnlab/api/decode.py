@@ -67,7 +67,8 @@ ARGUMENT_NAMES = {"batch": "q batch size B", "q_len": "q length T", "kv_len": "k
 
 @dataclasses.dataclass(frozen=True)
 class DecodeSpec:
-    """Static description of one decode call: its ``Problem`` and what else the call carries.
+    """Static description of one decode or serving call (``ServingSpec`` is this type): its ``Problem`` and
+    what else the call carries.
 
     ``problem``: ``Problem(B, T, S_max, N, K, H, dtype, causal)``: ``kv_len`` is the cache's capacity
     S_max (contiguous: k_cache's length; paged: pages_per_seq * page_size), ``causal`` decode's
@@ -285,7 +286,7 @@ class CallExplanation:
     """What auto runs for a decode or serving call (``chosen``) and each backend's reason not to (None: it can)."""
     chosen: str
     reasons: dict[str, str | None]
-    spec: Any       # the call's DecodeSpec or ServingSpec
+    spec: Any       # the call's DecodeSpec (a serving call's too)
 
     def __str__(self) -> str:
         from .dot_product import reason_lines

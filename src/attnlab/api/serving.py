@@ -48,27 +48,16 @@ from .. import backends
 from ..core.checks import (_is_tracer, _shape, call_problem, check_kv_shapes, check_scale, check_sinks,
                            check_soft_cap, length_values, normalise_window)
 from ..core.errors import UnsupportedError
-from ..core.problem import Problem
-from .decode import CallExplanation, check_cache_dtypes, contiguous_kv
+from .decode import CallExplanation, DecodeSpec, check_cache_dtypes, contiguous_kv
 
 ARGUMENT_NAMES = {"batch": "kv_lengths size B", "q_len": "q tokens T_total", "kv_len": "k_cache length S_max",
                   "heads": "q heads N", "kv_heads": "k_cache heads K", "head_dim": "q head dim H"}
 
 
-@dataclasses.dataclass(frozen=True)
-class ServingSpec:
-    """Static description of a serving call: ``problem`` = Problem(B, T_total, S_max, N, K, H, dtype,
-    causal=True, window) (q_len is the token budget T_total; window the call's ``local_window_size`` as
-    (left, right), or None), the page size, soft cap, whether the scale is static and whether sinks (one
-    extra softmax logit per query head) are given."""
-
-    problem: Problem
-    page_size: int | None = None
-    soft_cap: float | None = None
-    scale_is_static: bool = True
-    has_sinks: bool = False
-    kv_dtype: str | None = None     # a quantized cache's dtype (``core.kv_quant``), None: q's dtype
-    kv_scale: str | None = None     # its scale layout: tensor, head, page or token
+#: Static description of a serving call: decode's call type (``DecodeSpec``), whose ``problem`` is
+#: Problem(B, T_total, S_max, N, K, H, dtype, causal=True) (q_len the token budget T_total), with the static
+#: scale, the page size, soft cap, whether the scale is static and whether sinks are given.
+ServingSpec = DecodeSpec
 
 
 @dataclasses.dataclass
@@ -141,8 +130,9 @@ def prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=Non
     scale = check_scale(scale)
     static = not _is_tracer(scale)
     sinks = check_sinks(sinks, N)
-    spec = ServingSpec(problem, page_size=page_size, soft_cap=check_soft_cap(logits_soft_cap), scale_is_static=static,
-                       has_sinks=sinks is not None, kv_dtype=kv_dtype, kv_scale=kv_scale)
+    spec = ServingSpec(problem, scale=scale if static else None, scale_is_static=static, page_size=page_size,
+                       soft_cap=check_soft_cap(logits_soft_cap), has_sinks=sinks is not None, kv_dtype=kv_dtype,
+                       kv_scale=kv_scale)
     if plan is not None:
         _check_plan(plan, (T_total, B, N, K, H), problem.window)
     import jax.numpy as jnp

@@ -37,7 +37,12 @@ WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys
 @click.option("--strategy", help="none, batch, heads, ring (comma-separated): sharded_attention strategies.")
 @click.option("--lengths", help="none, full, ragged, paged, pagedN (comma-separated): full/ragged/paged make decode "
               "cells, decode_attention of the q_len newest tokens against a kv_len cache; paged (page size 16) "
-              "and pagedN: full lengths in a paged cache of N-token pages (vLLM layout).")
+              "and pagedN: full lengths in a paged cache of N-token pages (vLLM layout). uniform, spread, "
+              "lognormal, one-long, FILE (or file:FILE, whitespace-separated KV lengths) make serving cells: "
+              "serving_attention on --batch requests with KV lengths of that distribution, traced as a server "
+              "passes them (causal, fwd); DIST:pagedN: in a paged cache of N-token pages.")
+@click.option("--prefill-chunks", help="none or NxSIZE (comma-separated, e.g. 2x2048): N prefill chunks of SIZE "
+              "tokens beside a serving cell's decodes (a mixed step).")
 @click.option("--model", help="A model: a preset (attnlab models), a Hugging Face id of one or of its "
               "variants (meta-llama/Llama-3.1-8B-Instruct, llama3.1-8b), or a config.json or a folder holding one; "
               "the cells come from its shape, "
@@ -206,11 +211,12 @@ def bench_cell_text(r: dict, ridge_intensity: float | None, bw_tbps: float | Non
     from ..core.units import format_flops
 
     ms = time_ms(r)
+    tok = f" · {r['tokens_per_s']:.4g} tok/s" if r.get("tokens_per_s") else ""    # a serving cell's new tokens
     if peaks.memory_bound(r, ridge_intensity) and r.get("gbps") is not None:
         bw = f"{100 * r['gbps'] / (bw_tbps * 1000):.1f}% BW" if bw_tbps else "–"
-        return f"{ms:.4g} · {r['gbps']:.4g} GB/s · {bw}"
+        return f"{ms:.4g} · {r['gbps']:.4g} GB/s · {bw}{tok}"
     pk = f"{r['pct_peak']:.1f}%" if r.get("pct_peak") is not None else "–"
-    return f"{ms:.4g} · {format_flops(r['tflops'] * 1e12)} · {pk}"
+    return f"{ms:.4g} · {format_flops(r['tflops'] * 1e12)} · {pk}{tok}"
 
 
 def _print_bench_table(records, out_dir, wide: bool = False):

@@ -139,3 +139,28 @@ def quantize_kv_cache(cache, dtype: str = "float8_e4m3fn", granularity: str = "t
     y = jnp.clip(y, -QMAX[dtype], QMAX[dtype])       # rounding of the division may step past the largest value
     return y.astype(dtype), scale
 
+
+def checked_cache(kv_dtype: str, kv_scale: str | None, page_size: int | None) -> str:
+    """A problem's quantized cache: its dtype's canonical name; ValueError naming kv_scale when the layout is
+    not one of ``SCALE_LAYOUTS`` (``page`` needs a page size)."""
+    if kv_scale not in SCALE_LAYOUTS or (kv_scale == "page" and not page_size):
+        raise ValueError(f"kv_scale must be one of {SCALE_LAYOUTS} with kv_dtype (page: with page_size), "
+                         f"got {kv_scale!r}")
+    return canonical_kv_dtype(kv_dtype)
+
+
+def scale_bytes(problem) -> int:
+    """Bytes of k_scale and v_scale (float32) the forward pass of ``problem`` (an ``attnlab.core.problem.Problem``)
+    reads: per token of the keys it reads, per page of them (``page_size``), per KV head or one each; 0 for a
+    float cache."""
+    if problem.kv_dtype is None:
+        return 0
+    K = problem.kv_heads
+    if problem.kv_scale == "token":
+        n = problem.kv_tokens() * K
+    elif problem.kv_scale == "page":
+        lens = problem.kv_lengths or (problem.kv_len,) * problem.batch
+        n = sum(-(-int(x) // problem.page_size) for x in lens) * K
+    else:
+        n = K if problem.kv_scale == "head" else 1
+    return 2 * 4 * n

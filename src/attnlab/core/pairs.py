@@ -1,8 +1,8 @@
 """Exactly what an attention call computes: its (query, key) pairs, the query rows that see a key and
 the keys some query sees, for causal, windowed, ragged, padded, decode and packed calls.
 
-Query t of row b sits at position ``t + offset[b]`` (offset 0; decode: ``kv_lengths[b] - T``, the T new
-tokens are the last ones of the sequence). It is computed with key s when all of these hold:
+Query t of row b sits at position ``t + offset[b]`` (offset 0; decode: ``kv_lengths[b] - q_lengths[b]``, the
+new tokens are the last ones of the sequence). It is computed with key s when all of these hold:
 
 - ``t < q_lengths[b]`` and ``s < kv_lengths[b]`` (padding is never computed);
 - ``lo <= s - position <= hi`` (``band``: causal gives ``hi = 0``, a window ``(left, right)`` gives
@@ -95,7 +95,7 @@ def count(q_len: int, kv_len: int, *, causal: bool = False, window=None, q_lengt
                 else q_segment_ids if q_segment_ids is not None else [0])
     qls = [q_len] * batch if q_lengths is None else [int(x) for x in q_lengths]
     kls = [kv_len] * batch if kv_lengths is None else [int(x) for x in kv_lengths]
-    offs = [kl - q_len if decode else 0 for kl in kls]
+    offs = [kl - ql if decode else 0 for ql, kl in zip(qls, kls)]
     lo, hi = band(causal, window, q_len + kv_len + 1)
     if q_segment_ids is None:
         total = ZERO

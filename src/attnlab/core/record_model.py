@@ -67,6 +67,11 @@ class Problem(_Part):
     sinks: Optional[bool] = False
     kv_dtype: Optional[str] = None      # a quantized KV cache's dtype (decode cells; ``core.kv_quant``)
     kv_scale: Optional[str] = None      # its scale layout: tensor, head, page or token
+    prefill_chunks: Optional[str] = None    # serving cells: "NxSIZE" prefill chunks beside the decodes
+    #: per-request lengths of a decode/serving cell (``core.problem.Problem.lengths_record``): requests, seed,
+    #: totals, min/median/max of the KV lengths, and the q and kv lists themselves when there are <= 64 requests
+    request_lengths: Optional[dict] = None
+    lengths_traced: Optional[bool] = None   # the lengths were a traced argument of the jitted call (a server's way)
 
 
 _SPREAD = ("min", "p25", "p75", "max", "iqr")
@@ -108,6 +113,7 @@ class Rates(_Part):
     flops: Num = None
     bytes: Num = None
     intensity: Num = None
+    tokens_per_s: Num = _f("timed", "cleared")   # serving cells: the step's new tokens / its time
 
 
 class Correctness(_Part):

@@ -170,11 +170,13 @@ def time_ms(rec: dict) -> float | None:
 
 
 def config_label(rec: dict, mesh: bool = True) -> str:
-    """``<problem label> [decode-L] mode [strategy x devices] [inputs=] [cap=] [packing=] [sinks] [kv=]`` of a record or
+    """``<problem label> [decode-L] mode [strategy x devices] [inputs=] [cap=] [packing=] [sinks] [kv=] [prefill=]`` of a record or
     ``Cell.identity()``: the one label of a cell everywhere (tables, compare, the lab)."""
     parts = [problem_label(rec)]
     if rec.get("lengths"):
-        parts.append(f"decode-{rec['lengths']}{rec.get('page_size') or ''}")
+        page = rec.get("page_size") or ""
+        parts.append(f"decode-{rec['lengths']}{page}" if rec["lengths"] == "paged" or not page
+                     else f"decode-{rec['lengths']}:paged{page}")       # a serving cell's paged cache
     parts.append(rec["mode"])
     if mesh and rec.get("strategy"):
         parts.append(f"{rec['strategy']}x{rec.get('devices', 1)}")
@@ -188,6 +190,8 @@ def config_label(rec: dict, mesh: bool = True) -> str:
         parts.append("sinks")
     if rec.get("kv_dtype"):
         parts.append(f"kv={rec['kv_dtype']}:{rec.get('kv_scale')}")
+    if rec.get("prefill_chunks"):
+        parts.append(f"prefill={rec['prefill_chunks']}")
     return " ".join(parts)
 
 

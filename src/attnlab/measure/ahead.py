@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from .. import backends
 from ..core import device
 from ..core.spec import prepare
-from . import estimate, threads
+from . import estimate, serving_cell, threads
 
 #: The compiles started and not yet ended (``stop`` cancels or waits for them).
 _JOBS: set = set()
@@ -69,6 +69,8 @@ def why_not(cell, opts=None) -> str | None:
         return "paged: its arguments are the pages and the page table made from its inputs"
     if getattr(cell, "kv_dtype", None):
         return "quantized KV cache: its arguments are the cache and the scales made from its inputs"
+    if serving_cell.is_serving(cell):
+        return "serving: its arguments are the packed requests and their lengths (measure.serving_cell)"
     if cell.dtype == "float64":
         return "float64: x64 is set per thread"
     try:

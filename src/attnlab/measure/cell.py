@@ -1,11 +1,11 @@
 """Measure one sweep cell: check it against the references, then time it, and return one record.
 
-A cell is one (backend, problem, mode[, mesh strategy, decode lengths]); its problem is an
-``attnlab.core.problem.Problem``; its record's schema and statuses: ``attnlab.core.record_model``.
-An incorrect cell is never timed. This module is the cell and its state machine; the concerns it walks
-through live beside it: ``inputs`` (input sets, mesh placement, the mode builders), ``check`` (references
-and the check policy), ``budget`` (the compile watchdog), ``outcome`` (classification, metrics, finishing),
-``kv_cells`` (decode cells on a quantized KV cache)."""
+A cell is one (backend, problem, mode[, mesh strategy, decode lengths]); its problem is an ``attnlab.core.problem.Problem``;
+its record's schema and statuses: ``attnlab.core.record_model``. An incorrect cell is never timed. This module is the
+cell and its state machine; the concerns it walks through live beside it: ``inputs`` (input sets, mesh placement, the
+mode builders), ``check`` (references, check policy), ``budget`` (compile watchdog), ``outcome`` (classification,
+metrics, finishing), ``serving_cell`` (a serving step's cell: lengths traced), ``kv_cells`` (a quantized KV cache).
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -24,8 +24,7 @@ from ..core.problem import FIELDS as PROBLEM_FIELDS, Problem, delegate_fields
 from ..core.records import SCHEMA_VERSION, STATUSES, config_label  # noqa: F401  (STATUSES, config_label re-exported)
 from ..core.checks import check_soft_cap
 from ..core.spec import prepare
-from ..core.workload import Workload
-from . import check, estimate, kv_cells, memory, timers
+from . import check, estimate, kv_cells, memory, serving_cell, timers
 from .native_cell import _measure_native
 from .options import Options
 from .phases import Phases
@@ -62,11 +61,13 @@ class Cell:
     sinks: bool = dataclasses.field(default=False, metadata=_SINCE)              # reference.inputs.random_sinks
     kv_dtype: str | None = dataclasses.field(default=None, metadata=_SINCE)      # decode: a quantized cache's dtype
     kv_scale: str | None = dataclasses.field(default=None, metadata=_SINCE)      # and its scale layout (kv_cells)
+    prefill_chunks: str | None = dataclasses.field(default=None, metadata=_SINCE)  # serving cells: "NxSIZE"
 
     def __init__(self, backend, batch=_UNSET, q_len=_UNSET, kv_len=_UNSET, heads=_UNSET, kv_heads=_UNSET,
                  head_dim=_UNSET, dtype=_UNSET, causal=_UNSET, window=_UNSET, mode="fwd", devices=1, strategy=None,
                  lengths=None, inputs="gaussian", page_size=None, soft_cap=None,
-                 packing=None, kv_dtype=None, kv_scale=None, *, problem: Problem | None = None, sinks=False):
+                 packing=None, kv_dtype=None, kv_scale=None, prefill_chunks=None, *, problem: Problem | None = None,
+                 sinks=False):
         given = {k: v for k, v in zip(PROBLEM_FIELDS, (batch, q_len, kv_len, heads, kv_heads, head_dim, dtype, causal,
                                                        window)) if v is not _UNSET}
         if problem is None:
@@ -77,7 +78,8 @@ class Cell:
         for name, value in (("backend", backend), ("problem", problem), ("mode", mode), ("devices", devices),
                             ("strategy", strategy), ("lengths", lengths), ("inputs", inputs), ("page_size", page_size),
                             ("soft_cap", None if soft_cap is None else float(soft_cap)), ("packing", packing),
-                            ("sinks", sinks), *kv_cells.cell_fields(kv_dtype, kv_scale)):
+                            ("sinks", sinks), *kv_cells.cell_fields(kv_dtype, kv_scale),
+                            ("prefill_chunks", prefill_chunks)):
             object.__setattr__(self, name, value)
         self._validate()
 
@@ -87,16 +89,18 @@ class Cell:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.lengths is not None:
-            if self.lengths not in LENGTHS:
-                raise ValueError(f"lengths must be None or one of {LENGTHS}, got {self.lengths!r}")
+            if self.lengths not in LENGTHS and not serving_cell.is_serving(self):
+                raise ValueError(f"lengths must be None, one of {LENGTHS + serving_cell.LENGTHS} or file:PATH, "
+                                 f"got {self.lengths!r}")
             if self.q_len > self.kv_len or self.strategy is not None:
                 raise ValueError("decode cells (lengths) need q_len <= kv_len and no strategy")
-        if (self.lengths == "paged") != (self.page_size is not None):
-            raise ValueError(f"page_size is given exactly for lengths 'paged', got lengths={self.lengths!r}, "
+        if (self.lengths == "paged") != (self.page_size is not None) and not serving_cell.is_serving(self):
+            raise ValueError(f"page_size is given exactly for lengths 'paged' (or serving), got lengths={self.lengths!r}, "
                              f"page_size={self.page_size!r}")
         if self.page_size is not None and (self.page_size < 1 or self.kv_len % self.page_size):
             raise ValueError(f"page_size must divide kv_len={self.kv_len}, got {self.page_size}")
         check_soft_cap(self.soft_cap)       # None passes
+        serving_cell.check_cell(self)
         if self.packing is not None:
             segments.parse_packing(self.packing)
             if self.q_len != self.kv_len or self.lengths is not None or self.strategy is not None:
@@ -112,10 +116,10 @@ class Cell:
 
         "full": every sequence fills the cache (S). "ragged": lengths drawn uniformly from [T, S]
         with a seed fixed by the shape, so every backend and every run sees the same batch."""
-        if self.lengths is None:
-            return None
-        if self.lengths in ("full", "paged"):
-            return (self.kv_len,) * self.batch
+        if self.lengths is None or self.lengths in ("full", "paged"):
+            return None if self.lengths is None else (self.kv_len,) * self.batch
+        if serving_cell.is_serving(self):   # a serving cell: every request's, the prefill chunks first
+            return tuple(serving_cell.requests(self)[1].tolist())
         rng = np.random.default_rng(check.seed_of(f"ragged B{self.batch} T{self.q_len} S{self.kv_len}"))
         return tuple(int(x) for x in rng.integers(self.q_len, self.kv_len + 1, size=self.batch))
 
@@ -127,10 +131,14 @@ class Cell:
         return segments.docs(self.batch, self.q_len, n, check.seed_of(f"packing {self.packing} B{self.batch} T{self.q_len}"))
 
     @property
-    def workload(self) -> Workload:
+    def workload(self) -> Problem:
+        """The problem with the cell's decode lengths and documents (what its FLOPs and bytes count)."""
+        if serving_cell.is_serving(self):
+            return serving_cell.problem_of(self)
         docs = segments.run_lengths(self.segment_ids()) if self.packing else None   # packed: pairs within documents
-        return Workload.from_problem(self.problem, kv_lengths=self.kv_lengths(), decode=self.lengths is not None, doc_lengths=docs,
-                                     kv_dtype=self.kv_dtype, kv_scale=self.kv_scale, page_size=self.page_size)
+        return dataclasses.replace(self.problem, kv_lengths=self.kv_lengths(), decode=self.lengths is not None,
+                                   doc_lengths=docs, kv_dtype=self.kv_dtype, kv_scale=self.kv_scale,
+                                   page_size=self.page_size)
 
     def identity(self) -> dict:
         """The record's identity fields in order, the problem's as ``Problem.identity`` spells them."""
@@ -204,6 +212,8 @@ def _measure_cell(cell: Cell, opts: Options | None, on_phase=None, ahead=None) -
             if est.seconds > opts.cell_budget_s:
                 raise _Skip("over_budget", f"estimated {est.text()} on {info.kind or info.platform}: more than the "
                                            f"cell budget of {opts.cell_budget_s:g} s (--cell-budget); not run")
+        if serving_cell.is_serving(cell):   # serving_attention on packed requests, lengths traced
+            return _finish(serving_cell.measure(backend, cell, opts, rec, info, phases), t_start)
         with phases("inputs"):
             try:
                 sets = _input_sets(cell, opts)
@@ -276,17 +286,10 @@ def _measure_cell(cell: Cell, opts: Options | None, on_phase=None, ahead=None) -
             facts = {"error": _short(f"{type(e).__name__}: {e}", 200)}
         if facts:
             rec["facts"] = facts
-        repeats = opts.repeats or (20 if info.platform == "gpu" else 5)
-        rec["repeats"] = repeats
+        rec["repeats"] = opts.repeats or (20 if info.platform == "gpu" else 5)
         with phases("timing"):
             try:
-                timers.warm_up(compiled, arg_sets, opts.warmup)
-                if no_cupti is None:
-                    rec.update(timers.kernel_per_call(compiled, arg_sets, repeats).as_dict("kernel"))
-                rec.update(timers.wall_per_call(compiled, arg_sets, repeats,
-                                                min_time_s=opts.min_time_s if no_cupti is not None else 0.0).as_dict("wall"))
-                rec["pipelined_calls"] = timers.pipelined_calls(rec["wall_ms"], opts.pipelined_calls, opts.pipelined_s)
-                rec["pipelined_ms"] = timers.wall_pipelined(compiled, arg_sets, rec["pipelined_calls"]).median
+                timers.time_into(rec, compiled, arg_sets, opts, cupti=no_cupti is None)
             except Exception as e:  # noqa: BLE001
                 raise _Skip(*classify(e, "run"))
         rec["process_peak_bytes"] = memory.process_peak_bytes()

@@ -73,7 +73,7 @@ def throughput(info, dtype: str) -> tuple[float, float]:
 
 
 def _n_sets(w, opts, info) -> int:
-    one = max(1, w.bytes("fwd") - w.batch * w.q_len * w.heads * w.head_dim * w.itemsize)
+    one = max(1, w.bytes("fwd") - (w.new_tokens() if w.decode else w.batch * w.q_len) * w.heads * w.head_dim * w.itemsize)
     sheet = peaks.peak_for_kind(info.kind)
     rotate = opts.rotate_bytes if opts.rotate_bytes is not None else 3 * (sheet.l2_bytes if sheet else 64 * 2**20)
     return max(1, min(opts.max_input_sets, math.ceil(rotate / one), max(1, (4 * 2**30) // one)))
@@ -93,7 +93,8 @@ def estimate_cell(cell, opts, info) -> Estimate:
     pipe = timers.pipelined_calls(call_s * 1e3, opts.pipelined_calls, opts.pipelined_s)
     calls = max(opts.warmup, n_sets) + repeats + 3 * pipe
     timing_s = (max(opts.warmup, n_sets) + 3 * pipe) * call_s + timed_s
-    dense = 4.0 * w.batch * w.q_len * w.kv_len * w.heads * w.head_dim        # the reference masks, skips nothing
+    tokens = w.new_tokens() if w.decode else w.batch * w.q_len    # query rows (a serving step's are packed)
+    dense = 4.0 * tokens * w.kv_len * w.heads * w.head_dim        # the reference masks, skips nothing
     cal = calibration.current(info)
     compile_x = calibration.GRAD_FACTOR if grads else 1.0
     check_s = 0.0
@@ -104,8 +105,8 @@ def estimate_cell(cell, opts, info) -> Estimate:
         rows = 4.0 * min(F64_ROWS, w.q_len) * min(F64_BATCH, w.batch) * w.kv_len * w.heads * w.head_dim
         check_s = ref + rows / (NUMPY_GFLOPS * 1e9) + (3 if grads else 1) * call_s
     compile_s = cal.compile_s * compile_x
-    qkv = w.bytes("fwd") - w.batch * w.q_len * w.heads * w.head_dim * w.itemsize
-    out32 = 4 * w.batch * w.q_len * w.heads * w.head_dim
+    qkv = w.bytes("fwd") - tokens * w.heads * w.head_dim * w.itemsize
+    out32 = 4 * tokens * w.heads * w.head_dim
     mem = n_sets * (qkv + (out32 if grads else 0)) + (2 + (6 if grads else 0)) * out32
     if opts.check:
         from ..reference.blockwise import TILE_BUDGET

@@ -17,11 +17,11 @@ from .cell import Cell
 
 
 def recounted_workload(rec: dict):
-    """The ``Workload`` of a record's cell (the mesh left out: it changes no count)."""
+    """The ``Problem`` (lengths included) of a record's cell (the mesh left out: it changes no count)."""
     return Cell(rec["backend"], problem=Problem.of(rec), mode=rec.get("mode", "fwd"), lengths=rec.get("lengths"),
                 inputs=rec.get("inputs") or "gaussian", page_size=rec.get("page_size"), soft_cap=rec.get("soft_cap"),
                 packing=rec.get("packing"), sinks=bool(rec.get("sinks")), kv_dtype=rec.get("kv_dtype"),
-                kv_scale=rec.get("kv_scale")).workload
+                kv_scale=rec.get("kv_scale"), prefill_chunks=rec.get("prefill_chunks")).workload
 
 
 def recount(rec: dict) -> dict:

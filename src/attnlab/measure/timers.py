@@ -135,3 +135,16 @@ def cupti_per_call(fn: Callable, arg_sets: Sequence[Sequence], repeats: int, syn
 def warm_up(compiled: Callable, arg_sets: Sequence[Sequence], n: int = 2):
     for i in range(max(n, len(arg_sets))):
         _block(compiled(*arg_sets[i % len(arg_sets)]))
+
+
+def time_into(rec: dict, compiled: Callable, arg_sets: Sequence, opts, cupti: bool) -> None:
+    """Warm ``compiled`` up on ``arg_sets``, then put its times in ``rec``: ``kernel_*`` (CUPTI, when
+    ``cupti``), ``wall_*`` (for at least ``opts.min_time_s`` without CUPTI) and ``pipelined_*``; ``rec["repeats"]``
+    says how many calls each median is of."""
+    warm_up(compiled, arg_sets, opts.warmup)
+    if cupti:
+        rec.update(kernel_per_call(compiled, arg_sets, rec["repeats"]).as_dict("kernel"))
+    rec.update(wall_per_call(compiled, arg_sets, rec["repeats"],
+                             min_time_s=0.0 if cupti else opts.min_time_s).as_dict("wall"))
+    rec["pipelined_calls"] = pipelined_calls(rec["wall_ms"], opts.pipelined_calls, opts.pipelined_s)
+    rec["pipelined_ms"] = wall_pipelined(compiled, arg_sets, rec["pipelined_calls"]).median

@@ -1,8 +1,8 @@
 """The decode kernel's tuning plan and goals (``benchmarks/decode/tune.py`` measures them on a GPU):
-the shapes, each shape's grid of variants after the default plan, and how issue 13's goals stand."""
+the shapes (each a ``Problem``), each shape's grid of variants after the default plan, and how issue 13's goals stand."""
 from __future__ import annotations
 
-import dataclasses
+from ..core.problem import Problem
 
 HBM_TBS = 4.8
 PEAK_TFLOPS = 989.4
@@ -10,40 +10,54 @@ L2_BYTES = 60 * 2**20
 SMEM_LIMIT = 227 * 1024
 
 
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    name: str
-    B: int
-    S: int
-    N: int
-    K: int
-    H: int
-    T: int
-    ragged: bool = False
-    dtype: str = "bfloat16"
-
-    def lengths(self):
-        if not self.ragged:
-            return [self.S] * self.B
-        return [max(self.T, int(self.S * f)) for f in (1.0, 0.75, 0.5, 0.25, 0.125, 1 / 16, 1 / 32, 1 / 64)][: self.B]
-
-    def label(self) -> str:
-        return f"B{self.B} S{self.S} N{self.N}/K{self.K} H{self.H} T{self.T}" + (" ragged" if self.ragged else "")
+#: The ragged shape's lengths, as fractions of S (each at least T).
+RAGGED = (1.0, 0.75, 0.5, 0.25, 0.125, 1 / 16, 1 / 32, 1 / 64)
 
 
-def shapes(quick: bool = False, smoke: bool = False) -> list[Shape]:
+def shape(B: int, S: int, N: int, K: int, H: int, T: int, ragged: bool = False, dtype: str = "bfloat16") -> Problem:
+    """A tuning shape: the causal decode of T new tokens against B caches of S tokens (ragged: the lengths
+    ``RAGGED`` of S, at most 8 sequences), as the ``Problem`` it is."""
+    lengths = tuple(max(T, int(S * f)) for f in RAGGED)[:B] if ragged else None
+    return Problem(B, T, S, N, K, H, dtype, True, kv_lengths=lengths, decode=True)
+
+
+def sizes(p: Problem) -> tuple[int, ...]:
+    """(B, T, S, N, K, H): the first arguments of ``kernels.decode.make_plan`` and ``random_qkv``."""
+    return p.batch, p.q_len, p.kv_len, p.heads, p.kv_heads, p.head_dim
+
+
+def lengths(p: Problem) -> list[int]:
+    return list(p.kv_lengths or (p.kv_len,) * p.batch)
+
+
+def group(p: Problem) -> str:
+    """The shape's group in the report: ragged, long (B = 1), wide (B = 32) or goal."""
+    return "ragged" if p.kv_lengths else {1: "long", 32: "wide"}.get(p.batch, "goal")
+
+
+def label(p: Problem) -> str:
+    return (f"B{p.batch} S{p.kv_len} N{p.heads}/K{p.kv_heads} H{p.head_dim} T{p.q_len}"
+            + (" ragged" if p.kv_lengths else ""))
+
+
+def shape_record(p: Problem) -> dict:
+    """The report's ``shape`` (the fields the tuning reports have always held)."""
+    return {"name": group(p), "B": p.batch, "S": p.kv_len, "N": p.heads, "K": p.kv_heads, "H": p.head_dim,
+            "T": p.q_len, "ragged": p.kv_lengths is not None, "dtype": p.dtype}
+
+
+def shapes(quick: bool = False, smoke: bool = False) -> list[Problem]:
     if smoke:   # the script's plumbing on a CPU (interpret mode, wall clock): tiny shapes
-        return [Shape("goal", 2, 256, 4, 2, 64, 1), Shape("goal", 2, 256, 4, 2, 64, 4),
-                Shape("ragged", 8, 256, 4, 2, 64, 4, ragged=True)]
-    goal = [Shape("goal", 8, 32768, 32, 8, 128, t) for t in (1, 2, 4, 8, 16, 32, 64)]
+        return [shape(2, 256, 4, 2, 64, 1), shape(2, 256, 4, 2, 64, 4), shape(8, 256, 4, 2, 64, 4, ragged=True)]
+    goal = [shape(8, 32768, 32, 8, 128, t) for t in (1, 2, 4, 8, 16, 32, 64)]
     if quick:
         return [goal[0], goal[2], goal[6]]
-    long = [Shape("long", 1, 131072, 32, 8, 128, t) for t in (1, 4, 16)]
-    wide = [Shape("wide", 32, 4096, 32, 8, 128, t) for t in (1, 4, 16)]
-    return goal + long + wide + [Shape("ragged", 8, 32768, 32, 8, 128, 4, ragged=True)]
+    long = [shape(1, 131072, 32, 8, 128, t) for t in (1, 4, 16)]
+    wide = [shape(32, 4096, 32, 8, 128, t) for t in (1, 4, 16)]
+    return goal + long + wide + [shape(8, 32768, 32, 8, 128, 4, ragged=True)]
 
 
-def tune_grid(sh: Shape, default_plan) -> list[dict]:
+def tune_grid(sh: Problem, default_plan) -> list[dict]:
     """Variants after the default: block_k x num_stages, then num_warps (or block_r), then the split count."""
     from ..kernels import decode as kd
 
@@ -52,7 +66,7 @@ def tune_grid(sh: Shape, default_plan) -> list[dict]:
         for st in (2, 3, 4):
             if (bk, st) == (default_plan.block_k, default_plan.num_stages):
                 continue
-            if kd.smem_bytes(default_plan.block_r, bk, sh.H, st) > SMEM_LIMIT:
+            if kd.smem_bytes(default_plan.block_r, bk, sh.head_dim, st) > SMEM_LIMIT:
                 continue
             out.append(dict(block_k=bk, num_stages=st))
     if default_plan.num_warps == 8:
@@ -71,7 +85,7 @@ def goal_lines(report: dict) -> list[str]:
     lines = []
     by = {r["label"]: r for r in report["shapes"]}
     for t in (1, 2, 4, 8, 16, 32, 64):
-        r = by.get(Shape("goal", 8, 32768, 32, 8, 128, t).label())
+        r = by.get(label(shape(8, 32768, 32, 8, 128, t)))
         if not r or not r.get("best"):
             lines.append(f"T={t}: no result")
             continue

@@ -62,7 +62,7 @@ def model_sweep(preset: ModelPreset, phases, contexts, batch: int = 1, backends:
 SHAPE_FLAGS = {"heads": "heads", "kv_heads": "kv_heads", "head_dim": "head_dim"}
 #: bench flags --model replaces (the phases and contexts set them): refused with --model.
 REPLACED_FLAGS = ("seq", "q_len", "kv_len", "causal", "window", "mode", "lengths", "tokens", "devices", "strategy",
-                  "soft_cap", "packing", "sinks", "kv_dtype")
+                  "soft_cap", "packing", "sinks", "kv_dtype", "prefill_chunks")
 
 
 def check_model_flags(preset: ModelPreset, given: dict) -> None:

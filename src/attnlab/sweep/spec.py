@@ -2,7 +2,11 @@
 
 Axes: backend, batch, q_len, kv_len, heads, kv_heads, head_dim, dtype, causal, window, mode,
 lengths (none: ``attention``; full/ragged: ``decode_attention`` of the q_len newest tokens against
-an S-long cache, every sequence full or of ragged valid lengths), inputs (the distribution q, k, v
+an S-long cache, every sequence full or of ragged valid lengths; uniform, spread, lognormal, one-long or
+file:PATH: a serving cell, ``serving_attention`` on B requests whose KV lengths are drawn from that
+distribution, ``attnlab.core.request_lengths``, lengths traced; causal fwd cells only; ``DIST:pagedN``: in a
+paged cache of N-token pages), prefill_chunks (none or
+``NxSIZE``: N prefill chunks of SIZE tokens beside a serving cell's B decodes), inputs (the distribution q, k, v
 are drawn from: a name of ``attnlab.reference.distributions.DISTRIBUTIONS``, default gaussian), soft_cap
 (none or the logits' soft cap, e.g. 50), sinks (false, true or both: attention sinks, one standard
 normal logit per query head, ``attnlab.reference.inputs.random_sinks``), packing (none or ``docs:N``: N documents
@@ -29,6 +33,7 @@ from ..reference.distributions import DISTRIBUTIONS
 from ..measure.cell import LENGTHS, MODES, Cell
 from ..core.names import DTYPE_ALIASES, FLOAT_DTYPES, canonical_dtype, closest, dtype_choices, unknown
 from ..core.segments import parse_packing
+from ..core import request_lengths
 from .parse import (SweepError, _caps, _causal, _ints, _kv_dtypes, _strs, _windows, load_toml,  # noqa: F401
                     with_fp8_recipes)
 
@@ -54,6 +59,7 @@ class Sweep:
     packing: list[str | None] = dataclasses.field(default_factory=lambda: [None])
     sinks: list[bool] = dataclasses.field(default_factory=lambda: [False])   # attention sinks (random_sinks)
     kv_dtype: list[tuple[str, str] | None] = dataclasses.field(default_factory=lambda: [None])
+    prefill_chunks: list[str | None] = dataclasses.field(default_factory=lambda: [None])
     tokens: int | None = None
     name: str = "sweep"
 
@@ -90,9 +96,24 @@ class Sweep:
             if st is not None and st not in strategies.names():
                 raise SweepError(f"strategy: {st!r} is not none or one of {', '.join(strategies.names())}")
         for ln in self.lengths:
-            if ln is not None and ln not in LENGTHS and not _page_size_of(ln):
-                raise SweepError(f"lengths: {ln!r} is not none, one of {', '.join(LENGTHS)} or pagedN "
-                                 f"(N tokens per page, e.g. paged64; paged is paged{DEFAULT_PAGE_SIZE})")
+            if ln is not None and ln not in LENGTHS and not _page_size_of(ln) and not _serving(ln):
+                raise SweepError(f"lengths: {ln!r} is not none, one of {', '.join(LENGTHS)}, pagedN (N tokens per "
+                                 f"page, e.g. paged64; paged is paged{DEFAULT_PAGE_SIZE}), a request-length "
+                                 f"distribution ({', '.join(request_lengths.DISTRIBUTIONS)}) or file:PATH, "
+                                 f"either with :pagedN for a paged cache")
+            if _serving(ln) and ln.startswith("file:"):
+                try:
+                    request_lengths.read_lengths(_serving_page(ln)[0][5:])
+                except (OSError, ValueError) as e:
+                    raise SweepError(f"lengths: {ln}: {e}") from None
+        for pc in self.prefill_chunks:
+            try:
+                request_lengths.parse_chunks(pc)
+            except ValueError as e:
+                raise SweepError(str(e)) from None
+        if any(_serving(ln) for ln in self.lengths) and True not in self.causal:
+            raise SweepError("lengths: serving cells (uniform, spread, lognormal, one-long, file:PATH) are causal: "
+                             "add causal true (--causal true)")
         if not self.inputs:
             raise SweepError("inputs: no values")
         for d in self.inputs:
@@ -122,17 +143,22 @@ class Sweep:
         out = []
         kv_lens = self.kv_len or [None]
         kv_heads = self.kv_heads or [None]
-        for (T, S, N, K, H, dt, c, w, m, st, nd, ln, dist, cap, pk, sk, kv) in itertools.product(
+        for (T, S, N, K, H, dt, c, w, m, st, nd, ln, dist, cap, pk, sk, kv, pc) in itertools.product(
                 self.q_len, kv_lens, self.heads, kv_heads, self.head_dim, self.dtype, self.causal, self.window, self.mode,
                 self.strategy, self.devices, self.lengths, self.inputs, self.soft_cap, self.packing, self.sinks,
-                self.kv_dtype):
+                self.kv_dtype, self.prefill_chunks):
             S = T if S is None else S
             K = N if K is None else K
             if N % K or (st is None and nd != 1):
                 continue
             if ln is not None and (T > S or st):   # decode cells: T new tokens in an S-long cache
                 continue
-            page = _page_size_of(ln) if ln is not None else None
+            if _serving(ln) and (not (c and m == "fwd" and dist == "gaussian") or w or sk or kv is not None):
+                continue    # serving cells: causal fwd cells on gaussian inputs (no window, sinks or quantized cache yet)
+            if pc and (not _serving(ln) or request_lengths.parse_chunks(pc)[1] > S):
+                continue    # prefill chunks: beside a serving cell's decodes, each fitting in the cache
+            serving, page = _serving_page(ln)
+            page = page if serving else _page_size_of(ln) if ln is not None else None
             if page and S % page:
                 continue
             if pk is not None and (T != S or ln is not None or st):   # packing: self-attention rows only
@@ -145,8 +171,8 @@ class Sweep:
             for B in batches:
                 for b in self.backends:
                     out.append(Cell(b, B, T, S, N, K, H, dt, c, tuple(w) if w else None, m, nd, st,
-                                    "paged" if page else ln, dist, page,
-                                    cap, pk, *(kv or (None, None)), sinks=sk))
+                                    serving or ("paged" if page else ln), dist, page,
+                                    cap, pk, *(kv or (None, None)), pc, sinks=sk))
         return out
 
 
@@ -156,6 +182,22 @@ def _did_you_mean(name, choices) -> str:
 
 
 DEFAULT_PAGE_SIZE = 16
+
+
+def _serving(lengths) -> bool:
+    """A serving cell's lengths: a request-length distribution (``attnlab.core.request_lengths``), or one
+    with ``:pagedN`` (a paged cache of N-token pages)."""
+    return _serving_page(lengths)[0] is not None
+
+
+def _serving_page(lengths) -> tuple[str | None, int | None]:
+    """(distribution, page size or None) of a serving lengths value ``DIST`` or ``DIST:pagedN``; else (None, None)."""
+    if not isinstance(lengths, str):
+        return None, None
+    base, sep, tail = lengths.rpartition(":paged")
+    if sep and tail.isdigit() and int(tail) > 0 and request_lengths.is_distribution(base):
+        return base, int(tail)
+    return (lengths, None) if request_lengths.is_distribution(lengths) else (None, None)
 
 
 def _page_size_of(lengths: str) -> int | None:
@@ -171,7 +213,7 @@ def build(values: dict) -> Sweep:
     """A Sweep from loosely typed values (CLI strings or TOML values); keys as in the TOML file."""
     known = {"backends", "backend", "batch", "seq", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype",
              "causal", "window", "mode", "tokens", "name", "devices", "strategy", "lengths", "inputs", "fp8_recipe",
-             "soft_cap", "packing", "sinks", "kv_dtype"}
+             "soft_cap", "packing", "sinks", "kv_dtype", "prefill_chunks"}
     unknown = set(values) - known
     if unknown:
         raise SweepError(f"unknown sweep key(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
@@ -202,7 +244,9 @@ def build(values: dict) -> Sweep:
     if values.get("strategy") is not None:
         kw["strategy"] = [None if x.lower() == "none" else x for x in _strs(values["strategy"])]
     if values.get("lengths") is not None:
-        kw["lengths"] = [None if x.lower() == "none" else x.lower() for x in _strs(values["lengths"])]
+        kw["lengths"] = [None if x.lower() == "none" else _lengths_value(x) for x in _strs(values["lengths"])]
+    if values.get("prefill_chunks") is not None:
+        kw["prefill_chunks"] = [None if x.lower() == "none" else x.lower() for x in _strs(values["prefill_chunks"])]
     if values.get("inputs") is not None:
         kw["inputs"] = [x.lower() for x in _strs(values["inputs"])]
     if values.get("soft_cap") is not None:
@@ -223,3 +267,15 @@ def build(values: dict) -> Sweep:
     if values.get("name") is not None:
         kw["name"] = str(values["name"])
     return Sweep(**kw)
+
+
+def _lengths_value(text: str) -> str:
+    """A lengths value as the cells spell it: lower case, but ``file:PATH`` (or a file's path) keeps its path
+    (and a ``:pagedN`` after it)."""
+    import os
+
+    head, sep, tail = text.rpartition(":paged")
+    path, suffix = (head, sep + tail) if sep and tail.isdigit() else (text, "")
+    if path.lower().startswith("file:"):
+        return "file:" + path[5:] + suffix
+    return "file:" + path + suffix if os.path.isfile(path) else text.lower()

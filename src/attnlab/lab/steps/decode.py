@@ -18,6 +18,7 @@ from ...core.records import time_ms  # noqa: E402
 from ..step_types import LabConfig, Section, Step, Table  # noqa: E402
 from ..plots import log_ticks  # noqa: E402
 from ..render_common import cells  # noqa: E402
+from . import ragged_serving  # noqa: E402
 
 TITLE = "Decode: T new tokens against a long KV cache"
 
@@ -55,7 +56,8 @@ def render_decode(records: list[dict], cfg: LabConfig, plots_dir: str | None = N
     """The decode section from decode cell records (any order; non-ok cells shown with their status)."""
     s = Section("decode", TITLE)
     shp = decode_shape(cfg)
-    every = [r for r in records if r.get("lengths")]
+    every = [r for r in records if r.get("lengths") and not ragged_serving.is_serving(r)]
+    serving = ragged_serving.table(records, shp)
     if not every:
         s.status, s.reason = "skipped", "no decode records"
         return s
@@ -92,6 +94,9 @@ def render_decode(records: list[dict], cfg: LabConfig, plots_dir: str | None = N
                             "By group size and cache layout (attnlab-decode alone, in interpret mode here): the paged "
                             "rows gather each block of keys through a vLLM-style page table; the last column is their "
                             "time over the contiguous cache of the same shape, on this CPU.")
+    if serving:
+        s.tables.append(serving)
+        s.paragraphs.append(ragged_serving.STORY)
     s.paragraphs.append(cells_note(cfg))
     if not gpu:
         s.paragraphs.append("Times are host wall clock of blocked calls; run on an NVIDIA GPU for the real race "
@@ -230,7 +235,7 @@ def cells_note(cfg: LabConfig) -> str:
     why = ("(their decode path and their prefill kernel): enough to see who stays flat in T" if cfg.gpu else
            "(the same T as attnlab's kernel)")
     return (f"Cells: {KERNEL} at T = {ts(shp['q_lens'])}; {', '.join(peers(cfg))} at T = {ts(shp['peer_q_lens'])} "
-            f"{why}{group}{paged}.")
+            f"{why}{group}{paged}; its serving kernel at T = 1 on a {' and a '.join(ragged_serving.DISTS)} batch.")
 
 
 def sweeps_decode(cfg: LabConfig) -> list:
@@ -243,7 +248,7 @@ def sweeps_decode(cfg: LabConfig) -> list:
             ([KERNEL], shp["group_q_lens"], ODD_GROUP, ["full"]), ([KERNEL], shp["paged_q_lens"], main, shp["paged"])]
     return [Sweep(backends, batch=[shp["batch"]], q_len=q_lens, kv_len=[shp["kv_len"]], heads=[N], kv_heads=[K],
                   head_dim=[shp["head_dim"]], dtype=[shp["dtype"]], causal=[True], lengths=lengths, name="decode")
-            for backends, q_lens, (N, K), lengths in plan if q_lens]
+            for backends, q_lens, (N, K), lengths in plan if q_lens] + [ragged_serving.sweep(shp)]
 
 
 def peers(cfg: LabConfig) -> list[str]:

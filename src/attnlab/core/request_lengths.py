@@ -1,0 +1,88 @@
+"""The per-request lengths a server's batch has: the distributions the serving benchmarks and the sweeps draw.
+
+A decode batch of B requests, each with T new tokens, against caches of at most S tokens; request b's
+KV length counts its new tokens, so every length lies in [T, S]:
+
+- ``uniform``: every request at S (the equal-length batch of the decode grids);
+- ``spread``: uniform integers in [T, S];
+- ``lognormal``: exp(Normal(log 2048, 1.2)), many short and a few long (a chat server's mix);
+- ``one-long``: request 0 at S, the others at S / 32;
+- ``file:PATH``: the lengths in a text file (whitespace-separated ints, one KV length per request; the batch
+  takes the first B, repeating the file when it has fewer).
+
+Every draw is clipped to [T, S] (``draw``). A mixed batch (``mixed_batch``) puts ``chunks`` prefill chunks of
+``chunk`` tokens (each at a KV length uniform in [chunk, S]) before the decodes. The distributions are
+the ones the H200 serving measurements used (``benchmarks/serving/gpu.py`` imports them from here).
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+#: The named distributions (``file:PATH`` is the fifth kind).
+DISTRIBUTIONS = ("uniform", "spread", "lognormal", "one-long")
+_CHUNKS = re.compile(r"^(\d+)x(\d+)$")
+
+
+def is_distribution(name) -> bool:
+    """``name`` is a request-length distribution: one of ``DISTRIBUTIONS`` or ``file:PATH``."""
+    return isinstance(name, str) and (name in DISTRIBUTIONS or (name.startswith("file:") and len(name) > 5))
+
+
+def draw(dist: str, batch: int, q_len: int, s_max: int, rng: np.random.Generator) -> np.ndarray:
+    """(B,) int32 KV lengths of ``dist`` (see the module docstring), each in [T, S]; ValueError naming ``dist``."""
+    if dist == "uniform":
+        n = np.full(batch, s_max)
+    elif dist == "spread":
+        n = rng.integers(q_len, s_max + 1, batch)
+    elif dist == "lognormal":
+        n = np.exp(rng.normal(np.log(2048), 1.2, batch)).astype(np.int64)
+    elif dist == "one-long":
+        n = np.full(batch, s_max // 32)
+        n[0] = s_max
+    elif is_distribution(dist):
+        n = np.resize(read_lengths(dist[5:]), batch)
+    else:
+        raise ValueError(f"lengths must be one of {', '.join(DISTRIBUTIONS)} or file:PATH, got {dist!r}")
+    return np.clip(n, q_len, s_max).astype(np.int32)
+
+
+def read_lengths(path: str) -> np.ndarray:
+    """The ints of a lengths file (whitespace-separated, ``#`` starts a comment); ValueError naming the file."""
+    with open(path, encoding="utf-8") as f:
+        words = [w for line in f for w in line.split("#")[0].split()]
+    try:
+        n = np.array([int(w) for w in words], dtype=np.int64)
+    except ValueError:
+        raise ValueError(f"lengths file {path}: every entry must be an int, got {words[:8]}") from None
+    if n.size == 0 or n.min() < 1:
+        raise ValueError(f"lengths file {path}: needs at least one length, all >= 1")
+    return n
+
+
+def parse_chunks(text) -> tuple[int, int] | None:
+    """``"NxSIZE"`` (N prefill chunks of SIZE tokens, e.g. ``2x2048``) as (N, SIZE); None for None/"none"."""
+    if text is None or str(text).lower() == "none":
+        return None
+    m = _CHUNKS.match(str(text).lower().replace("×", "x"))
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise ValueError(f"prefill chunks must be NxSIZE with N, SIZE >= 1 (e.g. 2x2048), got {text!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def mixed_batch(chunks: int, chunk: int, decodes: int, s_max: int, rng: np.random.Generator, *,
+                decode_kv=None, q_len: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """(q_lengths, kv_lengths) int32 of ``chunks`` prefill chunks of ``chunk`` tokens, then ``decodes`` requests
+    of ``q_len`` tokens. The decodes' KV lengths are ``decode_kv`` (default: uniform in [1, S]); each chunk's is
+    uniform in [chunk, S]; every KV length is at least its request's new tokens."""
+    q = np.array([chunk] * chunks + [q_len] * decodes)
+    kv = rng.integers(1, s_max + 1, chunks + decodes) if decode_kv is None else \
+        np.concatenate([np.zeros(chunks, np.int64), np.asarray(decode_kv, np.int64)])
+    kv[:chunks] = rng.integers(chunk, s_max + 1, chunks)
+    return q.astype(np.int32), np.maximum(kv, q).astype(np.int32)
+
+
+def starts_of(q_lengths) -> np.ndarray:
+    """(B+1,) int32 cumulative query starts of packed requests (``serving_attention``'s ``q_starts``)."""
+    return np.concatenate([[0], np.cumsum(q_lengths)]).astype(np.int32)

@@ -1,0 +1,222 @@
+"""A serving cell: ``serving_attention`` on ragged requests (and prefill chunks), the lengths traced as a server's are.
+
+A cell whose ``lengths`` is a request-length distribution (``attnlab.core.request_lengths``: uniform, spread,
+lognormal, one-long, file:PATH) is B decode requests of T new tokens each against caches of at most S tokens,
+their KV lengths drawn from it with a seed fixed by the shape (every backend and run sees the same batch);
+``prefill_chunks`` ``"NxSIZE"`` puts N prefill chunks of SIZE tokens before them (a mixed step). Its problem is
+``Problem.serving`` of those lengths, so the record's FLOPs, bytes and roofline are the valid work's.
+
+Measured as a JAX server calls it: ``jax.jit`` of ``serving_attention(q, k, v, q_starts, kv_lengths)``, the
+lengths *traced* arguments (the record's ``lengths_traced``; the kernel's plan is made inside the call from
+them). The check runs first: the first and last ``EDGE`` tokens of the longest and the shortest requests (by
+KV length and by query length) against NumPy float64 (``attnlab.reference.serving64``), each error within the
+tolerance policy's limit from a kernel-like emulation of the same rows (scores in float32, P rounded to the
+cell's dtype). The record adds ``request_lengths`` (``Problem.lengths_record``) and ``tokens_per_s`` (the
+step's new tokens / its time). With ``page_size`` the caches are pages of that many tokens in a shuffled
+order, found through a page table (vLLM's layout, ``kernels.pages.to_pages``, made before the timed call);
+the check reads the contiguous caches they were made from.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from ..core import device, request_lengths as rl
+from ..core.errors import UnsupportedError
+from ..core.problem import Problem
+from ..core.records import time_ms
+from ..reference.inputs import INPUTS_DRAW, random_qkv
+from ..reference.serving64 import reference_serving_attention
+from ..reference.tolerance import rel_l2, row_rel_err
+from . import check, memory, peaks, timers
+from .budget import compile_within_budget
+from .outcome import Skip, _metrics, classify
+
+#: The request-length distributions a serving cell's ``lengths`` names (or ``file:PATH``).
+LENGTHS = rl.DISTRIBUTIONS
+#: Tokens checked at each end of a sampled request (all of a request of at most 2 * EDGE tokens).
+EDGE = 8
+
+
+def is_serving(cell) -> bool:
+    return rl.is_distribution(cell.lengths)
+
+
+def check_cell(cell) -> None:
+    """The rules of a serving cell (ValueError naming the field); nothing to check for any other cell."""
+    chunks = rl.parse_chunks(cell.prefill_chunks)
+    if not is_serving(cell):
+        if chunks:
+            raise ValueError(f"prefill_chunks needs a request-length distribution as lengths "
+                             f"({', '.join(rl.DISTRIBUTIONS)} or file:PATH), got lengths={cell.lengths!r}")
+        return
+    if not cell.causal or cell.mode != "fwd" or cell.q_len > cell.kv_len:
+        raise ValueError(f"serving cells (lengths {cell.lengths}) are causal, mode fwd and q_len <= kv_len")
+    if cell.window is not None or cell.strategy is not None or cell.packing:
+        raise ValueError("serving cells take no window, strategy or packing")
+    if cell.inputs != "gaussian":
+        raise ValueError(f"serving cells draw gaussian inputs, got inputs={cell.inputs!r}")
+    if chunks and chunks[1] > cell.kv_len:
+        raise ValueError(f"prefill_chunks {cell.prefill_chunks}: a chunk of {chunks[1]} tokens does not fit in "
+                         f"kv_len={cell.kv_len}")
+
+
+def requests(cell) -> tuple[np.ndarray, np.ndarray, int]:
+    """(q_lengths, kv_lengths, seed) of the cell's step: the chunks first, then the B decodes."""
+    seed = check.seed_of(f"serving {cell.lengths} {cell.prefill_chunks} B{cell.batch} T{cell.q_len} S{cell.kv_len}")
+    rng = np.random.default_rng(seed)
+    kv = rl.draw(cell.lengths, cell.batch, cell.q_len, cell.kv_len, rng)
+    n, size = rl.parse_chunks(cell.prefill_chunks) or (0, 1)
+    q, kv = rl.mixed_batch(n, size, cell.batch, cell.kv_len, rng, decode_kv=kv, q_len=cell.q_len)
+    return q, kv, seed
+
+
+def problem_of(cell) -> Problem:
+    q, kv, _ = requests(cell)
+    return Problem.serving(q, kv, cell.heads, cell.kv_heads, cell.head_dim, cell.dtype, kv_len_max=cell.kv_len)
+
+
+def _inputs(p: Problem, q_lens, kv_lens, opts) -> list[tuple]:
+    """Argument sets (q (T_total, N, H), k, v (B, S, K, H), q_starts, kv_lengths) rotating past the L2 cache."""
+    import jax.numpy as jnp
+
+    one = max(p.bytes(), 1)
+    sheet = peaks.peak_for_kind(device.current().kind)
+    rotate = opts.rotate_bytes or 3 * (sheet.l2_bytes if sheet else 64 * 2**20)
+    n = max(1, min(opts.max_input_sets, math.ceil(rotate / one), (4 * 2**30) // one))
+    starts, kv = jnp.asarray(rl.starts_of(q_lens)), jnp.asarray(kv_lens)
+    sets = []
+    for i in range(n):
+        q = random_qkv(1, p.q_len, 1, p.heads, p.kv_heads, p.head_dim, p.dtype, seed=opts.seed + i)[0][0]
+        _, k, v = random_qkv(p.batch, 1, p.kv_len, p.heads, p.kv_heads, p.head_dim, p.dtype, seed=opts.seed + 50 + i)
+        sets.append((q, k, v, starts, kv))
+    return sets
+
+
+def measure(backend, cell, opts, rec: dict, info, phases) -> dict:
+    """Check, then time one serving cell into ``rec`` and return it (raises ``Skip`` to end it early)."""
+    import jax
+
+    from ..api.serving import prepare_serving, select_serving, serving_attention
+
+    p = cell.workload
+    q_lens, kv_lens, seed = requests(cell)
+    rec.update(request_lengths=p.lengths_record(seed), lengths_traced=True, inputs_draw=INPUTS_DRAW)
+    with phases("inputs"):
+        sets = _inputs(p, q_lens, kv_lens, opts)
+    rec["input_sets"] = len(sets)   # each set: (q, k, v, q_starts, kv_lengths), + the page table when paged
+    args = [_paged(s, cell.page_size) for s in sets] if cell.page_size else sets
+    contiguous = sets[0]          # what the check reads (the other contiguous sets are not kept)
+    del sets
+    try:
+        select_serving(prepare_serving(*args[0][:5], page_table=args[0][5] if cell.page_size else None,
+                                       logits_soft_cap=cell.soft_cap).spec, cell.backend)
+    except UnsupportedError as e:
+        raise Skip("unsupported", str(e)) from None
+    call = functools.partial(serving_attention, implementation=cell.backend, logits_soft_cap=cell.soft_cap)
+    step = jax.jit(lambda q, k, v, starts, kv, *table: call(q, k, v, starts, kv,
+                                                            page_table=table[0] if table else None))
+    with phases("compile", key="compile_wait_s"):
+        try:
+            compiled, lower_s, compile_s, *_ = compile_within_budget(step, args[0], opts.compile_budget_s)
+        except Skip:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise Skip(*classify(e, "compile")) from None
+    rec.update(lower_s=lower_s, compile_s=lower_s + compile_s, compiled_ahead=False, **memory.compiled_memory(compiled))
+    if opts.check:
+        with phases("check"):
+            try:
+                out = compiled(*args[0])
+            except Exception as e:  # noqa: BLE001
+                raise Skip(*classify(e, "run")) from None
+            check_into(rec, out, contiguous, q_lens, kv_lens, cell, backend)
+    rec["repeats"] = opts.repeats or (20 if info.platform == "gpu" else 5)
+    with phases("timing"):
+        try:
+            timers.time_into(rec, compiled, args, opts, cupti=rec["timer"] == "cupti")
+        except Exception as e:  # noqa: BLE001
+            raise Skip(*classify(e, "run")) from None
+    rec["process_peak_bytes"] = memory.process_peak_bytes()
+    _metrics(rec, cell, info, backend)
+    rec["tokens_per_s"] = p.new_tokens() / (time_ms(rec) * 1e-3)
+    if not opts.check:
+        rec["status"] = "unchecked"
+    return rec
+
+
+def _paged(args: tuple, page_size: int) -> tuple:
+    """(q, k_pages, v_pages, q_starts, kv_lengths, page_table) of a contiguous argument set."""
+    from ..kernels.pages import to_pages
+
+    q, k, v, starts, kv = args
+    k_pages, v_pages, table = to_pages(k, v, page_size)
+    return q, k_pages, v_pages, starts, kv, table
+
+
+def sampled(q_lens, kv_lens) -> list[tuple[int, int, int, int]]:
+    """(request, first query row in the packed q, tokens, KV length) of each sampled piece: the first and last
+    ``EDGE`` tokens of the longest and shortest requests by KV and by query length (the first tokens of a
+    request see the keys before them: a request of their own with a shorter KV length)."""
+    starts = rl.starts_of(q_lens)
+    picks = sorted({int(np.argmax(kv_lens)), int(np.argmin(kv_lens)), int(np.argmax(q_lens)), int(np.argmin(q_lens))})
+    out = []
+    for r in picks:
+        t, n, s0 = int(q_lens[r]), int(kv_lens[r]), int(starts[r])
+        if t <= 2 * EDGE:
+            out.append((r, s0, t, n))
+        else:
+            out += [(r, s0, EDGE, n - t + EDGE), (r, s0 + t - EDGE, EDGE, n)]
+    return out
+
+
+def kernel_like(q, k, v, q_starts, kv_lengths, dtype: str, soft_cap=None) -> np.ndarray:
+    """What a kernel computes in ``dtype``: float32 scores, P rounded to ``dtype``, float32 sums, the output rounded."""
+    import ml_dtypes  # noqa: F401  (bfloat16 for NumPy)
+
+    q, k, v = (np.asarray(x).astype(np.float32) for x in (q, k, v))
+    T_total, N, H = q.shape
+    K = k.shape[2]
+    out = np.zeros(q.shape, np.float32)
+    for b in range(len(kv_lengths)):
+        lo, hi, n = int(q_starts[b]), int(q_starts[b + 1]), int(kv_lengths[b])
+        qb = q[lo:hi].reshape(hi - lo, K, N // K, H)
+        s = np.einsum("tkgh,skh->kgts", qb, k[b, :n]) / np.float32(math.sqrt(H))
+        if soft_cap is not None:
+            s = np.float32(soft_cap) * np.tanh(s / np.float32(soft_cap))
+        s = np.where(np.arange(n)[None, :] <= (n - (hi - lo) + np.arange(hi - lo))[:, None], s, -np.inf)
+        w = np.exp(s - s.max(axis=-1, keepdims=True))
+        pv = np.einsum("kgts,skh->tkgh", w.astype(dtype).astype(np.float32), v[b, :n])
+        out[lo:hi] = (pv / np.moveaxis(w.sum(axis=-1), -1, 0)[..., None]).reshape(hi - lo, N, H)
+    return out.astype(dtype).astype(np.float64)
+
+
+def check_into(rec: dict, out, args, q_lens, kv_lens, cell, backend) -> None:
+    """Check the sampled rows (``sampled``) of ``out`` against float64; record it; Skip('incorrect') when wrong."""
+    import jax.numpy as jnp
+
+    q, k, v = args[:3]
+    rec["out_dtype"] = np.dtype(out.dtype).name
+    if rec["out_dtype"] != cell.dtype or tuple(out.shape) != tuple(q.shape):
+        raise Skip("incorrect", f"output {rec['out_dtype']} {tuple(out.shape)}, not {cell.dtype} {tuple(q.shape)}")
+    pieces = sampled(q_lens, kv_lens)
+    rows = jnp.asarray(np.concatenate([np.arange(s0, s0 + t) for _, s0, t, _ in pieces]))
+    reqs, n_max = jnp.asarray([r for r, *_ in pieces]), max(n for *_, n in pieces)
+    sub = (np.asarray(q[rows]), np.asarray(k[reqs, :n_max]), np.asarray(v[reqs, :n_max]),
+           rl.starts_of([t for _, _, t, _ in pieces]), np.asarray([n for *_, n in pieces]))
+    ref = reference_serving_attention(*sub, logits_soft_cap=cell.soft_cap)
+    emul = kernel_like(*sub, cell.dtype, cell.soft_cap)
+    got = np.asarray(out[rows]).astype(np.float64)
+    err, row = rel_l2(got, ref), (row_rel_err(got, ref, 1) if np.all(np.isfinite(got)) else math.inf)
+    verdict = check._verdict(err, row, rel_l2(emul, ref), row_rel_err(emul, ref, 1), cell.dtype, backend.rel_l2_limit)
+    verdict.update(reference="NumPy float64 (reference.serving64) on the first and last tokens of the longest "
+                             "and shortest requests", requests=sorted({r for r, *_ in pieces}), rows=int(rows.size))
+    rec.update(checked_fraction=int(rows.size) / int(np.sum(q_lens)), checked_rows=int(rows.size), rel_err=err,
+               row_err=row, rel_err_f64=err, max_abs_err=float(np.max(np.abs(got - ref))), margin=verdict["margin"],
+               tolerance=check.rule_text(cell.dtype, backend.rel_l2_limit, backend.rel_l2_rule),
+               checks={"float64_requests": verdict})
+    if not verdict["ok"]:
+        raise Skip("incorrect", f"output wrong on requests {verdict['requests']}: rel L2 {err:.3g} (limit "
+                                f"{verdict['limit']:.3g}), worst row {row:.3g} (limit {verdict['row_limit']:.3g})")

@@ -1,0 +1,94 @@
+"""Serving cells: request-length distributions, mixed batches, the sweep axis, one cell measured on the CPU
+(serving_attention with the lengths traced) and its check of the longest and shortest requests."""
+import numpy as np
+import pytest
+
+from attnlab import Problem
+from attnlab.core import request_lengths as rl
+from attnlab.measure import Options, ahead, serving_cell
+from attnlab.measure.cell import Cell, measure_cell
+from attnlab.measure.outcome import Skip
+from attnlab.measure.recount import recount
+from attnlab.sweep.spec import SweepError, build
+
+
+def test_distributions_files_and_mixed_batches(tmp_path):
+    rng = lambda: np.random.default_rng(3)  # noqa: E731
+    assert rl.draw("uniform", 4, 2, 64, rng()).tolist() == [64] * 4
+    assert rl.draw("one-long", 4, 1, 64, rng()).tolist() == [64, 2, 2, 2]
+    for dist in ("spread", "lognormal"):
+        n = rl.draw(dist, 64, 4, 4096, rng())
+        assert n.dtype == np.int32 and n.min() >= 4 and n.max() <= 4096 and len(set(n.tolist())) > 8
+    f = tmp_path / "lens.txt"
+    f.write_text("# kv lengths\n5 900\n30\n")
+    assert rl.draw(f"file:{f}", 4, 8, 512, rng()).tolist() == [8, 512, 30, 8]       # clipped to [T, S], repeated
+    q, kv = rl.mixed_batch(2, 16, 3, 64, rng(), decode_kv=[9, 64, 2], q_len=2)
+    assert q.tolist() == [16, 16, 2, 2, 2] and kv[2:].tolist() == [9, 64, 2] and kv[:2].min() >= 16
+    assert rl.parse_chunks("2x2048") == (2, 2048) and rl.parse_chunks("none") is None
+    for bad in ("2y3", "0x4"):
+        with pytest.raises(ValueError, match="NxSIZE"):
+            rl.parse_chunks(bad)
+    with pytest.raises(ValueError, match="lengths must be one of"):
+        rl.draw("zipf", 4, 1, 64, rng())
+
+
+def test_sweep_axis_makes_serving_cells_and_refuses_bad_values():
+    base = dict(backends="xla", batch="3", q_len="2", kv_len="64", heads="4", kv_heads="2", head_dim="16")
+    cells = build({**base, "lengths": "spread,full,Spread:paged16", "prefill_chunks": "none,1x8", "causal": "both"}).cells()
+    serving = [c for c in cells if c.prefill_chunks or c.lengths == "spread"]
+    assert {(c.lengths, c.prefill_chunks, c.causal, c.page_size) for c in serving} == {
+        ("spread", None, True, None), ("spread", "1x8", True, None), ("spread", None, True, 16), ("spread", "1x8", True, 16)}
+    assert "prefill=1x8" in serving[1].config_label and "decode-spread:paged16" in serving[-1].config_label
+    for values, match in ((dict(lengths="spread", causal="false"), "are causal"),
+                          (dict(lengths="spread", prefill_chunks="2y3", causal="true"), "NxSIZE"),
+                          (dict(lengths="file:/no/such/file", causal="true"), "no/such/file")):
+        with pytest.raises(SweepError, match=match):
+            build({**base, **values})
+    with pytest.raises(ValueError, match="prefill_chunks needs"):
+        Cell("xla", 3, 2, 64, 4, 2, 16, causal=True, lengths="full", prefill_chunks="1x8")
+
+
+@pytest.mark.parametrize("backend,page_size", [("xla", None), ("attnlab-decode", 16)])
+def test_a_serving_cell_runs_traced_checked_and_counts_the_valid_work(monkeypatch, backend, page_size):
+    cell = Cell(backend, 3, 2, 64, 4, 2, 16, "float32", True, lengths="one-long", page_size=page_size,
+                prefill_chunks="1x8")
+    q, kv, _ = serving_cell.requests(cell)
+    assert q.tolist() == [8, 2, 2, 2] and kv[1:].tolist() == [64, 2, 2] and cell.kv_lengths() == tuple(kv.tolist())
+    compiled_on = []
+    real = serving_cell.compile_within_budget
+    monkeypatch.setattr(serving_cell, "compile_within_budget", lambda f, a, b: compiled_on.append(a) or real(f, a, b))
+    r = measure_cell(cell, Options(repeats=1, warmup=0, min_time_s=0, pipelined_calls=2, compile_ahead=False))
+    assert r["status"] == "ok", r["reason"]
+    want = Problem.serving(q, kv, 4, 2, 16, "float32", kv_len_max=64)
+    assert (r["flops"], r["bytes"]) == (want.flops(), want.bytes()) and r["lengths_traced"] is True
+    assert recount(r)["flops"] == r["flops"]       # a stored serving record recounts to the same valid work
+    assert "serving" in ahead.why_not(cell)       # never compiled ahead as a decode_attention program
+    assert r["request_lengths"]["kv"] == kv.tolist() and r["tokens_per_s"] == pytest.approx(14 / (r["wall_ms"] * 1e-3))
+    assert r["checks"]["float64_requests"]["requests"] == [0, 1, 2] and r["checked_rows"] == 8 + 2 + 2
+    # the lengths are arguments of the jitted step (traced, as a server passes them), not constants in it
+    assert [np.asarray(x).tolist() for x in compiled_on[0][3:5]] == [[0, 8, 10, 12, 14], kv.tolist()]
+    assert compiled_on[0][1].shape == ((4 * 64 // 16, 16, 2, 16) if page_size else (4, 64, 2, 16))   # pages
+
+
+def test_the_check_samples_the_longest_and_shortest_requests_and_catches_a_wrong_row():
+    import jax.numpy as jnp
+
+    q_lens, kv_lens = np.array([40, 1, 1, 3]), np.array([100, 7, 300, 3])
+    pieces = serving_cell.sampled(q_lens, kv_lens)
+    assert pieces == [(0, 0, 8, 68), (0, 32, 8, 100), (1, 40, 1, 7), (2, 41, 1, 300), (3, 42, 3, 3)]
+    cell = Cell("xla", 4, 1, 300, 4, 2, 16, "float32", True, lengths="spread")
+    starts = rl.starts_of(q_lens)
+    qa, k, v = (np.random.default_rng(i).normal(size=s).astype(np.float32)
+                for i, s in enumerate(((48, 4, 16), (4, 300, 2, 16), (4, 300, 2, 16))))
+    from attnlab.reference.serving64 import reference_serving_attention
+
+    good = reference_serving_attention(qa, k, v, starts, kv_lens).astype(np.float32)
+    args = (jnp.asarray(qa), jnp.asarray(k), jnp.asarray(v), starts, kv_lens)
+    backend = type("B", (), {"rel_l2_limit": None, "rel_l2_rule": None})
+    rec = {}
+    serving_cell.check_into(rec, jnp.asarray(good), args, q_lens, kv_lens, cell, backend)
+    assert rec["rel_err"] < 1e-6 and rec["checked_rows"] == 21
+    bad = good.copy()
+    bad[41] *= 1.01                     # the longest cache's one decode token, a 1% error
+    with pytest.raises(Skip, match=r"requests \[0, 1, 2, 3\]"):
+        serving_cell.check_into({}, jnp.asarray(bad), args, q_lens, kv_lens, cell, backend)
