@@ -34,6 +34,8 @@ def with_segment_ids(problem: Problem, segment_ids) -> Problem:
 
 
 def kv_cache_bytes(*, layers: int, kv_heads: int, head_dim: int, context: int, batch: int = 1,
-                   dtype: str = "bfloat16") -> int:
-    """Bytes of key + value cache for a model: 2 * layers * kv_heads * head_dim * itemsize per token."""
-    return 2 * layers * kv_heads * head_dim * _itemsize(dtype) * context * batch
+                   dtype: str = "bfloat16", kv_scale: str | None = None) -> int:
+    """Bytes of key + value cache for a model: 2 * layers * kv_heads * head_dim * itemsize per token, plus
+    2 * layers * kv_heads float32 scales per token for a quantized cache with ``kv_scale="token"``."""
+    per_token = 2 * layers * kv_heads * (head_dim * _itemsize(dtype) + (4 if kv_scale == "token" else 0))
+    return per_token * context * batch
