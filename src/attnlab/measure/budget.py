@@ -1,7 +1,7 @@
 """The compile watchdog: a compilation that runs past its budget is abandoned and the cell skipped."""
 from __future__ import annotations
 
-from .outcome import Skip
+from .outcome import Skip, Status
 from .threads import JaxThread
 
 
@@ -12,7 +12,7 @@ def _with_budget(fn, budget_s):
         return fn()
     job = JaxThread(fn, "attnlab-compile")
     if not job.wait(budget_s):
-        raise Skip("over_budget", f"compile ran past its {budget_s:g} s budget; abandoned and skipped")
+        raise Skip(Status.OVER_BUDGET, f"compile ran past its {budget_s:g} s budget; abandoned and skipped")
     return job.result()
 
 

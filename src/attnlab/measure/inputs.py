@@ -17,7 +17,7 @@ from ..core import device, strategies
 from ..reference.distributions import make_qkv
 from ..reference.inputs import random_qkv
 from . import peaks
-from .outcome import Skip
+from .outcome import Skip, Status
 
 
 def _input_sets(cell, opts):
@@ -63,7 +63,7 @@ def _place_sharded(sets, cell):
 
 def _mesh_record(cell) -> dict:
     if cell.devices > jax.device_count():
-        raise Skip("unsupported", f"{cell.devices} devices asked, JAX sees {jax.device_count()}")
+        raise Skip(Status.UNSUPPORTED, f"{cell.devices} devices asked, JAX sees {jax.device_count()}")
     devs = jax.devices()[: cell.devices]
     return {"devices": cell.devices, "axis": "x", "strategy": cell.strategy, "kinds": sorted({d.device_kind for d in devs})}
 
