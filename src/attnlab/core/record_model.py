@@ -19,6 +19,7 @@ kept (older and newer files load); a part itself forbids unknown fields.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
@@ -158,12 +159,13 @@ def fields_where(flag: str, parts=tuple(PARTS)) -> tuple[str, ...]:
 TIMED_FIELDS = fields_where("timed")
 
 
-class CellRecord(BaseModel):
+class CellRecord(BaseModel, Mapping):
     """A cell record: ``status``, ``reason``, the parts and the top-level extras (unknown ones kept).
 
     Frozen, and valid by construction: its validator holds the status rules (``attnlab.core.records``'
     docstring says them in words), so a record that breaks one cannot exist. Read it as the flat record
-    (``rec["kernel_ms"]``, ``rec.get("facts")``: the names on disk; ``status`` is the ``Status``);
+    (a read-only ``Mapping``: ``rec["kernel_ms"]``, ``rec.get("facts")``, the names on disk; ``status``
+    is the ``Status``);
     ``with_fields(**flat)`` is a new record with fields added or replaced, validated again."""
     model_config = ConfigDict(extra="allow", frozen=True)
 
@@ -244,17 +246,27 @@ class CellRecord(BaseModel):
         """A new record: this one's flat fields with ``fields`` added or replaced, validated."""
         return CellRecord.from_flat({**self.flat(), **fields})
 
+    # read-only Mapping of the flat fields (``Problem.of``, pandas and the report read records so)
+    def _view(self) -> dict:
+        return {**self.flat(), "status": self.status}
+
     def __getitem__(self, name: str):
         return self.status if name == "status" else self.flat()[name]
 
-    def get(self, name: str, default=None):
-        return self.status if name == "status" else self.flat().get(name, default)
+    def __iter__(self):
+        return iter(self.flat())
 
-    def __contains__(self, name) -> bool:
-        return name in self.flat()
+    def __len__(self) -> int:
+        return len(self.flat())
 
     def keys(self):
-        return self.flat().keys()
+        return self._view().keys()
+
+    def items(self):
+        return self._view().items()
+
+    def values(self):
+        return self._view().values()
 
 
 def _number(rec: dict, field: str, positive: bool = False) -> None:

@@ -6,7 +6,8 @@ An incorrect cell is never timed.
 
 This module is the cell and its state machine; the concerns it walks through live beside it:
 ``inputs`` (input sets, mesh placement, the mode builders), ``check`` (references and the check
-policy), ``budget`` (the compile watchdog), ``record`` (classification, metrics, finishing).
+policy), ``budget`` (the compile watchdog), ``outcome`` (classification, rates, and the record built
+from the fields measured: only ``_measure_cell`` collects them).
 """
 from __future__ import annotations
 
@@ -159,7 +160,8 @@ def record_key(rec: dict) -> str:
     return json.dumps(d, sort_keys=True)
 
 
-def measure_cell(cell: Cell, opts: Options | None = None, *, on_phase=None, compiled=None) -> CellRecord:
+def measure_cell(cell: Cell, opts: Options | None = None, *, on_phase=None, compiled=None,
+                 stamp: dict | None = None) -> CellRecord:
     """Check then time one cell; always returns its typed record (never raises for a failing cell; a
     record that breaks the schema, e.g. a rate above the device's peak, raises ``RecordError``).
 
@@ -170,7 +172,8 @@ def measure_cell(cell: Cell, opts: Options | None = None, *, on_phase=None, comp
     timing); the record gets each phase's seconds (``inputs_s``, ``compile_s``, ``check_s``,
     ``timing_s``) and ``cell_s``. ``compiled``: a ``concurrent.futures.Future`` of
     ``timers.compile_seconds`` for this cell, started ahead (``attnlab.measure.ahead``); its
-    failure is the cell's compile failure, exactly as if compiled here.
+    failure is the cell's compile failure, exactly as if compiled here. ``stamp``: fields the record
+    carries beside what was measured (a sweep's name and env), read when the record is built.
 
     float64 cells run inside ``jax.enable_x64(True)`` (inputs, compilation, check and timing), so
     their arrays really are float64 whatever the process's x64 setting; the setting is restored
@@ -178,11 +181,11 @@ def measure_cell(cell: Cell, opts: Options | None = None, *, on_phase=None, comp
     its label (``unsupported`` / ``incorrect``, saying which dtype JAX produced)."""
     if cell.dtype == "float64" and not jax.config.jax_enable_x64:
         with jax.enable_x64(True):
-            return _measure_cell(cell, opts, on_phase, compiled)
-    return _measure_cell(cell, opts, on_phase, compiled)
+            return _measure_cell(cell, opts, on_phase, compiled, stamp or {})
+    return _measure_cell(cell, opts, on_phase, compiled, stamp or {})
 
 
-def _measure_cell(cell: Cell, opts: Options | None, on_phase=None, ahead=None) -> CellRecord:
+def _measure_cell(cell: Cell, opts: Options | None, on_phase, ahead, stamp: dict) -> CellRecord:
     # the fields measured so far: only this function writes them, ``finish`` builds the record from them
     opts = opts or Options()
     info = device.current()
@@ -236,7 +239,7 @@ def _measure_cell(cell: Cell, opts: Options | None, on_phase=None, ahead=None) -
             if cell.lengths is not None and not backend.decode:
                 raise _Skip(Status.UNSUPPORTED, f"{cell.backend}: no decode (cache) semantics")
             rec.update(_measure_native(backend, cell, spec, sets, opts, rec, info, phases))
-            return finish({**rec, **phases.seconds}, status, reason, t_start)
+            return finish({**rec, **phases.seconds, **stamp}, status, reason, t_start)
         fwd, timed, make_args = _functions(cell)
         with phases("inputs"):
             cts = [cotangent(opts.seed + 100 + i, q.shape) if cell.mode != "fwd" else None  # fwd: unused
@@ -294,4 +297,4 @@ def _measure_cell(cell: Cell, opts: Options | None, on_phase=None, ahead=None) -
         status, reason = s.status, s.reason
     except Exception as e:  # noqa: BLE001 - a failing cell must never stop a sweep
         status, reason = Status.RUNTIME_ERROR, _short(f"{type(e).__name__}: {e} | {traceback.format_exc(limit=2)}")
-    return finish({**rec, **phases.seconds}, status, reason, t_start)
+    return finish({**rec, **phases.seconds, **stamp}, status, reason, t_start)

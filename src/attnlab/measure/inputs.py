@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 
 from ..api import dot_product as api
+from ..api.decode import decode_attention
+from ..kernels.pages import to_pages
 from ..core import device, strategies
 from ..reference.distributions import make_qkv
 from ..reference.inputs import random_qkv
@@ -89,20 +91,16 @@ def _functions(cell):
     kw = dict(is_causal=cell.causal, local_window_size=cell.window, implementation=cell.backend, **call_extras(cell))
 
     if cell.lengths is not None:
-        import attnlab
-
         lens = jnp.asarray(cell.kv_lengths(), jnp.int32)
 
         def fwd(q, k, v):
-            return attnlab.decode_attention(q, k, v, lens, causal=cell.causal, implementation=cell.backend,
+            return decode_attention(q, k, v, lens, causal=cell.causal, implementation=cell.backend,
                                             logits_soft_cap=cell.soft_cap)
 
         if cell.lengths == "paged" and cell.mode == "fwd":
             # timed on pages made beforehand (shuffled, vLLM layout); checked as its contiguous twin (q, k, v)
-            from ..kernels.pages import to_pages
-
             def paged(q, k_pages, v_pages, table):
-                return attnlab.decode_attention(q, k_pages, v_pages, lens, causal=cell.causal,
+                return decode_attention(q, k_pages, v_pages, lens, causal=cell.causal,
                                                 implementation=cell.backend, page_table=table,
                                                 logits_soft_cap=cell.soft_cap)
 

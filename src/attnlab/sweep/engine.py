@@ -9,8 +9,9 @@ from ..measure import env as envmod
 from ..api import sharded  # noqa: F401  (registers the batch / heads / ring strategies: attnlab.core.strategies)
 from concurrent.futures import wait
 
+from ..core import device
 from ..measure import ahead as ahead_compile
-from ..measure import prefetch, threads
+from ..measure import calibration, estimate, prefetch, threads
 from ..measure.cell import IDENTITY, Cell, Options, measure_cell, record_key
 from ..core.record_model import CellRecord, csv_columns
 from ..core.records import config_label, is_cell, time_ms  # noqa: F401  (config_label, time_ms re-exported)
@@ -97,7 +98,7 @@ def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, overwrite: bo
                 if on_cell:
                     on_cell(cell, None, i, len(cells))
                 continue
-            rec = _measure(cell, todo, pending, opts, on_phase).with_fields(sweep=sweep.name, env=env)
+            rec = _measure(cell, todo, pending, opts, on_phase, {"sweep": sweep.name, "env": env})
             _calibrate(cell, rec, opts)
             store.append(rec)
             done[cell.key()] = rec
@@ -121,16 +122,14 @@ def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, overwrite: bo
 def _calibrate(cell: Cell, rec: CellRecord, opts: Options) -> None:
     """The sweep's first cell that compiled and checked calibrates the estimate of the cells after it
     (their over_budget verdict) and of the next sweep here (``attnlab.measure.calibration``)."""
-    from ..core import device
-    from ..measure import calibration, estimate
-
     info = device.current()
     if rec.get("compile_s") and rec.get("check_s") and not calibration.learnt(info):
         calibration.learn(rec, info, check_compute_s=estimate.check_compute_s(cell, opts, info))
 
 
-def _measure(cell: Cell, todo: list[Cell], pending: dict, opts: Options, on_phase) -> CellRecord:
-    """measure_cell in a worker thread, with this cell's ahead compile and the next one's started."""
+def _measure(cell: Cell, todo: list[Cell], pending: dict, opts: Options, on_phase, stamp: dict) -> CellRecord:
+    """measure_cell in a worker thread, with this cell's ahead compile and the next one's started; the
+    record carries ``stamp`` (the sweep's fields) and the seconds it waited for the next cell's compile."""
     compiled = pending.pop(cell.key(), None)
     i = next(j for j, c in enumerate(todo) if c.key() == cell.key())
     prefetch.start(todo[i:i + PREFETCH_CELLS], opts.check, opts)
@@ -141,16 +140,15 @@ def _measure(cell: Cell, todo: list[Cell], pending: dict, opts: Options, on_phas
             if nxt is not None:
                 pending[todo[i + 1].key()] = nxt
 
-    waited = []
+    stamp = dict(stamp)   # read by measure_cell when it builds the record, after the timing phase
 
     def phase(name: str) -> None:
         if name == "timing" and nxt is not None:
             t0 = time.perf_counter()
             wait([nxt], timeout=opts.compile_budget_s)   # the next compile must not run beside the timer
-            waited.append(time.perf_counter() - t0)
+            # part of this cell's wall seconds, spent on the next cell's compile
+            stamp["next_compile_wait_s"] = time.perf_counter() - t0
         if on_phase:
             on_phase(cell, name)
 
-    rec = call_interruptibly(lambda: measure_cell(cell, opts, on_phase=phase, compiled=compiled))
-    # part of this cell's wall seconds, spent on the next cell's compile
-    return rec.with_fields(next_compile_wait_s=waited[0]) if waited else rec
+    return call_interruptibly(lambda: measure_cell(cell, opts, on_phase=phase, compiled=compiled, stamp=stamp))
