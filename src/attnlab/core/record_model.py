@@ -163,10 +163,9 @@ class CellRecord(BaseModel, Mapping):
     """A cell record: ``status``, ``reason``, the parts and the top-level extras (unknown ones kept).
 
     Frozen, and valid by construction: its validator holds the status rules (``attnlab.core.records``'
-    docstring says them in words), so a record that breaks one cannot exist. Read it as the flat record
-    (a read-only ``Mapping``: ``rec["kernel_ms"]``, ``rec.get("facts")``, the names on disk; ``status``
-    is the ``Status``);
-    ``with_fields(**flat)`` is a new record with fields added or replaced, validated again."""
+    docstring says them in words), so a record that breaks one cannot be built. It reads as the flat
+    record, a read-only ``Mapping`` (``rec["kernel_ms"]``, ``rec.get("facts")``: the names on disk;
+    ``status`` is the ``Status``); ``with_fields(**flat)`` is a new record, validated again."""
     model_config = ConfigDict(extra="allow", frozen=True)
 
     status: Status
