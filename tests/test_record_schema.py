@@ -143,3 +143,25 @@ def test_statuses_are_the_enum_in_memory():
     assert classify(MemoryError("big"), "run")[0] is Status.OOM and Skip("oom", "big").status is Status.OOM
     with pytest.raises(ValueError):
         Skip("fine", "no such status")
+
+
+def test_a_native_backends_cell_is_checked_timed_and_typed():
+    """The path of a backend outside JAX (PyTorch on a GPU), on the CPU: naive's output, a kernel that
+    does nothing timed by device events (no CUPTI here); the record comes back typed and valid."""
+    from attnlab import backends
+    from attnlab.backends.base import NativeBackend, NativeCall
+
+    class FakeNative(NativeBackend):
+        name = "test-native"
+
+        def run(self, prepared):
+            return backends.get("naive").run(prepared)
+
+        def native_fn(self, spec, scale, arg_sets, decode=None):
+            return NativeCall(lambda q, k, v: None, lambda: None, arg_sets, {"event_ms": lambda call: call() or 0.5})
+
+    with backends.registered(FakeNative()):
+        r = measure_cell(Cell("test-native", 1, 32, 32, 2, 2, 8, "float32"), Options(repeats=2, max_input_sets=1))
+    assert isinstance(r, CellRecord) and r.status is Status.OK, r.reason
+    assert r["timer"] in ("cupti", "cuda_events") and r["checked_fraction"] == 1.0 and r["tflops"] > 0
+    assert r["check_s"] is not None and r["timing_s"] is not None and r["repeats"] == 2
