@@ -43,9 +43,9 @@ def is_cell(rec) -> bool:
     return rec.get("kind", "cell") == "cell" and "backend" in rec
 
 
-def validate(rec: dict, where: str = "") -> dict:
-    """Raise ``RecordError`` when ``rec`` (a flat record, as read from JSON) breaks the schema; return it
-    unchanged otherwise.
+def validate(rec: dict | CellRecord, where: str = "") -> dict:
+    """Raise ``RecordError`` when ``rec`` (a flat record, as read from JSON, or a ``CellRecord``, checked
+    as its flat form) breaks the schema; return the flat record otherwise.
 
     A cell record is checked by the typed model (``attnlab.core.record_model.CellRecord``: each part's
     types, then its status rules); records of other kinds only name a status."""

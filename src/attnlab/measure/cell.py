@@ -232,8 +232,7 @@ def _measure_cell(cell: Cell, opts: Options | None, on_phase, ahead, stamp: dict
             rec["mesh"] = _mesh_record(cell)
             sets = _place_sharded(sets, cell)
             q0, k0, v0 = sets[0]
-            why_strategy = strategy_refusal(cell)
-            if why_strategy:
+            if why_strategy := strategy_refusal(cell):
                 raise _Skip(Status.UNSUPPORTED, why_strategy)
         if backend.native:
             if cell.lengths is not None and not backend.decode:
@@ -276,8 +275,7 @@ def _measure_cell(cell: Cell, opts: Options | None, on_phase, ahead, stamp: dict
             facts = backend.facts(fwd, q0, k0, v0, fwd_as=lambda name: _functions(dataclasses.replace(cell, backend=name))[0])
         except Exception as e:  # noqa: BLE001 - a fact that cannot be read is reported, not fatal
             facts = {"error": _short(f"{type(e).__name__}: {e}", 200)}
-        if facts:
-            rec["facts"] = facts
+        rec.update({"facts": facts} if facts else {})
         rec["repeats"] = repeats = opts.repeats or (20 if info.platform == "gpu" else 5)
         with phases("timing"):
             try:
