@@ -28,7 +28,7 @@ from .errors import RecordError
 from .rate_check import check_rates
 from .status import GRAD_MODES, STATUSES, TIMERS, Status  # noqa: F401  (STATUSES re-exported)
 
-Num = Optional[float]
+Num = Optional[int | float]   # an int stays an int (the JSON written is what was measured)
 SCHEMA_VERSION = 2
 
 
