@@ -284,9 +284,10 @@ def _record_error(e: ValidationError):
     orig = (err.get("ctx") or {}).get("error")
     if isinstance(orig, RecordError):
         return orig
-    loc = [str(x) for x in err["loc"] if not isinstance(x, int)]
+    loc = [str(x) for x in err["loc"][:2] if not isinstance(x, int)]   # (part, field): no union member's tag
     field = loc[-1] if loc else "<record>"
-    return RecordError(field, f"{err['msg']}, got {err.get('input')!r}")
+    msg = [x["msg"] for x in e.errors() if x["loc"][:2] == err["loc"][:2]][-1]   # an int | float: the float's
+    return RecordError(field, f"{msg}, got {err.get('input')!r}")
 
 
 def csv_columns(identity) -> list[str]:
