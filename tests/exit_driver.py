@@ -42,13 +42,13 @@ def main() -> None:
         time.sleep(PAUSE_S)
         return collect(*a, **kw)
 
-    def measure_marked(cell, todo, pending, opts, on_phase):
+    def measure_marked(cell, todo, pending, opts, on_phase, *rest):
         def phase(c, name):
             mark(f"phase {name}")
             if on_phase:
                 on_phase(c, name)
 
-        return measure(cell, todo, pending, opts, phase)
+        return measure(cell, todo, pending, opts, phase, *rest)
 
     class MarkedStore(store):
         def append(self, rec):

@@ -12,6 +12,9 @@ from attnlab.core import record_model
 from attnlab.measure.cell import IDENTITY, Cell, Options, measure_cell
 from attnlab.core.record_model import PARTS, CellRecord, Cost, csv_columns, fields_where
 from attnlab.core.records import RecordError, Status, time_ms, upgrade
+from attnlab.core.store import ResultStore, read_records
+from attnlab.measure.outcome import Skip, classify
+from attnlab.sweep import engine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = Options(repeats=2, warmup=1, pipelined_calls=2, max_input_sets=1)
@@ -23,10 +26,11 @@ def fresh():
 
 
 def test_round_trip_of_a_fresh_cpu_record(fresh):
-    typed = CellRecord.from_flat(fresh)
+    assert isinstance(fresh, CellRecord) and fresh["status"] is fresh.status is Status.OK   # typed, the enum in memory
+    typed = CellRecord.from_flat(json.loads(json.dumps(fresh.flat())))
     assert typed.status is Status.OK and typed.problem.head_dim == 8 and typed.cost.cell_s == fresh["cell_s"]
     assert typed.timing.wall_ms == time_ms(fresh) > 0 and typed.correctness.grad_check == "ok"
-    assert typed.flat() == fresh
+    assert typed.flat() == fresh.flat() and fresh.flat()["status"] == "ok" and type(fresh.flat()["status"]) is str
 
 
 def _committed_cells():
@@ -106,3 +110,58 @@ def test_unchecked_records_need_no_correctness_fields():
     rec = {k: v for k, v in _ok().items() if k not in ("rel_err", "checked_fraction", "tolerance", "checks", "grad_check")}
     assert CellRecord.from_flat({**rec, "status": "unchecked"}).status is Status.UNCHECKED
     assert record_model.Status is Status
+
+
+def test_a_writer_cannot_store_a_record_that_breaks_a_status_rule(tmp_path, fresh):
+    with pytest.raises(RecordError, match="never timed"):
+        fresh.with_fields(status="incorrect", reason="wrong")          # the model's validator refuses it
+    with pytest.raises(Exception, match="frozen"):
+        fresh.reason = "changed in place"
+    with pytest.raises(TypeError):
+        fresh["reason"] = "changed in place"
+    store = ResultStore(tmp_path / "r.jsonl")
+    with pytest.raises(RecordError, match="never timed"):   # model_copy skips the validator: the store does not
+        store.append(fresh.model_copy(update={"status": Status.OOM, "reason": "big"}))
+    store.append(fresh)
+    assert [r["status"] for r in read_records(store.path)] == ["ok"]
+
+
+def test_resume_compacts_the_results_file_through_the_store(tmp_path, fresh, monkeypatch):
+    path = str(tmp_path / "results.jsonl")
+    ResultStore(path).append(fresh)
+    ResultStore(path).append(fresh.with_fields(sweep="again"))    # the same cell twice: the first wins
+    rewritten, rewrite = [], ResultStore.rewrite
+    monkeypatch.setattr(ResultStore, "rewrite", lambda self, recs: (rewritten.append(self.path), rewrite(self, recs)))
+    kept = engine._compact(path)
+    assert rewritten == [path] and [type(r) for r in kept] == [CellRecord] and kept[0].get("sweep") is None
+    assert len(read_records(path)) == 1
+
+
+def test_statuses_are_the_enum_in_memory():
+    r = measure_cell(Cell("no-such-backend", 1, 32, 32, 2, 2, 8, "float32"), FAST)
+    assert r.status is r["status"] is Status.UNSUPPORTED and r.flat()["status"] == "unsupported"
+    assert classify(MemoryError("big"), "run")[0] is Status.OOM and Skip("oom", "big").status is Status.OOM
+    with pytest.raises(ValueError):
+        Skip("fine", "no such status")
+
+
+def test_a_native_backends_cell_is_checked_timed_and_typed():
+    """The path of a backend outside JAX (PyTorch on a GPU), on the CPU: naive's output, a kernel that
+    does nothing timed by device events (no CUPTI here); the record comes back typed and valid."""
+    from attnlab import backends
+    from attnlab.backends.base import NativeBackend, NativeCall
+
+    class FakeNative(NativeBackend):
+        name = "test-native"
+
+        def run(self, prepared):
+            return backends.get("naive").run(prepared)
+
+        def native_fn(self, spec, scale, arg_sets, decode=None):
+            return NativeCall(lambda q, k, v: None, lambda: None, arg_sets, {"event_ms": lambda call: call() or 0.5})
+
+    with backends.registered(FakeNative()):
+        r = measure_cell(Cell("test-native", 1, 32, 32, 2, 2, 8, "float32"), Options(repeats=2, max_input_sets=1))
+    assert isinstance(r, CellRecord) and r.status is Status.OK, r.reason
+    assert r["timer"] in ("cupti", "cuda_events") and r["checked_fraction"] == 1.0 and r["tflops"] > 0
+    assert r["check_s"] is not None and r["timing_s"] is not None and r["repeats"] == 2

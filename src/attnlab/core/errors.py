@@ -26,3 +26,12 @@ class OutputMismatchError(ValueError):
         self.argument = argument
         self.rule = rule
         super().__init__(f"{argument}: {rule}")
+
+
+class RecordError(ValueError):
+    """A results record that breaks the schema (``attnlab.core.record_model``): ``field`` names the
+    field and ``rule`` the rule it breaks; ``where`` (a file and line) leads the message when given."""
+
+    def __init__(self, field: str, rule: str, where: str = ""):
+        self.field, self.rule = field, rule
+        super().__init__(f"{where}record field {field!r}: {rule}")

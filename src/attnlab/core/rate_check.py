@@ -22,7 +22,8 @@ a device without a datasheet (a CPU) is not bounded.
 from __future__ import annotations
 
 from .datasheet import dtype_class, peak_for_kind
-from .records import RecordError, time_ms, timing
+from .errors import RecordError
+from .record_time import time_ms, timing
 
 #: The least relative noise granted to any timer (see the module docstring).
 NOISE_FLOOR = 0.02

@@ -18,23 +18,18 @@ kept (older and newer files load); a part itself forbids unknown fields.
 """
 from __future__ import annotations
 
-import enum
+import math
+from collections.abc import Mapping
 from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
 
-Num = Optional[float]
+from .errors import RecordError
+from .rate_check import check_rates
+from .status import GRAD_MODES, STATUSES, TIMERS, Status  # noqa: F401  (STATUSES re-exported)
 
-
-class Status(str, enum.Enum):
-    OK = "ok"
-    UNCHECKED = "unchecked"
-    INCORRECT = "incorrect"
-    UNSUPPORTED = "unsupported"
-    OOM = "oom"
-    COMPILE_ERROR = "compile_error"
-    RUNTIME_ERROR = "runtime_error"
-    OVER_BUDGET = "over_budget"
+Num = Optional[int | float]   # an int stays an int (the JSON written is what was measured)
+SCHEMA_VERSION = 2
 
 
 def _f(*flags: str, default=None):
@@ -42,7 +37,7 @@ def _f(*flags: str, default=None):
 
 
 class _Part(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Problem(_Part):
@@ -165,9 +160,23 @@ PARTS: dict[str, type[_Part]] = {"problem": Problem, "timing": Timing, "rates": 
 _PART_OF = {name: part for part, model in PARTS.items() for name in model.model_fields}
 
 
-class CellRecord(BaseModel):
-    """A cell record: ``status``, ``reason``, the parts and the top-level extras (unknown ones kept)."""
-    model_config = ConfigDict(extra="allow")
+def fields_where(flag: str, parts=tuple(PARTS)) -> tuple[str, ...]:
+    """Names of the flat fields whose metadata sets ``flag``, in declaration order."""
+    return tuple(n for p in parts for n, f in PARTS[p].model_fields.items() if (f.json_schema_extra or {}).get(flag))
+
+
+#: fields only a timed record may set (the ``timed`` metadata)
+TIMED_FIELDS = fields_where("timed")
+
+
+class CellRecord(BaseModel, Mapping):
+    """A cell record: ``status``, ``reason``, the parts and the top-level extras (unknown ones kept).
+
+    Frozen, and valid by construction: its validator holds the status rules (``attnlab.core.records``'
+    docstring says them in words), so a record that breaks one cannot be built. It reads as the flat
+    record, a read-only ``Mapping`` (``rec["kernel_ms"]``, ``rec.get("facts")``: the names on disk;
+    ``status`` is the ``Status``); ``with_fields(**flat)`` is a new record, validated again."""
+    model_config = ConfigDict(extra="allow", frozen=True)
 
     status: Status
     reason: Optional[str] = None
@@ -190,13 +199,39 @@ class CellRecord(BaseModel):
 
     @model_validator(mode="after")
     def _status_rules(self):
-        from .records import check_status  # the rules live with the Status enum (records imports this module)
-        check_status(self.flat())
+        """The rules that tie the fields to the status; raise ``RecordError`` naming the field."""
+        rec, status = self.flat(), self.status
+        w = self.problem.window
+        if w is not None and (not isinstance(w, (list, tuple)) or len(w) != 2):
+            raise RecordError("window", f"must be null or [left, right], got {w!r}")
+        if status.timed:
+            if self.reason is not None:
+                raise RecordError("reason", f"must be null for status {status.value!r}")
+            if self.timing.timer not in TIMERS:
+                raise RecordError("timer", f"must name the clock ({', '.join(TIMERS)}) of a timed record, "
+                                           f"got {self.timing.timer!r}")
+            _number(rec, TIMERS[self.timing.timer], positive=True)
+            check_rates(rec)
+            if status is Status.OK and (self.schema_ or 1) >= SCHEMA_VERSION:   # older files did not check
+                _number(rec, "rel_err")
+                _number(rec, "checked_fraction", positive=True)
+                c = self.correctness
+                if not isinstance(c.tolerance, str) or not isinstance(c.checks, dict):
+                    raise RecordError("checks", "an ok record names its tolerance and each reference's verdict")
+                if self.problem.mode in GRAD_MODES and c.grad_check != "ok":
+                    raise RecordError("grad_check", f"must be 'ok' for an ok {self.problem.mode} record, "
+                                                    f"got {c.grad_check!r}")
+        else:
+            if not isinstance(self.reason, str) or not self.reason:
+                raise RecordError("reason", f"status {status.value!r} needs a reason")
+            timed = [f for f in TIMED_FIELDS if rec.get(f) is not None]
+            if timed:
+                raise RecordError(timed[0], f"must be null: a record with status {status.value!r} is never timed")
         return self
 
     @classmethod
     def from_flat(cls, rec: dict) -> "CellRecord":
-        """Split a flat record into its parts; raises ``records.RecordError`` naming the field."""
+        """Split a flat record into its parts; raises ``RecordError`` naming the field."""
         nested: dict[str, Any] = {p: {} for p in PARTS}
         for k, v in rec.items():
             if k in _PART_OF:
@@ -209,12 +244,45 @@ class CellRecord(BaseModel):
             raise _record_error(e) from None
 
     def flat(self) -> dict:
-        """The flat record (field names as on disk); unset optional fields are left out."""
+        """The flat record (field names as on disk, ``status`` its string); unset optional fields are left out."""
         out = {"status": self.status.value, "reason": self.reason}
         for p in PARTS:
             out.update(getattr(self, p).model_dump(exclude_unset=True))
         out.update(self.model_dump(include=_top_fields(self), by_alias=True, exclude_unset=True))
         return out
+
+    def with_fields(self, **fields) -> "CellRecord":
+        """A new record: this one's flat fields with ``fields`` added or replaced, validated."""
+        return CellRecord.from_flat({**self.flat(), **fields})
+
+    # read-only Mapping of the flat fields (``Problem.of``, pandas and the report read records so)
+    def _view(self) -> dict:
+        return {**self.flat(), "status": self.status}
+
+    def __getitem__(self, name: str):
+        return self.status if name == "status" else self.flat()[name]
+
+    def __iter__(self):
+        return iter(self.flat())
+
+    def __len__(self) -> int:
+        return len(self.flat())
+
+    def keys(self):
+        return self._view().keys()
+
+    def items(self):
+        return self._view().items()
+
+    def values(self):
+        return self._view().values()
+
+
+def _number(rec: dict, field: str, positive: bool = False) -> None:
+    x = rec.get(field)
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or (positive and x <= 0):
+        raise RecordError(field, f"must be a {'positive ' if positive else ''}finite number for status "
+                                 f"{rec.get('status')!r}, got {x!r}")
 
 
 def _top_fields(rec: CellRecord) -> set:
@@ -222,19 +290,14 @@ def _top_fields(rec: CellRecord) -> set:
 
 
 def _record_error(e: ValidationError):
-    from .records import RecordError
     err = e.errors()[0]
     orig = (err.get("ctx") or {}).get("error")
     if isinstance(orig, RecordError):
         return orig
-    loc = [str(x) for x in err["loc"] if not isinstance(x, int)]
+    loc = [str(x) for x in err["loc"][:2] if not isinstance(x, int)]   # (part, field): no union member's tag
     field = loc[-1] if loc else "<record>"
-    return RecordError(field, f"{err['msg']}, got {err.get('input')!r}")
-
-
-def fields_where(flag: str, parts=tuple(PARTS)) -> tuple[str, ...]:
-    """Names of the flat fields whose metadata sets ``flag``, in declaration order."""
-    return tuple(n for p in parts for n, f in PARTS[p].model_fields.items() if (f.json_schema_extra or {}).get(flag))
+    msg = [x["msg"] for x in e.errors() if x["loc"][:2] == err["loc"][:2]][-1]   # an int | float: the float's
+    return RecordError(field, f"{msg}, got {err.get('input')!r}")
 
 
 def csv_columns(identity) -> list[str]:

@@ -20,7 +20,7 @@ Timed records also carry the spread of their repeats for the clock that timed th
 (no ``_p75_ms`` before schema 2's spread fields: ``min(max, median + iqr)``, an upper bound).
 
 The typed form of a cell record (one pydantic model per part: problem, timing, rates, correctness,
-memory, cost) is ``attnlab.core.record_model.CellRecord``; its validator runs ``check_status``, and every
+memory, cost) is ``attnlab.core.record_model.CellRecord``; its validator holds the rules above, and every
 field list (``TIMED_FIELDS``, ``COST_FIELDS``, the CSV's columns, ...) is derived from its parts.
 
 A timed record may not be faster than its device: ``attnlab.core.rate_check`` rejects a rate above the
@@ -32,46 +32,25 @@ Records are validated when written (``attnlab.core.store.ResultStore.append``) a
 """
 from __future__ import annotations
 
-import math
-
+from .errors import RecordError  # noqa: F401  (re-exported)
 from .problem import label as problem_label
-from .record_model import CellRecord, Status, fields_where  # noqa: F401  (Status re-exported)
-
-SCHEMA_VERSION = 2
-
-
-STATUSES = tuple(s.value for s in Status)
-#: timer name -> the time field it fills
-TIMERS = {"cupti": "kernel_ms", "cuda_events": "kernel_ms", "wall": "wall_ms"}
-#: fields only a timed record may set (derived from the typed record's ``timed`` metadata)
-TIMED_FIELDS = fields_where("timed")
-GRAD_MODES = ("fwd+bwd", "bwd")
+from .record_model import (CellRecord, GRAD_MODES, SCHEMA_VERSION, STATUSES, TIMED_FIELDS, TIMERS,  # noqa: F401
+                           Status, fields_where)  # (re-exported: the schema's names, read from here)
+from .record_time import time_ms, timing  # noqa: F401  (re-exported)
 
 
-class RecordError(ValueError):
-    """A record that breaks the schema: names the field and the rule."""
-
-    def __init__(self, field: str, rule: str, where: str = ""):
-        self.field, self.rule = field, rule
-        super().__init__(f"{where}record field {field!r}: {rule}")
-
-
-def is_cell(rec: dict) -> bool:
+def is_cell(rec) -> bool:
     return rec.get("kind", "cell") == "cell" and "backend" in rec
 
 
-def _number(rec, field, where, positive=False):
-    x = rec.get(field)
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or (positive and x <= 0):
-        raise RecordError(field, f"must be a {'positive ' if positive else ''}finite number for status "
-                                 f"{rec.get('status')!r}, got {x!r}", where)
-
-
-def validate(rec: dict, where: str = "") -> dict:
-    """Raise ``RecordError`` when ``rec`` breaks the schema; return it unchanged otherwise.
+def validate(rec: dict | CellRecord, where: str = "") -> dict:
+    """Raise ``RecordError`` when ``rec`` (a flat record, as read from JSON, or a ``CellRecord``, checked
+    as its flat form) breaks the schema; return the flat record otherwise.
 
     A cell record is checked by the typed model (``attnlab.core.record_model.CellRecord``: each part's
-    types, then ``check_status``); records of other kinds only name a status."""
+    types, then its status rules); records of other kinds only name a status."""
+    if isinstance(rec, CellRecord):
+        rec = rec.flat()
     if not isinstance(rec, dict):
         raise RecordError("<record>", f"must be a JSON object, got {type(rec).__name__}", where)
     if not is_cell(rec):
@@ -83,68 +62,6 @@ def validate(rec: dict, where: str = "") -> dict:
     except RecordError as e:
         raise type(e)(e.field, e.rule, where) from None   # RateAbovePeakError stays itself
     return rec
-
-
-def check_status(rec: dict, where: str = "") -> dict:
-    """The rules that tie a flat cell record's fields to its status (see the module docstring)."""
-    w = rec.get("window")
-    if w is not None and (not isinstance(w, (list, tuple)) or len(w) != 2):
-        raise RecordError("window", f"must be null or [left, right], got {w!r}", where)
-    status = rec.get("status")
-    if status not in STATUSES:
-        raise RecordError("status", f"must be one of {', '.join(STATUSES)}, got {status!r}", where)
-    legacy = (rec.get("schema") or 1) < SCHEMA_VERSION
-    if status in ("ok", "unchecked"):
-        if rec.get("reason") is not None:
-            raise RecordError("reason", f"must be null for status {status!r}", where)
-        timer = rec.get("timer")
-        if timer not in TIMERS:
-            raise RecordError("timer", f"must name the clock ({', '.join(TIMERS)}) of a timed record, got {timer!r}", where)
-        _number(rec, TIMERS[timer], where, positive=True)
-        from .rate_check import check_rates   # imports this module
-        check_rates(rec, where)
-        if status == "ok" and not legacy:
-            _number(rec, "rel_err", where)
-            _number(rec, "checked_fraction", where, positive=True)
-            if not isinstance(rec.get("tolerance"), str) or not isinstance(rec.get("checks"), dict):
-                raise RecordError("checks", "an ok record names its tolerance and each reference's verdict", where)
-            if rec["mode"] in GRAD_MODES and rec.get("grad_check") != "ok":
-                raise RecordError("grad_check", f"must be 'ok' for an ok {rec['mode']} record, got {rec.get('grad_check')!r}",
-                                  where)
-    else:
-        if not isinstance(rec.get("reason"), str) or not rec["reason"]:
-            raise RecordError("reason", f"status {status!r} needs a reason", where)
-        timed = [f for f in TIMED_FIELDS if rec.get(f) is not None]
-        if timed:
-            raise RecordError(timed[0], f"must be null: a record with status {status!r} is never timed", where)
-    return rec
-
-
-def timing(rec: dict) -> dict | None:
-    """The headline time of a timed record and its spread: {"clock", "median", "min", "p25", "p75", "max", "spread"}.
-
-    The clock is kernel time where measured, else wall time. ``spread`` says what the spread is
-    made of: "recorded" (min and p75 stored), "estimated" (p25/p75 bounded from the IQR of an
-    older file) or "none" (only a median stored: min = p25 = p75 = median)."""
-    prefix = "kernel" if rec.get("kernel_ms") is not None else "wall"
-    med = time_ms(rec)
-    if med is None:
-        return None
-    lo, p25, p75, hi, iqr = (rec.get(f"{prefix}_{k}_ms") for k in ("min", "p25", "p75", "max", "iqr"))
-    spread = "recorded"
-    if p75 is None:
-        if iqr is not None:
-            p75, spread = med + iqr, "estimated"
-            if hi is not None:
-                p75 = min(hi, p75)
-        else:
-            p75, spread = med, "none"
-    if lo is None:
-        lo = med
-    if p25 is None:
-        p25 = max(lo, med - iqr) if iqr is not None else lo
-    return {"clock": prefix, "median": med, "min": min(lo, med), "p25": min(p25, med), "p75": max(p75, med),
-            "max": max(hi if hi is not None else p75, med), "spread": spread}
 
 
 def upgrade(rec: dict) -> dict:
@@ -162,11 +79,6 @@ def upgrade(rec: dict) -> dict:
     if isinstance(r.get("grad_check"), str) and r["grad_check"].startswith("skipped"):
         r["grad_checked_fraction"] = 0.0
     return r
-
-
-def time_ms(rec: dict) -> float | None:
-    """The record's headline time: kernel time where measured, else wall time."""
-    return rec.get("kernel_ms") if rec.get("kernel_ms") is not None else rec.get("wall_ms")
 
 
 def config_label(rec: dict, mesh: bool = True) -> str:

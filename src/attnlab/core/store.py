@@ -1,7 +1,9 @@
 """Results store: one JSON record per line, each flushed and fsync'd as it is written.
 
 A killed run loses at most the record being written; a torn last line is ignored on read.
-Records are checked against ``attnlab.core.records``' schema when written and when read.
+Records are checked against ``attnlab.core.records``' schema when written and when read. The store is
+the JSON boundary: a cell record arrives as the typed ``CellRecord`` and becomes a flat dict only here
+(``append``, ``rewrite``); every line of a results file is written by this module.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import json
 import os
 from typing import Iterable
 
+from .record_model import CellRecord
 from .records import upgrade, validate
 
 
@@ -18,12 +21,23 @@ class ResultStore:
         self.path = os.fspath(path)
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
 
-    def append(self, record: dict) -> None:
-        """Validate ``record`` against the schema (``attnlab.core.records``), then write it durably."""
-        validate(record)
-        line = json.dumps(record, default=_jsonable, allow_nan=True)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
+    def append(self, record: CellRecord | dict) -> None:
+        """Validate ``record`` (a ``CellRecord``, or a flat record of another kind: a lab step, a run)
+        against the schema (``attnlab.core.records``), then write it durably."""
+        self._write([record], "a", self.path)
+
+    def rewrite(self, records) -> None:
+        """Replace the file by ``records`` (each validated as ``append`` does), atomically: a kill leaves
+        the old file or the new one, never a mix."""
+        tmp = self.path + ".tmp"
+        self._write(records, "w", tmp)
+        os.replace(tmp, self.path)
+
+    @staticmethod
+    def _write(records, mode: str, path: str) -> None:
+        lines = [json.dumps(validate(_flat(r)), default=_jsonable, allow_nan=True) for r in records]
+        with open(path, mode, encoding="utf-8") as f:
+            f.writelines(line + "\n" for line in lines)
             f.flush()
             os.fsync(f.fileno())
 
@@ -63,12 +77,17 @@ def read_jsonl(path) -> list[dict]:
 
 def write_csv(records: list[dict], path, columns: Iterable[str] | None = None) -> None:
     """Flat CSV: nested values (env, lists) are JSON-encoded into one cell."""
+    records = [_flat(r) for r in records]
     cols = list(columns) if columns else _columns(records)
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
         w.writeheader()
         for r in records:
             w.writerow({k: json.dumps(v, default=_jsonable) if isinstance(v, (dict, list, tuple)) else v for k, v in r.items()})
+
+
+def _flat(record: CellRecord | dict) -> dict:
+    return record.flat() if isinstance(record, CellRecord) else record
 
 
 def _columns(records):

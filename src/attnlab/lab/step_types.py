@@ -7,6 +7,7 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..core.record_model import CellRecord
 from ..core.store import ResultStore
 
 if TYPE_CHECKING:
@@ -149,13 +150,13 @@ class LabContext:
         """The sweep engine's folder: every timed cell of the run, measured once (results.jsonl there)."""
         return os.path.join(self.out_dir, "sweeps")
 
-    def append(self, rec: dict) -> dict:
+    def append(self, rec: CellRecord | dict) -> CellRecord | dict:
         """Store ``rec`` in results.jsonl (validated, durably) and keep it for the renderers."""
         self.store.append(rec)
         self.records.append(rec)
         return rec
 
-    def run_sweep(self, sweep: "Sweep") -> list[dict]:
+    def run_sweep(self, sweep: "Sweep") -> list[CellRecord]:
         """Measure ``sweep``'s cells with the sweep engine, which skips every cell its folder holds
         already: one measured earlier in this run (the default shape appears in the timing step, both
         sweeps and the head-dim sweep) or, with ``resume``, by the run that was stopped. Each cell's
@@ -173,10 +174,8 @@ class LabContext:
 
         out = []
         for rec in run_sweep(sweep, self.sweeps_dir, resume=True, options=self.cfg.options, on_cell=counted):
-            tagged = {**rec, "kind": "cell", "step": sweep.name, "label": self.label, "env": self.env}
-            if rec.get("sweep") not in (None, sweep.name):
-                tagged["same_as"] = rec["sweep"]
-            out.append(self.append(tagged))
+            same = {"same_as": rec["sweep"]} if rec.get("sweep") not in (None, sweep.name) else {}
+            out.append(self.append(rec.with_fields(kind="cell", step=sweep.name, label=self.label, env=self.env, **same)))
         return out
 
     @property

@@ -35,6 +35,7 @@ from .. import backends
 from ..core import device
 from ..core.spec import prepare
 from . import estimate, serving_cell, threads
+from .inputs import _functions
 
 #: The compiles started and not yet ended (``stop`` cancels or waits for them).
 _JOBS: set = set()
@@ -106,8 +107,6 @@ def shapes(cell) -> tuple:
 def start(cell, opts=None) -> AheadCompile | None:
     """Begin compiling ``cell``'s timed program in a registered daemon thread (see module doc); None:
     not this cell (``why_not(cell, opts)``)."""
-    from .inputs import _functions
-
     try:
         if why_not(cell, opts):
             return None

@@ -18,7 +18,7 @@ by ``attnlab.measure.prefetch``), and the emulation's errors (the policy's basel
 rows are computed once per inputs; a cell then pays one comparison of its own output. The seconds of
 the references a cell made go to its ``check_parts_s``. The references of the
 last ``_CACHE_SIZE`` input sets are kept (``_CACHE_BYTES`` at most, the newest always).
-``_check_into`` / ``_check_grads_into`` apply the policy to a cell and put the verdict in its record.
+``check_output`` / ``check_gradients`` apply the policy to a cell and return the verdict's record fields.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ from ..reference.inputs import random_sinks
 from ..core.errors import OutputMismatchError
 from ..reference import rules
 from ..reference.tolerance import LIMIT_FACTOR, policy_limit, rel_l2, row_rel_err
-from .outcome import Skip
+from .outcome import Skip, Status
 
 TILE = 64
 INTERIOR_TILES = 2
@@ -277,31 +277,31 @@ def semantics(cell) -> Semantics:
                      q_offsets=tuple(n - cell.q_len for n in lens), soft_cap=cap, sinks=sinks)
 
 
-def _check_into(rec: dict, out, inputs, cell, backend, opts) -> None:
-    """Check the whole forward output; record it; raise Skip('incorrect') when it fails."""
-    q, k, v = inputs
-    rec["out_dtype"] = np.dtype(out.dtype).name
-    if rec["out_dtype"] != cell.dtype:
-        raise Skip("incorrect", f"output dtype {rec['out_dtype']} is not the cell's dtype {cell.dtype}")
+def check_output(out, inputs, cell, backend, opts) -> dict:
+    """The record fields of the check of the whole forward output; ``Skip('incorrect')`` carrying them
+    when it fails."""
+    fields = {"out_dtype": np.dtype(out.dtype).name}
+    if fields["out_dtype"] != cell.dtype:
+        raise Skip(Status.INCORRECT, f"output dtype {fields['out_dtype']} is not the cell's dtype {cell.dtype}", fields)
     try:
-        chk = check_forward(device_array(out), q, k, v, semantics(cell), ref_key=ref_key(cell, opts.seed),
+        chk = check_forward(device_array(out), *inputs, semantics(cell), ref_key=ref_key(cell, opts.seed),
                             fixed_limit=backend.rel_l2_limit, fixed_rule=backend.rel_l2_rule)
     except OutputMismatchError as e:
-        raise Skip("incorrect", f"output wrong: {e}") from None
+        raise Skip(Status.INCORRECT, f"output wrong: {e}", fields) from None
     ok, why = chk.pop("ok"), chk.pop("reason")
-    rec.update(chk)
+    fields.update(chk)
     if not ok:
-        raise Skip("incorrect", f"output wrong: {why} ({chk['tolerance']})")
+        raise Skip(Status.INCORRECT, f"output wrong: {why} ({chk['tolerance']})", fields)
+    return fields
 
 
-def _check_grads_into(rec: dict, grads, inputs, ct, cell, opts) -> None:
-    """Check every gradient; record it; raise Skip('incorrect') when one fails."""
+def check_gradients(grads, inputs, ct, cell, opts) -> dict:
+    """The record fields of the check of every gradient; ``Skip('incorrect')`` carrying them when one fails."""
     q, k, v = inputs
     try:
         chk = check_grads(grads, q, k, v, ct.astype(q.dtype), semantics(cell), ref_key=ref_key(cell, opts.seed))
     except OutputMismatchError as e:
-        raise Skip("incorrect", f"gradient wrong: {e}") from None
-    why = chk.pop("grad_reason")
-    rec.update(chk)
-    if chk["grad_check"] != "ok":
-        raise Skip("incorrect", why)
+        raise Skip(Status.INCORRECT, f"gradient wrong: {e}") from None
+    if (why := chk.pop("grad_reason")) is not None:
+        raise Skip(Status.INCORRECT, why, chk)
+    return chk

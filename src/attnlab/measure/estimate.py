@@ -24,10 +24,13 @@ Memory: the input sets, the cotangents, the references' outputs and one tile of 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
+from .. import backends
 from ..core.problem import BWD_FLOP_FACTOR
-from . import calibration, peaks
+from ..reference.blockwise import TILE_BUDGET
+from . import calibration, peaks, timers
 
 GPU_EFFICIENCY = 0.25
 CPU_GFLOPS = {"fp32": 10.0, "tf32": 10.0, "bf16": 8.0, "fp8": 1.0}   # a 2-core CPU under load: 9-18 f32
@@ -81,8 +84,6 @@ def _n_sets(w, opts, info) -> int:
 
 def estimate_cell(cell, opts, info) -> Estimate:
     """The estimate of ``measure_cell(cell, opts)`` on the device ``info`` (``attnlab.core.device.current()``)."""
-    from . import timers
-
     w = cell.workload
     grads = cell.mode != "fwd"
     flops, nbytes = throughput(info, cell.dtype)
@@ -109,8 +110,6 @@ def estimate_cell(cell, opts, info) -> Estimate:
     out32 = 4 * tokens * w.heads * w.head_dim
     mem = n_sets * (qkv + (out32 if grads else 0)) + (2 + (6 if grads else 0)) * out32
     if opts.check:
-        from ..reference.blockwise import TILE_BUDGET
-
         mem += min(TILE_BUDGET.get(info.platform, TILE_BUDGET["cpu"]), 4 * w.batch * w.heads * w.q_len * w.kv_len)
     return Estimate(seconds=compile_s + problem_s + check_s + timing_s, call_s=call_s, calls=calls, check_s=check_s,
                     compile_s=compile_s, bytes=int(mem), problem_s=problem_s)
@@ -124,8 +123,6 @@ def check_compute_s(cell, opts, info) -> float:
 
 def _problem_key(cell) -> str:
     """What the inputs' and the check's programs are compiled for: the cell without its backend and inputs."""
-    import json
-
     return json.dumps({k: v for k, v in cell.identity().items() if k not in ("backend", "inputs")}, sort_keys=True)
 
 
@@ -134,8 +131,6 @@ def estimate_sweep(cells, opts, info) -> list[Estimate]:
     compiled once per problem counted at its first cell only; with ``opts.compile_ahead`` a kernel's
     compile only where it outlasts the previous cell's inputs and check, beside which it runs
     (``attnlab.measure.ahead``; the timing waits for it); a cell whose backend is not available here ~0 s."""
-    from .. import backends
-
     seen, out, beside = set(), [], 0.0
     for c in cells:
         e = estimate_cell(c, opts, info)

@@ -13,11 +13,13 @@ import jax
 import jax.numpy as jnp
 
 from ..api import dot_product as api
+from ..api.decode import decode_attention
+from ..kernels.pages import to_pages
 from ..core import device, strategies
 from ..reference.distributions import make_qkv
 from ..reference.inputs import random_qkv, random_sinks
 from . import peaks
-from .outcome import Skip
+from .outcome import Skip, Status
 
 
 def _input_sets(cell, opts):
@@ -63,7 +65,7 @@ def _place_sharded(sets, cell):
 
 def _mesh_record(cell) -> dict:
     if cell.devices > jax.device_count():
-        raise Skip("unsupported", f"{cell.devices} devices asked, JAX sees {jax.device_count()}")
+        raise Skip(Status.UNSUPPORTED, f"{cell.devices} devices asked, JAX sees {jax.device_count()}")
     devs = jax.devices()[: cell.devices]
     return {"devices": cell.devices, "axis": "x", "strategy": cell.strategy, "kinds": sorted({d.device_kind for d in devs})}
 
@@ -91,8 +93,6 @@ def _functions(cell):
     kw = dict(is_causal=cell.causal, local_window_size=cell.window, implementation=cell.backend, **call_extras(cell))
 
     if cell.lengths is not None:
-        import attnlab
-
         lens = jnp.asarray(cell.kv_lengths(), jnp.int32)
         if getattr(cell, "kv_dtype", None):     # a quantized cache, made before timing (``kv_cells``)
             from .kv_cells import functions as quantized_functions
@@ -101,19 +101,15 @@ def _functions(cell):
         sinks = kw.get("sinks")
 
         def fwd(q, k, v):
-            return attnlab.decode_attention(q, k, v, lens, causal=cell.causal, implementation=cell.backend,
-                                            logits_soft_cap=cell.soft_cap, local_window_size=cell.window,
-                                            sinks=sinks)
+            return decode_attention(q, k, v, lens, causal=cell.causal, implementation=cell.backend,
+                                    logits_soft_cap=cell.soft_cap, local_window_size=cell.window, sinks=sinks)
 
         if cell.lengths == "paged" and cell.mode == "fwd":
             # timed on pages made beforehand (shuffled, vLLM layout); checked as its contiguous twin (q, k, v)
-            from ..kernels.pages import to_pages
-
             def paged(q, k_pages, v_pages, table):
-                return attnlab.decode_attention(q, k_pages, v_pages, lens, causal=cell.causal,
-                                                implementation=cell.backend, page_table=table,
-                                                logits_soft_cap=cell.soft_cap, local_window_size=cell.window,
-                                                sinks=sinks)
+                return decode_attention(q, k_pages, v_pages, lens, causal=cell.causal, implementation=cell.backend,
+                                        page_table=table, logits_soft_cap=cell.soft_cap,
+                                        local_window_size=cell.window, sinks=sinks)
 
             def fwd(q, k, v):   # noqa: F811 - the paged call on pages made from (q, k, v)
                 return paged(q, *to_pages(k, v, cell.page_size))

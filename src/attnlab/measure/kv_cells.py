@@ -94,17 +94,17 @@ def dequantized_twin(cell, x, batch_idx):
     return deq.reshape(B, S, K, H)[np.asarray(batch_idx)]
 
 
-def check_into(rec: dict, out, inputs, cell, backend, opts) -> None:
-    """The check of a quantized-cache cell (module docstring); records it and ``kv_rel_err``; raises
-    Skip('incorrect') when it fails."""
+def check_output(out, inputs, cell, backend, opts) -> dict:
+    """The check of a quantized-cache cell (module docstring): its fields, ``kv_rel_err`` included; raises
+    Skip('incorrect') with them when it fails."""
     from ..reference.decode64 import check_decode_close, reference_decode_attention
     from ..reference.tolerance import rel_l2
 
     del backend, opts
     q, k, v = inputs
-    rec["out_dtype"] = np.dtype(out.dtype).name
+    rec = {"out_dtype": np.dtype(out.dtype).name}
     if rec["out_dtype"] != cell.dtype:
-        raise Skip("incorrect", f"output dtype {rec['out_dtype']} is not the cell's dtype {cell.dtype}")
+        raise Skip("incorrect", f"output dtype {rec['out_dtype']} is not the cell's dtype {cell.dtype}", rec)
     bi = sorted({0, cell.batch - 1})
     lens = np.asarray(cell.kv_lengths())[bi]
     qs, o = np.asarray(q)[bi], np.asarray(out)[bi]
@@ -120,7 +120,8 @@ def check_into(rec: dict, out, inputs, cell, backend, opts) -> None:
                                                "batch": bi, "reference": "NumPy float64 of the dequantized cache"}},
                kv_rel_err=rel_l2(o, unquantized))
     if not verdict.ok:
-        raise Skip("incorrect", f"output wrong: rel L2 {verdict.rel_err:.3g} > {verdict.limit:.3g} ({rule})")
+        raise Skip("incorrect", f"output wrong: rel L2 {verdict.rel_err:.3g} > {verdict.limit:.3g} ({rule})", rec)
+    return rec
 
 
 def kv_cache_errors(B: int, T: int, S: int, N: int, K: int, H: int, *, kv_dtypes=("float8_e4m3fn",),

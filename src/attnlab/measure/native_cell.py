@@ -5,15 +5,16 @@ import math
 
 from ..core.spec import prepare
 from . import memory
-from .check import _check_into
+from .check import check_output
 from .inputs import call_extras
 from .native import measure_native
-from .outcome import Skip, _metrics, classify
+from .outcome import Skip, Status, classify, rates
 
 
-def _measure_native(backend, cell, spec, sets, opts, rec: dict, info, phases) -> None:
-    """Check the backend's whole output on the same inputs, then time it with the backend's own hook
-    (CUPTI where it works, said in ``timer``)."""
+def _measure_native(backend, cell, spec, sets, opts, so_far: dict, info, phases) -> dict:
+    """The record fields of the backend's whole output checked on the same inputs, then timed with the
+    backend's own hook (CUPTI where it works, said in ``timer``); ``so_far``: the fields measured before
+    (its ``flops`` and ``bytes`` are read). A failure raises ``Skip`` carrying the fields measured before it."""
     q0, k0, v0 = sets[0]
     scale = 1.0 / math.sqrt(cell.head_dim)
     decode = None
@@ -23,8 +24,9 @@ def _measure_native(backend, cell, spec, sets, opts, rec: dict, info, phases) ->
         why = (backend.supports(spec) or backend.decode_reason(cell.kv_lengths(), cell.q_len, cell.kv_len)
                or (backend.sinks_reason if spec.has_sinks and not backend.takes_sinks else None))
         if why:
-            raise Skip("unsupported", f"{cell.backend}: {why}")
+            raise Skip(Status.UNSUPPORTED, f"{cell.backend}: {why}")
         decode = (cell.kv_lengths(), cell.causal)
+    fields: dict = {}
     try:
         if opts.check:
             with phases("check"):
@@ -33,16 +35,13 @@ def _measure_native(backend, cell, spec, sets, opts, rec: dict, info, phases) ->
                                               **call_extras(cell)))
                 else:
                     out = backend.run_native_decode(q0, k0, v0, spec, scale, *decode)
-                _check_into(rec, out, sets[0], cell, backend, opts)
-        repeats = opts.repeats or 20
-        rec["repeats"] = repeats
+                fields.update(check_output(out, sets[0], cell, backend, opts))
+        fields["repeats"] = repeats = opts.repeats or 20
         with phases("timing"):
-            rec.update(measure_native(backend, spec, scale, sets, repeats, opts.warmup, decode=decode))
-        rec["process_peak_bytes"] = memory.process_peak_bytes()
-        if not opts.check:
-            rec["status"] = "unchecked"
+            fields.update(measure_native(backend, spec, scale, sets, repeats, opts.warmup, decode=decode))
+        fields["process_peak_bytes"] = memory.process_peak_bytes()
     except Skip:
         raise
     except Exception as e:  # noqa: BLE001
-        raise Skip(*classify(e, "run"))
-    _metrics(rec, cell, info, backend)
+        raise Skip(*classify(e, "run"), fields)
+    return {**fields, **rates({**so_far, **fields}, cell, info, backend)}

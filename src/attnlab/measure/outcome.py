@@ -1,9 +1,11 @@
-"""A cell's outcome: how failures are classified, the metrics of a timed cell, the finishing touches.
+"""A cell's outcome: how failures are classified, the rates of a timed cell, and the one place its record is built.
 
-``Skip(status, reason)`` ends a cell early with a status of ``attnlab.core.records.STATUSES``;
-``classify`` maps an exception raised while compiling or running to (status, reason);
-``_metrics`` turns the headline time into TFLOP/s, GB/s and percentages of peak;
-``_finish`` clears the timing fields of a cell that was not timed and stamps the record.
+``Skip(status, reason, fields)`` ends a cell early with a ``Status`` (and the fields measured before it
+stopped, e.g. the check's errors of an incorrect cell); ``classify`` maps an exception raised while
+compiling or running to (status, reason); ``rates`` turns the headline time into TFLOP/s, GB/s and
+percentages of peak; ``finish`` clears the timing fields of a cell that was not timed, stamps the
+fields and builds the typed record (``attnlab.core.record_model.CellRecord``: its validator holds the
+status rules, so a cell whose fields break one raises ``RecordError`` here, an error of attnlab).
 """
 from __future__ import annotations
 
@@ -11,8 +13,8 @@ import time
 
 from ..core.errors import UnsupportedError
 from ..reference.float64 import default_matmul_is_tf32
-from ..core.record_model import fields_where
-from ..core.records import STATUSES, time_ms  # noqa: F401  (STATUSES re-exported)
+from ..core.record_model import CellRecord, fields_where
+from ..core.records import STATUSES, Status, time_ms  # noqa: F401  (STATUSES re-exported)
 from . import peaks
 
 #: Fields every cell record has (None until measured) and those cleared when a cell was not timed,
@@ -22,22 +24,22 @@ TIMING_FIELDS = fields_where("cleared")
 
 
 class Skip(Exception):
-    """Stop measuring a cell: its record gets ``status`` and ``reason``."""
+    """Stop measuring a cell: its record gets ``status`` (a ``Status``), ``reason`` and ``fields``."""
 
-    def __init__(self, status, reason):
+    def __init__(self, status: Status | str, reason: str, fields: dict | None = None):
         super().__init__(reason)
-        self.status, self.reason = status, reason
+        self.status, self.reason, self.fields = Status(status), reason, fields or {}
 
 
-def classify(exc: BaseException, phase: str) -> tuple[str, str]:
+def classify(exc: BaseException, phase: str) -> tuple[Status, str]:
     """Map an exception raised while compiling ('compile') or running ('run') to (status, reason)."""
     msg = f"{type(exc).__name__}: {exc}"
     low = msg.lower()
     if isinstance(exc, MemoryError) or "resource_exhausted" in low or "out of memory" in low or "oom" in low.split():
-        return "oom", _short(msg)
+        return Status.OOM, _short(msg)
     if isinstance(exc, (UnsupportedError, NotImplementedError)):
-        return "unsupported", _short(msg)
-    return ("compile_error" if phase == "compile" else "runtime_error"), _short(msg)
+        return Status.UNSUPPORTED, _short(msg)
+    return (Status.COMPILE_ERROR if phase == "compile" else Status.RUNTIME_ERROR), _short(msg)
 
 
 def _short(msg: str, n: int = 500) -> str:
@@ -46,37 +48,39 @@ def _short(msg: str, n: int = 500) -> str:
     return msg if len(msg) <= n else msg[: n // 2] + " ... " + msg[-(n // 2):]
 
 
-def _metrics(rec: dict, cell, info, backend=None) -> None:
-    """TFLOP/s, GB/s and % of peak from the record's headline time (kernel time where measured).
+def rates(times: dict, cell, info, backend=None) -> dict:
+    """TFLOP/s, GB/s and % of peak fields from ``times`` (a timed cell's fields: ``kernel_ms``/``wall_ms``,
+    ``flops``, ``bytes``; the headline time is kernel time where measured).
 
     The peak is the one of the dtype the backend computes in (``Backend.compute_dtype``, e.g. FP8)."""
-    t_ms = time_ms(rec)
-    if rec["kernel_ms"] is not None and rec["wall_ms"] is not None:
-        rec["dispatch_ms"] = rec["wall_ms"] - rec["kernel_ms"]
-    rec["tflops"] = rec["flops"] / (t_ms * 1e-3) / 1e12
-    rec["gbps"] = rec["bytes"] / (t_ms * 1e-3) / 1e9
+    t_ms, out = time_ms(times), {}
+    if times.get("kernel_ms") is not None and times.get("wall_ms") is not None:
+        out["dispatch_ms"] = times["wall_ms"] - times["kernel_ms"]
+    out["tflops"] = tflops = times["flops"] / (t_ms * 1e-3) / 1e12
+    out["gbps"] = gbps = times["bytes"] / (t_ms * 1e-3) / 1e9
     peak_dtype = (backend.compute_dtype if backend is not None else None) or cell.dtype
     pk = peaks.peak_tflops(info.kind, peak_dtype, tf32=default_matmul_is_tf32())
-    rec["peak_dtype"] = peaks.dtype_class(peak_dtype, default_matmul_is_tf32())
-    rec["peak_tflops"] = pk
-    rec["pct_peak"] = 100 * rec["tflops"] / pk if pk else None
+    out["peak_dtype"] = peaks.dtype_class(peak_dtype, default_matmul_is_tf32())
+    out["peak_tflops"] = pk
+    out["pct_peak"] = 100 * tflops / pk if pk else None
     sheet = peaks.peak_for_kind(info.kind)
     if sheet and pk:
         # the roofline bound of this cell: max(bytes / HBM bandwidth, FLOPs / compute peak)
-        rec["pct_bandwidth"] = 100 * rec["gbps"] / (sheet.hbm_tbps * 1e3)
-        rec["roofline_ms"] = max(rec["bytes"] / (sheet.hbm_tbps * 1e12), rec["flops"] / (pk * 1e12)) * 1e3
-        rec["pct_roofline"] = 100 * rec["roofline_ms"] / t_ms
+        out["pct_bandwidth"] = 100 * gbps / (sheet.hbm_tbps * 1e3)
+        out["roofline_ms"] = max(times["bytes"] / (sheet.hbm_tbps * 1e12), times["flops"] / (pk * 1e12)) * 1e3
+        out["pct_roofline"] = 100 * out["roofline_ms"] / t_ms
     ceil = peaks.load_ceilings(info.kind)
     if ceil and cell.dtype in ("bfloat16", "float16"):
-        rec["pct_ceiling"] = 100 * rec["tflops"] / ceil["matmul_tflops"]
+        out["pct_ceiling"] = 100 * tflops / ceil["matmul_tflops"]
+    return out
 
 
-def _finish(rec: dict, t_start: float) -> dict:
-    if rec["status"] not in ("ok", "unchecked"):
-        for k_ in TIMING_FIELDS:
-            rec[k_] = None
-        for k_ in [k for k in rec if k.startswith(("kernel_", "wall_"))]:
-            rec[k_] = None
-    rec["cell_s"] = time.perf_counter() - t_start
-    rec["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    return rec
+def finish(fields: dict, status: Status, reason: str | None, t_start: float) -> CellRecord:
+    """The cell's record from the fields measured: not timed (any status but ok / unchecked), its timing
+    fields are cleared; ``cell_s`` and ``timestamp`` stamped. Raises ``RecordError`` for a record that
+    breaks the schema (a bug of attnlab: e.g. a rate above the device's peak)."""
+    if not status.timed:
+        cleared = [*TIMING_FIELDS, *(k for k in fields if k.startswith(("kernel_", "wall_")))]
+        fields = {**fields, **dict.fromkeys(cleared)}
+    return CellRecord.from_flat({**fields, "status": status, "reason": reason, "cell_s": time.perf_counter() - t_start,
+                                 "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})

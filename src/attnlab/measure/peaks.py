@@ -10,6 +10,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+from . import timers
 from ..core.datasheet import H100_SXM, PEAKS, Peak, dtype_class, peak_for_kind, peak_tflops  # noqa: F401  (re-exported)
 
 
@@ -31,8 +32,6 @@ def load_ceilings(kind: str | None = None) -> dict | None:
 
 def measure_ceilings(*, matmul_n: int | None = None, copy_bytes: int | None = None, repeats: int = 10) -> dict:
     """bf16 matmul TFLOP/s and device copy GB/s (read + write counted) on the default device."""
-    from . import timers
-
     gpu = jax.default_backend() == "gpu"
     n = matmul_n or (8192 if gpu else 1024)
     nbytes = copy_bytes or (2**30 if gpu else 2**26)

@@ -32,7 +32,7 @@ from ..reference.serving64 import reference_serving_attention
 from ..reference.tolerance import rel_l2, row_rel_err
 from . import check, memory, peaks, timers
 from .budget import compile_within_budget
-from .outcome import Skip, _metrics, classify
+from .outcome import Skip, classify, rates
 
 #: The request-length distributions a serving cell's ``lengths`` names (or ``file:PATH``).
 LENGTHS = rl.DISTRIBUTIONS
@@ -140,10 +140,8 @@ def measure(backend, cell, opts, rec: dict, info, phases) -> dict:
         except Exception as e:  # noqa: BLE001
             raise Skip(*classify(e, "run")) from None
     rec["process_peak_bytes"] = memory.process_peak_bytes()
-    _metrics(rec, cell, info, backend)
+    rec.update(rates(rec, cell, info, backend))
     rec["tokens_per_s"] = p.new_tokens() / (time_ms(rec) * 1e-3)
-    if not opts.check:
-        rec["status"] = "unchecked"
     return rec
 
 

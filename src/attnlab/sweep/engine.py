@@ -1,7 +1,6 @@
 """Run a sweep: measure each cell, append its record as it finishes, resume where a run stopped."""
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Callable
@@ -10,11 +9,12 @@ from ..measure import env as envmod
 from ..api import sharded  # noqa: F401  (registers the batch / heads / ring strategies: attnlab.core.strategies)
 from concurrent.futures import wait
 
+from ..core import device
 from ..measure import ahead as ahead_compile
-from ..measure import prefetch, threads
+from ..measure import calibration, estimate, prefetch, threads
 from ..measure.cell import IDENTITY, Cell, Options, measure_cell, record_key
-from ..core.record_model import csv_columns
-from ..core.records import config_label, time_ms  # noqa: F401  (re-exported: the helpers live in records)
+from ..core.record_model import CellRecord, csv_columns
+from ..core.records import config_label, is_cell, time_ms  # noqa: F401  (config_label, time_ms re-exported)
 from ..core.store import ResultStore, read_jsonl, read_records, write_csv
 from .spec import Sweep, SweepError
 from .worker import Abandoned, call_interruptibly
@@ -27,22 +27,17 @@ CSV_COLUMNS = csv_columns(IDENTITY)
 PREFETCH_CELLS = 8
 
 
-def _compact(path: str) -> list[dict]:
-    """Rewrite the results file without torn lines or duplicate cells (first record of a cell wins)."""
+def _compact(path: str) -> list[CellRecord | dict]:
+    """Rewrite the results file through the store (each record validated again) without torn lines or
+    duplicate cells (first record of a cell wins); the cell records come back typed."""
     seen, kept = set(), []
     for r in read_records(path):
         k = record_key(r)
         if k in seen:
             continue
         seen.add(k)
-        kept.append(r)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in kept:
-            f.write(json.dumps(r) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+        kept.append(CellRecord.from_flat(r) if is_cell(r) else r)
+    ResultStore(path).rewrite(kept)
     return kept
 
 
@@ -61,9 +56,10 @@ def existing_records(out_dir: str) -> int:
 
 
 def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, overwrite: bool = False, options: Options | None = None,
-              on_cell: Callable[[Cell, dict | None, int, int], None] | None = None,
-              on_phase: Callable[[Cell, str], None] | None = None) -> list[dict]:
-    """Measure every cell of ``sweep`` into ``out_dir/results.jsonl`` (+ .csv); returns all records.
+              on_cell: Callable[[Cell, CellRecord | None, int, int], None] | None = None,
+              on_phase: Callable[[Cell, str], None] | None = None) -> list[CellRecord]:
+    """Measure every cell of ``sweep`` into ``out_dir/results.jsonl`` (+ .csv); returns all records (typed:
+    ``attnlab.core.record_model.CellRecord``, read as flat records, ``rec["status"]``).
 
     Where ``out_dir`` already holds results, ``resume`` skips the cells recorded there and
     ``overwrite`` starts afresh; with neither, ``SweepError`` is raised and nothing is touched.
@@ -81,7 +77,7 @@ def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, overwrite: bo
         raise SweepError("resume and overwrite contradict each other: give one of them")
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "results.jsonl")
-    done: dict[str, dict] = {}
+    done: dict[str, CellRecord] = {}
     n_old = existing_records(out_dir)
     if n_old and not (resume or overwrite):
         raise SweepError(f"{out_dir} already holds {n_old} result(s) in results.jsonl: give --resume to skip the "
@@ -102,10 +98,8 @@ def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, overwrite: bo
                 if on_cell:
                     on_cell(cell, None, i, len(cells))
                 continue
-            rec = _measure(cell, todo, pending, opts, on_phase)
+            rec = _measure(cell, todo, pending, opts, on_phase, {"sweep": sweep.name, "env": env})
             _calibrate(cell, rec, opts)
-            rec["sweep"] = sweep.name
-            rec["env"] = env
             store.append(rec)
             done[cell.key()] = rec
             if on_cell:
@@ -125,19 +119,17 @@ def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, overwrite: bo
     return records
 
 
-def _calibrate(cell: Cell, rec: dict, opts: Options) -> None:
+def _calibrate(cell: Cell, rec: CellRecord, opts: Options) -> None:
     """The sweep's first cell that compiled and checked calibrates the estimate of the cells after it
     (their over_budget verdict) and of the next sweep here (``attnlab.measure.calibration``)."""
-    from ..core import device
-    from ..measure import calibration, estimate
-
     info = device.current()
     if rec.get("compile_s") and rec.get("check_s") and not calibration.learnt(info):
         calibration.learn(rec, info, check_compute_s=estimate.check_compute_s(cell, opts, info))
 
 
-def _measure(cell: Cell, todo: list[Cell], pending: dict, opts: Options, on_phase) -> dict:
-    """measure_cell in a worker thread, with this cell's ahead compile and the next one's started."""
+def _measure(cell: Cell, todo: list[Cell], pending: dict, opts: Options, on_phase, stamp: dict) -> CellRecord:
+    """measure_cell in a worker thread, with this cell's ahead compile and the next one's started; the
+    record carries ``stamp`` (the sweep's fields) and the seconds it waited for the next cell's compile."""
     compiled = pending.pop(cell.key(), None)
     i = next(j for j, c in enumerate(todo) if c.key() == cell.key())
     prefetch.start(todo[i:i + PREFETCH_CELLS], opts.check, opts)
@@ -148,17 +140,15 @@ def _measure(cell: Cell, todo: list[Cell], pending: dict, opts: Options, on_phas
             if nxt is not None:
                 pending[todo[i + 1].key()] = nxt
 
-    waited = []
+    stamp = dict(stamp)   # read by measure_cell when it builds the record, after the timing phase
 
     def phase(name: str) -> None:
         if name == "timing" and nxt is not None:
             t0 = time.perf_counter()
             wait([nxt], timeout=opts.compile_budget_s)   # the next compile must not run beside the timer
-            waited.append(time.perf_counter() - t0)
+            # part of this cell's wall seconds, spent on the next cell's compile
+            stamp["next_compile_wait_s"] = time.perf_counter() - t0
         if on_phase:
             on_phase(cell, name)
 
-    rec = call_interruptibly(lambda: measure_cell(cell, opts, on_phase=phase, compiled=compiled))
-    if waited:   # part of this cell's wall seconds, spent on the next cell's compile
-        rec["next_compile_wait_s"] = waited[0]
-    return rec
+    return call_interruptibly(lambda: measure_cell(cell, opts, on_phase=phase, compiled=compiled, stamp=stamp))
