@@ -67,6 +67,8 @@ from .decode_plan import (DTYPES, FILL_BLOCKS, HEAD_DIMS, MAX_ROWS, MIN_ROWS, De
                           blocks_visited, cdiv, choose_num_splits, compiled_stages, default_block_k, make_plan, next_pow2,
                           split_range, unsupported, wave_cost, window_start)
 from .kv_dequant import dequantized_pv, dequantized_scores, load_scale_block, scale_block_spec, scale_inputs
+from .split_combine import combine, combined_queries, sink_rows  # noqa: F401  (re-exported)
+from . import decode_mgpu
 from .decode_resources import (CPU_SM_COUNT, DEFAULT_SM_COUNT, REGS_PER_SM, SM_COUNTS, SMEM_PER_BLOCK,  # noqa: F401
                                SMEM_PER_BLOCK_OTHER_SM8X, SMEM_PER_SM, SMEM_SLACK, fit_stages, programs_per_sm,
                                sm_count, smem_bytes, smem_limit)
@@ -170,50 +172,6 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
     plgpu.store(l_ref, l, mask=row_ok)
 
 
-def sink_rows(sinks, *, kv_heads: int, groups: int, rows: int):
-    """Sinks (N,) natural-log logits -> (K, rows) float32 in log2 units, laid out as the packed rows
-    (row r of KV head h is query head h * G + r % G; rows past T*G repeat the pattern and are dropped)."""
-    import jax.numpy as jnp
-    import numpy as np
-
-    per_head = jnp.asarray(sinks).astype(jnp.float32).reshape(kv_heads, groups) * LOG2E
-    return per_head[:, np.arange(rows) % groups]
-
-
-def combine(o, m, l, sinks=None):
-    """Log-sum-exp combine of the splits: o (B, K, P, R, H), m and l (B, K, P, R) -> (B, K, R, H) float32.
-
-    m is in log2 units; a split that saw no key has m = NEG (finite), l = 0, o = 0 and weighs 0
-    (2^(NEG - M) = 0 beside any split that saw a key). A row that saw no key at all (only with
-    unchecked lengths under jit) has l = 0 everywhere and gives 0. ``sinks`` (K, R) float32 in log2
-    units (``sink_rows``), or None: each row's denominator gets 2^(sink - M) once, after the splits
-    are merged (the sink has no value), so every split count gives the same result.
-    """
-    import jax.numpy as jnp
-
-    top = jnp.max(m, axis=2, keepdims=True)
-    if sinks is not None:
-        top = jnp.maximum(top, sinks[None, :, None, :])
-    w = jnp.exp2(m - top)                                   # (B, K, P, R)
-    den = jnp.sum(w * l, axis=2)
-    if sinks is not None:
-        den = den + jnp.exp2(sinks[None] - top[:, :, 0])
-    num = jnp.sum(w[..., None] * o, axis=2)
-    return num / jnp.where(den == 0, 1.0, den)[..., None]
-
-
-def combined_queries(o, m, l, *, q_len: int, groups: int, dtype, sinks=None):
-    """``combine`` the splits and undo the GQA row packing: partials (B, K, P, >= T*G rows, H) -> (B, T, N, H).
-    ``sinks``: None or (N,) float logits (natural-log units), one more logit per query head."""
-    import jax.numpy as jnp
-
-    B, K, _, R, H = o.shape
-    rows = None if sinks is None else sink_rows(sinks, kv_heads=K, groups=groups, rows=R)
-    out = combine(o, m, l, rows)
-    out = out[:, :, :q_len * groups].reshape(B, K, q_len, groups, H)
-    return jnp.transpose(out, (0, 2, 1, 3, 4)).reshape(B, q_len, K * groups, H).astype(dtype)
-
-
 def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: float | None = None,
                             config: DecodeConfig | None = None, interpret: bool | None = None,
                             plan: Plan | None = None, page_table=None,
@@ -256,8 +214,6 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
         interpret = jax.default_backend() != "gpu"
     if plan is None:
         from ..core import device
-        from . import decode_mgpu
-
         cc = device.current().compute_capability
         # a config that tunes the Triton kernel (block_r, ...) keeps it unless it names the kernel
         requested = None if config is None else config.kernel or (

@@ -19,7 +19,7 @@ of the partial outputs (at most 127 rows of H per KV head, whole 64-row TMA tile
 never copied), dropped after the combine. Blocks wholly visible to every row take the unmasked
 loop; the others (a sequence's last blocks) are masked. Outputs are the Triton kernel's
 unnormalised partials, (B, K, P, rows, H) float32 and m, l (B, K, P, rows), combined by
-``kernels.decode.combine``.
+``kernels.split_combine.combine``.
 
 Hopper (sm_90) only, float16/bfloat16, H in {64, 128}, S a multiple of ``block_kv``; no soft
 cap (the Triton kernel serves it): ``unsupported`` says why. Paged caches: one TMA copy per page.
@@ -33,6 +33,7 @@ from ..core.masking import large_negative_value
 from .decode_mgpu_plan import (BLOCK_Q, COMPUTE_WGS, MOSAIC_MIN_ROWS, TILE_ROWS, MgpuPlan, make_mgpu_plan,  # noqa: F401
                                pick_kernel, smem_bytes, unsupported)
 from .decode_plan import split_range
+from .split_combine import combined_queries
 
 LOG2E = math.log2(math.e)
 NEG = large_negative_value("float32")
@@ -216,7 +217,7 @@ def decode_attention_mgpu(q, k, v, lengths, *, causal: bool = True, scale: float
 
     With ``page_table`` (B, pages_per_seq) int32, k and v are pages (P, page_size, K, H) (vLLM's
     layout, page_size a power of two >= 16) and S = pages_per_seq * page_size.
-    ``sinks``: None or (N,) float logits (attention sinks), added by the combine (``kernels.decode.combine``).
+    ``sinks``: None or (N,) float logits (attention sinks), added by the combine (``kernels.split_combine.combine``).
     Returns (B, T, N, H) in q's dtype. ``scale`` is a Python float (default 1/sqrt(H)).
     ``interpret``: True (or ``gpu_interpreter()``) runs it in JAX's GPU interpreter on the CPU,
     where both matmuls are plain dots; everything else (TMA, barriers, splits, masks) is the kernel's.
@@ -228,7 +229,6 @@ def decode_attention_mgpu(q, k, v, lengths, *, causal: bool = True, scale: float
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    from .decode import combined_queries
 
     B, T, N, H = (int(d) for d in q.shape)
     if page_table is None:

@@ -23,7 +23,7 @@ import numpy as np
 from .. import backends
 from ..core import device, segments, strategies
 from ..reference.distributions import DISTRIBUTIONS
-from ..reference.inputs import INPUTS_DRAW, cotangent
+from ..reference.inputs import INPUTS_DRAW, cotangent, seed_of
 from ..core.problem import FIELDS as PROBLEM_FIELDS, Problem, delegate_fields
 from ..core.record_model import CellRecord
 from ..core.records import SCHEMA_VERSION, STATUSES, Status, config_label  # noqa: F401  (STATUSES, config_label re-exported)
@@ -126,7 +126,7 @@ class Cell:
             return None if self.lengths is None else (self.kv_len,) * self.batch
         if serving_cell.is_serving(self):   # a serving cell: every request's, the prefill chunks first
             return tuple(serving_cell.requests(self)[1].tolist())
-        rng = np.random.default_rng(check.seed_of(f"ragged B{self.batch} T{self.q_len} S{self.kv_len}"))
+        rng = np.random.default_rng(seed_of(f"ragged B{self.batch} T{self.q_len} S{self.kv_len}"))
         return tuple(int(x) for x in rng.integers(self.q_len, self.kv_len + 1, size=self.batch))
 
     def segment_ids(self) -> np.ndarray | None:
@@ -134,7 +134,7 @@ class Cell:
         seeded by the shape, so every backend and run sees the same packing), or None."""
         if (n := segments.parse_packing(self.packing)) is None:
             return None
-        return segments.docs(self.batch, self.q_len, n, check.seed_of(f"packing {self.packing} B{self.batch} T{self.q_len}"))
+        return segments.docs(self.batch, self.q_len, n, seed_of(f"packing {self.packing} B{self.batch} T{self.q_len}"))
 
     @property
     def workload(self) -> Problem:

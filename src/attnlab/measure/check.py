@@ -23,7 +23,6 @@ last ``_CACHE_SIZE`` input sets are kept (``_CACHE_BYTES`` at most, the newest a
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import time
@@ -36,7 +35,7 @@ import numpy as np
 from ..reference.blockwise import batch_rows, blockwise_grads_pair, blockwise_pair, empty_rows, rel_errors
 from ..reference.compiled import compiled_once
 from ..reference.float64 import reference_attention
-from ..reference.inputs import random_sinks
+from ..reference.inputs import random_sinks, seed_of
 from ..core.errors import OutputMismatchError
 from ..reference import rules
 from ..reference.tolerance import LIMIT_FACTOR, policy_limit, rel_l2, row_rel_err
@@ -96,11 +95,6 @@ class Semantics:
         if self.kv_lengths is not None:
             kw["key_value_seq_lengths"] = np.asarray(self.kv_lengths)[batch_idx]
         return kw
-
-
-def seed_of(text: str) -> int:
-    """A stable 32-bit seed from a string (the same in every process, unlike ``hash``)."""
-    return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16)
 
 
 def sample_rows(seed: int, B: int, T: int, tile: int = TILE, interior: int = INTERIOR_TILES):

@@ -27,7 +27,7 @@ from ..core import device, request_lengths as rl
 from ..core.errors import UnsupportedError
 from ..core.problem import Problem
 from ..core.records import time_ms
-from ..reference.inputs import INPUTS_DRAW, random_qkv
+from ..reference.inputs import INPUTS_DRAW, random_qkv, seed_of
 from ..reference.serving64 import reference_serving_attention
 from ..reference.tolerance import rel_l2, row_rel_err
 from . import check, memory, peaks, timers
@@ -65,7 +65,7 @@ def check_cell(cell) -> None:
 
 def requests(cell) -> tuple[np.ndarray, np.ndarray, int]:
     """(q_lengths, kv_lengths, seed) of the cell's step: the chunks first, then the B decodes."""
-    seed = check.seed_of(f"serving {cell.lengths} {cell.prefill_chunks} B{cell.batch} T{cell.q_len} S{cell.kv_len}")
+    seed = seed_of(f"serving {cell.lengths} {cell.prefill_chunks} B{cell.batch} T{cell.q_len} S{cell.kv_len}")
     rng = np.random.default_rng(seed)
     kv = rl.draw(cell.lengths, cell.batch, cell.q_len, cell.kv_len, rng)
     n, size = rl.parse_chunks(cell.prefill_chunks) or (0, 1)

@@ -61,12 +61,16 @@ def for_workload(w, seed: int = 0):
     return random_qkv(w.batch, w.q_len, w.kv_len, w.heads, w.kv_heads, w.head_dim, w.dtype, seed)
 
 
+def seed_of(text: str) -> int:
+    """A stable 32-bit seed from a string (the same in every process, unlike ``hash``)."""
+    import hashlib
+
+    return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16)
+
+
 def random_sinks(heads: int):
     """(N,) float32 attention sinks (one logit per query head, gpt-oss's), standard normal, seeded by the
     head count only: every backend, cell and run of N heads sees the same sinks (NumPy, on the host)."""
-    import hashlib
-
     import numpy as np
 
-    seed = int(hashlib.sha256(f"sinks N{int(heads)}".encode()).hexdigest()[:8], 16)
-    return np.random.default_rng(seed).standard_normal(int(heads)).astype(np.float32)
+    return np.random.default_rng(seed_of(f"sinks N{int(heads)}")).standard_normal(int(heads)).astype(np.float32)
