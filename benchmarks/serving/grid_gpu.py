@@ -1,6 +1,6 @@
 """serving_attention over the issue's serving grid on the H200, in parts that resume (cells: ``grid_cells.py``).
 
-    PYTHONPATH=src python benchmarks/serving/grid_gpu.py --out OUT --part N/M [--max-seconds 500]
+    PYTHONPATH=src python benchmarks/serving/grid_gpu.py --out OUT --part N/M [--max-seconds 480]
         [--previous OLD.jsonl ...] [--redo-errors] [--no-peers]
     PYTHONPATH=src python benchmarks/serving/grid_gpu.py --table DIR [--merge A.jsonl B.jsonl ...]
     PYTHONPATH=src JAX_PLATFORMS=cpu python benchmarks/serving/grid_gpu.py --out OUT --dry-run
@@ -212,7 +212,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
     ap.add_argument("--part", help="N/M: the Nth of M parts of about equal estimated time (default: all)")
-    ap.add_argument("--max-seconds", type=float, default=500.0)
+    ap.add_argument("--max-seconds", type=float, default=480.0)
     ap.add_argument("--previous", nargs="*", default=[], help="earlier results.jsonl: their cells are skipped")
     ap.add_argument("--redo-errors", action="store_true", help="run again the cells recorded with an error")
     ap.add_argument("--no-peers", action="store_true")
@@ -266,7 +266,8 @@ def main(argv=None):
             ran += 1
     cmd = "python benchmarks/serving/grid_gpu.py " + " ".join(sys.argv[1:] if argv is None else argv)
     with open(os.path.join(a.out, "runs.txt"), "a", encoding="utf-8") as f:
-        f.write(f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} | jax {jax.__version__}, {dev} | part {n}/{m} | "
+        f.write(f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} | jax {jax.__version__}, {dev} | "
+                f"{'dry run' if a.dry_run else f'part {n}/{m}'} | "
                 f"{time.perf_counter() - t0:.0f} s | {ran} cells | `{cmd}`\n")
     print(write_table(a.out))
 

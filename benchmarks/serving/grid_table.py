@@ -114,6 +114,9 @@ def table_md(records) -> str:
     lines = [f"{len(recs)} of {len(cells())} cells recorded: {len(ok)} measured, "
              f"{sum(r.get('status') == 'skipped' for r in recs)} skipped, "
              f"{sum(r.get('status') == 'error' for r in recs)} failed.", ""]
+    if any(str(r.get("timer", "")).startswith("wall") for r in recs):
+        lines += ["**A dry run**: host wall clock in Pallas interpret mode on the CPU; its ms and % say nothing of a "
+                  "GPU, only that every path ran and passed its float64 check.", ""]
     lines += summary_md(recs)
     plans = [r for r in ok if r.get("plan_ms") and r.get("ms")]
     if plans:
@@ -133,6 +136,7 @@ def table_md(records) -> str:
 def write_table(out_dir, merge=()):
     """Rewrite OUT/results.jsonl (one record per cell, ``latest``), OUT/runs.txt (the calls that made them: each
     merged file's runs.txt beside it) and OUT/README.md from OUT's files and the ``merge`` files."""
+    os.makedirs(out_dir, exist_ok=True)
     recs = latest(read_records([*merge, os.path.join(out_dir, "results.jsonl")]))
     with open(os.path.join(out_dir, "results.jsonl"), "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r) + "\n" for r in recs)
