@@ -55,7 +55,7 @@ def test_table_states_goals_and_peers_from_a_jsonl(tmp_path):
     recs = [_rec("uniform", 128, 94, plan_ms=0.02, peers={"attnlab-decode (padded)": dict(ms=1.2, pct_roofline=80),
                                                          "cudnn (padded)": dict(ms=1.01, pct_roofline=93)}),
             _rec("lognormal", 128, 80, peer_ms=0.9), _rec("one-long", 256, 76, peer_ms=3.0),
-            _rec("mixed 2x2048+126", 128, 60), _rec("spread", 64, 90, status="skipped", reason="needs ~99 GB")]
+            _rec("mixed 2x2048+126", 128, 60, prefill_tflops=300.0), _rec("spread", 64, 90, status="skipped", reason="needs ~99 GB")]
     late_error = dict(gc.Cell("t", "lognormal", 32, 32768, 128, 4, 1, "contig").fields(), cell_id=recs[1]["cell_id"],
                       sample="t", status="error", error="boom")       # a later failure never hides a measurement
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs + [late_error]))
@@ -67,4 +67,6 @@ def test_table_states_goals_and_peers_from_a_jsonl(tmp_path):
     assert "75% missed by 15" in rows["mixed 2x2048+126"] and "no peer" in rows["mixed 2x2048+126"]
     assert "skipped: needs ~99 GB" in rows["spread"]
     assert "| lognormal | 1 | 80% | 0/1 | 89% | 1 |" in md
+    assert "300–300 TFLOP/s, 30–30% of the 989" in md and "at most 0.06% of a 32-layer step" in md
+    assert grid_table.verdicts(recs[1])["best_peer"] == "cudnn (padded)"
     assert len(gc.read_records([tmp_path / "results.jsonl"])) == 5

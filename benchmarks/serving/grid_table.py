@@ -17,6 +17,7 @@ import numpy as np
 from benchmarks.serving.grid_cells import cells, read_records
 
 TIE = 0.02
+PEAK_TFLOPS = 989
 COLUMNS = ("sample", "batch", "B", "S", "H", "G", "T", "cache", "ms", "% roofline", "tokens/s", "goal",
            "best peer", "peer %", "vs best peer")
 
@@ -46,6 +47,8 @@ def verdicts(r) -> dict:
     pct, goal = r.get("pct_roofline"), goal_pct(r)
     out = dict(goal_pct=goal, goal="–" if pct is None else ("met" if pct >= goal else f"missed by {goal - pct:.0f}"))
     bp = best_peer(r)
+    if bp is not None:
+        out.update(best_peer=bp[0], best_peer_ms=bp[1]["ms"], best_peer_pct=bp[1].get("pct_roofline"))
     if bp is None or not r.get("ms"):
         out["vs_peer"] = "no peer" if r.get("ms") else "–"
     else:
@@ -125,6 +128,11 @@ def table_md(records) -> str:
         lines += ["", f"Plan (inside jit, traced lengths): {min(r['plan_ms'] for r in plans):.4f}–"
                   f"{max(r['plan_ms'] for r in plans):.4f} ms, at most {max(share):.2f}% of a 32-layer step's "
                   f"attention ({worst['cell_id']}); goal <= 5%."]
+    tf = [r["prefill_tflops"] for r in ok if r.get("prefill_tflops")]
+    if tf:
+        lines += ["", f"Prefill tiles of the mixed cells (their kernel alone): {min(tf):.0f}–{max(tf):.0f} TFLOP/s, "
+                  f"{100 * min(tf) / PEAK_TFLOPS:.0f}–{100 * max(tf) / PEAK_TFLOPS:.0f}% of the {PEAK_TFLOPS} TFLOP/s "
+                  "peak; goal for compute-bound tiles >= 70%."]
     lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
     lines += [_row(r) for r in recs]
     absent = sorted({f"{n}: {why}" for r in recs for n, why in (r.get("peers_absent") or {}).items()})
