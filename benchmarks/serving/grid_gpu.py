@@ -41,7 +41,7 @@ from benchmarks.serving.grid_table import verdicts, write_table  # noqa: E402
 
 XLA_GATHER_LIMIT = 24e9          # as gpu.py: the masked path's float32 gather of K and V per token
 DRY_CELLS = (gc.Cell("dry", "uniform", 3, 256, 64, 4, 1, "contig"), gc.Cell("dry", "one-long", 3, 256, 64, 1, 2, "paged16"),
-             gc.Cell("dry", "spread", 3, 256, 64, 4, 1, "paged16"),
+             gc.Cell("dry", "spread", 3, 256, 64, 4, 1, "paged16"), gc.Cell("dry", "lognormal", 3, 256, 256, 12, 8, "paged64"),
              gc.Cell("dry", "mixed 1x32+3", 4, 256, 64, 4, 1, "contig", (1, 32, 3)))
 
 
