@@ -152,6 +152,7 @@ def write_table(out_dir, merge=()):
     for p in [os.path.join(os.path.dirname(m), "runs.txt") for m in merge] + [os.path.join(out_dir, "runs.txt")]:
         if os.path.exists(p):
             runs += [x for x in open(p, encoding="utf-8").read().splitlines() if x.strip() and x not in runs]
+    runs.sort()           # each line starts with its UTC date
     with open(os.path.join(out_dir, "runs.txt"), "w", encoding="utf-8") as f:
         f.writelines(x + "\n" for x in runs)
     dev = next((r["device"] for r in recs if r.get("device")), "?")
