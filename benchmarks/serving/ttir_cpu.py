@@ -1,6 +1,6 @@
 """Check on a CPU that the serving kernel's tile classes compile with Triton for sm_90 (no GPU needed).
 
-    PYTHONPATH=src python3 benchmarks/serving/ttir_cpu.py OUT_DIR --triton-python /path/to/venv/bin/python
+    PYTHONPATH=src python3 benchmarks/serving/ttir_cpu.py OUT_DIR --triton-python /path/to/venv/bin/python [--grid]
 
 Lowers ``kernels.serving`` for the benchmark's shapes (B=32, S=32768, H=128, bf16; G=4 T=1, G=7 T=4,
 a mixed batch's prefill class; contiguous and paged 16/64) under an abstract H200
@@ -22,7 +22,21 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "src"))
 sys.path.insert(0, os.path.join(HERE, "..", ".."))   # the repository root: benchmarks.decode
 
 
-def dump(out_dir: str) -> list[str]:
+#: ``--grid``: the serving grid's extreme tiles (``grid_gpu.py``): (B, S, H, N, K, T, max_q_len, page)
+GRID_SHAPES = ((32, 32768, 128, 128, 8, 8, 8, None), (32, 32768, 128, 96, 8, 8, 8, 16), (32, 32768, 128, 8, 8, 2, 2, 64),
+               (32, 32768, 256, 64, 8, 4, 4, 64), (32, 32768, 256, 32, 8, 1, 1, 16), (32, 32768, 64, 64, 8, 4, 4, 16),
+               (128, 16384, 256, 64, 8, 1, None, None), (128, 16384, 128, 128, 8, 1, None, 64))
+
+
+def shapes(grid: bool):
+    """(B, S, H, N, K, T, max_q_len, page) to lower: the benchmark's, or with ``grid`` the serving grid's."""
+    if grid:
+        return GRID_SHAPES
+    return tuple((32, 32768, 128, N, K, T, max_q, page) for (N, K, T, max_q) in ((32, 8, 1, 1), (56, 8, 4, 4), (32, 8, 1, None))
+                 for page in (None, 16, 64))
+
+
+def dump(out_dir: str, grid: bool = False) -> list[str]:
     import jax
     import jax.numpy as jnp
     from benchmarks.decode.ttir_cpu import triton_modules
@@ -32,41 +46,41 @@ def dump(out_dir: str) -> list[str]:
     from attnlab.kernels.serving_plan import ServingConfig, make_serving_plan
 
     s = jax.ShapeDtypeStruct
-    B, S, H, tags = 32, 32768, 128, []
+    tags = []
     with triton_modules() as captured:
-        for (N, K, T, max_q) in ((32, 8, 1, 1), (56, 8, 4, 4), (32, 8, 1, None)):
-            for page in (None, 16, 64):
-                Ttot = B * T
-                cfg = ServingConfig(max_q_len=max_q, decode_q_len=T)
+        for (B, S, H, N, K, T, max_q, page) in shapes(grid):
+            Ttot = B * T
+            cfg = ServingConfig(max_q_len=max_q, decode_q_len=T)
 
-                def f(q, k, v, a, b, t=None):
-                    plan = make_serving_plan(a, b, total_tokens=Ttot, kv_len_max=S, heads=N, kv_heads=K, head_dim=H,
-                                             config=cfg, sms=132)
-                    return ks.serving_attention_pallas(q, k, v, a, b, plan=plan, page_table=t, interpret=False)
+            def f(q, k, v, a, b, t=None):
+                plan = make_serving_plan(a, b, total_tokens=Ttot, kv_len_max=S, heads=N, kv_heads=K, head_dim=H,
+                                         config=cfg, sms=132)
+                return ks.serving_attention_pallas(q, k, v, a, b, plan=plan, page_table=t, interpret=False)
 
-                kv = ((B, S, K, H) if page is None else (B * S // page, page, K, H))
-                args = [s((Ttot, N, H), jnp.bfloat16), s(kv, jnp.bfloat16), s(kv, jnp.bfloat16),
-                        s((B + 1,), jnp.int32), s((B,), jnp.int32)]
-                if page:
-                    args.append(s((B, S // page), jnp.int32))
-                n0 = len(captured)
-                with kd.cuda_lowering_context():
-                    jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",))
-                plan = jax.eval_shape(lambda a, b: make_serving_plan(a, b, total_tokens=Ttot, kv_len_max=S, heads=N,
-                                                                    kv_heads=K, head_dim=H, config=cfg, sms=132),
-                                      args[3], args[4])
-                # the classes' pieces kernels, then their merges
-                n = len(plan.classes)
-                for i, cp in enumerate(plan.classes):
-                    base = f"G{N // K}_T{T}_r{cp.block_r}_{'contig' if page is None else f'paged{page}'}"
-                    stages = kd.compiled_stages(cp.num_stages, 0 if page is None else 1)
-                    for tag, ttir, meta in ((base, captured[n0 + i], dict(num_warps=cp.num_warps, num_stages=stages)),
-                                            (base + "_merge", captured[n0 + n + i], dict(num_warps=8 if cp.block_r * H > 8192 else 4, num_stages=1))):
-                        with open(os.path.join(out_dir, tag + ".ttir"), "w") as fh:
-                            fh.write(ttir)
-                        with open(os.path.join(out_dir, tag + ".json"), "w") as fh:
-                            json.dump(meta, fh)
-                        tags.append(tag)
+            kv = ((B, S, K, H) if page is None else (B * S // page, page, K, H))
+            args = [s((Ttot, N, H), jnp.bfloat16), s(kv, jnp.bfloat16), s(kv, jnp.bfloat16),
+                    s((B + 1,), jnp.int32), s((B,), jnp.int32)]
+            if page:
+                args.append(s((B, S // page), jnp.int32))
+            n0 = len(captured)
+            with kd.cuda_lowering_context():
+                jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",))
+            plan = jax.eval_shape(lambda a, b: make_serving_plan(a, b, total_tokens=Ttot, kv_len_max=S, heads=N,
+                                                                kv_heads=K, head_dim=H, config=cfg, sms=132),
+                                  args[3], args[4])
+            # the classes' pieces kernels, then their merges
+            n = len(plan.classes)
+            for i, cp in enumerate(plan.classes):
+                base = (f"{f'H{H}_' if grid else ''}G{N // K}_T{T}_r{cp.block_r}_"
+                        f"{'contig' if page is None else f'paged{page}'}")
+                stages = kd.compiled_stages(cp.num_stages, 0 if page is None else 1)
+                for tag, ttir, meta in ((base, captured[n0 + i], dict(num_warps=cp.num_warps, num_stages=stages)),
+                                        (base + "_merge", captured[n0 + n + i], dict(num_warps=8 if cp.block_r * H > 8192 else 4, num_stages=1))):
+                    with open(os.path.join(out_dir, tag + ".ttir"), "w") as fh:
+                        fh.write(ttir)
+                    with open(os.path.join(out_dir, tag + ".json"), "w") as fh:
+                        json.dump(meta, fh)
+                    tags.append(tag)
     return tags
 
 
@@ -74,9 +88,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out_dir")
     ap.add_argument("--triton-python")
+    ap.add_argument("--grid", action="store_true", help="the serving grid's extreme tiles (G 12/16 at T 8, H 64/256)")
     a = ap.parse_args(argv)
     os.makedirs(a.out_dir, exist_ok=True)
-    tags = dump(a.out_dir)
+    tags = dump(a.out_dir, a.grid)
     if not a.triton_python:
         print("\n".join(tags))
         return 0
