@@ -13,6 +13,7 @@ import pytest
 from attnlab import Problem, Workload
 from attnlab.core.problem import FIELDS
 from attnlab.measure import cell as cellmod
+from attnlab.core.records import config_label
 from attnlab.measure.cell import IDENTITY, IDENTITY_DEFAULTS, Cell, record_key
 from attnlab.core.spec import AttentionSpec, prepare
 from attnlab.sweep import engine
@@ -68,7 +69,7 @@ def test_one_label_format_everywhere():
     for kw in (dict(), dict(causal=True, window=(64, 0)), dict(strategy="batch", devices=2), dict(lengths="ragged")):
         c = Cell("naive", 2, 4, 8, 4, 2, 8, "float32", kw.get("causal", False), kw.get("window"), "fwd+bwd",
                  kw.get("devices", 1), kw.get("strategy"), kw.get("lengths"))
-        assert c.config_label == engine.config_label(c.identity()) == cellmod.config_label(json.loads(c.key()))
+        assert c.config_label == engine.config_label(c.identity()) == config_label(json.loads(c.key()))
         assert c.config_label.startswith(c.workload.label + " ") and c.config_label.startswith(c.problem.label)
     assert "w64:0" in Cell("naive", 1, 8, 8, 1, 1, 8, window=(64, 0)).config_label
 

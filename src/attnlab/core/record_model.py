@@ -22,8 +22,9 @@ import math
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
 
+from .cell_fields import CELL_FIELDS
 from .errors import RecordError
 from .rate_check import check_rates
 from .status import GRAD_MODES, STATUSES, TIMERS, Status  # noqa: F401  (STATUSES re-exported)
@@ -40,7 +41,7 @@ class _Part(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Problem(_Part):
+class _Shape(_Part):
     backend: StrictStr
     batch: StrictInt
     q_len: StrictInt
@@ -52,21 +53,15 @@ class Problem(_Part):
     causal: StrictBool
     window: Any = None  # null or [left, right]: checked by the status rules
     mode: StrictStr
-    devices: Optional[int] = 1
-    strategy: Optional[str] = None
-    lengths: Optional[str] = None
-    inputs: Optional[str] = "gaussian"
-    page_size: Optional[int] = None
-    soft_cap: Num = None
-    packing: Optional[str] = None
-    sinks: Optional[bool] = False
-    kv_dtype: Optional[str] = None      # a quantized KV cache's dtype (decode cells; ``core.kv_quant``)
-    kv_scale: Optional[str] = None      # its scale layout: tensor, head, page or token
-    prefill_chunks: Optional[str] = None    # serving cells: "NxSIZE" prefill chunks beside the decodes
-    #: per-request lengths of a decode/serving cell (``core.problem.Problem.lengths_record``): requests, seed,
-    #: totals, min/median/max of the KV lengths, and the q and kv lists themselves when there are <= 64 requests
-    request_lengths: Optional[dict] = None
-    lengths_traced: Optional[bool] = None   # the lengths were a traced argument of the jitted call (a server's way)
+
+
+#: The cell's identity: the shape above, then the identity fields of ``core.cell_fields`` (devices, strategy,
+#: lengths, inputs, page_size, soft_cap, packing, sinks, kv_dtype, kv_scale, prefill_chunks), then
+#: ``request_lengths``: per-request lengths of a decode/serving cell (``core.problem.Problem.lengths_record``:
+#: requests, seed, totals, min/median/max of the KV lengths, the q and kv lists when there are <= 64 requests) and
+#: ``lengths_traced``: the lengths were a traced argument of the jitted call (a server's way).
+Problem = create_model("Problem", __base__=_Shape, **{f.name: (f.type, f.default) for f in CELL_FIELDS},
+                       request_lengths=(Optional[dict], None), lengths_traced=(Optional[bool], None))
 
 
 _SPREAD = ("min", "p25", "p75", "max", "iqr")
