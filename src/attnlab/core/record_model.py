@@ -4,17 +4,14 @@ On disk a record stays FLAT (one JSON object a line: CSV, compare and pandas rea
 ``CellRecord.from_flat(rec)`` splits it into its parts by field name and ``.flat()`` gives it back.
 Every field list of the code is derived from these models (``fields_where``), never written by hand:
 
-- ``Problem``: the cell's identity (backend, B, T, S, N, K, H, dtype, causal, window, mode, mesh, ...).
-- ``Timing``: the clock (``timer``) and the times of the repeats in ms (median ``*_ms``, spread).
-- ``Rates``: what the headline time means (TFLOP/s, GB/s, % of peak and roofline; FLOPs and bytes).
-- ``Correctness``: the check against the references (errors, tolerance, verdicts, gradient check).
-- ``Memory``: bytes the compiled program and the process used.
-- ``Cost``: wall seconds the cell spent in each phase (issue 22), and how it was compiled.
+``Problem``: the cell's identity (backend, B, T, S, N, K, H, dtype, causal, window, mode, then
+``core.cell_fields``); ``Timing``: the clock (``timer``), the repeats' times in ms (median ``*_ms``, spread);
+``Rates``: what the headline time means (TFLOP/s, GB/s, % of peak and roofline; FLOPs, bytes); ``Correctness``:
+the check against the references; ``Memory``: bytes used; ``Cost``: wall seconds per phase, how it was compiled.
 
-Field metadata (``json_schema_extra``): ``timed`` (only a timed record may set it), ``measured``
-(every cell record has it, None until measured), ``cleared`` (set to None when the cell was not
-timed), ``phase`` (a cost phase summed by ``records.cost_summary``). Unknown top-level fields are
-kept (older and newer files load); a part itself forbids unknown fields.
+Field metadata (``json_schema_extra``): ``timed`` (only a timed record may set it), ``measured`` (every cell
+record has it, None until measured), ``cleared`` (set to None when the cell was not timed), ``phase`` (a cost
+phase summed by ``records.cost_summary``). Unknown top-level fields are kept; a part forbids unknown fields.
 """
 from __future__ import annotations
 
@@ -55,11 +52,9 @@ class _Shape(_Part):
     mode: StrictStr
 
 
-#: The cell's identity: the shape above, then the identity fields of ``core.cell_fields`` (devices, strategy,
-#: lengths, inputs, page_size, soft_cap, packing, sinks, kv_dtype, kv_scale, prefill_chunks), then
-#: ``request_lengths``: per-request lengths of a decode/serving cell (``core.problem.Problem.lengths_record``:
-#: requests, seed, totals, min/median/max of the KV lengths, the q and kv lists when there are <= 64 requests) and
-#: ``lengths_traced``: the lengths were a traced argument of the jitted call (a server's way).
+#: The cell's identity: the shape, then the fields of ``core.cell_fields``, then ``request_lengths`` (a decode or
+#: serving cell's per-request lengths: ``core.problem.Problem.lengths_record``) and ``lengths_traced`` (the lengths
+#: were a traced argument of the jitted call, a server's way).
 Problem = create_model("Problem", __base__=_Shape, **{f.name: (f.type, f.default) for f in CELL_FIELDS},
                        request_lengths=(Optional[dict], None), lengths_traced=(Optional[bool], None))
 

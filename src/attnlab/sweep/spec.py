@@ -125,35 +125,23 @@ class _SweepMethods:
         for (T, S, N, K, H, dt, c, w, m, *values) in itertools.product(
                 self.q_len, kv_lens, self.heads, kv_heads, self.head_dim, self.dtype, self.causal, self.window, self.mode,
                 *(getattr(self, f.name) for f in cell_fields.AXES)):
-            a = dict(zip((f.name for f in cell_fields.AXES), values))
-            st, ln, kv, pc = a["strategy"], a["lengths"], a["kv_dtype"], a["prefill_chunks"]
             S = T if S is None else S
             K = N if K is None else K
-            if N % K or (st is None and a["devices"] != 1):
+            if N % K:
                 continue
-            if ln is not None and (T > S or st):   # decode cells: T new tokens in an S-long cache
+            a = dict(zip((f.name for f in cell_fields.AXES), values))
+            serving, page = _serving_page(a["lengths"])
+            page = page if serving else _page_size_of(a["lengths"]) if a["lengths"] is not None else None
+            a.update(q_len=T, kv_len=S, causal=c, window=w, mode=m, serving=serving, page_size=page)
+            if any(f.skip and f.skip(a) for f in cell_fields.CELL_FIELDS):     # each field's rules
                 continue
-            if _serving(ln) and (not (c and m == "fwd" and a["inputs"] == "gaussian") or w or a["sinks"]
-                                 or kv is not None):
-                continue    # serving cells: causal fwd cells on gaussian inputs (no window, sinks or quantized cache yet)
-            if pc and (not _serving(ln) or request_lengths.parse_chunks(pc)[1] > S):
-                continue    # prefill chunks: beside a serving cell's decodes, each fitting in the cache
-            serving, page = _serving_page(ln)
-            page = page if serving else _page_size_of(ln) if ln is not None else None
-            if page and S % page:
-                continue
-            if a["packing"] is not None and (T != S or ln is not None or st):   # packing: self-attention rows only
-                continue
-            if a["sinks"] and st:                                              # sharded strategies take no sinks
-                continue
-            if kv is not None and (ln is None or m != "fwd" or (kv[1] == "page" and not page)):   # quantized: decode
-                continue
-            a.update(lengths=serving or ("paged" if page else ln), page_size=page,
-                     **dict(zip(("kv_dtype", "kv_scale"), kv or (None, None))))
+            kw = {f.name: a[f.name] for f in cell_fields.AXES}
+            kw.update(lengths=serving or ("paged" if page else kw["lengths"]), page_size=page,
+                      **dict(zip(("kv_dtype", "kv_scale"), kw["kv_dtype"] or (None, None))))
             batches = [max(1, self.tokens // T)] if self.tokens else self.batch
             for B in batches:
                 for b in self.backends:
-                    out.append(Cell(b, B, T, S, N, K, H, dt, c, tuple(w) if w else None, m, **a))
+                    out.append(Cell(b, B, T, S, N, K, H, dt, c, tuple(w) if w else None, m, **kw))
         return out
 
 
