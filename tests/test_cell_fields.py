@@ -59,6 +59,8 @@ CHECK = textwrap.dedent("""
     assert CellRecord.from_flat(rec).problem.temperature == "hot"
     assert recounted_workload(rec) == hot.workload and record_values(rec)["temperature"] == "hot"
     assert "temperature" in {p.name for p in bench.params}
+    from attnlab.sweep.engine import CSV_COLUMNS
+    assert CSV_COLUMNS[CSV_COLUMNS.index("status") - 1] == "temperature"    # the identity's last column
     entry = plan(preset("llama-3.1-8b"), "prefill", "256")[0]
     rec0 = {k: v[0] for k, v in entry.axes().items()}
     assert entry.matches(rec0) and not entry.matches({**rec0, "temperature": "hot"})

@@ -75,13 +75,14 @@ def test_one_label_format_everywhere():
 
 
 def test_identity_and_csv_columns_derived_from_fields_equal_the_old_lists():
-    assert IDENTITY == NEW_IDENTITY
-    assert IDENTITY_DEFAULTS == {"devices": 1, "strategy": None, "lengths": None, "inputs": "gaussian", "page_size": None,
-                                 "soft_cap": None, "packing": None, "sinks": False,
-                                 "kv_dtype": None, "kv_scale": None, "prefill_chunks": None}
+    # the identity fields so far keep their order and defaults; a field added later (core.cell_fields) comes after
+    assert IDENTITY[:len(NEW_IDENTITY)] == NEW_IDENTITY
+    assert IDENTITY_DEFAULTS.items() >= {"devices": 1, "strategy": None, "lengths": None, "inputs": "gaussian",
+                                         "page_size": None, "soft_cap": None, "packing": None, "sinks": False,
+                                         "kv_dtype": None, "kv_scale": None, "prefill_chunks": None}.items()
     # derived from the typed record (record_model.csv_columns): identity, status, reason, then each part's
     # fields in declaration order, then the top-level extras; every old column is still there
-    assert engine.CSV_COLUMNS[:len(NEW_IDENTITY) + 2] == list(NEW_IDENTITY) + ["status", "reason"]
+    assert engine.CSV_COLUMNS[:len(IDENTITY) + 2] == list(IDENTITY) + ["status", "reason"]
     assert set(OLD_CSV_COLUMNS) <= set(engine.CSV_COLUMNS) and len(set(engine.CSV_COLUMNS)) == len(engine.CSV_COLUMNS)
     assert FIELDS == OLD_IDENTITY[1:10]
 
