@@ -30,7 +30,8 @@ def test_every_consumer_has_every_declared_field():
 
 
 #: Appended to the declaration, and nothing else edited: the field must reach every consumer.
-NEW_FIELD = '    CellField("temperature", None, Optional[str], "lower_names", _part("temp={}", "temperature"), help="T."),\n'
+NEW_FIELD = ('    CellField("temperature", None, Optional[str], "lower_names", _part("temp={}", "temperature"), help="T.",\n'
+             '              skip=lambda a: a["temperature"] == "hot" and a["mode"] != "fwd"),\n')
 
 CHECK = textwrap.dedent("""
     import dataclasses
@@ -45,9 +46,9 @@ CHECK = textwrap.dedent("""
     from attnlab.sweep import build
 
     sweep = build({"backends": "naive", "batch": "1", "seq": "8", "heads": "1", "head_dim": "8", "dtype": "float32",
-                   "temperature": "none,HOT"})
-    cells = sweep.cells()
-    assert [c.temperature for c in cells] == [None, "hot"], cells
+                   "mode": "fwd,bwd", "temperature": "none,HOT"})
+    cells = sweep.cells()      # the field's own rule leaves out hot bwd cells
+    assert [(c.mode, c.temperature) for c in cells] == [("fwd", None), ("fwd", "hot"), ("bwd", None)], cells
     hot = cells[1]
     assert hot.identity()["temperature"] == "hot" and hot.config_label.endswith(" temp=hot"), hot.config_label
     assert dataclasses.replace(hot, temperature=None) == cells[0] and Cell("naive", 1, 8, 8, 1, 1, 8, "float32",
