@@ -366,7 +366,8 @@ def test_inputs_axis_records_and_separates_references(tmp_path):
     import numpy as np
 
     from attnlab.reference.distributions import make_qkv
-    from attnlab.measure.cell import Cell, Options, ref_key
+    from attnlab.measure.cell import Cell, Options
+    from attnlab.measure.check import ref_key
     from attnlab.measure.inputs import _input_sets
     from attnlab.reference.inputs import random_qkv
 

@@ -11,12 +11,20 @@ from rich.table import Table as RichTable
 from ._app import _fail, console, main, writable_folder, writes_to
 from ._layout import packed, wide_option
 from ._sweep_ui import cell_budget, cell_budget_option, cost_line, exit_after_interrupt, print_estimate
+from ..core import cell_fields
 from ..core.records import time_ms
 
 WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys before each query and none after) "
                "or an int W, read as jax.nn.dot_product_attention reads local_window_size=W: (W, W), W keys before "
                "and W after (2W+1 keys), not a causal window of W. On decode cells (--lengths) it is decode_attention's "
                "window, around each new token's position in the cache.")
+
+
+def cell_field_options(command):
+    """The flag ``--NAME`` of each identity field that a sweep has an axis of (``core.cell_fields``: its help)."""
+    for f in reversed([f for f in cell_fields.CELL_FIELDS if f.axis]):
+        command = click.option("--" + f.name.replace("_", "-"), f.name, help=f.help)(command)
+    return command
 
 
 @main.command()
@@ -33,35 +41,15 @@ WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys
 @click.option("--window", help=WINDOW_HELP)
 @click.option("--mode", help="fwd, fwd+bwd, bwd (comma-separated).")
 @click.option("--tokens", help="Fix batch x q_len: batch = tokens // q_len (not with --batch).")
-@click.option("--devices", help="Mesh sizes for sharded cells, e.g. 1,2,4,8 (with --strategy).")
-@click.option("--strategy", help="none, batch, heads, ring (comma-separated): sharded_attention strategies.")
-@click.option("--lengths", help="none, full, ragged, paged, pagedN (comma-separated): full/ragged/paged make decode "
-              "cells, decode_attention of the q_len newest tokens against a kv_len cache; paged (page size 16) "
-              "and pagedN: full lengths in a paged cache of N-token pages (vLLM layout). uniform, spread, "
-              "lognormal, one-long, FILE (or file:FILE, whitespace-separated KV lengths) make serving cells: "
-              "serving_attention on --batch requests with KV lengths of that distribution, traced as a server "
-              "passes them (causal, fwd); DIST:pagedN: in a paged cache of N-token pages.")
-@click.option("--prefill-chunks", help="none or NxSIZE (comma-separated, e.g. 2x2048): N prefill chunks of SIZE "
-              "tokens beside a serving cell's decodes (a mixed step).")
+@cell_field_options
 @click.option("--model", help="A model: a preset (attnlab models), a Hugging Face id of one or of its "
               "variants (meta-llama/Llama-3.1-8B-Instruct, llama3.1-8b), or a config.json or a folder holding one; "
               "the cells come from its shape, "
               "--phase and --context.")
 @click.option("--phase", help="With --model: prefill, decode, train (comma-separated; default all three).")
 @click.option("--context", help="With --model: context lengths, e.g. 4k,32k,128k (k = 1024) or 256 (default 4k).")
-@click.option("--inputs", help="Input distributions of q, k, v (comma-separated): gaussian, outliers, channel-outliers, "
-              "shifted-keys (attnlab.reference.distributions; default gaussian).")
 @click.option("--fp8-recipe", help="With the cudnn-fp8 backend: FP8 recipes (comma-separated): amax, unit, pow2, s256, "
               "s1, hadamard, hadamard-f32, hadamard-fused, smoothk, hadamard-smoothk; each runs as cudnn-fp8-RECIPE.")
-@click.option("--soft-cap", help="Logit soft caps, comma-separated: none or a positive number (Gemma-2: 50); "
-              "logits -> cap * tanh(logits / cap) before masking.")
-@click.option("--kv-dtype", help="KV cache dtypes of decode cells (comma-separated): none, fp8 (e4m3), e5m2, int8, each "
-              "with an optional scale layout :token (default), :head, :tensor or :page (paged cells); the cache is "
-              "quantized before timing and checked against float64 of its dequantized values.")
-@click.option("--packing", help="none or docs:N (comma-separated): N documents of random lengths packed in each row "
-              "(segment ids; seeded by the shape; self-attention cells, q_len == kv_len).")
-@click.option("--sinks", help="false, true or both: attention sinks (gpt-oss), one logit per query head drawn "
-              "standard normal (seeded by the head count), on attention and decode cells.")
 @click.option("--config", "config", type=click.Path(dir_okay=False),
               help="A sweep.toml ([sweep] and [run] tables); a flag replaces the file's value of its axis "
                    "(--seq its q_len/kv_len, --tokens its batch and the other way round).")

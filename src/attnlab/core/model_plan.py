@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from .cell_fields import DEFAULTS, record_values
 from .models import LayerKind, ModelPreset
 
 PHASES = ("prefill", "decode", "train")
@@ -94,14 +95,13 @@ class PlanEntry:
                     sinks=[self.sinks])
 
     def matches(self, rec: dict) -> bool:
-        """Whether ``rec`` is a record of this entry's cell (any backend, one device)."""
+        """Whether ``rec`` is a record of this entry's cell (any backend, one device): its shape, mode and every
+        identity field (``core.cell_fields``; those the entry leaves out at their defaults) are the entry's."""
+        want = {**DEFAULTS, **{k: v[0] for k, v in self.axes().items()}}
         w = rec.get("window")
-        return (rec.get("batch"), rec.get("q_len"), rec.get("kv_len"), rec.get("heads"), rec.get("kv_heads"),
-                rec.get("head_dim"), rec.get("dtype"), bool(rec.get("causal")), tuple(w) if w else None,
-                rec.get("mode"), rec.get("lengths"), rec.get("strategy"), rec.get("devices", 1),
-                rec.get("soft_cap"), rec.get("packing"), bool(rec.get("sinks")), rec.get("kv_dtype")) == (
-            self.batch, self.q_len, self.kv_len, self.heads, self.kv_heads, self.head_dim, self.dtype, True,
-            self.window, self.mode, self.lengths, None, 1, self.soft_cap, None, self.sinks, None)
+        have = {**{k: rec.get(k) for k in ("batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype", "mode")},
+                "causal": bool(rec.get("causal")), "window": tuple(w) if w else None, **record_values(rec)}
+        return all(have[k] == want[k] for k in have)
 
 
 def plan(preset: ModelPreset, phases, contexts, batch: int = 1, dtype: str = "bfloat16") -> list[PlanEntry]:

@@ -4,17 +4,14 @@ On disk a record stays FLAT (one JSON object a line: CSV, compare and pandas rea
 ``CellRecord.from_flat(rec)`` splits it into its parts by field name and ``.flat()`` gives it back.
 Every field list of the code is derived from these models (``fields_where``), never written by hand:
 
-- ``Problem``: the cell's identity (backend, B, T, S, N, K, H, dtype, causal, window, mode, mesh, ...).
-- ``Timing``: the clock (``timer``) and the times of the repeats in ms (median ``*_ms``, spread).
-- ``Rates``: what the headline time means (TFLOP/s, GB/s, % of peak and roofline; FLOPs and bytes).
-- ``Correctness``: the check against the references (errors, tolerance, verdicts, gradient check).
-- ``Memory``: bytes the compiled program and the process used.
-- ``Cost``: wall seconds the cell spent in each phase (issue 22), and how it was compiled.
+``Problem``: the cell's identity (backend, B, T, S, N, K, H, dtype, causal, window, mode, then
+``core.cell_fields``); ``Timing``: the clock (``timer``), the repeats' times in ms (median ``*_ms``, spread);
+``Rates``: what the headline time means (TFLOP/s, GB/s, % of peak and roofline; FLOPs, bytes); ``Correctness``:
+the check against the references; ``Memory``: bytes used; ``Cost``: wall seconds per phase, how it was compiled.
 
-Field metadata (``json_schema_extra``): ``timed`` (only a timed record may set it), ``measured``
-(every cell record has it, None until measured), ``cleared`` (set to None when the cell was not
-timed), ``phase`` (a cost phase summed by ``records.cost_summary``). Unknown top-level fields are
-kept (older and newer files load); a part itself forbids unknown fields.
+Field metadata (``json_schema_extra``): ``timed`` (only a timed record may set it), ``measured`` (every cell
+record has it, None until measured), ``cleared`` (set to None when the cell was not timed), ``phase`` (a cost
+phase summed by ``records.cost_summary``). Unknown top-level fields are kept; a part forbids unknown fields.
 """
 from __future__ import annotations
 
@@ -22,8 +19,9 @@ import math
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
 
+from .cell_fields import CELL_FIELDS
 from .errors import RecordError
 from .rate_check import check_rates
 from .status import GRAD_MODES, STATUSES, TIMERS, Status  # noqa: F401  (STATUSES re-exported)
@@ -40,7 +38,7 @@ class _Part(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Problem(_Part):
+class _Shape(_Part):
     backend: StrictStr
     batch: StrictInt
     q_len: StrictInt
@@ -52,21 +50,13 @@ class Problem(_Part):
     causal: StrictBool
     window: Any = None  # null or [left, right]: checked by the status rules
     mode: StrictStr
-    devices: Optional[int] = 1
-    strategy: Optional[str] = None
-    lengths: Optional[str] = None
-    inputs: Optional[str] = "gaussian"
-    page_size: Optional[int] = None
-    soft_cap: Num = None
-    packing: Optional[str] = None
-    sinks: Optional[bool] = False
-    kv_dtype: Optional[str] = None      # a quantized KV cache's dtype (decode cells; ``core.kv_quant``)
-    kv_scale: Optional[str] = None      # its scale layout: tensor, head, page or token
-    prefill_chunks: Optional[str] = None    # serving cells: "NxSIZE" prefill chunks beside the decodes
-    #: per-request lengths of a decode/serving cell (``core.problem.Problem.lengths_record``): requests, seed,
-    #: totals, min/median/max of the KV lengths, and the q and kv lists themselves when there are <= 64 requests
-    request_lengths: Optional[dict] = None
-    lengths_traced: Optional[bool] = None   # the lengths were a traced argument of the jitted call (a server's way)
+
+
+#: The cell's identity: the shape, then the fields of ``core.cell_fields``, then ``request_lengths`` (a decode or
+#: serving cell's per-request lengths: ``core.problem.Problem.lengths_record``) and ``lengths_traced`` (the lengths
+#: were a traced argument of the jitted call, a server's way).
+Problem = create_model("Problem", __base__=_Shape, **{f.name: (f.type, f.default) for f in CELL_FIELDS},
+                       request_lengths=(Optional[dict], None), lengths_traced=(Optional[bool], None))
 
 
 _SPREAD = ("min", "p25", "p75", "max", "iqr")

@@ -33,6 +33,7 @@ Records are validated when written (``attnlab.core.store.ResultStore.append``) a
 from __future__ import annotations
 
 from .errors import RecordError  # noqa: F401  (re-exported)
+from .cell_fields import label_parts
 from .problem import label as problem_label
 from .record_model import (CellRecord, GRAD_MODES, SCHEMA_VERSION, STATUSES, TIMED_FIELDS, TIMERS,  # noqa: F401
                            Status, fields_where)  # (re-exported: the schema's names, read from here)
@@ -92,18 +93,7 @@ def config_label(rec: dict, mesh: bool = True) -> str:
     parts.append(rec["mode"])
     if mesh and rec.get("strategy"):
         parts.append(f"{rec['strategy']}x{rec.get('devices', 1)}")
-    if rec.get("inputs", "gaussian") != "gaussian":
-        parts.append(f"inputs={rec['inputs']}")
-    if rec.get("soft_cap") is not None:
-        parts.append(f"cap={rec['soft_cap']:g}")
-    if rec.get("packing"):
-        parts.append(f"packing={rec['packing']}")
-    if rec.get("sinks"):
-        parts.append("sinks")
-    if rec.get("kv_dtype"):
-        parts.append(f"kv={rec['kv_dtype']}:{rec.get('kv_scale')}")
-    if rec.get("prefill_chunks"):
-        parts.append(f"prefill={rec['prefill_chunks']}")
+    parts += label_parts(rec)            # inputs=, cap=, packing=, sinks, kv=, prefill=: core.cell_fields
     return " ".join(parts)
 
 

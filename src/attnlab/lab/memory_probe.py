@@ -54,7 +54,7 @@ def compiled_temp(backend: str, batch: int, T: int, heads: int, head_dim: int, d
 
     from ..api import dot_product as api
     from .. import backends
-    from ..measure.cell import classify
+    from ..measure.outcome import classify
     from ..measure.memory import compiled_memory
     from ..core.spec import prepare
 

@@ -1,5 +1,6 @@
 """Measurement: timers (CUPTI kernel time, wall, pipelined, compile), memory, peaks, one-cell records."""
-from .cell import MODES, STATUSES, Cell, Options, measure_cell, record_key
+from ..core.records import STATUSES
+from .cell import MODES, Cell, Options, measure_cell, record_key
 from .stats import Stats
 from .timers import kernel_timer_available
 

@@ -4,7 +4,7 @@ A cell is one (backend, problem, mode[, mesh strategy, decode lengths]); its pro
 ``attnlab.core.problem.Problem``; its record's schema and statuses: ``attnlab.core.record_model``.
 An incorrect cell is never timed.
 
-This module is the cell and its state machine; the concerns it walks through live beside it:
+This module is the cell's state machine (the ``Cell`` type: ``cell_type``); the concerns it walks through live beside it:
 ``inputs`` (input sets, mesh placement, the mode builders), ``check`` (references and the check
 policy), ``budget`` (the compile watchdog), ``outcome`` (classification, rates, and the record built
 from the fields measured: only ``_measure_cell`` collects them), ``serving_cell`` (a serving step's
@@ -13,7 +13,6 @@ cell: lengths traced), ``kv_cells`` (a decode cell on a quantized KV cache).
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 import traceback
 
@@ -21,155 +20,21 @@ import jax
 import numpy as np
 
 from .. import backends
-from ..core import device, segments, strategies
-from ..reference.distributions import DISTRIBUTIONS
-from ..reference.inputs import INPUTS_DRAW, cotangent, seed_of
-from ..core.problem import FIELDS as PROBLEM_FIELDS, Problem, delegate_fields
+from ..core import device
+from ..reference.inputs import INPUTS_DRAW, cotangent
 from ..core.record_model import CellRecord
-from ..core.records import SCHEMA_VERSION, STATUSES, Status, config_label  # noqa: F401  (STATUSES, config_label re-exported)
-from ..core.checks import check_soft_cap
+from ..core.records import SCHEMA_VERSION, Status
 from ..core.spec import prepare
 from ..api.decode import paged_refusal, window_refusal
-from . import check, estimate, kv_cells, memory, serving_cell, timers
+from . import estimate, kv_cells, memory, serving_cell, timers
+from .budget import compile_within_budget
+from .cell_type import IDENTITY, IDENTITY_DEFAULTS, LENGTHS, MODES, Cell, record_key  # noqa: F401  (the type, re-exported)
+from .check import check_gradients, check_output
+from .inputs import _functions, call_extras, _input_sets, _mesh_record, _place_sharded, strategy_refusal
 from .native_cell import _measure_native
-from .options import Options
+from .options import Options  # noqa: F401  (re-exported)
+from .outcome import MEASURED_FIELDS, Skip as _Skip, _short, classify, finish, rates
 from .phases import Phases
-# re-exported: the names tests, the lab and benchmarks import from attnlab.measure.cell
-from .budget import _with_budget, compile_within_budget  # noqa: F401
-from .check import check_gradients, check_output, ref_key, semantics  # noqa: F401
-from .inputs import _functions, call_extras, _input_sets, _mesh_record, _place_sharded, strategy_refusal  # noqa: F401
-from .outcome import MEASURED_FIELDS, TIMING_FIELDS, Skip as _Skip, _short, classify, finish, rates  # noqa: F401
-
-MODES = ("fwd", "fwd+bwd", "bwd")
-#: Decode cells (``lengths`` set): the q_len queries are the last tokens of each sequence of the cache.
-LENGTHS = ("full", "ragged", "paged")     # paged: full lengths in a paged cache of ``page_size`` (vLLM layout)
-#: Read in records written before the field existed as this default (``record_key``).
-_SINCE = {"record_default": True}
-_UNSET = object()
-
-
-@dataclasses.dataclass(frozen=True, init=False)
-class Cell:
-    """``Cell(backend, B, T, S, N, K, H, dtype, causal, window, mode, devices, strategy, lengths, inputs)``
-    (positional or keyword, or ``Cell(backend, problem=Problem(...), mode=...)``); the problem's
-    fields read as attributes (``cell.batch``, ``cell.window``)."""
-
-    backend: str
-    problem: Problem
-    mode: str = "fwd"
-    devices: int = dataclasses.field(default=1, metadata=_SINCE)                 # mesh size, for sharded cells
-    strategy: str | None = dataclasses.field(default=None, metadata=_SINCE)      # None or a registered strategy
-    lengths: str | None = dataclasses.field(default=None, metadata=_SINCE)       # None: attention(); full/ragged: decode
-    inputs: str = dataclasses.field(default="gaussian", metadata=_SINCE)         # attnlab.reference.distributions name
-    page_size: int | None = dataclasses.field(default=None, metadata=_SINCE)     # lengths "paged": tokens per page
-    soft_cap: float | None = dataclasses.field(default=None, metadata=_SINCE)    # logits_soft_cap
-    packing: str | None = dataclasses.field(default=None, metadata=_SINCE)       # None or "docs:N" (segment ids)
-    sinks: bool = dataclasses.field(default=False, metadata=_SINCE)              # reference.inputs.random_sinks
-    kv_dtype: str | None = dataclasses.field(default=None, metadata=_SINCE)      # decode: a quantized cache's dtype
-    kv_scale: str | None = dataclasses.field(default=None, metadata=_SINCE)      # and its scale layout (kv_cells)
-    prefill_chunks: str | None = dataclasses.field(default=None, metadata=_SINCE)  # serving cells: "NxSIZE"
-
-    def __init__(self, backend, batch=_UNSET, q_len=_UNSET, kv_len=_UNSET, heads=_UNSET, kv_heads=_UNSET,
-                 head_dim=_UNSET, dtype=_UNSET, causal=_UNSET, window=_UNSET, mode="fwd", devices=1, strategy=None,
-                 lengths=None, inputs="gaussian", page_size=None, soft_cap=None,
-                 packing=None, kv_dtype=None, kv_scale=None, prefill_chunks=None, *, problem: Problem | None = None,
-                 sinks=False):
-        given = {k: v for k, v in zip(PROBLEM_FIELDS, (batch, q_len, kv_len, heads, kv_heads, head_dim, dtype, causal,
-                                                       window)) if v is not _UNSET}
-        if problem is None:
-            problem = Problem(**{f: given.get(f) for f in PROBLEM_FIELDS[:6]},
-                              **{f: given[f] for f in PROBLEM_FIELDS[6:] if f in given})
-        elif given:  # dataclasses.replace(cell, heads=...)
-            problem = dataclasses.replace(problem, **given)
-        for name, value in (("backend", backend), ("problem", problem), ("mode", mode), ("devices", devices),
-                            ("strategy", strategy), ("lengths", lengths), ("inputs", inputs), ("page_size", page_size),
-                            ("soft_cap", None if soft_cap is None else float(soft_cap)), ("packing", packing),
-                            ("sinks", sinks), *kv_cells.cell_fields(kv_dtype, kv_scale),
-                            ("prefill_chunks", prefill_chunks)):
-            object.__setattr__(self, name, value)
-        self._validate()
-
-    def _validate(self):
-        if self.inputs not in DISTRIBUTIONS:
-            raise ValueError(f"inputs must be one of {DISTRIBUTIONS}, got {self.inputs!r}")
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if self.lengths is not None:
-            if self.lengths not in LENGTHS and not serving_cell.is_serving(self):
-                raise ValueError(f"lengths must be None, one of {LENGTHS + serving_cell.LENGTHS} or file:PATH, "
-                                 f"got {self.lengths!r}")
-            if self.q_len > self.kv_len or self.strategy is not None:
-                raise ValueError("decode cells (lengths) need q_len <= kv_len and no strategy")
-        if (self.lengths == "paged") != (self.page_size is not None) and not serving_cell.is_serving(self):
-            raise ValueError(f"page_size is given exactly for lengths 'paged' (or serving), got lengths={self.lengths!r}, "
-                             f"page_size={self.page_size!r}")
-        if self.page_size is not None and (self.page_size < 1 or self.kv_len % self.page_size):
-            raise ValueError(f"page_size must divide kv_len={self.kv_len}, got {self.page_size}")
-        check_soft_cap(self.soft_cap)       # None passes
-        serving_cell.check_cell(self)
-        if self.packing is not None:
-            segments.parse_packing(self.packing)
-            if self.q_len != self.kv_len or self.lengths is not None or self.strategy is not None:
-                raise ValueError("packing needs q_len == kv_len, no decode lengths and no strategy")
-        kv_cells.validate(self)
-        if self.strategy is not None and self.strategy not in strategies.names():
-            raise ValueError(strategies.unknown(self.strategy))
-        if self.strategy is None and self.devices != 1:
-            raise ValueError("devices > 1 needs a strategy (batch, heads or ring)")
-
-    def kv_lengths(self) -> tuple[int, ...] | None:
-        """Decode cells: each sequence's valid cache length (the q_len new tokens included).
-
-        "full": every sequence fills the cache (S). "ragged": lengths drawn uniformly from [T, S]
-        with a seed fixed by the shape, so every backend and every run sees the same batch."""
-        if self.lengths is None or self.lengths in ("full", "paged"):
-            return None if self.lengths is None else (self.kv_len,) * self.batch
-        if serving_cell.is_serving(self):   # a serving cell: every request's, the prefill chunks first
-            return tuple(serving_cell.requests(self)[1].tolist())
-        rng = np.random.default_rng(seed_of(f"ragged B{self.batch} T{self.q_len} S{self.kv_len}"))
-        return tuple(int(x) for x in rng.integers(self.q_len, self.kv_len + 1, size=self.batch))
-
-    def segment_ids(self) -> np.ndarray | None:
-        """(B, T) int32 ids of ``packing`` ("docs:N": N contiguous documents of random lengths per row,
-        seeded by the shape, so every backend and run sees the same packing), or None."""
-        if (n := segments.parse_packing(self.packing)) is None:
-            return None
-        return segments.docs(self.batch, self.q_len, n, seed_of(f"packing {self.packing} B{self.batch} T{self.q_len}"))
-
-    @property
-    def workload(self) -> Problem:
-        """The problem with the cell's decode lengths and documents (what its FLOPs and bytes count)."""
-        if serving_cell.is_serving(self):
-            return serving_cell.problem_of(self)
-        docs = segments.run_lengths(self.segment_ids()) if self.packing else None   # packed: pairs within documents
-        return dataclasses.replace(self.problem, kv_lengths=self.kv_lengths(), decode=self.lengths is not None,
-                                   doc_lengths=docs, kv_dtype=self.kv_dtype, kv_scale=self.kv_scale,
-                                   page_size=self.page_size)
-
-    def identity(self) -> dict:
-        """The record's identity fields in order, the problem's as ``Problem.identity`` spells them."""
-        return {**{k: getattr(self, k) for k in IDENTITY}, **self.problem.identity()}
-
-    def key(self) -> str:
-        return json.dumps(self.identity(), sort_keys=True)
-
-    @property
-    def config_label(self) -> str:
-        return config_label(self.identity())
-
-
-delegate_fields(Cell)
-
-#: A record's identity: the Cell's fields in order, its problem spelled out as the Problem's fields.
-IDENTITY = tuple(n for f in dataclasses.fields(Cell) for n in (PROBLEM_FIELDS if f.name == "problem" else (f.name,)))
-#: Identity fields older records may lack, read as the Cell's defaults.
-IDENTITY_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Cell) if f.metadata.get("record_default")}
-
-
-def record_key(rec: dict) -> str:
-    d = {k: rec.get(k, IDENTITY_DEFAULTS.get(k)) for k in IDENTITY}
-    d["window"] = list(d["window"]) if d["window"] else None
-    return json.dumps(d, sort_keys=True)
 
 
 def measure_cell(cell: Cell, opts: Options | None = None, *, on_phase=None, compiled=None,

@@ -9,6 +9,7 @@ to committed results.
 """
 from __future__ import annotations
 
+from ..core.cell_fields import record_values
 from ..core.datasheet import peak_for_kind
 from ..core.problem import Problem
 from ..core.rate_check import device_kind
@@ -18,11 +19,8 @@ from .cell import Cell
 
 def recounted_workload(rec: dict):
     """The ``Problem`` (lengths included) of a record's cell (the mesh left out: it changes no count)."""
-    return Cell(rec["backend"], problem=Problem.of(rec), mode=rec.get("mode", "fwd"), lengths=rec.get("lengths"),
-                inputs=rec.get("inputs") or "gaussian", page_size=rec.get("page_size"), soft_cap=rec.get("soft_cap"),
-                packing=rec.get("packing"), sinks=bool(rec.get("sinks")), kv_dtype=rec.get("kv_dtype"),
-                kv_scale=rec.get("kv_scale"), prefill_chunks=rec.get("prefill_chunks")).workload
-
+    fields = {k: v for k, v in record_values(rec).items() if k not in ("devices", "strategy")}
+    return Cell(rec["backend"], problem=Problem.of(rec), mode=rec.get("mode", "fwd"), **fields).workload
 
 def recount(rec: dict) -> dict:
     """A copy of ``rec`` with ``flops``, ``bytes``, ``intensity`` and (timed records) the rates derived from

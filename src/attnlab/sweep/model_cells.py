@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from .. import backends as backends_mod
+from ..core import cell_fields
 from ..core.model_plan import PlanEntry, PlanError, plan
 from ..core.models import ModelPreset
 from ..measure.cell import Cell
@@ -61,8 +62,8 @@ def model_sweep(preset: ModelPreset, phases, contexts, batch: int = 1, backends:
 #: bench flags that set a shape the preset fixes: given with --model, they must agree with it.
 SHAPE_FLAGS = {"heads": "heads", "kv_heads": "kv_heads", "head_dim": "head_dim"}
 #: bench flags --model replaces (the phases and contexts set them): refused with --model.
-REPLACED_FLAGS = ("seq", "q_len", "kv_len", "causal", "window", "mode", "lengths", "tokens", "devices", "strategy",
-                  "soft_cap", "packing", "sinks", "kv_dtype", "prefill_chunks")
+REPLACED_FLAGS = ("seq", "q_len", "kv_len", "causal", "window", "mode", "tokens",
+                  *(f.name for f in cell_fields.AXES if f.name != "inputs"))   # --inputs: its own message
 
 
 def check_model_flags(preset: ModelPreset, given: dict) -> None:

@@ -139,6 +139,35 @@ def _kv_dtypes(text) -> list[tuple[str, str] | None]:
     return out
 
 
+def _lengths_value(text: str) -> str:
+    """A lengths value as the cells spell it: lower case, but ``file:PATH`` (or a file's path) keeps its path
+    (and a ``:pagedN`` after it)."""
+    import os
+
+    head, sep, tail = text.rpartition(":paged")
+    path, suffix = (head, sep + tail) if sep and tail.isdigit() else (text, "")
+    if path.lower().startswith("file:"):
+        return "file:" + path[5:] + suffix
+    return "file:" + path + suffix if os.path.isfile(path) else text.lower()
+
+
+def _none_or(convert):
+    return lambda axis, text: [None if x.lower() == "none" else convert(x) for x in _strs(text)]
+
+
+#: The parser of each kind of axis (``core.cell_fields.CellField.axis``): (axis name, CLI text or TOML value) -> values.
+AXIS_PARSERS = {
+    "ints": _ints,
+    "names": _none_or(str),                  # none or a name, its case kept
+    "lower_names": _none_or(str.lower),      # none or a value, in lower case
+    "lengths": _none_or(_lengths_value),
+    "lower": lambda axis, text: [x.lower() for x in _strs(text)],
+    "caps": lambda axis, text: _caps(text),
+    "bools": lambda axis, text: _causal(text, axis),
+    "kv_dtypes": lambda axis, text: _kv_dtypes(text),
+}
+
+
 def load_toml(path) -> tuple[dict, dict]:
     """(sweep values, run options) from a TOML file with a [sweep] table and an optional [run] table."""
     try:

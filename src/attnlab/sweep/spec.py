@@ -34,34 +34,13 @@ from ..measure.cell import LENGTHS, MODES, Cell
 from ..core.names import DTYPE_ALIASES, FLOAT_DTYPES, canonical_dtype, closest, dtype_choices, unknown
 from ..core.segments import parse_packing
 from ..core import request_lengths
-from .parse import (SweepError, _caps, _causal, _ints, _kv_dtypes, _strs, _windows, load_toml,  # noqa: F401
-                    with_fp8_recipes)
+from ..core import cell_fields
+from .parse import AXIS_PARSERS, SweepError, _causal, _ints, _strs, _windows, load_toml, with_fp8_recipes  # noqa: F401
 
 
-@dataclasses.dataclass
-class Sweep:
-    backends: list[str]
-    batch: list[int] = dataclasses.field(default_factory=lambda: [1])
-    q_len: list[int] = dataclasses.field(default_factory=lambda: [128])
-    kv_len: list[int] | None = None          # None: tied to q_len (the ``seq`` axis)
-    heads: list[int] = dataclasses.field(default_factory=lambda: [8])
-    kv_heads: list[int] | None = None        # None: same as heads (MHA)
-    head_dim: list[int] = dataclasses.field(default_factory=lambda: [64])
-    dtype: list[str] = dataclasses.field(default_factory=lambda: ["bfloat16"])
-    causal: list[bool] = dataclasses.field(default_factory=lambda: [False])
-    window: list[tuple[int, int] | None] = dataclasses.field(default_factory=lambda: [None])
-    mode: list[str] = dataclasses.field(default_factory=lambda: ["fwd"])
-    devices: list[int] = dataclasses.field(default_factory=lambda: [1])
-    strategy: list[str | None] = dataclasses.field(default_factory=lambda: [None])
-    lengths: list[str | None] = dataclasses.field(default_factory=lambda: [None])
-    inputs: list[str] = dataclasses.field(default_factory=lambda: ["gaussian"])
-    soft_cap: list[float | None] = dataclasses.field(default_factory=lambda: [None])
-    packing: list[str | None] = dataclasses.field(default_factory=lambda: [None])
-    sinks: list[bool] = dataclasses.field(default_factory=lambda: [False])   # attention sinks (random_sinks)
-    kv_dtype: list[tuple[str, str] | None] = dataclasses.field(default_factory=lambda: [None])
-    prefill_chunks: list[str | None] = dataclasses.field(default_factory=lambda: [None])
-    tokens: int | None = None
-    name: str = "sweep"
+class _SweepMethods:
+    """A sweep: axes of values (``backends``, the problem's axes, ``mode``, then one axis per identity field of
+    ``core.cell_fields`` that has one), ``tokens`` and ``name``; ``cells()`` is their product."""
 
     def __post_init__(self):
         self.validate()
@@ -143,37 +122,51 @@ class Sweep:
         out = []
         kv_lens = self.kv_len or [None]
         kv_heads = self.kv_heads or [None]
-        for (T, S, N, K, H, dt, c, w, m, st, nd, ln, dist, cap, pk, sk, kv, pc) in itertools.product(
+        for (T, S, N, K, H, dt, c, w, m, *values) in itertools.product(
                 self.q_len, kv_lens, self.heads, kv_heads, self.head_dim, self.dtype, self.causal, self.window, self.mode,
-                self.strategy, self.devices, self.lengths, self.inputs, self.soft_cap, self.packing, self.sinks,
-                self.kv_dtype, self.prefill_chunks):
+                *(getattr(self, f.name) for f in cell_fields.AXES)):
             S = T if S is None else S
             K = N if K is None else K
-            if N % K or (st is None and nd != 1):
+            if N % K:
                 continue
-            if ln is not None and (T > S or st):   # decode cells: T new tokens in an S-long cache
+            a = dict(zip((f.name for f in cell_fields.AXES), values))
+            serving, page = _serving_page(a["lengths"])
+            page = page if serving else _page_size_of(a["lengths"]) if a["lengths"] is not None else None
+            a.update(q_len=T, kv_len=S, causal=c, window=w, mode=m, serving=serving, page_size=page)
+            if any(f.skip and f.skip(a) for f in cell_fields.CELL_FIELDS):     # each field's rules
                 continue
-            if _serving(ln) and (not (c and m == "fwd" and dist == "gaussian") or w or sk or kv is not None):
-                continue    # serving cells: causal fwd cells on gaussian inputs (no window, sinks or quantized cache yet)
-            if pc and (not _serving(ln) or request_lengths.parse_chunks(pc)[1] > S):
-                continue    # prefill chunks: beside a serving cell's decodes, each fitting in the cache
-            serving, page = _serving_page(ln)
-            page = page if serving else _page_size_of(ln) if ln is not None else None
-            if page and S % page:
-                continue
-            if pk is not None and (T != S or ln is not None or st):   # packing: self-attention rows only
-                continue
-            if sk and st:                                               # sharded strategies take no sinks
-                continue
-            if kv is not None and (ln is None or m != "fwd" or (kv[1] == "page" and not page)):   # quantized: decode
-                continue
+            kw = {f.name: a[f.name] for f in cell_fields.AXES}
+            kw.update(lengths=serving or ("paged" if page else kw["lengths"]), page_size=page,
+                      **dict(zip(("kv_dtype", "kv_scale"), kw["kv_dtype"] or (None, None))))
             batches = [max(1, self.tokens // T)] if self.tokens else self.batch
             for B in batches:
                 for b in self.backends:
-                    out.append(Cell(b, B, T, S, N, K, H, dt, c, tuple(w) if w else None, m, nd, st,
-                                    serving or ("paged" if page else ln), dist, page,
-                                    cap, pk, *(kv or (None, None)), pc, sinks=sk))
+                    out.append(Cell(b, B, T, S, N, K, H, dt, c, tuple(w) if w else None, m, **kw))
         return out
+
+
+def _values(values):
+    return dataclasses.field(default_factory=lambda: list(values))
+
+
+#: ``Sweep(backends, batch=[...], ...)``: a dataclass of the problem's axes and one axis per identity field
+#: (``core.cell_fields``: devices, strategy, lengths, inputs, soft_cap, packing, sinks, kv_dtype, prefill_chunks).
+Sweep = dataclasses.make_dataclass("Sweep", [
+    ("backends", list[str]),
+    ("batch", list[int], _values([1])),
+    ("q_len", list[int], _values([128])),
+    ("kv_len", list[int] | None, None),          # None: tied to q_len (the ``seq`` axis)
+    ("heads", list[int], _values([8])),
+    ("kv_heads", list[int] | None, None),        # None: same as heads (MHA)
+    ("head_dim", list[int], _values([64])),
+    ("dtype", list[str], _values(["bfloat16"])),
+    ("causal", list[bool], _values([False])),
+    ("window", list[tuple[int, int] | None], _values([None])),
+    ("mode", list[str], _values(["fwd"])),
+    *((f.name, list, _values([f.default])) for f in cell_fields.CELL_FIELDS if f.axis),   # kv_dtype: (dtype, layout)
+    ("tokens", int | None, None),
+    ("name", str, "sweep"),
+], bases=(_SweepMethods,), namespace={"__doc__": _SweepMethods.__doc__, "__module__": __name__})
 
 
 def _did_you_mean(name, choices) -> str:
@@ -212,8 +205,7 @@ def _page_size_of(lengths: str) -> int | None:
 def build(values: dict) -> Sweep:
     """A Sweep from loosely typed values (CLI strings or TOML values); keys as in the TOML file."""
     known = {"backends", "backend", "batch", "seq", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype",
-             "causal", "window", "mode", "tokens", "name", "devices", "strategy", "lengths", "inputs", "fp8_recipe",
-             "soft_cap", "packing", "sinks", "kv_dtype", "prefill_chunks"}
+             "causal", "window", "mode", "tokens", "name", "fp8_recipe", *(f.name for f in cell_fields.AXES)}
     unknown = set(values) - known
     if unknown:
         raise SweepError(f"unknown sweep key(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
@@ -239,24 +231,9 @@ def build(values: dict) -> Sweep:
         kw["causal"] = _causal(values["causal"])
     if values.get("window") is not None:
         kw["window"] = _windows(values["window"])
-    if values.get("devices") is not None:
-        kw["devices"] = _ints("devices", values["devices"])
-    if values.get("strategy") is not None:
-        kw["strategy"] = [None if x.lower() == "none" else x for x in _strs(values["strategy"])]
-    if values.get("lengths") is not None:
-        kw["lengths"] = [None if x.lower() == "none" else _lengths_value(x) for x in _strs(values["lengths"])]
-    if values.get("prefill_chunks") is not None:
-        kw["prefill_chunks"] = [None if x.lower() == "none" else x.lower() for x in _strs(values["prefill_chunks"])]
-    if values.get("inputs") is not None:
-        kw["inputs"] = [x.lower() for x in _strs(values["inputs"])]
-    if values.get("soft_cap") is not None:
-        kw["soft_cap"] = _caps(values["soft_cap"])
-    if values.get("sinks") is not None:
-        kw["sinks"] = _causal(values["sinks"], "sinks")
-    if values.get("packing") is not None:
-        kw["packing"] = [None if x.lower() == "none" else x.lower() for x in _strs(values["packing"])]
-    if values.get("kv_dtype") is not None:
-        kw["kv_dtype"] = _kv_dtypes(values["kv_dtype"])
+    for f in cell_fields.AXES:
+        if values.get(f.name) is not None:
+            kw[f.name] = AXIS_PARSERS[f.axis](f.name, values[f.name])
     if values.get("tokens") is not None:
         if values.get("batch") is not None:
             raise SweepError("tokens sets batch = tokens // q_len: give either tokens or batch")
@@ -268,14 +245,3 @@ def build(values: dict) -> Sweep:
         kw["name"] = str(values["name"])
     return Sweep(**kw)
 
-
-def _lengths_value(text: str) -> str:
-    """A lengths value as the cells spell it: lower case, but ``file:PATH`` (or a file's path) keeps its path
-    (and a ``:pagedN`` after it)."""
-    import os
-
-    head, sep, tail = text.rpartition(":paged")
-    path, suffix = (head, sep + tail) if sep and tail.isdigit() else (text, "")
-    if path.lower().startswith("file:"):
-        return "file:" + path[5:] + suffix
-    return "file:" + path + suffix if os.path.isfile(path) else text.lower()
