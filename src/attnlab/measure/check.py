@@ -141,7 +141,8 @@ def clear_cache() -> None:
     _CACHE.clear()
 
 
-def _verdict(err, row, base, base_row, dtype, fixed_limit):
+def policy_verdict(err, row, base, base_row, dtype, fixed_limit) -> dict:
+    """The tolerance policy's verdict on (rel L2, worst row) errors given the emulation's (or a fixed limit)."""
     if fixed_limit:
         limit, row_limit = fixed_limit, LIMIT_FACTOR * fixed_limit
     else:
@@ -179,7 +180,7 @@ def check_forward(out, q, k, v, sem: Semantics, *, ref_key: str, fixed_limit: fl
     ref32, (b_err, b_row), e64, empty = _cached(("fwd", ref_key), _timed(parts, "reference_s", reference))
     dev_empty = rules.empty_row_target_device(out, ref32, v, empty) if empty.any() else rules.EmptyRows(ref32)
     err, row, mx = rel_errors(out, dev_empty.target)
-    dev = _verdict(err, row, b_err, b_row, dtype, fixed_limit)
+    dev = policy_verdict(err, row, b_err, b_row, dtype, fixed_limit)
     dev.update(reference="float32 blockwise on the device, precision HIGHEST", fraction=1.0,
                empty_rows=dev_empty.rows, empty_note=dev_empty.note or None)
     empty64 = empty[bi][:, rows][:, :, None]                  # (sampled batch, rows, 1): the same rule
@@ -195,7 +196,7 @@ def check_forward(out, q, k, v, sem: Semantics, *, ref_key: str, fixed_limit: fl
     ref64, e_l2, e_row = _cached(("f64", ref_key), _timed(parts, "float64_rows_s", rows64))
     o64 = take(out)
     t64 = rules.empty_row_target(o64, ref64, empty64)
-    f64 = _verdict(rel_l2(o64, t64.target), row_rel_err(o64, t64.target), e_l2, e_row, dtype, fixed_limit)
+    f64 = policy_verdict(rel_l2(o64, t64.target), row_rel_err(o64, t64.target), e_l2, e_row, dtype, fixed_limit)
     f64.update(reference="NumPy float64 on sampled rows", batch=batch_idx, rows=int(rows.size),
                fraction=rows.size * len(batch_idx) / (T * B), empty_rows=t64.rows, empty_note=t64.note or None)
     ok = dev["ok"] and f64["ok"]
@@ -207,13 +208,15 @@ def check_forward(out, q, k, v, sem: Semantics, *, ref_key: str, fixed_limit: fl
             "reason": None if ok else _why(dev, f64)}
 
 
+def errors_text(c: dict) -> str:
+    """A verdict's errors beside their limits: "rel L2 E (limit L)[, worst row E (limit L)]"."""
+    row = f", worst row {c['row_err']:.3g} (limit {c['row_limit']:.3g})" if c.get("row_limit") is not None else ""
+    return f"rel L2 {c['rel_err']:.3g} (limit {c['limit']:.3g})" + row
+
+
 def _why(dev, f64) -> str:
-    parts = []
-    for name, c in (("whole output vs float32", dev), ("sampled rows vs float64", f64)):
-        if not c["ok"]:
-            parts.append(f"{name}: rel L2 {c['rel_err']:.3g} (limit {c['limit']:.3g}), worst row {c['row_err']:.3g} "
-                         f"(limit {c['row_limit']:.3g})")
-    return "; ".join(parts)
+    return "; ".join(f"{name}: {errors_text(c)}" for name, c in (("whole output vs float32", dev),
+                                                                   ("sampled rows vs float64", f64)) if not c["ok"])
 
 
 def check_grads(grads, q, k, v, cotangent, sem: Semantics, *, ref_key: str) -> dict:
@@ -271,12 +274,32 @@ def semantics(cell) -> Semantics:
                      q_offsets=tuple(n - cell.q_len for n in lens), soft_cap=cap, sinks=sinks)
 
 
+def output_dtype(out, cell, shape=None) -> dict:
+    """``{"out_dtype": ...}`` of a cell's output; ``Skip('incorrect')`` carrying it when the dtype is not the
+    cell's (or, given ``shape``, the shape is not that)."""
+    fields = {"out_dtype": np.dtype(out.dtype).name}
+    if fields["out_dtype"] != cell.dtype or (shape is not None and tuple(out.shape) != tuple(shape)):
+        got, want = (fields["out_dtype"], cell.dtype) if shape is None else (
+            f"{fields['out_dtype']} {tuple(out.shape)}", f"{cell.dtype} {tuple(shape)}")
+        raise Skip(Status.INCORRECT, f"output {got} is not the cell's {want}", fields)
+    return fields
+
+
+def judged(fields: dict, name: str, verdict: dict, tolerance: str, where: str = "") -> dict:
+    """The record fields of a check against float64 with one verdict (``policy_verdict``'s dict, or one with
+    ok, rel_err, limit and margin): ``fields`` + rel_err, rel_err_f64, margin, tolerance and checks {name:
+    verdict}. ``Skip('incorrect')`` carrying them when it fails, naming the errors, their limits and ``where``."""
+    fields = {**fields, "rel_err": verdict["rel_err"], "rel_err_f64": verdict["rel_err"],
+              "margin": verdict["margin"], "tolerance": tolerance, "checks": {name: verdict}}
+    if not verdict["ok"]:
+        raise Skip(Status.INCORRECT, f"output wrong{where}: {errors_text(verdict)} ({tolerance})", fields)
+    return fields
+
+
 def check_output(out, inputs, cell, backend, opts) -> dict:
     """The record fields of the check of the whole forward output; ``Skip('incorrect')`` carrying them
     when it fails."""
-    fields = {"out_dtype": np.dtype(out.dtype).name}
-    if fields["out_dtype"] != cell.dtype:
-        raise Skip(Status.INCORRECT, f"output dtype {fields['out_dtype']} is not the cell's dtype {cell.dtype}", fields)
+    fields = output_dtype(out, cell)
     try:
         chk = check_forward(device_array(out), *inputs, semantics(cell), ref_key=ref_key(cell, opts.seed),
                             fixed_limit=backend.rel_l2_limit, fixed_rule=backend.rel_l2_rule)
