@@ -57,7 +57,8 @@ WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys
               "logits -> cap * tanh(logits / cap) before masking.")
 @click.option("--kv-dtype", help="KV cache dtypes of decode cells (comma-separated): none, fp8 (e4m3), e5m2, int8, each "
               "with an optional scale layout :token (default), :head, :tensor or :page (paged cells); the cache is "
-              "quantized before timing and checked against float64 of its dequantized values.")
+              "quantized before timing and checked against float64 of its dequantized values. Serving cells "
+              "too; with --model one value, for the model's decode cells.")
 @click.option("--packing", help="none or docs:N (comma-separated): N documents of random lengths packed in each row "
               "(segment ids; seeded by the shape; self-attention cells, q_len == kv_len).")
 @click.option("--sinks", help="false, true or both: attention sinks (gpt-oss), one logit per query head drawn "
@@ -159,7 +160,7 @@ def _model_sweep(config, given: dict, name):
     from ..sweep import SweepError
     from ..sweep.model_cells import check_model_flags, model_sweep
     from ..core.names import canonical_dtype
-    from ..sweep.spec import _ints, _strs
+    from ..sweep.spec import _ints, _kv_dtypes, _strs
 
     if config:
         raise SweepError("--config and --model contradict each other: the model's cells come from --phase/--context")
@@ -174,10 +175,17 @@ def _model_sweep(config, given: dict, name):
     dtype = [canonical_dtype(d) for d in _strs(given.get("dtype", "bfloat16"))]
     if len(dtype) != 1:
         raise SweepError(f"--dtype: one value with --model, got {given['dtype']!r}")
+    kv = _kv_dtypes(given.get("kv_dtype", "none"))
+    if len(kv) != 1 or (kv[0] and kv[0][1] == "page"):
+        raise SweepError(f"--kv-dtype: one value with --model, its scales per token, head or tensor (a model's "
+                         f"decode cells are contiguous caches), got {given['kv_dtype']!r}")
     contexts = given.get("context", "4k")
     sweep = model_sweep(p, given.get("phase", "prefill,decode,train"), contexts, batch[0],
-                        _strs(given["backends"]) if given.get("backends") else None, name, dtype[0])
+                        _strs(given["backends"]) if given.get("backends") else None, name, dtype[0], kv[0])
     notes = plan_notes(p, contexts)
+    if kv[0]:
+        notes.append(f"decode cells read a {kv[0][0]} KV cache, scales per {kv[0][1]} (quantize_kv_cache); "
+                     f"prefill and train read no cache")
     if not given.get("backends"):
         notes.append("backends: every one available here (FP8 ones left out): " + ", ".join(sweep.sweeps[0].backends))
     return sweep, {}, notes

@@ -80,6 +80,7 @@ class PlanEntry:
     lengths: str | None    # "full": a decode cell
     soft_cap: float | None = None   # the model's attention logit soft-cap
     sinks: bool = False             # the model's attention sinks (gpt-oss: every layer)
+    kv_cache: tuple[str, str] | None = None   # decode: a quantized cache's (kv_dtype, kv_scale); None: dtype's
 
     @property
     def tokens_per_step(self) -> int:
@@ -91,7 +92,7 @@ class PlanEntry:
         return dict(batch=[self.batch], q_len=[self.q_len], kv_len=[self.kv_len], heads=[self.heads],
                     kv_heads=[self.kv_heads], head_dim=[self.head_dim], dtype=[self.dtype], causal=[True],
                     window=[self.window], mode=[self.mode], lengths=[self.lengths], soft_cap=[self.soft_cap],
-                    sinks=[self.sinks])
+                    sinks=[self.sinks], kv_dtype=[self.kv_cache])
 
     def matches(self, rec: dict) -> bool:
         """Whether ``rec`` is a record of this entry's cell (any backend, one device)."""
@@ -99,13 +100,17 @@ class PlanEntry:
         return (rec.get("batch"), rec.get("q_len"), rec.get("kv_len"), rec.get("heads"), rec.get("kv_heads"),
                 rec.get("head_dim"), rec.get("dtype"), bool(rec.get("causal")), tuple(w) if w else None,
                 rec.get("mode"), rec.get("lengths"), rec.get("strategy"), rec.get("devices", 1),
-                rec.get("soft_cap"), rec.get("packing"), bool(rec.get("sinks")), rec.get("kv_dtype")) == (
+                rec.get("soft_cap"), rec.get("packing"), bool(rec.get("sinks")),
+                (rec["kv_dtype"], rec.get("kv_scale")) if rec.get("kv_dtype") else None) == (
             self.batch, self.q_len, self.kv_len, self.heads, self.kv_heads, self.head_dim, self.dtype, True,
-            self.window, self.mode, self.lengths, None, 1, self.soft_cap, None, self.sinks, None)
+            self.window, self.mode, self.lengths, None, 1, self.soft_cap, None, self.sinks, self.kv_cache)
 
 
-def plan(preset: ModelPreset, phases, contexts, batch: int = 1, dtype: str = "bfloat16") -> list[PlanEntry]:
-    """Every entry of ``phases`` x ``contexts`` x layer kinds (x decode T) of ``preset``.
+def plan(preset: ModelPreset, phases, contexts, batch: int = 1, dtype: str = "bfloat16",
+         kv_cache: tuple[str, str] | None = None) -> list[PlanEntry]:
+    """Every entry of ``phases`` x ``contexts`` x layer kinds (x decode T) of ``preset``; ``kv_cache``
+    ((kv_dtype, kv_scale), e.g. ("float8_e4m3fn", "token")): the decode entries read a cache quantized so
+    (prefill and train read none).
 
     A windowed kind whose window covers the whole context (W >= context - 1) is the global kind:
     measured once, as "global", with all those layers (``notes`` says so)."""
@@ -124,7 +129,8 @@ def plan(preset: ModelPreset, phases, contexts, batch: int = 1, dtype: str = "bf
                         if t > ctx:
                             continue
                         s = ctx if kind.window is None else min(ctx, kind.window + t)
-                        out.append(PlanEntry(q_len=t, kv_len=s, window=None, lengths="full", **common))
+                        out.append(PlanEntry(q_len=t, kv_len=s, window=None, lengths="full", kv_cache=kv_cache,
+                                             **common))
                 else:
                     w = None if kind.window is None else (kind.window, 0)
                     out.append(PlanEntry(q_len=ctx, kv_len=ctx, window=w, lengths=None, **common))
