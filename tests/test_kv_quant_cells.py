@@ -92,7 +92,7 @@ def test_advise_memory_table_per_cache_dtype():
     from attnlab.sweep.spec import Sweep
 
     e = next(e for e in plan(p, "decode", "4k") if e.lengths)
-    bf16, fp8 = (Sweep(["xla"], **e.axes(), kv_dtype=[kv]).cells()[0].identity()
+    bf16, fp8 = (Sweep(["xla"], **{**e.axes(), "kv_dtype": [kv]}).cells()[0].identity()
                  for kv in (None, ("float8_e4m3fn", "token")))
     assert e.matches(bf16) and not e.matches(fp8)
 

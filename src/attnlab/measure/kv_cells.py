@@ -104,7 +104,7 @@ def check_output(out, inputs, cell, backend, opts) -> dict:
     Skip('incorrect') with them when it fails."""
     from ..reference.decode64 import check_decode_close, reference_decode_attention
     from ..reference.tolerance import rel_l2
-    from .check import judged, output_dtype
+    from .verdict import judged, output_dtype
 
     del backend, opts
     q, k, v = inputs

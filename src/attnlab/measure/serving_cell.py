@@ -14,7 +14,11 @@ tolerance policy's limit from a kernel-like emulation of the same rows (scores i
 cell's dtype). The record adds ``request_lengths`` (``Problem.lengths_record``) and ``tokens_per_s`` (the
 step's new tokens / its time). With ``page_size`` the caches are pages of that many tokens in a shuffled
 order, found through a page table (vLLM's layout, ``kernels.pages.to_pages``, made before the timed call);
-the check reads the contiguous caches they were made from.
+the check reads the contiguous caches they were made from. The cell's ``window`` (its left size: the call is
+causal), ``sinks`` (``reference.inputs.random_sinks``) and soft cap go to the call, the reference and the
+emulation alike; with ``kv_dtype`` the cache is quantized before timing (``quantize_kv_cache``, per page with
+``page``), the check reads the sampled requests' *dequantized* cache and ``kv_rel_err`` is the same rows'
+error against float64 of the unquantized K/V (``kv_cells``). The verdict goes through ``verdict.judged``.
 """
 from __future__ import annotations
 
@@ -31,7 +35,8 @@ from ..core.records import time_ms
 from ..reference.inputs import INPUTS_DRAW, random_qkv, random_sinks, seed_of
 from ..reference.serving64 import reference_serving_attention
 from ..reference.tolerance import rel_l2, row_rel_err
-from . import check, memory, peaks, timers
+from . import memory, peaks, timers
+from .verdict import judged, output_dtype, policy_verdict, rule_text
 from .budget import compile_within_budget
 from .outcome import Skip, classify, rates
 
@@ -228,7 +233,7 @@ def check_into(rec: dict, out, args, q_lens, kv_lens, cell, backend) -> None:
     from .kv_cells import dequantized_twin
 
     q, k, v = args[:3]
-    rec.update(check.output_dtype(out, cell, q.shape))
+    rec.update(output_dtype(out, cell, q.shape))
     pieces = sampled(q_lens, kv_lens)
     rows = jnp.asarray(np.concatenate([np.arange(s0, s0 + t) for _, s0, t, _ in pieces]))
     reqs, n_max = [r for r, *_ in pieces], max(n for *_, n in pieces)
@@ -241,7 +246,7 @@ def check_into(rec: dict, out, args, q_lens, kv_lens, cell, backend) -> None:
     emul = kernel_like(*head, cell.dtype, cell.soft_cap, cell.window, sem["sinks"])
     got = np.asarray(out[rows]).astype(np.float64)
     err, row = rel_l2(got, ref), (row_rel_err(got, ref, 1) if np.all(np.isfinite(got)) else math.inf)
-    verdict = check.policy_verdict(err, row, rel_l2(emul, ref), row_rel_err(emul, ref, 1), cell.dtype,
+    verdict = policy_verdict(err, row, rel_l2(emul, ref), row_rel_err(emul, ref, 1), cell.dtype,
                                    backend.rel_l2_limit)
     verdict.update(reference="NumPy float64 (reference.serving64) on the first and last tokens of the longest "
                              "and shortest requests" + (" (the dequantized cache)" if cell.kv_dtype else ""),
@@ -250,6 +255,6 @@ def check_into(rec: dict, out, args, q_lens, kv_lens, cell, backend) -> None:
                   max_abs_err=float(np.max(np.abs(got - ref))))
     if cell.kv_dtype:
         fields["kv_rel_err"] = rel_l2(got, reference_serving_attention(head[0], *unquantized, *head[3:], **sem))
-    rec.update(check.judged(fields, "float64_requests", verdict,
-                            check.rule_text(cell.dtype, backend.rel_l2_limit, backend.rel_l2_rule),
+    rec.update(judged(fields, "float64_requests", verdict,
+                            rule_text(cell.dtype, backend.rel_l2_limit, backend.rel_l2_rule),
                             where=f" on requests {verdict['requests']}"))
