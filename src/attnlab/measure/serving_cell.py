@@ -238,8 +238,9 @@ def check_into(rec: dict, out, args, q_lens, kv_lens, cell, backend) -> None:
     rows = jnp.asarray(np.concatenate([np.arange(s0, s0 + t) for _, s0, t, _ in pieces]))
     reqs, n_max = [r for r, *_ in pieces], max(n for *_, n in pieces)
     kv = [np.asarray(x[jnp.asarray(reqs), :n_max]) for x in (k, v)]
-    if cell.kv_dtype:   # quantized as the timed cache is, of the requests' whole caches (per-page scales)
-        kv, unquantized = [dequantized_twin(cell, x, reqs)[:, :n_max] for x in (k, v)], kv
+    if cell.kv_dtype:   # quantized as the timed cache is (each request's once), then its sampled pieces'
+        uniq, back = np.unique(reqs, return_inverse=True)
+        kv, unquantized = [dequantized_twin(cell, x, uniq)[:, :n_max][back] for x in (k, v)], kv
     head = (np.asarray(q[rows]), *kv, rl.starts_of([t for _, _, t, _ in pieces]), np.asarray([n for *_, n in pieces]))
     sem = call_semantics(cell)
     ref = reference_serving_attention(*head, **sem)
