@@ -394,17 +394,17 @@ def test_the_decode_step_shows_a_window_sinks_and_an_fp8_cache_beside_the_plain_
     from attnlab.lab.step_types import LabConfig
     from attnlab.lab.steps.decode import render_decode, sweeps_decode
 
-    plain = dict(_decode_rec("attnlab-decode", 1, 0.25), rel_err=2e-3)
-    window = dict(_decode_rec("attnlab-decode", 1, 0.01), window=[128, 0], rel_err=3e-3, pct_roofline=60.0)
-    sinks = dict(_decode_rec("attnlab-decode", 1, 0.255), sinks=True, rel_err=2e-3)
-    fp8 = dict(_decode_rec("attnlab-decode", 1, 0.135), kv_dtype="float8_e4m3fn", kv_scale="token", rel_err=1e-3,
+    plain = dict(_decode_rec("attnlab-decode", 1, 0.25), rel_err_f64=2e-3)
+    window = dict(_decode_rec("attnlab-decode", 1, 0.01), window=[128, 0], rel_err_f64=3e-3, pct_roofline=60.0)
+    sinks = dict(_decode_rec("attnlab-decode", 1, 0.255), sinks=True, rel_err_f64=2e-3)
+    fp8 = dict(_decode_rec("attnlab-decode", 1, 0.135), kv_dtype="float8_e4m3fn", kv_scale="token", rel_err_f64=1e-3,
                kv_rel_err=0.031)
     sec = render_decode([fp8, window, plain, sinks], LabConfig.for_machine(False, True))
     main, feats = sec.tables                  # the feature records are not in the main race nor in a layout table
     assert len(main.rows) == 1 and main.rows[0][1].startswith("0.25 ms")
     assert [r[1].split(" ")[0] for r in feats.rows] == ["plain:", "sliding", "attention", "float8_e4m3fn"]
-    assert feats.rows[1][2:5] == ["0.01 ms", "60%", "0.040×"] and feats.rows[3][4:] == ["0.540×",
-                                                                                       "0.001 (the cache's own: 0.031)"]
+    assert feats.rows[1][2:7] == ["0.01 ms", "60%", "0.040×", "3.00e-03", ""]
+    assert feats.rows[3][4:] == ["0.540×", "1.00e-03", "3.10e-02"]
     assert feats.sources == [plain, window, sinks, fp8] and sec.facts["cells"] == 4
     cells = [c for s in sweeps_decode(LabConfig.for_machine(False, True)) for c in s.cells()
              if c.window or c.sinks or c.kv_dtype]

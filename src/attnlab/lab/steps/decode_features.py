@@ -4,6 +4,7 @@ per-token scales, each beside the plain call of the same T. Pure rendering from 
 from __future__ import annotations
 
 from ...core.records import time_ms
+from ..render_common import field_text
 from ..step_types import Table
 
 KERNEL = "attnlab-decode"
@@ -46,9 +47,9 @@ def _name(r: dict) -> str:
 
 def table(records: list[dict], shp: dict) -> Table | None:
     """One row per call at each T of ``feature_q_lens``, the plain one first: time, % of the roofline of its own
-    bytes (a window's keys, an FP8 cache's bytes and scales), its time over the plain call's and its error
-    against float64 (a quantized cache's: the kernel's on the dequantized cache, then the cache's own against
-    the unquantized values). None: no feature records."""
+    bytes (a window's keys, an FP8 cache's bytes and scales), its time over the plain call's, its error against
+    float64 (a quantized cache's: the kernel's on the dequantized cache) and a quantized cache's own error
+    against the unquantized values (``kv_rel_err``). None: no feature records."""
     feats = [r for r in records if is_feature(r) and r["backend"] == KERNEL]
     if not feats:
         return None
@@ -62,21 +63,20 @@ def table(records: list[dict], shp: dict) -> Table | None:
             sources.append(r)
     return Table(f"{KERNEL} with a model's features, B={shp['batch']} S={shp['kv_len']} N={shp['heads']}/"
                  f"K={shp['kv_heads']} H={shp['head_dim']} {shp['dtype']}, causal",
-                 ["T", "call", "time", "% of its roofline", "over the plain call", "rel L2 vs float64"], rows,
-                 sources=sources)
+                 ["T", "call", "time", "% of its roofline", "over the plain call", "rel L2 vs float64",
+                  "the cache's own rel L2"], rows, sources=sources,
+                 empty_why={"the cache's own rel L2": "no quantized cache measured"})
 
 
 def _cells(r: dict, plain: dict | None) -> list:
     if r["status"] != "ok":
-        return [f"{r['status']}: {(r.get('reason') or '')[:60]}", "", "", ""]
+        return [f"{r['status']}: {(r.get('reason') or '')[:60]}", "", "", "", ""]
     ms = time_ms(r)
     roof = "–" if r.get("pct_roofline") is None else f"{r['pct_roofline']:.0f}%"
     ratio = (f"{ms / time_ms(plain):.3f}×" if plain is not None and plain is not r and plain["status"] == "ok"
              and time_ms(plain) else "–")
-    err = "–" if r.get("rel_err") is None else f"{r['rel_err']:.2g}"
-    if r.get("kv_rel_err") is not None:
-        err += f" (the cache's own: {r['kv_rel_err']:.2g})"
-    return [f"{ms:.4g} ms", roof, ratio, err]
+    own = "" if r.get("kv_rel_err") is None else f"{r['kv_rel_err']:.2e}"
+    return [f"{ms:.4g} ms", roof, ratio, field_text(r, "rel L2 vs float64"), own]
 
 
 STORY = ("The model-feature rows are the calls a served model makes: a windowed layer (gpt-oss, Gemma, Mistral) "
