@@ -122,6 +122,30 @@ def test_bench_model_runs_decode_cells_on_cpu(tmp_path):
         (1, 64, "full", 32, 96, "ok"), (4, 64, "full", 32, 96, "ok")]
 
 
+def test_bench_model_measures_decode_cells_on_a_quantized_cache(tmp_path):
+    """--kv-dtype with --model: the decode cells read that cache (with the model's sinks), prefill reads none;
+    each record is its plan entry's (what advise reads); more than one value, or page scales, is refused."""
+    from attnlab.cli import main
+    from attnlab.core.store import read_records
+
+    out = tmp_path / "b"
+    r = CliRunner().invoke(main, ["bench", "--model", "gpt-oss-20b", "--phase", "decode", "--context", "64",
+                                  "--kv-dtype", "fp8", "--backends", "xla", "--repeats", "1", "--min-time", "0",
+                                  "--out", str(out)], terminal_width=250)
+    assert r.exit_code == 0, r.output
+    assert "decode cells read a float8_e4m3fn KV cache" in r.output
+    recs = read_records(str(out / "results.jsonl"))
+    assert [(x["q_len"], x["kv_dtype"], x["kv_scale"], x["sinks"], x["status"]) for x in recs] == [
+        (1, "float8_e4m3fn", "token", True, "ok"), (4, "float8_e4m3fn", "token", True, "ok")]
+    assert all(0 < x["rel_err"] < 5e-3 < x["kv_rel_err"] for x in recs)
+    entries = plan(preset("gpt-oss-20b"), "prefill,decode", "64", kv_cache=("float8_e4m3fn", "token"))
+    assert [e.kv_cache for e in entries] == [None, ("float8_e4m3fn", "token"), ("float8_e4m3fn", "token")]
+    assert [sum(e.matches(x) for x in recs) for e in entries] == [0, 1, 1]
+    for kv in ("fp8,int8", "fp8:page"):
+        r = CliRunner().invoke(main, ["bench", "--model", "gpt-oss-20b", "--kv-dtype", kv], terminal_width=200)
+        assert r.exit_code == 2 and "--kv-dtype: one value with --model" in r.output, r.output
+
+
 def test_advise_end_to_end_on_cpu(tmp_path):
     from attnlab.cli import main
 

@@ -92,6 +92,30 @@ def test_advise_memory_table_per_cache_dtype():
     from attnlab.sweep.spec import Sweep
 
     e = next(e for e in plan(p, "decode", "4k") if e.lengths)
-    bf16, fp8 = (Sweep(["xla"], **e.axes(), kv_dtype=[kv]).cells()[0].identity()
+    bf16, fp8 = (Sweep(["xla"], **{**e.axes(), "kv_dtype": [kv]}).cells()[0].identity()
                  for kv in (None, ("float8_e4m3fn", "token")))
     assert e.matches(bf16) and not e.matches(fp8)
+
+
+def test_the_quantized_check_gives_its_verdict_through_the_shared_helper():
+    """kv_cells.check_output (as serving_cell.check_into and check.check_output) records and refuses through
+    check.output_dtype / check.judged: the fields ride on the Skip, the reason names the error and its limit."""
+    import attnlab
+    import jax.numpy as jnp
+
+    from attnlab.measure.kv_cells import check_output, quantized_caches
+    from attnlab.measure.outcome import Skip
+    from attnlab.reference.inputs import random_qkv
+
+    cell = Cell("xla", 2, 1, 32, 2, 1, 16, "float32", True, lengths="ragged", kv_dtype="int8")
+    q, k, v = random_qkv(2, 1, 32, 2, 1, 16, "float32", seed=1)
+    kc, ks, vc, vs = quantized_caches(cell, k, v)
+    out = attnlab.decode_attention(q, kc, vc, jnp.asarray(cell.kv_lengths()), k_scale=ks, v_scale=vs,
+                                   implementation="xla")
+    ok = check_output(out, (q, k, v), cell, None, None)
+    assert ok["checks"]["float64_dequantized"]["ok"] and ok["rel_err"] == ok["rel_err_f64"] < 1e-5 < ok["kv_rel_err"]
+    with pytest.raises(Skip, match=r"^output wrong: rel L2 \S+ \(limit \S+\) \(float32") as e:
+        check_output(out * 1.01, (q, k, v), cell, None, None)
+    assert e.value.fields["kv_rel_err"] > 0 and not e.value.fields["checks"]["float64_dequantized"]["ok"]
+    with pytest.raises(Skip, match="output bfloat16 is not the cell's float32"):
+        check_output(out.astype("bfloat16"), (q, k, v), cell, None, None)

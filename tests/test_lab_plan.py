@@ -32,13 +32,14 @@ def plan(cfg):
 
 def test_the_full_gpu_lab_holds_about_40_cells(h200, monkeypatch):
     """127 cells before issue 22; at 1-3 s a GPU cell, the lab's 120 s (150 s with TransformerEngine).
-    Decode: 9 cells of the main race, 2 at G = 7, 2 paged (issue 25) and 2 serving batches (uniform, one-long)."""
+    Decode: 9 cells of the main race, 2 at G = 7, 2 paged (issue 25), 2 serving batches (uniform, one-long) and 3
+    model features at T = 1 (a window, sinks, an FP8 cache: 3 cells more, the limits raised by 3 for them)."""
     cells = plan(LabConfig.for_machine(False, True))
     counts = {sid: len(v) for sid, v in cells.items() if v}
-    assert sum(counts.values()) <= 44, counts
-    assert counts["timing"] == 2 and counts["decode"] <= 15, counts
+    assert sum(counts.values()) <= 47, counts
+    assert counts["timing"] == 2 and counts["decode"] <= 18, counts
     monkeypatch.setattr(te_fp8, "_te_fp8_why", lambda: ("not installed", {"te-fp8": "not installed", "cudnn-fp8": None}))
-    assert sum(len(v) for v in plan(LabConfig.for_machine(False, True)).values()) <= 41
+    assert sum(len(v) for v in plan(LabConfig.for_machine(False, True)).values()) <= 44
 
 
 def test_quick_on_a_gpu_is_a_smoke_test_of_every_step(h200):

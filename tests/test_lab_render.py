@@ -388,3 +388,26 @@ def test_gqa_says_each_variant_against_mha():
     text = explanation([rec(8, 9.67, 6.0, 25.0), rec(2, 40.0, 30.0, 50.0), rec(1, 1.58, 1.5, 1.6)], None)
     assert "slower at K=2, faster at K=1" in text and "(K=8)" in text
     assert explanation([rec(8, 9.67, 6.0, 25.0), rec(2, 20.1, 16.0, 32.0)], None) is None   # spreads overlap
+
+
+def test_the_decode_step_shows_a_window_sinks_and_an_fp8_cache_beside_the_plain_call():
+    from attnlab.lab.step_types import LabConfig
+    from attnlab.lab.steps.decode import render_decode, sweeps_decode
+
+    plain = dict(_decode_rec("attnlab-decode", 1, 0.25), rel_err_f64=2e-3)
+    window = dict(_decode_rec("attnlab-decode", 1, 0.01), window=[128, 0], rel_err_f64=3e-3, pct_roofline=60.0)
+    sinks = dict(_decode_rec("attnlab-decode", 1, 0.255), sinks=True, rel_err_f64=2e-3)
+    fp8 = dict(_decode_rec("attnlab-decode", 1, 0.135), kv_dtype="float8_e4m3fn", kv_scale="token", rel_err_f64=1e-3,
+               kv_rel_err=0.031)
+    sec = render_decode([fp8, window, plain, sinks], LabConfig.for_machine(False, True))
+    main, feats = sec.tables                  # the feature records are not in the main race nor in a layout table
+    assert len(main.rows) == 1 and main.rows[0][1].startswith("0.25 ms")
+    assert [r[1].split(" ")[0] for r in feats.rows] == ["plain:", "sliding", "attention", "float8_e4m3fn"]
+    assert feats.rows[1][2:7] == ["0.01 ms", "60%", "0.040×", "3.00e-03", ""]
+    assert feats.rows[3][4:] == ["0.540×", "1.00e-03", "3.10e-02"]
+    assert feats.sources == [plain, window, sinks, fp8] and sec.facts["cells"] == 4
+    cells = [c for s in sweeps_decode(LabConfig.for_machine(False, True)) for c in s.cells()
+             if c.window or c.sinks or c.kv_dtype]
+    assert {(c.window, c.sinks, c.kv_dtype, c.q_len, c.lengths) for c in cells} == {
+        ((128, 0), False, None, 1, "full"), (None, True, None, 1, "full"), (None, False, "float8_e4m3fn", 1, "full")}
+    assert not [c for s in sweeps_decode(LabConfig.for_machine(True, True)) for c in s.cells() if c.sinks]  # quick

@@ -92,3 +92,46 @@ def test_the_check_samples_the_longest_and_shortest_requests_and_catches_a_wrong
     bad[41] *= 1.01                     # the longest cache's one decode token, a 1% error
     with pytest.raises(Skip, match=r"requests \[0, 1, 2, 3\]"):
         serving_cell.check_into({}, jnp.asarray(bad), args, q_lens, kv_lens, cell, backend)
+
+
+@pytest.mark.parametrize("backend,page_size,kv", [("xla", None, ("int8", "head")),
+                                                  ("attnlab-decode", 16, ("float8_e4m3fn", "page"))])
+def test_a_serving_cell_with_a_window_sinks_and_a_quantized_cache(backend, page_size, kv):
+    """The sweep makes the cell (no longer skipped); it runs the call with all three, is checked on the dequantized
+    cache's float64 with the window and sinks, records the cache's own error, and counts the window's bytes at the
+    cache's dtype."""
+    flags = dict(backends=backend, batch="3", q_len="2", kv_len="64", heads="4", kv_heads="2", head_dim="16",
+                 dtype="bfloat16", causal="true", window="12:0", sinks="true", kv_dtype=":".join(kv),
+                 lengths="one-long" + (f":paged{page_size}" if page_size else ""), prefill_chunks="1x8")
+    (cell,) = build(flags).cells()
+    assert (cell.window, cell.sinks, cell.kv_dtype, cell.kv_scale, cell.page_size) == ((12, 0), True, *kv, page_size)
+    r = measure_cell(cell, Options(repeats=1, warmup=0, min_time_s=0, pipelined_calls=2, compile_ahead=False))
+    assert r["status"] == "ok", r["reason"]
+    assert r["rel_err"] < 1e-2 < r["kv_rel_err"] < 0.1 and "dequantized" in r["checks"]["float64_requests"]["reference"]
+    plain = Cell(backend, 3, 2, 64, 4, 2, 16, "bfloat16", True, lengths="one-long", page_size=page_size,
+                 prefill_chunks="1x8").workload
+    assert r["bytes"] == cell.workload.bytes() < plain.bytes() and r["flops"] < plain.flops()
+    assert recount(r)["bytes"] == r["bytes"]
+
+
+def test_the_serving_check_judges_the_window_and_the_sinks():
+    """An output right but for the sinks, or for the window, is caught (the check is not the plain call's)."""
+    import jax.numpy as jnp
+
+    from attnlab.reference.serving64 import reference_serving_attention
+
+    cell = Cell("xla", 2, 1, 64, 4, 2, 16, "float32", True, (6, 0), lengths="spread", sinks=True)
+    q_lens, kv_lens, _ = serving_cell.requests(cell)
+    starts = rl.starts_of(q_lens)
+    qa, k, v = (np.random.default_rng(i).normal(size=s).astype(np.float32)
+                for i, s in enumerate(((2, 4, 16), (2, 64, 2, 16), (2, 64, 2, 16))))
+    args = (jnp.asarray(qa), jnp.asarray(k), jnp.asarray(v), starts, kv_lens)
+    backend = type("B", (), {"rel_l2_limit": None, "rel_l2_rule": None})
+    sem = serving_cell.call_semantics(cell)
+    for drop in (None, "sinks", "local_window_size"):
+        out = reference_serving_attention(qa, k, v, starts, kv_lens, **{**sem, **({drop: None} if drop else {})})
+        if drop is None:
+            serving_cell.check_into({}, jnp.asarray(out, jnp.float32), args, q_lens, kv_lens, cell, backend)
+        else:
+            with pytest.raises(Skip, match="output wrong on requests"):
+                serving_cell.check_into({}, jnp.asarray(out, jnp.float32), args, q_lens, kv_lens, cell, backend)

@@ -147,7 +147,7 @@ def _model_sweep(config, given: dict, name):
     from ..sweep import SweepError
     from ..sweep.model_cells import check_model_flags, model_sweep
     from ..core.names import canonical_dtype
-    from ..sweep.spec import _ints, _strs
+    from ..sweep.spec import _ints, _kv_dtypes, _strs
 
     if config:
         raise SweepError("--config and --model contradict each other: the model's cells come from --phase/--context")
@@ -162,10 +162,17 @@ def _model_sweep(config, given: dict, name):
     dtype = [canonical_dtype(d) for d in _strs(given.get("dtype", "bfloat16"))]
     if len(dtype) != 1:
         raise SweepError(f"--dtype: one value with --model, got {given['dtype']!r}")
+    kv = _kv_dtypes(given.get("kv_dtype", "none"))
+    if len(kv) != 1 or (kv[0] and kv[0][1] == "page"):
+        raise SweepError(f"--kv-dtype: one value with --model, its scales per token, head or tensor (a model's "
+                         f"decode cells are contiguous caches), got {given['kv_dtype']!r}")
     contexts = given.get("context", "4k")
     sweep = model_sweep(p, given.get("phase", "prefill,decode,train"), contexts, batch[0],
-                        _strs(given["backends"]) if given.get("backends") else None, name, dtype[0])
+                        _strs(given["backends"]) if given.get("backends") else None, name, dtype[0], kv[0])
     notes = plan_notes(p, contexts)
+    if kv[0]:
+        notes.append(f"decode cells read a {kv[0][0]} KV cache, scales per {kv[0][1]} (quantize_kv_cache); "
+                     f"prefill and train read no cache")
     if not given.get("backends"):
         notes.append("backends: every one available here (FP8 ones left out): " + ", ".join(sweep.sweeps[0].backends))
     return sweep, {}, notes

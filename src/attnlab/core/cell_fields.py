@@ -49,13 +49,12 @@ def _part(fmt: str, name: str, unless=None):
 
 def _lengths_skip(a: dict) -> bool:
     """Decode cells: q_len new tokens in a kv_len cache, no strategy, pages dividing it; serving cells: causal fwd
-    cells on gaussian inputs, no window, sinks or quantized cache yet."""
+    cells on gaussian inputs."""
     if a["lengths"] is None:
         return False
     if a["q_len"] > a["kv_len"] or a["strategy"] is not None or (a["page_size"] and a["kv_len"] % a["page_size"]):
         return True
-    return bool(a["serving"]) and (not (a["causal"] and a["mode"] == "fwd" and a["inputs"] == "gaussian")
-                                   or bool(a["window"]) or a["sinks"] or a["kv_dtype"] is not None)
+    return bool(a["serving"]) and not (a["causal"] and a["mode"] == "fwd" and a["inputs"] == "gaussian")
 
 
 CELL_FIELDS: tuple[CellField, ...] = (
@@ -93,7 +92,8 @@ CELL_FIELDS: tuple[CellField, ...] = (
               lambda rec: f"kv={rec['kv_dtype']}:{rec.get('kv_scale')}" if rec.get("kv_dtype") else None,
               help="KV cache dtypes of decode cells (comma-separated): none, fp8 (e4m3), e5m2, int8, each "
               "with an optional scale layout :token (default), :head, :tensor or :page (paged cells); the cache is "
-              "quantized before timing and checked against float64 of its dequantized values.",
+              "quantized before timing and checked against float64 of its dequantized values. Serving cells "
+              "too; with --model one value, for the model's decode cells.",
               skip=lambda a: a["kv_dtype"] is not None and (a["lengths"] is None or a["mode"] != "fwd"
                                                             or (a["kv_dtype"][1] == "page" and not a["page_size"]))),
     CellField("kv_scale", None, Optional[str]),            # set by kv_dtype's layout

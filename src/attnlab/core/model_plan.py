@@ -81,6 +81,7 @@ class PlanEntry:
     lengths: str | None    # "full": a decode cell
     soft_cap: float | None = None   # the model's attention logit soft-cap
     sinks: bool = False             # the model's attention sinks (gpt-oss: every layer)
+    kv_cache: tuple[str, str] | None = None   # decode: a quantized cache's (kv_dtype, kv_scale); None: dtype's
 
     @property
     def tokens_per_step(self) -> int:
@@ -92,20 +93,24 @@ class PlanEntry:
         return dict(batch=[self.batch], q_len=[self.q_len], kv_len=[self.kv_len], heads=[self.heads],
                     kv_heads=[self.kv_heads], head_dim=[self.head_dim], dtype=[self.dtype], causal=[True],
                     window=[self.window], mode=[self.mode], lengths=[self.lengths], soft_cap=[self.soft_cap],
-                    sinks=[self.sinks])
+                    sinks=[self.sinks], kv_dtype=[self.kv_cache])
 
     def matches(self, rec: dict) -> bool:
         """Whether ``rec`` is a record of this entry's cell (any backend, one device): its shape, mode and every
         identity field (``core.cell_fields``; those the entry leaves out at their defaults) are the entry's."""
         want = {**DEFAULTS, **{k: v[0] for k, v in self.axes().items()}}
         w = rec.get("window")
+        want["kv_dtype"], want["kv_scale"] = self.kv_cache or (None, None)     # the axis's (dtype, layout) pair
         have = {**{k: rec.get(k) for k in ("batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype", "mode")},
                 "causal": bool(rec.get("causal")), "window": tuple(w) if w else None, **record_values(rec)}
         return all(have[k] == want[k] for k in have)
 
 
-def plan(preset: ModelPreset, phases, contexts, batch: int = 1, dtype: str = "bfloat16") -> list[PlanEntry]:
-    """Every entry of ``phases`` x ``contexts`` x layer kinds (x decode T) of ``preset``.
+def plan(preset: ModelPreset, phases, contexts, batch: int = 1, dtype: str = "bfloat16",
+         kv_cache: tuple[str, str] | None = None) -> list[PlanEntry]:
+    """Every entry of ``phases`` x ``contexts`` x layer kinds (x decode T) of ``preset``; ``kv_cache``
+    ((kv_dtype, kv_scale), e.g. ("float8_e4m3fn", "token")): the decode entries read a cache quantized so
+    (prefill and train read none).
 
     A windowed kind whose window covers the whole context (W >= context - 1) is the global kind:
     measured once, as "global", with all those layers (``notes`` says so)."""
@@ -124,7 +129,8 @@ def plan(preset: ModelPreset, phases, contexts, batch: int = 1, dtype: str = "bf
                         if t > ctx:
                             continue
                         s = ctx if kind.window is None else min(ctx, kind.window + t)
-                        out.append(PlanEntry(q_len=t, kv_len=s, window=None, lengths="full", **common))
+                        out.append(PlanEntry(q_len=t, kv_len=s, window=None, lengths="full", kv_cache=kv_cache,
+                                             **common))
                 else:
                     w = None if kind.window is None else (kind.window, 0)
                     out.append(PlanEntry(q_len=ctx, kv_len=ctx, window=w, lengths=None, **common))

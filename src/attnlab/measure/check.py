@@ -38,8 +38,9 @@ from ..reference.float64 import reference_attention
 from ..reference.inputs import random_sinks, seed_of
 from ..core.errors import OutputMismatchError
 from ..reference import rules
-from ..reference.tolerance import LIMIT_FACTOR, policy_limit, rel_l2, row_rel_err
+from ..reference.tolerance import policy_limit, rel_l2, row_rel_err
 from .outcome import Skip, Status
+from .verdict import errors_text, judged, output_dtype, policy_verdict, rule_text  # noqa: F401
 
 TILE = 64
 INTERIOR_TILES = 2
@@ -141,24 +142,6 @@ def clear_cache() -> None:
     _CACHE.clear()
 
 
-def _verdict(err, row, base, base_row, dtype, fixed_limit):
-    if fixed_limit:
-        limit, row_limit = fixed_limit, LIMIT_FACTOR * fixed_limit
-    else:
-        limit, row_limit = policy_limit(dtype, base), policy_limit(dtype, base_row)
-    ok = bool(err <= limit and row <= row_limit)
-    margin = min(limit / err if err > 0 else math.inf, row_limit / row if row > 0 else math.inf)
-    return {"rel_err": err, "row_err": row, "limit": limit, "row_limit": row_limit, "baseline": base,
-            "row_baseline": base_row, "margin": margin, "ok": ok}
-
-
-def rule_text(dtype: str, fixed_limit: float | None, fixed_rule: str | None) -> str:
-    if fixed_limit:
-        return fixed_rule or f"fixed limit: rel L2 <= {fixed_limit:g}, worst row <= {LIMIT_FACTOR * fixed_limit:g}"
-    return (f"{dtype}: rel L2 and worst-row error <= {LIMIT_FACTOR:g} x the kernel-like emulation's "
-            f"(scores f32, P rounded to {dtype}, f32 accumulation) + floor")
-
-
 def check_forward(out, q, k, v, sem: Semantics, *, ref_key: str, fixed_limit: float | None = None,
                   fixed_rule: str | None = None) -> dict:
     """Record fields for the forward output ``out`` (B, T, N, H) of inputs q, k, v (see module doc);
@@ -179,7 +162,7 @@ def check_forward(out, q, k, v, sem: Semantics, *, ref_key: str, fixed_limit: fl
     ref32, (b_err, b_row), e64, empty = _cached(("fwd", ref_key), _timed(parts, "reference_s", reference))
     dev_empty = rules.empty_row_target_device(out, ref32, v, empty) if empty.any() else rules.EmptyRows(ref32)
     err, row, mx = rel_errors(out, dev_empty.target)
-    dev = _verdict(err, row, b_err, b_row, dtype, fixed_limit)
+    dev = policy_verdict(err, row, b_err, b_row, dtype, fixed_limit)
     dev.update(reference="float32 blockwise on the device, precision HIGHEST", fraction=1.0,
                empty_rows=dev_empty.rows, empty_note=dev_empty.note or None)
     empty64 = empty[bi][:, rows][:, :, None]                  # (sampled batch, rows, 1): the same rule
@@ -195,7 +178,7 @@ def check_forward(out, q, k, v, sem: Semantics, *, ref_key: str, fixed_limit: fl
     ref64, e_l2, e_row = _cached(("f64", ref_key), _timed(parts, "float64_rows_s", rows64))
     o64 = take(out)
     t64 = rules.empty_row_target(o64, ref64, empty64)
-    f64 = _verdict(rel_l2(o64, t64.target), row_rel_err(o64, t64.target), e_l2, e_row, dtype, fixed_limit)
+    f64 = policy_verdict(rel_l2(o64, t64.target), row_rel_err(o64, t64.target), e_l2, e_row, dtype, fixed_limit)
     f64.update(reference="NumPy float64 on sampled rows", batch=batch_idx, rows=int(rows.size),
                fraction=rows.size * len(batch_idx) / (T * B), empty_rows=t64.rows, empty_note=t64.note or None)
     ok = dev["ok"] and f64["ok"]
@@ -208,12 +191,8 @@ def check_forward(out, q, k, v, sem: Semantics, *, ref_key: str, fixed_limit: fl
 
 
 def _why(dev, f64) -> str:
-    parts = []
-    for name, c in (("whole output vs float32", dev), ("sampled rows vs float64", f64)):
-        if not c["ok"]:
-            parts.append(f"{name}: rel L2 {c['rel_err']:.3g} (limit {c['limit']:.3g}), worst row {c['row_err']:.3g} "
-                         f"(limit {c['row_limit']:.3g})")
-    return "; ".join(parts)
+    return "; ".join(f"{name}: {errors_text(c)}" for name, c in (("whole output vs float32", dev),
+                                                                   ("sampled rows vs float64", f64)) if not c["ok"])
 
 
 def check_grads(grads, q, k, v, cotangent, sem: Semantics, *, ref_key: str) -> dict:
@@ -274,9 +253,7 @@ def semantics(cell) -> Semantics:
 def check_output(out, inputs, cell, backend, opts) -> dict:
     """The record fields of the check of the whole forward output; ``Skip('incorrect')`` carrying them
     when it fails."""
-    fields = {"out_dtype": np.dtype(out.dtype).name}
-    if fields["out_dtype"] != cell.dtype:
-        raise Skip(Status.INCORRECT, f"output dtype {fields['out_dtype']} is not the cell's dtype {cell.dtype}", fields)
+    fields = output_dtype(out, cell)
     try:
         chk = check_forward(device_array(out), *inputs, semantics(cell), ref_key=ref_key(cell, opts.seed),
                             fixed_limit=backend.rel_l2_limit, fixed_rule=backend.rel_l2_rule)

@@ -37,8 +37,9 @@ def validate(cell) -> None:
                          f"mode fwd), got lengths={cell.lengths!r}, mode={cell.mode!r}")
     if cell.kv_scale not in SCALE_LAYOUTS:
         raise ValueError(f"kv_scale must be one of {', '.join(SCALE_LAYOUTS)}, got {cell.kv_scale!r}")
-    if cell.kv_scale == "page" and cell.lengths != "paged":
-        raise ValueError("kv_scale 'page' (one scale per page and KV head) needs a paged cell (lengths paged)")
+    if cell.kv_scale == "page" and cell.page_size is None:
+        raise ValueError("kv_scale 'page' (one scale per page and KV head) needs a paged cell (lengths paged, "
+                         "or a serving cell's DIST:pagedN)")
 
 
 def quantized_caches(cell, k, v):
@@ -55,8 +56,8 @@ def quantized_caches(cell, k, v):
     return (kc, ks, vc, vs, *tail)
 
 
-def _semantics(cell) -> dict:
-    """The cell's window and sinks, as the call and both references take them."""
+def semantics(cell) -> dict:
+    """The cell's window and sinks, as the call and both references take them (NumPy sinks)."""
     from ..reference.inputs import random_sinks
 
     return dict(local_window_size=cell.window,
@@ -67,7 +68,7 @@ def functions(cell, lens):
     """(forward fn(q, k, v), timed fn(q, k_cache, k_scale, v_cache, v_scale[, table]), its argument maker)."""
     import attnlab
 
-    extra = _semantics(cell)
+    extra = semantics(cell)
 
     def timed(q, kc, ks, vc, vs, table=None):
         return attnlab.decode_attention(q, kc, vc, lens, causal=cell.causal, implementation=cell.backend,
@@ -83,15 +84,19 @@ def functions(cell, lens):
 def dequantized_twin(cell, x, batch_idx):
     """Float64 (len(batch_idx), S, K, H): the cell's cache ``x`` (B, S, K, H) quantized as the timed call's is,
     dequantized in float64, for the sampled batch elements (pages quantize per page: the cache cut into
-    page_size-token pages in order, the same values whatever the table's order)."""
+    page_size-token pages in order, the same values whatever the table's order). Only those elements' codes
+    and scales leave the device (a long cache in float64 is many GiB)."""
     import attnlab
 
     B, S, K, H = (int(d) for d in x.shape)
-    ps = cell.page_size if cell.lengths == "paged" else None
-    src = x if ps is None else x.reshape(B * S // ps, ps, K, H)
-    c, s = attnlab.quantize_kv_cache(src, cell.kv_dtype, cell.kv_scale)
-    deq = dequantize(np.asarray(c), np.asarray(s), cell.kv_scale, "float64")
-    return deq.reshape(B, S, K, H)[np.asarray(batch_idx)]
+    ps = cell.page_size or S        # a paged decode or serving cell's pages; contiguous: one "page" per sequence
+    c, s = attnlab.quantize_kv_cache(x.reshape(B * S // ps, ps, K, H) if cell.page_size else x, cell.kv_dtype,
+                                     cell.kv_scale)
+    idx = np.asarray(batch_idx)
+    sel = lambda a: np.asarray(a.reshape(B, -1, *a.shape[1:])[idx]).reshape(-1, *a.shape[1:])  # noqa: E731
+    s = sel(s) if cell.kv_scale in ("token", "page") else np.asarray(s)   # per head or tensor: shared by all
+    deq = dequantize(sel(c), s, cell.kv_scale, "float64")
+    return deq.reshape(len(idx), S, K, H)
 
 
 def check_output(out, inputs, cell, backend, opts) -> dict:
@@ -99,29 +104,25 @@ def check_output(out, inputs, cell, backend, opts) -> dict:
     Skip('incorrect') with them when it fails."""
     from ..reference.decode64 import check_decode_close, reference_decode_attention
     from ..reference.tolerance import rel_l2
+    from .verdict import judged, output_dtype
 
     del backend, opts
     q, k, v = inputs
-    rec = {"out_dtype": np.dtype(out.dtype).name}
-    if rec["out_dtype"] != cell.dtype:
-        raise Skip("incorrect", f"output dtype {rec['out_dtype']} is not the cell's dtype {cell.dtype}", rec)
+    rec = output_dtype(out, cell)
     bi = sorted({0, cell.batch - 1})
     lens = np.asarray(cell.kv_lengths())[bi]
     qs, o = np.asarray(q)[bi], np.asarray(out)[bi]
-    kw = dict(causal=cell.causal, logits_soft_cap=cell.soft_cap, **_semantics(cell))
+    kw = dict(causal=cell.causal, logits_soft_cap=cell.soft_cap, **semantics(cell))
     kd, vd = (dequantized_twin(cell, x, bi) for x in (k, v))
-    verdict = check_decode_close(o, qs, kd, vd, lens, **kw)
+    v64 = check_decode_close(o, qs, kd, vd, lens, **kw)
     unquantized = reference_decode_attention(qs, np.asarray(k)[bi], np.asarray(v)[bi], lens, **kw)
-    rule = f"{verdict.rule}; against the float64 of the dequantized cache (sampled batch elements {bi})"
-    rec.update(checked_fraction=len(bi) / cell.batch, checked_rows=len(bi) * cell.q_len, rel_err=verdict.rel_err,
-               rel_err_f64=verdict.rel_err, max_abs_err=verdict.max_abs_err, tolerance=rule,
-               margin=verdict.limit / verdict.rel_err if verdict.rel_err > 0 else None,
-               checks={"float64_dequantized": {"ok": verdict.ok, "rel_err": verdict.rel_err, "limit": verdict.limit,
-                                               "batch": bi, "reference": "NumPy float64 of the dequantized cache"}},
-               kv_rel_err=rel_l2(o, unquantized))
-    if not verdict.ok:
-        raise Skip("incorrect", f"output wrong: rel L2 {verdict.rel_err:.3g} > {verdict.limit:.3g} ({rule})", rec)
-    return rec
+    rule = f"{v64.rule}; against the float64 of the dequantized cache (sampled batch elements {bi})"
+    verdict = {"ok": v64.ok, "rel_err": v64.rel_err, "limit": v64.limit, "batch": bi,
+               "margin": v64.limit / v64.rel_err if v64.rel_err > 0 else None,
+               "reference": "NumPy float64 of the dequantized cache"}
+    rec.update(checked_fraction=len(bi) / cell.batch, checked_rows=len(bi) * cell.q_len,
+               max_abs_err=v64.max_abs_err, kv_rel_err=rel_l2(o, unquantized))
+    return judged(rec, "float64_dequantized", verdict, rule)
 
 
 def kv_cache_errors(B: int, T: int, S: int, N: int, K: int, H: int, *, kv_dtypes=("float8_e4m3fn",),

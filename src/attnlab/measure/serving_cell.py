@@ -14,10 +14,15 @@ tolerance policy's limit from a kernel-like emulation of the same rows (scores i
 cell's dtype). The record adds ``request_lengths`` (``Problem.lengths_record``) and ``tokens_per_s`` (the
 step's new tokens / its time). With ``page_size`` the caches are pages of that many tokens in a shuffled
 order, found through a page table (vLLM's layout, ``kernels.pages.to_pages``, made before the timed call);
-the check reads the contiguous caches they were made from.
+the check reads the contiguous caches they were made from. The cell's ``window`` (its left size: the call is
+causal), ``sinks`` (``reference.inputs.random_sinks``) and soft cap go to the call, the reference and the
+emulation alike; with ``kv_dtype`` the cache is quantized before timing (``quantize_kv_cache``, per page with
+``page``), the check reads the sampled requests' *dequantized* cache and ``kv_rel_err`` is the same rows'
+error against float64 of the unquantized K/V (``kv_cells``). The verdict goes through ``verdict.judged``.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -27,10 +32,11 @@ from ..core import device, request_lengths as rl
 from ..core.errors import UnsupportedError
 from ..core.problem import Problem
 from ..core.records import time_ms
-from ..reference.inputs import INPUTS_DRAW, random_qkv, seed_of
+from ..reference.inputs import INPUTS_DRAW, random_qkv, random_sinks, seed_of
 from ..reference.serving64 import reference_serving_attention
 from ..reference.tolerance import rel_l2, row_rel_err
-from . import check, memory, peaks, timers
+from . import memory, peaks, timers
+from .verdict import judged, output_dtype, policy_verdict, rule_text
 from .budget import compile_within_budget
 from .outcome import Skip, classify, rates
 
@@ -54,8 +60,8 @@ def check_cell(cell) -> None:
         return
     if not cell.causal or cell.mode != "fwd" or cell.q_len > cell.kv_len:
         raise ValueError(f"serving cells (lengths {cell.lengths}) are causal, mode fwd and q_len <= kv_len")
-    if cell.window is not None or cell.strategy is not None or cell.packing:
-        raise ValueError("serving cells take no window, strategy or packing")
+    if cell.strategy is not None or cell.packing:
+        raise ValueError("serving cells take no strategy or packing")
     if cell.inputs != "gaussian":
         raise ValueError(f"serving cells draw gaussian inputs, got inputs={cell.inputs!r}")
     if chunks and chunks[1] > cell.kv_len:
@@ -75,7 +81,10 @@ def requests(cell) -> tuple[np.ndarray, np.ndarray, int]:
 
 def problem_of(cell) -> Problem:
     q, kv, _ = requests(cell)
-    return Problem.serving(q, kv, cell.heads, cell.kv_heads, cell.head_dim, cell.dtype, kv_len_max=cell.kv_len)
+    p = Problem.serving(q, kv, cell.heads, cell.kv_heads, cell.head_dim, cell.dtype, kv_len_max=cell.kv_len,
+                        window=cell.window)
+    return p if cell.kv_dtype is None else dataclasses.replace(p, kv_dtype=cell.kv_dtype, kv_scale=cell.kv_scale,
+                                                               page_size=cell.page_size)
 
 
 def _inputs(p: Problem, q_lens, kv_lens, opts) -> list[tuple]:
@@ -106,18 +115,19 @@ def measure(backend, cell, opts, rec: dict, info, phases) -> dict:
     rec.update(request_lengths=p.lengths_record(seed), lengths_traced=True, inputs_draw=INPUTS_DRAW)
     with phases("inputs"):
         sets = _inputs(p, q_lens, kv_lens, opts)
-    rec["input_sets"] = len(sets)   # each set: (q, k, v, q_starts, kv_lengths), + the page table when paged
-    args = [_paged(s, cell.page_size) for s in sets] if cell.page_size else sets
+    rec["input_sets"] = len(sets)   # each set: (q, k, v, q_starts, kv_lengths, page table, k_scale, v_scale)
+    args = [timed_args(s, cell) for s in sets]
     contiguous = sets[0]          # what the check reads (the other contiguous sets are not kept)
     del sets
+    kw = call_semantics(cell)
     try:
-        select_serving(prepare_serving(*args[0][:5], page_table=args[0][5] if cell.page_size else None,
-                                       logits_soft_cap=cell.soft_cap).spec, cell.backend)
+        select_serving(prepare_serving(*args[0][:5], page_table=args[0][5], k_scale=args[0][6], v_scale=args[0][7],
+                                       **kw).spec, cell.backend)
     except UnsupportedError as e:
         raise Skip("unsupported", str(e)) from None
-    call = functools.partial(serving_attention, implementation=cell.backend, logits_soft_cap=cell.soft_cap)
-    step = jax.jit(lambda q, k, v, starts, kv, *table: call(q, k, v, starts, kv,
-                                                            page_table=table[0] if table else None))
+    call = functools.partial(serving_attention, implementation=cell.backend, **kw)
+    step = jax.jit(lambda q, k, v, starts, kv, table, ks, vs: call(q, k, v, starts, kv, page_table=table,
+                                                                   k_scale=ks, v_scale=vs))
     with phases("compile", key="compile_wait_s"):
         try:
             compiled, lower_s, compile_s, *_ = compile_within_budget(step, args[0], opts.compile_budget_s)
@@ -145,13 +155,26 @@ def measure(backend, cell, opts, rec: dict, info, phases) -> dict:
     return rec
 
 
-def _paged(args: tuple, page_size: int) -> tuple:
-    """(q, k_pages, v_pages, q_starts, kv_lengths, page_table) of a contiguous argument set."""
+def call_semantics(cell) -> dict:
+    """The serving call's soft cap, window and sinks (one standard normal logit per query head, NumPy)."""
+    return dict(logits_soft_cap=cell.soft_cap, local_window_size=cell.window,
+                sinks=random_sinks(cell.heads) if cell.sinks else None)
+
+
+def timed_args(args: tuple, cell) -> tuple:
+    """(q, k_cache, v_cache, q_starts, kv_lengths, page_table, k_scale, v_scale) of a contiguous argument set:
+    pages of ``page_size`` tokens (None: contiguous), the cache quantized (``quantize_kv_cache``) with
+    ``kv_dtype`` (None: the scales are None), made before the timed call."""
+    import attnlab
     from ..kernels.pages import to_pages
 
     q, k, v, starts, kv = args
-    k_pages, v_pages, table = to_pages(k, v, page_size)
-    return q, k_pages, v_pages, starts, kv, table
+    table = ks = vs = None
+    if cell.page_size:
+        k, v, table = to_pages(k, v, cell.page_size)
+    if cell.kv_dtype:
+        (k, ks), (v, vs) = (attnlab.quantize_kv_cache(x, cell.kv_dtype, cell.kv_scale) for x in (k, v))
+    return q, k, v, starts, kv, table, ks, vs
 
 
 def sampled(q_lens, kv_lens) -> list[tuple[int, int, int, int]]:
@@ -170,8 +193,10 @@ def sampled(q_lens, kv_lens) -> list[tuple[int, int, int, int]]:
     return out
 
 
-def kernel_like(q, k, v, q_starts, kv_lengths, dtype: str, soft_cap=None) -> np.ndarray:
-    """What a kernel computes in ``dtype``: float32 scores, P rounded to ``dtype``, float32 sums, the output rounded."""
+def kernel_like(q, k, v, q_starts, kv_lengths, dtype: str, soft_cap=None, local_window_size=None,
+                sinks=None) -> np.ndarray:
+    """What a kernel computes in ``dtype``: float32 scores, P rounded to ``dtype``, float32 sums (the sinks'
+    exp(sink - max) in the denominator), the output rounded. ``local_window_size``: (left, right), causal."""
     import ml_dtypes  # noqa: F401  (bfloat16 for NumPy)
 
     q, k, v = (np.asarray(x).astype(np.float32) for x in (q, k, v))
@@ -184,37 +209,53 @@ def kernel_like(q, k, v, q_starts, kv_lengths, dtype: str, soft_cap=None) -> np.
         s = np.einsum("tkgh,skh->kgts", qb, k[b, :n]) / np.float32(math.sqrt(H))
         if soft_cap is not None:
             s = np.float32(soft_cap) * np.tanh(s / np.float32(soft_cap))
-        s = np.where(np.arange(n)[None, :] <= (n - (hi - lo) + np.arange(hi - lo))[:, None], s, -np.inf)
-        w = np.exp(s - s.max(axis=-1, keepdims=True))
+        pos = (n - (hi - lo) + np.arange(hi - lo))[:, None]
+        vis = np.arange(n)[None, :] <= pos
+        if local_window_size is not None:
+            vis &= np.arange(n)[None, :] >= pos - local_window_size[0]
+        s = np.where(vis, s, -np.inf)
+        m = s.max(axis=-1, keepdims=True)
+        sink = None if sinks is None else np.asarray(sinks, np.float32).reshape(K, N // K, 1, 1)
+        m = m if sink is None else np.maximum(m, sink)
+        w = np.exp(s - m)
+        denom = w.sum(axis=-1) + (0 if sink is None else np.exp(sink - m)[..., 0])
         pv = np.einsum("kgts,skh->tkgh", w.astype(dtype).astype(np.float32), v[b, :n])
-        out[lo:hi] = (pv / np.moveaxis(w.sum(axis=-1), -1, 0)[..., None]).reshape(hi - lo, N, H)
+        out[lo:hi] = (pv / np.moveaxis(denom, -1, 0)[..., None]).reshape(hi - lo, N, H)
     return out.astype(dtype).astype(np.float64)
 
 
 def check_into(rec: dict, out, args, q_lens, kv_lens, cell, backend) -> None:
-    """Check the sampled rows (``sampled``) of ``out`` against float64; record it; Skip('incorrect') when wrong."""
+    """Check the sampled rows (``sampled``) of ``out`` against float64 (a quantized cache: of its dequantized
+    values, ``kv_cells.dequantized_twin``, with ``kv_rel_err`` against the unquantized ones); record it;
+    Skip('incorrect') when wrong."""
     import jax.numpy as jnp
 
+    from .kv_cells import dequantized_twin
+
     q, k, v = args[:3]
-    rec["out_dtype"] = np.dtype(out.dtype).name
-    if rec["out_dtype"] != cell.dtype or tuple(out.shape) != tuple(q.shape):
-        raise Skip("incorrect", f"output {rec['out_dtype']} {tuple(out.shape)}, not {cell.dtype} {tuple(q.shape)}")
+    rec.update(output_dtype(out, cell, q.shape))
     pieces = sampled(q_lens, kv_lens)
     rows = jnp.asarray(np.concatenate([np.arange(s0, s0 + t) for _, s0, t, _ in pieces]))
-    reqs, n_max = jnp.asarray([r for r, *_ in pieces]), max(n for *_, n in pieces)
-    sub = (np.asarray(q[rows]), np.asarray(k[reqs, :n_max]), np.asarray(v[reqs, :n_max]),
-           rl.starts_of([t for _, _, t, _ in pieces]), np.asarray([n for *_, n in pieces]))
-    ref = reference_serving_attention(*sub, logits_soft_cap=cell.soft_cap)
-    emul = kernel_like(*sub, cell.dtype, cell.soft_cap)
+    reqs, n_max = [r for r, *_ in pieces], max(n for *_, n in pieces)
+    kv = [np.asarray(x[jnp.asarray(reqs), :n_max]) for x in (k, v)]
+    if cell.kv_dtype:   # quantized as the timed cache is (each request's once), then its sampled pieces'
+        uniq, back = np.unique(reqs, return_inverse=True)
+        kv, unquantized = [dequantized_twin(cell, x, uniq)[:, :n_max][back] for x in (k, v)], kv
+    head = (np.asarray(q[rows]), *kv, rl.starts_of([t for _, _, t, _ in pieces]), np.asarray([n for *_, n in pieces]))
+    sem = call_semantics(cell)
+    ref = reference_serving_attention(*head, **sem)
+    emul = kernel_like(*head, cell.dtype, cell.soft_cap, cell.window, sem["sinks"])
     got = np.asarray(out[rows]).astype(np.float64)
     err, row = rel_l2(got, ref), (row_rel_err(got, ref, 1) if np.all(np.isfinite(got)) else math.inf)
-    verdict = check._verdict(err, row, rel_l2(emul, ref), row_rel_err(emul, ref, 1), cell.dtype, backend.rel_l2_limit)
+    verdict = policy_verdict(err, row, rel_l2(emul, ref), row_rel_err(emul, ref, 1), cell.dtype,
+                                   backend.rel_l2_limit)
     verdict.update(reference="NumPy float64 (reference.serving64) on the first and last tokens of the longest "
-                             "and shortest requests", requests=sorted({r for r, *_ in pieces}), rows=int(rows.size))
-    rec.update(checked_fraction=int(rows.size) / int(np.sum(q_lens)), checked_rows=int(rows.size), rel_err=err,
-               row_err=row, rel_err_f64=err, max_abs_err=float(np.max(np.abs(got - ref))), margin=verdict["margin"],
-               tolerance=check.rule_text(cell.dtype, backend.rel_l2_limit, backend.rel_l2_rule),
-               checks={"float64_requests": verdict})
-    if not verdict["ok"]:
-        raise Skip("incorrect", f"output wrong on requests {verdict['requests']}: rel L2 {err:.3g} (limit "
-                                f"{verdict['limit']:.3g}), worst row {row:.3g} (limit {verdict['row_limit']:.3g})")
+                             "and shortest requests" + (" (the dequantized cache)" if cell.kv_dtype else ""),
+                   requests=sorted(set(reqs)), rows=int(rows.size))
+    fields = dict(checked_fraction=int(rows.size) / int(np.sum(q_lens)), checked_rows=int(rows.size), row_err=row,
+                  max_abs_err=float(np.max(np.abs(got - ref))))
+    if cell.kv_dtype:
+        fields["kv_rel_err"] = rel_l2(got, reference_serving_attention(head[0], *unquantized, *head[3:], **sem))
+    rec.update(judged(fields, "float64_requests", verdict,
+                            rule_text(cell.dtype, backend.rel_l2_limit, backend.rel_l2_rule),
+                            where=f" on requests {verdict['requests']}"))

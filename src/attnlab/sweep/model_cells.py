@@ -47,10 +47,11 @@ class ModelSweep:
 
 
 def model_sweep(preset: ModelPreset, phases, contexts, batch: int = 1, backends: list[str] | None = None,
-                name: str | None = None, dtype: str = "bfloat16") -> ModelSweep:
-    """The ModelSweep of ``preset``; ``SweepError`` names a bad phase, context, batch or backend."""
+                name: str | None = None, dtype: str = "bfloat16", kv_cache: tuple[str, str] | None = None) -> ModelSweep:
+    """The ModelSweep of ``preset``; ``SweepError`` names a bad phase, context, batch or backend. ``kv_cache``:
+    (kv_dtype, kv_scale) of a quantized cache the decode cells read (``bench --model --kv-dtype``)."""
     try:
-        entries = plan(preset, phases, contexts, batch, dtype)
+        entries = plan(preset, phases, contexts, batch, dtype, kv_cache)
     except PlanError as e:
         raise SweepError(str(e)) from None
     be = list(backends) if backends else default_backends()
@@ -62,8 +63,8 @@ def model_sweep(preset: ModelPreset, phases, contexts, batch: int = 1, backends:
 #: bench flags that set a shape the preset fixes: given with --model, they must agree with it.
 SHAPE_FLAGS = {"heads": "heads", "kv_heads": "kv_heads", "head_dim": "head_dim"}
 #: bench flags --model replaces (the phases and contexts set them): refused with --model.
-REPLACED_FLAGS = ("seq", "q_len", "kv_len", "causal", "window", "mode", "tokens",
-                  *(f.name for f in cell_fields.AXES if f.name != "inputs"))   # --inputs: its own message
+REPLACED_FLAGS = ("seq", "q_len", "kv_len", "causal", "window", "mode", "tokens",   # --inputs: its own message;
+                  *(f.name for f in cell_fields.AXES if f.name not in ("inputs", "kv_dtype")))   # --kv-dtype: kept
 
 
 def check_model_flags(preset: ModelPreset, given: dict) -> None:

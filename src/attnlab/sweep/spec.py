@@ -12,13 +12,14 @@ are drawn from: a name of ``attnlab.reference.distributions.DISTRIBUTIONS``, def
 normal logit per query head, ``attnlab.reference.inputs.random_sinks``), packing (none or ``docs:N``: N documents
 of random lengths packed in each row, as segment ids; self-attention cells only, q_len == kv_len) and kv_dtype
 (none, or a quantized KV cache ``DTYPE[:LAYOUT]`` such as ``fp8``, ``int8:head``, ``e5m2:page``: forward
-decode cells only, ``attnlab.measure.kv_cells``).
+decode and serving cells only, ``attnlab.measure.kv_cells``; ``page`` on paged caches).
 ``seq`` ties q_len = kv_len (not with q_len/kv_len); ``tokens`` fixes batch * q_len (batch =
 tokens // q_len; not with batch). ``window`` entries are ``none``, ``LEFT:RIGHT`` or an int ``W``,
 which means ``(W, W)`` exactly as ``jax.nn.dot_product_attention`` reads an int
 ``local_window_size``: query t sees keys t - W ... t + W (2W + 1 keys); a causal sliding window of
 W keys back is ``W:0``. On decode cells (``lengths``) the window is ``decode_attention``'s: around each
-new token's absolute position in the cache (``W:0`` reads the last W + T keys).
+new token's absolute position in the cache (``W:0`` reads the last W + T keys); serving cells are causal, so
+only LEFT counts.
 Sweeps come from CLI flags (``from_flags``) or a TOML file (``load_toml``), their values parsed by
 ``sweep.parse``: every bad value raises ``SweepError`` naming it.
 """

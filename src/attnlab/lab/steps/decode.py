@@ -18,7 +18,7 @@ from ...core.records import time_ms  # noqa: E402
 from ..step_types import LabConfig, Section, Step, Table  # noqa: E402
 from ..plots import log_ticks  # noqa: E402
 from ..render_common import cells  # noqa: E402
-from . import ragged_serving  # noqa: E402
+from . import decode_features, ragged_serving  # noqa: E402
 
 TITLE = "Decode: T new tokens against a long KV cache"
 
@@ -38,14 +38,17 @@ PAGED = ["paged16", "paged64"]
 
 def decode_shape(cfg: LabConfig) -> dict:
     """(B, S, N, K, H, dtype, T values) the step runs at: the issue's shape on a GPU, small on a CPU.
-    ``group_q_lens``: T of the G = 7 cells; ``paged_q_lens``/``paged``: T and layouts of the paged cells."""
+    ``group_q_lens``: T of the G = 7 cells; ``paged_q_lens``/``paged``: T and layouts of the paged cells;
+    ``feature_q_lens``/``window``: T of the window, sinks and FP8-cache cells and the window (``decode_features``)."""
     if cfg.gpu:
         return dict(batch=8, kv_len=4096 if cfg.quick else 32768, heads=32, kv_heads=8, head_dim=128, dtype="bfloat16",
                     q_lens=[1, 16] if cfg.quick else [1, 16, 64], peer_q_lens=[1] if cfg.quick else [1, 16],
-                    group_q_lens=[] if cfg.quick else [1, 16], paged_q_lens=[1], paged=PAGED[:1] if cfg.quick else PAGED)
+                    group_q_lens=[] if cfg.quick else [1, 16], paged_q_lens=[1], paged=PAGED[:1] if cfg.quick else PAGED,
+                    feature_q_lens=[] if cfg.quick else [1], window=128)
     return dict(batch=2, kv_len=256 if cfg.quick else 512, heads=8, kv_heads=2, head_dim=32, dtype="float32",
                 q_lens=[4] if cfg.quick else [1, 16], peer_q_lens=[4] if cfg.quick else [1, 16],
-                group_q_lens=[] if cfg.quick else [1], paged_q_lens=[4] if cfg.quick else [1], paged=PAGED[:1])
+                group_q_lens=[] if cfg.quick else [1], paged_q_lens=[4] if cfg.quick else [1], paged=PAGED[:1],
+                feature_q_lens=[] if cfg.quick else [1], window=64)
 
 
 def _time(r):
@@ -58,10 +61,12 @@ def render_decode(records: list[dict], cfg: LabConfig, plots_dir: str | None = N
     shp = decode_shape(cfg)
     every = [r for r in records if r.get("lengths") and not ragged_serving.is_serving(r)]
     serving = ragged_serving.table(records, shp)
+    features = decode_features.table(every, shp)
+    plain = [r for r in every if not decode_features.is_feature(r)]
     if not every:
         s.status, s.reason = "skipped", "no decode records"
         return s
-    recs = [r for r in every if _is_main(r, shp)]
+    recs = [r for r in plain if _is_main(r, shp)]
     bes = list(dict.fromkeys(r["backend"] for r in recs))
     ts = sorted({r["q_len"] for r in recs})
     cupti = any(r.get("timer") == "cupti" for r in recs if r["status"] == "ok")
@@ -87,13 +92,16 @@ def render_decode(records: list[dict], cfg: LabConfig, plots_dir: str | None = N
     if ratios:
         s.paragraphs.append(f"Measured here, time at the largest T over time at the smallest (same cache bytes): "
                             f"{', '.join(ratios)}." + (" " + GPU_FALL_OFF if gpu else ""))
-    layouts = layout_table(every, shp)
+    layouts = layout_table(plain, shp)
     if layouts:
         s.tables.append(layouts)
         s.paragraphs.append(GPU_LAYOUTS if gpu else
                             "By group size and cache layout (attnlab-decode alone, in interpret mode here): the paged "
                             "rows gather each block of keys through a vLLM-style page table; the last column is their "
                             "time over the contiguous cache of the same shape, on this CPU.")
+    if features:
+        s.tables.append(features)
+        s.paragraphs.append(decode_features.STORY)
     if serving:
         s.tables.append(serving)
         s.paragraphs.append(ragged_serving.STORY)
@@ -232,10 +240,12 @@ def cells_note(cfg: LabConfig) -> str:
              if shp["group_q_lens"] else "")
     paged = (f"; {KERNEL} with a paged cache ({', '.join(p.replace('paged', 'page size ') for p in shp['paged'])}) "
              f"at T = {ts(shp['paged_q_lens'])}, against its contiguous cell")
+    features = (f"; {KERNEL} at T = {ts(shp['feature_q_lens'])} with a sliding window of {shp['window']}, with "
+                f"sinks and on an FP8 cache, beside its plain cell" if shp["feature_q_lens"] else "")
     why = ("(their decode path and their prefill kernel): enough to see who stays flat in T" if cfg.gpu else
            "(the same T as attnlab's kernel)")
     return (f"Cells: {KERNEL} at T = {ts(shp['q_lens'])}; {', '.join(peers(cfg))} at T = {ts(shp['peer_q_lens'])} "
-            f"{why}{group}{paged}; its serving kernel at T = 1 on a {' and a '.join(ragged_serving.DISTS)} batch.")
+            f"{why}{group}{paged}{features}; its serving kernel at T = 1 on a {' and a '.join(ragged_serving.DISTS)} batch.")
 
 
 def sweeps_decode(cfg: LabConfig) -> list:
@@ -248,7 +258,8 @@ def sweeps_decode(cfg: LabConfig) -> list:
             ([KERNEL], shp["group_q_lens"], ODD_GROUP, ["full"]), ([KERNEL], shp["paged_q_lens"], main, shp["paged"])]
     return [Sweep(backends, batch=[shp["batch"]], q_len=q_lens, kv_len=[shp["kv_len"]], heads=[N], kv_heads=[K],
                   head_dim=[shp["head_dim"]], dtype=[shp["dtype"]], causal=[True], lengths=lengths, name="decode")
-            for backends, q_lens, (N, K), lengths in plan if q_lens] + [ragged_serving.sweep(shp)]
+            for backends, q_lens, (N, K), lengths in plan if q_lens] + decode_features.sweeps(shp) + [
+        ragged_serving.sweep(shp)]
 
 
 def peers(cfg: LabConfig) -> list[str]:

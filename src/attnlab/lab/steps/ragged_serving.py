@@ -6,6 +6,7 @@ from __future__ import annotations
 from ...core.records import time_ms
 from ...core.request_lengths import is_distribution
 from ..step_types import Table
+from .decode_features import is_feature
 
 KERNEL = "attnlab-decode"
 #: The batches: equal lengths, and the skew that costs a kernel dividing work by the batch the most.
@@ -32,7 +33,7 @@ def table(records: list[dict], shp: dict) -> Table | None:
     if not serving:
         return None
     full = next((r for r in records if r.get("lengths") == "full" and r["backend"] == KERNEL and r["q_len"] == 1
-                 and (r.get("heads"), r.get("kv_heads")) == (shp["heads"], shp["kv_heads"])), None)
+                 and (r.get("heads"), r.get("kv_heads")) == (shp["heads"], shp["kv_heads"]) and not is_feature(r)), None)
     rows = [_row("decode_attention, every sequence full", full, shp["batch"] * shp["kv_len"])] if full else []
     for r in sorted(serving, key=lambda r: DISTS.index(r["lengths"]) if r["lengths"] in DISTS else len(DISTS)):
         kv = (r.get("request_lengths") or {}).get("kv_total")
