@@ -147,7 +147,7 @@ def _model_sweep(config, given: dict, name):
     from ..sweep import SweepError
     from ..sweep.model_cells import check_model_flags, model_sweep
     from ..core.names import canonical_dtype
-    from ..sweep.spec import _ints, _kv_dtypes, _strs
+    from ..sweep.parse import _ints, _kv_dtypes, _strs
 
     if config:
         raise SweepError("--config and --model contradict each other: the model's cells come from --phase/--context")
