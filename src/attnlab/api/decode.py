@@ -50,97 +50,33 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 from .. import backends
 from ..backends.masked_decode import decode_mask  # noqa: F401 (re-exported)
 from ..core.checks import (_is_tracer, _shape, as_lengths, call_problem, check_flag, check_kv_shapes, check_scale,
                            check_sinks, check_soft_cap, common_float_dtype, length_values, normalise_window)
 from ..core.errors import UnsupportedError
-from ..core.problem import Problem, delegate_fields
-from ..core.spec import AttentionSpec
+from ..core.call import Call
+from ..core.problem import Problem
 
 #: How ``decode_attention``'s errors name the sizes of a call (``checks.call_problem``).
 ARGUMENT_NAMES = {"batch": "q batch size B", "q_len": "q length T", "kv_len": "k_cache length S_max",
                   "heads": "q heads N", "kv_heads": "k_cache heads K", "head_dim": "q head dim H"}
 
 
-@dataclasses.dataclass(frozen=True)
-class DecodeSpec:
-    """Static description of one decode or serving call (``ServingSpec`` is this type): its ``Problem`` and
-    what else the call carries.
-
-    ``problem``: ``Problem(B, T, S_max, N, K, H, dtype, causal)``: ``kv_len`` is the cache's capacity
-    S_max (contiguous: k_cache's length; paged: pages_per_seq * page_size), ``causal`` decode's
-    bottom-right rule (query t sees keys <= kv_lengths[b] - T + t), ``window`` the call's
-    ``local_window_size`` as (left, right) around each query's absolute position, or None. Its fields read
-    as attributes (``spec.heads``, ``spec.q_len``), ``spec.max_len`` is ``problem.kv_len``.
-    The per-sequence ``kv_lengths`` are values, not part of the static description.
-    """
-
-    problem: Problem
-    scale: float | None = None      # None: default 1/sqrt(H), or traced
-    scale_is_static: bool = True
-    page_size: int | None = None    # paged KV cache (vLLM layout); max_len = pages_per_seq * page_size
-    soft_cap: float | None = None   # logits_soft_cap: cap * tanh(logits / cap) before masking
-    has_sinks: bool = False         # sinks: one extra softmax logit per query head (no value)
-    kv_dtype: str | None = None     # a quantized cache's dtype (``core.kv_quant``), None: q's dtype
-    kv_scale: str | None = None     # its scale layout: tensor, head, page or token
-
-    @property
-    def groups(self) -> int:
-        return self.problem.groups
-
-    @property
-    def needs_mask(self) -> bool:
-        """Whether the generic path needs a dense mask (the causal tail of T > 1 tokens, or a window)."""
-        return self.causal and self.q_len > 1 or self.window is not None
-
-    def attention_spec(self) -> AttentionSpec:
-        """The ``attention()`` call this decode is expressed as on the generic backends."""
-        mask = (self.batch, 1, self.q_len, self.max_len) if self.needs_mask else None
-        # decode's causal rule and window are the mask (bottom-right); attention's (top-left) stay off
-        return AttentionSpec(problem=dataclasses.replace(self.problem, causal=False, window=None), scale=self.scale,
-                             mask_shape=mask, has_kv_lengths=True, soft_cap=self.soft_cap, has_sinks=self.has_sinks)
+def DecodeSpec(problem: Problem, scale=None, scale_is_static: bool = True, page_size=None, soft_cap=None,
+               has_sinks: bool = False, kv_dtype=None, kv_scale=None) -> Call:
+    """The static ``Call`` of a decode call, in the argument order of the type it replaces (kept for one
+    release): ``problem`` is Problem(B, T, S_max, N, K, H, dtype, causal, window); the paging and a quantized
+    cache become the problem's."""
+    if page_size is not None or kv_dtype is not None:
+        problem = dataclasses.replace(problem, page_size=page_size, kv_dtype=kv_dtype, kv_scale=kv_scale)
+    return Call(problem, scale, kind="decode", scale_is_static=scale_is_static, soft_cap=soft_cap,
+                has_sinks=has_sinks, has_kv_lengths=True)
 
 
-delegate_fields(DecodeSpec, max_len="kv_len")
-
-
-@dataclasses.dataclass
-class DecodeCall:
-    query: Any
-    k_cache: Any
-    v_cache: Any
-    kv_lengths: Any      # int32, (B,)
-    scale: Any           # effective scale: float, or a tracer
-    spec: DecodeSpec | None  # None for an empty batch (B = 0): nothing to run
-    page_table: Any = None   # (B, pages_per_seq) int32 when k_cache/v_cache are pages
-    sinks: Any = None        # (N,) float logits or None
-    k_scale: Any = None      # float32 scales of a quantized cache (``core.kv_quant``) or None
-    v_scale: Any = None
-
-    def contiguous(self):
-        """(k, v) as contiguous (B, S_max, K, H) caches: the pages gathered through the table (the
-        paged call's twin), or the caches themselves; a quantized cache dequantized in float32."""
-        return contiguous_kv(self, None if self.spec is None else self.spec.kv_scale)
-
-
-def contiguous_kv(call, layout):
-    """(k, v) of a decode or serving call as contiguous float caches (B, S_max, K, H): pages gathered,
-    a quantized cache (``layout`` not None) dequantized in float32 (``core.kv_quant.dequantize``)."""
-    k, v = call.k_cache, call.v_cache
-    if layout is not None:
-        import jax.numpy as jnp
-
-        from ..core.kv_quant import dequantize
-
-        k, v = (dequantize(c, s, layout, "float32", jnp) for c, s in ((k, call.k_scale), (v, call.v_scale)))
-    if call.page_table is None:
-        return k, v
-    from ..kernels.pages import gather_pages
-
-    return gather_pages(k, call.page_table, call.kv_lengths), gather_pages(v, call.page_table, call.kv_lengths)
+#: A decode call with its arrays: a ``Call`` of kind decode (the name kept for one release).
+DecodeCall = Call
 
 
 def check_cache_dtypes(q, k_cache, v_cache, k_scale, v_scale, *, paged: bool):
@@ -156,7 +92,7 @@ def check_cache_dtypes(q, k_cache, v_cache, k_scale, v_scale, *, paged: bool):
 
 def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, page_table=None,
                    logits_soft_cap=None, sinks=None, local_window_size=None, k_scale=None,
-                   v_scale=None) -> DecodeCall:
+                   v_scale=None) -> Call:
     """Check every argument of a decode call (see the module docstring) and describe it."""
     qs, ks, vs = _shape("q", q), _shape("k_cache", k_cache), _shape("v_cache", v_cache)
     if len(qs) != 4:
@@ -188,15 +124,16 @@ def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, 
     static_scale = not _is_tracer(scale)
     soft_cap = check_soft_cap(logits_soft_cap)
     sinks = check_sinks(sinks, N)
-    spec = None if problem is None else DecodeSpec(problem, scale=scale if static_scale else None,
-                                                   scale_is_static=static_scale, page_size=page_size, soft_cap=soft_cap,
-                                                   has_sinks=sinks is not None, kv_dtype=kv_dtype, kv_scale=kv_scale)
+    if problem is not None and (page_size is not None or kv_dtype is not None):
+        problem = dataclasses.replace(problem, page_size=page_size, kv_dtype=kv_dtype, kv_scale=kv_scale)
     import jax.numpy as jnp
 
     lengths = jnp.asarray(kv_lengths).astype(jnp.int32)
     effective = 1.0 / math.sqrt(H) if scale is None else scale
     table = None if page_table is None else jnp.asarray(page_table).astype(jnp.int32)
-    return DecodeCall(q, k_cache, v_cache, lengths, effective, spec, table, sinks, k_scale, v_scale)
+    return Call(problem, effective, kind="decode", scale_is_static=static_scale, soft_cap=soft_cap,
+                has_sinks=sinks is not None, has_kv_lengths=True, query=q, key=k_cache, value=v_cache,
+                kv_lengths=lengths, page_table=table, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
 
 
 def paged_refusal(backend) -> str | None:
@@ -213,7 +150,7 @@ def window_refusal(backend, window) -> str | None:
     return backend.decode_window_reason if window is not None and not backend.takes_decode_window else None
 
 
-def select_decode(spec: DecodeSpec, implementation=None):
+def select_decode(spec: Call, implementation=None):
     """The backend that runs this call (its ``run_decode``): the named one (or UnsupportedError with its
     ``why_not_decode``), or auto's: the first registered backend whose ``auto_reason`` claims the call,
     else ``attention``'s auto choice for the call as masked attention."""
@@ -226,7 +163,7 @@ def select_decode(spec: DecodeSpec, implementation=None):
         if claimed is None and spec.kv_scale is not None:   # a quantized cache: a path that takes its scales
             claimed = next((b for b in backends.all_backends() if b.takes_kv_scales and b.portable
                             and b.why_not_decode(spec) is None), None)
-        chosen = claimed or api.select(spec.attention_spec(), None)
+        chosen = claimed or api.select(spec.as_attention(), None)
         if spec.window is not None and not chosen.takes_decode_window:   # a portable path that takes the window
             every = sorted(backends.all_backends(), key=lambda b: not b.portable)
             chosen = next((b for b in every if b.why_not_decode(spec) is None), chosen)
@@ -278,7 +215,7 @@ def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None
         from .dot_product import empty_result
 
         return empty_result(d, implementation, False, d.query.shape)
-    return select_decode(d.spec, implementation).run_decode(d)
+    return select_decode(d, implementation).run_decode(d)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,7 +223,7 @@ class CallExplanation:
     """What auto runs for a decode or serving call (``chosen``) and each backend's reason not to (None: it can)."""
     chosen: str
     reasons: dict[str, str | None]
-    spec: Any       # the call's DecodeSpec (a serving call's too)
+    spec: Call | None   # the call (static facts and arrays), None for an empty batch
 
     def __str__(self) -> str:
         from .dot_product import reason_lines
@@ -306,6 +243,6 @@ def explain_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, 
                        k_scale=k_scale, v_scale=v_scale)
     if d.spec is None:
         return DecodeExplanation("none", {}, None)
-    chosen = select_decode(d.spec, None).name
-    reasons = {b.name: b.why_not_decode(d.spec) for b in backends.all_backends()}
-    return DecodeExplanation(chosen, reasons, d.spec)
+    chosen = select_decode(d, None).name
+    reasons = {b.name: b.why_not_decode(d) for b in backends.all_backends()}
+    return DecodeExplanation(chosen, reasons, d)

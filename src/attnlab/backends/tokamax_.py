@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ..core.errors import UnsupportedError
-from ..core.spec import AttentionSpec, Prepared
+from ..core.call import Call
 from .base import Backend, segments_as_mask, zero_padded_queries
 
 
@@ -31,12 +31,12 @@ class TokamaxBackend(Backend):
     def available(self) -> str | None:
         return self.library_missing() or super().available()   # the library first, then the device
 
-    def supports(self, spec: AttentionSpec) -> str | None:
+    def supports(self, spec: Call) -> str | None:
         if spec.dtype not in ("float16", "bfloat16") and self.impl == "mosaic":
             return f"dtype {spec.dtype} not supported by the Mosaic GPU kernel (float16/bfloat16)"
         return None
 
-    def run(self, p: Prepared):
+    def run(self, p: Call):
         import tokamax
         from absl import flags
 

@@ -23,7 +23,7 @@ It is the one place that
   sweep's configuration labels), ``key``/``identity`` (the nine JSON fields a record's identity holds) and
   ``lengths_record`` (the compact per-request lengths a record stores).
 
-``AttentionSpec``, ``DecodeSpec`` (a decode or serving call: ``ServingSpec`` is it) and ``measure.Cell`` hold one.
+A call (``attnlab.core.call.Call``: attention, decode or serving) and ``measure.Cell`` hold one.
 """
 from __future__ import annotations
 
