@@ -1,10 +1,12 @@
 """What every attention backend is: a name, an availability check, a capability check, a call."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, NamedTuple
 
-from ..core.errors import UnsupportedError
+from ..core import segments
 from ..core.call import Call
+from ..core.errors import UnsupportedError
 from . import _optional
 
 
@@ -15,7 +17,7 @@ def query_keep(p: Call):
 
     keep = None
     if p.q_lengths is not None:
-        keep = jnp.arange(p.spec.q_len)[None, :] < jnp.asarray(p.q_lengths, jnp.int32)[:, None]
+        keep = jnp.arange(p.q_len)[None, :] < jnp.asarray(p.q_lengths, jnp.int32)[:, None]
     if p.q_segment_ids is not None:
         seg = jnp.asarray(p.q_segment_ids) >= 0
         keep = seg if keep is None else keep & seg
@@ -38,10 +40,6 @@ def segments_as_mask(p: Call) -> Call:
     mask's point of view: ``q_segment_ids`` stays, for zeroing padding rows). For the dense paths."""
     if p.q_segment_ids is None:
         return p
-    import dataclasses
-
-    from ..core import segments
-
     seg = segments.visible(p.q_segment_ids, p.kv_segment_ids)
     mask = seg if p.mask is None else p.mask & seg
     return dataclasses.replace(p, mask=mask, mask_shape=tuple(int(d) for d in mask.shape))
@@ -261,17 +259,15 @@ class Backend:
 
 
 class NativeCall(NamedTuple):
-    """How to time a native backend's kernel (``NativeBackend.native_fn``); the loop is
-    ``attnlab.measure.native.measure_native``."""
+    """How to time a native backend's kernel (``NativeBackend.native_fn``; the loop: ``measure.native``)."""
     #: fn(*inputs) launches the kernel on one input set (asynchronously, like a CUDA stream).
     fn: Callable
     #: Waits until the device has finished everything launched.
     sync: Callable[[], None]
     #: The input sets in the library's own arrays (handed over from JAX without a copy).
     sets: list
-    #: Optional hooks, each a callable: ``event_ms(call)`` times one call with device events (the
-    #: fallback when CUPTI is unusable), ``reset_peak()`` starts this cell's memory peak and
-    #: ``peak_bytes()`` reads it; ``peak_scope`` (a str) says what that peak covers.
+    #: Optional hooks: ``event_ms(call)`` times one call with device events (CUPTI's fallback), ``reset_peak()``
+    #: starts this cell's memory peak, ``peak_bytes()`` reads it; ``peak_scope`` (a str) says what it covers.
     extras: dict
 
 
