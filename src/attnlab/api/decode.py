@@ -53,10 +53,10 @@ import math
 
 from .. import backends
 from ..backends.masked_decode import decode_mask  # noqa: F401 (re-exported)
+from ..core.call import Call
 from ..core.checks import (_is_tracer, _shape, as_lengths, call_problem, check_flag, check_kv_shapes, check_scale,
                            check_sinks, check_soft_cap, common_float_dtype, length_values, normalise_window)
 from ..core.errors import UnsupportedError
-from ..core.call import Call
 from ..core.problem import Problem
 
 #: How ``decode_attention``'s errors name the sizes of a call (``checks.call_problem``).
@@ -90,6 +90,47 @@ def check_cache_dtypes(q, k_cache, v_cache, k_scale, v_scale, *, paged: bool):
     return common_float_dtype({"q": q}), kv_dtype, layout
 
 
+def cache_problem(arg_names: dict, qs: tuple, shapes: tuple, q, k_cache, v_cache, kv_lengths, page_table, k_scale,
+                  v_scale, causal: bool, local_window_size, *, paged_q_len: int, may_be_empty=()):
+    """The ``Problem`` of a call against a KV cache (decode or serving) and the cache's length S_max: the caches'
+    shapes ``shapes`` (k, v) against q's as (B, T, N, H) ``qs`` (a paged cache through its page table), the dtypes
+    (a quantized cache with its scales), then the sizes (``call_problem``, errors in ``arg_names``). The paging
+    and a quantized cache are the problem's; None for an empty call (a size in ``may_be_empty`` is 0)."""
+    ks, vs = shapes
+    page_size = None
+    if page_table is not None:
+        from ..kernels.pages import validate_paged
+
+        page_size, s_max = validate_paged(k_cache, v_cache, page_table, kv_lengths, batch=qs[0], q_len=paged_q_len)
+        ks = vs = (qs[0], s_max, ks[2], ks[3])     # checked below as its contiguous twin
+    if len(ks) != 4:
+        raise ValueError(f"k_cache must have rank 4 (B, S_max, K, H), got shape {ks}")
+    check_kv_shapes(("q", "k_cache", "v_cache"), qs, ks, vs)
+    dtype, kv_dtype, kv_scale = check_cache_dtypes(q, k_cache, v_cache, k_scale, v_scale, paged=page_table is not None)
+    B, T, N, H = qs
+    problem = call_problem(arg_names, (B, T, ks[1], N, ks[2], H), dtype, causal, normalise_window(local_window_size),
+                           may_be_empty=may_be_empty)
+    if problem is not None and (page_size is not None or kv_dtype is not None):
+        problem = dataclasses.replace(problem, page_size=page_size, kv_dtype=kv_dtype, kv_scale=kv_scale)
+    return problem, int(ks[1])
+
+
+def cache_call(kind: str, problem, heads: int, head_dim: int, scale, logits_soft_cap, sinks, q, k_cache, v_cache,
+               kv_lengths, page_table, **arrays) -> Call:
+    """A decode or serving ``Call`` after its problem (``cache_problem``): the scale, soft cap and sinks checked
+    (``core.checks``), the lengths and page table as int32, the effective scale (default 1 / sqrt(H))."""
+    scale = check_scale(scale)
+    soft_cap = check_soft_cap(logits_soft_cap)
+    sinks = check_sinks(sinks, heads)
+    import jax.numpy as jnp
+
+    table = None if page_table is None else jnp.asarray(page_table).astype(jnp.int32)
+    return Call(problem, 1.0 / math.sqrt(head_dim) if scale is None else scale, kind=kind,
+                scale_is_static=not _is_tracer(scale), soft_cap=soft_cap, has_sinks=sinks is not None,
+                has_kv_lengths=True, query=q, key=k_cache, value=v_cache,
+                kv_lengths=jnp.asarray(kv_lengths).astype(jnp.int32), page_table=table, sinks=sinks, **arrays)
+
+
 def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, page_table=None,
                    logits_soft_cap=None, sinks=None, local_window_size=None, k_scale=None,
                    v_scale=None) -> Call:
@@ -97,20 +138,10 @@ def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, 
     qs, ks, vs = _shape("q", q), _shape("k_cache", k_cache), _shape("v_cache", v_cache)
     if len(qs) != 4:
         raise ValueError(f"q must have rank 4 (B, T, N, H), got shape {qs}")
-    page_size = None
-    if page_table is not None:
-        from ..kernels.pages import validate_paged
-
-        page_size, s_max = validate_paged(k_cache, v_cache, page_table, kv_lengths, batch=qs[0], q_len=qs[1])
-        ks = vs = (qs[0], s_max, ks[2], ks[3])     # checked below as its contiguous twin
-    if len(ks) != 4:
-        raise ValueError(f"k_cache must have rank 4 (B, S_max, K, H), got shape {ks}")
-    check_kv_shapes(("q", "k_cache", "v_cache"), qs, ks, vs)
-    dtype, kv_dtype, kv_scale = check_cache_dtypes(q, k_cache, v_cache, k_scale, v_scale, paged=page_table is not None)
+    problem, S = cache_problem(ARGUMENT_NAMES, qs, (ks, vs), q, k_cache, v_cache, kv_lengths, page_table, k_scale,
+                               v_scale, check_flag("causal", causal), local_window_size, paged_q_len=qs[1],
+                               may_be_empty=("batch",))
     B, T, N, H = qs
-    S, K = ks[1:3]
-    problem = call_problem(ARGUMENT_NAMES, (B, T, S, N, K, H), dtype, check_flag("causal", causal),
-                           normalise_window(local_window_size), may_be_empty=("batch",))
     if S < T:
         raise ValueError(f"k_cache length S_max={S} must be >= T={T}: the T new tokens must fit in the cache")
     kv_lengths = as_lengths(kv_lengths)
@@ -120,20 +151,8 @@ def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, 
             raise ValueError(f"kv_lengths[{b}]={n} < T={T}: the T new tokens must be in the cache")
         if n > S:
             raise ValueError(f"kv_lengths[{b}]={n} > S_max={S}: lengths must fit in k_cache/v_cache")
-    scale = check_scale(scale)
-    static_scale = not _is_tracer(scale)
-    soft_cap = check_soft_cap(logits_soft_cap)
-    sinks = check_sinks(sinks, N)
-    if problem is not None and (page_size is not None or kv_dtype is not None):
-        problem = dataclasses.replace(problem, page_size=page_size, kv_dtype=kv_dtype, kv_scale=kv_scale)
-    import jax.numpy as jnp
-
-    lengths = jnp.asarray(kv_lengths).astype(jnp.int32)
-    effective = 1.0 / math.sqrt(H) if scale is None else scale
-    table = None if page_table is None else jnp.asarray(page_table).astype(jnp.int32)
-    return Call(problem, effective, kind="decode", scale_is_static=static_scale, soft_cap=soft_cap,
-                has_sinks=sinks is not None, has_kv_lengths=True, query=q, key=k_cache, value=v_cache,
-                kv_lengths=lengths, page_table=table, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
+    return cache_call("decode", problem, N, H, scale, logits_soft_cap, sinks, q, k_cache, v_cache, kv_lengths,
+                      page_table, k_scale=k_scale, v_scale=v_scale)
 
 
 def paged_refusal(backend) -> str | None:

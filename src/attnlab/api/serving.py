@@ -38,17 +38,13 @@ their rules then give implementation-defined rows (the kernel clamps and never r
 """
 from __future__ import annotations
 
-import dataclasses
-import math
-
 import numpy as np
 
 from .. import backends
-from ..core.checks import (_is_tracer, _shape, call_problem, check_kv_shapes, check_scale, check_sinks,
-                           check_soft_cap, length_values, normalise_window)
-from ..core.errors import UnsupportedError
 from ..core.call import Call
-from .decode import CallExplanation, check_cache_dtypes
+from ..core.checks import _shape, length_values, normalise_window
+from ..core.errors import UnsupportedError
+from .decode import CallExplanation, cache_call, cache_problem
 
 ARGUMENT_NAMES = {"batch": "kv_lengths size B", "q_len": "q tokens T_total", "kv_len": "k_cache length S_max",
                   "heads": "q heads N", "kv_heads": "k_cache heads K", "head_dim": "q head dim H"}
@@ -89,38 +85,20 @@ def prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=Non
     if len(_shape("kv_lengths", kv_lengths)) != 1:
         raise ValueError(f"kv_lengths must have shape (B,), got {tuple(kv_lengths.shape)}")
     B = int(kv_lengths.shape[0])
-    page_size = None
-    if page_table is not None:
-        from ..kernels.pages import validate_paged
-
-        page_size, s_max = validate_paged(k_cache, v_cache, page_table, kv_lengths, batch=B, q_len=1)
-        ks = vs = (B, s_max, ks[2], ks[3])
-    if len(ks) != 4:
-        raise ValueError(f"k_cache must have rank 4 (B, S_max, K, H), got shape {ks}")
     T_total, N, H = qs
-    check_kv_shapes(("q", "k_cache", "v_cache"), (B, T_total, N, H), ks, vs)
-    dtype, kv_dtype, kv_scale = check_cache_dtypes(q, k_cache, v_cache, k_scale, v_scale, paged=page_table is not None)
-    S, K = ks[1:3]
-    problem = call_problem(ARGUMENT_NAMES, (B, T_total, S, N, K, H), dtype, True, normalise_window(local_window_size))
+    problem, S = cache_problem(ARGUMENT_NAMES, (B, T_total, N, H), (ks, vs), q, k_cache, v_cache, kv_lengths,
+                               page_table, k_scale, v_scale, True, local_window_size, paged_q_len=1)
     starts = length_values("q_starts", q_starts, B + 1)
     lengths = length_values("kv_lengths", kv_lengths, B)
     if starts is not None and lengths is not None:
         _check_values(starts.astype(np.int64), lengths.astype(np.int64), T_total, S)
-    scale = check_scale(scale)
-    static = not _is_tracer(scale)
-    sinks = check_sinks(sinks, N)
-    if page_size is not None or kv_dtype is not None:
-        problem = dataclasses.replace(problem, page_size=page_size, kv_dtype=kv_dtype, kv_scale=kv_scale)
     if plan is not None:
-        _check_plan(plan, (T_total, B, N, K, H), problem.window)
+        _check_plan(plan, (T_total, B, N, problem.kv_heads, H), problem.window)
     import jax.numpy as jnp
 
-    table = None if page_table is None else jnp.asarray(page_table).astype(jnp.int32)
-    return Call(problem, 1.0 / math.sqrt(H) if scale is None else scale, kind="serving", scale_is_static=static,
-                soft_cap=check_soft_cap(logits_soft_cap), has_sinks=sinks is not None, has_kv_lengths=True,
-                query=q, key=k_cache, value=v_cache, q_starts=jnp.asarray(q_starts).astype(jnp.int32),
-                kv_lengths=jnp.asarray(kv_lengths).astype(jnp.int32), page_table=table, plan=plan, sinks=sinks,
-                k_scale=k_scale, v_scale=v_scale)
+    return cache_call("serving", problem, N, H, scale, logits_soft_cap, sinks, q, k_cache, v_cache, kv_lengths,
+                      page_table, q_starts=jnp.asarray(q_starts).astype(jnp.int32), plan=plan, k_scale=k_scale,
+                      v_scale=v_scale)
 
 
 def _check_plan(plan, sizes, window):
