@@ -230,7 +230,7 @@ def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None
     d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale, page_table=page_table,
                        logits_soft_cap=logits_soft_cap, sinks=sinks, local_window_size=local_window_size,
                        k_scale=k_scale, v_scale=v_scale)
-    if d.spec is None:                  # B = 0: an empty batch, whatever the path
+    if d.empty:                  # B = 0: an empty batch, whatever the path
         from .dot_product import empty_result
 
         return empty_result(d, implementation, False, d.query.shape)
@@ -260,7 +260,7 @@ def explain_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, 
     d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale, page_table=page_table,
                        logits_soft_cap=logits_soft_cap, sinks=sinks, local_window_size=local_window_size,
                        k_scale=k_scale, v_scale=v_scale)
-    if d.spec is None:
+    if d.empty:
         return DecodeExplanation("none", {}, None)
     chosen = select_decode(d, None).name
     reasons = {b.name: b.why_not_decode(d) for b in backends.all_backends()}

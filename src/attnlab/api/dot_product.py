@@ -80,8 +80,8 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
                 key_value_segment_ids=key_value_segment_ids, sinks=sinks, allow_empty=True)
     if p.empty:
         return empty_result(p, with_fp8_recipe(implementation, fp8_recipe), bool(return_residual))
-    backend = select(p.spec, with_fp8_recipe(implementation, fp8_recipe), mode=_mode_of(query))
-    if p.spec.return_residual:
+    backend = select(p, with_fp8_recipe(implementation, fp8_recipe), mode=_mode_of(query))
+    if p.return_residual:
         out, lse = backend.run(p)
         return out.reshape(p.out_shape), lse.reshape(p.out_shape[:-1])
     out = backend.run(p)
@@ -269,6 +269,6 @@ def explain(query, key, value, bias=None, mask=None, *, mode: str = "fwd", **kwa
     if p.empty:
         return Explanation("none", {}, None, f"an empty call (query {p.out_shape}, key {tuple(key.shape)}): no "
                            "backend runs; attention returns jax.nn's zeros (lse -inf)")
-    chosen, why = auto(p.spec, mode)
-    reasons = {b.name: b.why_not(p.spec) for b in backends.all_backends()}
-    return Explanation(chosen.name, reasons, p.spec, why)
+    chosen, why = auto(p, mode)
+    reasons = {b.name: b.why_not(p) for b in backends.all_backends()}
+    return Explanation(chosen.name, reasons, p, why)

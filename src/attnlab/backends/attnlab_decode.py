@@ -152,18 +152,18 @@ class AttnlabDecodeBackend(Backend):
         from ..kernels.serving import serving_attention_pallas
         from ..kernels.serving_plan import make_serving_plan
 
-        why = self.supports_serving(call.spec)
+        why = self.supports_serving(call)
         if why:
             raise UnsupportedError(self.name, why)
-        p = call.spec.problem
+        p = call.problem
         plan = call.plan or make_serving_plan(call.q_starts, call.kv_lengths, total_tokens=p.q_len,
                                               kv_len_max=p.kv_len, heads=p.heads, kv_heads=p.kv_heads,
                                               head_dim=p.head_dim, dtype=p.dtype,
                                               window_left=None if p.window is None else p.window[0])
         return serving_attention_pallas(call.q, call.k_cache, call.v_cache, call.q_starts, call.kv_lengths,
                                         plan=plan, scale=float(call.scale), page_table=call.page_table,
-                                        soft_cap=call.spec.soft_cap, interpret=self.interpret, sinks=call.sinks,
-                                        k_scale=call.k_scale, v_scale=call.v_scale, kv_scale=call.spec.kv_scale)
+                                        soft_cap=call.soft_cap, interpret=self.interpret, sinks=call.sinks,
+                                        k_scale=call.k_scale, v_scale=call.v_scale, kv_scale=call.kv_scale)
 
     def version(self) -> str | None:
         import jax
@@ -182,14 +182,14 @@ class AttnlabDecodeBackend(Backend):
     def run(self, p: Call):
         import jax.numpy as jnp
 
-        B, S = p.spec.batch, p.spec.kv_len
+        B, S = p.batch, p.kv_len
         lengths = jnp.full((B,), S, jnp.int32) if p.kv_lengths is None else p.kv_lengths
-        return self._call(p.query, p.key, p.value, lengths, False, p.scale, soft_cap=p.spec.soft_cap, sinks=p.sinks)
+        return self._call(p.query, p.key, p.value, lengths, False, p.scale, soft_cap=p.soft_cap, sinks=p.sinks)
 
     def run_decode(self, d):
         """Run a decode ``Call`` with its causal rule."""
-        return self._call(d.query, d.k_cache, d.v_cache, d.kv_lengths, d.spec.causal, d.scale, d.page_table,
-                          d.spec.soft_cap, d.spec.window, d.sinks, (d.k_scale, d.v_scale, d.spec.kv_scale))
+        return self._call(d.query, d.k_cache, d.v_cache, d.kv_lengths, d.causal, d.scale, d.page_table,
+                          d.soft_cap, d.window, d.sinks, (d.k_scale, d.v_scale, d.kv_scale))
 
 
 def keys_read(lengths, q_len: int = 1, window=None) -> list[int]:

@@ -183,7 +183,7 @@ class Backend:
     def run(self, p: Call):
         """Compute attention on normalised 4-D inputs; returns (B, T, N, H).
 
-        With ``p.spec.return_residual`` (backends with ``residual = True`` only) returns
+        With ``p.return_residual`` (backends with ``residual = True`` only) returns
         ``(out, lse)``: lse (B, T, N) in the inputs' dtype, the natural-log logsumexp of each row's
         scaled, biased, masked logits, carrying no gradient (as jax.nn's)."""
         raise NotImplementedError

@@ -83,7 +83,7 @@ class CudnnBackend(Backend):
         return run_paged_decode(self, d, mask)
 
     def run(self, p: Call):
-        sp = p.spec
+        sp = p
         if sp.has_segment_ids:
             return cudnn_packed.run(p)
         window = None

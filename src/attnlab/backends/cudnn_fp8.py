@@ -144,7 +144,7 @@ class CudnnFp8Backend(CudnnBackend):
         return None
 
     def run(self, p: Call):
-        return fp8_attention(p.query, p.key, p.value, self.recipe, scale=float(p.scale), causal=p.spec.is_causal)
+        return fp8_attention(p.query, p.key, p.value, self.recipe, scale=float(p.scale), causal=p.is_causal)
 
     def facts(self, fwd, q, k, v, fwd_as=None) -> dict | None:
         """The recipe this record ran (``fp8_recipe.Fp8Recipe`` as a dict) and that the output was e4m3."""

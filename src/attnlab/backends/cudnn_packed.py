@@ -109,7 +109,7 @@ def run(p: Call):
     """The packed cuDNN call on normalised inputs (``refusal`` already None); returns (B, T, N, H)."""
     from jax._src.cudnn import fused_attention_stablehlo as fa
 
-    sp = p.spec
+    sp = p
     T, S = sp.q_len, sp.kv_len
     aligned = sp.is_causal or sp.window is not None
     q_ids = _fold_lengths(p.q_segment_ids, p.q_lengths, T)

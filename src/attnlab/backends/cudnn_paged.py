@@ -43,7 +43,7 @@ def run_paged_decode(backend, d, mask):
     """A decode ``Call`` with a page table, on cuDNN's paged attention; (B, T, N, H)."""
     import jax.numpy as jnp
 
-    sp = d.spec
+    sp = d
     P = int(d.k_cache.shape[0])
     why = backend.available() or paged_reason(sp, P, int(d.page_table.shape[1]))
     if why:

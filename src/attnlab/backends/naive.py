@@ -26,7 +26,7 @@ def _grouped(x, K: int, G: int):
 
 def visible_mask(p: Call):
     """Bool mask broadcastable to (B, K, G, T, S): True where query t may attend key s."""
-    sp = p.spec
+    sp = p
     T, S = sp.q_len, sp.kv_len
     t = jnp.arange(T)[:, None]
     s = jnp.arange(S)[None, :]
@@ -83,7 +83,7 @@ class NaiveBackend(Backend):
     takes_kv_scales = True      # decode / serving: the masked path dequantizes the cache in float32
 
     def run(self, p: Call):
-        sp = p.spec
+        sp = p
         B, T, N, H = p.query.shape
         K, G = sp.kv_heads, sp.groups
         q = p.query.reshape(B, T, K, G, H)

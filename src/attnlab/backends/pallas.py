@@ -30,7 +30,7 @@ class PallasTritonBackend(Backend):
     def run(self, p: Call):
         from jax.experimental.pallas.ops.gpu import attention as pl_attention
 
-        return pl_attention.mha(p.query, p.key, p.value, None, sm_scale=float(p.scale), causal=p.spec.is_causal)
+        return pl_attention.mha(p.query, p.key, p.value, None, sm_scale=float(p.scale), causal=p.is_causal)
 
 
 class PallasMosaicBackend(Backend):
@@ -64,6 +64,6 @@ class PallasMosaicBackend(Backend):
         from jax.experimental.pallas.ops.gpu import attention_mgpu as mgpu
 
         cfg = mgpu.TuningConfig(block_q=self.block_q, block_kv=self.block_kv, max_concurrent_steps=2,
-                                causal=p.spec.is_causal, block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
+                                causal=p.is_causal, block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
         q = (p.query.astype(jnp.float32) * p.scale).astype(p.query.dtype)  # the kernel applies no scale
         return mgpu.attention(q, p.key, p.value, cfg)

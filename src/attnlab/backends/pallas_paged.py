@@ -106,7 +106,7 @@ class PallasPagedBackend(Backend):
     def run(self, p: Call):
         import jax.numpy as jnp
 
-        sp = p.spec
+        sp = p
         k_pages, v_pages, tables = to_pages(p.key, p.value, self.page_size)
         lengths = jnp.full((sp.batch,), sp.kv_len, jnp.int32) if p.kv_lengths is None else p.kv_lengths
         splits, per_block = launch_params(sp.kv_len, self.page_size)

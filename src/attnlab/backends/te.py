@@ -99,7 +99,7 @@ class TeBackend(Backend):
         return contextlib.nullcontext()
 
     def run(self, p: Call):
-        sp = p.spec
+        sp = p
         mod = _module(sp.heads, sp.kv_heads, sp.head_dim, _mask_type(sp), float(p.scale))
         kwargs = {}
         if sp.has_q_lengths or sp.has_kv_lengths:

@@ -130,7 +130,7 @@ class TorchSdpaBackend(NativeBackend):
     def run(self, p: Call):
         if any(isinstance(x, jax.core.Tracer) for x in (p.query, p.key, p.value)):
             raise UnsupportedError(self.name, "a PyTorch kernel cannot run inside jax.jit/grad/vmap; call it on concrete arrays")
-        torch, fn = self._fn(p.spec, float(p.scale))
+        torch, fn = self._fn(p, float(p.scale))
         out = fn(*(_to_torch(x) for x in (p.query, p.key, p.value)))
         torch.cuda.synchronize()
         return jax.dlpack.from_dlpack(out.contiguous())

@@ -75,23 +75,23 @@ class XlaBackend(Backend):
 
         k, v = contiguous_kv(call)
         return masked_serving(call.q, k, v, call.q_starts, call.kv_lengths, scale=call.scale,
-                              soft_cap=call.spec.soft_cap, sinks=call.sinks, window=call.spec.problem.window)
+                              soft_cap=call.soft_cap, sinks=call.sinks, window=call.problem.window)
 
     def run(self, p: Call):
         if p.sinks is not None:
             return _run_with_sinks(p)
         p = segments_as_mask(p)
-        extra = {"return_residual": True} if p.spec.return_residual else {}
+        extra = {"return_residual": True} if p.return_residual else {}
         dtype = p.query.dtype
         up = dtype == jnp.float16 and device.current().platform in NO_F16_PLATFORMS
         cast = (lambda x: None if x is None else x.astype(jnp.float32)) if up else (lambda x: x)  # noqa: E731
         out = jax.nn.dot_product_attention(
             cast(p.query), cast(p.key), cast(p.value), p.bias if p.bias is None or not up else cast(p.bias), p.mask,
-            scale=p.scale, is_causal=p.spec.is_causal,
+            scale=p.scale, is_causal=p.is_causal,
             query_seq_lengths=_lengths(p.q_lengths), key_value_seq_lengths=_lengths(p.kv_lengths),
-            local_window_size=p.spec.window, implementation="xla", **extra,
+            local_window_size=p.window, implementation="xla", **extra,
         )
-        out, lse = out if p.spec.return_residual else (out, None)
+        out, lse = out if p.return_residual else (out, None)
         if p.q_segment_ids is not None:
             # jax.nn gives rows that see no key the mean of the values; padding segments give 0
             keep = query_keep(p)
@@ -110,7 +110,7 @@ def _sink_column(p: Call) -> Call:
 
     from .naive import visible_mask
 
-    sp = p.spec
+    sp = p
     B, T, N, H = p.query.shape
     vis = visible_mask(p)                                  # broadcastable to (B, K, G, T, S)
     vis = jnp.broadcast_to(vis, vis.shape[:3] + (T, sp.kv_len))
@@ -134,7 +134,7 @@ def _run_with_sinks(p: Call):
     masked-logit value). A row that sees no key puts all its weight on the sink: it gives 0, lse = sink."""
     keep = query_keep(p)
     res = XlaBackend().run(_sink_column(p))
-    out, lse = res if p.spec.return_residual else (res, None)
+    out, lse = res if p.return_residual else (res, None)
     if keep is not None:
         out = jnp.where(keep[:, :, None, None], out, 0).astype(out.dtype)
         if lse is not None:
