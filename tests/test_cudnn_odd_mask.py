@@ -45,7 +45,7 @@ def test_decode_at_odd_T_reaches_cudnn_and_a_gradient_is_refused_at_selection(mo
     d = prepare_decode(q, k, v, [64])
     b = backends.get("cudnn")
     monkeypatch.setattr(type(b), "available", lambda self: None)
-    att = d.spec.attention_spec()
+    att = d.as_attention()
     assert api.select(att, "cudnn") is b
     with pytest.raises(UnsupportedError, match="cudnn: backward pass: a bias or mask needs even sequence lengths"):
         api.select(att, "cudnn", mode="train")

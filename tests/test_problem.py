@@ -116,23 +116,44 @@ def test_attention_spec_holds_a_problem():
     assert legacy == spec and dataclasses.replace(spec, scale=0.5).problem == spec.problem
 
 
-def test_decode_spec_holds_a_problem():
+def test_decode_call_holds_a_problem():
     import numpy as np
 
     from attnlab.api.decode import DecodeSpec, prepare_decode
 
     q = np.zeros((2, 4, 4, 16), np.float32)
     k = np.zeros((2, 12, 2, 16), np.float32)
-    spec = prepare_decode(q, k, k, [12, 5], scale=0.5).spec
-    assert [f.name for f in dataclasses.fields(DecodeSpec)] == ["problem", "scale", "scale_is_static", "page_size",
-                                                                "soft_cap", "has_sinks", "kv_dtype", "kv_scale"]
+    spec = prepare_decode(q, k, k, [12, 5], scale=0.5)
     assert spec.problem == Problem(2, 4, 12, 4, 2, 16, "float32", True) and spec == DecodeSpec(spec.problem, 0.5)
     assert (spec.batch, spec.q_len, spec.max_len, spec.heads, spec.kv_heads, spec.head_dim, spec.dtype, spec.causal,
-            spec.groups) == (2, 4, 12, 4, 2, 16, "float32", True, 2)
+            spec.groups, spec.kind, spec.scale) == (2, 4, 12, 4, 2, 16, "float32", True, 2, "decode", 0.5)
     with pytest.raises(AttributeError):
         spec.max_len = 3
-    att = spec.attention_spec()       # decode's causal tail is a mask there, not attention's top-left is_causal
+    att = spec.as_attention()       # decode's causal tail is a mask there, not attention's top-left is_causal
     assert att.problem == dataclasses.replace(spec.problem, causal=False) and att.mask_shape == (2, 1, 4, 12)
+
+
+def test_one_call_type_for_attention_decode_and_serving():
+    """attention, decode and serving calls are one type: the static facts compare, the arrays ride along;
+    a paged cache's page size is the problem's."""
+    import numpy as np
+
+    from attnlab.api.decode import prepare_decode
+    from attnlab.api.serving import prepare_serving
+    from attnlab.core.call import Call
+
+    q = np.zeros((2, 1, 4, 16), np.float32)
+    pages = np.zeros((6, 4, 2, 16), np.float32)
+    table = np.arange(6, dtype=np.int32).reshape(2, 3)
+    calls = [prepare(q, pages[:2], pages[:2]), prepare_decode(q, pages, pages, [5, 12], page_table=table),
+             prepare_serving(q[:, 0], pages, pages, [0, 1, 2], [5, 12], page_table=table)]
+    assert [type(c) for c in calls] == [Call] * 3 and [c.kind for c in calls] == ["attention", "decode", "serving"]
+    assert [c.page_size for c in calls] == [None, 4, 4] and calls[2].q_starts.tolist() == [0, 1, 2]
+    assert all(c.spec is c and c.query is not None for c in calls)
+    assert calls[1] == dataclasses.replace(calls[1], query=None, key=None, kv_lengths=None) == Call(
+        calls[1].problem, kind="decode", has_kv_lengths=True)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        Call(calls[0].problem, kind="prefill")
 
 
 def test_committed_records_rebuild_their_cells_keys():

@@ -189,8 +189,7 @@ class _Blind(attnlab.backends.Backend):
 
         from attnlab.backends.naive import NaiveBackend
 
-        plain = dataclasses.replace(p, q_segment_ids=None, kv_segment_ids=None,
-                                    spec=dataclasses.replace(p.spec, soft_cap=None, has_segment_ids=False))
+        plain = dataclasses.replace(p, q_segment_ids=None, kv_segment_ids=None, soft_cap=None, has_segment_ids=False)
         return NaiveBackend().run(plain)
 
 

@@ -156,14 +156,14 @@ def tune(out, deadline, shapes=TUNE, backends=JAX_BACKENDS, options=None):
 def picks(shapes, table):
     """(problem, mode) -> {auto, auto_why, static, static_why}: auto with ``table``, and the static rule."""
     from attnlab.api import dot_product as api, dispatch
-    from attnlab.core.spec import AttentionSpec
+    from attnlab.core.call import Call
 
     before = os.environ.get(dispatch.ENV_VAR)
     os.environ[dispatch.ENV_VAR] = os.path.abspath(table)
     out = []
     try:
         for p, mode in shapes:
-            spec = AttentionSpec(problem=p, scale=None)
+            spec = Call(p)
             a, why = api.auto(spec, "train" if mode != "fwd" else "fwd")
             s, swhy = api.static_rule(spec)
             out.append({**p.identity(), "mode": mode, "bucket": dispatch.bucket(p, mode), "auto": a.name, "auto_why": why,

@@ -29,7 +29,7 @@ __version__ = "0.1.0"
 __all__ = [
     "attention", "explain", "select", "Explanation", "Backend", "register", "hlo_uses_cudnn",
     "UnsupportedError", "OutputMismatchError", "reference_attention", "reference_attention_grads", "check_close", "rel_l2",
-    "AttentionSpec", "Problem", "Workload", "__version__",
+    "AttentionSpec", "Call", "Problem", "Workload", "__version__",
     "decode_attention", "explain_decode", "reference_decode_attention", "check_decode_close",
     "serving_attention", "explain_serving", "serving_plan", "reference_serving_attention", "sharded_attention", "make_mesh",
     "quantize_kv_cache",
@@ -48,6 +48,7 @@ _LAZY = {
     "reference_serving_attention": ".reference.serving64",
     "quantize_kv_cache": ".core.kv_quant",
     "AttentionSpec": ".core.spec",
+    "Call": ".core.call",
     "Workload": ".core.workload",
     "Problem": ".core.problem",
     "sharded_attention": ".api.sharded", "make_mesh": ".api.sharded",

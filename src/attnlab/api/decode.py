@@ -50,97 +50,33 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 from .. import backends
 from ..backends.masked_decode import decode_mask  # noqa: F401 (re-exported)
+from ..core.call import Call
 from ..core.checks import (_is_tracer, _shape, as_lengths, call_problem, check_flag, check_kv_shapes, check_scale,
                            check_sinks, check_soft_cap, common_float_dtype, length_values, normalise_window)
 from ..core.errors import UnsupportedError
-from ..core.problem import Problem, delegate_fields
-from ..core.spec import AttentionSpec
+from ..core.problem import Problem
 
 #: How ``decode_attention``'s errors name the sizes of a call (``checks.call_problem``).
 ARGUMENT_NAMES = {"batch": "q batch size B", "q_len": "q length T", "kv_len": "k_cache length S_max",
                   "heads": "q heads N", "kv_heads": "k_cache heads K", "head_dim": "q head dim H"}
 
 
-@dataclasses.dataclass(frozen=True)
-class DecodeSpec:
-    """Static description of one decode or serving call (``ServingSpec`` is this type): its ``Problem`` and
-    what else the call carries.
-
-    ``problem``: ``Problem(B, T, S_max, N, K, H, dtype, causal)``: ``kv_len`` is the cache's capacity
-    S_max (contiguous: k_cache's length; paged: pages_per_seq * page_size), ``causal`` decode's
-    bottom-right rule (query t sees keys <= kv_lengths[b] - T + t), ``window`` the call's
-    ``local_window_size`` as (left, right) around each query's absolute position, or None. Its fields read
-    as attributes (``spec.heads``, ``spec.q_len``), ``spec.max_len`` is ``problem.kv_len``.
-    The per-sequence ``kv_lengths`` are values, not part of the static description.
-    """
-
-    problem: Problem
-    scale: float | None = None      # None: default 1/sqrt(H), or traced
-    scale_is_static: bool = True
-    page_size: int | None = None    # paged KV cache (vLLM layout); max_len = pages_per_seq * page_size
-    soft_cap: float | None = None   # logits_soft_cap: cap * tanh(logits / cap) before masking
-    has_sinks: bool = False         # sinks: one extra softmax logit per query head (no value)
-    kv_dtype: str | None = None     # a quantized cache's dtype (``core.kv_quant``), None: q's dtype
-    kv_scale: str | None = None     # its scale layout: tensor, head, page or token
-
-    @property
-    def groups(self) -> int:
-        return self.problem.groups
-
-    @property
-    def needs_mask(self) -> bool:
-        """Whether the generic path needs a dense mask (the causal tail of T > 1 tokens, or a window)."""
-        return self.causal and self.q_len > 1 or self.window is not None
-
-    def attention_spec(self) -> AttentionSpec:
-        """The ``attention()`` call this decode is expressed as on the generic backends."""
-        mask = (self.batch, 1, self.q_len, self.max_len) if self.needs_mask else None
-        # decode's causal rule and window are the mask (bottom-right); attention's (top-left) stay off
-        return AttentionSpec(problem=dataclasses.replace(self.problem, causal=False, window=None), scale=self.scale,
-                             mask_shape=mask, has_kv_lengths=True, soft_cap=self.soft_cap, has_sinks=self.has_sinks)
+def DecodeSpec(problem: Problem, scale=None, scale_is_static: bool = True, page_size=None, soft_cap=None,
+               has_sinks: bool = False, kv_dtype=None, kv_scale=None) -> Call:
+    """The static ``Call`` of a decode call, in the argument order of the type it replaces (kept for one
+    release): ``problem`` is Problem(B, T, S_max, N, K, H, dtype, causal, window); the paging and a quantized
+    cache become the problem's."""
+    if page_size is not None or kv_dtype is not None:
+        problem = dataclasses.replace(problem, page_size=page_size, kv_dtype=kv_dtype, kv_scale=kv_scale)
+    return Call(problem, scale, kind="decode", scale_is_static=scale_is_static, soft_cap=soft_cap,
+                has_sinks=has_sinks, has_kv_lengths=True)
 
 
-delegate_fields(DecodeSpec, max_len="kv_len")
-
-
-@dataclasses.dataclass
-class DecodeCall:
-    query: Any
-    k_cache: Any
-    v_cache: Any
-    kv_lengths: Any      # int32, (B,)
-    scale: Any           # effective scale: float, or a tracer
-    spec: DecodeSpec | None  # None for an empty batch (B = 0): nothing to run
-    page_table: Any = None   # (B, pages_per_seq) int32 when k_cache/v_cache are pages
-    sinks: Any = None        # (N,) float logits or None
-    k_scale: Any = None      # float32 scales of a quantized cache (``core.kv_quant``) or None
-    v_scale: Any = None
-
-    def contiguous(self):
-        """(k, v) as contiguous (B, S_max, K, H) caches: the pages gathered through the table (the
-        paged call's twin), or the caches themselves; a quantized cache dequantized in float32."""
-        return contiguous_kv(self, None if self.spec is None else self.spec.kv_scale)
-
-
-def contiguous_kv(call, layout):
-    """(k, v) of a decode or serving call as contiguous float caches (B, S_max, K, H): pages gathered,
-    a quantized cache (``layout`` not None) dequantized in float32 (``core.kv_quant.dequantize``)."""
-    k, v = call.k_cache, call.v_cache
-    if layout is not None:
-        import jax.numpy as jnp
-
-        from ..core.kv_quant import dequantize
-
-        k, v = (dequantize(c, s, layout, "float32", jnp) for c, s in ((k, call.k_scale), (v, call.v_scale)))
-    if call.page_table is None:
-        return k, v
-    from ..kernels.pages import gather_pages
-
-    return gather_pages(k, call.page_table, call.kv_lengths), gather_pages(v, call.page_table, call.kv_lengths)
+#: A decode call with its arrays: a ``Call`` of kind decode (the name kept for one release).
+DecodeCall = Call
 
 
 def check_cache_dtypes(q, k_cache, v_cache, k_scale, v_scale, *, paged: bool):
@@ -154,27 +90,58 @@ def check_cache_dtypes(q, k_cache, v_cache, k_scale, v_scale, *, paged: bool):
     return common_float_dtype({"q": q}), kv_dtype, layout
 
 
-def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, page_table=None,
-                   logits_soft_cap=None, sinks=None, local_window_size=None, k_scale=None,
-                   v_scale=None) -> DecodeCall:
-    """Check every argument of a decode call (see the module docstring) and describe it."""
-    qs, ks, vs = _shape("q", q), _shape("k_cache", k_cache), _shape("v_cache", v_cache)
-    if len(qs) != 4:
-        raise ValueError(f"q must have rank 4 (B, T, N, H), got shape {qs}")
+def cache_problem(arg_names: dict, qs: tuple, shapes: tuple, q, k_cache, v_cache, kv_lengths, page_table, k_scale,
+                  v_scale, causal: bool, local_window_size, *, paged_q_len: int, may_be_empty=()):
+    """The ``Problem`` of a call against a KV cache (decode or serving) and the cache's length S_max: the caches'
+    shapes ``shapes`` (k, v) against q's as (B, T, N, H) ``qs`` (a paged cache through its page table), the dtypes
+    (a quantized cache with its scales), then the sizes (``call_problem``, errors in ``arg_names``). The paging
+    and a quantized cache are the problem's; None for an empty call (a size in ``may_be_empty`` is 0)."""
+    ks, vs = shapes
     page_size = None
     if page_table is not None:
         from ..kernels.pages import validate_paged
 
-        page_size, s_max = validate_paged(k_cache, v_cache, page_table, kv_lengths, batch=qs[0], q_len=qs[1])
+        page_size, s_max = validate_paged(k_cache, v_cache, page_table, kv_lengths, batch=qs[0], q_len=paged_q_len)
         ks = vs = (qs[0], s_max, ks[2], ks[3])     # checked below as its contiguous twin
     if len(ks) != 4:
         raise ValueError(f"k_cache must have rank 4 (B, S_max, K, H), got shape {ks}")
     check_kv_shapes(("q", "k_cache", "v_cache"), qs, ks, vs)
     dtype, kv_dtype, kv_scale = check_cache_dtypes(q, k_cache, v_cache, k_scale, v_scale, paged=page_table is not None)
     B, T, N, H = qs
-    S, K = ks[1:3]
-    problem = call_problem(ARGUMENT_NAMES, (B, T, S, N, K, H), dtype, check_flag("causal", causal),
-                           normalise_window(local_window_size), may_be_empty=("batch",))
+    problem = call_problem(arg_names, (B, T, ks[1], N, ks[2], H), dtype, causal, normalise_window(local_window_size),
+                           may_be_empty=may_be_empty)
+    if problem is not None and (page_size is not None or kv_dtype is not None):
+        problem = dataclasses.replace(problem, page_size=page_size, kv_dtype=kv_dtype, kv_scale=kv_scale)
+    return problem, int(ks[1])
+
+
+def cache_call(kind: str, problem, heads: int, head_dim: int, scale, logits_soft_cap, sinks, q, k_cache, v_cache,
+               kv_lengths, page_table, **arrays) -> Call:
+    """A decode or serving ``Call`` after its problem (``cache_problem``): the scale, soft cap and sinks checked
+    (``core.checks``), the lengths and page table as int32, the effective scale (default 1 / sqrt(H))."""
+    scale = check_scale(scale)
+    soft_cap = check_soft_cap(logits_soft_cap)
+    sinks = check_sinks(sinks, heads)
+    import jax.numpy as jnp
+
+    table = None if page_table is None else jnp.asarray(page_table).astype(jnp.int32)
+    return Call(problem, 1.0 / math.sqrt(head_dim) if scale is None else scale, kind=kind,
+                scale_is_static=not _is_tracer(scale), soft_cap=soft_cap, has_sinks=sinks is not None,
+                has_kv_lengths=True, query=q, key=k_cache, value=v_cache,
+                kv_lengths=jnp.asarray(kv_lengths).astype(jnp.int32), page_table=table, sinks=sinks, **arrays)
+
+
+def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, page_table=None,
+                   logits_soft_cap=None, sinks=None, local_window_size=None, k_scale=None,
+                   v_scale=None) -> Call:
+    """Check every argument of a decode call (see the module docstring) and describe it."""
+    qs, ks, vs = _shape("q", q), _shape("k_cache", k_cache), _shape("v_cache", v_cache)
+    if len(qs) != 4:
+        raise ValueError(f"q must have rank 4 (B, T, N, H), got shape {qs}")
+    problem, S = cache_problem(ARGUMENT_NAMES, qs, (ks, vs), q, k_cache, v_cache, kv_lengths, page_table, k_scale,
+                               v_scale, check_flag("causal", causal), local_window_size, paged_q_len=qs[1],
+                               may_be_empty=("batch",))
+    B, T, N, H = qs
     if S < T:
         raise ValueError(f"k_cache length S_max={S} must be >= T={T}: the T new tokens must fit in the cache")
     kv_lengths = as_lengths(kv_lengths)
@@ -184,19 +151,8 @@ def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, 
             raise ValueError(f"kv_lengths[{b}]={n} < T={T}: the T new tokens must be in the cache")
         if n > S:
             raise ValueError(f"kv_lengths[{b}]={n} > S_max={S}: lengths must fit in k_cache/v_cache")
-    scale = check_scale(scale)
-    static_scale = not _is_tracer(scale)
-    soft_cap = check_soft_cap(logits_soft_cap)
-    sinks = check_sinks(sinks, N)
-    spec = None if problem is None else DecodeSpec(problem, scale=scale if static_scale else None,
-                                                   scale_is_static=static_scale, page_size=page_size, soft_cap=soft_cap,
-                                                   has_sinks=sinks is not None, kv_dtype=kv_dtype, kv_scale=kv_scale)
-    import jax.numpy as jnp
-
-    lengths = jnp.asarray(kv_lengths).astype(jnp.int32)
-    effective = 1.0 / math.sqrt(H) if scale is None else scale
-    table = None if page_table is None else jnp.asarray(page_table).astype(jnp.int32)
-    return DecodeCall(q, k_cache, v_cache, lengths, effective, spec, table, sinks, k_scale, v_scale)
+    return cache_call("decode", problem, N, H, scale, logits_soft_cap, sinks, q, k_cache, v_cache, kv_lengths,
+                      page_table, k_scale=k_scale, v_scale=v_scale)
 
 
 def paged_refusal(backend) -> str | None:
@@ -213,7 +169,7 @@ def window_refusal(backend, window) -> str | None:
     return backend.decode_window_reason if window is not None and not backend.takes_decode_window else None
 
 
-def select_decode(spec: DecodeSpec, implementation=None):
+def select_decode(spec: Call, implementation=None):
     """The backend that runs this call (its ``run_decode``): the named one (or UnsupportedError with its
     ``why_not_decode``), or auto's: the first registered backend whose ``auto_reason`` claims the call,
     else ``attention``'s auto choice for the call as masked attention."""
@@ -226,7 +182,7 @@ def select_decode(spec: DecodeSpec, implementation=None):
         if claimed is None and spec.kv_scale is not None:   # a quantized cache: a path that takes its scales
             claimed = next((b for b in backends.all_backends() if b.takes_kv_scales and b.portable
                             and b.why_not_decode(spec) is None), None)
-        chosen = claimed or api.select(spec.attention_spec(), None)
+        chosen = claimed or api.select(spec.as_attention(), None)
         if spec.window is not None and not chosen.takes_decode_window:   # a portable path that takes the window
             every = sorted(backends.all_backends(), key=lambda b: not b.portable)
             chosen = next((b for b in every if b.why_not_decode(spec) is None), chosen)
@@ -274,11 +230,11 @@ def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None
     d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale, page_table=page_table,
                        logits_soft_cap=logits_soft_cap, sinks=sinks, local_window_size=local_window_size,
                        k_scale=k_scale, v_scale=v_scale)
-    if d.spec is None:                  # B = 0: an empty batch, whatever the path
+    if d.empty:                  # B = 0: an empty batch, whatever the path
         from .dot_product import empty_result
 
         return empty_result(d, implementation, False, d.query.shape)
-    return select_decode(d.spec, implementation).run_decode(d)
+    return select_decode(d, implementation).run_decode(d)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,7 +242,7 @@ class CallExplanation:
     """What auto runs for a decode or serving call (``chosen``) and each backend's reason not to (None: it can)."""
     chosen: str
     reasons: dict[str, str | None]
-    spec: Any       # the call's DecodeSpec (a serving call's too)
+    spec: Call | None   # the call (static facts and arrays), None for an empty batch
 
     def __str__(self) -> str:
         from .dot_product import reason_lines
@@ -304,8 +260,8 @@ def explain_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, 
     d = prepare_decode(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale, page_table=page_table,
                        logits_soft_cap=logits_soft_cap, sinks=sinks, local_window_size=local_window_size,
                        k_scale=k_scale, v_scale=v_scale)
-    if d.spec is None:
+    if d.empty:
         return DecodeExplanation("none", {}, None)
-    chosen = select_decode(d.spec, None).name
-    reasons = {b.name: b.why_not_decode(d.spec) for b in backends.all_backends()}
-    return DecodeExplanation(chosen, reasons, d.spec)
+    chosen = select_decode(d, None).name
+    reasons = {b.name: b.why_not_decode(d) for b in backends.all_backends()}
+    return DecodeExplanation(chosen, reasons, d)

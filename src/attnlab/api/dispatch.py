@@ -84,7 +84,7 @@ def group_kind(heads: int, kv_heads: int) -> str:
 
 
 def bucket_fields(obj, mode: str | None = None) -> dict:
-    """The shape bucket of an ``AttentionSpec``, ``Problem``, ``measure.Cell`` or record dict.
+    """The shape bucket of a ``Call`` (``attnlab.core.call``), ``Problem``, ``measure.Cell`` or record dict.
 
     dtype, causal, window kind, mode (fwd | train | bwd), head dim H exactly, group kind
     (mha/gqa/mqa), T and S rounded up to a power of two, B·N rounded up to a power of two,

@@ -11,7 +11,8 @@ from .. import backends
 from ..core import device
 from . import dispatch
 from ..core.errors import UnsupportedError
-from ..core.spec import AttentionSpec, prepare
+from ..core.call import Call
+from ..core.spec import prepare
 
 
 def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
@@ -79,8 +80,8 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
                 key_value_segment_ids=key_value_segment_ids, sinks=sinks, allow_empty=True)
     if p.empty:
         return empty_result(p, with_fp8_recipe(implementation, fp8_recipe), bool(return_residual))
-    backend = select(p.spec, with_fp8_recipe(implementation, fp8_recipe), mode=_mode_of(query))
-    if p.spec.return_residual:
+    backend = select(p, with_fp8_recipe(implementation, fp8_recipe), mode=_mode_of(query))
+    if p.return_residual:
         out, lse = backend.run(p)
         return out.reshape(p.out_shape), lse.reshape(p.out_shape[:-1])
     out = backend.run(p)
@@ -154,7 +155,7 @@ def auto_ineligible(b: backends.Backend) -> str | None:
     return None
 
 
-def static_rule(spec: AttentionSpec) -> tuple[backends.Backend, str]:
+def static_rule(spec: Call) -> tuple[backends.Backend, str]:
     """The static rule's backend and why: a backend's ``auto_claim``, else the first of ``AUTO_ORDER``
     that can run ``spec`` (what auto runs without a usable dispatch entry)."""
     # backends outside AUTO_ORDER that claim a class of inputs (attnlab-decode: small T, long S)
@@ -169,7 +170,7 @@ def static_rule(spec: AttentionSpec) -> tuple[backends.Backend, str]:
     raise UnsupportedError("auto", "no registered backend supports this input")
 
 
-def _measured(spec: AttentionSpec, mode: str) -> tuple[backends.Backend | None, str | None]:
+def _measured(spec: Call, mode: str) -> tuple[backends.Backend | None, str | None]:
     """(the dispatch table's backend, why) or (None, why it was not used; None when there is no table)."""
     if not dispatch.enabled():
         return None, f"{dispatch.ENV_VAR}=off"
@@ -195,7 +196,7 @@ def _measured(spec: AttentionSpec, mode: str) -> tuple[backends.Backend | None, 
     return b, dispatch.describe(found.entry, found.path)
 
 
-def auto(spec: AttentionSpec, mode: str = "fwd") -> tuple[backends.Backend, str]:
+def auto(spec: Call, mode: str = "fwd") -> tuple[backends.Backend, str]:
     """Auto's backend for ``spec`` and why: the dispatch table's measured pick when it has a usable
     entry for this device, versions and bucket (``mode`` "fwd" or "train"), else the static rule
     (saying why the table was not used)."""
@@ -206,7 +207,7 @@ def auto(spec: AttentionSpec, mode: str = "fwd") -> tuple[backends.Backend, str]
     return s, f"{why}: {rule}" if why else rule
 
 
-def select(spec: AttentionSpec, implementation=None, *, mode: str = "fwd") -> backends.Backend:
+def select(spec: Call, implementation=None, *, mode: str = "fwd") -> backends.Backend:
     """The backend that runs ``spec``: the named one (or UnsupportedError), or auto's choice (``auto``)."""
     if implementation is not None and not isinstance(implementation, str):
         raise TypeError(f"implementation must be None or a str, got {type(implementation).__name__}")
@@ -225,7 +226,7 @@ class Explanation:
 
     chosen: str                      # "none" for an empty call (B, T, S or N = 0): no backend runs
     reasons: dict[str, str | None]   # backend name -> None (can run) or the reason it can't
-    spec: AttentionSpec | None       # None for an empty call
+    spec: Call | None       # None for an empty call
     #: why auto picks ``chosen``: the dispatch table's measurement, or the static rule and why the
     #: table was not used (``dispatch entry tuned with jax 0.11.1, running jax 0.11.2: static rule: ...``)
     why: str = ""
@@ -268,6 +269,6 @@ def explain(query, key, value, bias=None, mask=None, *, mode: str = "fwd", **kwa
     if p.empty:
         return Explanation("none", {}, None, f"an empty call (query {p.out_shape}, key {tuple(key.shape)}): no "
                            "backend runs; attention returns jax.nn's zeros (lse -inf)")
-    chosen, why = auto(p.spec, mode)
-    reasons = {b.name: b.why_not(p.spec) for b in backends.all_backends()}
-    return Explanation(chosen.name, reasons, p.spec, why)
+    chosen, why = auto(p, mode)
+    reasons = {b.name: b.why_not(p) for b in backends.all_backends()}
+    return Explanation(chosen.name, reasons, p, why)

@@ -38,47 +38,22 @@ their rules then give implementation-defined rows (the kernel clamps and never r
 """
 from __future__ import annotations
 
-import dataclasses
-import math
-from typing import Any
-
 import numpy as np
 
 from .. import backends
-from ..core.checks import (_is_tracer, _shape, call_problem, check_kv_shapes, check_scale, check_sinks,
-                           check_soft_cap, length_values, normalise_window)
+from ..core.call import Call
+from ..core.checks import _shape, length_values, normalise_window
 from ..core.errors import UnsupportedError
-from .decode import CallExplanation, DecodeSpec, check_cache_dtypes, contiguous_kv
+from .decode import CallExplanation, cache_call, cache_problem
 
 ARGUMENT_NAMES = {"batch": "kv_lengths size B", "q_len": "q tokens T_total", "kv_len": "k_cache length S_max",
                   "heads": "q heads N", "kv_heads": "k_cache heads K", "head_dim": "q head dim H"}
 
 
-#: Static description of a serving call: decode's call type (``DecodeSpec``), whose ``problem`` is
-#: Problem(B, T_total, S_max, N, K, H, dtype, causal=True) (q_len the token budget T_total), with the static
-#: scale, the page size, soft cap, whether the scale is static and whether sinks are given.
-ServingSpec = DecodeSpec
-
-
-@dataclasses.dataclass
-class ServingCall:
-    q: Any
-    k_cache: Any
-    v_cache: Any
-    q_starts: Any        # (B+1,) int32
-    kv_lengths: Any      # (B,) int32
-    scale: Any           # effective scale: float, or a tracer
-    spec: ServingSpec
-    page_table: Any = None
-    plan: Any = None
-    sinks: Any = None    # (N,) float logits or None
-    k_scale: Any = None  # float32 scales of a quantized cache (``core.kv_quant``) or None
-    v_scale: Any = None
-
-    def contiguous(self):
-        """(k, v) as contiguous (B, S_max, K, H) caches (the pages gathered through the table; a quantized
-        cache dequantized in float32)."""
-        return contiguous_kv(self, self.spec.kv_scale)
+#: A serving call's static description and the call with its arrays: a ``Call`` of kind serving, whose
+#: ``problem`` is Problem(B, T_total, S_max, N, K, H, dtype, causal=True, window) (q_len the token budget
+#: T_total; a paged or quantized cache's page size, dtype and scale layout). The names kept for one release.
+ServingSpec = ServingCall = Call
 
 
 def _check_values(starts, lengths, T_total: int, S: int):
@@ -98,7 +73,7 @@ def _check_values(starts, lengths, T_total: int, S: int):
 
 def prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=None, scale=None,
                     logits_soft_cap=None, plan=None, sinks=None, local_window_size=None, k_scale=None,
-                    v_scale=None) -> ServingCall:
+                    v_scale=None) -> Call:
     """Check every argument of a serving call (module docstring) and describe it."""
     qs, ks, vs = _shape("q", q), _shape("k_cache", k_cache), _shape("v_cache", v_cache)
     if len(qs) != 3:
@@ -110,37 +85,20 @@ def prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=Non
     if len(_shape("kv_lengths", kv_lengths)) != 1:
         raise ValueError(f"kv_lengths must have shape (B,), got {tuple(kv_lengths.shape)}")
     B = int(kv_lengths.shape[0])
-    page_size = None
-    if page_table is not None:
-        from ..kernels.pages import validate_paged
-
-        page_size, s_max = validate_paged(k_cache, v_cache, page_table, kv_lengths, batch=B, q_len=1)
-        ks = vs = (B, s_max, ks[2], ks[3])
-    if len(ks) != 4:
-        raise ValueError(f"k_cache must have rank 4 (B, S_max, K, H), got shape {ks}")
     T_total, N, H = qs
-    check_kv_shapes(("q", "k_cache", "v_cache"), (B, T_total, N, H), ks, vs)
-    dtype, kv_dtype, kv_scale = check_cache_dtypes(q, k_cache, v_cache, k_scale, v_scale, paged=page_table is not None)
-    S, K = ks[1:3]
-    problem = call_problem(ARGUMENT_NAMES, (B, T_total, S, N, K, H), dtype, True, normalise_window(local_window_size))
+    problem, S = cache_problem(ARGUMENT_NAMES, (B, T_total, N, H), (ks, vs), q, k_cache, v_cache, kv_lengths,
+                               page_table, k_scale, v_scale, True, local_window_size, paged_q_len=1)
     starts = length_values("q_starts", q_starts, B + 1)
     lengths = length_values("kv_lengths", kv_lengths, B)
     if starts is not None and lengths is not None:
         _check_values(starts.astype(np.int64), lengths.astype(np.int64), T_total, S)
-    scale = check_scale(scale)
-    static = not _is_tracer(scale)
-    sinks = check_sinks(sinks, N)
-    spec = ServingSpec(problem, scale=scale if static else None, scale_is_static=static, page_size=page_size,
-                       soft_cap=check_soft_cap(logits_soft_cap), has_sinks=sinks is not None, kv_dtype=kv_dtype,
-                       kv_scale=kv_scale)
     if plan is not None:
-        _check_plan(plan, (T_total, B, N, K, H), problem.window)
+        _check_plan(plan, (T_total, B, N, problem.kv_heads, H), problem.window)
     import jax.numpy as jnp
 
-    table = None if page_table is None else jnp.asarray(page_table).astype(jnp.int32)
-    return ServingCall(q, k_cache, v_cache, jnp.asarray(q_starts).astype(jnp.int32),
-                       jnp.asarray(kv_lengths).astype(jnp.int32), 1.0 / math.sqrt(H) if scale is None else scale,
-                       spec, table, plan, sinks, k_scale, v_scale)
+    return cache_call("serving", problem, N, H, scale, logits_soft_cap, sinks, q, k_cache, v_cache, kv_lengths,
+                      page_table, q_starts=jnp.asarray(q_starts).astype(jnp.int32), plan=plan, k_scale=k_scale,
+                      v_scale=v_scale)
 
 
 def _check_plan(plan, sizes, window):
@@ -169,7 +127,7 @@ def serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: int, he
                              window_left=None if window is None else window[0])
 
 
-def select_serving(spec: ServingSpec, implementation=None):
+def select_serving(spec: Call, implementation=None):
     """The backend that runs this call: auto's choice, or the named one (UnsupportedError with its reason)."""
     if implementation is not None and not isinstance(implementation, str):
         raise TypeError(f"implementation must be None or a str, got {type(implementation).__name__}")
@@ -216,7 +174,7 @@ def serving_attention(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=N
     call = prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, page_table=page_table, scale=scale,
                            logits_soft_cap=logits_soft_cap, plan=plan, sinks=sinks,
                            local_window_size=local_window_size, k_scale=k_scale, v_scale=v_scale)
-    return select_serving(call.spec, implementation).run_serving(call)
+    return select_serving(call, implementation).run_serving(call)
 
 
 ServingExplanation = CallExplanation
@@ -229,6 +187,6 @@ def explain_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=Non
     call = prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, page_table=page_table, scale=scale,
                            logits_soft_cap=logits_soft_cap, sinks=sinks, local_window_size=local_window_size,
                            k_scale=k_scale, v_scale=v_scale)
-    chosen = select_serving(call.spec).name
-    reasons = {b.name: b.available() or b.supports_serving(call.spec) for b in backends.all_backends()}
-    return ServingExplanation(chosen, reasons, call.spec)
+    chosen = select_serving(call).name
+    reasons = {b.name: b.available() or b.supports_serving(call) for b in backends.all_backends()}
+    return ServingExplanation(chosen, reasons, call)

@@ -50,7 +50,7 @@ def sharded_attention(query, key, value, *, mesh: Mesh, strategy: str, is_causal
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     p = prepare(query, key, value, is_causal=is_causal)
-    sp = p.spec
+    sp = p
     if len(p.out_shape) != 4:
         raise ValueError("sharded_attention needs 4-D (B, T, N, H) query and (B, S, K, H) key/value")
     name, n = _axis(mesh, axis_name)

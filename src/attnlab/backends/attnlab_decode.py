@@ -29,7 +29,7 @@ from ..core.errors import UnsupportedError
 from ..core.problem import Problem
 from ..kernels import decode as kd
 from ..core.checks import _is_tracer
-from ..core.spec import AttentionSpec, Prepared
+from ..core.call import Call
 from .base import Backend
 
 #: Auto picks the kernel only when this is True (set from the benchmark), on an NVIDIA GPU,
@@ -76,7 +76,7 @@ class AttnlabDecodeBackend(Backend):
     def interpret(self) -> bool:
         return device.current().platform != "gpu"
 
-    def supports(self, spec: AttentionSpec) -> str | None:
+    def supports(self, spec: Call) -> str | None:
         why = _common(spec.problem)
         if why:
             return why
@@ -90,13 +90,13 @@ class AttnlabDecodeBackend(Backend):
         return None
 
     def supports_decode(self, spec) -> str | None:
-        """Why ``decode_attention`` cannot run ``spec`` (an ``attnlab.api.decode.DecodeSpec``) here, or None."""
+        """Why ``decode_attention`` cannot run ``spec`` (an decode ``Call``) here, or None."""
         why = _common(spec.problem)
         if why:
             return why
         if not spec.scale_is_static:
             return "scale is traced: the kernel compiles the scale in (pass a Python float)"
-        ps = getattr(spec, "page_size", None)
+        ps = spec.page_size
         if ps is not None and ps & (ps - 1):
             return f"page size {ps} is not a power of two (the kernel loads whole pages or power-of-two parts)"
         return None
@@ -108,11 +108,11 @@ class AttnlabDecodeBackend(Backend):
         if self.interpret:
             return "interpret mode (no GPU): correct but slow"
         # cuDNN takes no decode window and no quantized cache
-        if spec.q_len < AUTO_MIN_T and spec.window is None and getattr(spec, "kv_scale", None) is None:
+        if spec.q_len < AUTO_MIN_T and spec.window is None and spec.kv_scale is None:
             return f"T={spec.q_len} < {AUTO_MIN_T}: cuDNN is as fast at T=1"
         return self.available() or self.supports_decode(spec)
 
-    def auto_claim(self, spec: AttentionSpec) -> str | None:
+    def auto_claim(self, spec: Call) -> str | None:
         """The ``attention()`` auto hook: None when auto should run this kernel for ``spec``."""
         if not AUTO_ENABLED:
             return "auto off (attnlab.backends.attnlab_decode.AUTO_ENABLED)"
@@ -127,7 +127,7 @@ class AttnlabDecodeBackend(Backend):
         return self.why_not(spec)
 
     def supports_serving(self, spec) -> str | None:
-        """Why ``serving_attention`` cannot run ``spec`` (an ``attnlab.api.serving.ServingSpec``) on the
+        """Why ``serving_attention`` cannot run ``spec`` (an serving ``Call``) on the
         serving kernel (``kernels.serving``), or None."""
         p = spec.problem
         if p.dtype not in kd.DTYPES:
@@ -148,22 +148,22 @@ class AttnlabDecodeBackend(Backend):
         return self.available() or self.supports_serving(spec)
 
     def run_serving(self, call):
-        """Run an ``attnlab.api.serving.ServingCall`` on the serving kernel (its plan, or one made here)."""
+        """Run a serving ``Call`` on the serving kernel (its plan, or one made here)."""
         from ..kernels.serving import serving_attention_pallas
         from ..kernels.serving_plan import make_serving_plan
 
-        why = self.supports_serving(call.spec)
+        why = self.supports_serving(call)
         if why:
             raise UnsupportedError(self.name, why)
-        p = call.spec.problem
+        p = call.problem
         plan = call.plan or make_serving_plan(call.q_starts, call.kv_lengths, total_tokens=p.q_len,
                                               kv_len_max=p.kv_len, heads=p.heads, kv_heads=p.kv_heads,
                                               head_dim=p.head_dim, dtype=p.dtype,
                                               window_left=None if p.window is None else p.window[0])
         return serving_attention_pallas(call.q, call.k_cache, call.v_cache, call.q_starts, call.kv_lengths,
                                         plan=plan, scale=float(call.scale), page_table=call.page_table,
-                                        soft_cap=call.spec.soft_cap, interpret=self.interpret, sinks=call.sinks,
-                                        k_scale=call.k_scale, v_scale=call.v_scale, kv_scale=call.spec.kv_scale)
+                                        soft_cap=call.soft_cap, interpret=self.interpret, sinks=call.sinks,
+                                        k_scale=call.k_scale, v_scale=call.v_scale, kv_scale=call.kv_scale)
 
     def version(self) -> str | None:
         import jax
@@ -179,17 +179,17 @@ class AttnlabDecodeBackend(Backend):
                                           interpret=self.interpret, page_table=page_table, soft_cap=soft_cap,
                                           window=window, sinks=sinks, k_scale=k_scale, v_scale=v_scale, kv_scale=layout)
 
-    def run(self, p: Prepared):
+    def run(self, p: Call):
         import jax.numpy as jnp
 
-        B, S = p.spec.batch, p.spec.kv_len
+        B, S = p.batch, p.kv_len
         lengths = jnp.full((B,), S, jnp.int32) if p.kv_lengths is None else p.kv_lengths
-        return self._call(p.query, p.key, p.value, lengths, False, p.scale, soft_cap=p.spec.soft_cap, sinks=p.sinks)
+        return self._call(p.query, p.key, p.value, lengths, False, p.scale, soft_cap=p.soft_cap, sinks=p.sinks)
 
     def run_decode(self, d):
-        """Run an ``attnlab.api.decode.DecodeCall`` with its causal rule."""
-        return self._call(d.query, d.k_cache, d.v_cache, d.kv_lengths, d.spec.causal, d.scale, d.page_table,
-                          d.spec.soft_cap, d.spec.window, d.sinks, (d.k_scale, d.v_scale, d.spec.kv_scale))
+        """Run a decode ``Call`` with its causal rule."""
+        return self._call(d.query, d.k_cache, d.v_cache, d.kv_lengths, d.causal, d.scale, d.page_table,
+                          d.soft_cap, d.window, d.sinks, (d.k_scale, d.v_scale, d.kv_scale))
 
 
 def keys_read(lengths, q_len: int = 1, window=None) -> list[int]:

@@ -1,28 +1,30 @@
 """What every attention backend is: a name, an availability check, a capability check, a call."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, NamedTuple
 
+from ..core import segments
+from ..core.call import Call
 from ..core.errors import UnsupportedError
-from ..core.spec import AttentionSpec, Prepared
 from . import _optional
 
 
-def query_keep(p: Prepared):
+def query_keep(p: Call):
     """(B, T) bool: the query rows that are not padding (t < query_seq_lengths[b], segment id >= 0),
     or None when every row is kept."""
     import jax.numpy as jnp
 
     keep = None
     if p.q_lengths is not None:
-        keep = jnp.arange(p.spec.q_len)[None, :] < jnp.asarray(p.q_lengths, jnp.int32)[:, None]
+        keep = jnp.arange(p.q_len)[None, :] < jnp.asarray(p.q_lengths, jnp.int32)[:, None]
     if p.q_segment_ids is not None:
         seg = jnp.asarray(p.q_segment_ids) >= 0
         keep = seg if keep is None else keep & seg
     return keep
 
 
-def zero_padded_queries(out, p: Prepared):
+def zero_padded_queries(out, p: Call):
     """jax.nn's rule: output rows t >= query_seq_lengths[b] are 0; so are rows of padding segment ids
     (< 0). ``out`` is (B, T, N, H)."""
     keep = query_keep(p)
@@ -33,19 +35,14 @@ def zero_padded_queries(out, p: Prepared):
     return jnp.where(keep[:, :, None, None], out, 0).astype(out.dtype)
 
 
-def segments_as_mask(p: Prepared) -> Prepared:
+def segments_as_mask(p: Call) -> Call:
     """``p`` with its segment ids folded into a dense (B, 1, T, S) bool mask (and the ids dropped from the
     mask's point of view: ``q_segment_ids`` stays, for zeroing padding rows). For the dense paths."""
     if p.q_segment_ids is None:
         return p
-    import dataclasses
-
-    from ..core import segments
-
     seg = segments.visible(p.q_segment_ids, p.kv_segment_ids)
     mask = seg if p.mask is None else p.mask & seg
-    spec = dataclasses.replace(p.spec, mask_shape=tuple(int(d) for d in mask.shape))
-    return dataclasses.replace(p, mask=mask, spec=spec)
+    return dataclasses.replace(p, mask=mask, mask_shape=tuple(int(d) for d in mask.shape))
 
 
 class Backend:
@@ -146,7 +143,7 @@ class Backend:
             out[self.library[0]] = self.library_dists or (self.library[0],)
         return out
 
-    def supports(self, spec: AttentionSpec) -> str | None:
+    def supports(self, spec: Call) -> str | None:
         return None
 
     def variant_names(self) -> list[str]:
@@ -163,7 +160,7 @@ class Backend:
         only); ValueError naming the known recipes for an unknown one."""
         raise ValueError(f"fp8_recipe: backend {self.name!r} takes no FP8 recipe")
 
-    def why_not(self, spec: AttentionSpec) -> str | None:
+    def why_not(self, spec: Call) -> str | None:
         """``available()``, the residual, the soft cap, segment ids, sinks, then ``supports(spec)``: the first reason
         this backend cannot run."""
         why = self.available()
@@ -173,54 +170,54 @@ class Backend:
             why = self.soft_cap_reason
         if why is None and spec.has_segment_ids and not self.takes_segment_ids:
             why = self.segment_reason
-        if why is None and getattr(spec, "has_sinks", False) and not self.takes_sinks:
+        if why is None and spec.has_sinks and not self.takes_sinks:
             why = self.sinks_reason
         return why or self.supports(spec)
 
-    def mode_reason(self, spec: AttentionSpec, mode: str) -> str | None:
+    def mode_reason(self, spec: Call, mode: str) -> str | None:
         """Why this backend cannot run ``mode`` ("fwd", "fwd+bwd", "bwd") on ``spec``, or None."""
         if self.forward_only and mode != "fwd":
             return "forward only, no backward pass"
         return None
 
-    def run(self, p: Prepared):
+    def run(self, p: Call):
         """Compute attention on normalised 4-D inputs; returns (B, T, N, H).
 
-        With ``p.spec.return_residual`` (backends with ``residual = True`` only) returns
+        With ``p.return_residual`` (backends with ``residual = True`` only) returns
         ``(out, lse)``: lse (B, T, N) in the inputs' dtype, the natural-log logsumexp of each row's
         scaled, biased, masked logits, carrying no gradient (as jax.nn's)."""
         raise NotImplementedError
 
     def supports_decode(self, spec) -> str | None:
-        """Why ``decode_attention`` cannot run ``spec`` (an ``attnlab.api.decode.DecodeSpec``) with this
+        """Why ``decode_attention`` cannot run ``spec`` (a ``Call`` of kind decode) with this
         backend, or None. Default: ``why_not`` of the call as attention (the masked path)."""
-        return self.why_not(spec.attention_spec())
+        return self.why_not(spec.as_attention())
 
     def why_not_decode(self, spec) -> str | None:
         """``available()``, a window refused by ``takes_decode_window``, a quantized cache
         (``kv_scales_refusal``), then ``supports_decode(spec)``: the first reason ``decode_attention`` cannot run
-        ``spec`` (a DecodeSpec) with this backend (what a named call raises and ``explain_decode`` lists)."""
+        ``spec`` (a decode ``Call``) with this backend (what a named call raises and ``explain_decode`` lists)."""
         if spec.window is not None and not self.takes_decode_window:
             return self.available() or self.decode_window_reason
         return self.available() or self.kv_scales_refusal(spec) or self.supports_decode(spec)
 
     def kv_scales_refusal(self, spec) -> str | None:
-        """``kv_scales_reason`` when ``spec`` (a DecodeSpec or ServingSpec) has a quantized cache and this
+        """``kv_scales_reason`` when ``spec`` (a decode or serving ``Call``) has a quantized cache and this
         backend does not take one (``takes_kv_scales``), else None."""
-        return self.kv_scales_reason if getattr(spec, "kv_scale", None) and not self.takes_kv_scales else None
+        return self.kv_scales_reason if spec.kv_scale and not self.takes_kv_scales else None
 
     def auto_reason(self, spec) -> str | None:
         """``decode_attention``'s auto hook: None when its auto should run this backend's own decode
-        kernel for ``spec`` (a DecodeSpec). Default: never (auto runs ``attention``'s auto choice)."""
+        kernel for ``spec`` (a decode ``Call``). Default: never (auto runs ``attention``'s auto choice)."""
         return "no decode kernel of its own (decode_attention's auto runs attention()'s auto choice)"
 
-    def auto_claim(self, spec: AttentionSpec) -> str | None:
+    def auto_claim(self, spec: Call) -> str | None:
         """``attention``'s auto hook for a backend outside ``AUTO_ORDER``: None when auto should run it
         for ``spec`` (checked before ``AUTO_ORDER``). Default: it claims nothing (the reason says so)."""
         return "claims no inputs (auto reaches it through AUTO_ORDER only, if listed)"
 
     def run_decode(self, d):
-        """Run an ``attnlab.api.decode.DecodeCall``; returns (B, T, N, H) in q's dtype. Default: the
+        """Run a decode ``Call`` (``attnlab.api.decode.prepare_decode``'s); returns (B, T, N, H) in q's dtype. Default: the
         masked-attention path (``masked_decode``: ``run`` on a causal-tail mask and kv lengths, paged
         caches through ``run_paged_decode`` when ``paged`` else gathered). Decode kernels override it."""
         from .masked_decode import masked_decode
@@ -228,12 +225,12 @@ class Backend:
         return masked_decode(self, d, d.scale)
 
     def run_paged_decode(self, d, mask):
-        """A paged ``DecodeCall`` (``d.page_table`` set) with ``mask`` (B, 1, T, S_max) or None, read
+        """A paged decode ``Call`` (``d.page_table`` set) with ``mask`` (B, 1, T, S_max) or None, read
         through the page table; only backends with ``paged = True`` implement it."""
         raise UnsupportedError(self.name, "no paged KV cache path of its own")
 
     def supports_serving(self, spec) -> str | None:
-        """Why ``serving_attention`` cannot run ``spec`` (an ``attnlab.api.serving.ServingSpec``) here, or None.
+        """Why ``serving_attention`` cannot run ``spec`` (a ``Call`` of kind serving) here, or None.
         Default: no serving path (ragged packed queries against a cache are not an ``attention`` call)."""
         return "no serving path (ragged packed queries against a KV cache); serving_attention runs on xla or attnlab-decode"
 
@@ -242,8 +239,8 @@ class Backend:
         return "not serving_attention's auto choice"
 
     def run_serving(self, call):
-        """Run an ``attnlab.api.serving.ServingCall``; returns (T_total, N, H) in q's dtype."""
-        raise UnsupportedError(self.name, self.supports_serving(call.spec) or "no serving path")
+        """Run a serving ``Call`` (``attnlab.api.serving.prepare_serving``'s); returns (T_total, N, H) in q's dtype."""
+        raise UnsupportedError(self.name, self.supports_serving(call) or "no serving path")
 
     def version(self) -> str | None:
         """Version of the library behind this backend, if any (the declared ``library``'s distribution)."""
@@ -262,17 +259,15 @@ class Backend:
 
 
 class NativeCall(NamedTuple):
-    """How to time a native backend's kernel (``NativeBackend.native_fn``); the loop is
-    ``attnlab.measure.native.measure_native``."""
+    """How to time a native backend's kernel (``NativeBackend.native_fn``; the loop: ``measure.native``)."""
     #: fn(*inputs) launches the kernel on one input set (asynchronously, like a CUDA stream).
     fn: Callable
     #: Waits until the device has finished everything launched.
     sync: Callable[[], None]
     #: The input sets in the library's own arrays (handed over from JAX without a copy).
     sets: list
-    #: Optional hooks, each a callable: ``event_ms(call)`` times one call with device events (the
-    #: fallback when CUPTI is unusable), ``reset_peak()`` starts this cell's memory peak and
-    #: ``peak_bytes()`` reads it; ``peak_scope`` (a str) says what that peak covers.
+    #: Optional hooks: ``event_ms(call)`` times one call with device events (CUPTI's fallback), ``reset_peak()``
+    #: starts this cell's memory peak, ``peak_bytes()`` reads it; ``peak_scope`` (a str) says what it covers.
     extras: dict
 
 
@@ -288,7 +283,7 @@ class NativeBackend(Backend):
     def available(self) -> str | None:
         return self.library_missing() or super().available()
 
-    def native_fn(self, spec: AttentionSpec, scale: float, arg_sets, decode: tuple | None = None) -> NativeCall:
+    def native_fn(self, spec: Call, scale: float, arg_sets, decode: tuple | None = None) -> NativeCall:
         """The kernel for ``spec`` (``decode``: (kv_lengths, causal) of a decode cell) on ``arg_sets``
         (JAX arrays (q, k, v) per set) as a ``NativeCall``."""
         raise NotImplementedError
@@ -298,7 +293,7 @@ class NativeBackend(Backend):
         None; only backends with ``decode = True`` run decode cells."""
         return "no decode (cache) semantics"
 
-    def run_native_decode(self, q, k, v, spec: AttentionSpec, scale: float, kv_lengths, causal: bool):
+    def run_native_decode(self, q, k, v, spec: Call, scale: float, kv_lengths, causal: bool):
         """A decode cell's call on concrete JAX arrays (q (B, T, N, H), caches (B, S, K, H)) with the
         kernel ``native_fn(..., decode=(kv_lengths, causal))`` times; ``decode = True`` backends only."""
         raise NotImplementedError

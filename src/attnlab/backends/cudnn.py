@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from ..core import device
-from ..core.spec import AttentionSpec, Prepared
+from ..core.call import Call
 from . import cudnn_packed
 from .base import Backend
 from .xla import residual_reason
@@ -47,7 +47,7 @@ class CudnnBackend(Backend):
     def version(self) -> str | None:
         return device.current().cudnn_version_str if device.current().platform == "gpu" else None
 
-    def supports(self, spec: AttentionSpec) -> str | None:
+    def supports(self, spec: Call) -> str | None:
         if spec.dtype not in ("float16", "bfloat16"):
             return f"dtype {spec.dtype} not supported (needs float16 or bfloat16)"
         cc = device.current().compute_capability
@@ -70,7 +70,7 @@ class CudnnBackend(Backend):
                 return why
         return residual_reason(spec)
 
-    def mode_reason(self, spec: AttentionSpec, mode: str) -> str | None:
+    def mode_reason(self, spec: Call, mode: str) -> str | None:
         """A forward call with a bias or mask runs at odd T or S; only the backward pass refuses it."""
         if mode != "fwd" and _odd_masked(spec):
             return f"backward pass: {_odd_masked(spec)}"
@@ -82,8 +82,8 @@ class CudnnBackend(Backend):
 
         return run_paged_decode(self, d, mask)
 
-    def run(self, p: Prepared):
-        sp = p.spec
+    def run(self, p: Call):
+        sp = p
         if sp.has_segment_ids:
             return cudnn_packed.run(p)
         window = None
@@ -103,7 +103,7 @@ class CudnnBackend(Backend):
         )
 
 
-def _odd_masked(spec: AttentionSpec) -> str | None:
+def _odd_masked(spec: Call) -> str | None:
     """JAX's cuDNN rule (``check_is_flash_attention``, is_training only): a bias or mask needs even T and S."""
     if (spec.bias_shape or spec.mask_shape) and (spec.q_len % 2 or spec.kv_len % 2):
         return f"a bias or mask needs even sequence lengths (T % 2 == 0 and S % 2 == 0), got T={spec.q_len}, S={spec.kv_len}"

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from ..core import device
-from ..core.spec import AttentionSpec, Prepared
+from ..core.call import Call
 from .cudnn import CudnnBackend
 from .fp8_recipe import RECIPES, Fp8Recipe, backend_name, name_of_recipe, quantise, quantised_qk, suffix_of, tensor_scale
 
@@ -130,7 +130,7 @@ class CudnnFp8Backend(CudnnBackend):
         _, why = _private_api()
         return why
 
-    def supports(self, spec: AttentionSpec) -> str | None:
+    def supports(self, spec: Call) -> str | None:
         if spec.dtype not in ("float16", "bfloat16"):
             return f"dtype {spec.dtype} not supported (takes float16/bfloat16, computes in float8_e4m3fn)"
         if spec.head_dim > 256 or spec.head_dim % 16:
@@ -143,8 +143,8 @@ class CudnnFp8Backend(CudnnBackend):
             return "FP8 attention takes no bias, mask, sequence lengths or window (causal or none only)"
         return None
 
-    def run(self, p: Prepared):
-        return fp8_attention(p.query, p.key, p.value, self.recipe, scale=float(p.scale), causal=p.spec.is_causal)
+    def run(self, p: Call):
+        return fp8_attention(p.query, p.key, p.value, self.recipe, scale=float(p.scale), causal=p.is_causal)
 
     def facts(self, fwd, q, k, v, fwd_as=None) -> dict | None:
         """The recipe this record ran (``fp8_recipe.Fp8Recipe`` as a dict) and that the output was e4m3."""

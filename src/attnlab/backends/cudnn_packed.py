@@ -27,12 +27,12 @@ import numpy as np
 
 from ..core import segments
 from ..core.errors import UnsupportedError
-from ..core.spec import AttentionSpec, Prepared
+from ..core.call import Call
 
 ENTRY = "jax._src.cudnn.fused_attention_stablehlo.dot_product_attention"
 
 
-def refusal(spec: AttentionSpec) -> str | None:
+def refusal(spec: Call) -> str | None:
     """Why the packed path cannot run ``spec`` (its static facts), or None."""
     if spec.bias_shape or spec.mask_shape:
         return "segment ids with bias or mask: the packed entry point is called without them here"
@@ -105,11 +105,11 @@ def check_concrete(q_ids, kv_ids, aligned: bool) -> None:
                                             "segments must cover the same tokens (cuDNN counts positions per segment)")
 
 
-def run(p: Prepared):
+def run(p: Call):
     """The packed cuDNN call on normalised inputs (``refusal`` already None); returns (B, T, N, H)."""
     from jax._src.cudnn import fused_attention_stablehlo as fa
 
-    sp = p.spec
+    sp = p
     T, S = sp.q_len, sp.kv_len
     aligned = sp.is_causal or sp.window is not None
     q_ids = _fold_lengths(p.q_segment_ids, p.q_lengths, T)

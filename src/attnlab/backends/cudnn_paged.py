@@ -22,7 +22,7 @@ def _module():
 
 
 def paged_reason(spec, num_pages: int, pages_per_seq: int) -> str | None:
-    """Why cuDNN's paged attention cannot run this decode (``attnlab.api.decode.DecodeSpec``), or None."""
+    """Why cuDNN's paged attention cannot run this decode (decode ``Call``), or None."""
     try:
         mod = _module()
     except ImportError as e:
@@ -40,10 +40,10 @@ def paged_reason(spec, num_pages: int, pages_per_seq: int) -> str | None:
 
 
 def run_paged_decode(backend, d, mask):
-    """A ``attnlab.api.decode.DecodeCall`` with a page table, on cuDNN's paged attention; (B, T, N, H)."""
+    """A decode ``Call`` with a page table, on cuDNN's paged attention; (B, T, N, H)."""
     import jax.numpy as jnp
 
-    sp = d.spec
+    sp = d
     P = int(d.k_cache.shape[0])
     why = backend.available() or paged_reason(sp, P, int(d.page_table.shape[1]))
     if why:

@@ -1,4 +1,4 @@
-"""The generic decode path: a decode call (``attnlab.api.decode.DecodeCall``) as masked attention.
+"""The generic decode path: a decode call (an ``attnlab.core.call.Call`` of kind decode) as masked attention.
 
 ``Backend.run_decode``'s default: every backend that has no decode kernel of its own runs a decode call
 this way (a backend with a paged path of its own, ``Backend.paged``, reads the pages through the table;
@@ -22,20 +22,36 @@ def decode_mask(kv_lengths, q_len: int, max_len: int, *, causal: bool = True, wi
     return jnp.broadcast_to(vis, (lengths.shape[0], q_len, max_len))[:, None]
 
 
+def contiguous_kv(call):
+    """(k, v) of a decode or serving call as contiguous float caches (B, S_max, K, H): the pages gathered
+    through the table, a quantized cache dequantized in float32 (``core.kv_quant.dequantize``)."""
+    k, v = call.key, call.value
+    if call.problem is not None and call.kv_scale is not None:
+        import jax.numpy as jnp
+
+        from ..core.kv_quant import dequantize
+
+        k, v = (dequantize(c, s, call.kv_scale, "float32", jnp) for c, s in ((k, call.k_scale), (v, call.v_scale)))
+    if call.page_table is None:
+        return k, v
+    from ..kernels.pages import gather_pages
+
+    return gather_pages(k, call.page_table, call.kv_lengths), gather_pages(v, call.page_table, call.kv_lengths)
+
+
 def masked_decode(backend, d, scale):
     """``backend.run`` on the decode call ``d`` as masked attention; returns (B, T, N, H) in q's dtype.
 
     ``scale``: handed to ``prepare`` as given (the caller's argument, None: 1 / sqrt(H); or ``d.scale``)."""
-    sp = d.spec
-    mask = (decode_mask(d.kv_lengths, sp.q_len, sp.max_len, causal=sp.causal, window=sp.window)
-            if sp.needs_mask else None)
+    mask = (decode_mask(d.kv_lengths, d.q_len, d.max_len, causal=d.causal, window=d.window)
+            if d.needs_mask else None)
     if d.page_table is not None and backend.paged:
         return backend.run_paged_decode(d, mask)
-    k, v = d.contiguous()               # a quantized cache: dequantized in float32, and the call runs in float32
+    k, v = contiguous_kv(d)               # a quantized cache: dequantized in float32, and the call runs in float32
     q = d.query
-    if getattr(sp, "kv_scale", None) is not None:       # (float64 q: in float64)
+    if d.kv_scale is not None:       # (float64 q: in float64)
         work = "float64" if q.dtype == "float64" else "float32"
         q, k, v = q.astype(work), k.astype(work), v.astype(work)
     p = prepare(q, k, v, None, mask, scale=scale,
-                key_value_seq_lengths=d.kv_lengths, logits_soft_cap=sp.soft_cap, sinks=getattr(d, "sinks", None))
+                key_value_seq_lengths=d.kv_lengths, logits_soft_cap=d.soft_cap, sinks=d.sinks)
     return backend.run(p).reshape(p.out_shape).astype(d.query.dtype)

@@ -1,4 +1,4 @@
-"""The generic serving path: a serving call (``attnlab.api.serving.ServingCall``) as masked attention in jax.numpy.
+"""The generic serving path: a serving call (a serving ``Call``) as masked attention in jax.numpy.
 
 Each token finds its request (``searchsorted`` on q_starts), gathers that request's cache rows and
 attends them under the position mask ``s <= kv_len - q_len + i`` (and ``s < kv_len``); padding tokens

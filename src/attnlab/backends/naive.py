@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from ..core import segments
 from ..core.masking import large_negative, large_negative_value
-from ..core.spec import Prepared
+from ..core.call import Call
 from .base import Backend, query_keep, zero_padded_queries
 
 
@@ -24,9 +24,9 @@ def _grouped(x, K: int, G: int):
     return x.reshape(b, K, G, t, s) if n != 1 else x.reshape(b, 1, 1, t, s)
 
 
-def visible_mask(p: Prepared):
+def visible_mask(p: Call):
     """Bool mask broadcastable to (B, K, G, T, S): True where query t may attend key s."""
-    sp = p.spec
+    sp = p
     T, S = sp.q_len, sp.kv_len
     t = jnp.arange(T)[:, None]
     s = jnp.arange(S)[None, :]
@@ -52,7 +52,7 @@ def soft_capped(logits, cap):
     return logits if cap is None else cap * jnp.tanh(logits / cap)
 
 
-def _logsumexp(row_max, denom, p: Prepared):
+def _logsumexp(row_max, denom, p: Call):
     """jax.nn's residual from the softmax's pieces (B, K, G, T, 1): lse (B, T, N) in the input dtype.
 
     A row that sees no key, and a padded query row, gets ``large_negative_value(dtype)`` (-0.7 x
@@ -82,8 +82,8 @@ class NaiveBackend(Backend):
     takes_decode_window = True     # the masked decode path folds the window into its mask
     takes_kv_scales = True      # decode / serving: the masked path dequantizes the cache in float32
 
-    def run(self, p: Prepared):
-        sp = p.spec
+    def run(self, p: Call):
+        sp = p
         B, T, N, H = p.query.shape
         K, G = sp.kv_heads, sp.groups
         q = p.query.reshape(B, T, K, G, H)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ..core.spec import AttentionSpec, Prepared
+from ..core.call import Call
 from . import _optional
 from .base import Backend
 
@@ -17,7 +17,7 @@ class PallasTritonBackend(Backend):
     library = ("jax.experimental.pallas.ops.gpu.attention", "cuda13")
     min_compute_capability = (8, 0)
 
-    def supports(self, spec: AttentionSpec) -> str | None:
+    def supports(self, spec: Call) -> str | None:
         if spec.dtype not in ("float16", "bfloat16", "float32"):
             return f"dtype {spec.dtype} not supported"
         if spec.kv_heads != spec.heads:
@@ -27,10 +27,10 @@ class PallasTritonBackend(Backend):
                 return f"{name}={n} must be a multiple of the block size {self.block}"
         return _optional.simple_masks_only(spec, "pallas-triton")
 
-    def run(self, p: Prepared):
+    def run(self, p: Call):
         from jax.experimental.pallas.ops.gpu import attention as pl_attention
 
-        return pl_attention.mha(p.query, p.key, p.value, None, sm_scale=float(p.scale), causal=p.spec.is_causal)
+        return pl_attention.mha(p.query, p.key, p.value, None, sm_scale=float(p.scale), causal=p.is_causal)
 
 
 class PallasMosaicBackend(Backend):
@@ -42,7 +42,7 @@ class PallasMosaicBackend(Backend):
     library = ("jax.experimental.pallas.ops.gpu.attention_mgpu", "cuda13")
     min_compute_capability = (9, 0)
 
-    def supports(self, spec: AttentionSpec) -> str | None:
+    def supports(self, spec: Call) -> str | None:
         if spec.dtype != "float16":
             return f"dtype {spec.dtype} not supported (the kernel takes float16 only)"
         if spec.head_dim % 64 or spec.head_dim > 256:
@@ -55,15 +55,15 @@ class PallasMosaicBackend(Backend):
             return f"S={spec.kv_len} must be a multiple of {self.block_kv}"
         return _optional.simple_masks_only(spec, "pallas-mosaic")
 
-    def mode_reason(self, spec: AttentionSpec, mode: str) -> str | None:
+    def mode_reason(self, spec: Call, mode: str) -> str | None:
         if mode != "fwd" and spec.is_causal:
             return "its backward pass has no causal mode"
         return None
 
-    def run(self, p: Prepared):
+    def run(self, p: Call):
         from jax.experimental.pallas.ops.gpu import attention_mgpu as mgpu
 
         cfg = mgpu.TuningConfig(block_q=self.block_q, block_kv=self.block_kv, max_concurrent_steps=2,
-                                causal=p.spec.is_causal, block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
+                                causal=p.is_causal, block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
         q = (p.query.astype(jnp.float32) * p.scale).astype(p.query.dtype)  # the kernel applies no scale
         return mgpu.attention(q, p.key, p.value, cfg)

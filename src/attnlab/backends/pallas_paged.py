@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import warnings
 
-from ..core.spec import AttentionSpec, Prepared
+from ..core.call import Call
 from .base import Backend
 
 PAGE_SIZE = 16
@@ -85,7 +85,7 @@ class PallasPagedBackend(Backend):
     library = (MODULE, "cuda13")
     min_compute_capability = (8, 0)
 
-    def supports(self, spec: AttentionSpec) -> str | None:
+    def supports(self, spec: Call) -> str | None:
         if spec.q_len != 1:
             return f"T={spec.q_len}: the paged decode kernel takes one query token per sequence (T = 1)"
         if spec.dtype not in ("float16", "bfloat16"):
@@ -103,10 +103,10 @@ class PallasPagedBackend(Backend):
             return f"takes no {', '.join(used)} (key_value_seq_lengths only)"
         return None
 
-    def run(self, p: Prepared):
+    def run(self, p: Call):
         import jax.numpy as jnp
 
-        sp = p.spec
+        sp = p
         k_pages, v_pages, tables = to_pages(p.key, p.value, self.page_size)
         lengths = jnp.full((sp.batch,), sp.kv_len, jnp.int32) if p.kv_lengths is None else p.kv_lengths
         splits, per_block = launch_params(sp.kv_len, self.page_size)

@@ -15,7 +15,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ..core.spec import AttentionSpec, Prepared
+from ..core.call import Call
 from . import _optional
 from .base import Backend, zero_padded_queries
 
@@ -32,7 +32,7 @@ def _module(heads: int, kv_heads: int, head_dim: int, mask_type: str, scale: flo
                                transpose_batch_sequence=False, attention_dropout=0.0)
 
 
-def _mask_type(spec: AttentionSpec) -> str:
+def _mask_type(spec: Call) -> str:
     padding = spec.has_q_lengths or spec.has_kv_lengths
     return {(False, False): "no_mask", (True, False): "causal", (False, True): "padding",
             (True, True): "padding_causal"}[(spec.is_causal, padding)]
@@ -64,14 +64,14 @@ class TeBackend(Backend):
     companion_libraries = {"flax": ("flax",)}   # TE-JAX's DotProductAttention is a flax module
     min_compute_capability = (8, 0)
 
-    def supports(self, spec: AttentionSpec) -> str | None:
+    def supports(self, spec: Call) -> str | None:
         if spec.dtype not in ("float16", "bfloat16"):
             return f"dtype {spec.dtype} not supported (float16/bfloat16)"
         if spec.bias_shape or spec.mask_shape or spec.window:
             return "attnlab's te backend takes no bias, custom mask or window (no mask, causal, padding)"
         return self._fused_reason(spec)
 
-    def _fused_reason(self, spec: AttentionSpec) -> str | None:
+    def _fused_reason(self, spec: Call) -> str | None:
         _optional.preload_pip_cudnn()
         try:
             from transformer_engine.jax.attention import (AttnBiasType, AttnMaskType, AttnSoftmaxType, QKVLayout,
@@ -98,8 +98,8 @@ class TeBackend(Backend):
     def _context(self):
         return contextlib.nullcontext()
 
-    def run(self, p: Prepared):
-        sp = p.spec
+    def run(self, p: Call):
+        sp = p
         mod = _module(sp.heads, sp.kv_heads, sp.head_dim, _mask_type(sp), float(p.scale))
         kwargs = {}
         if sp.has_q_lengths or sp.has_kv_lengths:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ..core.errors import UnsupportedError
-from ..core.spec import AttentionSpec, Prepared
+from ..core.call import Call
 from .base import Backend, segments_as_mask, zero_padded_queries
 
 
@@ -31,12 +31,12 @@ class TokamaxBackend(Backend):
     def available(self) -> str | None:
         return self.library_missing() or super().available()   # the library first, then the device
 
-    def supports(self, spec: AttentionSpec) -> str | None:
+    def supports(self, spec: Call) -> str | None:
         if spec.dtype not in ("float16", "bfloat16") and self.impl == "mosaic":
             return f"dtype {spec.dtype} not supported by the Mosaic GPU kernel (float16/bfloat16)"
         return None
 
-    def run(self, p: Prepared):
+    def run(self, p: Call):
         import tokamax
         from absl import flags
 
@@ -48,9 +48,9 @@ class TokamaxBackend(Backend):
         ln = lambda x: None if x is None else jnp.asarray(x, jnp.int32)  # noqa: E731
         try:
             out = tokamax.dot_product_attention(
-                p.query, p.key, p.value, p.bias, p.mask, scale=p.scale, is_causal=p.spec.is_causal,
+                p.query, p.key, p.value, p.bias, p.mask, scale=p.scale, is_causal=p.is_causal,
                 query_seq_lengths=ln(p.q_lengths), key_value_seq_lengths=ln(p.kv_lengths),
-                local_window_size=p.spec.window, logits_soft_cap=p.spec.soft_cap, implementation=self.impl)
+                local_window_size=p.window, logits_soft_cap=p.soft_cap, implementation=self.impl)
         except NotImplementedError as e:
             raise UnsupportedError(self.name, str(e) or type(e).__name__) from e
         except ExceptionGroup as e:  # tokamax groups the reasons of every implementation it tried

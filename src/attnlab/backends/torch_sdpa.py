@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 
 from ..core.errors import UnsupportedError
-from ..core.spec import AttentionSpec, Prepared
+from ..core.call import Call
 from . import _optional
 from .base import NativeBackend, NativeCall
 
@@ -48,7 +48,7 @@ class TorchSdpaBackend(NativeBackend):
             return f"torch {torch.__version__} has no CUDA device (a CPU-only build?)"
         return None
 
-    def supports(self, spec: AttentionSpec) -> str | None:
+    def supports(self, spec: Call) -> str | None:
         if spec.dtype not in ("float16", "bfloat16") and self.kind != "efficient":
             return f"dtype {spec.dtype} not supported by the {self.kind} kernel (float16/bfloat16)"
         if self.kind == "efficient" and spec.kv_heads != spec.heads:
@@ -56,7 +56,7 @@ class TorchSdpaBackend(NativeBackend):
             return "the memory-efficient kernel takes no grouped key/value heads (enable_gqa)"
         return _optional.simple_masks_only(spec, self.name)
 
-    def _fn(self, spec: AttentionSpec, scale: float):
+    def _fn(self, spec: Call, scale: float):
         if self.kind == "cudnn":
             _optional.preload_pip_cudnn()
         import torch
@@ -84,7 +84,7 @@ class TorchSdpaBackend(NativeBackend):
             return "the flash kernel takes no mask: ragged cache lengths need attn_mask"
         return None
 
-    def decode_fn(self, spec: AttentionSpec, scale: float, kv_lengths, causal: bool):
+    def decode_fn(self, spec: Call, scale: float, kv_lengths, causal: bool):
         """(torch, fn(q, k, v)) for a decode cell: query t of sequence b sits at position
         kv_lengths[b] - T + t; keys past kv_lengths[b] are never seen; causal: keys <= that position."""
         if self.kind == "cudnn":
@@ -121,21 +121,21 @@ class TorchSdpaBackend(NativeBackend):
 
         return torch, fn
 
-    def run_native_decode(self, q, k, v, spec: AttentionSpec, scale: float, kv_lengths, causal: bool):
+    def run_native_decode(self, q, k, v, spec: Call, scale: float, kv_lengths, causal: bool):
         torch, fn = self.decode_fn(spec, scale, kv_lengths, causal)
         out = fn(*(_to_torch(x) for x in (q, k, v)))
         torch.cuda.synchronize()
         return jax.dlpack.from_dlpack(out.contiguous())
 
-    def run(self, p: Prepared):
+    def run(self, p: Call):
         if any(isinstance(x, jax.core.Tracer) for x in (p.query, p.key, p.value)):
             raise UnsupportedError(self.name, "a PyTorch kernel cannot run inside jax.jit/grad/vmap; call it on concrete arrays")
-        torch, fn = self._fn(p.spec, float(p.scale))
+        torch, fn = self._fn(p, float(p.scale))
         out = fn(*(_to_torch(x) for x in (p.query, p.key, p.value)))
         torch.cuda.synchronize()
         return jax.dlpack.from_dlpack(out.contiguous())
 
-    def native_fn(self, spec: AttentionSpec, scale: float, arg_sets, decode: tuple | None = None) -> NativeCall:
+    def native_fn(self, spec: Call, scale: float, arg_sets, decode: tuple | None = None) -> NativeCall:
         """The kernel on the JAX input sets (handed over by DLPack), for ``attnlab.measure.native``: CUPTI
         kernel ms (as for every JAX backend; CUDA events where CUPTI cannot be used), and this cell's
         peak of PyTorch allocations. ``decode``: (kv_lengths, causal) of a decode cell (``decode_fn``)."""

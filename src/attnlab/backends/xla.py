@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from ..core import device
-from ..core.spec import AttentionSpec, Prepared
+from ..core.call import Call
 from ..core.masking import large_negative_value
 from .base import Backend, query_keep, segments_as_mask
 
@@ -36,7 +36,7 @@ def _lengths(x):
     return None if x is None else jnp.asarray(x, jnp.int32)
 
 
-def residual_reason(spec: AttentionSpec) -> str | None:
+def residual_reason(spec: Call) -> str | None:
     """Why jax.nn cannot give the logsumexp residual here (an older JAX), or None."""
     if spec.return_residual and not JAX_HAS_RESIDUAL:
         return f"return_residual needs jax.nn.dot_product_attention(return_residual=...), absent in jax {jax.__version__}"
@@ -59,7 +59,7 @@ class XlaBackend(Backend):
     def version(self) -> str | None:
         return jax.__version__
 
-    def supports(self, spec: AttentionSpec) -> str | None:
+    def supports(self, spec: Call) -> str | None:
         if spec.dtype == "float64":
             # jax/_src/nn/functions.py: "Softmax and it is always carried out in fp32"
             return ("float64: jax.nn computes the softmax in float32, so the output is only float32-accurate "
@@ -70,27 +70,28 @@ class XlaBackend(Backend):
         return self.kv_scales_refusal(spec)   # the masked jax.numpy path (``backends.masked_serving``), any platform
 
     def run_serving(self, call):
+        from .masked_decode import contiguous_kv
         from .masked_serving import masked_serving
 
-        k, v = call.contiguous()
+        k, v = contiguous_kv(call)
         return masked_serving(call.q, k, v, call.q_starts, call.kv_lengths, scale=call.scale,
-                              soft_cap=call.spec.soft_cap, sinks=call.sinks, window=call.spec.problem.window)
+                              soft_cap=call.soft_cap, sinks=call.sinks, window=call.problem.window)
 
-    def run(self, p: Prepared):
+    def run(self, p: Call):
         if p.sinks is not None:
             return _run_with_sinks(p)
         p = segments_as_mask(p)
-        extra = {"return_residual": True} if p.spec.return_residual else {}
+        extra = {"return_residual": True} if p.return_residual else {}
         dtype = p.query.dtype
         up = dtype == jnp.float16 and device.current().platform in NO_F16_PLATFORMS
         cast = (lambda x: None if x is None else x.astype(jnp.float32)) if up else (lambda x: x)  # noqa: E731
         out = jax.nn.dot_product_attention(
             cast(p.query), cast(p.key), cast(p.value), p.bias if p.bias is None or not up else cast(p.bias), p.mask,
-            scale=p.scale, is_causal=p.spec.is_causal,
+            scale=p.scale, is_causal=p.is_causal,
             query_seq_lengths=_lengths(p.q_lengths), key_value_seq_lengths=_lengths(p.kv_lengths),
-            local_window_size=p.spec.window, implementation="xla", **extra,
+            local_window_size=p.window, implementation="xla", **extra,
         )
-        out, lse = out if p.spec.return_residual else (out, None)
+        out, lse = out if p.return_residual else (out, None)
         if p.q_segment_ids is not None:
             # jax.nn gives rows that see no key the mean of the values; padding segments give 0
             keep = query_keep(p)
@@ -101,7 +102,7 @@ class XlaBackend(Backend):
         return out if lse is None else (out, lse.astype(dtype))
 
 
-def _sink_column(p: Prepared) -> Prepared:
+def _sink_column(p: Call) -> Call:
     """``p`` with the sinks as key S: zero key and value rows, the sink as its bias (so its logit is the sink,
     whatever the scale), visible to every row; causality, window, lengths, mask and segments become one
     dense (B or 1, N or 1, T, S + 1) mask. Query lengths stay (padded rows are zeroed by the caller)."""
@@ -109,7 +110,7 @@ def _sink_column(p: Prepared) -> Prepared:
 
     from .naive import visible_mask
 
-    sp = p.spec
+    sp = p
     B, T, N, H = p.query.shape
     vis = visible_mask(p)                                  # broadcastable to (B, K, G, T, S)
     vis = jnp.broadcast_to(vis, vis.shape[:3] + (T, sp.kv_len))
@@ -121,20 +122,19 @@ def _sink_column(p: Prepared) -> Prepared:
     bias = jnp.concatenate([jnp.broadcast_to(base, lead + (sp.kv_len,)), sink], axis=-1)
     zero = jnp.zeros((B, 1, sp.kv_heads, H), p.key.dtype)
     key, value = (jnp.concatenate([x, zero], axis=1) for x in (p.key, p.value))
-    spec = dataclasses.replace(sp, problem=dataclasses.replace(sp.problem, kv_len=sp.kv_len + 1, causal=False,
-                                                               window=None),
+    problem = dataclasses.replace(sp.problem, kv_len=sp.kv_len + 1, causal=False, window=None)
+    return dataclasses.replace(p, problem=problem, key=key, value=value, bias=bias, mask=mask, kv_lengths=None,
                                bias_shape=tuple(bias.shape), mask_shape=tuple(mask.shape), has_kv_lengths=False,
-                               has_segment_ids=False, has_sinks=False)
-    return dataclasses.replace(p, key=key, value=value, bias=bias, mask=mask, kv_lengths=None, spec=spec,
-                               q_segment_ids=None, kv_segment_ids=None, sinks=None)
+                               has_segment_ids=False, has_sinks=False, q_segment_ids=None, kv_segment_ids=None,
+                               sinks=None)
 
 
-def _run_with_sinks(p: Prepared):
+def _run_with_sinks(p: Call):
     """jax.nn on ``_sink_column(p)``; rows t >= query_seq_lengths and padding segments give 0 (lse: jax.nn's
     masked-logit value). A row that sees no key puts all its weight on the sink: it gives 0, lse = sink."""
     keep = query_keep(p)
     res = XlaBackend().run(_sink_column(p))
-    out, lse = res if p.spec.return_residual else (res, None)
+    out, lse = res if p.return_residual else (res, None)
     if keep is not None:
         out = jnp.where(keep[:, :, None, None], out, 0).astype(out.dtype)
         if lse is not None:

@@ -23,7 +23,7 @@ It is the one place that
   sweep's configuration labels), ``key``/``identity`` (the nine JSON fields a record's identity holds) and
   ``lengths_record`` (the compact per-request lengths a record stores).
 
-``AttentionSpec``, ``DecodeSpec`` (a decode or serving call: ``ServingSpec`` is it) and ``measure.Cell`` hold one.
+A call (``attnlab.core.call.Call``: attention, decode or serving) and ``measure.Cell`` hold one.
 """
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ class Problem:
     #: keys (``segments.docs``); tokens past a row's sum are padding (segment id -1)
     doc_lengths: tuple[tuple[int, ...], ...] | None = None
     #: a quantized KV cache (``core.kv_quant``): its dtype and scale layout; K and V are read at the cache's
-    #: dtype plus the scales (``page_size``: the pages a ``page`` layout reads a scale of)
+    #: dtype plus the scales; ``page_size``: a paged cache's page size (the pages a ``page`` layout reads a scale of)
     kv_dtype: str | None = None
     kv_scale: str | None = None
     page_size: int | None = None

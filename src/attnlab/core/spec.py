@@ -13,17 +13,15 @@ query is (B, T, N, H) or (T, N, H); key and value are (B, S, K, H) or (S, K, H).
 bias and mask broadcast to (B, N, T, S); mask is bool with True = attend.
 
 ``prepare`` checks every rule up front and raises ``ValueError``/``TypeError``
-naming the argument, before JAX sees the arrays. It returns the arrays normalised
-to 4-D plus an ``AttentionSpec``: the static facts a backend needs to decide
-whether it can run the call. The rules it shares with ``decode_attention`` (sizes:
+naming the argument, before JAX sees the arrays. It returns the call (``attnlab.core.call.Call``): the
+arrays normalised to 4-D (B,T,N,H), (B,S,K,H), bias/mask (.,.,.,.), (B,) int lengths, and the static
+facts a backend needs to decide whether it can run it. The rules it shares with ``decode_attention`` (sizes:
 ``Problem``'s own; dtypes, key/value shapes, flags, lengths, scale, soft cap, window)
 live in ``attnlab.core.checks`` (re-exported here).
 """
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Any
 
 import numpy as np
 
@@ -31,7 +29,8 @@ from .names import FLOAT_DTYPES
 from . import segments
 from .checks import (_check_lengths, _is_tracer, _shape, as_lengths, call_problem, check_flag, check_kv_shapes,
                      check_scale, check_sinks, check_soft_cap, common_float_dtype, normalise_window)
-from .problem import Problem, delegate_fields
+from .call import Call
+from .problem import Problem
 
 #: How ``attention``'s errors name the sizes of a call (``checks.call_problem``).
 ARGUMENT_NAMES = {"batch": "query batch size B", "q_len": "query length T", "kv_len": "key length S",
@@ -41,75 +40,22 @@ ARGUMENT_NAMES = {"batch": "query batch size B", "q_len": "query length T", "kv_
 EMPTY_SIZES = ("batch", "q_len", "kv_len", "heads")
 
 
-@dataclasses.dataclass(frozen=True, init=False)
-class AttentionSpec:
-    """Static description of one attention call: its ``Problem`` (shapes, dtype, causal, window)
-    and what else the call carries (scale, bias/mask shapes, lengths, return_residual).
-
-    Built as before, ``AttentionSpec(batch=, q_len=, ..., dtype=, scale=, is_causal=, window=, ...)``
-    (or with ``problem=``); the problem's fields read as attributes (``spec.heads``, ``spec.is_causal``)."""
-
-    problem: Problem
-    scale: float | None
-    bias_shape: tuple[int, ...] | None = None
-    mask_shape: tuple[int, ...] | None = None
-    has_q_lengths: bool = False
-    has_kv_lengths: bool = False
-    return_residual: bool = False   # also return the (B, T, N) logsumexp, as jax.nn's return_residual
-    soft_cap: float | None = None   # logits_soft_cap: logits -> cap * tanh(logits / cap) before masking
-    has_segment_ids: bool = False   # query_segment_ids / key_value_segment_ids given (packed rows)
-    #: with concrete segment ids: the most segments in a row (query or key side) and whether every row's
-    #: segments are contiguous; None when the ids are traced (unknown until run)
-    max_segments: int | None = None
-    segments_contiguous: bool | None = None
-    has_sinks: bool = False         # sinks given: one extra logit per query head in the softmax denominator
-
-    def __init__(self, batch=None, q_len=None, kv_len=None, heads=None, kv_heads=None, head_dim=None, dtype=None,
-                 scale=None, is_causal=False, bias_shape=None, mask_shape=None, has_q_lengths=False,
-                 has_kv_lengths=False, window=None, return_residual=False, soft_cap=None, has_segment_ids=False,
-                 max_segments=None, segments_contiguous=None, has_sinks=False, *, problem: Problem | None = None):
-        if problem is None:
-            problem = Problem(batch, q_len, kv_len, heads, kv_heads, head_dim, dtype, bool(is_causal), window)
-        for name, value in (("problem", problem), ("scale", scale), ("bias_shape", bias_shape),
-                            ("mask_shape", mask_shape), ("has_q_lengths", has_q_lengths),
-                            ("has_kv_lengths", has_kv_lengths), ("return_residual", return_residual),
-                            ("soft_cap", soft_cap), ("has_segment_ids", has_segment_ids),
-                            ("max_segments", max_segments), ("segments_contiguous", segments_contiguous),
-                            ("has_sinks", bool(has_sinks))):
-            object.__setattr__(self, name, value)
-
-    @property
-    def groups(self) -> int:
-        return self.problem.groups
+def AttentionSpec(batch=None, q_len=None, kv_len=None, heads=None, kv_heads=None, head_dim=None, dtype=None,
+                  scale=None, is_causal=False, bias_shape=None, mask_shape=None, has_q_lengths=False,
+                  has_kv_lengths=False, window=None, return_residual=False, soft_cap=None, has_segment_ids=False,
+                  max_segments=None, segments_contiguous=None, has_sinks=False, *, problem: Problem | None = None) -> Call:
+    """The static ``Call`` of an attention call, in the argument order of the type it replaces (kept for one
+    release): ``AttentionSpec(batch=, q_len=, ..., dtype=, scale=, is_causal=, window=, ...)`` or ``problem=``."""
+    if problem is None:
+        problem = Problem(batch, q_len, kv_len, heads, kv_heads, head_dim, dtype, bool(is_causal), window)
+    return Call(problem, scale, bias_shape=bias_shape, mask_shape=mask_shape, has_q_lengths=has_q_lengths,
+                has_kv_lengths=has_kv_lengths, return_residual=return_residual, soft_cap=soft_cap,
+                has_segment_ids=has_segment_ids, max_segments=max_segments, segments_contiguous=segments_contiguous,
+                has_sinks=bool(has_sinks))
 
 
-delegate_fields(AttentionSpec, is_causal="causal")
-
-
-@dataclasses.dataclass
-class Prepared:
-    """Arrays normalised to 4-D (B,T,N,H), (B,S,K,H), bias/mask (.,.,.,.) and (B,) int lengths.
-
-    ``spec`` is None for an empty call (B, T, S or N = 0, with ``prepare(..., allow_empty=True)``)."""
-
-    query: Any
-    key: Any
-    value: Any
-    bias: Any
-    mask: Any
-    q_lengths: Any
-    kv_lengths: Any
-    spec: AttentionSpec
-    out_shape: tuple[int, ...]
-    scale: Any  # the logits' scale: a float, or a tracer when scale was traced
-    q_segment_ids: Any = None    # (B, T) ints or None
-    kv_segment_ids: Any = None   # (B, S) ints or None
-    sinks: Any = None            # (N,) float logits or None
-
-    @property
-    def empty(self) -> bool:
-        """B, T, S or N is 0: jax.nn's answer needs no kernel (zeros; an lse of -inf where S = 0)."""
-        return self.spec is None
+#: The checked call with its arrays: a ``Call`` (the name kept for one release).
+Prepared = Call
 
 
 def _expand(x, ndim: int):
@@ -133,7 +79,7 @@ def _check_broadcast(name: str, shape: tuple[int, ...], target: tuple[int, int, 
 def prepare(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
             query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
             return_residual=False, logits_soft_cap=None, query_segment_ids=None,
-            key_value_segment_ids=None, sinks=None, allow_empty=False) -> Prepared:
+            key_value_segment_ids=None, sinks=None, allow_empty=False) -> Call:
     """Check every argument of an attention call and normalise it. See the module docstring.
 
     ``allow_empty``: B, T, S or N may be 0, as in jax.nn (``attention`` and the reference answer such a
@@ -182,20 +128,17 @@ def prepare(query, key, value, bias=None, mask=None, *, scale=None, is_causal=Fa
     segments.check_segment_ids(query_segment_ids, key_value_segment_ids, B, T, S)
     sinks = check_sinks(sinks, N)
     effective_scale = 1.0 / math.sqrt(H) if scale is None else scale
+    arrays = dict(query=q4, key=k4, value=v4, bias=bias, mask=mask, q_lengths=query_seq_lengths,
+                  kv_lengths=key_value_seq_lengths, q_segment_ids=query_segment_ids,
+                  kv_segment_ids=key_value_segment_ids, sinks=sinks, out_shape=qs)
     if problem is None:
-        return Prepared(q4, k4, v4, bias, mask, query_seq_lengths, key_value_seq_lengths, None, qs, effective_scale,
-                        query_segment_ids, key_value_segment_ids, sinks)
+        return Call(None, effective_scale, **arrays)
     most = contiguous = None
     if query_segment_ids is not None and not (_is_tracer(query_segment_ids) or _is_tracer(key_value_segment_ids)):
         (mq, cq), (mk, ck) = segments.host_layout(query_segment_ids), segments.host_layout(key_value_segment_ids)
         most, contiguous = max(mq, mk), cq and ck
-    spec = AttentionSpec(
-        problem=problem, scale=scale if isinstance(scale, float) or scale is None else None,
-        bias_shape=bias_shape, mask_shape=mask_shape,
-        has_q_lengths=query_seq_lengths is not None, has_kv_lengths=key_value_seq_lengths is not None,
-        return_residual=return_residual, soft_cap=soft_cap,
-        has_segment_ids=query_segment_ids is not None, max_segments=most, segments_contiguous=contiguous,
-        has_sinks=sinks is not None,
-    )
-    return Prepared(q4, k4, v4, bias, mask, query_seq_lengths, key_value_seq_lengths, spec, qs, effective_scale,
-                    query_segment_ids, key_value_segment_ids, sinks)
+    return Call(problem, effective_scale, scale_is_static=not _is_tracer(effective_scale),
+                bias_shape=bias_shape, mask_shape=mask_shape,
+                has_q_lengths=query_seq_lengths is not None, has_kv_lengths=key_value_seq_lengths is not None,
+                return_residual=return_residual, soft_cap=soft_cap, has_segment_ids=query_segment_ids is not None,
+                max_segments=most, segments_contiguous=contiguous, has_sinks=sinks is not None, **arrays)

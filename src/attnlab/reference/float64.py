@@ -100,7 +100,7 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
         B, T, N = p.query.shape[:3]
         return _Forward(None, np.zeros(p.query.shape), None, None, None, float(p.scale), np.ones((B, T), bool),
                         p.out_shape, lse=np.full((B, T, N), -np.inf), empty=np.zeros((B, T, N), bool))
-    sp = p.spec
+    sp = p
     low = _LOW.get(np.dtype(emulate).name) if emulate is not None else None
     B, T, N, S, K = sp.batch, sp.q_len, sp.heads, sp.kv_len, sp.kv_heads
     q = _round(_np(p.query), low)
