@@ -83,21 +83,20 @@ class CudnnBackend(Backend):
         return run_paged_decode(self, d, mask)
 
     def run(self, p: Call):
-        sp = p
-        if sp.has_segment_ids:
+        if p.has_segment_ids:
             return cudnn_packed.run(p)
         window = None
-        if sp.window is not None:
+        if p.window is not None:
             # Under a causal mask the right edge is already 0; cuDNN takes only the left edge.
-            window = (sp.window[0], 0)
+            window = (p.window[0], 0)
         # cuDNN takes bias (and the mask, which JAX turns into a bias) over the full (T, S).
-        full = lambda x: None if x is None else jnp.broadcast_to(x, x.shape[:2] + (sp.q_len, sp.kv_len))
+        full = lambda x: None if x is None else jnp.broadcast_to(x, x.shape[:2] + (p.q_len, p.kv_len))
         bias, mask = full(p.bias), full(p.mask)
         q_lengths = None if p.q_lengths is None else jnp.asarray(p.q_lengths, jnp.int32)
         kv_lengths = None if p.kv_lengths is None else jnp.asarray(p.kv_lengths, jnp.int32)
-        extra = {"return_residual": True} if sp.return_residual else {}
+        extra = {"return_residual": True} if p.return_residual else {}
         return jax.nn.dot_product_attention(
-            p.query, p.key, p.value, bias, mask, scale=p.scale, is_causal=sp.is_causal,
+            p.query, p.key, p.value, bias, mask, scale=p.scale, is_causal=p.is_causal,
             query_seq_lengths=q_lengths, key_value_seq_lengths=kv_lengths,
             local_window_size=window, implementation="cudnn", **extra,
         )

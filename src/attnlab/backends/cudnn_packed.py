@@ -109,13 +109,12 @@ def run(p: Call):
     """The packed cuDNN call on normalised inputs (``refusal`` already None); returns (B, T, N, H)."""
     from jax._src.cudnn import fused_attention_stablehlo as fa
 
-    sp = p
-    T, S = sp.q_len, sp.kv_len
-    aligned = sp.is_causal or sp.window is not None
+    T, S = p.q_len, p.kv_len
+    aligned = p.is_causal or p.window is not None
     q_ids = _fold_lengths(p.q_segment_ids, p.q_lengths, T)
     kv_ids = _fold_lengths(p.kv_segment_ids, p.kv_lengths, S)
     check_concrete(p.q_segment_ids, p.kv_segment_ids, aligned)
-    M = min(_pow2(sp.max_segments or 1), min(T, S)) if sp.max_segments is not None else min(T, S)
+    M = min(_pow2(p.max_segments or 1), min(T, S)) if p.max_segments is not None else min(T, S)
     q_off, q_len, q_start, q_n = layout(q_ids, M)
     kv_off, kv_len, kv_start, kv_n = layout(kv_ids, M)
     ok = (q_n <= M) & (kv_n <= M) & (q_n == kv_n) & jnp.all(q_start == kv_start, axis=1)
@@ -126,8 +125,8 @@ def run(p: Call):
     # zeroing padding tokens' inputs also zeroes their gradients (cuDNN leaves those rows undefined)
     zero = lambda x, keep: jnp.where(keep[:, :, None, None], x, jnp.zeros((), x.dtype))  # noqa: E731
     q, k, v = zero(p.query, q_keep), zero(p.key, kv_keep), zero(p.value, kv_keep)
-    mask_type = fa.MaskType.CAUSAL if sp.is_causal else fa.MaskType.NO_MASK
-    window = None if sp.window is None else sp.window[0] + 1
+    mask_type = fa.MaskType.CAUSAL if p.is_causal else fa.MaskType.NO_MASK
+    window = None if p.window is None else p.window[0] + 1
     out = fa.dot_product_attention(q, k, v, None, None, q_len, kv_len, q_off, kv_off, scale=p.scale,
                                    mask_type=mask_type, sliding_window_length=window)
     out = jnp.where(q_keep[:, :, None, None], out, jnp.zeros((), out.dtype))

@@ -43,13 +43,12 @@ def run_paged_decode(backend, d, mask):
     """A decode ``Call`` with a page table, on cuDNN's paged attention; (B, T, N, H)."""
     import jax.numpy as jnp
 
-    sp = d
     P = int(d.k_cache.shape[0])
-    why = backend.available() or paged_reason(sp, P, int(d.page_table.shape[1]))
+    why = backend.available() or paged_reason(d, P, int(d.page_table.shape[1]))
     if why:
         raise UnsupportedError(backend.name, why)
     mod = _module()
     table = d.page_table.astype(jnp.int32)[:, None, :, None]
-    q_len = jnp.full((sp.batch,), sp.q_len, jnp.int32)
+    q_len = jnp.full((d.batch,), d.q_len, jnp.int32)
     return mod.paged_attention(d.query, d.k_cache, d.v_cache, q_len, d.kv_lengths, table, table, None, mask,
                                scale=float(d.scale), mask_type=mod.MaskType.PADDING, qkv_layout="BTNH")

@@ -26,19 +26,18 @@ def _grouped(x, K: int, G: int):
 
 def visible_mask(p: Call):
     """Bool mask broadcastable to (B, K, G, T, S): True where query t may attend key s."""
-    sp = p
-    T, S = sp.q_len, sp.kv_len
+    T, S = p.q_len, p.kv_len
     t = jnp.arange(T)[:, None]
     s = jnp.arange(S)[None, :]
     vis = jnp.ones((T, S), bool)
-    if sp.is_causal:
+    if p.is_causal:
         vis &= s <= t
-    if sp.window is not None:
-        left, right = sp.window
+    if p.window is not None:
+        left, right = p.window
         vis &= (s >= t - left) & (s <= t + right)
     vis = vis[None, None, None]
     if p.mask is not None:
-        vis = vis & _grouped(p.mask, sp.kv_heads, sp.groups)
+        vis = vis & _grouped(p.mask, p.kv_heads, p.groups)
     if p.kv_lengths is not None:
         kv = jnp.asarray(p.kv_lengths, jnp.int32)
         vis = vis & (jnp.arange(S)[None, :] < kv[:, None])[:, None, None, None, :]
@@ -83,9 +82,8 @@ class NaiveBackend(Backend):
     takes_kv_scales = True      # decode / serving: the masked path dequantizes the cache in float32
 
     def run(self, p: Call):
-        sp = p
         B, T, N, H = p.query.shape
-        K, G = sp.kv_heads, sp.groups
+        K, G = p.kv_heads, p.groups
         q = p.query.reshape(B, T, K, G, H)
         # 1. scores: (B, K, G, T, S), accumulated in float32 (float64 stays float64)
         acc = jnp.promote_types(p.query.dtype, jnp.float32)
@@ -94,7 +92,7 @@ class NaiveBackend(Backend):
         scores = scores * jnp.asarray(p.scale, acc)
         if p.bias is not None:
             scores = scores + _grouped(p.bias, K, G).astype(acc)
-        scores = soft_capped(scores, sp.soft_cap)
+        scores = soft_capped(scores, p.soft_cap)
         vis = visible_mask(p)
         scores = jnp.where(vis, scores, large_negative(acc))
         row_max = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
@@ -111,6 +109,6 @@ class NaiveBackend(Backend):
         out = jnp.einsum("bkgts,bskh->btkgh", probs.astype(p.value.dtype), p.value, preferred_element_type=acc)
         # 4. output in the input dtype, padded query rows zeroed
         out = zero_padded_queries(out.reshape(B, T, N, H), p).astype(p.query.dtype)
-        if not sp.return_residual:
+        if not p.return_residual:
             return out
         return out, _logsumexp(row_max, denom, p)

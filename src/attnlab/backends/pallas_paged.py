@@ -106,9 +106,8 @@ class PallasPagedBackend(Backend):
     def run(self, p: Call):
         import jax.numpy as jnp
 
-        sp = p
         k_pages, v_pages, tables = to_pages(p.key, p.value, self.page_size)
-        lengths = jnp.full((sp.batch,), sp.kv_len, jnp.int32) if p.kv_lengths is None else p.kv_lengths
-        splits, per_block = launch_params(sp.kv_len, self.page_size)
+        lengths = jnp.full((p.batch,), p.kv_len, jnp.int32) if p.kv_lengths is None else p.kv_lengths
+        splits, per_block = launch_params(p.kv_len, self.page_size)
         return paged_call(p.query, k_pages, v_pages, tables, lengths, scale=p.scale, k_splits=splits,
                           pages_per_block=per_block)

@@ -99,13 +99,12 @@ class TeBackend(Backend):
         return contextlib.nullcontext()
 
     def run(self, p: Call):
-        sp = p
-        mod = _module(sp.heads, sp.kv_heads, sp.head_dim, _mask_type(sp), float(p.scale))
+        mod = _module(p.heads, p.kv_heads, p.head_dim, _mask_type(p), float(p.scale))
         kwargs = {}
-        if sp.has_q_lengths or sp.has_kv_lengths:
-            T, S = sp.q_len, sp.kv_len
-            ql = jnp.full((sp.batch,), T, jnp.int32) if p.q_lengths is None else jnp.asarray(p.q_lengths, jnp.int32)
-            kl = jnp.full((sp.batch,), S, jnp.int32) if p.kv_lengths is None else jnp.asarray(p.kv_lengths, jnp.int32)
+        if p.has_q_lengths or p.has_kv_lengths:
+            T, S = p.q_len, p.kv_len
+            ql = jnp.full((p.batch,), T, jnp.int32) if p.q_lengths is None else jnp.asarray(p.q_lengths, jnp.int32)
+            kl = jnp.full((p.batch,), S, jnp.int32) if p.kv_lengths is None else jnp.asarray(p.kv_lengths, jnp.int32)
             visible = (jnp.arange(T)[None, :, None] < ql[:, None, None]) & (jnp.arange(S)[None, None, :] < kl[:, None, None])
             kwargs["mask"] = ~visible[:, None]            # TE: True = masked out
         with self._context():

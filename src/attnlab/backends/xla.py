@@ -110,19 +110,18 @@ def _sink_column(p: Call) -> Call:
 
     from .naive import visible_mask
 
-    sp = p
     B, T, N, H = p.query.shape
     vis = visible_mask(p)                                  # broadcastable to (B, K, G, T, S)
-    vis = jnp.broadcast_to(vis, vis.shape[:3] + (T, sp.kv_len))
-    vis = vis.reshape((vis.shape[0], vis.shape[1] * vis.shape[2], T, sp.kv_len))
+    vis = jnp.broadcast_to(vis, vis.shape[:3] + (T, p.kv_len))
+    vis = vis.reshape((vis.shape[0], vis.shape[1] * vis.shape[2], T, p.kv_len))
     mask = jnp.concatenate([vis, jnp.ones(vis.shape[:3] + (1,), bool)], axis=-1)
-    base = jnp.zeros((1, 1, 1, sp.kv_len), jnp.float32) if p.bias is None else p.bias.astype(jnp.float32)
+    base = jnp.zeros((1, 1, 1, p.kv_len), jnp.float32) if p.bias is None else p.bias.astype(jnp.float32)
     lead = (base.shape[0], N, base.shape[2])
     sink = jnp.broadcast_to(p.sinks.astype(jnp.float32).reshape(1, N, 1, 1), lead + (1,))
-    bias = jnp.concatenate([jnp.broadcast_to(base, lead + (sp.kv_len,)), sink], axis=-1)
-    zero = jnp.zeros((B, 1, sp.kv_heads, H), p.key.dtype)
+    bias = jnp.concatenate([jnp.broadcast_to(base, lead + (p.kv_len,)), sink], axis=-1)
+    zero = jnp.zeros((B, 1, p.kv_heads, H), p.key.dtype)
     key, value = (jnp.concatenate([x, zero], axis=1) for x in (p.key, p.value))
-    problem = dataclasses.replace(sp.problem, kv_len=sp.kv_len + 1, causal=False, window=None)
+    problem = dataclasses.replace(p.problem, kv_len=p.kv_len + 1, causal=False, window=None)
     return dataclasses.replace(p, problem=problem, key=key, value=value, bias=bias, mask=mask, kv_lengths=None,
                                bias_shape=tuple(bias.shape), mask_shape=tuple(mask.shape), has_kv_lengths=False,
                                has_segment_ids=False, has_sinks=False, q_segment_ids=None, kv_segment_ids=None,

@@ -10,9 +10,10 @@ context, layer kind, decode step), each one layer's attention at that context:
 
 Layer kinds come from ``ModelPreset.layer_kinds``: a window on every layer (Mistral 4096, Phi-3-mini
 2047) is the problem's window ``(W, 0)``; Gemma-2 has windowed and global layers, each measured.
-Decode cells take no window (``decode_attention`` has none), so a windowed layer's decode is measured
-against the cache a rolling buffer holds: ``min(context, W + T)`` tokens (exact for T = 1: the W keys
-before the query and its own; for T > 1 the first queries see up to T - 1 keys more than their window).
+A windowed layer's decode is measured against the cache a rolling buffer holds (``decode_attention``'s
+``local_window_size`` on the whole cache, the other way a server runs it, is not measured here):
+``min(context, W + T)`` tokens (exact for T = 1: the W keys before the query and its own; for T > 1 the
+first queries see up to T - 1 keys more than their window).
 The attention logit soft-cap (Gemma-2: 50) is measured: every cell of such a model carries it
 (``soft_cap``), so only backends that apply it (naive, tokamax, attnlab-decode) can be its fastest.
 So are attention sinks (gpt-oss, every layer: ``sinks``; naive, xla and attnlab-decode apply them).
@@ -153,7 +154,7 @@ def notes(preset: ModelPreset, contexts) -> list[str]:
             " and ".join(f"{k.layers} {k.kind}" for k in kinds) + " layers (measured separately, weighted by count)")
         out.append(f"{preset.name}: sliding window {preset.window} on {which}; prefill/train run with window "
                    f"({preset.window}, 0); decode of a windowed layer runs against the rolling buffer's "
-                   f"min(context, {preset.window} + T) tokens (decode_attention takes no window)")
+                   f"min(context, {preset.window} + T) tokens")
         for c in parse_contexts(contexts):
             if preset.window >= c - 1:
                 out.append(f"context {c}: the window {preset.window} covers the whole sequence, so every layer is "
