@@ -50,28 +50,27 @@ def sharded_attention(query, key, value, *, mesh: Mesh, strategy: str, is_causal
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     p = prepare(query, key, value, is_causal=is_causal)
-    sp = p
     if len(p.out_shape) != 4:
         raise ValueError("sharded_attention needs 4-D (B, T, N, H) query and (B, S, K, H) key/value")
     name, n = _axis(mesh, axis_name)
     if strategy == "batch":
-        if sp.batch % n:
-            raise ValueError(f"batch B={sp.batch} is not a multiple of the mesh axis {name!r} size {n}")
+        if p.batch % n:
+            raise ValueError(f"batch B={p.batch} is not a multiple of the mesh axis {name!r} size {n}")
         spec = P(name)
         return _per_shard(query, key, value, mesh, spec, spec, is_causal, implementation)
     if strategy == "heads":
-        if sp.kv_heads % n:
-            raise ValueError(f"key/value heads K={sp.kv_heads} (and so query heads N={sp.heads}) must be a multiple of "
+        if p.kv_heads % n:
+            raise ValueError(f"key/value heads K={p.kv_heads} (and so query heads N={p.heads}) must be a multiple of "
                              f"the mesh axis {name!r} size {n} to split heads with their groups")
         spec = P(None, None, name)
         return _per_shard(query, key, value, mesh, spec, spec, is_causal, implementation)
     if implementation not in (None, "auto", *_ring_names()):
         raise ValueError(f"ring attention computes its blocks with attnlab's blockwise kernel; implementation "
                          f"must be None or {' or '.join(map(repr, _ring_names()))}, got {implementation!r}")
-    if is_causal and sp.q_len != sp.kv_len:
-        raise ValueError(f"causal ring attention needs T == S, got T={sp.q_len}, S={sp.kv_len}")
+    if is_causal and p.q_len != p.kv_len:
+        raise ValueError(f"causal ring attention needs T == S, got T={p.q_len}, S={p.kv_len}")
     chunks = 2 * n if is_causal else n
-    for letter, length in (("T", sp.q_len), ("S", sp.kv_len)):
+    for letter, length in (("T", p.q_len), ("S", p.kv_len)):
         if length % chunks:
             raise ValueError(f"sequence length {letter}={length} must be a multiple of {chunks} "
                              f"({'2 x ' if is_causal else ''}ring size {n}{' for the zig-zag causal layout' if is_causal else ''})")
