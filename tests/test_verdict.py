@@ -94,6 +94,20 @@ def test_rows_that_see_no_key_pass_by_one_rule_and_are_counted(impl, how, dtype)
         " there (the mean of V over all keys)" if impl == "xla" else "")
 
 
+def test_the_bfloat16_verdict_does_not_need_numpys_finfo(monkeypatch):
+    """Newer NumPy (the H200 image's) refuses bfloat16 in np.finfo; the rules take finfo from ml_dtypes."""
+    finfo = np.finfo
+
+    def numpy_without_bfloat16(dtype):
+        if np.dtype(dtype).name == "bfloat16":
+            raise ValueError("data type dtype(bfloat16) not compatible with finfo")
+        return finfo(dtype)
+
+    monkeypatch.setattr(np, "finfo", numpy_without_bfloat16)
+    q, k, v = random_qkv(B, T, T, N, K, H, "bfloat16", seed=4)
+    out = attnlab.attention(q, k, v, implementation="xla", return_residual=True, **EMPTY)
+    assert check_close(out, q, k, v, return_residual=True, **EMPTY).ok
+
 def test_the_reference_gives_jax_nns_value_where_a_row_sees_no_key():
     q, k, v = random_qkv(B, T, T, N, K, H, "float32", seed=4)
     ref, lse = reference_attention(q, k, v, return_residual=True, **EMPTY)

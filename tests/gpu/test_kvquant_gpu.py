@@ -82,7 +82,12 @@ def test_serving_kernel_against_float64(layout, page_size):
 def test_fp8_cache_costs_what_the_error_report_says():
     from attnlab.measure.kv_cells import kv_cache_errors
 
-    rows = kv_cache_errors(2, 4, 4096, 32, 8, 128, kv_dtypes=("fp8", "int8"), implementation="attnlab-decode")
+    rows = kv_cache_errors(2, 4, 4096, 32, 8, 128, kv_dtypes=("fp8", "fp8_e5m2", "int8"),
+                           implementation="attnlab-decode")
     for r in rows:
-        assert r["bf16_rel_err"] < r["rel_err"], r
-        assert r["rel_err"] < 0.1, r
+        assert r["bf16_rel_err"] < r["rel_err"] < 1.0, r
+    # Fewer mantissa bits, more error, on every input distribution (int8 per token keeps ~7 bits, e4m3 3, e5m2
+    # 2). No absolute bound: channel outliers cost fp8 ~0.2 relative L2 on the H200 (gpu-2026-12-05-kv-dtype).
+    for dist in {r["inputs"] for r in rows}:
+        err = {r["kv_dtype"]: r["rel_err"] for r in rows if r["inputs"] == dist}
+        assert err["int8"] < err["float8_e4m3fn"] < err["float8_e5m2"], (dist, err)

@@ -9,6 +9,7 @@ mask (or a zero softmax denominator), not by an infinite row maximum.
 """
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 #: jax.nn's factor: far below any real logit, yet ``x - NEG`` stays finite for |x| < 0.3 * max.
@@ -17,10 +18,11 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def large_negative_value(dtype) -> float:
-    """The masked-logit value for logits of ``dtype``: -0.7 x min(finfo(dtype).max, float32 max)."""
-    import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy)
+    """The masked-logit value for logits of ``dtype``: -0.7 x min(finfo(dtype).max, float32 max).
 
-    return -FACTOR * min(float(np.finfo(np.dtype(dtype)).max), FLOAT32_MAX)
+    ``ml_dtypes.finfo``, not NumPy's: newer NumPy (the H200 image's) refuses bfloat16 in ``np.finfo``.
+    """
+    return -FACTOR * min(float(ml_dtypes.finfo(np.dtype(dtype)).max), FLOAT32_MAX)
 
 
 def large_negative(dtype):

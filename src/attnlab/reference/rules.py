@@ -27,6 +27,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 from ..core.errors import OutputMismatchError
@@ -183,4 +184,4 @@ def lse_error(lse, ref_lse) -> float:
 
 def lse_floor(dtype) -> float:
     """The lse limit's floor: the dtype's policy floor, and never below one unit of its last place."""
-    return max(FLOORS[np.dtype(dtype).name], float(np.finfo(np.dtype(dtype)).eps))
+    return max(FLOORS[np.dtype(dtype).name], float(ml_dtypes.finfo(np.dtype(dtype)).eps))
