@@ -156,25 +156,28 @@ def run_cells(f, shape, Ts, caches, layouts, dev, t0, max_s, dry):
 
 
 #: Tile variants timed beside the default on the fp8 cache (the plan sizes shared memory by q's dtype, so a
-#: 1-byte cache may want longer key blocks or deeper pipelines): (block_k, num_stages); None = the plan's.
-VARIANTS = ((128, None), (128, 4), (256, None), (256, 3))
+#: 1-byte cache may want longer key blocks or deeper pipelines): (block_k, num_stages, num_warps); None = the
+#: plan's. ``PROBE`` (``--probe``): shorter blocks, pipeline depths and warps at T=1 (the 2026-12-05 run:
+#: fp8 took about the bf16 cache's time and block_k 128 was slower than the plan's 64).
+VARIANTS = ((128, None, None), (128, 4, None), (256, None, None), (256, 3, None))
+PROBE = tuple((bk, st, w) for bk in (16, 32, 64) for st in (2, 3, 4) for w in (4, 8))
 
 
-def run_variants(f, shape, dev, t0, max_s, dry):
-    """fp8 (per token) cells at T in {1, 8}, contiguous and paged 16, for each tile variant: checked, timed."""
+def run_variants(f, shape, dev, t0, max_s, dry, variants=VARIANTS, layouts=(None, 16), Ts=(1, 8)):
+    """fp8 (per token) cells for each tile variant, layout (None: contiguous, or pages of 16) and T: checked, timed."""
     import jax
 
     from attnlab.kernels.decode import DecodeConfig
 
     key, kv = jax.random.PRNGKey(0), ("float8_e4m3fn", "token")
-    for page_size in (None, 16):
-        for T in (1, 8):
-            for block_k, stages in VARIANTS[:1] if dry else VARIANTS:
+    for page_size in layouts:
+        for T in Ts:
+            for block_k, stages, warps in variants[:1] if dry else variants:
                 if time.perf_counter() - t0 > max_s:
                     return
-                cfg = DecodeConfig(block_k=block_k, num_stages=stages)
+                cfg = DecodeConfig(block_k=block_k, num_stages=stages, num_warps=warps)
                 rec = dict(kind="variant", device=dev, T=T, cache=cache_name(kv), layout=f"paged{page_size}" if page_size
-                           else "contig", block_k=block_k, num_stages=stages, **shape)
+                           else "contig", block_k=block_k, num_stages=stages, num_warps=warps, **shape)
                 try:
                     fn, args, checker = make_cell(key, T, kv, page_size, shape, cfg)
                     rec["check"] = checker(fn(*args))
@@ -202,28 +205,29 @@ def run_errors(f, dev, dry):
 
 def table_md(path) -> str:
     recs = [json.loads(x) for x in open(path, encoding="utf-8") if x.strip()]
-    lines = ["| T | cache | layout | ms | % roofline (own bytes) | x bf16 | goal |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| T | S | cache | layout | ms | % roofline (own bytes) | x bf16 | goal |", "| --- " * 8 + "|"]
     cells = sorted((r for r in recs if r["kind"] == "cell"), key=lambda r: (r["layout"], r["T"], r["cache"] != "bf16"))
     for r in cells:
         if "ms" not in r:
             why = r.get("error") or f"check failed: rel L2 {r['check']['rel_err']:.3g} > {r['check']['limit']:.3g}"
-            lines.append(f"| {r['T']} | {r['cache']} | {r['layout']} | ✗ {why[:80]} | | | |")
+            lines.append(f"| {r['T']} | {r['S']} | {r['cache']} | {r['layout']} | ✗ {why[:80]} | | | |")
             continue
         sp = r.get("speedup_vs_bf16")
         goal = ""
         if r["cache"].startswith("float8_e4m3fn") and sp is not None:
             ok = sp >= GOAL_SPEEDUP and r["pct_roofline"] >= GOAL_ROOFLINE
             goal = f"{'met' if ok else 'missed'} (>= {GOAL_SPEEDUP}x, >= {GOAL_ROOFLINE:.0f}%)"
-        lines.append(f"| {r['T']} | {r['cache']} | {r['layout']} | {r['ms']:.4f} | {r['pct_roofline']:.0f}% | "
+        lines.append(f"| {r['T']} | {r['S']} | {r['cache']} | {r['layout']} | {r['ms']:.4f} | {r['pct_roofline']:.0f}% | "
                      f"{'' if sp is None else f'{sp:.2f}'} | {goal} |")
     var = [r for r in recs if r["kind"] == "variant"]
     if var:
         lines += ["", "Tile variants on the fp8 cache (per-token scales):", "",
-                  "| T | layout | block_k | num_stages | ms | % roofline |", "| --- | --- | --- | --- | --- | --- |"]
+                  "| T | layout | block_k | num_stages | num_warps | ms | % roofline |", "| --- " * 7 + "|"]
         for r in var:
             got = (f"{r['ms']:.4f} | {r['pct_roofline']:.0f}%" if "ms" in r else
                    f"✗ {(r.get('error') or 'check failed')[:60]} |")
-            lines.append(f"| {r['T']} | {r['layout']} | {r['block_k']} | {r['num_stages'] or 'plan'} | {got} |")
+            lines.append(f"| {r['T']} | {r['layout']} | {r['block_k']} | {r['num_stages'] or 'plan'} | "
+                         f"{r.get('num_warps') or 'plan'} | {got} |")
     errs = [r for r in recs if r["kind"] == "error"]
     if errs:
         names = list(dict.fromkeys(r["kv_dtype"] for r in errs))
@@ -244,6 +248,8 @@ def main(argv=None):
     ap.add_argument("--dry-run", action="store_true", help="tiny sizes, interpret mode, wall clock (any CPU)")
     ap.add_argument("--max-seconds", type=float, default=150.0, help="no cell is started after it (the errors run after)")
     ap.add_argument("--variant-seconds", type=float, default=40.0, help="time for the tile variants past the limit")
+    ap.add_argument("--probe", action="store_true", help="only: T=1 contiguous bf16 and fp8 cells, the bf16 cache "
+                    "at half the length (the fp8 cache's bytes) and the PROBE tile variants")
     a = ap.parse_args(argv)
     import jax
 
@@ -251,12 +257,18 @@ def main(argv=None):
     path = os.path.join(a.out, "results.jsonl")
     t0 = time.perf_counter()
     dev = str(jax.devices()[0].device_kind)
+    shape = DRY if a.dry_run else FULL
     with open(path, "w") as f:
-        run_cells(f, DRY if a.dry_run else FULL, (1, 8) if a.quick or a.dry_run else (1, 2, 4, 8),
-                  CACHES[:2] if a.quick else CACHES, (None, 16), dev, t0, a.max_seconds, a.dry_run)
-        run_errors(f, dev, a.dry_run)
-        if not a.quick:
-            run_variants(f, DRY if a.dry_run else FULL, dev, t0, a.max_seconds + a.variant_seconds, a.dry_run)
+        if a.probe:
+            run_cells(f, shape, (1,), CACHES[:2], (None,), dev, t0, a.max_seconds, a.dry_run)
+            run_cells(f, dict(shape, S=shape["S"] // 2), (1,), CACHES[:1], (None,), dev, t0, a.max_seconds, a.dry_run)
+            run_variants(f, shape, dev, t0, a.max_seconds, a.dry_run, PROBE, (None,), (1,))
+        else:
+            run_cells(f, shape, (1, 8) if a.quick or a.dry_run else (1, 2, 4, 8),
+                      CACHES[:2] if a.quick else CACHES, (None, 16), dev, t0, a.max_seconds, a.dry_run)
+            run_errors(f, dev, a.dry_run)
+            if not a.quick:
+                run_variants(f, shape, dev, t0, a.max_seconds + a.variant_seconds, a.dry_run)
     md = table_md(path)
     with open(os.path.join(a.out, "README.md"), "w") as f:
         f.write(f"# Quantized KV caches on {dev}\n\n`PYTHONPATH=src python benchmarks/decode/kv_dtype_gpu.py "
