@@ -41,10 +41,11 @@ GOAL_PCT = 100 / 1.15
 PAGE = 16
 
 
-def batch_for(S: int, K: int, H: int, itemsize: int = 2) -> int:
-    """The largest power of two <= 256 whose K and V caches of S tokens fit ``CACHE_BYTES``."""
+def batch_for(S: int, K: int, H: int, itemsize: int = 2, copies: int = 1) -> int:
+    """The largest power of two <= 256 whose K and V caches of S tokens fit ``CACHE_BYTES``, ``copies`` times
+    (a paged cell holds its pages beside the contiguous cache that the float64 check reads: 2)."""
     b = 256
-    while b > 1 and b * S * K * H * 2 * itemsize > CACHE_BYTES:
+    while b > 1 and copies * b * S * K * H * 2 * itemsize > CACHE_BYTES:
         b //= 2
     return b
 
@@ -60,7 +61,8 @@ def cells(quick: bool, dry_run: bool) -> list[dict]:
         for lay in ("contig", f"paged{PAGE}"):
             for T in ((1,) if quick else (1, 4)):
                 for W in ((128, 1024) if quick else WINDOWS):
-                    out.append(dict(S=S, W=W, T=T, layout=lay, B=batch_for(S, K, H), N=N, K=K, H=H))
+                    out.append(dict(S=S, W=W, T=T, layout=lay, B=batch_for(S, K, H, copies=1 if lay == "contig" else 2),
+                                    N=N, K=K, H=H))
     return out
 
 
