@@ -10,9 +10,9 @@ from rich.table import Table as RichTable
 
 from ._app import _fail, console, main, writable_folder, writes_to
 from ._layout import packed, wide_option
+from .tables import print_bench_table, print_compare
 from ._sweep_ui import cell_budget, cell_budget_option, cost_line, exit_after_interrupt, print_estimate
 from ..core import cell_fields
-from ..core.records import time_ms
 
 WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys before each query and none after) "
                "or an int W, read as jax.nn.dot_product_attention reads local_window_size=W: (W, W), W keys before "
@@ -198,25 +198,7 @@ def _resume_command(config, out_dir, repeats, min_time, compile_budget, no_check
     return shlex.join(parts)
 
 
-def bench_cell_text(r: dict, ridge_intensity: float | None, bw_tbps: float | None) -> str:
-    """One ok cell of the bench table: ms · FLOP/s (in the report's unit: ``units.format_flops``) · % of
-    peak, or for a memory-bound cell
-    (``peaks.memory_bound``: decode-like, intensity below the ridge) ms · GB/s · % of bandwidth."""
-    from ..measure import peaks
-    from ..core.units import format_flops
-
-    ms = time_ms(r)
-    tok = f" · {r['tokens_per_s']:.4g} tok/s" if r.get("tokens_per_s") else ""    # a serving cell's new tokens
-    if peaks.memory_bound(r, ridge_intensity) and r.get("gbps") is not None:
-        bw = f"{100 * r['gbps'] / (bw_tbps * 1000):.1f}% BW" if bw_tbps else "–"
-        return f"{ms:.4g} · {r['gbps']:.4g} GB/s · {bw}{tok}"
-    pk = f"{r['pct_peak']:.1f}%" if r.get("pct_peak") is not None else "–"
-    return f"{ms:.4g} · {format_flops(r['tflops'] * 1e12)} · {pk}{tok}"
-
-
 def _print_bench_table(records, out_dir, wide: bool = False):
-    from .tables import print_bench_table
-
     print_bench_table(records, out_dir, wide)
 
 
@@ -268,7 +250,6 @@ def compare_cmd(a, b, threshold, wide):
         rows, regressed = compare(load(a), load(b), threshold)
     except (OSError, ValueError) as e:   # CompareError and RecordError are ValueErrors
         _fail(str(e))
-    from .tables import print_compare
 
     print_compare(rows, threshold, wide)
     n = counts(rows)

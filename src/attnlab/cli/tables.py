@@ -8,10 +8,26 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table as RichTable
 
+from ..core.records import time_ms
+from ..core.units import format_flops
+from ..measure import peaks
 from ._app import console
 from ._layout import compact, table_console
 
 _TIMED = ("ok", "unchecked")
+
+
+def bench_cell_text(r: dict, ridge_intensity: float | None, bw_tbps: float | None) -> str:
+    """One ok cell of the bench table: ms · FLOP/s (in the report's unit: ``units.format_flops``) · % of
+    peak, or for a memory-bound cell
+    (``peaks.memory_bound``: decode-like, intensity below the ridge) ms · GB/s · % of bandwidth."""
+    ms = time_ms(r)
+    tok = f" · {r['tokens_per_s']:.4g} tok/s" if r.get("tokens_per_s") else ""    # a serving cell's new tokens
+    if peaks.memory_bound(r, ridge_intensity) and r.get("gbps") is not None:
+        bw = f"{100 * r['gbps'] / (bw_tbps * 1000):.1f}% BW" if bw_tbps else "–"
+        return f"{ms:.4g} · {r['gbps']:.4g} GB/s · {bw}{tok}"
+    pk = f"{r['pct_peak']:.1f}%" if r.get("pct_peak") is not None else "–"
+    return f"{ms:.4g} · {format_flops(r['tflops'] * 1e12)} · {pk}{tok}"
 
 
 class Footnotes:
@@ -40,10 +56,9 @@ class Footnotes:
 
 def print_bench_table(records: list[dict], out_dir: str, wide: bool = False) -> None:
     """The bench's cells: a configuration per row and a backend per column (ms · FLOP/s · % of peak,
-    or for a memory-bound row ms · GB/s · % of bandwidth: ``bench.bench_cell_text``)."""
+    or for a memory-bound row ms · GB/s · % of bandwidth: ``bench_cell_text``)."""
     from ..measure import peaks
     from ..core.records import config_label
-    from .bench import bench_cell_text
 
     backends_ = list(dict.fromkeys(r["backend"] for r in records))
     rows: dict[str, dict] = {}

@@ -63,9 +63,10 @@ import functools
 import math
 
 from ..core.masking import large_negative_value
-from .decode_plan import (DTYPES, FILL_BLOCKS, HEAD_DIMS, MAX_ROWS, MIN_ROWS, DecodeConfig, Plan,  # noqa: F401
-                          blocks_visited, cdiv, choose_num_splits, compiled_stages, default_block_k, make_plan, next_pow2,
-                          split_range, unsupported, wave_cost, window_start)
+from .decode_plan import (DTYPES, HEAD_DIMS, MAX_ROWS, MIN_ROWS, DecodeConfig, Plan,  # noqa: F401
+                          blocks_visited, compiled_stages, default_block_k, make_plan, next_pow2, unsupported,
+                          window_start)
+from .decode_splits import FILL_BLOCKS, cdiv, choose_num_splits, split_range, wave_cost  # noqa: F401
 from .kv_dequant import dequantized_pv, dequantized_scores, load_scale_block, scale_block_spec, scale_inputs
 from .split_combine import combine, combined_queries, sink_rows  # noqa: F401  (re-exported)
 from . import decode_mgpu

@@ -32,7 +32,7 @@ import math
 from ..core.masking import large_negative_value
 from .decode_mgpu_plan import (BLOCK_Q, COMPUTE_WGS, MOSAIC_MIN_ROWS, TILE_ROWS, MgpuPlan, make_mgpu_plan,  # noqa: F401
                                pick_kernel, smem_bytes, unsupported)
-from .decode_plan import split_range
+from .decode_splits import split_range
 from .split_combine import combined_queries
 
 LOG2E = math.log2(math.e)

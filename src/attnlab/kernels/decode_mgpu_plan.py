@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .decode_plan import cdiv, choose_num_splits
+from .decode_splits import cdiv, choose_num_splits
 
 BLOCK_Q = 64                    # rows per compute warpgroup (one wgmma M)
 COMPUTE_WGS = 2

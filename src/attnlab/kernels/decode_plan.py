@@ -9,26 +9,25 @@ Tuning parameters (``DecodeConfig``; None = the default)
     num_stages 3 (software pipeline depth of the K/V loads; 2 before Hopper), given or default
                clamped to what fits one program's shared memory (``fit_stages``: 227 KB on
                Hopper, with ``SMEM_SLACK`` for Triton's allocation beyond the estimate)
-    num_splits from ``choose_num_splits(S, B*K, ...)``: the count that fills the GPU's program
+    num_splits from ``choose_num_splits(S, B*K, ...)`` (``kernels.decode_splits``): the count that fills the GPU's program
                slots (SMs x ``programs_per_sm``, estimated from shared memory and registers)
                in the fewest whole waves, weighed against the partial outputs' traffic
                (<= 25% of the KV bytes), at least 4 blocks per split. With lengths known at
-               trace time and ragged, ``decode_splits.choose_num_splits_ragged`` instead (the grid
+               trace time and ragged, ``choose_num_splits_ragged`` instead (the grid
                simulated with each sequence's own length; modelled, not yet measured). With a
                sliding window (``window``) both count only the window's blocks (``window_span``).
 """
 from __future__ import annotations
 
 import dataclasses
-import operator
 
 from .decode_resources import fit_stages, programs_per_sm, sm_count
+from .decode_splits import cdiv, choose_num_splits, choose_num_splits_ragged, split_range
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
 DTYPES = ("float16", "bfloat16", "float32")
 MAX_ROWS = 512          # T * G beyond this is prefill, not decode: use a flash-attention kernel
 MIN_ROWS = 16           # the MMA's minimum M
-FILL_BLOCKS = 2         # a program's pipeline start-up, counted in blocks of work
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,67 +60,8 @@ class Plan:
         return (self.row_tiles, self.num_splits)
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
-
-
-def wave_cost(splits: int, n_blocks: int, programs_per_split: int, slots: int) -> int:
-    """Model of the kernel's time in block-loads of one program: the programs run in
-    ceil(P / slots) waves, each as long as one program (its blocks plus pipeline fill)."""
-    waves = cdiv(programs_per_split * splits, slots)
-    return waves * (cdiv(n_blocks, splits) + FILL_BLOCKS)
-
-
-def choose_num_splits(kv_len: int, batch_kv_heads: int, *, rows: int, block_k: int, head_dim: int,
-                      row_tiles: int = 1, itemsize: int = 2, sm_count: int = 132, occupancy: int = 2,
-                      min_blocks_per_split: int = 4, max_partial_fraction: float = 0.25,
-                      max_splits: int = 128) -> int:
-    """How many programs share one (batch, kv head)'s keys (flash-decoding's split count).
-
-    The grid has P = B*K*row_tiles*splits programs of equal work and the GPU holds
-    ``sm_count * occupancy`` of them at once; the split count minimises ``wave_cost`` (whole
-    waves times the length of one program, so a last wave that is nearly empty costs as much
-    as a full one) times (1 + the partial outputs' traffic relative to the KV bytes: T*G rows
-    x (H + 2) float32, written and read once per split), preferring fewer splits on a tie.
-    Each split keeps at least ``min_blocks_per_split`` blocks and the partial traffic stays
-    within ``max_partial_fraction`` of the KV bytes.
-    The result is rounded to the count the block chunking really uses (no split empty at
-    full length). Always in [1, min(ceil(S / block_k), max_splits)].
-    """
-    n_blocks = cdiv(kv_len, block_k)
-    per_split = max(1, batch_kv_heads * row_tiles)
-    slots = max(1, sm_count * occupancy)
-    by_blocks = max(1, n_blocks // min_blocks_per_split)
-    kv_bytes = 2 * kv_len * head_dim * itemsize            # K and V of one (b, kv head)
-    partial = 2 * rows * (head_dim + 2) * 4                 # partials written + read, per split
-    by_traffic = max(1, int(max_partial_fraction * kv_bytes // partial))
-    cap = max(1, min(by_blocks, by_traffic, max_splits, n_blocks))
-    def cost(s):
-        return wave_cost(s, n_blocks, per_split, slots) * (1 + s * partial / kv_bytes)
-
-    best = min(range(1, cap + 1), key=lambda s: (round(cost(s), 6), s))
-    return cdiv(n_blocks, cdiv(n_blocks, best))
-
-
-def split_range(length, split, *, num_splits: int, block_k: int, div=operator.floordiv,
-                minimum=min, maximum=max, lo=None):
-    """(first block, number of blocks) that split ``split`` reads of a sequence of ``length`` keys.
-
-    The valid blocks, from the block of key ``lo`` (the first key any query sees: a sliding window's
-    start, ``window_start``; None: 0) to ceil(length / block_k), are cut into ``num_splits`` runs of
-    ceil(blocks / num_splits); the last runs may be short or empty. Works on Python ints
-    (the grid model) and, with ``div=lax.div`` etc., on traced int32 scalars (the kernel).
-    """
-    first_block = 0 if lo is None else div(lo, block_k)
-    n_blocks = div(length + (block_k - 1), block_k) - first_block
-    per = div(n_blocks + (num_splits - 1), num_splits)
-    first = split * per
-    count = minimum(maximum(n_blocks - first, 0), per)
-    return first + first_block, count
 
 
 def window_start(length, q_len: int, window, maximum=max):
@@ -182,7 +122,6 @@ def make_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, he
         span = kv_len if window is None else min(kv_len, q_len + int(window[0]) + block_k)
         splits = choose_num_splits(span, batch * kv_heads, **kw)
         if lengths is not None:
-            from .decode_splits import choose_num_splits_ragged
 
             spans = [window_span(int(n), q_len, window, block_k) for n in lengths]
             splits = choose_num_splits_ragged(spans, kv_heads, uniform_choice=splits, **kw)

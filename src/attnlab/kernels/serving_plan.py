@@ -35,7 +35,8 @@ import dataclasses
 
 import numpy as np
 
-from .decode_plan import cdiv, default_block_k, next_pow2
+from .decode_plan import default_block_k, next_pow2
+from .decode_splits import cdiv
 from .decode_resources import programs_per_sm, sm_count
 
 #: Fields of one piece, in the order of a row of ``ClassPlan.pieces``.
