@@ -40,3 +40,27 @@ def test_an_upward_import_breaks_the_layers(tmp_path):
     r = _lint(tmp_path)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "BROKEN" in r.stdout and "attnlab.backends.base -> attnlab.measure.stats" in r.stdout, r.stdout
+
+
+def _circles(package_parent: Path) -> list[tuple[str, ...]]:
+    """Each import that some chain of imports leads back from: (importer, imported, ..., importer)."""
+    import grimp
+
+    sys.path.insert(0, str(package_parent))
+    try:
+        g = grimp.build_graph("attnlab", cache_dir=None)
+    finally:
+        sys.path.remove(str(package_parent))
+    return [(m, *chain) for m in sorted(g.modules) for n in sorted(g.find_modules_directly_imported_by(m))
+            if (chain := g.find_shortest_chain(importer=n, imported=m))]
+
+
+def test_no_circle_between_modules(tmp_path):
+    """A module never imports, directly or through others, a module that imports it (function-level
+    imports included); shown to fail on a copy with ``kernels/decode_splits.py`` importing its planner again."""
+    assert _circles(ROOT / "src") == []
+    shutil.copytree(ROOT / "src" / "attnlab", tmp_path / "attnlab", ignore=shutil.ignore_patterns("__pycache__"))
+    splits = tmp_path / "attnlab" / "kernels" / "decode_splits.py"
+    splits.write_text(splits.read_text() + "\n\ndef _plan():\n    from .decode_plan import make_plan\n    return make_plan\n")
+    assert ("attnlab.kernels.decode_splits", "attnlab.kernels.decode_plan", "attnlab.kernels.decode_splits") in \
+        _circles(tmp_path)
