@@ -31,6 +31,9 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))   # the repository root: benchmarks
+
+from benchmarks.results_folder import ResultsFolder  # noqa: E402 (after sys.path)
 
 FULL = dict(B=8, S=32768, N=32, K=8, H=128)
 DRY = dict(B=2, S=256, N=8, K=2, H=64)
@@ -251,14 +254,9 @@ def main(argv=None):
     ap.add_argument("--probe", action="store_true", help="only: T=1 contiguous bf16 and fp8 cells, the bf16 cache "
                     "at half the length (the fp8 cache's bytes) and the PROBE tile variants")
     a = ap.parse_args(argv)
-    import jax
-
-    os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, "results.jsonl")
-    t0 = time.perf_counter()
-    dev = str(jax.devices()[0].device_kind)
-    shape = DRY if a.dry_run else FULL
-    with open(path, "w") as f:
+    out = ResultsFolder(a.out)
+    shape, dev, t0 = DRY if a.dry_run else FULL, out.device, out.t0
+    with open(out.path, "w") as f:
         if a.probe:
             run_cells(f, shape, (1,), CACHES[:2], (None,), dev, t0, a.max_seconds, a.dry_run)
             run_cells(f, dict(shape, S=shape["S"] // 2), (1,), CACHES[:1], (None,), dev, t0, a.max_seconds, a.dry_run)
@@ -269,12 +267,8 @@ def main(argv=None):
             run_errors(f, dev, a.dry_run)
             if not a.quick:
                 run_variants(f, shape, dev, t0, a.max_seconds + a.variant_seconds, a.dry_run)
-    md = table_md(path)
-    with open(os.path.join(a.out, "README.md"), "w") as f:
-        f.write(f"# Quantized KV caches on {dev}\n\n`PYTHONPATH=src python benchmarks/decode/kv_dtype_gpu.py "
-                f"--out {a.out}{' --dry-run' if a.dry_run else ''}`\n\n" + md)
-    print(md)
-    print(json.dumps({"out": a.out, "seconds": round(time.perf_counter() - t0, 1)}))
+    flags = "".join(f" --{x.replace('_', '-')}" for x in ("probe", "quick", "dry_run") if getattr(a, x))
+    out.finish("Quantized KV caches", f"python benchmarks/decode/kv_dtype_gpu.py --out {a.out}{flags}", table_md(out.path))
 
 
 if __name__ == "__main__":

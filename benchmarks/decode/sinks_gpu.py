@@ -23,12 +23,13 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))   # the repository root: benchmarks.serving
+
+from benchmarks.results_folder import ResultsFolder  # noqa: E402 (after sys.path)
 
 GOAL_PCT = 3.0
 ROUNDS = 3
@@ -184,25 +185,16 @@ def main(argv=None):
     ap.add_argument("--max-seconds", type=float, default=100.0, help="no new case starts past this")
     ap.add_argument("--repeats", type=int, default=20, help="CUPTI samples per path and round")
     a = ap.parse_args(argv)
-    import jax
-
-    os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, "results.jsonl")
-    t0 = time.perf_counter()
-    dev = str(jax.devices()[0].device_kind)
-    with open(path, "w") as f:
+    out = ResultsFolder(a.out)
+    with open(out.path, "w") as f:
         for case in DECODE:
-            if time.perf_counter() - t0 < a.max_seconds:
-                decode_case(*case, dev, a.repeats, f)
+            if out.seconds() < a.max_seconds:
+                decode_case(*case, out.device, a.repeats, f)
         for case in SERVING:
-            if time.perf_counter() - t0 < a.max_seconds:
-                serving_case(*case, dev, a.repeats, f)
-    md = table_md(path)
-    with open(os.path.join(a.out, "README.md"), "w") as f:
-        f.write(f"# Attention sinks in attnlab's kernels on {dev}\n\n"
-                f"`PYTHONPATH=src python benchmarks/decode/sinks_gpu.py --out {a.out}`\n\n" + md)
-    print(md)
-    print(json.dumps({"out": a.out, "seconds": round(time.perf_counter() - t0, 1)}))
+            if out.seconds() < a.max_seconds:
+                serving_case(*case, out.device, a.repeats, f)
+    out.finish("Attention sinks in attnlab's kernels", f"python benchmarks/decode/sinks_gpu.py --out {a.out}",
+               table_md(out.path))
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ def lengths_of(dist: str, T: int, rng) -> np.ndarray:
     return draw(dist, B, T, S, rng)
 
 
+from benchmarks.results_folder import ResultsFolder  # noqa: E402,I001 (after sys.path)
 from benchmarks.serving.checks import check, references  # noqa: E402,I001 (after sys.path)
 
 def time_ms(fn, args, repeats=10):
@@ -220,10 +221,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     import jax
 
-    os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, "results.jsonl")
-    t0 = time.perf_counter()
-    dev = str(jax.devices()[0].device_kind)
+    out = ResultsFolder(a.out)
+    path, t0, dev = out.path, out.t0, out.device
     key = jax.random.PRNGKey(0)
     pairs = PAIRS[:1] if a.quick else PAIRS
     layouts = ("contig", "paged16") if a.quick or a.focus else ("contig", "paged16", "paged64")
@@ -262,11 +261,7 @@ def main(argv=None):
             # the decode variants get --variant-seconds past the limit; the prefill ones what is left of it
             decode_variants(f, key, dev, t0, max(a.max_seconds, time.perf_counter() - t0) + a.variant_seconds)
             prefill_variants(f, key, dev, t0, a.max_seconds + a.variant_seconds)
-    md = table_md(path)
-    with open(os.path.join(a.out, "README.md"), "w") as f:
-        f.write(f"# serving_attention on {dev}\n\n`PYTHONPATH=src python benchmarks/serving/gpu.py --out {a.out}`\n\n" + md)
-    print(md)
-    print(json.dumps({"out": a.out, "seconds": round(time.perf_counter() - t0, 1)}))
+    out.finish("serving_attention", f"python benchmarks/serving/gpu.py --out {a.out}", table_md(path))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,34 @@
+"""A GPU benchmark's output folder: ``results.jsonl`` (one record a line, written as each finishes) and
+``README.md`` (the command that ran and the tables), with the device's name and the seconds since the start.
+
+    out = ResultsFolder(args.out)                 # makes the folder; out.device, out.path, out.t0
+    with open(out.path, "w") as f: ...            # each record: f.write(json.dumps(rec) + "\n"); f.flush()
+    out.finish("Attention sinks", "python benchmarks/decode/sinks_gpu.py --out OUT", table_md(out.path))
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+
+class ResultsFolder:
+    def __init__(self, out: str):
+        import jax
+
+        os.makedirs(out, exist_ok=True)
+        self.out = out
+        self.path = os.path.join(out, "results.jsonl")
+        self.t0 = time.perf_counter()
+        self.device = str(jax.devices()[0].device_kind)
+
+    def seconds(self) -> float:
+        """Seconds since the folder was opened."""
+        return time.perf_counter() - self.t0
+
+    def finish(self, title: str, command: str, tables_md: str) -> None:
+        """Writes README.md ("# TITLE on DEVICE", the command, the tables) and prints the tables and the time."""
+        with open(os.path.join(self.out, "README.md"), "w", encoding="utf-8") as f:
+            f.write(f"# {title} on {self.device}\n\n`PYTHONPATH=src {command}`\n\n" + tables_md)
+        print(tables_md)
+        print(json.dumps({"out": self.out, "seconds": round(self.seconds(), 1)}))
