@@ -166,21 +166,19 @@ def caches(key, b, s, K, layout):
 
 def table_md(path) -> str:
     recs = [json.loads(x) for x in open(path, encoding="utf-8") if x.strip()]
-    cells, peers, flats = {}, {}, {}
+    cells, peers = {}, {}
     for r in recs:
         if "variant" in r["batch"]:
             continue
         key = (r["batch"], r["G"], r["T"], r["layout"])
         if r["path"] == "attnlab-serving":
             cells[key] = r
-        elif r["path"] == "attnlab-serving flat":
-            flats[key] = r
         elif "pct_roofline" in r:
             best = peers.get(key)
             if best is None or r["pct_roofline"] > best["pct_roofline"]:
                 peers[key] = r
-    lines = ["| batch | G | T | cache | attnlab-serving ms | % roofline | goal | best peer | peer % | flat ms | flat % |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| batch | G | T | cache | attnlab-serving ms | % roofline | goal | best peer | peer % |",
+             "| --- " * 9 + "|"]
     for key, r in cells.items():
         goal = GOAL_MIXED if r["batch"].startswith("mixed") else GOAL_DECODE
         pct = r.get("pct_roofline")
@@ -191,11 +189,8 @@ def table_md(path) -> str:
         if r.get("sequential_bound_pct") and key[0].startswith("mixed"):
             verdict += (f" (two launches in sequence: at most {r['sequential_bound_pct']:.0f}%; prefill kernel "
                         f"{r.get('prefill_tflops', 0):.0f} TFLOP/s)")
-        fl = flats.get(key, {})
-        flat = (f"{fl['ms']:.4f} | {fl['pct_roofline']:.0f}%" if fl.get("pct_roofline") else
-                f"✗ {fl.get('error', '')[:30]} |" if fl else "– | –")
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {r.get('ms', 0):.4f} | {got} | {goal}% "
-                     f"{verdict} | {peer} | {flat} |")
+                     f"{verdict} | {peer} |")
     from benchmarks.serving.variants import variants_md
 
     lines += variants_md(recs)
@@ -218,6 +213,8 @@ def main(argv=None):
     ap.add_argument("--focus", action="store_true", help="the skewed batches (lognormal, one-long), contiguous "
                     "and paged 16, then the mixed ones")
     ap.add_argument("--variant-seconds", type=float, default=25.0, help="time for the decode variants past the limit")
+    ap.add_argument("--wide-rows", action="store_true", help="only the decode class's row-tile variants at G=16, T=8 "
+                    "(uniform, lognormal, one-long): 64-row tiles against one 128-row tile")
     a = ap.parse_args(argv)
     import jax
 
@@ -227,6 +224,15 @@ def main(argv=None):
     pairs = PAIRS[:1] if a.quick else PAIRS
     layouts = ("contig", "paged16") if a.quick or a.focus else ("contig", "paged16", "paged64")
     dists = ("lognormal", "one-long") if a.focus else ("uniform", "spread", "lognormal", "one-long")
+    if a.wide_rows:
+        from benchmarks.serving.variants import WIDE_ROWS_VARIANTS, decode_variants
+
+        with open(path, "w") as f:
+            decode_variants(f, key, dev, t0, a.max_seconds, N=128, T=8, dists=("uniform", "lognormal", "one-long"),
+                            variants=WIDE_ROWS_VARIANTS)
+        out.finish("serving_attention's decode row tiles", f"python benchmarks/serving/gpu.py --out {a.out} --wide-rows",
+                   table_md(path))
+        return
     with open(path, "w") as f:
         for N, K in pairs:
             for layout in layouts:

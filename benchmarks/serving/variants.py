@@ -1,5 +1,6 @@
 """Tile variants for ``benchmarks/serving/gpu.py`` (run at its end, within its time limit): decode programs,
-block_k and depth on the skewed batches, prefill tiles on a mixed batch.
+block_k and depth on the skewed batches, prefill tiles on a mixed batch; and (``--wide-rows``) the decode
+class's row tile where T x G passes 64 rows.
 Each variant is checked against float64 before it is timed; its kernels are timed one by one (CUPTI).
 """
 from __future__ import annotations
@@ -31,8 +32,11 @@ def _time_into(r, fn, args, refs, roof_ms):
         r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
 
 
-def decode_variants(out_f, key, dev, t0, max_seconds):
-    """The skewed decode batches (lognormal, one-long) by program count, block_k and pipeline depth."""
+def decode_variants(out_f, key, dev, t0, max_seconds, *, N=32, T=1, dists=("lognormal", "one-long"),
+                    variants=None):
+    """Decode batches (by default the skewed ones at G=4, T=1) by program count, block_k, pipeline depth and
+    rows per tile (``variants``: (programs, block_k, num_stages, block_r_decode) tuples; default
+    ``DECODE_VARIANTS`` with the plan's rows)."""
     import jax
     import jax.numpy as jnp
 
@@ -40,32 +44,40 @@ def decode_variants(out_f, key, dev, t0, max_seconds):
     from attnlab.core.serving_cost import serving_roofline_s
     from attnlab.kernels.serving_plan import ServingConfig
 
-    N, K = 32, 8
+    K = 8
     k, v, _ = g.caches(key, g.B, g.S, K, "contig")
-    q = jax.random.normal(jax.random.PRNGKey(1), (g.B, N, g.H), jnp.bfloat16)
-    starts = g.starts_of(np.ones(g.B, np.int32))
+    q = jax.random.normal(jax.random.PRNGKey(1), (g.B * T, N, g.H), jnp.bfloat16)
+    starts = g.starts_of(np.full(g.B, T, np.int32))
     fn = jax.jit(lambda q, k, v, a, b, p: attnlab.serving_attention(q, k, v, a, b, plan=p,
                                                                      implementation="attnlab-decode"))
     cells = []
-    for dist in ("lognormal", "one-long"):
-        kv = g.lengths_of(dist, 1, np.random.default_rng(7))
+    for dist in dists:
+        kv = g.lengths_of(dist, T, np.random.default_rng(7))
         cells.append((dist, kv, g.references(q, k, v, starts, kv, None),
                       serving_roofline_s(starts, kv, N, K, g.H, 2) * 1e3))
-    for programs, bk, stages in DECODE_VARIANTS:      # variant first: each is seen on both batches
+    for programs, bk, stages, rows in variants or [v + (None,) for v in DECODE_VARIANTS]:   # each on every batch
         for dist, kv, refs, roof_ms in cells:
             if time.perf_counter() - t0 > max_seconds:
                 return
-            cfg = ServingConfig(max_q_len=1, decode_q_len=1, programs=programs, block_k=bk, num_stages=stages)
-            r = dict(device=dev, batch=f"decode variant {dist}", path="attnlab-serving", N=N, K=K, G=4, T=1,
-                     layout="contig", programs=programs, block_k=bk, num_stages=stages)
-            plan = attnlab.serving_plan(jnp.asarray(starts), jnp.asarray(kv), total_tokens=g.B, kv_len_max=g.S,
+            cfg = ServingConfig(max_q_len=T, decode_q_len=T, programs=programs, block_k=bk, num_stages=stages,
+                                block_r_decode=rows)
+            r = dict(device=dev, batch=f"decode variant {dist}", path="attnlab-serving", N=N, K=K, G=N // K, T=T,
+                     layout="contig", programs=programs, block_k=bk, num_stages=stages, block_r_decode=rows)
+            plan = attnlab.serving_plan(jnp.asarray(starts), jnp.asarray(kv), total_tokens=g.B * T, kv_len_max=g.S,
                                         heads=N, kv_heads=K, head_dim=g.H, config=cfg)
             _time_into(r, fn, (q, k, v, jnp.asarray(starts), jnp.asarray(kv), plan), refs, roof_ms)
-            print(f"decode variant {dist} programs={programs} block_k={bk} stages={stages}: "
+            print(f"decode variant {dist} G={N // K} T={T} programs={programs} block_k={bk} stages={stages} "
+                  f"rows={rows}: "
                   f"{r.get('ms') or 0:.4f} ms "
                   f"{r.get('pct_roofline') or 0:.0f}% {r.get('error', '')[:100]}", flush=True)
             out_f.write(json.dumps(r) + "\n")
             out_f.flush()
+
+
+#: ``--wide-rows``: T x G = 128 rows per KV head (G=16, T=8), where the grid measured 32-46% with the default
+#: 64-row tiles (each request's keys read by two tiles, results/gpu-2026-12-05-serving-grid): one 128-row tile
+#: reads them once. (programs, block_k, num_stages, block_r_decode)
+WIDE_ROWS_VARIANTS = ((None, None, None, None), (None, None, None, 128), (None, 32, None, 128), (None, None, 2, 128))
 
 
 #: prefill tile variants (block_k, num_warps, num_stages) timed on the 2 x 2048 + 126 mixed batch, G=4
@@ -118,24 +130,22 @@ def variants_md(recs) -> list[str]:
     lines: list[str] = []
     dvars = [r for r in recs if r["batch"].startswith("decode variant")]
     if dvars:
-        lines += ["", "Decode variants (B=32, G=4, T=1, contiguous; None = the default: 33 programs per KV head, "
-                  "block_k 64, 3 stages), with each call's kernels:", "",
-                  "| batch | programs | block_k | stages | flat | ms | % roofline | kernels (ms) |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-        lines += [f"| {r['batch'][15:]} | {r['programs']} | {r['block_k']} | {r['num_stages']} | {r.get('flat', False)} | "
-                  f"{r.get('ms') or 0:.4f} | "
+        lines += ["", "Decode variants (B=32, contiguous; None = the default: 33 programs per KV head, block_k 64, "
+                  "3 stages, rows per tile up to 64), with each call's kernels:", "",
+                  "| batch | G | T | programs | block_k | stages | rows per tile | ms | % roofline | kernels (ms) |",
+                  "| --- " * 10 + "|"]
+        lines += [f"| {r['batch'][15:]} | {r['G']} | {r['T']} | {r['programs']} | {r['block_k']} | {r['num_stages']} | "
+                  f"{r.get('block_r_decode')} | {r.get('ms') or 0:.4f} | "
                   f"{r.get('pct_roofline') or 0:.0f}% | "
                   + (", ".join(f"{n.split('attnlab_serving_')[-1][:24]} {t:.4f}" for n, t in r.get("kernels", []))
                      or f"✗ {r.get('error', '')[:60]}") + " |" for r in dvars]
     variants = [r for r in recs if r["batch"] == "prefill variant"]
     if variants:
-        lines += ["", "Prefill tile variants (mixed 2x2048+126, G=4, contiguous): the prefill kernel (fused: the one "
-                  "launch of both classes) and the whole call", "",
-                  "| block_k | warps | stages | fused | prefill kernel ms | TFLOP/s | call ms | % roofline |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-        lines += [f"| {r['block_k']} | {r['num_warps']} | {r['num_stages']} | {r.get('fused', False)} | "
+        lines += ["", "Prefill tile variants (mixed 2x2048+126, G=4, contiguous): the prefill kernel and the whole call",
+                  "", "| block_k | warps | stages | prefill kernel ms | TFLOP/s | call ms | % roofline |",
+                  "| --- " * 7 + "|"]
+        lines += [f"| {r['block_k']} | {r['num_warps']} | {r['num_stages']} | " + (
                   f"{r.get('prefill_ms') or 0:.4f} | {r.get('prefill_tflops') or 0:.0f} | {r.get('ms') or 0:.4f} | "
-                  f"{r.get('pct_roofline') or 0:.0f}% |" if not r.get("error") else
-                  f"| {r['block_k']} | {r['num_warps']} | {r['num_stages']} | {r.get('fused', False)} | "
-                  f"✗ {r['error'][:60]} | | | |" for r in variants]
+                  f"{r.get('pct_roofline') or 0:.0f}% |" if not r.get("error") else f"✗ {r['error'][:60]} | | | |")
+                  for r in variants]
     return lines
