@@ -13,9 +13,8 @@ A deliberately rough, conservative model from the cell's FLOPs and bytes (``attn
   masked tile) problem, gradients too for fwd+bwd / bwd cells, at the fp32 throughput; the float64
   rows at half the rate NumPy float64 reaches here now (``calibration.float64_gflops``), at least
   ``NUMPY_GFLOPS`` (what a slow shared 2-core CPU reaches; rows of less than ``NUMPY_PROBE_FLOPS``
-  at that, measuring nothing); all of it
-  times ``check_x``, what the first checked cell of a sweep measured over this estimate where it was
-  faster (``attnlab.measure.calibration``).
+  at that, measuring nothing); all of it times ``check_x``, what the first checked cell of a sweep
+  measured over this estimate where it was faster (``attnlab.measure.calibration``).
 - compiles: the kernel's, and what is compiled once per problem (the inputs' and the check's
   reference programs), in seconds measured on this machine and scaled to its load now
   (``attnlab.measure.calibration``: the first compile of a sweep, stored for the next), twice for a
