@@ -54,3 +54,15 @@ def test_float64_rows_go_at_the_measured_rate_never_below_the_floor(monkeypatch)
     assert estimate.float64_rate(1e9) == pytest.approx(estimate.NUMPY_GFLOPS * 1e9)
     monkeypatch.setattr(calibration, "float64_gflops", lambda: pytest.fail("probed for rows too small to matter"))
     assert estimate.float64_rate(estimate.NUMPY_PROBE_FLOPS / 2) == pytest.approx(estimate.NUMPY_GFLOPS * 1e9)
+
+
+def test_a_learnt_check_x_keeps_the_float64_rate_it_was_learnt_at(fresh, monkeypatch):
+    info = device.current()
+    calibration._FLOAT64[:] = [4.0]           # the rate this process's estimates used
+    rec = {"status": "ok", "mode": "fwd", "compile_s": 0.5, "check_s": 1e-4, "check_parts_s": {"reference_s": 1e-4}}
+    calibration.learn(rec, info, check_compute_s=1e-3)
+    calibration.forget()                      # a new process, whose probe would say otherwise
+    monkeypatch.setattr(calibration, "float64_gflops", lambda: 40.0)
+    cal = calibration.current(info)
+    assert (cal.check_x, cal.float64_gflops) == (pytest.approx(0.1), 4.0)
+    assert estimate.float64_rate(1e9, cal) == pytest.approx(estimate.NUMPY_SHARE * 4e9)

@@ -17,8 +17,9 @@ and on its load now, so they are measured, not assumed:
 - the check's arithmetic: ``float64_gflops()`` times the NumPy float64 reference (the check's
   sampled rows, ``attnlab.reference.float64``) on a small problem now (once a process), so a fast
   host is not estimated as the slowest CPU; and ``learn`` keeps ``check_x``, the first cell's
-  measured check over its estimated arithmetic where it was faster (within ``CHECK_BOUNDS``), for
-  the estimates after it.
+  measured check over its estimated arithmetic where it was faster (within ``CHECK_BOUNDS``), with
+  the rate that estimate used, for the estimates after it (a noisy rate measured again would not
+  match the factor).
 
 Where nothing was measured yet, ``DEFAULTS``: on a CPU the seconds a forward cell's compiles took
 on a lightly loaded 2-core CPU (with its probe's seconds); on a GPU a guess, not scaled (the first
@@ -50,6 +51,7 @@ class Calibration:
     source: str            # "defaults" or when they were measured here
     probe_s: float | None = None   # ``probe_s()`` when they were measured (None: not scaled by the probe)
     check_x: float = 1.0   # the first cell's measured check over its estimated arithmetic (<= 1; 1: as estimated)
+    float64_gflops: float | None = None   # ``float64_gflops()`` that estimate used (None: measured now)
 
 
 DEFAULTS = {"cpu": Calibration(0.6, 1.2, "defaults", 0.065), "gpu": Calibration(1.5, 1.0, "defaults")}
@@ -134,7 +136,8 @@ def stored(info) -> Calibration:
                 d = json.load(f)[key]
             _LEARNT[key] = Calibration(float(d["compile_s"]), float(d["problem_s"]), str(d.get("source") or "stored"),
                                        float(d["probe_s"]) if d.get("probe_s") else None,
-                                       float(d.get("check_x") or 1.0))   # stored before check_x: 1
+                                       float(d.get("check_x") or 1.0),    # stored before check_x: 1
+                                       float(d["float64_gflops"]) if d.get("float64_gflops") else None)
         except (OSError, ValueError, KeyError, TypeError):
             _LEARNT[key] = DEFAULTS.get(info.platform, DEFAULTS["gpu"])
     return _LEARNT[key]
@@ -173,7 +176,7 @@ def learn(rec: dict, info, *, check_compute_s: float = 0.0) -> Calibration | Non
         check_x = min(CHECK_BOUNDS[1], max(CHECK_BOUNDS[0], chk / check_compute_s))
     once = max(0.0, chk - check_compute_s * check_x) + (rec.get("inputs_s") or 0.0)
     cal = Calibration(comp / factor, once / factor, f"measured here {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} "
-                                                   f"UTC", probe_s(), check_x)
+                                                   f"UTC", probe_s(), check_x, _FLOAT64[0] if _FLOAT64 else None)
     _LEARNT[key] = cal
     _MEASURED.add(key)
     _store(key, cal)

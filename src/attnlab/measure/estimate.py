@@ -11,10 +11,11 @@ A deliberately rough, conservative model from the cell's FLOPs and bytes (``attn
   and 3 rounds of pipelined calls (``timers.pipelined_calls``).
 - the check: the float32 reference and its emulation over the whole (dense: the reference skips no
   masked tile) problem, gradients too for fwd+bwd / bwd cells, at the fp32 throughput; the float64
-  rows at half the rate NumPy float64 reaches here now (``calibration.float64_gflops``), at least
-  ``NUMPY_GFLOPS`` (what a slow shared 2-core CPU reaches; rows of less than ``NUMPY_PROBE_FLOPS``
-  at that, measuring nothing); all of it times ``check_x``, what the first checked cell of a sweep
-  measured over this estimate where it was faster (``attnlab.measure.calibration``).
+  rows at half the rate NumPy float64 reaches here (``calibration.float64_gflops``: now, or as stored
+  with ``check_x``), at least ``NUMPY_GFLOPS`` (what a slow shared 2-core CPU reaches; rows of less
+  than ``NUMPY_PROBE_FLOPS`` at that, measuring nothing); all of it times ``check_x``, what the
+  first checked cell of a sweep measured over this estimate where it was faster
+  (``attnlab.measure.calibration``).
 - compiles: the kernel's, and what is compiled once per problem (the inputs' and the check's
   reference programs), in seconds measured on this machine and scaled to its load now
   (``attnlab.measure.calibration``: the first compile of a sweep, stored for the next), twice for a
@@ -81,11 +82,13 @@ def throughput(info, dtype: str) -> tuple[float, float]:
     return gflops * 1e9, CPU_GBPS * 1e9
 
 
-def float64_rate(rows_flops: float) -> float:
-    """FLOP/s the check's float64 rows of ``rows_flops`` are estimated at here (see the module doc)."""
+def float64_rate(rows_flops: float, cal: calibration.Calibration | None = None) -> float:
+    """FLOP/s the check's float64 rows of ``rows_flops`` are estimated at here (see the module doc):
+    at the rate stored with ``cal`` where its ``check_x`` was learnt with one, else measured now."""
     if rows_flops < NUMPY_PROBE_FLOPS:
         return NUMPY_GFLOPS * 1e9
-    return max(NUMPY_GFLOPS, NUMPY_SHARE * calibration.float64_gflops()) * 1e9
+    rate = cal.float64_gflops if cal is not None and cal.float64_gflops else calibration.float64_gflops()
+    return max(NUMPY_GFLOPS, NUMPY_SHARE * rate) * 1e9
 
 
 def _n_sets(w, opts, info) -> int:
@@ -117,7 +120,7 @@ def estimate_cell(cell, opts, info) -> Estimate:
         ref_flops, _ = throughput(info, "float64" if cell.dtype == "float64" else "float32")
         ref = 2 * dense * (1 + (1 + BWD_FLOP_FACTOR if grads else 0)) / ref_flops
         rows = 4.0 * min(F64_ROWS, w.q_len) * min(F64_BATCH, w.batch) * w.kv_len * w.heads * w.head_dim
-        check_s = ref + rows / float64_rate(rows) + (3 if grads else 1) * call_s
+        check_s = ref + rows / float64_rate(rows, cal) + (3 if grads else 1) * call_s
     compile_s = cal.compile_s * compile_x
     qkv = w.bytes("fwd") - tokens * w.heads * w.head_dim * w.itemsize
     out32 = 4 * tokens * w.heads * w.head_dim
