@@ -17,6 +17,7 @@ def test_a_small_gpu_bench_is_estimated_within_2x(tmp_path, monkeypatch):
     if jax.devices()[0].platform != "gpu":
         pytest.skip("needs a GPU")
     from attnlab.cli import main
+    from attnlab.core import device
     from attnlab.measure import calibration
 
     monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path / "cache"))
@@ -30,8 +31,9 @@ def test_a_small_gpu_bench_is_estimated_within_2x(tmp_path, monkeypatch):
         wall = time.perf_counter() - t0
         assert r.exit_code == 0, r.output
         est = float(re.search(r"~([\d.e+]+) s in all", r.output).group(1))
-        seen.append((est, round(wall, 1), r.output.splitlines()[0][-160:]))
+        seen.append((est, round(wall, 1), r.output.splitlines()[0][-220:], r.output.rstrip().splitlines()[-1],
+                     calibration.stored(device.current())))     # what it learnt, check_x too
         calibration.forget()   # the second run reads what the first stored, as a new process would
     print(seen)
-    for est, wall, _ in seen:
+    for est, wall, *_ in seen:
         assert wall / 2 <= est <= 2 * wall, seen

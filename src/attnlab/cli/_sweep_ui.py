@@ -65,6 +65,8 @@ def print_estimate(cells, opts, resume_from: str | None = None) -> None:
             f"(median), ~{sum(secs):.3g} s in all, up to ~{max(e.bytes for e, _ in ests) / 2**20:.4g} MiB; "
             f"largest: {big_cell.backend} {big_cell.config_label} {big.text()}; compiles ~{cal.compile_s:.2g} s, "
             f"inputs and references ~{cal.problem_s:.2g} s a problem ({cal.source})")
+    if cal.check_x < 1:
+        text += f"; the check's arithmetic x{cal.check_x:.2g} of its estimate, as measured"
     if over:
         text += f"; [yellow]{over} cell(s) over the cell budget of {opts.cell_budget_s:g} s: recorded over_budget, not run[/]"
     console.print(text, highlight=False, soft_wrap=True)

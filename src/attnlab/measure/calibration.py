@@ -12,11 +12,18 @@ and on its load now, so they are measured, not assumed:
 - ``probe_s()`` times the compile of one small attention program now (wall seconds, at least its
   CPU time times the last minute's contention; once a process): the stored seconds are scaled by
   the probe now over the probe when they were measured, so a machine busier (or idler) than then is
-  estimated so.
+  estimated so. The probe is taken once a process, before a sweep starts its background compiles
+  (``attnlab.sweep.engine``): taken beside them, its process CPU time counts theirs too;
+- the check's arithmetic: ``float64_gflops()`` times the NumPy float64 reference (the check's
+  sampled rows, ``attnlab.reference.float64``) on a small problem now (once a process), so a fast
+  host is not estimated as the slowest CPU; and ``learn`` keeps ``check_x``, the first cell's
+  measured check over its estimated arithmetic where it was faster (within ``CHECK_BOUNDS``), with
+  the rate that estimate used, for the estimates after it (a noisy rate measured again would not
+  match the factor).
 
 Where nothing was measured yet, ``DEFAULTS``: on a CPU the seconds a forward cell's compiles took
 on a lightly loaded 2-core CPU (with its probe's seconds); on a GPU a guess, not scaled (the first
-sweep there calibrates it).
+sweep there calibrates it; on the H200 the first cell of a small bf16 bench compiled in 1.2 s).
 """
 from __future__ import annotations
 
@@ -30,6 +37,11 @@ import time
 GRAD_FACTOR = 2.0
 #: The probe's ratio now / then is kept within these bounds (a probe is one small compile: noisy).
 SCALE_BOUNDS = (0.5, 20.0)
+#: A measured check over its estimated arithmetic is kept within these (a check slower than estimated
+#: is taken as compiling, ``problem_s``: the factor is at most 1).
+CHECK_BOUNDS = (0.05, 1.0)
+#: ``float64_gflops`` is kept within these GFLOP/s (one small timing: noisy).
+FLOAT64_GFLOPS_BOUNDS = (0.25, 50.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,12 +50,15 @@ class Calibration:
     problem_s: float       # compiled once per forward problem: the inputs' and the check's programs, seconds
     source: str            # "defaults" or when they were measured here
     probe_s: float | None = None   # ``probe_s()`` when they were measured (None: not scaled by the probe)
+    check_x: float = 1.0   # the first cell's measured check over its estimated arithmetic (<= 1; 1: as estimated)
+    float64_gflops: float | None = None   # ``float64_gflops()`` that estimate used (None: measured now)
 
 
-DEFAULTS = {"cpu": Calibration(0.6, 1.2, "defaults", 0.065), "gpu": Calibration(2.0, 1.0, "defaults")}
+DEFAULTS = {"cpu": Calibration(0.6, 1.2, "defaults", 0.065), "gpu": Calibration(1.5, 1.0, "defaults")}
 _LEARNT: dict[str, Calibration] = {}     # by device kind: what this process uses
 _MEASURED: set[str] = set()                # device kinds this process measured itself
 _PROBE: list[float] = []
+_FLOAT64: list[float] = []
 
 
 def path() -> str:
@@ -79,6 +94,29 @@ def probe_s() -> float:
     return _PROBE[0]
 
 
+def float64_gflops() -> float:
+    """GFLOP/s of the check's NumPy float64 reference here now: 4 T S N H over the wall seconds of
+    ``reference_attention`` on 128 query rows, 1024 keys, 8 heads of 128 (0.54 GFLOP), the best of
+    up to three after one untimed (no more once 0.5 s went: a slow machine is slow enough to see; a
+    shared one stalls the odd call), within ``FLOAT64_GFLOPS_BOUNDS``. Once a process."""
+    if not _FLOAT64:
+        import numpy as np
+
+        from ..reference.float64 import reference_attention
+
+        T, S, N, H = 128, 1024, 8, 128
+        rng = np.random.default_rng(0)
+        q, k = rng.standard_normal((1, T, N, H), np.float32), rng.standard_normal((1, S, N, H), np.float32)
+        walls, t_end = [], time.perf_counter() + 0.5
+        while len(walls) < 4 and (len(walls) < 2 or time.perf_counter() < t_end):
+            t0 = time.perf_counter()
+            reference_attention(q, k, k)
+            walls.append(time.perf_counter() - t0)
+        lo, hi = FLOAT64_GFLOPS_BOUNDS
+        _FLOAT64.append(min(hi, max(lo, 4.0 * T * S * N * H / max(min(walls[1:]), 1e-9) / 1e9)))
+    return _FLOAT64[0]
+
+
 def load_factor() -> float:
     """How much slower than idle the last minute's load makes a compile: (load average / CPUs) ** 0.75,
     at least 1 (measured on a 2-core CPU: load 10 made the probe 3.3x slower than its CPU time)."""
@@ -97,7 +135,9 @@ def stored(info) -> Calibration:
             with open(path(), encoding="utf-8") as f:
                 d = json.load(f)[key]
             _LEARNT[key] = Calibration(float(d["compile_s"]), float(d["problem_s"]), str(d.get("source") or "stored"),
-                                       float(d["probe_s"]) if d.get("probe_s") else None)
+                                       float(d["probe_s"]) if d.get("probe_s") else None,
+                                       float(d.get("check_x") or 1.0),    # stored before check_x: 1
+                                       float(d["float64_gflops"]) if d.get("float64_gflops") else None)
         except (OSError, ValueError, KeyError, TypeError):
             _LEARNT[key] = DEFAULTS.get(info.platform, DEFAULTS["gpu"])
     return _LEARNT[key]
@@ -121,16 +161,22 @@ def learnt(info) -> bool:
 
 def learn(rec: dict, info, *, check_compute_s: float = 0.0) -> Calibration | None:
     """Calibrate from a measured cell record (``compile_s``, ``check_s`` and ``inputs_s`` measured; the
-    check's arithmetic, ``check_compute_s``, taken out) unless this process already learnt from one;
-    stores it. Returns the new calibration, or None where ``rec`` teaches nothing."""
+    check's estimated arithmetic, ``check_compute_s`` seconds before any ``check_x``, taken out)
+    unless this process already learnt from one; stores it. A check that made its references
+    (``check_parts_s``) in less than ``check_compute_s`` sets ``check_x`` to measured / estimated
+    (within ``CHECK_BOUNDS``) and leaves no compile in it. Returns the new calibration, or None where
+    ``rec`` teaches nothing."""
     key = _key(info)
     comp, chk = rec.get("compile_s"), rec.get("check_s")
     if key in _MEASURED or rec.get("status") not in ("ok", "incorrect") or not comp or not chk:
         return None
     factor = GRAD_FACTOR if rec.get("mode", "fwd") != "fwd" else 1.0
-    once = max(0.0, chk - check_compute_s) + (rec.get("inputs_s") or 0.0)
+    check_x = 1.0
+    if rec.get("check_parts_s") and 0 < chk < check_compute_s:   # references cached: the check made none
+        check_x = min(CHECK_BOUNDS[1], max(CHECK_BOUNDS[0], chk / check_compute_s))
+    once = max(0.0, chk - check_compute_s * check_x) + (rec.get("inputs_s") or 0.0)
     cal = Calibration(comp / factor, once / factor, f"measured here {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} "
-                                                   f"UTC", probe_s())
+                                                   f"UTC", probe_s(), check_x, _FLOAT64[0] if _FLOAT64 else None)
     _LEARNT[key] = cal
     _MEASURED.add(key)
     _store(key, cal)
@@ -156,7 +202,8 @@ def _store(key: str, cal: Calibration) -> None:
 
 
 def forget() -> None:
-    """Drop what this process learnt and its probe (tests; a new sweep calibrates again)."""
+    """Drop what this process learnt and its probes (tests; a new sweep calibrates again)."""
     _LEARNT.clear()
     _MEASURED.clear()
     _PROBE.clear()
+    _FLOAT64.clear()

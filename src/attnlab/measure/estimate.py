@@ -11,7 +11,11 @@ A deliberately rough, conservative model from the cell's FLOPs and bytes (``attn
   and 3 rounds of pipelined calls (``timers.pipelined_calls``).
 - the check: the float32 reference and its emulation over the whole (dense: the reference skips no
   masked tile) problem, gradients too for fwd+bwd / bwd cells, at the fp32 throughput; the float64
-  rows at ``NUMPY_GFLOPS``.
+  rows at half the rate NumPy float64 reaches here (``calibration.float64_gflops``: now, or as stored
+  with ``check_x``), at least ``NUMPY_GFLOPS`` (what a slow shared 2-core CPU reaches; rows of less
+  than ``NUMPY_PROBE_FLOPS`` at that, measuring nothing); all of it times ``check_x``, what the
+  first checked cell of a sweep measured over this estimate where it was faster
+  (``attnlab.measure.calibration``).
 - compiles: the kernel's, and what is compiled once per problem (the inputs' and the check's
   reference programs), in seconds measured on this machine and scaled to its load now
   (``attnlab.measure.calibration``: the first compile of a sweep, stored for the next), twice for a
@@ -36,7 +40,10 @@ GPU_EFFICIENCY = 0.25
 CPU_GFLOPS = {"fp32": 10.0, "tf32": 10.0, "bf16": 8.0, "fp8": 1.0}   # a 2-core CPU under load: 9-18 f32
 CPU_FLOAT64_GFLOPS = 5.0
 CPU_GBPS = 5.0
-NUMPY_GFLOPS = 1.0
+#: of ``calibration.float64_gflops()``, the rate the float64 rows are estimated at (conservative)
+NUMPY_SHARE = 0.5
+#: float64 rows of fewer FLOPs are estimated at ``NUMPY_GFLOPS``: under 0.05 s there, not worth a probe
+NUMPY_GFLOPS, NUMPY_PROBE_FLOPS = 1.0, 5e7
 #: rows of the float64 check: first, last and 2 interior tiles of 64 rows, up to 3 batch elements
 F64_ROWS, F64_BATCH = 4 * 64, 3
 
@@ -75,6 +82,15 @@ def throughput(info, dtype: str) -> tuple[float, float]:
     return gflops * 1e9, CPU_GBPS * 1e9
 
 
+def float64_rate(rows_flops: float, cal: calibration.Calibration | None = None) -> float:
+    """FLOP/s the check's float64 rows of ``rows_flops`` are estimated at here (see the module doc):
+    at the rate stored with ``cal`` where its ``check_x`` was learnt with one, else measured now."""
+    if rows_flops < NUMPY_PROBE_FLOPS:
+        return NUMPY_GFLOPS * 1e9
+    rate = cal.float64_gflops if cal is not None and cal.float64_gflops else calibration.float64_gflops()
+    return max(NUMPY_GFLOPS, NUMPY_SHARE * rate) * 1e9
+
+
 def _n_sets(w, opts, info) -> int:
     one = max(1, w.bytes("fwd") - (w.new_tokens() if w.decode else w.batch * w.q_len) * w.heads * w.head_dim * w.itemsize)
     sheet = peaks.peak_for_kind(info.kind)
@@ -98,27 +114,28 @@ def estimate_cell(cell, opts, info) -> Estimate:
     dense = 4.0 * tokens * w.kv_len * w.heads * w.head_dim        # the reference masks, skips nothing
     cal = calibration.current(info)
     compile_x = calibration.GRAD_FACTOR if grads else 1.0
-    check_s = 0.0
+    check_s = 0.0    # before check_x: ``check_compute_s``
     problem_s = cal.problem_s * compile_x * (1.0 if opts.check else 0.3)   # without the check: the inputs alone
     if opts.check:
         ref_flops, _ = throughput(info, "float64" if cell.dtype == "float64" else "float32")
         ref = 2 * dense * (1 + (1 + BWD_FLOP_FACTOR if grads else 0)) / ref_flops
         rows = 4.0 * min(F64_ROWS, w.q_len) * min(F64_BATCH, w.batch) * w.kv_len * w.heads * w.head_dim
-        check_s = ref + rows / (NUMPY_GFLOPS * 1e9) + (3 if grads else 1) * call_s
+        check_s = ref + rows / float64_rate(rows, cal) + (3 if grads else 1) * call_s
     compile_s = cal.compile_s * compile_x
     qkv = w.bytes("fwd") - tokens * w.heads * w.head_dim * w.itemsize
     out32 = 4 * tokens * w.heads * w.head_dim
     mem = n_sets * (qkv + (out32 if grads else 0)) + (2 + (6 if grads else 0)) * out32
     if opts.check:
         mem += min(TILE_BUDGET.get(info.platform, TILE_BUDGET["cpu"]), 4 * w.batch * w.heads * w.q_len * w.kv_len)
+    check_s *= cal.check_x
     return Estimate(seconds=compile_s + problem_s + check_s + timing_s, call_s=call_s, calls=calls, check_s=check_s,
                     compile_s=compile_s, bytes=int(mem), problem_s=problem_s)
 
 
 def check_compute_s(cell, opts, info) -> float:
-    """A cell's estimated check arithmetic (what is not compiling): ``calibration.learn`` takes it
-    out of a measured ``check_s``."""
-    return estimate_cell(cell, opts, info).check_s
+    """A cell's estimated check arithmetic (what is not compiling) before the learnt ``check_x``:
+    ``calibration.learn`` compares a measured ``check_s`` with it."""
+    return estimate_cell(cell, opts, info).check_s / calibration.current(info).check_x
 
 
 def _problem_key(cell) -> str:

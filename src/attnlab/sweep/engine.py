@@ -92,6 +92,8 @@ def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, overwrite: bo
     opts = options or Options()
     todo = [c for c in cells if c.key() not in done]
     pending: dict = {}
+    if todo and opts.check and not calibration.learnt(device.current()):
+        calibration.probe_s()   # what the first cell calibrates is scaled by it: taken before any background compile
     try:
         for i, cell in enumerate(cells):
             if cell.key() in done:
