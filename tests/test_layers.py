@@ -6,6 +6,7 @@ own breaks the contract, and this test with it (shown below on a copy of the pac
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -42,17 +43,21 @@ def test_an_upward_import_breaks_the_layers(tmp_path):
     assert "BROKEN" in r.stdout and "attnlab.backends.base -> attnlab.measure.stats" in r.stdout, r.stdout
 
 
-def _circles(package_parent: Path) -> list[tuple[str, ...]]:
-    """Each import that some chain of imports leads back from: (importer, imported, ..., importer)."""
-    import grimp
+_CIRCLES = """
+import json, grimp
+g = grimp.build_graph("attnlab", cache_dir=None)
+print(json.dumps([(m, *chain) for m in sorted(g.modules) for n in sorted(g.find_modules_directly_imported_by(m))
+                  if (chain := g.find_shortest_chain(importer=n, imported=m))]))
+"""
 
-    sys.path.insert(0, str(package_parent))
-    try:
-        g = grimp.build_graph("attnlab", cache_dir=None)
-    finally:
-        sys.path.remove(str(package_parent))
-    return [(m, *chain) for m in sorted(g.modules) for n in sorted(g.find_modules_directly_imported_by(m))
-            if (chain := g.find_shortest_chain(importer=n, imported=m))]
+
+def _circles(package_parent: Path) -> list[tuple[str, ...]]:
+    """Each import that some chain of imports leads back from: (importer, imported, ..., importer). In a fresh
+    Python, so that the package under ``package_parent`` is read, not one this process already imported."""
+    env = dict(os.environ, PYTHONPATH=str(package_parent))
+    r = subprocess.run([sys.executable, "-c", _CIRCLES], env=env, capture_output=True, text=True, timeout=120,
+                       check=True)
+    return [tuple(c) for c in json.loads(r.stdout)]
 
 
 def test_no_circle_between_modules(tmp_path):
