@@ -5,6 +5,9 @@ import importlib.metadata
 import importlib.util
 
 from ..core import device
+import ctypes
+import glob
+import os
 
 
 def install_hint(extra: str) -> str:
@@ -58,10 +61,6 @@ def preload_pip_cudnn() -> str | None:
     instead, TE imported but loaded the system 9.14 and found no fused kernel
     (CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED; benchmarks/peers/te_probe.py). Returns the folder used, or None.
     """
-    import ctypes
-    import glob
-    import os
-
     try:
         import nvidia.cudnn as cudnn_pkg
     except Exception:  # noqa: BLE001

@@ -31,6 +31,10 @@ from ..kernels import decode as kd
 from ..core.checks import _is_tracer
 from ..core.call import Call
 from .base import Backend
+from ..kernels.serving import serving_attention_pallas
+from ..kernels.serving_plan import make_serving_plan
+import jax
+import jax.numpy as jnp
 
 #: Auto picks the kernel only when this is True (set from the benchmark), on an NVIDIA GPU,
 #: for T >= AUTO_MIN_T, where it supports the call.
@@ -149,9 +153,6 @@ class AttnlabDecodeBackend(Backend):
 
     def run_serving(self, call):
         """Run a serving ``Call`` on the serving kernel (its plan, or one made here)."""
-        from ..kernels.serving import serving_attention_pallas
-        from ..kernels.serving_plan import make_serving_plan
-
         why = self.supports_serving(call)
         if why:
             raise UnsupportedError(self.name, why)
@@ -166,8 +167,6 @@ class AttnlabDecodeBackend(Backend):
                                         k_scale=call.k_scale, v_scale=call.v_scale, kv_scale=call.kv_scale)
 
     def version(self) -> str | None:
-        import jax
-
         return f"jax {jax.__version__}"
 
     def _call(self, q, k, v, lengths, causal, scale, page_table=None, soft_cap=None, window=None, sinks=None,
@@ -180,8 +179,6 @@ class AttnlabDecodeBackend(Backend):
                                           window=window, sinks=sinks, k_scale=k_scale, v_scale=v_scale, kv_scale=layout)
 
     def run(self, p: Call):
-        import jax.numpy as jnp
-
         B, S = p.batch, p.kv_len
         lengths = jnp.full((B,), S, jnp.int32) if p.kv_lengths is None else p.kv_lengths
         return self._call(p.query, p.key, p.value, lengths, False, p.scale, soft_cap=p.soft_cap, sinks=p.sinks)

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from ..core.errors import UnsupportedError
 from ..core.call import Call
 from .base import Backend, segments_as_mask, zero_padded_queries
+from absl import flags
 
 
 class TokamaxBackend(Backend):
@@ -38,7 +39,6 @@ class TokamaxBackend(Backend):
 
     def run(self, p: Call):
         import tokamax
-        from absl import flags
 
         if not flags.FLAGS.is_parsed():
             # tokamax reads absl flags; unparsed, absl would parse the host program's argv (pytest's, a CLI's).

@@ -8,6 +8,9 @@ import tempfile
 
 import click
 from rich.console import Console
+import logging
+from ..measure import threads
+from rich.markup import escape
 
 console = Console()
 
@@ -25,11 +28,8 @@ def leave(code: int) -> None:
     ``os._exit`` (every record is already on disk, fsync'd). After Ctrl-C (130) it leaves so too:
     the interpreter's teardown of JAX and XLA takes over a second on a busy CPU, and Ctrl-C answers
     in about one."""
-    import logging
-
     left = []
     if "attnlab.measure.threads" in sys.modules:   # no JAX was loaded: nothing can run
-        from ..measure import threads
 
         try:
             left = threads.settle(EXIT_GRACE_S)
@@ -83,8 +83,6 @@ def main():
 
 
 def _fail(msg: str):
-    from rich.markup import escape
-
     Console(stderr=True, soft_wrap=True).print(f"[red]error:[/] {escape(msg)}", highlight=False)
     sys.exit(2)
 

@@ -18,12 +18,15 @@ from rich.table import Table as RichTable
 from ._app import _fail, console, main, writable_folder, writes_to
 from ._layout import compact, print_compact_table, table_console, wide_option
 from ._sweep_ui import cell_budget, cell_budget_option, cost_line, exit_after_interrupt, phase_spinner, print_estimate
+from .. import backends as registry
+from ..report import advice
+from ..measure import Options
+from ..core.model_config import resolve
+from ..measure.memory import device_bytes_limit
 
 
 def _non_jax() -> set[str]:
     """The registered backends that are not JAX ops (PyTorch peers): advise names a JAX path beside them."""
-    from .. import backends as registry
-
     return {b.name for b in registry.all_backends() if b.native}
 
 
@@ -47,9 +50,6 @@ def _non_jax() -> set[str]:
 def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, repeats, compile_budget, cell_budget_s,
                wide):
     """Which attention path, how long per layer and per model, how much KV cache, how large a batch fits."""
-    from ..report import advice
-    from ..measure import Options
-    from ..core.model_config import resolve
     from ..sweep import SweepError, run_sweep
     from ..sweep.engine import SweepInterrupted
     from ..sweep.model_cells import model_sweep
@@ -125,7 +125,6 @@ def _device_memory(gib: float | None) -> tuple[int | None, str | None]:
         if gib <= 0:
             _fail(f"--device-memory: {gib:g} GiB must be > 0")
         return int(gib * 2**30), "--device-memory"
-    from ..measure.memory import device_bytes_limit
 
     n = device_bytes_limit()
     return (n, "JAX memory_stats bytes_limit (the allocator's share, XLA_PYTHON_CLIENT_MEM_FRACTION)") if n else \

@@ -13,6 +13,13 @@ from ._layout import packed, wide_option
 from .tables import print_bench_table, print_compare
 from ._sweep_ui import cell_budget, cell_budget_option, cost_line, exit_after_interrupt, print_estimate
 from ..core import cell_fields
+from ..measure import Options
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
+from ..core.model_plan import notes as plan_notes
+from ..core.model_config import resolve
+from ..core.names import canonical_dtype
+import shlex
 
 WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys before each query and none after) "
                "or an int W, read as jax.nn.dot_product_attention reads local_window_size=W: (W, W), W keys before "
@@ -68,7 +75,6 @@ def cell_field_options(command):
 def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget, no_check, name, wide, cell_budget_s=None,
           **flags):
     """Sweep attention cells: check each against the reference, time it, record it."""
-    from ..measure import Options
     from ..sweep import SweepError, build, run_sweep
     from ..sweep.flags import check_contradictions, merge, run_options, warmup_of
     from ..sweep.engine import SweepInterrupted, existing_records
@@ -104,8 +110,6 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
     cells = sweep.cells()
     print_estimate(cells, opts, out_dir if resume else None)
     skipped = []
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
 
     try:
         with Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -142,11 +146,8 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
 
 def _model_sweep(config, given: dict, name):
     """(ModelSweep, run options, notes) of ``bench --model``: flags that contradict the preset refused."""
-    from ..core.model_plan import notes as plan_notes
-    from ..core.model_config import resolve
     from ..sweep import SweepError
     from ..sweep.model_cells import check_model_flags, model_sweep
-    from ..core.names import canonical_dtype
     from ..sweep.parse import _ints, _kv_dtypes, _strs
 
     if config:
@@ -181,8 +182,6 @@ def _model_sweep(config, given: dict, name):
 def _resume_command(config, out_dir, repeats, min_time, compile_budget, no_check, name, given,
                     cell_budget_s=None) -> str:
     """The ``attnlab bench`` command line that goes on where an interrupted one stopped."""
-    import shlex
-
     from ..sweep.flags import flag_name
 
     parts = ["attnlab", "bench"]

@@ -8,14 +8,13 @@ import click
 from rich.table import Table as RichTable
 
 from ._app import console, main
+from ..core.models import PRESETS
 
 
 @main.command("models")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def models_cmd(as_json):
     """Model presets: N, K, H, layers, context, window, soft-cap and sinks, each from the model's config.json."""
-    from ..core.models import PRESETS
-
     if as_json:
         click.echo(json.dumps([dataclasses.asdict(p) for p in PRESETS], indent=2))
         return

@@ -13,6 +13,14 @@ import sys
 import click
 
 from ._app import _fail, console, main, writable_folder, writes_to
+from ..core.names import match, unknown
+from ..lab import quiet
+from ..lab.run_record import held_results, resume_command
+from ..lab.run_record import LabInterrupted
+from ..core.records import cost_summary
+from ..core.store import read_jsonl
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+import threading
 
 
 class StepsOption(click.Option):
@@ -29,8 +37,6 @@ class StepsOption(click.Option):
 def step_ids(text: str, steps) -> list[str]:
     """The step ids of ``--sections``, any case (``GQA`` is ``gqa``); an unknown one is refused naming
     the closest id ("did you mean 'jax_nn'?")."""
-    from ..core.names import match, unknown
-
     out = []
     for s in (p.strip() for p in text.split(",")):
         if s:
@@ -55,9 +61,6 @@ COLOURS = {"ok": "green", "skipped": "yellow", "failed": "red"}
                                                 "a folder holding results is refused).")
 def run(out_dir, label, quick, sections, resume, overwrite):
     """Run the codelab's steps and write a report."""
-    from ..lab import quiet
-    from ..lab.run_record import held_results, resume_command
-
     quiet.prepare_environment()   # before JAX loads XLA
     if resume and overwrite:
         _fail("--resume and --overwrite contradict each other: give one of them")
@@ -66,13 +69,9 @@ def run(out_dir, label, quick, sections, resume, overwrite):
         _fail(f"{out_dir} already holds {held} result(s) of an earlier run: give --resume to go on with it, "
               f"or --overwrite to erase them and start afresh")
     from ..lab import STEPS, run_lab
-    from ..lab.run_record import LabInterrupted
-    from ..core.records import cost_summary
-    from ..core.store import read_jsonl
 
     chosen = step_ids(sections, STEPS) if sections else None
     writable_folder(out_dir)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     log = os.path.join(out_dir, "run.log")
     try:
@@ -131,8 +130,6 @@ def _exit_interrupted():
     """Exit 130 after Ctrl-C. A compile abandoned in a worker thread cannot be joined: the process
     then ends without tearing down the interpreter (whose thread teardown would abort in XLA's C++);
     every record is already on disk (fsync'd)."""
-    import threading
-
     if any(t is not threading.main_thread() and t.is_alive() and not t.daemon for t in threading.enumerate()) \
             or threading.active_count() > 1:
         sys.stdout.flush()

@@ -13,6 +13,7 @@ import dataclasses
 import re
 
 from .problem import Problem
+import difflib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,8 +134,6 @@ BY_NAME = {p.name: p for p in PRESETS}
 def nearest(name: str, n: int = 3) -> list[str]:
     """Up to ``n`` preset names closest to ``name`` (its organisation and case ignored), best first:
     difflib's ratio >= 0.6 (``llama-4`` -> the three Llama-3.1 presets; ``gpt-5`` -> none)."""
-    import difflib
-
     return difflib.get_close_matches(str(name).strip().split("/")[-1].lower(), list(BY_NAME), n=n, cutoff=0.6)
 
 

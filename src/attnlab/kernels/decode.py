@@ -73,6 +73,10 @@ from . import decode_mgpu
 from .decode_resources import (CPU_SM_COUNT, DEFAULT_SM_COUNT, REGS_PER_SM, SM_COUNTS, SMEM_PER_BLOCK,  # noqa: F401
                                SMEM_PER_BLOCK_OTHER_SM8X, SMEM_PER_SM, SMEM_SLACK, fit_stages, programs_per_sm,
                                sm_count, smem_bytes, smem_limit)
+import contextlib
+from .paged_load import load_kv_block
+import numpy as np
+from ..core import device
 
 LOG2E = math.log2(math.e)
 #: Masked scores and the running max of a row that has seen no key: jax.nn's finite large negative
@@ -87,8 +91,6 @@ def cuda_lowering_context(device_kind: str = "NVIDIA H200", cores: int = 132):
     for an abstract GPU device, given here through an abstract mesh (JAX-private API, so a
     no-op context where it is missing). For checking the lowering on a CPU only.
     """
-    import contextlib
-
     import jax
 
     try:
@@ -108,7 +110,6 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as plgpu
 
-    from .paged_load import load_kv_block
 
     # paged: refs start with this sequence's page table row, and k_ref / v_ref are (P * page_size, H);
     # a quantized cache (kv_scale: its scale layout) adds the two scale refs after v_ref
@@ -196,7 +197,6 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
     Returns (B, T, N, H) in q's dtype.
     """
     import jax
-    import numpy as np
     import jax.numpy as jnp
     from jax import lax
     from jax.experimental import pallas as pl
@@ -214,7 +214,6 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
     if interpret is None:
         interpret = jax.default_backend() != "gpu"
     if plan is None:
-        from ..core import device
         cc = device.current().compute_capability
         # a config that tunes the Triton kernel (block_r, ...) keeps it unless it names the kernel
         requested = None if config is None else config.kernel or (

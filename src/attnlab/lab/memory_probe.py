@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from ..core.spec import prepare
 
 #: Overrides the device memory the probe compares with (bytes); tests set it tiny to force the prediction.
 LIMIT_ENV = "ATTNLAB_DEVICE_MEMORY_BYTES"
@@ -56,7 +57,6 @@ def compiled_temp(backend: str, batch: int, T: int, heads: int, head_dim: int, d
     from .. import backends
     from ..measure.outcome import classify
     from ..measure.memory import compiled_memory
-    from ..core.spec import prepare
 
     shapes = [jax.ShapeDtypeStruct((batch, T, heads, head_dim), dtype) for _ in range(3)]
     why = backends.get(backend).why_not(prepare(*shapes).spec)

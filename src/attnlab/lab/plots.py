@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
 from ..core.records import time_ms, timing  # noqa: E402, F401 - JAX-free: the renderers plot from records alone
+import numpy as np
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINESTYLES = ("-", "--", ":", "-.")
@@ -149,7 +150,6 @@ def roofline(records, path: str, *, datasheet: tuple[float, float] | None = None
                            color=colours[ci % len(colours)], marker=MARKERS[gi % len(MARKERS)],
                            label=f"{backend} · {g}" if g else backend)
     xs = sorted(r["intensity"] for r in ok)
-    import numpy as np
 
     grid = np.logspace(np.log10(max(xs[0] / 4, 0.1)), np.log10(xs[-1] * 4), 100)
     for roof, name, style in ((datasheet, "datasheet", "--"), (measured, "measured", ":")):

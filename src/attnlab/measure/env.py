@@ -8,6 +8,8 @@ import sys
 
 from .. import __version__, backends
 from ..core import device
+import jax
+import jaxlib
 
 def optional_libraries() -> dict[str, str | None]:
     """Import name -> installed version, or None when absent (found without importing it): the
@@ -30,9 +32,6 @@ def git_commit() -> str | None:
 
 def collect() -> dict:
     """Everything a result record needs to be interpreted later (JSON-serialisable)."""
-    import jax
-    import jaxlib
-
     info = device.current()
     devices = [{"id": d.id, "platform": d.platform, "kind": d.device_kind,
                 "compute_capability": getattr(d, "compute_capability", None)} for d in jax.devices()]

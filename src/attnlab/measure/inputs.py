@@ -20,6 +20,7 @@ from ..reference.distributions import make_qkv
 from ..reference.inputs import random_qkv, random_sinks
 from . import peaks
 from .outcome import Skip, Status
+from .kv_cells import functions as quantized_functions
 
 
 def _input_sets(cell, opts):
@@ -95,7 +96,6 @@ def _functions(cell):
     if cell.lengths is not None:
         lens = jnp.asarray(cell.kv_lengths(), jnp.int32)
         if getattr(cell, "kv_dtype", None):     # a quantized cache, made before timing (``kv_cells``)
-            from .kv_cells import functions as quantized_functions
 
             return quantized_functions(cell, lens)
         sinks = kw.get("sinks")

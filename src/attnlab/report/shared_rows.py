@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..core.workload import kv_cache_bytes
+from ..core.spec import prepare
 
 #: The model of the KV-cache calculator: 32 layers, 32 query heads of dim 128, bf16, 8192 tokens, batch 1.
 KV_MODEL = dict(layers=32, head_dim=128, context=8192, batch=1, dtype="bfloat16")
@@ -32,7 +33,6 @@ def cudnn_head_dims(head_dims=(32, 64, 128, 256, 512), *, batch: int = 1, seq: i
     import jax
 
     from .. import backends
-    from ..core.spec import prepare
 
     cud = backends.get("cudnn")
     unavailable = cud.available()

@@ -3,6 +3,7 @@ the shapes (each a ``Problem``), each shape's grid of variants after the default
 from __future__ import annotations
 
 from ..core.problem import Problem
+from ..kernels import decode as kd
 
 HBM_TBS = 4.8
 PEAK_TFLOPS = 989.4
@@ -59,8 +60,6 @@ def shapes(quick: bool = False, smoke: bool = False) -> list[Problem]:
 
 def tune_grid(sh: Problem, default_plan) -> list[dict]:
     """Variants after the default: block_k x num_stages, then num_warps (or block_r), then the split count."""
-    from ..kernels import decode as kd
-
     out = []
     for bk in (32, 64, 128):
         for st in (2, 3, 4):

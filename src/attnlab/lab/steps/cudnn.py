@@ -4,6 +4,7 @@ from __future__ import annotations
 from ..step_types import LabConfig, LabContext, Step, Table
 from ..render_common import section_renderer
 from .qkv import qkv_inputs
+from ...core.spec import prepare
 
 TITLE = "Forcing cuDNN (bfloat16)"
 
@@ -15,7 +16,6 @@ def probe(ctx: LabContext) -> dict:
     from ... import backends
     from ...api import dot_product as api
     from ...backends.cudnn import hlo_uses_cudnn
-    from ...core.spec import prepare
     from ...reference.float64 import check_close, reference_attention
 
     q, k, v = qkv_inputs(ctx.cfg, "bfloat16")

@@ -4,6 +4,7 @@ from __future__ import annotations
 from ..step_types import LabConfig, LabContext, Step, Table
 from ..render_common import section_renderer
 from .qkv import qkv_inputs
+from ...core.spec import prepare
 
 TITLE = "Environment and GPU check"
 
@@ -11,7 +12,6 @@ TITLE = "Environment and GPU check"
 def probe(ctx: LabContext) -> dict:
     """{env: the versions and device, backends: [[name, available, why not, runs this input, why not, what]]}."""
     from ... import backends
-    from ...core.spec import prepare
 
     spec = prepare(*qkv_inputs(ctx.cfg, "bfloat16")).spec
     rows = []

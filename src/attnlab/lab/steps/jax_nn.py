@@ -4,6 +4,7 @@ from __future__ import annotations
 from ..step_types import LabConfig, LabContext, Step, Table
 from ..render_common import section_renderer
 from .qkv import qkv_inputs
+import numpy as np
 
 TITLE = "jax.nn.dot_product_attention against naive"
 
@@ -11,7 +12,6 @@ TITLE = "jax.nn.dot_product_attention against naive"
 def probe(ctx: LabContext) -> dict:
     import jax
     import jax.numpy as jnp
-    import numpy as np
 
     from ...api import dot_product as api
     from ...backends.cudnn import hlo_uses_cudnn

@@ -6,6 +6,7 @@ from .. import plots
 from ..step_types import LabConfig, LabContext, Section, Step, Table
 from ..plan import perf_backends
 from ..render_common import cells, fmt, section_renderer, speedup_text, time_text
+from ..memory_probe import compiled_temp
 
 TITLE = "Next steps: head dims, memory, speed-ups"
 
@@ -43,8 +44,6 @@ def sweeps(cfg: LabConfig) -> list:
 def probe(ctx: LabContext) -> dict:
     """cuDNN's verdict per head dim, and the compiled temp memory per path and T (stored as
     ``memory`` records of step "next")."""
-    from ..memory_probe import compiled_temp
-
     c = ctx.cfg
     dt = c.perf_dtype
     verdicts, cudnn_why = _cudnn_verdicts(c)

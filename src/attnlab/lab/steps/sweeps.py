@@ -5,6 +5,7 @@ from .. import plots
 from ..step_types import LabConfig, LabContext, Step
 from ..plan import perf_backends
 from ..render_common import cells, section_renderer, sweep_table, timer_note
+from ...core import device
 
 TITLE = "Sequence-length and batch sweeps"
 
@@ -28,7 +29,6 @@ QUICK_CEILINGS = {"matmul_n": 512, "copy_bytes": 2**22, "repeats": 3}
 def probe(ctx: LabContext) -> dict:
     """The device's peak and roofs (the roofline plot's lines). Without a datasheet peak or cached
     ceilings (a CPU), the ceilings are measured here (``RUN_CEILINGS``; not saved to the cache)."""
-    from ...core import device
     from ...measure.peaks import measure_ceilings, peak_tflops, roofs
     from ...reference.float64 import default_matmul_is_tf32
 
