@@ -51,19 +51,19 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import jax.numpy as jnp
+
 from .. import backends
 from ..backends.masked_decode import decode_mask  # noqa: F401 (re-exported)
 from ..core.call import Call
 from ..core.checks import (_is_tracer, _shape, as_lengths, call_problem, check_flag, check_kv_shapes, check_scale,
                            check_sinks, check_soft_cap, common_float_dtype, length_values, normalise_window)
 from ..core.errors import UnsupportedError
-from ..core.problem import Problem
 from ..core.kv_quant import check_kv_scales
+from ..core.problem import Problem
 from ..kernels.pages import validate_paged
-import jax.numpy as jnp
 from . import dot_product as api
-from .dot_product import empty_result
-from .dot_product import reason_lines
+from .dot_product import empty_result, reason_lines
 
 #: How ``decode_attention``'s errors name the sizes of a call (``checks.call_problem``).
 ARGUMENT_NAMES = {"batch": "q batch size B", "q_len": "q length T", "kv_len": "k_cache length S_max",

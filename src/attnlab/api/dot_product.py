@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import textwrap
 
-from .. import backends
-from ..core import device
-from . import dispatch
-from ..core.errors import UnsupportedError
-from ..core.call import Call
-from ..core.spec import prepare
 import jax
 import jax.numpy as jnp
 import jaxlib
-import textwrap
+
+from .. import backends
+from ..core import device
+from ..core.call import Call
+from ..core.errors import UnsupportedError
+from ..core.spec import prepare
+from . import dispatch
 
 
 def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,

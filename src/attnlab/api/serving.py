@@ -38,16 +38,15 @@ their rules then give implementation-defined rows (the kernel clamps and never r
 """
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 
 from .. import backends
 from ..core.call import Call
 from ..core.checks import _shape, length_values, normalise_window
 from ..core.errors import UnsupportedError
+from ..kernels.serving_plan import ServingPlan, make_serving_plan
 from .decode import CallExplanation, cache_call, cache_problem
-import jax.numpy as jnp
-from ..kernels.serving_plan import ServingPlan
-from ..kernels.serving_plan import make_serving_plan
 
 ARGUMENT_NAMES = {"batch": "kv_lengths size B", "q_len": "q tokens T_total", "kv_len": "k_cache length S_max",
                   "heads": "q heads N", "kv_heads": "k_cache heads K", "head_dim": "q head dim H"}

@@ -20,14 +20,14 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from .. import backends
-from .dot_product import attention
 from ..core.masking import large_negative_value
 from ..core.spec import prepare
-import numpy as np
 from ..core.strategies import register_strategy
+from .dot_product import attention
 
 STRATEGIES = ("batch", "heads", "ring")
 #: Ring blocks' masked logits and empty rows' log-sum-exp: jax.nn's finite large negative (float32).

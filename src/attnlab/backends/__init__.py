@@ -7,12 +7,11 @@ module and adding one line to ``BUILTINS`` (or calling ``register`` / ``load`` f
 from __future__ import annotations
 
 import contextlib
-
-from .base import Backend, NativeBackend
-from ..core.names import unknown
-from ..core.names import match
 import importlib
+
+from ..core.names import match, unknown
 from . import _optional
+from .base import Backend, NativeBackend
 
 _REGISTRY: dict[str, Backend] = {}
 #: Preference order for implementation=None / "auto": the first that can run wins. ``naive`` is the

@@ -1,13 +1,13 @@
 """Helpers for backends whose library may be absent: find it without importing it, name its version."""
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
-
-from ..core import device
 import ctypes
 import glob
+import importlib.metadata
+import importlib.util
 import os
+
+from ..core import device
 
 
 def install_hint(extra: str) -> str:
@@ -62,7 +62,7 @@ def preload_pip_cudnn() -> str | None:
     (CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED; benchmarks/peers/te_probe.py). Returns the folder used, or None.
     """
     try:
-        import nvidia.cudnn as cudnn_pkg
+        import nvidia.cudnn as cudnn_pkg  # optional: the nvidia-cudnn pip wheel
     except Exception:  # noqa: BLE001
         return None
     for base in list(getattr(cudnn_pkg, "__path__", [])):

@@ -4,11 +4,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, NamedTuple
 
+import jax.numpy as jnp
+
 from ..core import segments
 from ..core.call import Call
 from ..core.errors import UnsupportedError
 from . import _optional
-import jax.numpy as jnp
 from .masked_decode import masked_decode
 
 

@@ -12,8 +12,8 @@ from ..core import device
 from ..core.call import Call
 from . import cudnn_packed
 from .base import Backend
-from .xla import residual_reason
 from .cudnn_paged import run_paged_decode
+from .xla import residual_reason
 
 CUDNN_MARKER = "__cudnn$fmha"
 

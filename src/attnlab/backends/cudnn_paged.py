@@ -10,9 +10,11 @@ Private API (JAX 0.10.2 and 0.11.2 have this signature): ``paged_reason`` says w
 """
 from __future__ import annotations
 
-from ..core.errors import UnsupportedError
 import importlib
+
 import jax.numpy as jnp
+
+from ..core.errors import UnsupportedError
 
 MODULE = "jax._src.cudnn.fused_attention_stablehlo"
 

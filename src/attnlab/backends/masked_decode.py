@@ -5,9 +5,10 @@ this way (a backend with a paged path of its own, ``Backend.paged``, reads the p
 any other runs on the gathered contiguous twin of the cache)."""
 from __future__ import annotations
 
-from ..core.spec import prepare
 import jax.numpy as jnp
+
 from ..core.kv_quant import dequantize
+from ..core.spec import prepare
 from ..kernels.pages import gather_pages
 
 

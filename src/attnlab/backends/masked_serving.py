@@ -7,8 +7,8 @@ lengths and a traced scale. Memory: the gathered keys and values, O(T_total x S_
 chunk of tokens: a correctness path and a peer for decode batches, not for long prefill chunks.
 """
 from __future__ import annotations
-import jax.numpy as jnp
 import jax
+import jax.numpy as jnp
 
 
 def request_of_tokens(q_starts, total_tokens: int):

@@ -15,12 +15,13 @@ back to q's dtype: one extra rounding of q). T = 1 only; forward only; GPU only.
 """
 from __future__ import annotations
 
+import importlib
 import warnings
+
+import jax.numpy as jnp
 
 from ..core.call import Call
 from .base import Backend
-import importlib
-import jax.numpy as jnp
 
 PAGE_SIZE = 16
 MODULE = "jax.experimental.pallas.ops.gpu.paged_attention"

@@ -16,6 +16,7 @@ refused: jax.nn's fused softmax leaves no place to apply the tanh.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import jax
@@ -27,7 +28,6 @@ from ..core.masking import large_negative_value
 from .base import Backend, query_keep, segments_as_mask
 from .masked_decode import contiguous_kv
 from .masked_serving import masked_serving
-import dataclasses
 from .naive import visible_mask
 
 #: Whether the installed jax.nn.dot_product_attention takes return_residual.

@@ -2,15 +2,18 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import os
 import sys
 import tempfile
+import traceback
 
 import click
 from rich.console import Console
-import logging
-from ..measure import threads
 from rich.markup import escape
+
+from ..measure import threads
 
 console = Console()
 
@@ -67,9 +70,6 @@ class _Main(click.Group):
             if not isinstance(e.code, (int, type(None))):
                 print(e.code, file=sys.stderr)
         except BaseException as e:  # noqa: BLE001 - a bug: its traceback, then the same careful exit
-            import errno
-            import traceback
-
             if not (isinstance(e, OSError) and e.errno == errno.EPIPE):   # a closed pipe: nothing to say
                 traceback.print_exc()
             code = 1

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from ._app import console
-from rich.markup import escape
 
 #: Terminals narrower than this get the compact layout: the bench and compare tables need about 100.
 NARROW = 100

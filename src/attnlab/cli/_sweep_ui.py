@@ -2,20 +2,20 @@
 phase spinner, the cost line after it, and the exit after Ctrl-C."""
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import sys
 
 import click
 
-from ._app import _fail, console
 from ..core import device
+from ..core.records import cost_summary
 from ..core.store import read_records
 from ..measure import calibration
 from ..measure.cell import record_key
 from ..measure.estimate import estimate_cell, estimate_sweep
-from ..core.records import cost_summary
-import contextlib
+from ._app import _fail, console
 
 #: ``--cell-budget``'s default, seconds, by platform: a cell estimated above it is recorded over_budget.
 CELL_BUDGET_S = {"cpu": 120.0, "gpu": 300.0}

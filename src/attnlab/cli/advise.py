@@ -15,14 +15,17 @@ import click
 from rich.markup import escape
 from rich.table import Table as RichTable
 
+from .. import backends as registry
+from ..core.model_config import resolve
+from ..measure import Options
+from ..measure.memory import device_bytes_limit
+from ..report import advice
+from ..sweep import SweepError, run_sweep
+from ..sweep.engine import SweepInterrupted
+from ..sweep.model_cells import model_sweep
 from ._app import _fail, console, main, writable_folder, writes_to
 from ._layout import compact, print_compact_table, table_console, wide_option
 from ._sweep_ui import cell_budget, cell_budget_option, cost_line, exit_after_interrupt, phase_spinner, print_estimate
-from .. import backends as registry
-from ..report import advice
-from ..measure import Options
-from ..core.model_config import resolve
-from ..measure.memory import device_bytes_limit
 
 
 def _non_jax() -> set[str]:
@@ -50,10 +53,6 @@ def _non_jax() -> set[str]:
 def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, repeats, compile_budget, cell_budget_s,
                wide):
     """Which attention path, how long per layer and per model, how much KV cache, how large a batch fits."""
-    from ..sweep import SweepError, run_sweep
-    from ..sweep.engine import SweepInterrupted
-    from ..sweep.model_cells import model_sweep
-
     try:
         p = resolve(model)
         ms = model_sweep(p, phase, context, batch, [b.strip() for b in backends.split(",")] if backends else None)
@@ -133,7 +132,7 @@ def _device_memory(gib: float | None) -> tuple[int | None, str | None]:
 
 def _write_html(path: str, adv: dict, tabs: list[dict], env: dict) -> str:
     """OUT/advise.html through the report's Jinja2 template (autoescaped): one section per table."""
-    from ..report.html import write_report
+    from ..report.html import write_report  # heavy: the HTML report (jinja2), kept out of the CLI's start
 
     ns = types.SimpleNamespace
     sections = [ns(id=f"t{i}", title=t["title"], status="ok", reason=None,

@@ -3,23 +3,30 @@
 The flags and a sweep.toml are merged by ``attnlab.sweep.flags``."""
 from __future__ import annotations
 
+import shlex
 import sys
 
 import click
-from rich.table import Table as RichTable
-
-from ._app import _fail, console, main, writable_folder, writes_to
-from ._layout import packed, wide_option
-from .tables import print_bench_table, print_compare
-from ._sweep_ui import cell_budget, cell_budget_option, cost_line, exit_after_interrupt, print_estimate
-from ..core import cell_fields
-from ..measure import Options
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn,
                            TimeRemainingColumn)
-from ..core.model_plan import notes as plan_notes
+from rich.table import Table as RichTable
+
+from ..core import cell_fields
 from ..core.model_config import resolve
+from ..core.model_plan import notes as plan_notes
 from ..core.names import canonical_dtype
-import shlex
+from ..measure import Options
+from ..sweep import SweepError, build, compare, load, run_sweep
+from ..sweep.compare import CompareError, counts
+from ..sweep.engine import SweepInterrupted, existing_records
+from ..sweep.flags import check_contradictions, flag_name, merge, run_options, warmup_of
+from ..sweep.model_cells import check_model_flags, model_sweep
+from ..sweep.parse import _ints, _kv_dtypes, _strs
+from ..sweep.scaling import scaling_rows
+from ._app import _fail, console, main, writable_folder, writes_to
+from ._layout import packed, wide_option
+from ._sweep_ui import cell_budget, cell_budget_option, cost_line, exit_after_interrupt, print_estimate
+from .tables import print_bench_table, print_compare
 
 WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys before each query and none after) "
                "or an int W, read as jax.nn.dot_product_attention reads local_window_size=W: (W, W), W keys before "
@@ -75,10 +82,6 @@ def cell_field_options(command):
 def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget, no_check, name, wide, cell_budget_s=None,
           **flags):
     """Sweep attention cells: check each against the reference, time it, record it."""
-    from ..sweep import SweepError, build, run_sweep
-    from ..sweep.flags import check_contradictions, merge, run_options, warmup_of
-    from ..sweep.engine import SweepInterrupted, existing_records
-
     given = {k: v for k, v in flags.items() if v is not None}
     try:
         check_contradictions(given)
@@ -146,10 +149,6 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
 
 def _model_sweep(config, given: dict, name):
     """(ModelSweep, run options, notes) of ``bench --model``: flags that contradict the preset refused."""
-    from ..sweep import SweepError
-    from ..sweep.model_cells import check_model_flags, model_sweep
-    from ..sweep.parse import _ints, _kv_dtypes, _strs
-
     if config:
         raise SweepError("--config and --model contradict each other: the model's cells come from --phase/--context")
     try:
@@ -182,8 +181,6 @@ def _model_sweep(config, given: dict, name):
 def _resume_command(config, out_dir, repeats, min_time, compile_budget, no_check, name, given,
                     cell_budget_s=None) -> str:
     """The ``attnlab bench`` command line that goes on where an interrupted one stopped."""
-    from ..sweep.flags import flag_name
-
     parts = ["attnlab", "bench"]
     for k, v in given.items():
         parts += [flag_name(k), str(v)]
@@ -208,9 +205,6 @@ def scaling(results):
 
     Exit 2 when there is nothing to show (no results, or no sharded cell timed), as ``compare``'s
     "nothing comparable"."""
-    from ..sweep import load
-    from ..sweep.scaling import scaling_rows
-
     try:
         rows = scaling_rows(load(results))
     except (OSError, ValueError) as e:   # CompareError and RecordError are ValueErrors
@@ -240,9 +234,6 @@ def compare_cmd(a, b, threshold, wide):
     failing in B counts too. Exit 0: no regression; 1: a regression; 2: nothing comparable
     (unreadable file, no cell records, no cell in common).
     """
-    from ..sweep import compare, load
-    from ..sweep.compare import CompareError, counts
-
     if threshold < 0:
         _fail(f"threshold: {threshold:g} must be >= 0 percent")
     try:

@@ -5,14 +5,13 @@ import json
 import os
 
 import click
+from rich.markup import escape
 from rich.table import Table as RichTable
 
+from ..api.dot_product import group_reasons
+from ..measure import env as envmod, peaks
 from ._app import console, main, writable_folder, writes_to
 from ._layout import packed, table_console, wide_option
-from ..measure import env as envmod
-from rich.markup import escape
-from ..api.dot_product import group_reasons
-from ..measure import peaks
 
 
 @main.command("env")

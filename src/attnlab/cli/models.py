@@ -7,8 +7,8 @@ import json
 import click
 from rich.table import Table as RichTable
 
-from ._app import console, main
 from ..core.models import PRESETS
+from ._app import console, main
 
 
 @main.command("models")

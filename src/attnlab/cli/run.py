@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ._app import _fail, console, main, writable_folder, writes_to
 from ..core.names import match, unknown
-from ..lab import quiet
-from ..lab.run_record import held_results, resume_command
-from ..lab.run_record import LabInterrupted
 from ..core.records import cost_summary
 from ..core.store import read_jsonl
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-import threading
+from ..lab import quiet
+from ..lab.run_record import LabInterrupted, held_results, resume_command
+from ._app import _fail, console, main, writable_folder, writes_to
 
 
 class StepsOption(click.Option):
@@ -28,7 +27,7 @@ class StepsOption(click.Option):
     the steps import matplotlib, which every other command line would pay for at start."""
 
     def get_help_record(self, ctx):
-        from ..lab.steps import STEPS
+        from ..lab.steps import STEPS  # heavy: matplotlib (the lab's steps), kept out of the CLI's start
 
         self.help = "Comma-separated step ids to run (default: all): " + ", ".join(STEPS) + "."
         return super().get_help_record(ctx)
@@ -68,7 +67,7 @@ def run(out_dir, label, quick, sections, resume, overwrite):
     if held and not (resume or overwrite):
         _fail(f"{out_dir} already holds {held} result(s) of an earlier run: give --resume to go on with it, "
               f"or --overwrite to erase them and start afresh")
-    from ..lab import STEPS, run_lab
+    from ..lab import STEPS, run_lab  # heavy: matplotlib (the lab's steps), kept out of the CLI's start
 
     chosen = step_ids(sections, STEPS) if sections else None
     writable_folder(out_dir)

@@ -8,12 +8,11 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table as RichTable
 
-from ..core.records import time_ms
+from ..core.records import config_label, time_ms
 from ..core.units import format_flops
 from ..measure import peaks
 from ._app import console
 from ._layout import compact, table_console
-from ..core.records import config_label
 
 _TIMED = ("ok", "unchecked")
 

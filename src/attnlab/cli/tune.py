@@ -5,22 +5,25 @@ Every cell is checked against the references before it is timed (CUPTI kernel ti
 from __future__ import annotations
 
 import os
+import re
 
 import click
 
+from .. import backends
+from ..api import dispatch
+from ..api.dot_product import auto_ineligible, running_version
+from ..core import device
+from ..core.records import time_ms
+from ..core.store import read_records
+from ..measure import Options
+from ..measure.cell import record_key
+from ..sweep import SweepError, build, run_sweep
+from ..sweep.engine import SweepInterrupted
+from ..sweep.flags import check_contradictions, merge, run_options, warmup_of
+from ..sweep.tune import write_table
 from ._app import _fail, console, main, writable_folder, writes_to
 from ._sweep_ui import cell_budget, cell_budget_option, cost_line, exit_after_interrupt, phase_spinner, print_estimate
 from .bench import WINDOW_HELP
-from ..core.records import time_ms
-from .. import backends
-from ..api.dot_product import auto_ineligible
-import re
-from ..core import device
-from ..api.dot_product import running_version
-from ..api import dispatch
-from ..measure import Options
-from ..measure.cell import record_key
-from ..core.store import read_records
 
 AXES = (("batch", "Batch sizes, e.g. 1,4."), ("seq", "Sequence lengths, q_len = kv_len, e.g. 1024,4096."),
         ("q_len", "Query lengths (with --kv-len)."), ("kv_len", "Key/value lengths (with --q-len)."),
@@ -66,11 +69,6 @@ def _axis_options(f):
 @cell_budget_option
 def tune(backends, config, out, records_dir, replace, repeats, min_time, compile_budget, cell_budget_s, **flags):
     """Measure cells (checked, then timed) and write auto's dispatch table: per shape bucket the fastest correct backend."""
-    from ..sweep import SweepError, build, run_sweep
-    from ..sweep.engine import SweepInterrupted
-    from ..sweep.flags import check_contradictions, merge, run_options, warmup_of
-    from ..sweep.tune import write_table
-
     given = {k: v for k, v in flags.items() if v is not None}
     if backends:
         given["backends"] = backends

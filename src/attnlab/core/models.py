@@ -10,10 +10,10 @@ No network: the numbers are copied here, with the file they come from in ``sourc
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 
 from .problem import Problem
-import difflib
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import numpy as np
 
 from .decode_plan import default_block_k, next_pow2
-from .decode_splits import cdiv
 from .decode_resources import programs_per_sm, sm_count
-import jax
+from .decode_splits import cdiv
 
 #: Fields of one piece, in the order of a row of ``ClassPlan.pieces``.
 FIELDS = ("request", "q_start", "row_offset", "rows", "q_pos0", "kv_len", "first_block", "blocks")

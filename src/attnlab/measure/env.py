@@ -6,10 +6,11 @@ import platform
 import subprocess
 import sys
 
-from .. import __version__, backends
-from ..core import device
 import jax
 import jaxlib
+
+from .. import __version__, backends
+from ..core import device
 
 def optional_libraries() -> dict[str, str | None]:
     """Import name -> installed version, or None when absent (found without importing it): the

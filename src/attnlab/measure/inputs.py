@@ -14,13 +14,13 @@ import jax.numpy as jnp
 
 from ..api import dot_product as api
 from ..api.decode import decode_attention
-from ..kernels.pages import to_pages
 from ..core import device, strategies
+from ..kernels.pages import to_pages
 from ..reference.distributions import make_qkv
 from ..reference.inputs import random_qkv, random_sinks
 from . import peaks
-from .outcome import Skip, Status
 from .kv_cells import functions as quantized_functions
+from .outcome import Skip, Status
 
 
 def _input_sets(cell, opts):

@@ -12,18 +12,18 @@ record beside it: ``kv_rel_err``, the same output's relative L2 error against fl
 """
 from __future__ import annotations
 
+import attnlab
+import jax.numpy as jnp
 import numpy as np
 
 from ..core.kv_quant import SCALE_LAYOUTS, canonical_kv_dtype, dequantize
-from .outcome import Skip
-import attnlab
 from ..kernels.pages import to_pages
-from ..reference.inputs import random_sinks
 from ..reference.decode64 import check_decode_close, reference_decode_attention
-from ..reference.tolerance import rel_l2
-from .verdict import judged, output_dtype
-import jax.numpy as jnp
 from ..reference.distributions import make_qkv
+from ..reference.inputs import random_sinks
+from ..reference.tolerance import rel_l2
+from .outcome import Skip
+from .verdict import judged, output_dtype
 
 
 def cell_fields(kv_dtype, kv_scale) -> tuple:

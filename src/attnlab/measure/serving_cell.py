@@ -26,26 +26,26 @@ import dataclasses
 import functools
 import math
 
+import attnlab
+import jax
+import jax.numpy as jnp
+import ml_dtypes  # noqa: F401  (bfloat16 for NumPy)
 import numpy as np
 
+from ..api.serving import prepare_serving, select_serving, serving_attention
 from ..core import device, request_lengths as rl
 from ..core.errors import UnsupportedError
 from ..core.problem import Problem
 from ..core.records import time_ms
+from ..kernels.pages import to_pages
 from ..reference.inputs import INPUTS_DRAW, random_qkv, random_sinks, seed_of
 from ..reference.serving64 import reference_serving_attention
 from ..reference.tolerance import rel_l2, row_rel_err
 from . import memory, peaks, timers
-from .verdict import judged, output_dtype, policy_verdict, rule_text
 from .budget import compile_within_budget
-from .outcome import Skip, classify, rates
-import jax.numpy as jnp
-import jax
-from ..api.serving import prepare_serving, select_serving, serving_attention
-import attnlab
-from ..kernels.pages import to_pages
-import ml_dtypes  # noqa: F401  (bfloat16 for NumPy)
 from .kv_cells import dequantized_twin
+from .outcome import Skip, classify, rates
+from .verdict import judged, output_dtype, policy_verdict, rule_text
 
 #: The request-length distributions a serving cell's ``lengths`` names (or ``file:PATH``).
 LENGTHS = rl.DISTRIBUTIONS

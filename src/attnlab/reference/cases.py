@@ -5,10 +5,10 @@ implementation-defined), except rows zeroed by ``query_seq_lengths``.
 """
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 
 from .inputs import random_qkv
-import jax.numpy as jnp
 
 MASK_MODES = (
     "none", "bias", "causal", "padding", "custom", "causal+padding", "custom+padding",

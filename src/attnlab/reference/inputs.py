@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 
 import jax
 import jax.numpy as jnp
-import hashlib
 import numpy as np
 
 #: How the inputs are drawn, recorded with each cell (``inputs_draw``): "threefry-v1" is the draw below

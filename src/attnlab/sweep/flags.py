@@ -5,8 +5,9 @@
 """
 from __future__ import annotations
 
-from .spec import SweepError, load_toml
 import json
+
+from .spec import SweepError, load_toml
 
 #: Flags that set the same axis two ways: refused together, and a flag replaces the config file's other way.
 CONTRADICTIONS = (("seq", "q_len"), ("seq", "kv_len"), ("tokens", "batch"))

@@ -14,8 +14,8 @@ from ..core import cell_fields
 from ..core.model_plan import PlanEntry, PlanError, plan
 from ..core.models import ModelPreset
 from ..measure.cell import Cell
-from .spec import Sweep, SweepError
 from .flags import flag_name
+from .spec import Sweep, SweepError
 
 #: Backends left out of the default (every available one): FP8 paths change the numerics of a bf16 model.
 def _fp8_names() -> tuple[str, ...]:

@@ -6,10 +6,11 @@ and the rule. ``load_toml`` reads a sweep file's [sweep] and [run] tables.
 """
 from __future__ import annotations
 
+import os
 import tomllib
+
 from .. import backends
 from ..core.kv_quant import SCALE_LAYOUTS, canonical_kv_dtype
-import os
 
 
 class SweepError(ValueError):

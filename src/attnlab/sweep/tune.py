@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+
 from .. import backends
 from ..api import dispatch
 from ..api.dot_product import auto_ineligible
