@@ -20,7 +20,8 @@ from ..core.model_config import resolve
 from ..measure import Options
 from ..measure.memory import device_bytes_limit
 from ..report import advice
-from ..sweep import SweepError, run_sweep
+from .. import sweep as sweeps  # run_sweep through the package: tests replace it there
+from ..sweep import SweepError
 from ..sweep.engine import SweepInterrupted
 from ..sweep.model_cells import model_sweep
 from ._app import _fail, console, main, writable_folder, writes_to
@@ -77,7 +78,7 @@ def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, r
                           soft_wrap=True)
 
         with writes_to(out_dir), phase_spinner() as on_phase:
-            records = run_sweep(ms, out_dir, resume=True, options=opts, on_cell=on_cell, on_phase=on_phase)
+            records = sweeps.run_sweep(ms, out_dir, resume=True, options=opts, on_cell=on_cell, on_phase=on_phase)
     except SweepInterrupted as e:
         console.print(f"[yellow]interrupted:[/] {e.finished} of {e.total} cells in {out_dir}; run the same command "
                       f"again to go on", highlight=False)

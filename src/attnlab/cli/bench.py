@@ -16,7 +16,8 @@ from ..core.model_config import resolve
 from ..core.model_plan import notes as plan_notes
 from ..core.names import canonical_dtype
 from ..measure import Options
-from ..sweep import SweepError, build, compare, load, run_sweep
+from .. import sweep as sweeps  # run_sweep through the package: tests replace it there
+from ..sweep import SweepError, build, compare, load
 from ..sweep.compare import CompareError, counts
 from ..sweep.engine import SweepInterrupted, existing_records
 from ..sweep.flags import check_contradictions, flag_name, merge, run_options, warmup_of
@@ -130,7 +131,7 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
                 prog.update(task, description=f"{cell.backend} {cell.config_label}"[:60] + f" · {phase}")
 
             with writes_to(out_dir):
-                records = run_sweep(sweep, out_dir, resume=resume, overwrite=overwrite, options=opts, on_cell=on_cell,
+                records = sweeps.run_sweep(sweep, out_dir, resume=resume, overwrite=overwrite, options=opts, on_cell=on_cell,
                                     on_phase=on_phase)
     except SweepInterrupted as e:
         console.print(f"[yellow]interrupted:[/] {e.finished} of {e.total} cells finished, written to "

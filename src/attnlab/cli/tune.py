@@ -17,7 +17,8 @@ from ..core.records import time_ms
 from ..core.store import read_records
 from ..measure import Options
 from ..measure.cell import record_key
-from ..sweep import SweepError, build, run_sweep
+from .. import sweep as sweeps  # run_sweep through the package: tests replace it there
+from ..sweep import SweepError, build
 from ..sweep.engine import SweepInterrupted
 from ..sweep.flags import check_contradictions, merge, run_options, warmup_of
 from ..sweep.tune import write_table
@@ -106,7 +107,7 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
     interrupted = abandoned = False
     try:
         with writes_to(records_dir, "--records"), phase_spinner() as on_phase:
-            records = run_sweep(sweep, records_dir, resume=True, options=opts, on_cell=on_cell, on_phase=on_phase)
+            records = sweeps.run_sweep(sweep, records_dir, resume=True, options=opts, on_cell=on_cell, on_phase=on_phase)
     except SweepError as e:
         _fail(str(e))
     except SweepInterrupted as e:   # Ctrl-C: the table of the cells finished so far

@@ -11,13 +11,13 @@ import os
 import textwrap
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
 from ..core.records import time_ms, timing  # noqa: E402, F401 - JAX-free: the renderers plot from records alone
-import numpy as np
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINESTYLES = ("-", "--", ":", "-.")
