@@ -51,13 +51,19 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import jax.numpy as jnp
+
 from .. import backends
 from ..backends.masked_decode import decode_mask  # noqa: F401 (re-exported)
 from ..core.call import Call
 from ..core.checks import (_is_tracer, _shape, as_lengths, call_problem, check_flag, check_kv_shapes, check_scale,
                            check_sinks, check_soft_cap, common_float_dtype, length_values, normalise_window)
 from ..core.errors import UnsupportedError
+from ..core.kv_quant import check_kv_scales
 from ..core.problem import Problem
+from ..kernels.pages import validate_paged
+from . import dot_product as api
+from .dot_product import empty_result, reason_lines
 
 #: How ``decode_attention``'s errors name the sizes of a call (``checks.call_problem``).
 ARGUMENT_NAMES = {"batch": "q batch size B", "q_len": "q length T", "kv_len": "k_cache length S_max",
@@ -82,8 +88,6 @@ DecodeCall = Call
 def check_cache_dtypes(q, k_cache, v_cache, k_scale, v_scale, *, paged: bool):
     """(q's dtype, cache dtype or None, scale layout or None): a float cache shares q's dtype, a quantized
     one (``core.kv_quant.check_kv_scales``) comes with its scales and q has a float dtype of its own."""
-    from ..core.kv_quant import check_kv_scales
-
     kv_dtype, layout = check_kv_scales(k_cache, v_cache, k_scale, v_scale, paged=paged)
     if kv_dtype is None:
         return common_float_dtype({"q": q, "k_cache": k_cache, "v_cache": v_cache}), None, None
@@ -99,8 +103,6 @@ def cache_problem(arg_names: dict, qs: tuple, shapes: tuple, q, k_cache, v_cache
     ks, vs = shapes
     page_size = None
     if page_table is not None:
-        from ..kernels.pages import validate_paged
-
         page_size, s_max = validate_paged(k_cache, v_cache, page_table, kv_lengths, batch=qs[0], q_len=paged_q_len)
         ks = vs = (qs[0], s_max, ks[2], ks[3])     # checked below as its contiguous twin
     if len(ks) != 4:
@@ -122,7 +124,6 @@ def cache_call(kind: str, problem, heads: int, head_dim: int, scale, logits_soft
     scale = check_scale(scale)
     soft_cap = check_soft_cap(logits_soft_cap)
     sinks = check_sinks(sinks, heads)
-    import jax.numpy as jnp
 
     table = None if page_table is None else jnp.asarray(page_table).astype(jnp.int32)
     return Call(problem, 1.0 / math.sqrt(head_dim) if scale is None else scale, kind=kind,
@@ -173,8 +174,6 @@ def select_decode(spec: Call, implementation=None):
     """The backend that runs this call (its ``run_decode``): the named one (or UnsupportedError with its
     ``why_not_decode``), or auto's: the first registered backend whose ``auto_reason`` claims the call,
     else ``attention``'s auto choice for the call as masked attention."""
-    from . import dot_product as api
-
     if implementation is not None and not isinstance(implementation, str):
         raise TypeError(f"implementation must be None or a str, got {type(implementation).__name__}")
     if implementation in (None, "auto"):
@@ -231,7 +230,6 @@ def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None
                        logits_soft_cap=logits_soft_cap, sinks=sinks, local_window_size=local_window_size,
                        k_scale=k_scale, v_scale=v_scale)
     if d.empty:                  # B = 0: an empty batch, whatever the path
-        from .dot_product import empty_result
 
         return empty_result(d, implementation, False, d.query.shape)
     return select_decode(d, implementation).run_decode(d)
@@ -245,8 +243,6 @@ class CallExplanation:
     spec: Call | None   # the call (static facts and arrays), None for an empty batch
 
     def __str__(self) -> str:
-        from .dot_product import reason_lines
-
         return "\n".join([f"auto runs: {self.chosen}", *reason_lines(self.reasons)])
 
 

@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import jaxlib
 
 from .. import backends
 from ..core import device
-from . import dispatch
-from ..core.errors import UnsupportedError
 from ..core.call import Call
+from ..core.errors import UnsupportedError
 from ..core.spec import prepare
+from . import dispatch
 
 
 def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
@@ -94,9 +99,6 @@ def empty_result(p, implementation, return_residual: bool, shape=None):
     sum over keys). Both are constants: gradients through them are zeros, as jax.nn's are.
     ``implementation`` is checked as ``select`` checks it (a str, "auto" or a registered name);
     ``shape``: the output's (default ``p.out_shape``; a decode call passes its query's)."""
-    import jax
-    import jax.numpy as jnp
-
     if implementation is not None and not isinstance(implementation, str):
         raise TypeError(f"implementation must be None or a str, got {type(implementation).__name__}")
     if implementation not in (None, "auto"):
@@ -130,12 +132,8 @@ def running_version(name: str) -> str | None:
     """The running version of jax, jaxlib, cudnn (the device's; None without one) or an optional
     backend library (import name; None when absent): what a dispatch entry's versions must equal."""
     if name == "jax":
-        import jax
-
         return jax.__version__
     if name == "jaxlib":
-        import jaxlib
-
         return jaxlib.__version__
     if name == "cudnn":
         return device.current().cudnn_version_str
@@ -247,8 +245,6 @@ def reason_lines(reasons: dict[str, str | None], width: int = 88) -> list[str]:
     """``explain``'s lines: a line per backend that can run (``ok``) or has a reason of its own, its
     name padded to the longest such name; a reason shared by several backends once, its names after it
     (wrapped at ``width`` between names, never inside one)."""
-    import textwrap
-
     groups = group_reasons(reasons)
     own = [(n, why) for why, names in groups.items() for n in names if why is None or len(names) == 1]
     pad = max((len(n) for n, _ in own), default=0)

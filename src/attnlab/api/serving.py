@@ -38,12 +38,14 @@ their rules then give implementation-defined rows (the kernel clamps and never r
 """
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 
 from .. import backends
 from ..core.call import Call
 from ..core.checks import _shape, length_values, normalise_window
 from ..core.errors import UnsupportedError
+from ..kernels.serving_plan import ServingPlan, make_serving_plan
 from .decode import CallExplanation, cache_call, cache_problem
 
 ARGUMENT_NAMES = {"batch": "kv_lengths size B", "q_len": "q tokens T_total", "kv_len": "k_cache length S_max",
@@ -94,7 +96,6 @@ def prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=Non
         _check_values(starts.astype(np.int64), lengths.astype(np.int64), T_total, S)
     if plan is not None:
         _check_plan(plan, (T_total, B, N, problem.kv_heads, H), problem.window)
-    import jax.numpy as jnp
 
     return cache_call("serving", problem, N, H, scale, logits_soft_cap, sinks, q, k_cache, v_cache, kv_lengths,
                       page_table, q_starts=jnp.asarray(q_starts).astype(jnp.int32), plan=plan, k_scale=k_scale,
@@ -102,8 +103,6 @@ def prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=Non
 
 
 def _check_plan(plan, sizes, window):
-    from ..kernels.serving_plan import ServingPlan
-
     if not isinstance(plan, ServingPlan):
         raise TypeError(f"plan must be an attnlab ServingPlan (attnlab.serving_plan(...)), got {type(plan).__name__}")
     if tuple(plan.sizes) != tuple(sizes):
@@ -119,8 +118,6 @@ def serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: int, he
     """The serving kernel's plan for one step (``kernels.serving_plan.make_serving_plan``): call it once
     (inside jit with traced lengths, or on the host) and pass it as ``plan=`` to every layer of the same
     ``local_window_size`` (a windowed layer needs a plan made with its window)."""
-    from ..kernels.serving_plan import make_serving_plan
-
     window = normalise_window(local_window_size)
     return make_serving_plan(q_starts, kv_lengths, total_tokens=total_tokens, kv_len_max=kv_len_max, heads=heads,
                              kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, config=config,

@@ -20,12 +20,14 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from .. import backends
-from .dot_product import attention
 from ..core.masking import large_negative_value
 from ..core.spec import prepare
+from ..core.strategies import register_strategy
+from .dot_product import attention
 
 STRATEGIES = ("batch", "heads", "ring")
 #: Ring blocks' masked logits and empty rows' log-sum-exp: jax.nn's finite large negative (float32).
@@ -183,7 +185,6 @@ def make_mesh(devices: int, axis_name: str = "x") -> Mesh:
     avail = jax.devices()
     if devices < 1 or devices > len(avail):
         raise ValueError(f"devices must be in [1, {len(avail)}] (devices JAX sees), got {devices}")
-    import numpy as np
 
     return Mesh(np.array(avail[:devices]), (axis_name,))
 
@@ -225,8 +226,6 @@ def _why_not(strategy: str):
 
 
 def _register() -> None:
-    from ..core.strategies import register_strategy
-
     for name in STRATEGIES:
         register_strategy(name, mesh=make_mesh, placement=lambda mesh, name=name: NamedSharding(mesh, _PLACEMENT[name]),
                           build=_builder(name), why_not=_why_not(name))

@@ -7,7 +7,10 @@ module and adding one line to ``BUILTINS`` (or calling ``register`` / ``load`` f
 from __future__ import annotations
 
 import contextlib
+import importlib
 
+from ..core.names import match, unknown
+from . import _optional
 from .base import Backend, NativeBackend
 
 _REGISTRY: dict[str, Backend] = {}
@@ -56,8 +59,6 @@ def get(name: str) -> Backend:
     ValueError naming the closest known name ("did you mean 'xla'?") when there is none."""
     found = canonical(name)
     if found is None:
-        from ..core.names import unknown
-
         msg = unknown("backend", name, variant_names())     # the closest name, else every known one
         raise ValueError(f"implementation must be None, 'auto' or one of the registered backends: {msg}")
     if found in _REGISTRY:
@@ -67,8 +68,6 @@ def get(name: str) -> Backend:
 
 def canonical(name: str) -> str | None:
     """The backend or variant name ``name`` means, ignoring case (``cuDNN`` -> ``cudnn``), or None."""
-    from ..core.names import match
-
     return match(name, variant_names()) if isinstance(name, str) else None
 
 
@@ -121,8 +120,6 @@ BUILTINS: list[tuple[str, str, tuple]] = [
 
 def load(module: str, cls: str, args: tuple = (), *, auto_rank: int | None = None) -> Backend:
     """Import ``module`` (relative to this package when it starts with "."), build ``cls(*args)``, register it."""
-    import importlib
-
     return register(getattr(importlib.import_module(module, __name__), cls)(*args), auto_rank=auto_rank)
 
 
@@ -138,8 +135,6 @@ def optional_libraries() -> dict[str, tuple[str, ...]]:
 def library_versions() -> dict[str, str | None]:
     """Import name -> installed version ("unknown version" when found without one), or None when
     absent, for every library in ``optional_libraries`` (found without importing it)."""
-    from . import _optional
-
     return {mod: ((_optional.dist_version(*dists) or "unknown version") if _optional.missing(mod, "") is None else None)
             for mod, dists in optional_libraries().items()}
 

@@ -1,8 +1,11 @@
 """Helpers for backends whose library may be absent: find it without importing it, name its version."""
 from __future__ import annotations
 
+import ctypes
+import glob
 import importlib.metadata
 import importlib.util
+import os
 
 from ..core import device
 
@@ -58,12 +61,8 @@ def preload_pip_cudnn() -> str | None:
     instead, TE imported but loaded the system 9.14 and found no fused kernel
     (CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED; benchmarks/peers/te_probe.py). Returns the folder used, or None.
     """
-    import ctypes
-    import glob
-    import os
-
     try:
-        import nvidia.cudnn as cudnn_pkg
+        import nvidia.cudnn as cudnn_pkg  # optional: the nvidia-cudnn pip wheel
     except Exception:  # noqa: BLE001
         return None
     for base in list(getattr(cudnn_pkg, "__path__", [])):

@@ -24,12 +24,16 @@ may be differentiated, where auto must not pick a path that then fails; name it 
 """
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
+
 from ..core import device
+from ..core.call import Call
+from ..core.checks import _is_tracer
 from ..core.errors import UnsupportedError
 from ..core.problem import Problem
-from ..kernels import decode as kd
-from ..core.checks import _is_tracer
-from ..core.call import Call
+from ..kernels import decode_plan as kd
+from ..kernels.serving_plan import make_serving_plan
 from .base import Backend
 
 #: Auto picks the kernel only when this is True (set from the benchmark), on an NVIDIA GPU,
@@ -149,12 +153,11 @@ class AttnlabDecodeBackend(Backend):
 
     def run_serving(self, call):
         """Run a serving ``Call`` on the serving kernel (its plan, or one made here)."""
-        from ..kernels.serving import serving_attention_pallas
-        from ..kernels.serving_plan import make_serving_plan
-
         why = self.supports_serving(call)
         if why:
             raise UnsupportedError(self.name, why)
+        from ..kernels.serving import serving_attention_pallas  # heavy: Pallas, not at CLI start
+
         p = call.problem
         plan = call.plan or make_serving_plan(call.q_starts, call.kv_lengths, total_tokens=p.q_len,
                                               kv_len_max=p.kv_len, heads=p.heads, kv_heads=p.kv_heads,
@@ -166,22 +169,20 @@ class AttnlabDecodeBackend(Backend):
                                         k_scale=call.k_scale, v_scale=call.v_scale, kv_scale=call.kv_scale)
 
     def version(self) -> str | None:
-        import jax
-
         return f"jax {jax.__version__}"
 
     def _call(self, q, k, v, lengths, causal, scale, page_table=None, soft_cap=None, window=None, sinks=None,
               scales=(None, None, None)):
         if _is_tracer(scale):
             raise UnsupportedError(self.name, "scale is traced: the kernel compiles the scale in (pass a Python float)")
+        from ..kernels.decode import decode_attention_pallas  # heavy: Pallas, not at CLI start
+
         k_scale, v_scale, layout = scales
-        return kd.decode_attention_pallas(q, k, v, lengths, causal=causal, scale=float(scale), config=self.config,
-                                          interpret=self.interpret, page_table=page_table, soft_cap=soft_cap,
-                                          window=window, sinks=sinks, k_scale=k_scale, v_scale=v_scale, kv_scale=layout)
+        return decode_attention_pallas(q, k, v, lengths, causal=causal, scale=float(scale), config=self.config,
+                                       interpret=self.interpret, page_table=page_table, soft_cap=soft_cap,
+                                       window=window, sinks=sinks, k_scale=k_scale, v_scale=v_scale, kv_scale=layout)
 
     def run(self, p: Call):
-        import jax.numpy as jnp
-
         B, S = p.batch, p.kv_len
         lengths = jnp.full((B,), S, jnp.int32) if p.kv_lengths is None else p.kv_lengths
         return self._call(p.query, p.key, p.value, lengths, False, p.scale, soft_cap=p.soft_cap, sinks=p.sinks)

@@ -4,17 +4,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, NamedTuple
 
+import jax.numpy as jnp
+
 from ..core import segments
 from ..core.call import Call
 from ..core.errors import UnsupportedError
 from . import _optional
+from .masked_decode import masked_decode
 
 
 def query_keep(p: Call):
     """(B, T) bool: the query rows that are not padding (t < query_seq_lengths[b], segment id >= 0),
     or None when every row is kept."""
-    import jax.numpy as jnp
-
     keep = None
     if p.q_lengths is not None:
         keep = jnp.arange(p.q_len)[None, :] < jnp.asarray(p.q_lengths, jnp.int32)[:, None]
@@ -30,7 +31,6 @@ def zero_padded_queries(out, p: Call):
     keep = query_keep(p)
     if keep is None:
         return out
-    import jax.numpy as jnp
 
     return jnp.where(keep[:, :, None, None], out, 0).astype(out.dtype)
 
@@ -220,8 +220,6 @@ class Backend:
         """Run a decode ``Call`` (``attnlab.api.decode.prepare_decode``'s); returns (B, T, N, H) in q's dtype. Default: the
         masked-attention path (``masked_decode``: ``run`` on a causal-tail mask and kv lengths, paged
         caches through ``run_paged_decode`` when ``paged`` else gathered). Decode kernels override it."""
-        from .masked_decode import masked_decode
-
         return masked_decode(self, d, d.scale)
 
     def run_paged_decode(self, d, mask):

@@ -12,6 +12,7 @@ from ..core import device
 from ..core.call import Call
 from . import cudnn_packed
 from .base import Backend
+from .cudnn_paged import run_paged_decode
 from .xla import residual_reason
 
 CUDNN_MARKER = "__cudnn$fmha"
@@ -78,8 +79,6 @@ class CudnnBackend(Backend):
 
     def run_paged_decode(self, d, mask):
         """``decode_attention`` with a page table: cuDNN's own paged attention (``cudnn_paged``)."""
-        from .cudnn_paged import run_paged_decode
-
         return run_paged_decode(self, d, mask)
 
     def run(self, p: Call):

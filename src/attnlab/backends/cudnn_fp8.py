@@ -41,7 +41,7 @@ FP8_ABSTRACT = "_dot_product_attention_fp8_fwd_abstract"
 def _private_api():
     """(module, reason): JAX's cuDNN fused-attention module if it has the FP8 entry point."""
     try:
-        from jax._src.cudnn import fused_attention_stablehlo as fa
+        from jax._src.cudnn import fused_attention_stablehlo as fa  # JAX-private: may move
     except Exception as e:  # noqa: BLE001
         return None, f"jax._src.cudnn.fused_attention_stablehlo cannot be imported ({type(e).__name__})"
     fn = getattr(fa, "dot_product_attention", None)

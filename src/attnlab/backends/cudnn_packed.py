@@ -107,7 +107,7 @@ def check_concrete(q_ids, kv_ids, aligned: bool) -> None:
 
 def run(p: Call):
     """The packed cuDNN call on normalised inputs (``refusal`` already None); returns (B, T, N, H)."""
-    from jax._src.cudnn import fused_attention_stablehlo as fa
+    from jax._src.cudnn import fused_attention_stablehlo as fa  # JAX-private: may move
 
     T, S = p.q_len, p.kv_len
     aligned = p.is_causal or p.window is not None

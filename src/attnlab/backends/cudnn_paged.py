@@ -10,14 +10,16 @@ Private API (JAX 0.10.2 and 0.11.2 have this signature): ``paged_reason`` says w
 """
 from __future__ import annotations
 
+import importlib
+
+import jax.numpy as jnp
+
 from ..core.errors import UnsupportedError
 
 MODULE = "jax._src.cudnn.fused_attention_stablehlo"
 
 
 def _module():
-    import importlib
-
     return importlib.import_module(MODULE)
 
 
@@ -41,8 +43,6 @@ def paged_reason(spec, num_pages: int, pages_per_seq: int) -> str | None:
 
 def run_paged_decode(backend, d, mask):
     """A decode ``Call`` with a page table, on cuDNN's paged attention; (B, T, N, H)."""
-    import jax.numpy as jnp
-
     P = int(d.k_cache.shape[0])
     why = backend.available() or paged_reason(d, P, int(d.page_table.shape[1]))
     if why:

@@ -5,14 +5,16 @@ this way (a backend with a paged path of its own, ``Backend.paged``, reads the p
 any other runs on the gathered contiguous twin of the cache)."""
 from __future__ import annotations
 
+import jax.numpy as jnp
+
+from ..core.kv_quant import dequantize
 from ..core.spec import prepare
+from ..kernels.pages import gather_pages
 
 
 def decode_mask(kv_lengths, q_len: int, max_len: int, *, causal: bool = True, window=None):
     """Bool (B, 1, T, S_max): key s visible to query t at p = kv_lengths[b] - T + t iff s <= p (``causal``,
     the causal tail) and, with ``window`` (left, right), p - left <= s <= p + right (absolute positions)."""
-    import jax.numpy as jnp
-
     lengths = jnp.asarray(kv_lengths, jnp.int32)
     q_pos = (lengths[:, None] - q_len + jnp.arange(q_len)[None, :])[:, :, None]     # (B, T, 1)
     s = jnp.arange(max_len)[None, None, :]
@@ -27,14 +29,10 @@ def contiguous_kv(call):
     through the table, a quantized cache dequantized in float32 (``core.kv_quant.dequantize``)."""
     k, v = call.key, call.value
     if call.problem is not None and call.kv_scale is not None:
-        import jax.numpy as jnp
-
-        from ..core.kv_quant import dequantize
 
         k, v = (dequantize(c, s, call.kv_scale, "float32", jnp) for c, s in ((k, call.k_scale), (v, call.v_scale)))
     if call.page_table is None:
         return k, v
-    from ..kernels.pages import gather_pages
 
     return gather_pages(k, call.page_table, call.kv_lengths), gather_pages(v, call.page_table, call.kv_lengths)
 

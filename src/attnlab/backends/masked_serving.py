@@ -7,12 +7,12 @@ lengths and a traced scale. Memory: the gathered keys and values, O(T_total x S_
 chunk of tokens: a correctness path and a peer for decode batches, not for long prefill chunks.
 """
 from __future__ import annotations
+import jax
+import jax.numpy as jnp
 
 
 def request_of_tokens(q_starts, total_tokens: int):
     """(T_total,) int32 request index of each token (B for padding tokens) and its index inside the request."""
-    import jax.numpy as jnp
-
     starts = jnp.asarray(q_starts, jnp.int32)
     t = jnp.arange(total_tokens, dtype=jnp.int32)
     req = jnp.searchsorted(starts[1:], t, side="right").astype(jnp.int32)
@@ -23,9 +23,6 @@ def masked_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, scale, soft_cap
     """(T_total, N, H) in q's dtype from q (T_total, N, H) and contiguous caches (B, S, K, H), float32 inside.
     ``sinks`` (N,): one more logit per query head in the softmax, with no value (attention sinks).
     ``window`` (left, right): a token at position p also needs s >= p - left (right: no effect, causal)."""
-    import jax
-    import jax.numpy as jnp
-
     T_total, N, H = q.shape
     B, S, K, _ = k_cache.shape
     G = N // K

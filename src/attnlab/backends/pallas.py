@@ -28,7 +28,7 @@ class PallasTritonBackend(Backend):
         return _optional.simple_masks_only(spec, "pallas-triton")
 
     def run(self, p: Call):
-        from jax.experimental.pallas.ops.gpu import attention as pl_attention
+        from jax.experimental.pallas.ops.gpu import attention as pl_attention  # heavy: Pallas, not at CLI start
 
         return pl_attention.mha(p.query, p.key, p.value, None, sm_scale=float(p.scale), causal=p.is_causal)
 
@@ -61,7 +61,7 @@ class PallasMosaicBackend(Backend):
         return None
 
     def run(self, p: Call):
-        from jax.experimental.pallas.ops.gpu import attention_mgpu as mgpu
+        from jax.experimental.pallas.ops.gpu import attention_mgpu as mgpu  # heavy: Pallas, not at CLI start
 
         cfg = mgpu.TuningConfig(block_q=self.block_q, block_kv=self.block_kv, max_concurrent_steps=2,
                                 causal=p.is_causal, block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)

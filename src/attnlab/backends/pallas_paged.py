@@ -15,7 +15,10 @@ back to q's dtype: one extra rounding of q). T = 1 only; forward only; GPU only.
 """
 from __future__ import annotations
 
+import importlib
 import warnings
+
+import jax.numpy as jnp
 
 from ..core.call import Call
 from .base import Backend
@@ -25,8 +28,6 @@ MODULE = "jax.experimental.pallas.ops.gpu.paged_attention"
 
 
 def _module():
-    import importlib
-
     with warnings.catch_warnings():  # deprecated in JAX 0.11 (still shipped)
         warnings.simplefilter("ignore", DeprecationWarning)
         return importlib.import_module(MODULE)
@@ -49,8 +50,6 @@ def launch_params(kv_len: int, page_size: int = PAGE_SIZE, k_splits: int = 16, p
 
 def to_pages(k, v, page_size: int = PAGE_SIZE):
     """Contiguous (B, S, K, H) caches -> (k_pages, v_pages, block_tables) for ``paged_attention``."""
-    import jax.numpy as jnp
-
     B, S, K, H = k.shape
     P = S // page_size
 
@@ -65,8 +64,6 @@ def to_pages(k, v, page_size: int = PAGE_SIZE):
 def paged_call(q, k_pages, v_pages, block_tables, lengths, *, scale: float, k_splits: int, pages_per_block: int,
                block_h: int = 16, num_warps: int = 8, num_stages: int = 2):
     """q (B, 1, N, H) -> (B, 1, N, H) with JAX's paged_attention (q pre-scaled, see the docstring)."""
-    import jax.numpy as jnp
-
     B, _, N, H = q.shape
     qs = (q[:, 0].astype(jnp.float32) * scale).astype(q.dtype)
     out = _module().paged_attention(qs, k_pages, v_pages, block_tables, jnp.asarray(lengths, jnp.int32),
@@ -104,8 +101,6 @@ class PallasPagedBackend(Backend):
         return None
 
     def run(self, p: Call):
-        import jax.numpy as jnp
-
         k_pages, v_pages, tables = to_pages(p.key, p.value, self.page_size)
         lengths = jnp.full((p.batch,), p.kv_len, jnp.int32) if p.kv_lengths is None else p.kv_lengths
         splits, per_block = launch_params(p.kv_len, self.page_size)

@@ -25,7 +25,7 @@ FUSED_MARKER = "te_fused_attn_forward"
 @functools.lru_cache(maxsize=None)
 def _module(heads: int, kv_heads: int, head_dim: int, mask_type: str, scale: float):
     """One DotProductAttention per configuration (it has no parameters: apply with {})."""
-    from transformer_engine.jax.flax import DotProductAttention
+    from transformer_engine.jax.flax import DotProductAttention  # optional: transformer_engine
 
     return DotProductAttention(head_dim=head_dim, num_attention_heads=heads, num_gqa_groups=kv_heads,
                                attn_mask_type=mask_type, qkv_layout="bshd_bshd_bshd", scale_factor=scale,
@@ -41,7 +41,7 @@ def _mask_type(spec: Call) -> str:
 def _te_rejection(args) -> str:
     """TE's own diagnostic for a rejected configuration (its get_fused_attn_backend message), if it gives one."""
     try:
-        from transformer_engine.jax.cpp_extensions.attention import FusedAttnHelper
+        from transformer_engine.jax.cpp_extensions.attention import FusedAttnHelper  # optional: transformer_engine
 
         names = ("is_training", "batch_size", "q_dtype", "kv_dtype", "qkv_layout", "attn_bias_type", "attn_mask_type",
                  "softmax_type", "dropout_probability", "q_num_heads", "kv_num_heads", "q_max_seqlen", "kv_max_seqlen",
@@ -74,7 +74,7 @@ class TeBackend(Backend):
     def _fused_reason(self, spec: Call) -> str | None:
         _optional.preload_pip_cudnn()
         try:
-            from transformer_engine.jax.attention import (AttnBiasType, AttnMaskType, AttnSoftmaxType, QKVLayout,
+            from transformer_engine.jax.attention import (AttnBiasType, AttnMaskType, AttnSoftmaxType, QKVLayout,  # optional: transformer_engine
                                                           is_fused_attn_kernel_available)
         except Exception as e:  # noqa: BLE001
             return f"TransformerEngine's attention module cannot be imported ({type(e).__name__}: {e})"
@@ -125,8 +125,8 @@ class TeFp8Backend(TeBackend):
     description = "TransformerEngine DotProductAttention under te.autocast(DelayedScaling): FP8 if TE engages it"
 
     def _context(self):
-        import transformer_engine.jax as te
-        from transformer_engine.common import recipe
+        import transformer_engine.jax as te  # optional: transformer_engine
+        from transformer_engine.common import recipe  # optional: transformer_engine
 
         return te.autocast(enabled=True, recipe=recipe.DelayedScaling())
 

@@ -7,9 +7,10 @@ tokamax has jax.nn's signature; an implementation that cannot run an input raise
 from __future__ import annotations
 
 import jax.numpy as jnp
+from absl import flags
 
-from ..core.errors import UnsupportedError
 from ..core.call import Call
+from ..core.errors import UnsupportedError
 from .base import Backend, segments_as_mask, zero_padded_queries
 
 
@@ -37,8 +38,7 @@ class TokamaxBackend(Backend):
         return None
 
     def run(self, p: Call):
-        import tokamax
-        from absl import flags
+        import tokamax  # optional: tokamax
 
         if not flags.FLAGS.is_parsed():
             # tokamax reads absl flags; unparsed, absl would parse the host program's argv (pytest's, a CLI's).

@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import jax
 
-from ..core.errors import UnsupportedError
 from ..core.call import Call
+from ..core.errors import UnsupportedError
 from . import _optional
 from .base import NativeBackend, NativeCall
 
 _KERNELS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
 
 
-def _to_torch(x):
-    import torch
+def _torch():
+    """The ``torch`` module, with ``torch.nn.attention`` (``sdpa_kernel``, ``SDPBackend``) and its ``bias`` loaded."""
+    import torch.nn.attention.bias  # optional: torch
 
-    return torch.from_dlpack(x)
+    return torch
+
+
+def _to_torch(x):
+    return _torch().from_dlpack(x)
 
 
 class TorchSdpaBackend(NativeBackend):
@@ -42,8 +47,7 @@ class TorchSdpaBackend(NativeBackend):
         why = super().available()   # torch installed, an NVIDIA GPU
         if why:
             return why
-        import torch
-
+        torch = _torch()
         if not torch.cuda.is_available():
             return f"torch {torch.__version__} has no CUDA device (a CPU-only build?)"
         return None
@@ -59,11 +63,9 @@ class TorchSdpaBackend(NativeBackend):
     def _fn(self, spec: Call, scale: float):
         if self.kind == "cudnn":
             _optional.preload_pip_cudnn()
-        import torch
-        import torch.nn.functional as F
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        kernel = getattr(SDPBackend, _KERNELS[self.kind])
+        torch = _torch()
+        F, sdpa_kernel = torch.nn.functional, torch.nn.attention.sdpa_kernel
+        kernel = getattr(torch.nn.attention.SDPBackend, _KERNELS[self.kind])
         gqa = spec.kv_heads != spec.heads
 
         def fn(q, k, v):  # BTNH in, BTNH out (views: SDPA takes BNTH)
@@ -89,20 +91,16 @@ class TorchSdpaBackend(NativeBackend):
         kv_lengths[b] - T + t; keys past kv_lengths[b] are never seen; causal: keys <= that position."""
         if self.kind == "cudnn":
             _optional.preload_pip_cudnn()
-        import torch
-        import torch.nn.functional as F
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        kernel = getattr(SDPBackend, _KERNELS[self.kind])
+        torch = _torch()
+        F, sdpa_kernel = torch.nn.functional, torch.nn.attention.sdpa_kernel
+        kernel = getattr(torch.nn.attention.SDPBackend, _KERNELS[self.kind])
         T, S = spec.q_len, spec.kv_len
         gqa = spec.kv_heads != spec.heads
         full = all(n == S for n in kv_lengths)
         if full and (T == 1 or not causal):
             mask = None
         elif self.kind == "flash":
-            from torch.nn.attention.bias import causal_lower_right
-
-            mask = causal_lower_right(T, S)
+            mask = torch.nn.attention.bias.causal_lower_right(T, S)
         else:
             lens = torch.tensor(list(kv_lengths), device="cuda")[:, None, None, None]
             s = torch.arange(S, device="cuda")[None, None, None, :]

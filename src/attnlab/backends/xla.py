@@ -16,6 +16,7 @@ refused: jax.nn's fused softmax leaves no place to apply the tanh.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import jax
@@ -25,6 +26,9 @@ from ..core import device
 from ..core.call import Call
 from ..core.masking import large_negative_value
 from .base import Backend, query_keep, segments_as_mask
+from .masked_decode import contiguous_kv
+from .masked_serving import masked_serving
+from .naive import visible_mask
 
 #: Whether the installed jax.nn.dot_product_attention takes return_residual.
 JAX_HAS_RESIDUAL = "return_residual" in inspect.signature(jax.nn.dot_product_attention).parameters
@@ -70,9 +74,6 @@ class XlaBackend(Backend):
         return self.kv_scales_refusal(spec)   # the masked jax.numpy path (``backends.masked_serving``), any platform
 
     def run_serving(self, call):
-        from .masked_decode import contiguous_kv
-        from .masked_serving import masked_serving
-
         k, v = contiguous_kv(call)
         return masked_serving(call.q, k, v, call.q_starts, call.kv_lengths, scale=call.scale,
                               soft_cap=call.soft_cap, sinks=call.sinks, window=call.problem.window)
@@ -106,9 +107,6 @@ def _sink_column(p: Call) -> Call:
     """``p`` with the sinks as key S: zero key and value rows, the sink as its bias (so its logit is the sink,
     whatever the scale), visible to every row; causality, window, lengths, mask and segments become one
     dense (B or 1, N or 1, T, S + 1) mask. Query lengths stay (padded rows are zeroed by the caller)."""
-    import dataclasses
-
-    from .naive import visible_mask
 
     B, T, N, H = p.query.shape
     vis = visible_mask(p)                                  # broadcastable to (B, K, G, T, S)

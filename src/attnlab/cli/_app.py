@@ -2,12 +2,18 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import os
 import sys
 import tempfile
+import traceback
 
 import click
 from rich.console import Console
+from rich.markup import escape
+
+from ..measure import threads
 
 console = Console()
 
@@ -25,11 +31,8 @@ def leave(code: int) -> None:
     ``os._exit`` (every record is already on disk, fsync'd). After Ctrl-C (130) it leaves so too:
     the interpreter's teardown of JAX and XLA takes over a second on a busy CPU, and Ctrl-C answers
     in about one."""
-    import logging
-
     left = []
     if "attnlab.measure.threads" in sys.modules:   # no JAX was loaded: nothing can run
-        from ..measure import threads
 
         try:
             left = threads.settle(EXIT_GRACE_S)
@@ -67,9 +70,6 @@ class _Main(click.Group):
             if not isinstance(e.code, (int, type(None))):
                 print(e.code, file=sys.stderr)
         except BaseException as e:  # noqa: BLE001 - a bug: its traceback, then the same careful exit
-            import errno
-            import traceback
-
             if not (isinstance(e, OSError) and e.errno == errno.EPIPE):   # a closed pipe: nothing to say
                 traceback.print_exc()
             code = 1
@@ -83,8 +83,6 @@ def main():
 
 
 def _fail(msg: str):
-    from rich.markup import escape
-
     Console(stderr=True, soft_wrap=True).print(f"[red]error:[/] {escape(msg)}", highlight=False)
     sys.exit(2)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from ._app import console
 
@@ -48,8 +49,6 @@ def print_compact_table(title: str, columns: list[str], rows: list[list[str]], k
                         con: Console | None = None) -> None:
     """A table in the compact layout: its title, then per row its first ``key`` cells on one line and
     each other non-empty cell on a line of its own, ``column: value``, whole (nothing cut to fit)."""
-    from rich.markup import escape
-
     con = con or console
     con.print(escape(title), highlight=False, soft_wrap=True)
     width = max((len(c) for c in columns[key:]), default=0)

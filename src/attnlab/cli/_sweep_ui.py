@@ -2,12 +2,19 @@
 phase spinner, the cost line after it, and the exit after Ctrl-C."""
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import sys
 
 import click
 
+from ..core import device
+from ..core.records import cost_summary
+from ..core.store import read_records
+from ..measure import calibration
+from ..measure.cell import record_key
+from ..measure.estimate import estimate_cell, estimate_sweep
 from ._app import _fail, console
 
 #: ``--cell-budget``'s default, seconds, by platform: a cell estimated above it is recorded over_budget.
@@ -21,8 +28,6 @@ cell_budget_option = click.option(
 
 def cell_budget(value: float | None) -> float:
     """The flag's value (checked), else the device's default."""
-    from ..core import device
-
     if value is None:
         return CELL_BUDGET_S.get(device.current().platform, CELL_BUDGET_S["gpu"])
     if value <= 0:
@@ -36,12 +41,6 @@ def print_estimate(cells, opts, resume_from: str | None = None) -> None:
     what the compile seconds come from, and how many cells are over the cell budget (recorded
     over_budget, not run). ``resume_from``: the folder whose results.jsonl the sweep resumes; the
     cells recorded there are counted apart, not estimated."""
-    from ..core import device
-    from ..core.store import read_records
-    from ..measure import calibration
-    from ..measure.cell import record_key
-    from ..measure.estimate import estimate_cell, estimate_sweep
-
     path = os.path.join(resume_from, "results.jsonl") if resume_from else None
     try:
         old = {record_key(r) for r in read_records(path)} if path and os.path.exists(path) else set()
@@ -75,9 +74,6 @@ def print_estimate(cells, opts, resume_from: str | None = None) -> None:
 def cost_line(records, resumed_cells=(), out_dir: str | None = None) -> None:
     """The cost line of the cells measured now: ``records`` less those of ``resumed_cells`` (the cells
     ``run_sweep`` found already recorded in ``out_dir``: counted as resumed, their seconds not summed)."""
-    from ..core.records import cost_summary
-    from ..measure.cell import record_key
-
     old = {c.key() for c in resumed_cells}
     now = [r for r in records if record_key(r) not in old]
     src = os.path.join(out_dir, "results.jsonl") if out_dir else None
@@ -87,8 +83,6 @@ def cost_line(records, resumed_cells=(), out_dir: str | None = None) -> None:
 def phase_spinner():
     """A spinner showing the running cell and its phase (inputs, compile, check, timing): a context
     manager giving ``on_phase(cell, phase)`` for ``run_sweep``. Quiet where the console is no terminal."""
-    import contextlib
-
     @contextlib.contextmanager
     def spinner():
         if not console.is_terminal:

@@ -15,6 +15,15 @@ import click
 from rich.markup import escape
 from rich.table import Table as RichTable
 
+from .. import backends as registry
+from ..core.model_config import resolve
+from ..measure import Options
+from ..measure.memory import device_bytes_limit
+from ..report import advice
+from .. import sweep as sweeps  # run_sweep through the package: tests replace it there
+from ..sweep import SweepError
+from ..sweep.engine import SweepInterrupted
+from ..sweep.model_cells import model_sweep
 from ._app import _fail, console, main, writable_folder, writes_to
 from ._layout import compact, print_compact_table, table_console, wide_option
 from ._sweep_ui import cell_budget, cell_budget_option, cost_line, exit_after_interrupt, phase_spinner, print_estimate
@@ -22,8 +31,6 @@ from ._sweep_ui import cell_budget, cell_budget_option, cost_line, exit_after_in
 
 def _non_jax() -> set[str]:
     """The registered backends that are not JAX ops (PyTorch peers): advise names a JAX path beside them."""
-    from .. import backends as registry
-
     return {b.name for b in registry.all_backends() if b.native}
 
 
@@ -47,13 +54,6 @@ def _non_jax() -> set[str]:
 def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, repeats, compile_budget, cell_budget_s,
                wide):
     """Which attention path, how long per layer and per model, how much KV cache, how large a batch fits."""
-    from ..report import advice
-    from ..measure import Options
-    from ..core.model_config import resolve
-    from ..sweep import SweepError, run_sweep
-    from ..sweep.engine import SweepInterrupted
-    from ..sweep.model_cells import model_sweep
-
     try:
         p = resolve(model)
         ms = model_sweep(p, phase, context, batch, [b.strip() for b in backends.split(",")] if backends else None)
@@ -78,7 +78,7 @@ def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, r
                           soft_wrap=True)
 
         with writes_to(out_dir), phase_spinner() as on_phase:
-            records = run_sweep(ms, out_dir, resume=True, options=opts, on_cell=on_cell, on_phase=on_phase)
+            records = sweeps.run_sweep(ms, out_dir, resume=True, options=opts, on_cell=on_cell, on_phase=on_phase)
     except SweepInterrupted as e:
         console.print(f"[yellow]interrupted:[/] {e.finished} of {e.total} cells in {out_dir}; run the same command "
                       f"again to go on", highlight=False)
@@ -125,7 +125,6 @@ def _device_memory(gib: float | None) -> tuple[int | None, str | None]:
         if gib <= 0:
             _fail(f"--device-memory: {gib:g} GiB must be > 0")
         return int(gib * 2**30), "--device-memory"
-    from ..measure.memory import device_bytes_limit
 
     n = device_bytes_limit()
     return (n, "JAX memory_stats bytes_limit (the allocator's share, XLA_PYTHON_CLIENT_MEM_FRACTION)") if n else \
@@ -134,7 +133,7 @@ def _device_memory(gib: float | None) -> tuple[int | None, str | None]:
 
 def _write_html(path: str, adv: dict, tabs: list[dict], env: dict) -> str:
     """OUT/advise.html through the report's Jinja2 template (autoescaped): one section per table."""
-    from ..report.html import write_report
+    from ..report.html import write_report  # heavy: the HTML report (jinja2), kept out of the CLI's start
 
     ns = types.SimpleNamespace
     sections = [ns(id=f"t{i}", title=t["title"], status="ok", reason=None,

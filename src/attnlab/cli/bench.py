@@ -3,16 +3,31 @@
 The flags and a sweep.toml are merged by ``attnlab.sweep.flags``."""
 from __future__ import annotations
 
+import shlex
 import sys
 
 import click
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
 from rich.table import Table as RichTable
 
+from ..core import cell_fields
+from ..core.model_config import resolve
+from ..core.model_plan import notes as plan_notes
+from ..core.names import canonical_dtype
+from ..measure import Options
+from .. import sweep as sweeps  # run_sweep through the package: tests replace it there
+from ..sweep import SweepError, build, compare, load
+from ..sweep.compare import CompareError, counts
+from ..sweep.engine import SweepInterrupted, existing_records
+from ..sweep.flags import check_contradictions, flag_name, merge, run_options, warmup_of
+from ..sweep.model_cells import check_model_flags, model_sweep
+from ..sweep.parse import _ints, _kv_dtypes, _strs
+from ..sweep.scaling import scaling_rows
 from ._app import _fail, console, main, writable_folder, writes_to
 from ._layout import packed, wide_option
-from .tables import print_bench_table, print_compare
 from ._sweep_ui import cell_budget, cell_budget_option, cost_line, exit_after_interrupt, print_estimate
-from ..core import cell_fields
+from .tables import print_bench_table, print_compare
 
 WINDOW_HELP = ("Windows, comma-separated: none, LEFT:RIGHT (128:0 = the 128 keys before each query and none after) "
                "or an int W, read as jax.nn.dot_product_attention reads local_window_size=W: (W, W), W keys before "
@@ -68,11 +83,6 @@ def cell_field_options(command):
 def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget, no_check, name, wide, cell_budget_s=None,
           **flags):
     """Sweep attention cells: check each against the reference, time it, record it."""
-    from ..measure import Options
-    from ..sweep import SweepError, build, run_sweep
-    from ..sweep.flags import check_contradictions, merge, run_options, warmup_of
-    from ..sweep.engine import SweepInterrupted, existing_records
-
     given = {k: v for k, v in flags.items() if v is not None}
     try:
         check_contradictions(given)
@@ -104,8 +114,6 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
     cells = sweep.cells()
     print_estimate(cells, opts, out_dir if resume else None)
     skipped = []
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
 
     try:
         with Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -123,7 +131,7 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
                 prog.update(task, description=f"{cell.backend} {cell.config_label}"[:60] + f" · {phase}")
 
             with writes_to(out_dir):
-                records = run_sweep(sweep, out_dir, resume=resume, overwrite=overwrite, options=opts, on_cell=on_cell,
+                records = sweeps.run_sweep(sweep, out_dir, resume=resume, overwrite=overwrite, options=opts, on_cell=on_cell,
                                     on_phase=on_phase)
     except SweepInterrupted as e:
         console.print(f"[yellow]interrupted:[/] {e.finished} of {e.total} cells finished, written to "
@@ -142,13 +150,6 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
 
 def _model_sweep(config, given: dict, name):
     """(ModelSweep, run options, notes) of ``bench --model``: flags that contradict the preset refused."""
-    from ..core.model_plan import notes as plan_notes
-    from ..core.model_config import resolve
-    from ..sweep import SweepError
-    from ..sweep.model_cells import check_model_flags, model_sweep
-    from ..core.names import canonical_dtype
-    from ..sweep.parse import _ints, _kv_dtypes, _strs
-
     if config:
         raise SweepError("--config and --model contradict each other: the model's cells come from --phase/--context")
     try:
@@ -181,10 +182,6 @@ def _model_sweep(config, given: dict, name):
 def _resume_command(config, out_dir, repeats, min_time, compile_budget, no_check, name, given,
                     cell_budget_s=None) -> str:
     """The ``attnlab bench`` command line that goes on where an interrupted one stopped."""
-    import shlex
-
-    from ..sweep.flags import flag_name
-
     parts = ["attnlab", "bench"]
     for k, v in given.items():
         parts += [flag_name(k), str(v)]
@@ -209,9 +206,6 @@ def scaling(results):
 
     Exit 2 when there is nothing to show (no results, or no sharded cell timed), as ``compare``'s
     "nothing comparable"."""
-    from ..sweep import load
-    from ..sweep.scaling import scaling_rows
-
     try:
         rows = scaling_rows(load(results))
     except (OSError, ValueError) as e:   # CompareError and RecordError are ValueErrors
@@ -241,9 +235,6 @@ def compare_cmd(a, b, threshold, wide):
     failing in B counts too. Exit 0: no regression; 1: a regression; 2: nothing comparable
     (unreadable file, no cell records, no cell in common).
     """
-    from ..sweep import compare, load
-    from ..sweep.compare import CompareError, counts
-
     if threshold < 0:
         _fail(f"threshold: {threshold:g} must be >= 0 percent")
     try:

@@ -5,8 +5,11 @@ import json
 import os
 
 import click
+from rich.markup import escape
 from rich.table import Table as RichTable
 
+from ..api.dot_product import group_reasons
+from ..measure import env as envmod, peaks
 from ._app import console, main, writable_folder, writes_to
 from ._layout import packed, table_console, wide_option
 
@@ -16,8 +19,6 @@ from ._layout import packed, table_console, wide_option
 @wide_option
 def env_cmd(as_json, wide):
     """Versions, devices, optional libraries and which backends can run here."""
-    from ..measure import env as envmod
-
     e = envmod.collect()
     if as_json:
         click.echo(json.dumps(e, indent=2))
@@ -37,9 +38,6 @@ def env_cmd(as_json, wide):
 def _print_backends(status: dict, wide: bool = False):
     """The registered backends: those available here with their library's version, then the others
     grouped by the reason they are not (one reason, then its backends), or with ``wide`` a row each."""
-    from rich.markup import escape
-
-    from ..api.dot_product import group_reasons
 
     if wide:
         t = RichTable(title="backends")
@@ -71,8 +69,6 @@ def _print_backends(status: dict, wide: bool = False):
 @wide_option
 def backends(as_json, wide):
     """Every registered backend, available or not, why not, and its library's version."""
-    from ..measure import env as envmod
-
     status = envmod.collect()["backends"]
     if as_json:
         click.echo(json.dumps(status, indent=2))
@@ -84,8 +80,6 @@ def backends(as_json, wide):
 @click.option("--force", is_flag=True, help="Measure again even if cached.")
 def ceilings(force):
     """Measure this device's bf16 matmul TFLOP/s and copy GB/s, and cache them for %-of-ceiling."""
-    from ..measure import peaks
-
     res = None if force else peaks.load_ceilings()
     if res is None:
         folder = writable_folder(os.path.dirname(peaks.cache_path()), "the ceilings cache ($ATTNLAB_CACHE_DIR)")
@@ -100,8 +94,6 @@ def ceilings(force):
 
 def ceilings_table(res: dict, path: str) -> RichTable:
     """The measured ceilings beside the datasheet's, each in the unit that fits its size."""
-    from ..measure import peaks
-
     t = RichTable(title=f"ceilings of {res['device_kind']} → {path}")
     t.add_column("what")
     t.add_column("measured", justify="right")

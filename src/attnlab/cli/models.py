@@ -7,6 +7,7 @@ import json
 import click
 from rich.table import Table as RichTable
 
+from ..core.models import PRESETS
 from ._app import console, main
 
 
@@ -14,8 +15,6 @@ from ._app import console, main
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def models_cmd(as_json):
     """Model presets: N, K, H, layers, context, window, soft-cap and sinks, each from the model's config.json."""
-    from ..core.models import PRESETS
-
     if as_json:
         click.echo(json.dumps([dataclasses.asdict(p) for p in PRESETS], indent=2))
         return

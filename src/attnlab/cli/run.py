@@ -9,9 +9,16 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ..core.names import match, unknown
+from ..core.records import cost_summary
+from ..core.store import read_jsonl
+from ..lab import quiet
+from ..lab.run_record import LabInterrupted, held_results, resume_command
 from ._app import _fail, console, main, writable_folder, writes_to
 
 
@@ -20,7 +27,7 @@ class StepsOption(click.Option):
     the steps import matplotlib, which every other command line would pay for at start."""
 
     def get_help_record(self, ctx):
-        from ..lab.steps import STEPS
+        from ..lab.steps import STEPS  # heavy: matplotlib (the lab's steps), kept out of the CLI's start
 
         self.help = "Comma-separated step ids to run (default: all): " + ", ".join(STEPS) + "."
         return super().get_help_record(ctx)
@@ -29,8 +36,6 @@ class StepsOption(click.Option):
 def step_ids(text: str, steps) -> list[str]:
     """The step ids of ``--sections``, any case (``GQA`` is ``gqa``); an unknown one is refused naming
     the closest id ("did you mean 'jax_nn'?")."""
-    from ..core.names import match, unknown
-
     out = []
     for s in (p.strip() for p in text.split(",")):
         if s:
@@ -55,9 +60,6 @@ COLOURS = {"ok": "green", "skipped": "yellow", "failed": "red"}
                                                 "a folder holding results is refused).")
 def run(out_dir, label, quick, sections, resume, overwrite):
     """Run the codelab's steps and write a report."""
-    from ..lab import quiet
-    from ..lab.run_record import held_results, resume_command
-
     quiet.prepare_environment()   # before JAX loads XLA
     if resume and overwrite:
         _fail("--resume and --overwrite contradict each other: give one of them")
@@ -65,14 +67,10 @@ def run(out_dir, label, quick, sections, resume, overwrite):
     if held and not (resume or overwrite):
         _fail(f"{out_dir} already holds {held} result(s) of an earlier run: give --resume to go on with it, "
               f"or --overwrite to erase them and start afresh")
-    from ..lab import STEPS, run_lab
-    from ..lab.run_record import LabInterrupted
-    from ..core.records import cost_summary
-    from ..core.store import read_jsonl
+    from ..lab import STEPS, run_lab  # heavy: matplotlib (the lab's steps), kept out of the CLI's start
 
     chosen = step_ids(sections, STEPS) if sections else None
     writable_folder(out_dir)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     log = os.path.join(out_dir, "run.log")
     try:
@@ -131,8 +129,6 @@ def _exit_interrupted():
     """Exit 130 after Ctrl-C. A compile abandoned in a worker thread cannot be joined: the process
     then ends without tearing down the interpreter (whose thread teardown would abort in XLA's C++);
     every record is already on disk (fsync'd)."""
-    import threading
-
     if any(t is not threading.main_thread() and t.is_alive() and not t.daemon for t in threading.enumerate()) \
             or threading.active_count() > 1:
         sys.stdout.flush()

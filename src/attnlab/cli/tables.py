@@ -8,7 +8,7 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table as RichTable
 
-from ..core.records import time_ms
+from ..core.records import config_label, time_ms
 from ..core.units import format_flops
 from ..measure import peaks
 from ._app import console
@@ -57,9 +57,6 @@ class Footnotes:
 def print_bench_table(records: list[dict], out_dir: str, wide: bool = False) -> None:
     """The bench's cells: a configuration per row and a backend per column (ms · FLOP/s · % of peak,
     or for a memory-bound row ms · GB/s · % of bandwidth: ``bench_cell_text``)."""
-    from ..measure import peaks
-    from ..core.records import config_label
-
     backends_ = list(dict.fromkeys(r["backend"] for r in records))
     rows: dict[str, dict] = {}
     for r in records:

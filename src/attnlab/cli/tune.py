@@ -5,13 +5,26 @@ Every cell is checked against the references before it is timed (CUPTI kernel ti
 from __future__ import annotations
 
 import os
+import re
 
 import click
 
+from .. import backends
+from ..api import dispatch
+from ..api.dot_product import auto_ineligible, running_version
+from ..core import device
+from ..core.records import time_ms
+from ..core.store import read_records
+from ..measure import Options
+from ..measure.cell import record_key
+from .. import sweep as sweeps  # run_sweep through the package: tests replace it there
+from ..sweep import SweepError, build
+from ..sweep.engine import SweepInterrupted
+from ..sweep.flags import check_contradictions, merge, run_options, warmup_of
+from ..sweep.tune import write_table
 from ._app import _fail, console, main, writable_folder, writes_to
 from ._sweep_ui import cell_budget, cell_budget_option, cost_line, exit_after_interrupt, phase_spinner, print_estimate
 from .bench import WINDOW_HELP
-from ..core.records import time_ms
 
 AXES = (("batch", "Batch sizes, e.g. 1,4."), ("seq", "Sequence lengths, q_len = kv_len, e.g. 1024,4096."),
         ("q_len", "Query lengths (with --kv-len)."), ("kv_len", "Key/value lengths (with --q-len)."),
@@ -24,19 +37,12 @@ AXES = (("batch", "Batch sizes, e.g. 1,4."), ("seq", "Sequence lengths, q_len = 
 def tune_backends() -> list[str]:
     """The backends ``tune`` measures by default: every registered one available here that auto may
     pick (``api.auto_ineligible``: no PyTorch peer, no FP8)."""
-    from .. import backends
-    from ..api.dot_product import auto_ineligible
-
     return [b.name for b in backends.all_backends() if b.available() is None and auto_ineligible(b) is None]
 
 
 def _env_slug() -> str:
     """``NVIDIA_H200-jax0.11.2-jaxlib0.11.2-cudnn9.19.0``: the default records folder of this device and
     these versions, so a resumed tune never reuses cells measured on another device or before an upgrade."""
-    import re
-
-    from ..core import device
-    from ..api.dot_product import running_version
 
     parts = [device.current().kind] + [f"{n}{running_version(n) or '-'}" for n in ("jax", "jaxlib", "cudnn")]
     return re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(parts))
@@ -64,15 +70,6 @@ def _axis_options(f):
 @cell_budget_option
 def tune(backends, config, out, records_dir, replace, repeats, min_time, compile_budget, cell_budget_s, **flags):
     """Measure cells (checked, then timed) and write auto's dispatch table: per shape bucket the fastest correct backend."""
-    from ..api import dispatch
-    from ..measure import Options
-    from ..sweep import SweepError, build, run_sweep
-    from ..measure.cell import record_key
-    from ..core.store import read_records
-    from ..sweep.engine import SweepInterrupted
-    from ..sweep.flags import check_contradictions, merge, run_options, warmup_of
-    from ..sweep.tune import write_table
-
     given = {k: v for k, v in flags.items() if v is not None}
     if backends:
         given["backends"] = backends
@@ -110,7 +107,7 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
     interrupted = abandoned = False
     try:
         with writes_to(records_dir, "--records"), phase_spinner() as on_phase:
-            records = run_sweep(sweep, records_dir, resume=True, options=opts, on_cell=on_cell, on_phase=on_phase)
+            records = sweeps.run_sweep(sweep, records_dir, resume=True, options=opts, on_cell=on_cell, on_phase=on_phase)
     except SweepError as e:
         _fail(str(e))
     except SweepInterrupted as e:   # Ctrl-C: the table of the cells finished so far

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -26,19 +27,15 @@ def _dtype_name(x) -> str:
     """The dtype JAX computes ``x`` in: a NumPy float64 array is float32 to JAX unless x64 is on."""
     name = np.dtype(x.dtype).name
     if name == "float64":
-        import jax
+        import jax  # heavy: jax, core imports no JAX
 
         return np.dtype(jax.dtypes.canonicalize_dtype(x.dtype)).name
     return name
 
 
 def _is_tracer(x) -> bool:
-    try:
-        import jax
-
-        return isinstance(x, jax.core.Tracer)
-    except Exception:  # pragma: no cover - jax always importable in practice
-        return False
+    jax = sys.modules.get("jax")   # no tracer exists before JAX is imported (and core stays JAX-free)
+    return jax is not None and isinstance(x, jax.core.Tracer)
 
 
 def _shape(name: str, x) -> tuple[int, ...]:

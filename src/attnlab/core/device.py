@@ -27,7 +27,7 @@ class DeviceInfo:
 
 def _cudnn_version() -> int | None:
     try:
-        from jax._src.lib import cuda_versions
+        from jax._src.lib import cuda_versions  # JAX-private: may move
     except Exception:
         return None
     if cuda_versions is None:
@@ -41,7 +41,7 @@ def _cudnn_version() -> int | None:
 @functools.lru_cache(maxsize=None)
 def current() -> DeviceInfo:
     """The default JAX device (the one an un-annotated jit runs on)."""
-    import jax
+    import jax  # heavy: jax, core imports no JAX
 
     devices = jax.devices()
     d = devices[0]

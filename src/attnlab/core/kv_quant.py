@@ -39,7 +39,7 @@ def canonical_kv_dtype(name: str) -> str:
 
 
 def _dtype_name(x) -> str:
-    import ml_dtypes  # noqa: F401  (registers float8 names with NumPy)
+    import ml_dtypes  # heavy: ml_dtypes, on first use  # noqa: F401  (registers float8 names with NumPy)
 
     return np.dtype(x.dtype).name
 
@@ -122,7 +122,7 @@ def quantize_kv_cache(cache, dtype: str = "float8_e4m3fn", granularity: str = "t
     ``head`` ((K,)) or ``tensor`` (()). scale = absmax of the group / QMAX[dtype] (1 for an all-zero group);
     stored = value / scale, rounded to the nearest integer for int8, in range by construction.
     JAX in, JAX out (also under ``jax.jit``)."""
-    import jax.numpy as jnp
+    import jax.numpy as jnp  # heavy: jax, core imports no JAX
 
     dtype = canonical_kv_dtype(dtype)
     if granularity not in _REDUCE:

@@ -27,6 +27,6 @@ def large_negative_value(dtype) -> float:
 
 def large_negative(dtype):
     """``large_negative_value(dtype)`` as a JAX scalar of ``dtype``."""
-    import jax.numpy as jnp
+    import jax.numpy as jnp  # heavy: jax, core imports no JAX
 
     return jnp.asarray(large_negative_value(dtype), dtype)

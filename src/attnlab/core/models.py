@@ -10,6 +10,7 @@ No network: the numbers are copied here, with the file they come from in ``sourc
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 
 from .problem import Problem
@@ -133,8 +134,6 @@ BY_NAME = {p.name: p for p in PRESETS}
 def nearest(name: str, n: int = 3) -> list[str]:
     """Up to ``n`` preset names closest to ``name`` (its organisation and case ignored), best first:
     difflib's ratio >= 0.6 (``llama-4`` -> the three Llama-3.1 presets; ``gpt-5`` -> none)."""
-    import difflib
-
     return difflib.get_close_matches(str(name).strip().split("/")[-1].lower(), list(BY_NAME), n=n, cutoff=0.6)
 
 

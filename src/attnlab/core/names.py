@@ -8,6 +8,8 @@ backend, preset or step id gets the closest known one instead of a list of every
 from __future__ import annotations
 
 import difflib
+import importlib
+import sys
 
 #: The floating dtypes attention takes, by their NumPy names.
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -64,9 +66,6 @@ def unknown(what: str, name, choices, *, listed_by: str | None = None, max_liste
 def lazy_getattr(package: str, table: dict[str, str]):
     """A module ``__getattr__`` for ``package`` that serves ``table``'s names (name -> submodule, relative
     to ``package``) on first use and keeps them in the package, so importing it imports none of them."""
-    import importlib
-    import sys
-
     def __getattr__(name: str):
         if name in table:
             value = getattr(importlib.import_module(table[name], package), name)

@@ -43,7 +43,7 @@ SIZES = ("batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim")
 
 def itemsize(dtype: str) -> int:
     """Bytes per element of ``dtype`` (bfloat16 and float8 names included); ValueError naming dtype."""
-    import ml_dtypes  # noqa: F401  (registers bfloat16 and float8 names with NumPy)
+    import ml_dtypes  # heavy: ml_dtypes, on first use  # noqa: F401  (registers bfloat16 and float8 names with NumPy)
 
     try:
         return np.dtype(dtype).itemsize

@@ -39,7 +39,7 @@ def check_segment_ids(q_ids, kv_ids, batch: int, q_len: int, kv_len: int) -> Non
 
 def visible(q_ids, kv_ids):
     """Bool (B, 1, T, S): ids equal and both >= 0."""
-    import jax.numpy as jnp
+    import jax.numpy as jnp  # heavy: jax, core imports no JAX
 
     q = jnp.asarray(q_ids, jnp.int32)[:, :, None]
     kv = jnp.asarray(kv_ids, jnp.int32)[:, None, :]

@@ -12,6 +12,8 @@ import json
 import os
 from typing import Iterable
 
+import numpy as np
+
 from .record_model import CellRecord
 from .records import upgrade, validate
 
@@ -99,13 +101,8 @@ def _columns(records):
 
 
 def _jsonable(x):
-    try:
-        import numpy as np
-
-        if isinstance(x, np.generic):
-            return x.item()
-        if isinstance(x, np.ndarray):
-            return x.tolist()
-    except Exception:
-        pass
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
     return str(x)

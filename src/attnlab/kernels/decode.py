@@ -58,21 +58,31 @@ and occupancy: ``kernels.decode_resources``. Both are re-exported here.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from ..core import device
 from ..core.masking import large_negative_value
+from . import decode_mgpu
 from .decode_plan import (DTYPES, HEAD_DIMS, MAX_ROWS, MIN_ROWS, DecodeConfig, Plan,  # noqa: F401
                           blocks_visited, compiled_stages, default_block_k, make_plan, next_pow2, unsupported,
                           window_start)
-from .decode_splits import FILL_BLOCKS, cdiv, choose_num_splits, split_range, wave_cost  # noqa: F401
-from .kv_dequant import dequantized_pv, dequantized_scores, load_scale_block, scale_block_spec, scale_inputs
-from .split_combine import combine, combined_queries, sink_rows  # noqa: F401  (re-exported)
-from . import decode_mgpu
 from .decode_resources import (CPU_SM_COUNT, DEFAULT_SM_COUNT, REGS_PER_SM, SM_COUNTS, SMEM_PER_BLOCK,  # noqa: F401
                                SMEM_PER_BLOCK_OTHER_SM8X, SMEM_PER_SM, SMEM_SLACK, fit_stages, programs_per_sm,
                                sm_count, smem_bytes, smem_limit)
+from .decode_splits import FILL_BLOCKS, cdiv, choose_num_splits, split_range, wave_cost  # noqa: F401
+from .kv_dequant import dequantized_pv, dequantized_scores, load_scale_block, scale_block_spec, scale_inputs
+from .paged_load import load_kv_block
+from .split_combine import combine, combined_queries, sink_rows  # noqa: F401  (re-exported)
 
 LOG2E = math.log2(math.e)
 #: Masked scores and the running max of a row that has seen no key: jax.nn's finite large negative
@@ -87,12 +97,8 @@ def cuda_lowering_context(device_kind: str = "NVIDIA H200", cores: int = 132):
     for an abstract GPU device, given here through an abstract mesh (JAX-private API, so a
     no-op context where it is missing). For checking the lowering on a CPU only.
     """
-    import contextlib
-
-    import jax
-
     try:
-        from jax._src.mesh import AbstractDevice
+        from jax._src.mesh import AbstractDevice  # JAX-private: may move
 
         mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(device_kind, cores, "gpu"))
         return jax.sharding.use_abstract_mesh(mesh)
@@ -103,12 +109,6 @@ def cuda_lowering_context(device_kind: str = "NVIDIA H200", cores: int = 132):
 def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, block_r: int, block_k: int,
             num_splits: int, causal: bool, qk_scale: float, page_size: int | None = None,
             soft_cap: float | None = None, window: tuple[int, int] | None = None, kv_scale: str | None = None):
-    import jax.numpy as jnp
-    from jax import lax
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as plgpu
-
-    from .paged_load import load_kv_block
 
     # paged: refs start with this sequence's page table row, and k_ref / v_ref are (P * page_size, H);
     # a quantized cache (kv_scale: its scale layout) adds the two scale refs after v_ref
@@ -195,13 +195,6 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
     it always runs the Triton kernel.
     Returns (B, T, N, H) in q's dtype.
     """
-    import jax
-    import numpy as np
-    import jax.numpy as jnp
-    from jax import lax
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as plgpu
-
     B, T, N, H = (int(d) for d in q.shape)
     if page_table is None:
         _, S, K, _ = (int(d) for d in k.shape)
@@ -214,7 +207,6 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
     if interpret is None:
         interpret = jax.default_backend() != "gpu"
     if plan is None:
-        from ..core import device
         cc = device.current().compute_capability
         # a config that tunes the Triton kernel (block_r, ...) keeps it unless it names the kernel
         requested = None if config is None else config.kernel or (

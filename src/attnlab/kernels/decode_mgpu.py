@@ -29,6 +29,12 @@ from __future__ import annotations
 import functools
 import math
 
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
 from ..core.masking import large_negative_value
 from .decode_mgpu_plan import (BLOCK_Q, COMPUTE_WGS, MOSAIC_MIN_ROWS, TILE_ROWS, MgpuPlan, make_mgpu_plan,  # noqa: F401
                                pick_kernel, smem_bytes, unsupported)
@@ -42,11 +48,6 @@ NEG = large_negative_value("float32")
 def _kernel(len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped, *, q_len: int, groups: int,
             kv_len: int, kv_heads: int, plan: MgpuPlan, causal: bool, qk_scale: float, dtype, interpret: bool,
             page_size: int | None = None, num_pages: int = 0):
-    import jax.numpy as jnp
-    from jax import lax
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-
     block_kv, max_steps, H = plan.block_kv, plan.max_steps, q_ref.shape[-1]
     (q_smem2, k_smem, v_smem, m_smem2, l_smem2, *o_smem2), (k_bar, v_bar, q_bar), (k_done, v_done), sched = scoped
     tile, split, bk = lax.axis_index("tile"), lax.axis_index("split"), lax.axis_index("bk")
@@ -206,7 +207,7 @@ def _kernel(len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped
 
 def gpu_interpreter():
     """JAX's GPU interpret mode: threads, barriers, TMA and shared memory simulated on the CPU (JAX-private)."""
-    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams  # JAX-private: may move between releases
 
     return InterpretGPUParams()
 
@@ -224,10 +225,6 @@ def decode_attention_mgpu(q, k, v, lengths, *, causal: bool = True, scale: float
     """
     if interpret is True:
         interpret = gpu_interpreter()
-    import jax
-    import jax.numpy as jnp
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import mosaic_gpu as plgpu
 
 
     B, T, N, H = (int(d) for d in q.shape)

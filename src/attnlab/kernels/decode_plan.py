@@ -94,7 +94,7 @@ def make_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, he
     """Fill ``config``'s unset parameters for this shape (see the module docstring). ``lengths``: the
     batch's valid lengths when known at trace time; a ragged batch's split count then follows them
     (``kernels.decode_splits``). ``window`` (left, right): the splits cut only the window's blocks."""
-    import numpy as np
+    import numpy as np  # heavy: numpy, the planner imports none
 
     cfg = config or DecodeConfig()
     rows = q_len * (heads // kv_heads)

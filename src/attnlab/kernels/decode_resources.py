@@ -22,7 +22,7 @@ CPU_SM_COUNT = 8
 
 def sm_count(device=None) -> int:
     """Streaming multiprocessors of ``device`` (default: JAX's first device); see the docstring."""
-    import jax
+    import jax  # heavy: jax, the planner imports no JAX
 
     d = device if device is not None else jax.devices()[0]
     if d.platform != "gpu":

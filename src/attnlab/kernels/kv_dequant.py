@@ -15,6 +15,10 @@ The scales come in as refs beside K and V (``scale_inputs``, ``scale_block_spec`
 (``load_scale_block``) with the same rows, page table included, as ``paged_load.load_kv_block``.
 """
 from __future__ import annotations
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 
 def dequantized_scores(q, k, k_scale):
@@ -22,8 +26,6 @@ def dequantized_scores(q, k, k_scale):
     every FP8 e4m3/e5m2 and int8 value is a bfloat16 and a float16), their scales multiplying the score columns
     (one scale per key, or one per head): q . (s_j k_j) = s_j (q . k_j), in float32, block_r x block_k products
     instead of block_k x H."""
-    from jax.experimental.pallas import triton as plgpu
-
     s = plgpu.dot(q, k.astype(q.dtype), trans_b=True)
     return s * (k_scale[None, :] if k_scale.ndim else k_scale)
 
@@ -34,9 +36,6 @@ def dequantized_pv(p, v, v_scale, dtype):
     multiplies. float16: the value rows are dequantized instead (block_k x H), because p * scale of a cache
     with small scales (e5m2's absmax / 57344) falls below float16's normal range. A per-head scale
     multiplies the product."""
-    import jax.numpy as jnp
-    from jax.experimental.pallas import triton as plgpu
-
     if not v_scale.ndim:
         return plgpu.dot(p.astype(dtype), v.astype(dtype)) * v_scale
     if jnp.dtype(dtype) == jnp.float16:
@@ -51,11 +50,6 @@ def load_scale_block(ref, *, layout: str, start, kv_ok, block_k: int, page_size:
 
     ``ref``: ``head``/``tensor``: this kv head's (1,) scale; ``token``: its (S,) contiguous row of
     scales or its (P * page_size,) paged one (the rows of ``load_kv_block``); ``page``: its (P,) page scales."""
-    import jax.numpy as jnp
-    from jax import lax
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as plgpu
-
     if layout in ("head", "tensor"):
         return ref[0]
     if page_size is None:               # contiguous: token scales only
@@ -78,8 +72,6 @@ def load_scale_block(ref, *, layout: str, start, kv_ok, block_k: int, page_size:
 def scale_inputs(k_scale, v_scale, layout: str | None, *, K: int):
     """The scales as the kernels' refs read them (``load_scale_block``): ``head``/``tensor`` as (K, 1),
     ``token`` as (rows, K) (contiguous (B*S, K), paged (P * page_size, K)), ``page`` as (P, K); [] without."""
-    import jax.numpy as jnp
-
     if layout is None:
         return []
     out = []
@@ -96,8 +88,6 @@ def scale_block_spec(layout: str, shape, bh, rows: int | None = None):
     """The BlockSpec of one scale input (``scale_inputs``' shape) for a grid whose ``bh(*grid ids)`` gives
     (sequence, kv head): per head a (1,) block; per token of a contiguous decode cache (``rows`` = S) the
     sequence's (S,) rows of the head; otherwise all rows of the head (paged, or the serving kernel)."""
-    from jax.experimental import pallas as pl
-
     if layout in ("head", "tensor"):
         return pl.BlockSpec((None, 1), lambda *g: (bh(*g)[1], 0))
     if rows is not None:

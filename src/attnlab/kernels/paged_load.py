@@ -17,15 +17,14 @@ The table load makes the K/V load an indirect one, which Triton's pipeliner woul
 as far ahead; the kernel compiles a paged call with ``decode_plan.compiled_stages(stages, 1)``.
 """
 from __future__ import annotations
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 
 def load_kv_block(ref, *, start, kv_ok, length, block_k: int, page_size: int | None, table_ref=None):
     """(block_k, H) keys or values at positions start .. start+block_k-1; zeros where not kv_ok."""
-    import jax.numpy as jnp
-    from jax import lax
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as plgpu
-
     H = ref.shape[-1]
     mask = jnp.broadcast_to(kv_ok[:, None], (block_k, H))
     # Triton's lowering casts an int fill to a float8 block not at all (a float fill it does)

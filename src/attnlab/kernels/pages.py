@@ -12,7 +12,9 @@ checks judge a paged output against the float64 reference of the gathered cache.
 """
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
+from jax.core import Tracer
 
 
 def pages_in_use(lengths, page_size: int) -> np.ndarray:
@@ -27,8 +29,6 @@ def to_pages(k, v, page_size: int, *, seed: int | None = 0):
     are placed in a random order (a fixed permutation, so the table is a real indirection), with
     None in order (sequence b's page i is page b * S/page_size + i). Works on jax and numpy arrays.
     """
-    import jax.numpy as jnp
-
     B, S, K, H = (int(d) for d in k.shape)
     if page_size < 1 or S % page_size:
         raise ValueError(f"page_size must divide S={S}, got {page_size}")
@@ -99,7 +99,6 @@ def validate_paged(k_pages, v_pages, page_table, kv_lengths, *, batch: int, q_le
     if P < 1 or page_size < 1:
         raise ValueError(f"k_pages needs >= 1 page of >= 1 token, got shape {ks}")
     S = ts[1] * page_size
-    from jax.core import Tracer
 
     if not isinstance(page_table, Tracer) and not isinstance(kv_lengths, Tracer):
         lens = np.asarray(kv_lengths)

@@ -29,9 +29,16 @@ from __future__ import annotations
 import functools
 import math
 
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
 from .decode import LOG2E, NEG
 from .decode_plan import compiled_stages
-from .kv_dequant import scale_block_spec, scale_inputs
+from .kv_dequant import dequantized_pv, dequantized_scores, load_scale_block, scale_block_spec, scale_inputs
+from .paged_load import load_kv_block
 from .serving_plan import FIELDS, UNIT_FIELDS, ServingPlan
 
 NF, NU = len(FIELDS), len(UNIT_FIELDS)
@@ -39,15 +46,11 @@ NF, NU = len(FIELDS), len(UNIT_FIELDS)
 
 def _row_index(q_start, row_off, row, h, groups: int, heads: int):
     """Flat (token * N + head) index of rows ``row_off + row`` of a request starting at token q_start, KV head h."""
-    from jax import lax
-
     r = row_off + row
     return (q_start + lax.div(r, groups)) * heads + h * groups + lax.rem(r, groups)
 
 
 def _kernel(starts_ref, pieces_ref, *refs, **static):
-    from jax.experimental import pallas as pl
-
     table_ref, refs = (refs[0], refs[1:]) if static["page_size"] else (None, refs)
     # a quantized cache: its two scale refs after v_ref (``kernels.kv_dequant``)
     scale_refs, refs = (refs[3:5], refs[:3] + refs[5:]) if static.get("kv_scale") else ((None, None), refs)
@@ -61,13 +64,6 @@ def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_r
                soft_cap: float | None, split_mask: bool, window_left: int | None = None, kv_scale: str | None = None,
                scale_refs=(None, None)):
     """Program p of KV head h: its run of pieces, each piece's partial (O, m, l) to its slot (module docstring)."""
-    import jax.numpy as jnp
-    from jax import lax
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as plgpu
-
-    from .kv_dequant import dequantized_pv, dequantized_scores, load_scale_block
-    from .paged_load import load_kv_block
 
     H = q_ref.shape[-1]
     row = lax.iota(jnp.int32, block_r)
@@ -144,11 +140,6 @@ def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_r
 
 
 def _merge_kernel(units_ref, o_ref, m_ref, l_ref, _, *refs, groups: int, heads: int, block_r: int, spare: int):
-    import jax.numpy as jnp
-    from jax import lax
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as plgpu
-
     sinks_ref, out_ref = refs if len(refs) == 2 else (None, refs[0])
     u, h = pl.program_id(0), pl.program_id(1)
     H = o_ref.shape[-1]
@@ -191,9 +182,6 @@ def class_static(cp, *, G, N, S, qk_scale, page_size, soft_cap, window_left=None
 
 def partial_shapes(cp, K: int, H: int):
     """The float32 partials (O, m, l) of one class: a (block_r, H) / (block_r,) slot per piece, per KV head."""
-    import jax
-    import jax.numpy as jnp
-
     slots = int(cp.pieces.shape[0]) * cp.block_r
     return [jax.ShapeDtypeStruct((K, slots, H), jnp.float32), jax.ShapeDtypeStruct((K, slots), jnp.float32),
             jax.ShapeDtypeStruct((K, slots), jnp.float32)]
@@ -208,9 +196,6 @@ def kernel_name(cp, page_size, merge: bool = False) -> str:
 
 def _pieces_call(cp, q_flat, k, v, table, *, K, H, static, interpret, scales=()):
     """One tile class's piece kernel: grid (programs, K); returns its partials."""
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as plgpu
-
     n_pieces = int(cp.pieces.shape[0])
     full = lambda shape: pl.BlockSpec(shape, lambda p, h: (0,) * len(shape))   # noqa: E731
     kv_spec = pl.BlockSpec((int(k.shape[0]), None, H), lambda p, h: (0, h, 0))
@@ -235,10 +220,6 @@ def _pieces_call(cp, q_flat, k, v, table, *, K, H, static, interpret, scales=())
 def merge_call(cp, partials, out, *, K, G, N, H, interpret, sinks=None):
     """One class's merge kernel (grid (units, K)) into ``out`` (T_total * N [+ 1], H), aliased;
     ``sinks``: None or (N,) float32 sinks in log2 units, added to each row's denominator."""
-    import jax
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as plgpu
-
     br, n_units = cp.block_r, int(cp.units.shape[0])
     slots = int(cp.pieces.shape[0]) * br
     full = lambda shape: pl.BlockSpec(shape, lambda u, h: (0,) * len(shape))   # noqa: E731
@@ -269,9 +250,6 @@ def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan
     ``sinks``: None or (N,) float logits (gpt-oss's attention sinks), added once per row by the merge.
     A quantized cache: ``k_scale``/``v_scale`` in the layout ``kv_scale``, dequantized in registers
     (``kernels.kv_dequant``). Returns (T_total, N, H) in q's dtype."""
-    import jax
-    import jax.numpy as jnp
-
     del q_starts, kv_lengths
     T_total, N, H = (int(d) for d in q.shape)
     if page_table is None:

@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import numpy as np
 
 from .decode_plan import default_block_k, next_pow2
-from .decode_splits import cdiv
 from .decode_resources import programs_per_sm, sm_count
+from .decode_splits import cdiv
 
 #: Fields of one piece, in the order of a row of ``ClassPlan.pieces``.
 FIELDS = ("request", "q_start", "row_offset", "rows", "q_pos0", "kv_len", "first_block", "blocks")
@@ -97,8 +98,6 @@ class ServingPlan:
 
 
 def _register():
-    import jax
-
     for cls, data in ((ClassPlan, ["pieces", "starts", "units"]), (ServingPlan, ["classes"])):
         meta = [f.name for f in dataclasses.fields(cls) if f.name not in data]
         jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=meta)
@@ -175,8 +174,6 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
 
     ``total_tokens`` T_total (q's first dimension), ``kv_len_max`` S_max, ``window_left`` the left size of
     the call's sliding window (None: no window)."""
-    import jax
-
     cfg = config or ServingConfig()
     traced = any(isinstance(x, jax.core.Tracer) for x in (q_starts, kv_lengths))
     xp = jax.numpy if traced else np

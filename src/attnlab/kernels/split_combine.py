@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import math
 
+import jax.numpy as jnp
+import numpy as np
+
 LOG2E = math.log2(math.e)
 
 
 def sink_rows(sinks, *, kv_heads: int, groups: int, rows: int):
     """Sinks (N,) natural-log logits -> (K, rows) float32 in log2 units, laid out as the packed rows
     (row r of KV head h is query head h * G + r % G; rows past T*G repeat the pattern and are dropped)."""
-    import jax.numpy as jnp
-    import numpy as np
-
     per_head = jnp.asarray(sinks).astype(jnp.float32).reshape(kv_heads, groups) * LOG2E
     return per_head[:, np.arange(rows) % groups]
 
@@ -30,8 +30,6 @@ def combine(o, m, l, sinks=None):
     units (``sink_rows``), or None: each row's denominator gets 2^(sink - M) once, after the splits
     are merged (the sink has no value), so every split count gives the same result.
     """
-    import jax.numpy as jnp
-
     top = jnp.max(m, axis=2, keepdims=True)
     if sinks is not None:
         top = jnp.maximum(top, sinks[None, :, None, :])
@@ -46,8 +44,6 @@ def combine(o, m, l, sinks=None):
 def combined_queries(o, m, l, *, q_len: int, groups: int, dtype, sinks=None):
     """``combine`` the splits and undo the GQA row packing: partials (B, K, P, >= T*G rows, H) -> (B, T, N, H).
     ``sinks``: None or (N,) float logits (natural-log units), one more logit per query head."""
-    import jax.numpy as jnp
-
     B, K, _, R, H = o.shape
     rows = None if sinks is None else sink_rows(sinks, kv_heads=K, groups=groups, rows=R)
     out = combine(o, m, l, rows)

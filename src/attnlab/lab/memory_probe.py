@@ -11,6 +11,14 @@ from __future__ import annotations
 import os
 import re
 
+import jax
+
+from .. import backends
+from ..api import dot_product as api
+from ..core.spec import prepare
+from ..measure.memory import compiled_memory, device_bytes_limit
+from ..measure.outcome import classify
+
 #: Overrides the device memory the probe compares with (bytes); tests set it tiny to force the prediction.
 LIMIT_ENV = "ATTNLAB_DEVICE_MEMORY_BYTES"
 
@@ -24,7 +32,6 @@ def memory_limit() -> int | None:
     limit; None where unknown (a CPU: the host's memory is not probed)."""
     if os.environ.get(LIMIT_ENV):
         return int(os.environ[LIMIT_ENV])
-    from ..measure.memory import device_bytes_limit
 
     return device_bytes_limit()
 
@@ -50,13 +57,6 @@ def _gib(n: int) -> str:
 def compiled_temp(backend: str, batch: int, T: int, heads: int, head_dim: int, dtype: str) -> dict:
     """{status, reason, temp_bytes, peak_bytes} of ``backend``'s attention at (B, T, N, H), T = S,
     from XLA's compiled memory analysis; "oom" when predicted not to fit (nothing is allocated)."""
-    import jax
-
-    from ..api import dot_product as api
-    from .. import backends
-    from ..measure.outcome import classify
-    from ..measure.memory import compiled_memory
-    from ..core.spec import prepare
 
     shapes = [jax.ShapeDtypeStruct((batch, T, heads, head_dim), dtype) for _ in range(3)]
     why = backends.get(backend).why_not(prepare(*shapes).spec)

@@ -11,6 +11,7 @@ import os
 import textwrap
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -149,7 +150,6 @@ def roofline(records, path: str, *, datasheet: tuple[float, float] | None = None
                            color=colours[ci % len(colours)], marker=MARKERS[gi % len(MARKERS)],
                            label=f"{backend} · {g}" if g else backend)
     xs = sorted(r["intensity"] for r in ok)
-    import numpy as np
 
     grid = np.logspace(np.log10(max(xs[0] / 4, 0.1)), np.log10(xs[-1] * 4), 100)
     for roof, name, style in ((datasheet, "datasheet", "--"), (measured, "measured", ":")):

@@ -7,11 +7,11 @@ import time
 import traceback
 
 from ..core import device
-from ..measure import env as envmod
-from ..measure import prefetch
 from ..core.store import ResultStore, read_jsonl
-from .step_types import LabConfig, LabContext, Section
+from ..measure import env as envmod, prefetch
+from ..report.html import write_report
 from .run_record import LabInterrupted, OutputHasResults, held_results, run_record
+from .step_types import LabConfig, LabContext, Section
 from .steps import STEPS
 
 
@@ -70,8 +70,6 @@ def run_lab(out_dir: str = "attnlab-out", *, label: str | None = None, quick: bo
     after it, ``on_cell(sweep, i, n)`` after each cell. The last record of results.jsonl is the run's
     ``kind: "run"`` record (``attnlab.lab.run_record.run_record``); Ctrl-C writes it too (status
     "interrupted") and raises ``LabInterrupted``, which says what finished."""
-    from ..report.html import write_report
-
     if resume and overwrite:
         raise ValueError("resume and overwrite contradict each other: give one of them")
     unknown = [s for s in sections or [] if s not in STEPS]

@@ -123,7 +123,7 @@ class LabConfig:
 
     @property
     def options(self) -> "Options":
-        from ..measure import Options
+        from ..measure import Options  # heavy: jax (measure, sweep), attnlab.lab imports no JAX
 
         if self.gpu:
             return Options(repeats=10 if self.quick else 30, compile_budget_s=240)
@@ -162,7 +162,7 @@ class LabContext:
         sweeps and the head-dim sweep) or, with ``resume``, by the run that was stopped. Each cell's
         record is stored in results.jsonl tagged ``step`` = the sweep's name; one measured by another
         sweep carries ``same_as`` naming it, so every table shows the same number for the same cell."""
-        from ..sweep.engine import run_sweep
+        from ..sweep.engine import run_sweep  # heavy: jax (measure, sweep), attnlab.lab imports no JAX
 
         def counted(cell, rec, i, n):
             if rec is not None:

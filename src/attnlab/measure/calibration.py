@@ -33,6 +33,13 @@ import os
 import statistics
 import time
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..reference.float64 import reference_attention
+from .peaks import cache_path
+
 #: A cell with gradients (fwd+bwd, bwd) compiles forward and backward programs: about twice a forward's.
 GRAD_FACTOR = 2.0
 #: The probe's ratio now / then is kept within these bounds (a probe is one small compile: noisy).
@@ -62,8 +69,6 @@ _FLOAT64: list[float] = []
 
 
 def path() -> str:
-    from .peaks import cache_path
-
     return os.path.join(os.path.dirname(cache_path()), "estimate.json")
 
 
@@ -78,9 +83,6 @@ def probe_s() -> float:
     ``load_factor()`` (a probe of a few milliseconds can fall in a quiet moment of a busy machine).
     Once a process."""
     if not _PROBE:
-        import jax
-        import jax.numpy as jnp
-
         s = jax.ShapeDtypeStruct((64, 32), jnp.float32)
         walls, cpus = [], []
         for i in range(4):
@@ -100,10 +102,6 @@ def float64_gflops() -> float:
     up to three after one untimed (no more once 0.5 s went: a slow machine is slow enough to see; a
     shared one stalls the odd call), within ``FLOAT64_GFLOPS_BOUNDS``. Once a process."""
     if not _FLOAT64:
-        import numpy as np
-
-        from ..reference.float64 import reference_attention
-
         T, S, N, H = 128, 1024, 8, 128
         rng = np.random.default_rng(0)
         q, k = rng.standard_normal((1, T, N, H), np.float32), rng.standard_normal((1, S, N, H), np.float32)

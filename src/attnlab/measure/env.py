@@ -6,6 +6,9 @@ import platform
 import subprocess
 import sys
 
+import jax
+import jaxlib
+
 from .. import __version__, backends
 from ..core import device
 
@@ -30,9 +33,6 @@ def git_commit() -> str | None:
 
 def collect() -> dict:
     """Everything a result record needs to be interpreted later (JSON-serialisable)."""
-    import jax
-    import jaxlib
-
     info = device.current()
     devices = [{"id": d.id, "platform": d.platform, "kind": d.device_kind,
                 "compute_capability": getattr(d, "compute_capability", None)} for d in jax.devices()]

@@ -14,11 +14,12 @@ import jax.numpy as jnp
 
 from ..api import dot_product as api
 from ..api.decode import decode_attention
-from ..kernels.pages import to_pages
 from ..core import device, strategies
+from ..kernels.pages import to_pages
 from ..reference.distributions import make_qkv
 from ..reference.inputs import random_qkv, random_sinks
 from . import peaks
+from .kv_cells import functions as quantized_functions
 from .outcome import Skip, Status
 
 
@@ -95,7 +96,6 @@ def _functions(cell):
     if cell.lengths is not None:
         lens = jnp.asarray(cell.kv_lengths(), jnp.int32)
         if getattr(cell, "kv_dtype", None):     # a quantized cache, made before timing (``kv_cells``)
-            from .kv_cells import functions as quantized_functions
 
             return quantized_functions(cell, lens)
         sinks = kw.get("sinks")

@@ -12,10 +12,18 @@ record beside it: ``kv_rel_err``, the same output's relative L2 error against fl
 """
 from __future__ import annotations
 
+import attnlab
+import jax.numpy as jnp
 import numpy as np
 
 from ..core.kv_quant import SCALE_LAYOUTS, canonical_kv_dtype, dequantize
+from ..kernels.pages import to_pages
+from ..reference.decode64 import check_decode_close, reference_decode_attention
+from ..reference.distributions import make_qkv
+from ..reference.inputs import random_sinks
+from ..reference.tolerance import rel_l2
 from .outcome import Skip
+from .verdict import judged, output_dtype
 
 
 def cell_fields(kv_dtype, kv_scale) -> tuple:
@@ -44,12 +52,8 @@ def validate(cell) -> None:
 
 def quantized_caches(cell, k, v):
     """(k_cache, k_scale, v_cache, v_scale[, page_table]) of the cell's timed call from its K/V (B, S, K, H)."""
-    import attnlab
-
     tail = ()
     if cell.lengths == "paged":
-        from ..kernels.pages import to_pages
-
         k, v, table = to_pages(k, v, cell.page_size)
         tail = (table,)
     (kc, ks), (vc, vs) = (attnlab.quantize_kv_cache(x, cell.kv_dtype, cell.kv_scale) for x in (k, v))
@@ -58,16 +62,12 @@ def quantized_caches(cell, k, v):
 
 def semantics(cell) -> dict:
     """The cell's window and sinks, as the call and both references take them (NumPy sinks)."""
-    from ..reference.inputs import random_sinks
-
     return dict(local_window_size=cell.window,
                 sinks=random_sinks(cell.heads) if getattr(cell, "sinks", False) else None)
 
 
 def functions(cell, lens):
     """(forward fn(q, k, v), timed fn(q, k_cache, k_scale, v_cache, v_scale[, table]), its argument maker)."""
-    import attnlab
-
     extra = semantics(cell)
 
     def timed(q, kc, ks, vc, vs, table=None):
@@ -86,8 +86,6 @@ def dequantized_twin(cell, x, batch_idx):
     dequantized in float64, for the sampled batch elements (pages quantize per page: the cache cut into
     page_size-token pages in order, the same values whatever the table's order). Only those elements' codes
     and scales leave the device (a long cache in float64 is many GiB)."""
-    import attnlab
-
     B, S, K, H = (int(d) for d in x.shape)
     ps = cell.page_size or S        # a paged decode or serving cell's pages; contiguous: one "page" per sequence
     c, s = attnlab.quantize_kv_cache(x.reshape(B * S // ps, ps, K, H) if cell.page_size else x, cell.kv_dtype,
@@ -102,10 +100,6 @@ def dequantized_twin(cell, x, batch_idx):
 def check_output(out, inputs, cell, backend, opts) -> dict:
     """The check of a quantized-cache cell (module docstring): its fields, ``kv_rel_err`` included; raises
     Skip('incorrect') with them when it fails."""
-    from ..reference.decode64 import check_decode_close, reference_decode_attention
-    from ..reference.tolerance import rel_l2
-    from .verdict import judged, output_dtype
-
     del backend, opts
     q, k, v = inputs
     rec = output_dtype(out, cell)
@@ -136,13 +130,6 @@ def kv_cache_errors(B: int, T: int, S: int, N: int, K: int, H: int, *, kv_dtypes
     ``decode_attention`` on q, K and V in ``dtype``; ``rel_err``: the same call on the ``dtype`` cache
     quantized as a server does (``quantize_kv_cache``, ``kv_scale`` layout; paged with ``page_size``).
     ``implementation``: the backend both calls run on (attnlab-decode for the kernel)."""
-    import attnlab
-    import jax.numpy as jnp
-
-    from ..kernels.pages import to_pages
-    from ..reference.decode64 import reference_decode_attention
-    from ..reference.distributions import make_qkv
-    from ..reference.tolerance import rel_l2
 
     lens = jnp.full((B,), S, jnp.int32)
     rows = []

@@ -26,19 +26,26 @@ import dataclasses
 import functools
 import math
 
+import attnlab
+import jax
+import jax.numpy as jnp
+import ml_dtypes  # noqa: F401  (bfloat16 for NumPy)
 import numpy as np
 
+from ..api.serving import prepare_serving, select_serving, serving_attention
 from ..core import device, request_lengths as rl
 from ..core.errors import UnsupportedError
 from ..core.problem import Problem
 from ..core.records import time_ms
+from ..kernels.pages import to_pages
 from ..reference.inputs import INPUTS_DRAW, random_qkv, random_sinks, seed_of
 from ..reference.serving64 import reference_serving_attention
 from ..reference.tolerance import rel_l2, row_rel_err
 from . import memory, peaks, timers
-from .verdict import judged, output_dtype, policy_verdict, rule_text
 from .budget import compile_within_budget
+from .kv_cells import dequantized_twin
 from .outcome import Skip, classify, rates
+from .verdict import judged, output_dtype, policy_verdict, rule_text
 
 #: The request-length distributions a serving cell's ``lengths`` names (or ``file:PATH``).
 LENGTHS = rl.DISTRIBUTIONS
@@ -89,8 +96,6 @@ def problem_of(cell) -> Problem:
 
 def _inputs(p: Problem, q_lens, kv_lens, opts) -> list[tuple]:
     """Argument sets (q (T_total, N, H), k, v (B, S, K, H), q_starts, kv_lengths) rotating past the L2 cache."""
-    import jax.numpy as jnp
-
     one = max(p.bytes(), 1)
     sheet = peaks.peak_for_kind(device.current().kind)
     rotate = opts.rotate_bytes or 3 * (sheet.l2_bytes if sheet else 64 * 2**20)
@@ -106,9 +111,6 @@ def _inputs(p: Problem, q_lens, kv_lens, opts) -> list[tuple]:
 
 def measure(backend, cell, opts, rec: dict, info, phases) -> dict:
     """Check, then time one serving cell into ``rec`` and return it (raises ``Skip`` to end it early)."""
-    import jax
-
-    from ..api.serving import prepare_serving, select_serving, serving_attention
 
     p = cell.workload
     q_lens, kv_lens, seed = requests(cell)
@@ -165,9 +167,6 @@ def timed_args(args: tuple, cell) -> tuple:
     """(q, k_cache, v_cache, q_starts, kv_lengths, page_table, k_scale, v_scale) of a contiguous argument set:
     pages of ``page_size`` tokens (None: contiguous), the cache quantized (``quantize_kv_cache``) with
     ``kv_dtype`` (None: the scales are None), made before the timed call."""
-    import attnlab
-    from ..kernels.pages import to_pages
-
     q, k, v, starts, kv = args
     table = ks = vs = None
     if cell.page_size:
@@ -197,8 +196,6 @@ def kernel_like(q, k, v, q_starts, kv_lengths, dtype: str, soft_cap=None, local_
                 sinks=None) -> np.ndarray:
     """What a kernel computes in ``dtype``: float32 scores, P rounded to ``dtype``, float32 sums (the sinks'
     exp(sink - max) in the denominator), the output rounded. ``local_window_size``: (left, right), causal."""
-    import ml_dtypes  # noqa: F401  (bfloat16 for NumPy)
-
     q, k, v = (np.asarray(x).astype(np.float32) for x in (q, k, v))
     T_total, N, H = q.shape
     K = k.shape[2]
@@ -228,9 +225,6 @@ def check_into(rec: dict, out, args, q_lens, kv_lens, cell, backend) -> None:
     """Check the sampled rows (``sampled``) of ``out`` against float64 (a quantized cache: of its dequantized
     values, ``kv_cells.dequantized_twin``, with ``kv_rel_err`` against the unquantized ones); record it;
     Skip('incorrect') when wrong."""
-    import jax.numpy as jnp
-
-    from .kv_cells import dequantized_twin
 
     q, k, v = args[:3]
     rec.update(output_dtype(out, cell, q.shape))

@@ -21,7 +21,7 @@ def kernel_timer_available() -> str | None:
     if jax.default_backend() != "gpu":
         return f"no CUPTI kernel timer on {jax.default_backend()}: wall clock used instead"
     try:
-        from jax.experimental.mosaic.gpu import profiler  # noqa: F401
+        from jax.experimental.mosaic.gpu import profiler  # heavy: Mosaic GPU, GPU timer only  # noqa: F401
     except Exception as e:  # pragma: no cover - GPU only
         return f"jax.experimental.mosaic.gpu.profiler unavailable ({type(e).__name__}: {e})"
     return None
@@ -84,7 +84,7 @@ def wall_pipelined(compiled: Callable, arg_sets: Sequence[Sequence], calls: int,
 
 def kernel_per_call(compiled: Callable, arg_sets: Sequence[Sequence], repeats: int) -> Stats:
     """GPU kernel milliseconds per call (all kernels of one call summed), via CUPTI."""
-    from jax.experimental.mosaic.gpu import profiler
+    from jax.experimental.mosaic.gpu import profiler  # heavy: Mosaic GPU, GPU timer only
 
     per_set = max(1, -(-repeats // len(arg_sets)))  # ceil: at least ``repeats`` samples in all
     samples: list[float] = []
@@ -103,7 +103,7 @@ def cupti_per_call(fn: Callable, arg_sets: Sequence[Sequence], repeats: int, syn
     The same CUPTI extension as ``kernel_per_call`` (jaxlib's Mosaic GPU library), driven directly:
     ``profiler.measure`` jit-compiles what it measures, which a PyTorch call cannot be. All kernels
     one call launches are summed; ``sync()`` waits for the device (``torch.cuda.synchronize``)."""
-    from jax._src.lib import mosaic_gpu as mosaic_gpu_lib
+    from jax._src.lib import mosaic_gpu as mosaic_gpu_lib  # JAX-private: may move
 
     if mosaic_gpu_lib is None:
         raise RuntimeError("jaxlib has no Mosaic GPU library: no CUPTI timer")

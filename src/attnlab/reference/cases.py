@@ -5,6 +5,7 @@ implementation-defined), except rows zeroed by ``query_seq_lengths``.
 """
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 
 from .inputs import random_qkv
@@ -17,8 +18,6 @@ MASK_MODES = (
 
 def build(mode: str, batch=2, q_len=16, kv_len=16, heads=4, kv_heads=2, head_dim=16, dtype="float32", seed=0):
     """(q, k, v, kwargs) for ``attention(q, k, v, **kwargs)`` in mask mode ``mode``."""
-    import jax.numpy as jnp
-
     if mode not in MASK_MODES:
         raise ValueError(f"mode must be one of {MASK_MODES}, got {mode!r}")
     q, k, v = random_qkv(batch, q_len, kv_len, heads, kv_heads, head_dim, dtype, seed)

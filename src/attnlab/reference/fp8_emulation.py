@@ -81,7 +81,7 @@ def scale_for(x: np.ndarray, kind: str):
 
 def random_hadamard(H: int, seed: int = 0) -> np.ndarray:
     """(H, H) orthonormal: the Sylvester Hadamard matrix / sqrt(H) with random column signs."""
-    from scipy.linalg import hadamard
+    from scipy.linalg import hadamard  # heavy: scipy.linalg, for the Hadamard recipe only
     signs = np.random.default_rng([seed, 15]).choice([-1.0, 1.0], size=H)
     return hadamard(H).astype(np.float64) / math.sqrt(H) * signs[None, :]
 

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 #: How the inputs are drawn, recorded with each cell (``inputs_draw``): "threefry-v1" is the draw below
 #: (q, k, v from ``split(key(seed), 3)``, cotangents from ``key(seed + 100 + i)``, ``_normal``'s buckets),
@@ -63,14 +65,10 @@ def for_workload(w, seed: int = 0):
 
 def seed_of(text: str) -> int:
     """A stable 32-bit seed from a string (the same in every process, unlike ``hash``)."""
-    import hashlib
-
     return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16)
 
 
 def random_sinks(heads: int):
     """(N,) float32 attention sinks (one logit per query head, gpt-oss's), standard normal, seeded by the
     head count only: every backend, cell and run of N heads sees the same sinks (NumPy, on the host)."""
-    import numpy as np
-
     return np.random.default_rng(seed_of(f"sinks N{int(heads)}")).standard_normal(int(heads)).astype(np.float32)

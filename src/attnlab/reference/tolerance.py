@@ -67,7 +67,7 @@ class Verdict:
 
 def default_matmul_is_tf32() -> bool:
     """True when JAX's float32 matmuls on the default device run in TF32 (GPU, default precision)."""
-    import jax
+    import jax  # heavy: jax, reference.tolerance imports no JAX
 
     if jax.default_backend() != "gpu":
         return False

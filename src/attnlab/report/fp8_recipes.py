@@ -175,10 +175,10 @@ def goals(recs) -> list[str]:
 
 def plot(recs, path: str) -> str | None:
     """PNG: rel L2 vs float64 (log) against TFLOP/s, one panel per inputs, one marker per backend."""
-    import matplotlib
+    import matplotlib  # heavy: matplotlib, loaded when a plot is drawn
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: matplotlib, loaded when a plot is drawn
 
     MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h")   # attnlab.lab.plots' markers (+1)
     idx = _index(recs)
@@ -194,7 +194,7 @@ def plot(recs, path: str) -> str | None:
     if not pts:
         return None
     dists = [d for d in INPUTS if any(r.get("inputs", "gaussian") == d for r, _, _ in pts)]
-    from matplotlib.ticker import FormatStrFormatter, NullFormatter
+    from matplotlib.ticker import FormatStrFormatter, NullFormatter  # heavy: matplotlib, loaded when a plot is drawn
 
     colours = plt.get_cmap("tab10").colors
     fig, axes = plt.subplots(1, len(dists), figsize=(4.2 * len(dists), 4.2), squeeze=False)

@@ -9,6 +9,9 @@ from typing import Iterable, Sequence
 
 import jinja2
 
+from ..core.records import time_ms
+from . import shared_rows
+
 # The title above the table, not a <caption>: a caption is as narrow as its table and wraps into a column.
 _TABLE = jinja2.Environment(autoescape=True).from_string(
     "<figure style='margin:0.6rem 0'>{% if title %}<figcaption style='font-weight:600'>{{ title }}</figcaption>{% endif %}"
@@ -58,7 +61,7 @@ def show_table(data, columns: Sequence[str] | None = None, title: str | None = N
 
 def show_bars(labels: Iterable[str], values: Iterable[float], *, title: str = "", ylabel: str = ""):
     """A bar chart (matplotlib Figure) with each value written on its bar."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: matplotlib, loaded when a plot is drawn
 
     labels, values = list(labels), [float(v) for v in values]
     fig, ax = plt.subplots(figsize=(6, 3.2))
@@ -74,9 +77,8 @@ def show_bars(labels: Iterable[str], values: Iterable[float], *, title: str = ""
 
 def plot_sweep(records, x: str = "q_len", y: str = "time", *, title: str = "", logx: bool = True, logy: bool = True):
     """One line per backend of ``y`` ("time" = kernel or wall ms, or any record field) against ``x``."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: matplotlib, loaded when a plot is drawn
 
-    from ..core.records import time_ms
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     ok = [r for r in records if r.get("status") == "ok"]
@@ -99,8 +101,6 @@ def plot_sweep(records, x: str = "q_len", y: str = "time", *, title: str = "", l
 
 def kv_cache_table(model: dict | None = None) -> HtmlTable:
     """The KV-cache calculator of ``attnlab run``'s report (the same rows: MHA K=32, GQA K=8, MQA K=1)."""
-    from . import shared_rows
-
     title = shared_rows.KV_TITLE if model is None else f"KV-cache calculator: {model}"
     return HtmlTable(shared_rows.KV_COLUMNS, shared_rows.kv_cache_rows(model), title)
 
@@ -108,8 +108,6 @@ def kv_cache_table(model: dict | None = None) -> HtmlTable:
 def cudnn_head_dims(head_dims=(32, 64, 128, 256, 512), *, seq: int = 1024, heads: int = 8) -> HtmlTable:
     """Which head dims cuDNN takes (bf16), as the report's next-steps section says it: "accepts" only where
     cuDNN can run; without an NVIDIA GPU only its shape rule, and the title says why."""
-    from . import shared_rows
-
     rows, why = shared_rows.cudnn_head_dims(head_dims, seq=seq, heads=heads)
     title = "cuDNN and the head dim (bf16)" if not why else f"cuDNN's shape rule for the head dim (bf16); cuDNN cannot run here: {why}"
     return HtmlTable(["H", "cuDNN"], rows, title)

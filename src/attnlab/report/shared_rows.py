@@ -1,6 +1,7 @@
 """Rows the report (``attnlab run``) and the notebook share, so both print the same numbers."""
 from __future__ import annotations
 
+from ..core.spec import prepare
 from ..core.workload import kv_cache_bytes
 
 #: The model of the KV-cache calculator: 32 layers, 32 query heads of dim 128, bf16, 8192 tokens, batch 1.
@@ -29,10 +30,9 @@ def cudnn_head_dims(head_dims=(32, 64, 128, 256, 512), *, batch: int = 1, seq: i
     Where cuDNN can run, the verdict is "accepts" or "refuses: <reason>". Where it cannot (no
     NVIDIA GPU), nothing is claimed to be accepted: the verdict is cuDNN's shape rule only, "shape
     allowed (cuDNN not available here)" or "shape refused: <reason>"."""
-    import jax
+    import jax  # heavy: jax, report imports no JAX
 
-    from .. import backends
-    from ..core.spec import prepare
+    from .. import backends  # heavy: jax, report imports no JAX
 
     cud = backends.get("cudnn")
     unavailable = cud.available()

@@ -3,6 +3,7 @@ the shapes (each a ``Problem``), each shape's grid of variants after the default
 from __future__ import annotations
 
 from ..core.problem import Problem
+from ..kernels.decode_resources import smem_bytes
 
 HBM_TBS = 4.8
 PEAK_TFLOPS = 989.4
@@ -59,14 +60,12 @@ def shapes(quick: bool = False, smoke: bool = False) -> list[Problem]:
 
 def tune_grid(sh: Problem, default_plan) -> list[dict]:
     """Variants after the default: block_k x num_stages, then num_warps (or block_r), then the split count."""
-    from ..kernels import decode as kd
-
     out = []
     for bk in (32, 64, 128):
         for st in (2, 3, 4):
             if (bk, st) == (default_plan.block_k, default_plan.num_stages):
                 continue
-            if kd.smem_bytes(default_plan.block_r, bk, sh.head_dim, st) > SMEM_LIMIT:
+            if smem_bytes(default_plan.block_r, bk, sh.head_dim, st) > SMEM_LIMIT:
                 continue
             out.append(dict(block_k=bk, num_stages=st))
     if default_plan.num_warps == 8:

@@ -5,6 +5,8 @@
 """
 from __future__ import annotations
 
+import json
+
 from .spec import SweepError, load_toml
 
 #: Flags that set the same axis two ways: refused together, and a flag replaces the config file's other way.
@@ -55,8 +57,6 @@ def merge(config: str | None, given: dict, name: str | None = None) -> tuple[dic
 
 def _toml_text(value) -> str:
     """A file's value as the file spells it: [32, 64], "both", true."""
-    import json
-
     return json.dumps(value) if not isinstance(value, str) else f'"{value}"'
 
 

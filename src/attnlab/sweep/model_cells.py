@@ -14,6 +14,7 @@ from ..core import cell_fields
 from ..core.model_plan import PlanEntry, PlanError, plan
 from ..core.models import ModelPreset
 from ..measure.cell import Cell
+from .flags import flag_name
 from .spec import Sweep, SweepError
 
 #: Backends left out of the default (every available one): FP8 paths change the numerics of a bf16 model.
@@ -69,8 +70,6 @@ REPLACED_FLAGS = ("seq", "q_len", "kv_len", "causal", "window", "mode", "tokens"
 
 def check_model_flags(preset: ModelPreset, given: dict) -> None:
     """Refuse bench flags that contradict ``--model`` (a shape that differs, an axis the phases set)."""
-    from .flags import flag_name
-
     for flag, attr in SHAPE_FLAGS.items():
         if flag in given:
             want = getattr(preset, attr)

@@ -6,7 +6,11 @@ and the rule. ``load_toml`` reads a sweep file's [sweep] and [run] tables.
 """
 from __future__ import annotations
 
+import os
 import tomllib
+
+from .. import backends
+from ..core.kv_quant import SCALE_LAYOUTS, canonical_kv_dtype
 
 
 class SweepError(ValueError):
@@ -84,8 +88,6 @@ def with_fp8_recipes(names: list[str], recipes: list[str]) -> list[str]:
     """The sweep axis ``fp8_recipe``: a backend among ``names`` that takes FP8 recipes (``cudnn-fp8``:
     ``backends.recipe_backends()``) becomes one backend per recipe (``hadamard`` -> ``cudnn-fp8-hadamard``,
     the name its records carry; ``amax`` -> ``cudnn-fp8``)."""
-    from .. import backends
-
     takers = [n for n in names if n in backends.recipe_backends()]
     if not takers:
         raise SweepError(f"fp8_recipe: needs the {' or '.join(backends.recipe_backends())} backend among the "
@@ -121,8 +123,6 @@ def _caps(text) -> list[float | None]:
 def _kv_dtypes(text) -> list[tuple[str, str] | None]:
     """"none,fp8,int8:head" (CLI) or a TOML list: KV cache dtypes of decode cells, each none (the cell's dtype)
     or DTYPE[:LAYOUT] (fp8 = float8_e4m3fn, e5m2, int8; layout token (default), head, tensor or page)."""
-    from ..core.kv_quant import SCALE_LAYOUTS, canonical_kv_dtype
-
     out = []
     for it in _strs(text):
         if it.lower() in ("none", "bf16", "bfloat16", ""):
@@ -142,8 +142,6 @@ def _kv_dtypes(text) -> list[tuple[str, str] | None]:
 def _lengths_value(text: str) -> str:
     """A lengths value as the cells spell it: lower case, but ``file:PATH`` (or a file's path) keeps its path
     (and a ``:pagedN`` after it)."""
-    import os
-
     head, sep, tail = text.rpartition(":paged")
     path, suffix = (head, sep + tail) if sep and tail.isdigit() else (text, "")
     if path.lower().startswith("file:"):

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import os
 
+from .. import backends
+from ..api import dispatch
+from ..api.dot_product import auto_ineligible
+
 
 def library_of(name: str) -> list[str]:
     """The optional libraries (import names) backend ``name`` calls: the versions its entry is keyed by."""
-    from .. import backends
-
     try:
         return list(backends.get(name).libraries())
     except ValueError:
@@ -17,10 +19,6 @@ def library_of(name: str) -> list[str]:
 def write_table(records, out: str, *, replace: bool = False) -> tuple[str, list[dict]]:
     """Build entries from ``records`` (only auto-eligible backends ranked) and merge them into ``out``
     (``replace``: drop the entries already there). Returns (the path written, the new entries)."""
-    from .. import backends
-    from ..api import dispatch
-    from ..api.dot_product import auto_ineligible
-
     def eligible(r):
         try:
             return auto_ineligible(backends.get(r["backend"])) is None

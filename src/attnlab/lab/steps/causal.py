@@ -9,11 +9,11 @@ TITLE = "The causal mask's effect"
 
 
 def probe(ctx: LabContext) -> dict:
-    import jax
-    import jax.numpy as jnp
+    import jax  # heavy: jax (lab.render imports no JAX)
+    import jax.numpy as jnp  # heavy: jax (lab.render imports no JAX)
 
-    from ...api import dot_product as api
-    from ...reference.float64 import check_close
+    from ...api import dot_product as api  # heavy: jax (lab.render imports no JAX)
+    from ...reference.float64 import check_close  # heavy: jax (lab.render imports no JAX)
 
     q, k, v = qkv_inputs(ctx.cfg)
 

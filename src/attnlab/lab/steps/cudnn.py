@@ -1,22 +1,22 @@
 """The cuDNN step: forcing cuDNN's fused attention in bfloat16, checked against float64 beside XLA."""
 from __future__ import annotations
 
-from ..step_types import LabConfig, LabContext, Step, Table
+from ...core.spec import prepare
 from ..render_common import section_renderer
+from ..step_types import LabConfig, LabContext, Step, Table
 from .qkv import qkv_inputs
 
 TITLE = "Forcing cuDNN (bfloat16)"
 
 
 def probe(ctx: LabContext) -> dict:
-    import jax
-    import jax.numpy as jnp
+    import jax  # heavy: jax (lab.render imports no JAX)
+    import jax.numpy as jnp  # heavy: jax (lab.render imports no JAX)
 
-    from ... import backends
-    from ...api import dot_product as api
-    from ...backends.cudnn import hlo_uses_cudnn
-    from ...core.spec import prepare
-    from ...reference.float64 import check_close, reference_attention
+    from ... import backends  # heavy: jax (lab.render imports no JAX)
+    from ...api import dot_product as api  # heavy: jax (lab.render imports no JAX)
+    from ...backends.cudnn import hlo_uses_cudnn  # heavy: jax (lab.render imports no JAX)
+    from ...reference.float64 import check_close, reference_attention  # heavy: jax (lab.render imports no JAX)
 
     q, k, v = qkv_inputs(ctx.cfg, "bfloat16")
     why = backends.get("cudnn").why_not(prepare(q, k, v).spec)

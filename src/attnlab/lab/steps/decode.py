@@ -250,7 +250,7 @@ def cells_note(cfg: LabConfig) -> str:
 
 def sweeps_decode(cfg: LabConfig) -> list:
     """The decode cells (``lengths="full"``: ``decode_attention`` of the T newest tokens, causal tail rule)."""
-    from ...sweep.spec import Sweep
+    from ...sweep.spec import Sweep  # heavy: jax (lab.render imports no JAX)
 
     shp = decode_shape(cfg)
     main = (shp["heads"], shp["kv_heads"])

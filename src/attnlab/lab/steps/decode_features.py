@@ -19,7 +19,7 @@ def is_feature(r: dict) -> bool:
 
 def sweeps(shp: dict) -> list:
     """One sweep per feature: attnlab's kernel at ``feature_q_lens`` on the main shape (none: no cells)."""
-    from ...sweep.spec import Sweep
+    from ...sweep.spec import Sweep  # heavy: jax (lab.render imports no JAX)
 
     if not shp["feature_q_lens"]:
         return []

@@ -1,8 +1,9 @@
 """The environment step: JAX, the device, cuDNN, and which backends run the lab's input here."""
 from __future__ import annotations
 
-from ..step_types import LabConfig, LabContext, Step, Table
+from ...core.spec import prepare
 from ..render_common import section_renderer
+from ..step_types import LabConfig, LabContext, Step, Table
 from .qkv import qkv_inputs
 
 TITLE = "Environment and GPU check"
@@ -10,8 +11,7 @@ TITLE = "Environment and GPU check"
 
 def probe(ctx: LabContext) -> dict:
     """{env: the versions and device, backends: [[name, available, why not, runs this input, why not, what]]}."""
-    from ... import backends
-    from ...core.spec import prepare
+    from ... import backends  # heavy: jax (lab.render imports no JAX)
 
     spec = prepare(*qkv_inputs(ctx.cfg, "bfloat16")).spec
     rows = []

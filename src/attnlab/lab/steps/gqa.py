@@ -39,7 +39,7 @@ def gqa_cells(cfg: LabConfig) -> list[tuple[str, list[int]]]:
 
 
 def sweeps(cfg: LabConfig) -> list:
-    from ...sweep.spec import Sweep
+    from ...sweep.spec import Sweep  # heavy: jax (lab.render imports no JAX)
 
     c, g = cfg, gqa_shape(cfg)
     return [Sweep([b], batch=[c.batch], q_len=[g["T"]], heads=[g["N"]], kv_heads=ks, head_dim=[c.head_dim],
@@ -72,9 +72,9 @@ def program_facts(hlo_text: str) -> dict:
 
 def probe(ctx: LabContext) -> dict:
     """For XLA at each (variant, K) of the step: the compiled program's matmuls and copy bytes."""
-    import jax
+    import jax  # heavy: jax (lab.render imports no JAX)
 
-    from ...api import dot_product as api
+    from ...api import dot_product as api  # heavy: jax (lab.render imports no JAX)
 
     c, g = ctx.cfg, gqa_shape(ctx.cfg)
     out = {}

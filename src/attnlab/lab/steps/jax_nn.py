@@ -1,20 +1,21 @@
 """The jax.nn step: jax.nn.dot_product_attention's default against naive, and which kernel its program calls."""
 from __future__ import annotations
 
-from ..step_types import LabConfig, LabContext, Step, Table
+import numpy as np
+
 from ..render_common import section_renderer
+from ..step_types import LabConfig, LabContext, Step, Table
 from .qkv import qkv_inputs
 
 TITLE = "jax.nn.dot_product_attention against naive"
 
 
 def probe(ctx: LabContext) -> dict:
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
+    import jax  # heavy: jax (lab.render imports no JAX)
+    import jax.numpy as jnp  # heavy: jax (lab.render imports no JAX)
 
-    from ...api import dot_product as api
-    from ...backends.cudnn import hlo_uses_cudnn
+    from ...api import dot_product as api  # heavy: jax (lab.render imports no JAX)
+    from ...backends.cudnn import hlo_uses_cudnn  # heavy: jax (lab.render imports no JAX)
 
     q, k, v = qkv_inputs(ctx.cfg)
     naive = jax.jit(lambda q, k, v: api.attention(q, k, v, implementation="naive"))(q, k, v)

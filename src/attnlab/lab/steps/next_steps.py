@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from ...report import shared_rows
 from .. import plots
-from ..step_types import LabConfig, LabContext, Section, Step, Table
 from ..plan import perf_backends
 from ..render_common import cells, fmt, section_renderer, speedup_text, time_text
+from ..step_types import LabConfig, LabContext, Section, Step, Table
 
 TITLE = "Next steps: head dims, memory, speed-ups"
 
@@ -27,7 +27,7 @@ def _cudnn_verdicts(cfg: LabConfig):
 
 
 def sweeps(cfg: LabConfig) -> list:
-    from ...sweep.spec import Sweep
+    from ...sweep.spec import Sweep  # heavy: jax (lab.render imports no JAX)
 
     c = cfg
     common = dict(batch=[c.batch], q_len=[c.long_len], heads=[c.heads], name="head_dim")
@@ -43,7 +43,7 @@ def sweeps(cfg: LabConfig) -> list:
 def probe(ctx: LabContext) -> dict:
     """cuDNN's verdict per head dim, and the compiled temp memory per path and T (stored as
     ``memory`` records of step "next")."""
-    from ..memory_probe import compiled_temp
+    from ..memory_probe import compiled_temp  # heavy: jax, kept out of the jax-free renderer (lab.render)
 
     c = ctx.cfg
     dt = c.perf_dtype

@@ -9,13 +9,13 @@ TITLE = "Queries, keys and values"
 
 def qkv_inputs(cfg: LabConfig, dtype: str = "float32", seed: int = 0):
     """(q, k, v) of the config's default shape: q (B, T, N, H), k and v (B, S, N, H), T = S, standard normal."""
-    from ...reference.inputs import random_qkv
+    from ...reference.inputs import random_qkv  # heavy: jax (lab.render imports no JAX)
 
     return random_qkv(cfg.batch, cfg.q_len, cfg.q_len, cfg.heads, cfg.heads, cfg.head_dim, dtype, seed)
 
 
 def probe(ctx: LabContext) -> dict:
-    import jax.numpy as jnp
+    import jax.numpy as jnp  # heavy: jax (lab.render imports no JAX)
 
     q, k, v = qkv_inputs(ctx.cfg)
     return {"tensors": [{"name": n, "shape": list(x.shape), "dtype": str(x.dtype), "layout": lay,

@@ -15,7 +15,7 @@ DISTS = ["uniform", "one-long"]
 
 def sweep(shp: dict):
     """The serving cells: attnlab's serving kernel at T = 1 on the step's shape, one cell per ``DISTS`` entry."""
-    from ...sweep.spec import Sweep
+    from ...sweep.spec import Sweep  # heavy: jax (lab.render imports no JAX)
 
     return Sweep([KERNEL], batch=[shp["batch"]], q_len=[1], kv_len=[shp["kv_len"]], heads=[shp["heads"]],
                  kv_heads=[shp["kv_heads"]], head_dim=[shp["head_dim"]], dtype=[shp["dtype"]], causal=[True],

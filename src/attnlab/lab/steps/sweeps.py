@@ -1,16 +1,17 @@
 """The sweeps step: the sequence-length and batch sweeps: time and FLOP/s against T and B, and the roofline."""
 from __future__ import annotations
 
+from ...core import device
 from .. import plots
-from ..step_types import LabConfig, LabContext, Step
 from ..plan import perf_backends
 from ..render_common import cells, section_renderer, sweep_table, timer_note
+from ..step_types import LabConfig, LabContext, Step
 
 TITLE = "Sequence-length and batch sweeps"
 
 
 def sweeps(cfg: LabConfig) -> list:
-    from ...sweep.spec import Sweep
+    from ...sweep.spec import Sweep  # heavy: jax (lab.render imports no JAX)
 
     c = cfg
     common = dict(heads=[c.heads], head_dim=[c.head_dim], dtype=[c.perf_dtype])
@@ -28,9 +29,8 @@ QUICK_CEILINGS = {"matmul_n": 512, "copy_bytes": 2**22, "repeats": 3}
 def probe(ctx: LabContext) -> dict:
     """The device's peak and roofs (the roofline plot's lines). Without a datasheet peak or cached
     ceilings (a CPU), the ceilings are measured here (``RUN_CEILINGS``; not saved to the cache)."""
-    from ...core import device
-    from ...measure.peaks import measure_ceilings, peak_tflops, roofs
-    from ...reference.float64 import default_matmul_is_tf32
+    from ...measure.peaks import measure_ceilings, peak_tflops, roofs  # heavy: jax (lab.render imports no JAX)
+    from ...reference.float64 import default_matmul_is_tf32  # heavy: jax (lab.render imports no JAX)
 
     kind, dt, tf32 = device.current().kind, ctx.cfg.perf_dtype, default_matmul_is_tf32()
     roof = roofs(kind, dt, tf32)

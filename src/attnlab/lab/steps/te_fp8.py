@@ -27,7 +27,7 @@ def te_seqs(cfg: LabConfig) -> list[int]:
 
 def _te_fp8_why() -> tuple[str | None, dict[str, str | None]]:
     """(why TransformerEngine cannot run, {FP8 path: why it cannot run}), None where it can."""
-    from ... import backends
+    from ... import backends  # heavy: jax (lab.render imports no JAX)
 
     known = backends.names()
     te = backends.get("te") if "te" in known else None
@@ -41,13 +41,13 @@ def _te_fp8_why() -> tuple[str | None, dict[str, str | None]]:
 
 def _recipes_why() -> dict[str, str | None]:
     """{FP8 recipe backend (cudnn-fp8*): why it cannot run here, None where it can}."""
-    from ... import backends
+    from ... import backends  # heavy: jax (lab.render imports no JAX)
 
     return {n: backends.get(n).available() for n in fp8_recipe_names(backends.variant_names())}
 
 
 def sweeps(cfg: LabConfig) -> list:
-    from ...sweep.spec import Sweep
+    from ...sweep.spec import Sweep  # heavy: jax (lab.render imports no JAX)
 
     c = cfg
     te_why, fp8 = _te_fp8_why()

@@ -12,7 +12,7 @@ TITLE = "Timing at the default shape"
 
 def sweeps(cfg: LabConfig) -> list:
     """The performance paths (``plan.perf_backends``) at the default shape, in the performance dtype."""
-    from ...sweep.spec import Sweep
+    from ...sweep.spec import Sweep  # heavy: jax (lab.render imports no JAX)
 
     c = cfg
     return [Sweep(perf_backends(c), dtype=[c.perf_dtype], batch=[c.batch], q_len=[c.q_len], heads=[c.heads],
