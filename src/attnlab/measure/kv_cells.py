@@ -12,11 +12,11 @@ record beside it: ``kv_rel_err``, the same output's relative L2 error against fl
 """
 from __future__ import annotations
 
-import attnlab
 import jax.numpy as jnp
 import numpy as np
 
-from ..core.kv_quant import SCALE_LAYOUTS, canonical_kv_dtype, dequantize
+from ..api.decode import decode_attention
+from ..core.kv_quant import SCALE_LAYOUTS, canonical_kv_dtype, dequantize, quantize_kv_cache
 from ..kernels.pages import to_pages
 from ..reference.decode64 import check_decode_close, reference_decode_attention
 from ..reference.distributions import make_qkv
@@ -56,7 +56,7 @@ def quantized_caches(cell, k, v):
     if cell.lengths == "paged":
         k, v, table = to_pages(k, v, cell.page_size)
         tail = (table,)
-    (kc, ks), (vc, vs) = (attnlab.quantize_kv_cache(x, cell.kv_dtype, cell.kv_scale) for x in (k, v))
+    (kc, ks), (vc, vs) = (quantize_kv_cache(x, cell.kv_dtype, cell.kv_scale) for x in (k, v))
     return (kc, ks, vc, vs, *tail)
 
 
@@ -71,7 +71,7 @@ def functions(cell, lens):
     extra = semantics(cell)
 
     def timed(q, kc, ks, vc, vs, table=None):
-        return attnlab.decode_attention(q, kc, vc, lens, causal=cell.causal, implementation=cell.backend,
+        return decode_attention(q, kc, vc, lens, causal=cell.causal, implementation=cell.backend,
                                         page_table=table, logits_soft_cap=cell.soft_cap, k_scale=ks, v_scale=vs,
                                         **extra)
 
@@ -88,7 +88,7 @@ def dequantized_twin(cell, x, batch_idx):
     and scales leave the device (a long cache in float64 is many GiB)."""
     B, S, K, H = (int(d) for d in x.shape)
     ps = cell.page_size or S        # a paged decode or serving cell's pages; contiguous: one "page" per sequence
-    c, s = attnlab.quantize_kv_cache(x.reshape(B * S // ps, ps, K, H) if cell.page_size else x, cell.kv_dtype,
+    c, s = quantize_kv_cache(x.reshape(B * S // ps, ps, K, H) if cell.page_size else x, cell.kv_dtype,
                                      cell.kv_scale)
     idx = np.asarray(batch_idx)
     sel = lambda a: np.asarray(a.reshape(B, -1, *a.shape[1:])[idx]).reshape(-1, *a.shape[1:])  # noqa: E731
@@ -138,12 +138,12 @@ def kv_cache_errors(B: int, T: int, S: int, N: int, K: int, H: int, *, kv_dtypes
         ref = reference_decode_attention(q, k, v, np.asarray(lens), causal=causal)
         qd, kd, vd = (jnp.asarray(x).astype(dtype) for x in (q, k, v))
         call = dict(causal=causal, implementation=implementation)
-        bf16 = rel_l2(np.asarray(attnlab.decode_attention(qd, kd, vd, lens, **call), np.float64), ref)
+        bf16 = rel_l2(np.asarray(decode_attention(qd, kd, vd, lens, **call), np.float64), ref)
         if page_size:
             kd, vd, call["page_table"] = to_pages(kd, vd, page_size)
         for name in kv_dtypes:
-            (kc, ks), (vc, vs) = (attnlab.quantize_kv_cache(x, name, kv_scale) for x in (kd, vd))
-            out = attnlab.decode_attention(qd, kc, vc, lens, k_scale=ks, v_scale=vs, **call)
+            (kc, ks), (vc, vs) = (quantize_kv_cache(x, name, kv_scale) for x in (kd, vd))
+            out = decode_attention(qd, kc, vc, lens, k_scale=ks, v_scale=vs, **call)
             rows.append({"inputs": dist, "kv_dtype": canonical_kv_dtype(name), "kv_scale": kv_scale,
                          "rel_err": rel_l2(np.asarray(out, np.float64), ref), "bf16_rel_err": bf16})
     return rows

@@ -26,7 +26,6 @@ import dataclasses
 import functools
 import math
 
-import attnlab
 import jax
 import jax.numpy as jnp
 import ml_dtypes  # noqa: F401  (bfloat16 for NumPy)
@@ -35,6 +34,7 @@ import numpy as np
 from ..api.serving import prepare_serving, select_serving, serving_attention
 from ..core import device, request_lengths as rl
 from ..core.errors import UnsupportedError
+from ..core.kv_quant import quantize_kv_cache
 from ..core.problem import Problem
 from ..core.records import time_ms
 from ..kernels.pages import to_pages
@@ -172,7 +172,7 @@ def timed_args(args: tuple, cell) -> tuple:
     if cell.page_size:
         k, v, table = to_pages(k, v, cell.page_size)
     if cell.kv_dtype:
-        (k, ks), (v, vs) = (attnlab.quantize_kv_cache(x, cell.kv_dtype, cell.kv_scale) for x in (k, v))
+        (k, ks), (v, vs) = (quantize_kv_cache(x, cell.kv_dtype, cell.kv_scale) for x in (k, v))
     return q, k, v, starts, kv, table, ks, vs
 
 
