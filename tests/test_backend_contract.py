@@ -13,7 +13,7 @@ from attnlab import backends
 from attnlab.api.decode import prepare_decode
 from attnlab.backends.base import Backend
 from attnlab.core.errors import UnsupportedError
-from attnlab.core.spec import prepare
+from attnlab.core.prepare import prepare
 from attnlab.reference.decode64 import reference_decode_attention
 
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "attnlab"

@@ -15,7 +15,7 @@ from attnlab.core.errors import UnsupportedError
 def _spec(T=3, S=64, mask=True, **kw):
     s = jax.ShapeDtypeStruct
     m = jnp.ones((1, 1, T, S), bool) if mask else None
-    return attnlab.core.spec.prepare(s((1, T, 4, 64), "bfloat16"), s((1, S, 2, 64), "bfloat16"), s((1, S, 2, 64), "bfloat16"),
+    return attnlab.core.prepare.prepare(s((1, T, 4, 64), "bfloat16"), s((1, S, 2, 64), "bfloat16"), s((1, S, 2, 64), "bfloat16"),
                                 mask=m, **kw).spec
 
 

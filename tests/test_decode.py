@@ -308,7 +308,7 @@ def test_value_checks_skipped_for_traced_lengths():
 
 def _spec(B=1, T=1, S=64, N=4, K=1, H=64, dtype="bfloat16", **kw):
     s = jax.ShapeDtypeStruct
-    return attnlab.core.spec.prepare(s((B, T, N, H), dtype), s((B, S, K, H), dtype), s((B, S, K, H), dtype), **kw).spec
+    return attnlab.core.prepare.prepare(s((B, T, N, H), dtype), s((B, S, K, H), dtype), s((B, S, K, H), dtype), **kw).spec
 
 
 def test_kernel_backend_reasons():

@@ -71,7 +71,7 @@ def test_bucket_is_stable_and_jax_free():
 
 def test_bucket_rounds_up_to_powers_of_two_and_reads_every_kind_of_object():
     from attnlab.measure import Cell
-    from attnlab.core.spec import prepare
+    from attnlab.core.prepare import prepare
 
     b = dispatch.bucket
     assert b(Problem(1, 3072, 3072, 8, 8, 64)) == b(Problem(1, 4096, 4096, 8, 8, 64))

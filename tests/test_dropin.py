@@ -185,7 +185,7 @@ def test_empty_calls_still_check_the_other_rules():
     with pytest.raises(ValueError, match="bias shape"):
         attnlab.attention(q, k, v, bias=jnp.ones((2, 4, 4, 3)))
     with pytest.raises(ValueError, match=r"query length T=0 must be >= 1"):    # prepare alone stays strict
-        attnlab.core.spec.prepare(q[:, :0], k, v)
+        attnlab.core.prepare.prepare(q[:, :0], k, v)
 
 
 @pytest.mark.parametrize("impl", ["naive", "xla"])

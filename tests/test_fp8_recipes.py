@@ -145,7 +145,7 @@ def test_every_recipe_is_a_registered_backend_that_records_it():
     assert "fused with quantisation" in RECIPES["hadamard-fused"].describe()
     assert "in float32" in RECIPES["hadamard-f32"].describe()
     sd = jax.ShapeDtypeStruct
-    from attnlab.core.spec import prepare
+    from attnlab.core.prepare import prepare
 
     spec96 = prepare(sd((1, 64, 2, 96), "bfloat16"), sd((1, 64, 2, 96), "bfloat16"), sd((1, 64, 2, 96), "bfloat16")).spec
     assert "power of two" in backends.get("cudnn-fp8-hadamard").supports(spec96)

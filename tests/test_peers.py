@@ -15,7 +15,7 @@ from attnlab.cli import main
 from attnlab.reference.inputs import random_qkv
 from attnlab.measure import Cell, Options, measure_cell
 from attnlab.reference.float64 import check_close
-from attnlab.core.spec import prepare
+from attnlab.core.prepare import prepare
 
 PEERS = ["cudnn-fp8", "cudnn-fp8-unit", "te", "te-fp8", "tokamax-mosaic", "tokamax-triton", "pallas-triton",
          "pallas-mosaic", "torch-flash", "torch-cudnn", "torch-efficient"]

@@ -15,7 +15,7 @@ from attnlab.core.problem import FIELDS
 from attnlab.measure import cell as cellmod
 from attnlab.core.records import config_label
 from attnlab.measure.cell import IDENTITY, IDENTITY_DEFAULTS, Cell, record_key
-from attnlab.core.spec import AttentionSpec, prepare
+from attnlab.core.prepare import AttentionSpec, prepare
 from attnlab.sweep import engine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -13,7 +13,7 @@ import attnlab.lab
 from attnlab.api.decode import prepare_decode
 from attnlab.core.names import lazy_getattr
 from attnlab.core.problem import ProblemError
-from attnlab.core.spec import prepare
+from attnlab.core.prepare import prepare
 
 Q = np.zeros((2, 1, 4, 16), np.float32)
 KV = np.zeros((2, 8, 2, 16), np.float32)

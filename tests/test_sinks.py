@@ -10,7 +10,7 @@ import pytest
 import attnlab
 import attnlab.reference.inputs
 from attnlab import backends
-from attnlab.core.spec import AttentionSpec
+from attnlab.core.prepare import AttentionSpec
 from attnlab.reference.decode64 import check_decode_close
 from attnlab.reference.float64 import check_close, reference_attention_grads
 from attnlab.reference.serving64 import reference_serving_attention

@@ -227,7 +227,7 @@ def test_sweep_flags_make_cap_and_packing_cells():
 
 def test_peers_refuse_the_soft_cap_naming_themselves():
     from attnlab import backends
-    from attnlab.core.spec import AttentionSpec
+    from attnlab.core.prepare import AttentionSpec
 
     spec = AttentionSpec(1, 64, 64, 2, 2, 64, "bfloat16", soft_cap=50.0)
     for name, words in (("cudnn", "cuDNN"), ("te", "TransformerEngine"), ("torch-flash", "PyTorch"), ("xla", "jax.nn")):

@@ -78,7 +78,7 @@ def test_forced_cudnn_on_cpu_is_unsupported_with_reason():
 
 def test_cudnn_reasons_from_spec():
     from attnlab.backends import get
-    from attnlab.core.spec import prepare
+    from attnlab.core.prepare import prepare
 
     cudnn = get("cudnn")
     f32 = prepare(Q, K, V).spec

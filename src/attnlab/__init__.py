@@ -47,7 +47,7 @@ _LAZY = {
     **dict.fromkeys(("serving_attention", "explain_serving", "serving_plan"), ".api.serving"),
     "reference_serving_attention": ".reference.serving64",
     "quantize_kv_cache": ".core.kv_quant",
-    "AttentionSpec": ".core.spec",
+    "AttentionSpec": ".core.prepare",
     "Call": ".core.call",
     "Workload": ".core.workload",
     "Problem": ".core.problem",

@@ -1,6 +1,6 @@
 """The public entry point: ``attention``, a drop-in superset of ``jax.nn.dot_product_attention``.
 
-Shape letters (B, T, S, N, K, H) are explained in ``attnlab.core.spec``.
+Shape letters (B, T, S, N, K, H) are explained in ``attnlab.core.prepare``.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .. import backends
 from ..core import device
 from ..core.call import Call
 from ..core.errors import UnsupportedError
-from ..core.spec import prepare
+from ..core.prepare import prepare
 from . import dispatch
 
 

@@ -11,7 +11,7 @@
   2n-1-i of 2n) and fully masked chunk pairs are skipped, so every device does the same work.
   Ring blocks are computed by attnlab's blockwise jax.numpy kernel (float32 softmax).
 
-Shapes as in ``attnlab.core.spec``: q (B, T, N, H), k and v (B, S, K, H); the result is (B, T, N, H)
+Shapes as in ``attnlab.core.prepare``: q (B, T, N, H), k and v (B, S, K, H); the result is (B, T, N, H)
 sharded like the input strategy implies.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from .. import backends
 from ..core.masking import large_negative_value
-from ..core.spec import prepare
+from ..core.prepare import prepare
 from ..core.strategies import register_strategy
 from .dot_product import attention
 

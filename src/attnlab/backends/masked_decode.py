@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ..core.kv_quant import dequantize
-from ..core.spec import prepare
+from ..core.prepare import prepare
 from ..kernels.pages import gather_pages
 
 

@@ -2,7 +2,7 @@
 
 Every entry point describes its call with this one type, and every backend hook takes it:
 
-- ``attention``: ``kind="attention"``, built by ``attnlab.core.spec.prepare`` (query (B, T, N, H), key and
+- ``attention``: ``kind="attention"``, built by ``attnlab.core.prepare.prepare`` (query (B, T, N, H), key and
   value (B, S, K, H), bias/mask (., ., ., .), lengths (B,), segment ids (B, T)/(B, S));
 - ``decode_attention``: ``kind="decode"``, built by ``attnlab.api.decode.prepare_decode`` (query the new tokens
   (B, T, N, H), key/value the caches (B, S_max, K, H) or pages, ``kv_lengths`` (B,), ``page_table``);

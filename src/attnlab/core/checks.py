@@ -1,4 +1,4 @@
-"""The argument checks every call shares: ``attention``'s ``prepare`` (``attnlab.core.spec``) and
+"""The argument checks every call shares: ``attention``'s ``prepare`` (``attnlab.core.prepare``) and
 ``decode_attention``'s ``prepare_decode`` (``attnlab.api.decode``) validate through these, each
 naming its own arguments (``query``/``key``/``value`` or ``q``/``k_cache``/``v_cache``).
 

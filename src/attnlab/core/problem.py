@@ -2,7 +2,7 @@
 
 ``Problem(batch B, q_len T, kv_len S, heads N, kv_heads K, head_dim H, dtype, causal, window,
 q_lengths, kv_lengths, decode, doc_lengths, kv_dtype, kv_scale, page_size)`` (shape letters as in
-``attnlab.core.spec``). The first nine are the record's identity (``FIELDS``); the rest say which (query, key)
+``attnlab.core.prepare``). The first nine are the record's identity (``FIELDS``); the rest say which (query, key)
 pairs are valid work, and at what bytes (a quantized KV cache, ``attnlab.core.kv_quant``):
 
 - ``q_lengths`` / ``kv_lengths``: per-request valid lengths (None: every request fills q_len / kv_len);

@@ -15,7 +15,7 @@ import jax
 
 from .. import backends
 from ..api import dot_product as api
-from ..core.spec import prepare
+from ..core.prepare import prepare
 from ..measure.memory import compiled_memory, device_bytes_limit
 from ..measure.outcome import classify
 

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 
 from .. import backends
 from ..core import device
-from ..core.spec import prepare
+from ..core.prepare import prepare
 from . import estimate, serving_cell, threads
 from .inputs import _functions
 

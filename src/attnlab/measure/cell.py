@@ -24,7 +24,7 @@ from ..core import device
 from ..reference.inputs import INPUTS_DRAW, cotangent
 from ..core.record_model import CellRecord
 from ..core.records import SCHEMA_VERSION, Status
-from ..core.spec import prepare
+from ..core.prepare import prepare
 from ..api.decode import paged_refusal, window_refusal
 from . import estimate, kv_cells, memory, serving_cell, timers
 from .budget import compile_within_budget

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from ..core.spec import prepare
+from ..core.prepare import prepare
 from . import memory
 from .check import check_output
 from .inputs import call_extras

@@ -20,7 +20,7 @@ import ml_dtypes
 import numpy as np
 
 from ..core import segments
-from ..core.spec import prepare
+from ..core.prepare import prepare
 from . import rules
 from .keyblocks import KEY_BLOCK, _pv, _rows, _scores, _unrows  # noqa: F401 (KEY_BLOCK re-exported)
 from .tolerance import (FLOORS, LIMIT_FACTOR, TF32_LIMIT, Verdict, default_matmul_is_tf32,  # noqa: F401 (re-exported)

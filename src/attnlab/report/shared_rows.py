@@ -1,7 +1,7 @@
 """Rows the report (``attnlab run``) and the notebook share, so both print the same numbers."""
 from __future__ import annotations
 
-from ..core.spec import prepare
+from ..core.prepare import prepare
 from ..core.workload import kv_cache_bytes
 
 #: The model of the KV-cache calculator: 32 layers, 32 query heads of dim 128, bf16, 8192 tokens, batch 1.

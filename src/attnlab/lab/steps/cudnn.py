@@ -1,7 +1,7 @@
 """The cuDNN step: forcing cuDNN's fused attention in bfloat16, checked against float64 beside XLA."""
 from __future__ import annotations
 
-from ...core.spec import prepare
+from ...core.prepare import prepare
 from ..render_common import section_renderer
 from ..step_types import LabConfig, LabContext, Step, Table
 from .qkv import qkv_inputs

@@ -1,7 +1,7 @@
 """The environment step: JAX, the device, cuDNN, and which backends run the lab's input here."""
 from __future__ import annotations
 
-from ...core.spec import prepare
+from ...core.prepare import prepare
 from ..render_common import section_renderer
 from ..step_types import LabConfig, LabContext, Step, Table
 from .qkv import qkv_inputs
