@@ -26,7 +26,8 @@ def test_strategy_equals_float64_reference(strategy, causal, kv_heads, devices):
 
 def test_ring_with_t_ne_s_non_causal():
     q, k, v = random_qkv(1, 32, 64, 4, 2, 16, "float32", seed=3)
-    out = sharded_attention(q, k, v, mesh=make_mesh(4), strategy="ring")
+    mesh = make_mesh(4)
+    out = jax.jit(lambda q, k, v: sharded_attention(q, k, v, mesh=mesh, strategy="ring"))(q, k, v)   # eager: ~10 s
     assert rel_l2(out, reference_attention(q, k, v)) < 1e-5
 
 
@@ -49,7 +50,8 @@ def test_zigzag_layout_balances_chunks():
 
 def test_bf16_ring_is_close():
     q, k, v = random_qkv(1, 64, 64, 4, 4, 16, "bfloat16", seed=8)
-    out = sharded_attention(q, k, v, mesh=make_mesh(8), strategy="ring", is_causal=True)
+    mesh = make_mesh(8)
+    out = jax.jit(lambda q, k, v: sharded_attention(q, k, v, mesh=mesh, strategy="ring", is_causal=True))(q, k, v)
     assert out.dtype == q.dtype and rel_l2(out, reference_attention(q, k, v, is_causal=True)) < 2e-2
 
 
@@ -82,13 +84,13 @@ def test_sharded_sweep_cells_and_scaling_table(tmp_path):
     from attnlab.sweep import Sweep, run_sweep
     from attnlab.sweep.scaling import scaling_rows
 
-    sweep = Sweep(["naive"], batch=[4], q_len=[64], heads=[4], head_dim=[16], dtype=["float32"], causal=[False, True],
+    sweep = Sweep(["naive"], batch=[4], q_len=[64], heads=[4], head_dim=[16], dtype=["float32"], causal=[True],
                   devices=[1, 2, 4], strategy=["batch", "heads", "ring"])
     recs = run_sweep(sweep, str(tmp_path), options=Options(repeats=2, pipelined_calls=2, max_input_sets=1))
-    assert len(recs) == 18 and all(r["status"] == "ok" for r in recs), [r["reason"] for r in recs if r["status"] != "ok"]
+    assert len(recs) == 9 and all(r["status"] == "ok" for r in recs), [r["reason"] for r in recs if r["status"] != "ok"]
     assert all(r["mesh"]["devices"] == r["devices"] and r["mesh"]["strategy"] == r["strategy"] for r in recs)
     rows = scaling_rows(recs)
-    assert len(rows) == 18 and all(r["efficiency"] is not None and r["efficiency"] > 0 for r in rows)
+    assert len(rows) == 9 and all(r["efficiency"] is not None and r["efficiency"] > 0 for r in rows)
     assert all(abs(r["efficiency"] - 1) < 1e-9 for r in rows if r["devices"] == 1)
 
 
