@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))   # the repository root: benchmarks.serving
 
 from benchmarks.results_folder import ResultsFolder  # noqa: E402 (after sys.path)
+from benchmarks.serving.gpu import kernels_ms  # noqa: E402 (after sys.path)
 
 GOAL_PCT = 3.0
 ROUNDS = 3
@@ -68,13 +69,6 @@ def interleaved_ms(paths: dict, repeats: int) -> dict:
     return {n: float(np.median(v)) for n, v in got.items()}
 
 
-def kernel_names(fn, args) -> list[str]:
-    from jax.experimental.mosaic.gpu import profiler
-
-    _, per_iter = profiler.measure(fn, aggregate=False, iterations=1)(*args)
-    return [n for n, _ in per_iter[0]]
-
-
 def measure(rec, plain, with_sinks, refs_plain, refs_sinks, repeats, out_f):
     """Check both calls against float64, time them, write one record."""
     from benchmarks.serving.checks import check
@@ -88,7 +82,7 @@ def measure(rec, plain, with_sinks, refs_plain, refs_sinks, repeats, out_f):
             ms = interleaved_ms({"plain": plain, "sinks": with_sinks}, repeats)
             rec.update(plain_ms=ms["plain"], sinks_ms=ms["sinks"], overhead_pct=100 * (ms["sinks"] / ms["plain"] - 1))
             rec["goal_met"] = rec["overhead_pct"] <= GOAL_PCT
-            rec["kernels"] = kernel_names(f1, a1)
+            rec["kernels"] = [n for n, _ in kernels_ms(f1, a1, 2)]
     except Exception as e:  # noqa: BLE001 - a case that fails is a result
         rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     print(f"{rec['case']:<26} {rec['shape']:<34} {rec.get('plain_ms', 0):8.4f} {rec.get('sinks_ms', 0):8.4f} ms "
