@@ -7,7 +7,6 @@ tokamax has jax.nn's signature; an implementation that cannot run an input raise
 from __future__ import annotations
 
 import jax.numpy as jnp
-from absl import flags
 
 from ..core.call import Call
 from ..core.errors import UnsupportedError
@@ -39,6 +38,7 @@ class TokamaxBackend(Backend):
 
     def run(self, p: Call):
         import tokamax  # optional: tokamax
+        from absl import flags  # optional: absl comes with tokamax, not with attnlab's own dependencies
 
         if not flags.FLAGS.is_parsed():
             # tokamax reads absl flags; unparsed, absl would parse the host program's argv (pytest's, a CLI's).
