@@ -94,3 +94,55 @@ def test_ctrl_c_at_any_moment_exits_130_within_a_second(outcomes, moment, i):
     assert after < 5, f"{after:.1f} s from Ctrl-C to the exit (about 1 s on an idle CPU)"
     assert code == 130, out
     assert ("--resume" in out) == (moment != "before the first cell"), out
+
+
+@pytest.mark.parametrize("delay", [0.3, 0.8])
+def test_ctrl_c_while_the_command_line_starts_exits_130_at_once(tmp_path, delay):
+    """SIGINT while ``attnlab`` imports itself and JAX (about the first second): 130 at once, no traceback.
+    Python alone dropped it there (raised inside JAX's gc callback: the run went on and exited 0) or died
+    by the signal with a traceback (``attnlab.cli._start``)."""
+    import subprocess
+    import sys
+    import time
+
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": src}
+    # Python's own SIGINT handler whatever the parent left (a background job of a shell ignores SIGINT)
+    start = ("import signal, runpy, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+             "sys.argv = ['attnlab', *sys.argv[1:]]; runpy.run_module('attnlab.cli', run_name='__main__')")
+    proc = subprocess.Popen([sys.executable, "-c", start, "run", "--quick", "--out", str(tmp_path / "o")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    time.sleep(delay)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    after = time.monotonic() - sent
+    assert proc.returncode == 130 and "Traceback" not in out, (proc.returncode, out[-3000:])
+    assert after < 2, f"{after:.2f} s from Ctrl-C to the exit"
+
+
+def test_a_command_that_fails_after_ctrl_c_exits_130():
+    """Ctrl-C inside a C extension's import comes out as ``ImportError: initialization failed`` (matplotlib's,
+    when ``run`` starts): after a SIGINT, a failure is 130, not 1."""
+    import subprocess
+    import sys
+
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    script = """if True:
+        import os, signal, time
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        from attnlab.cli import main
+
+        @main.command()
+        def boom():
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)
+            except KeyboardInterrupt:
+                raise ImportError("initialization failed")
+
+        main(["boom"], prog_name="attnlab")
+    """
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": src}, start_new_session=True)
+    assert r.returncode == 130, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..measure import threads
+from . import _start
 
 console = Console()
 
@@ -53,7 +54,9 @@ class _Main(click.Group):
     def __call__(self, *args, **kwargs):
         """The process's entry (the ``attnlab`` script, ``python -m attnlab.cli``): click's standalone
         handling, except that Ctrl-C anywhere is exit 130 (not click's 1), and every way out goes
-        through ``leave`` (``CliRunner`` calls ``main`` and stays in its process)."""
+        through ``leave`` (``CliRunner`` calls ``main`` and stays in its process). A command that fails
+        after Ctrl-C (an import that the signal broke: ``_start``) is 130 too."""
+        _start.reset()
         try:
             rv = self.main(*args, standalone_mode=False, **kwargs)
             code = rv if type(rv) is int else 0   # an Exit's code; a command's own return value is not one
@@ -73,6 +76,8 @@ class _Main(click.Group):
             if not (isinstance(e, OSError) and e.errno == errno.EPIPE):   # a closed pipe: nothing to say
                 traceback.print_exc()
             code = 1
+        if code not in (0, 130) and _start.seen():
+            code = 130
         leave(code)
 
 
