@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -32,3 +33,15 @@ class ResultsFolder:
             f.write(f"# {title} on {self.device}\n\n`PYTHONPATH=src {command}`\n\n" + tables_md)
         print(tables_md)
         print(json.dumps({"out": self.out, "seconds": round(self.seconds(), 1)}))
+
+
+@functools.cache
+def roofline_peaks() -> dict:
+    """This process's GPU as ``serving_roofline_s`` takes it: ``bandwidth`` (bytes/s) and ``peak_flops``
+    (dense bf16 FLOP/s) from attnlab's datasheet; the H200's where the device is not in it."""
+    import jax
+
+    from attnlab.core.datasheet import PEAKS, peak_for_kind
+
+    p = peak_for_kind(str(jax.devices()[0].device_kind)) or PEAKS["H200"]
+    return {"bandwidth": p.hbm_tbps * 1e12, "peak_flops": p.tflops["bf16"] * 1e12}

@@ -118,6 +118,15 @@ def test_plan_covers_every_needed_block_once_and_balances(case):
         assert max(per_program) <= chunk                                   # no program longer than the chunk
 
 
+@pytest.mark.parametrize("groups,head_dim,rows", [(16, 128, 128), (12, 128, 128), (4, 128, 32), (16, 256, 64)])
+def test_decode_tile_holds_a_requests_rows_up_to_128(groups, head_dim, rows):
+    """T=8 decodes: one tile holds a request's T*G rows up to 128 (64 at H > 128), so its keys are read once."""
+    starts, kv = np.arange(0, 33, 8, dtype=np.int32), np.full(4, 100, np.int32)
+    plan = sp.make_serving_plan(starts, kv, total_tokens=32, kv_len_max=128, heads=2 * groups, kv_heads=2,
+                                head_dim=head_dim)
+    assert [c.block_r for c in plan.classes] == [rows]
+
+
 # ---------------------------------------------------------------- the kernel, Pallas interpret mode
 
 @pytest.mark.parametrize("case,heads,paged", [

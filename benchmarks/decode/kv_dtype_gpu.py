@@ -33,13 +33,12 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))   # the repository root: benchmarks
 
-from benchmarks.results_folder import ResultsFolder  # noqa: E402 (after sys.path)
+from benchmarks.results_folder import ResultsFolder, roofline_peaks  # noqa: E402 (after sys.path)
 
 FULL = dict(B=8, S=32768, N=32, K=8, H=128)
 DRY = dict(B=2, S=256, N=8, K=2, H=64)
 CACHES = (None, ("float8_e4m3fn", "token"), ("float8_e4m3fn", "tensor"), ("float8_e5m2", "token"), ("int8", "token"))
 GOAL_SPEEDUP, GOAL_ROOFLINE = 1.8, 85.0
-BANDWIDTH, PEAK = 4.8e12, 989e12
 
 
 def cache_name(kv) -> str:
@@ -117,13 +116,13 @@ def time_ms(fn, args, dry: bool) -> float:
 
 
 def roofline_ms(T, kv, page_size, shape) -> tuple[float, float]:
-    """(bytes, roofline ms) of a cell: its own bytes (the cache's dtype, the scales) at 4.8 TB/s, or its FLOPs."""
+    """(bytes, roofline ms) of a cell: its own bytes (the cache's dtype, the scales) at the device's bandwidth, or its FLOPs."""
     from attnlab.core.workload import Workload
 
     B, S, N, K, H = (shape[x] for x in "BSNKH")
     w = Workload(B, T, S, N, K, H, "bfloat16", True, kv_lengths=(S,) * B, decode=True,
                  kv_dtype=None if kv is None else kv[0], kv_scale=None if kv is None else kv[1], page_size=page_size)
-    return w.bytes(), max(w.bytes() / BANDWIDTH, w.flops() / PEAK) * 1e3
+    return w.bytes(), max(w.bytes() / roofline_peaks()["bandwidth"], w.flops() / roofline_peaks()["peak_flops"]) * 1e3
 
 
 def run_cells(f, shape, Ts, caches, layouts, dev, t0, max_s, dry):

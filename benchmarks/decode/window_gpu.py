@@ -32,6 +32,9 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+from benchmarks.results_folder import roofline_peaks  # noqa: E402 (after sys.path)
 
 WINDOWS = (128, 512, 1024, 4096)
 LENGTHS = (8192, 32768, 131072)
@@ -137,12 +140,14 @@ def run_cell(c: dict, k, v, paged, dev: str, dry_run: bool) -> dict:
 
     from attnlab.backends.attnlab_decode import kv_bytes, roofline_ms
 
+    peaks = roofline_peaks()
     B, S, T, W, N, K, H = (c[x] for x in ("B", "S", "T", "W", "N", "K", "H"))
     q = jax.random.normal(jax.random.PRNGKey(T + W), (B, T, N, H), jnp.bfloat16)
     lengths = jnp.full((B,), S, jnp.int32)
     rec = dict(c, device=dev, window=[W, 0], dtype="bfloat16", lengths_traced=True,
                window_kv_bytes=kv_bytes([S] * B, K, H, 2, q_len=T, window=(W, 0)),
-               roofline_ms=roofline_ms([S] * B, T, N, K, H, 2, window=(W, 0)))
+               roofline_ms=roofline_ms([S] * B, T, N, K, H, 2, window=(W, 0), hbm_tbs=peaks["bandwidth"] / 1e12,
+                                       peak_tflops=peaks["peak_flops"] / 1e12))
     args = (q, k, v, lengths) if paged is None else (q, paged[0], paged[1], lengths, paged[2])
     fn = call((W, 0), paged is not None, dry_run)
     try:
@@ -152,7 +157,7 @@ def run_cell(c: dict, k, v, paged, dev: str, dry_run: bool) -> dict:
         elif not dry_run:
             rec["ms"], rec["kernels"] = cupti_ms(fn, args)
             rec["pct_roofline"] = 100 * rec["roofline_ms"] / rec["ms"]
-            q_out = 2 * B * T * N * H * 2 / 4.8e12 * 1e3
+            q_out = 2 * B * T * N * H * 2 / peaks["bandwidth"] * 1e3
             rec["pct_with_q_out"] = 100 * (rec["roofline_ms"] + q_out) / rec["ms"]
             full = (B, S, T, c["layout"])             # the whole-cache call, once per cache and T (not per W)
             if full not in _FULL_MS:

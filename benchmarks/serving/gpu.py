@@ -41,7 +41,7 @@ def lengths_of(dist: str, T: int, rng) -> np.ndarray:
     return draw(dist, B, T, S, rng)
 
 
-from benchmarks.results_folder import ResultsFolder  # noqa: E402,I001 (after sys.path)
+from benchmarks.results_folder import ResultsFolder, roofline_peaks  # noqa: E402,I001 (after sys.path)
 from benchmarks.serving.checks import check, references  # noqa: E402,I001 (after sys.path)
 
 def time_ms(fn, args, repeats=10):
@@ -66,7 +66,7 @@ def class_rooflines(q_len, kv, N, K, decode_max_q=16):
 
     out = []
     for sel in (q_len <= decode_max_q, q_len > decode_max_q):
-        out.append(serving_roofline_s(starts_of(q_len[sel]), kv[sel], N, K, H, 2) * 1e3 if sel.any() else 0.0)
+        out.append(serving_roofline_s(starts_of(q_len[sel]), kv[sel], N, K, H, 2, **roofline_peaks()) * 1e3 if sel.any() else 0.0)
     return out
 
 
@@ -90,7 +90,7 @@ def run_cell(rec, q, k, v, q_len, kv, table, T, N, K, out_f, peers=True):
 
     starts = starts_of(q_len)
     Ttot = int(q.shape[0])
-    roof_ms = serving_roofline_s(starts, kv, N, K, H, 2) * 1e3
+    roof_ms = serving_roofline_s(starts, kv, N, K, H, 2, **roofline_peaks()) * 1e3
     rec.update(roofline_ms=roof_ms, lengths_traced=True, tokens=int(starts[-1]), kv_tokens=int(kv.sum()))
     max_q = int(q_len.max())
     cfg = ServingConfig(max_q_len=max_q if max_q <= 16 else None, decode_q_len=min(int(q_len.min()), 16))
@@ -228,8 +228,9 @@ def main(argv=None):
         from benchmarks.serving.variants import WIDE_ROWS_VARIANTS, decode_variants
 
         with open(path, "w") as f:
-            decode_variants(f, key, dev, t0, a.max_seconds, N=128, T=8, dists=("uniform", "lognormal", "one-long"),
-                            variants=WIDE_ROWS_VARIANTS)
+            for N in (128, 96):
+                decode_variants(f, key, dev, t0, a.max_seconds, N=N, T=8, dists=("uniform", "lognormal", "one-long"),
+                                variants=WIDE_ROWS_VARIANTS)
         out.finish("serving_attention's decode row tiles", f"python benchmarks/serving/gpu.py --out {a.out} --wide-rows",
                    table_md(path))
         return

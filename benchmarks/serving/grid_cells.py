@@ -28,6 +28,7 @@ import json
 import numpy as np
 
 from attnlab.core.request_lengths import DISTRIBUTIONS, draw, mixed_batch
+from benchmarks.results_folder import roofline_peaks
 
 K = 8
 GROUPS = (1, 4, 7, 8, 12, 16)
@@ -135,7 +136,7 @@ def roofline_ms(c: Cell) -> float:
     from attnlab.core.serving_cost import serving_roofline_s
 
     q_len, kv = c.lengths()
-    return serving_roofline_s(starts_of(q_len), kv, c.N, K, c.H, 2) * 1e3
+    return serving_roofline_s(starts_of(q_len), kv, c.N, K, c.H, 2, **roofline_peaks()) * 1e3
 
 
 def paths_of(c: Cell) -> list[str]:

@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from benchmarks.serving import gpu as g  # noqa: E402
 from benchmarks.serving import grid_cells as gc  # noqa: E402
+from benchmarks.results_folder import roofline_peaks  # noqa: E402
 from benchmarks.serving.grid_table import verdicts, write_table  # noqa: E402
 
 XLA_GATHER_LIMIT = 24e9          # as gpu.py: the masked path's float32 gather of K and V per token
@@ -195,7 +196,7 @@ def run_cell(c, caches, dev, limit, dry=False, no_peers=False) -> dict:
             except Exception as e:  # noqa: BLE001 - the breakdown is extra
                 rec["kernels_error"] = f"{type(e).__name__}: {str(e)[:200]}"
         if c.chunks:    # the two tile classes run in sequence: their rooflines' sum bounds the step
-            cls = [serving_roofline_s(g.starts_of(q_len[s]), kv[s], c.N, gc.K, c.H, 2) * 1e3 if s.any() else 0.0
+            cls = [serving_roofline_s(g.starts_of(q_len[s]), kv[s], c.N, gc.K, c.H, 2, **roofline_peaks()) * 1e3 if s.any() else 0.0
                    for s in (q_len <= 16, q_len > 16)]
             rec.update(class_roofline_ms=cls, sequential_bound_pct=100 * roof / sum(cls))
             pk = [t for n, t in rec.get("kernels", []) if "serving_prefill_r" in n]

@@ -11,6 +11,7 @@ import time
 import numpy as np
 
 from benchmarks.serving import gpu as g
+from benchmarks.results_folder import roofline_peaks
 
 
 #: decode tile variants (programs per KV head, block_k, num_stages) on the skewed batches (G=4, T=1,
@@ -54,7 +55,7 @@ def decode_variants(out_f, key, dev, t0, max_seconds, *, N=32, T=1, dists=("logn
     for dist in dists:
         kv = g.lengths_of(dist, T, np.random.default_rng(7))
         cells.append((dist, kv, g.references(q, k, v, starts, kv, None),
-                      serving_roofline_s(starts, kv, N, K, g.H, 2) * 1e3))
+                      serving_roofline_s(starts, kv, N, K, g.H, 2, **roofline_peaks()) * 1e3))
     for programs, bk, stages, rows in variants or [v + (None,) for v in DECODE_VARIANTS]:   # each on every batch
         for dist, kv, refs, roof_ms in cells:
             if time.perf_counter() - t0 > max_seconds:
@@ -74,10 +75,11 @@ def decode_variants(out_f, key, dev, t0, max_seconds, *, N=32, T=1, dists=("logn
             out_f.flush()
 
 
-#: ``--wide-rows``: T x G = 128 rows per KV head (G=16, T=8), where the grid measured 32-46% with the default
-#: 64-row tiles (each request's keys read by two tiles, results/gpu-2026-12-05-serving-grid): one 128-row tile
-#: reads them once. (programs, block_k, num_stages, block_r_decode)
-WIDE_ROWS_VARIANTS = ((None, None, None, None), (None, None, None, 128), (None, 32, None, 128), (None, None, 2, 128))
+#: ``--wide-rows``: T x G = 96 and 128 rows per KV head (G=12 and 16, T=8), where the grid measured 32-46% with
+#: 64-row tiles (each request's keys read by two tiles, results/gpu-2026-12-05-serving-grid): one tile of 128
+#: rows (the plan's default since results/gpu-2026-12-05b-serving-wide-rows) reads them once.
+#: (programs, block_k, num_stages, block_r_decode)
+WIDE_ROWS_VARIANTS = ((None, None, None, 64), (None, None, None, None), (None, 32, None, None))
 
 
 #: prefill tile variants (block_k, num_warps, num_stages) timed on the 2 x 2048 + 126 mixed batch, G=4
@@ -102,7 +104,7 @@ def prefill_variants(out_f, key, dev, t0, max_seconds):
 
     flops = serving_flops(g.starts_of(q_len[:2]), kv[:2], N, g.H)
     refs = g.references(q, k, v, starts, kv, None)
-    roof_ms = serving_roofline_s(starts, kv, N, K, g.H, 2) * 1e3
+    roof_ms = serving_roofline_s(starts, kv, N, K, g.H, 2, **roofline_peaks()) * 1e3
     fn = jax.jit(lambda q, k, v, a, b, p: attnlab.serving_attention(q, k, v, a, b, plan=p,
                                                                      implementation="attnlab-decode"))
     for bk, warps, stages in PREFILL_VARIANTS:

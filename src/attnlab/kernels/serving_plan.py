@@ -18,7 +18,7 @@ Units, blocks, pieces
 
 Tile classes
     Requests with q_len <= ``decode_max_q`` form the decode class (tiles of ``block_r_decode`` rows,
-    16..64: bandwidth-bound), the others the prefill class (``block_r_prefill`` = 128 rows at
+    16..128, 16..64 at H > 128: bandwidth-bound), the others the prefill class (``block_r_prefill`` = 128 rows at
     H <= 128: compute-bound); each class is its own launch with its own balanced list. A class that
     cannot occur (``max_q_len``, a static bound) is not launched.
 
@@ -193,7 +193,9 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
             continue
         block_k = min(cap_k, (None if decode else cfg.block_k_prefill) or cfg.block_k or default_block_k(head_dim))
         if decode:
-            br = cfg.block_r_decode or min(64, next_pow2(max(16, G * dec_q)))
+            # one tile holds all of a request's rows up to 128 (64 at H > 128, for registers): a second tile would
+            # read the request's keys again (G=16 T=8: 1.9x faster at 128 rows, results/gpu-2026-12-05b-serving-wide-rows)
+            br = cfg.block_r_decode or min(64 if head_dim > 128 else 128, next_pow2(max(16, G * dec_q)))
         else:
             br = cfg.block_r_prefill or (64 if head_dim > 128 else 128)
         warps = (None if decode else cfg.num_warps_prefill) or cfg.num_warps or (
