@@ -82,3 +82,15 @@ def test_a_new_step_is_its_module_plus_one_registry_line(tmp_path):
     assert re.search(r"step ids to run \(default: all\): environment, qkv, added, naive,", got["help"]), got["help"]
     assert got["sections"] == ["added", "qkv"]
     assert "| `added` | 3. An added step |\n| `naive` | 4. Attention written out |" in got["table"]
+
+
+def test_lab_modules_import_nothing_inside_functions():
+    """A step's probe and plan reach JAX through ``step_types.jax_side()`` (``lab/jax_side.py`` imports it at its
+    top), not through imports of their own: none of the lab's modules imports inside a function."""
+    import ast
+
+    found = [f"{p.relative_to(ROOT)}:{node.lineno}" for p in sorted((ROOT / "src" / "attnlab" / "lab").rglob("*.py"))
+             for fn in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+             for node in ast.walk(fn) if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert found == [], "imports inside the lab's functions (use step_types.jax_side()):\n" + "\n".join(found)
