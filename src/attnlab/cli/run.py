@@ -97,7 +97,7 @@ def run(out_dir, label, quick, sections, resume, overwrite):
 
             with writes_to(out_dir):
                 done = lab.run_lab(out_dir, label=label, quick=quick, sections=chosen, progress=before, resume=resume,
-                               overwrite=overwrite, on_step=after, on_cell=cell)
+                                   overwrite=overwrite, on_step=after, on_cell=cell)
     except LabInterrupted as e:
         finished = ", ".join(e.finished) or "none"
         quiet.stamp(log, f"stopped in step {e.stopped_in} after {len(e.finished)} of {e.total} steps (Ctrl-C)")
