@@ -1,5 +1,6 @@
 """docs/cli.md (issue 23 item 6): its sweep.toml example parses into the cells it says, with every
 key, and its step table lists every step of `attnlab run`."""
+import importlib.util
 import pathlib
 import re
 
@@ -41,10 +42,21 @@ def test_the_documented_flag_note_is_what_bench_says(example):
     assert notes == [shown.replace("sweep.toml", str(path))]
 
 
-def test_the_step_table_lists_every_step():
+def _step_table_tool():
+    spec = importlib.util.spec_from_file_location("step_table_tool", DOC.parents[1] / "tools" / "step_table.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
+def test_the_step_table_is_the_registrys():
+    """docs/cli.md's table of steps is generated from ``attnlab.lab.steps`` (``tools/step_table.py --write``)."""
     from attnlab.lab import STEPS
 
-    rows = re.findall(r"^\| `([a-z_0-9]+)` \| (.*?) \|$", DOC.read_text(), re.M)
+    tool = _step_table_tool()
+    _, table, _ = tool.split(DOC.read_text())
+    assert table == tool.generate(), "docs/cli.md's table of steps is out of date: run `python tools/step_table.py --write`"
+    rows = re.findall(r"^\| `([a-z_0-9]+)` \| (.*?) \|$", table, re.M)
     assert [(sid, title.replace("`", "")) for sid, title in rows] == [(s.id, s.title) for s in STEPS.values()]
 
 

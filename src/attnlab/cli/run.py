@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ..core.names import match, unknown
 from ..core.records import cost_summary
 from ..core.store import read_jsonl
+from .. import lab
 from ..lab import quiet
 from ..lab.run_record import LabInterrupted, held_results, resume_command
 from ._app import _fail, console, main, writable_folder, writes_to
@@ -24,12 +25,11 @@ from ._app import _fail, console, main, writable_folder, writes_to
 
 class StepsOption(click.Option):
     """``--sections``, whose help lists the lab's step ids (``attnlab.lab.steps.STEPS``), read when help is shown:
-    the steps import matplotlib, which every other command line would pay for at start."""
+    the steps import matplotlib, which every other command line would pay for at start (``lab.STEPS`` is
+    loaded on first use, by the package's ``__getattr__``)."""
 
     def get_help_record(self, ctx):
-        from ..lab.steps import STEPS  # heavy: matplotlib (the lab's steps), kept out of the CLI's start
-
-        self.help = "Comma-separated step ids to run (default: all): " + ", ".join(STEPS) + "."
+        self.help = "Comma-separated step ids to run (default: all): " + ", ".join(lab.STEPS) + "."
         return super().get_help_record(ctx)
 
 
@@ -67,16 +67,14 @@ def run(out_dir, label, quick, sections, resume, overwrite):
     if held and not (resume or overwrite):
         _fail(f"{out_dir} already holds {held} result(s) of an earlier run: give --resume to go on with it, "
               f"or --overwrite to erase them and start afresh")
-    from ..lab import STEPS, run_lab  # heavy: matplotlib (the lab's steps), kept out of the CLI's start
-
-    chosen = step_ids(sections, STEPS) if sections else None
+    chosen = step_ids(sections, lab.STEPS) if sections else None   # lab.STEPS, lab.run_lab: loaded here, on first use
     writable_folder(out_dir)
 
     log = os.path.join(out_dir, "run.log")
     try:
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=True) as prog, quiet.logs_to(log, append=resume) as log_file:
-            task = prog.add_task("attnlab run", total=len(chosen or STEPS))
+            task = prog.add_task("attnlab run", total=len(chosen or lab.STEPS))
 
             step = {"id": ""}
 
@@ -98,8 +96,8 @@ def run(out_dir, label, quick, sections, resume, overwrite):
                                    f"({sec.facts.get('seconds', 0):.1f} s){reason}", highlight=False, soft_wrap=True)
 
             with writes_to(out_dir):
-                done = run_lab(out_dir, label=label, quick=quick, sections=chosen, progress=before, resume=resume,
-                               overwrite=overwrite, on_step=after, on_cell=cell)
+                done = lab.run_lab(out_dir, label=label, quick=quick, sections=chosen, progress=before, resume=resume,
+                                   overwrite=overwrite, on_step=after, on_cell=cell)
     except LabInterrupted as e:
         finished = ", ".join(e.finished) or "none"
         quiet.stamp(log, f"stopped in step {e.stopped_in} after {len(e.finished)} of {e.total} steps (Ctrl-C)")

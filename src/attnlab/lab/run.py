@@ -7,9 +7,12 @@ import time
 import traceback
 
 from ..core import device
+from ..core.record_model import CellRecord
 from ..core.store import ResultStore, read_jsonl
-from ..measure import env as envmod, prefetch
+from ..measure import Options, env as envmod, prefetch
 from ..report.html import write_report
+from ..sweep import engine
+from ..sweep.spec import Sweep
 from .run_record import LabInterrupted, OutputHasResults, held_results, run_record
 from .step_types import LabConfig, LabContext, Section
 from .steps import STEPS
@@ -17,6 +20,35 @@ from .steps import STEPS
 
 def config_for_machine(quick: bool = False) -> LabConfig:
     return LabConfig.for_machine(quick, device.current().platform == "gpu")
+
+
+def lab_options(cfg: LabConfig) -> Options:
+    """How the lab times its cells: more repeats on a GPU; on a CPU few, short and one input set."""
+    if cfg.gpu:
+        return Options(repeats=10 if cfg.quick else 30, compile_budget_s=240)
+    return Options(repeats=2 if cfg.quick else 3, warmup=1, pipelined_calls=3, max_input_sets=1, compile_budget_s=120,
+                   min_time_s=0.02 if cfg.quick else 0.05)
+
+
+def run_sweep(ctx: LabContext, sweep: Sweep) -> list[CellRecord]:
+    """Measure ``sweep``'s cells with the sweep engine, which skips every cell its folder holds
+    already: one measured earlier in this run (the default shape appears in the timing step, both
+    sweeps and the head-dim sweep) or, with ``ctx.resume``, by the run that was stopped. Each cell's
+    record is stored in results.jsonl tagged ``step`` = the sweep's name; one measured by another
+    sweep carries ``same_as`` naming it, so every table shows the same number for the same cell."""
+    def counted(cell, rec, i, n):
+        if rec is not None:
+            ctx.measured[cell.key()] = rec
+        elif cell.key() not in ctx.measured:
+            ctx.resumed[cell.key()] = None
+        if ctx.on_cell:
+            ctx.on_cell(sweep.name, i + 1, n)
+
+    out = []
+    for rec in engine.run_sweep(sweep, ctx.sweeps_dir, resume=True, options=lab_options(ctx.cfg), on_cell=counted):
+        same = {"same_as": rec["sweep"]} if rec.get("sweep") not in (None, sweep.name) else {}
+        out.append(ctx.append(rec.with_fields(kind="cell", step=sweep.name, label=ctx.label, env=ctx.env, **same)))
+    return out
 
 
 def _prefetch(cfg: LabConfig, chosen: list[str]) -> None:
@@ -28,7 +60,7 @@ def _prefetch(cfg: LabConfig, chosen: list[str]) -> None:
             cells += [c for sw in (STEPS[sid].sweeps(cfg) if STEPS[sid].sweeps else []) for c in sw.cells()]
         except Exception:  # noqa: BLE001
             continue
-    prefetch.start(cells, cfg.options.check)
+    prefetch.start(cells, lab_options(cfg).check)
 
 
 def run_step(step, ctx: LabContext) -> Section:
@@ -37,7 +69,7 @@ def run_step(step, ctx: LabContext) -> Section:
     probe = None
     try:
         for sweep in (step.sweeps(ctx.cfg) if step.sweeps else []):
-            ctx.run_sweep(sweep)
+            run_sweep(ctx, sweep)
         if step.probe:
             probe = step.probe(ctx)
             ctx.records.append({"kind": "lab_step", "step": step.id, "status": "running", "probe": probe})

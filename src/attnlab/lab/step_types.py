@@ -1,18 +1,28 @@
 """The pieces a lab step works with and returns: its declaration (``Step``), its context, and a
-section of the report. Imports no JAX (the measuring pieces load on use), so the renderers
-(``attnlab.lab.render``) that build ``Section``s from records run without it."""
+section of the report. Imports no JAX, so the renderers (``attnlab.lab.render``) that build
+``Section``s from records run without it; probes and plans reach JAX through ``jax_side()``."""
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
 import os
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..core.record_model import CellRecord
 from ..core.store import ResultStore
 
 if TYPE_CHECKING:
-    from ..measure import Options
     from ..sweep.spec import Sweep
+
+
+@functools.cache
+def jax_side() -> ModuleType:
+    """``attnlab.lab.jax_side``: what probes and plans measure with (JAX, the API, backends, reference,
+    ``Sweep``), imported on the first call. The lab's one deferred import: a step module calls this
+    in its probe or plan instead of importing JAX, so rendering a step never loads JAX."""
+    return importlib.import_module(".jax_side", __package__)
 
 
 EMPTY = ("", "–", None)
@@ -121,15 +131,6 @@ class LabConfig:
         and, beyond quick, 512 (which cuDNN refuses); every head dim still gets cuDNN's verdict."""
         return (self.head_dim,) if self.quick else (self.head_dim, 512)
 
-    @property
-    def options(self) -> "Options":
-        from ..measure import Options  # heavy: jax (measure, sweep), attnlab.lab imports no JAX
-
-        if self.gpu:
-            return Options(repeats=10 if self.quick else 30, compile_budget_s=240)
-        return Options(repeats=2 if self.quick else 3, warmup=1, pipelined_calls=3, max_input_sets=1, compile_budget_s=120,
-                       min_time_s=0.02 if self.quick else 0.05)
-
 
 @dataclasses.dataclass
 class LabContext:
@@ -155,28 +156,6 @@ class LabContext:
         self.store.append(rec)
         self.records.append(rec)
         return rec
-
-    def run_sweep(self, sweep: "Sweep") -> list[CellRecord]:
-        """Measure ``sweep``'s cells with the sweep engine, which skips every cell its folder holds
-        already: one measured earlier in this run (the default shape appears in the timing step, both
-        sweeps and the head-dim sweep) or, with ``resume``, by the run that was stopped. Each cell's
-        record is stored in results.jsonl tagged ``step`` = the sweep's name; one measured by another
-        sweep carries ``same_as`` naming it, so every table shows the same number for the same cell."""
-        from ..sweep.engine import run_sweep  # heavy: jax (measure, sweep), attnlab.lab imports no JAX
-
-        def counted(cell, rec, i, n):
-            if rec is not None:
-                self.measured[cell.key()] = rec
-            elif cell.key() not in self.measured:
-                self.resumed[cell.key()] = None
-            if self.on_cell:
-                self.on_cell(sweep.name, i + 1, n)
-
-        out = []
-        for rec in run_sweep(sweep, self.sweeps_dir, resume=True, options=self.cfg.options, on_cell=counted):
-            same = {"same_as": rec["sweep"]} if rec.get("sweep") not in (None, sweep.name) else {}
-            out.append(self.append(rec.with_fields(kind="cell", step=sweep.name, label=self.label, env=self.env, **same)))
-        return out
 
     @property
     def plots_dir(self) -> str:

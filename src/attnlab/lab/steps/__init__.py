@@ -1,6 +1,7 @@
 """The lab's steps, one module each (its title, the cells it times and why, its probe, its renderer),
-in the order ``attnlab run`` takes them. Importing this package imports no JAX: probes and sweeps
-load what they measure with on use, and renderers are pure functions of records.
+in the order ``attnlab run`` takes them. Importing this package imports no JAX: probes and plans
+reach what they measure with through ``step_types.jax_side()`` (loaded on first use), and renderers
+are pure functions of records.
 
 A new step is a module holding ``STEP = Step(id, title, render, sweeps=..., probe=..., cells_note=...)``
 (its title without a number) and its name in ``MODULES`` below: the one registry line. Everything else

@@ -1,30 +1,25 @@
 """The causal step: the causal mask's effect: large at position 0 (sees itself only), none at the last position."""
 from __future__ import annotations
 
-from ..step_types import LabConfig, LabContext, Step, Table
+from ..step_types import LabConfig, LabContext, Step, Table, jax_side
 from ..render_common import section_renderer
-from .qkv import qkv_inputs
 
 TITLE = "The causal mask's effect"
 
 
 def probe(ctx: LabContext) -> dict:
-    import jax  # heavy: jax (lab.render imports no JAX)
-    import jax.numpy as jnp  # heavy: jax (lab.render imports no JAX)
+    jx = jax_side()
+    jnp = jx.jnp
+    q, k, v = jx.qkv_inputs(ctx.cfg)
 
-    from ...api import dot_product as api  # heavy: jax (lab.render imports no JAX)
-    from ...reference.float64 import check_close  # heavy: jax (lab.render imports no JAX)
-
-    q, k, v = qkv_inputs(ctx.cfg)
-
-    @jax.jit
+    @jx.jax.jit
     def both(q, k, v):   # one compiled program, not a dispatch of each op
-        full, causal = api.attention(q, k, v), api.attention(q, k, v, is_causal=True)
+        full, causal = jx.api.attention(q, k, v), jx.api.attention(q, k, v, is_causal=True)
         d = jnp.abs(full.astype(jnp.float32) - causal.astype(jnp.float32))
         return causal, jnp.max(d[:, 0]), jnp.max(d[:, -1])
 
     causal, d0, dl = both(q, k, v)
-    v_c = check_close(causal, q, k, v, is_causal=True)
+    v_c = jx.check_close(causal, q, k, v, is_causal=True)
     return {"diff_pos0": float(d0), "diff_last": float(dl), "rel_err": v_c.rel_err, "limit": v_c.limit,
             "correct": bool(v_c.ok)}
 

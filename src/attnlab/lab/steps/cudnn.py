@@ -3,32 +3,25 @@ from __future__ import annotations
 
 from ...core.prepare import prepare
 from ..render_common import section_renderer
-from ..step_types import LabConfig, LabContext, Step, Table
-from .qkv import qkv_inputs
+from ..step_types import LabConfig, LabContext, Step, Table, jax_side
 
 TITLE = "Forcing cuDNN (bfloat16)"
 
 
 def probe(ctx: LabContext) -> dict:
-    import jax  # heavy: jax (lab.render imports no JAX)
-    import jax.numpy as jnp  # heavy: jax (lab.render imports no JAX)
-
-    from ... import backends  # heavy: jax (lab.render imports no JAX)
-    from ...api import dot_product as api  # heavy: jax (lab.render imports no JAX)
-    from ...backends.cudnn import hlo_uses_cudnn  # heavy: jax (lab.render imports no JAX)
-    from ...reference.float64 import check_close, reference_attention  # heavy: jax (lab.render imports no JAX)
-
-    q, k, v = qkv_inputs(ctx.cfg, "bfloat16")
-    why = backends.get("cudnn").why_not(prepare(q, k, v).spec)
+    jx = jax_side()
+    jax, jnp, api = jx.jax, jx.jnp, jx.api
+    q, k, v = jx.qkv_inputs(ctx.cfg, "bfloat16")
+    why = jx.backends.get("cudnn").why_not(prepare(q, k, v).spec)
     if why:
         return {"why": why}
     fn = lambda q, k, v: api.attention(q, k, v, implementation="cudnn")  # noqa: E731
     out = jax.jit(fn)(q, k, v)
     xla = jax.jit(lambda q, k, v: api.attention(q, k, v, implementation="xla"))(q, k, v)
-    ran = hlo_uses_cudnn(fn, q, k, v)
-    ref = reference_attention(q, k, v)
-    v_cudnn = check_close(out, q, k, v, ref=ref)
-    v_xla = check_close(xla, q, k, v, ref=ref)
+    ran = jx.hlo_uses_cudnn(fn, q, k, v)
+    ref = jx.reference_attention(q, k, v)
+    v_cudnn = jx.check_close(out, q, k, v, ref=ref)
+    v_xla = jx.check_close(xla, q, k, v, ref=ref)
     diff = float(jnp.max(jnp.abs(out.astype(jnp.float32) - xla.astype(jnp.float32))))
     verdict = lambda x: {"rel_err": x.rel_err, "limit": x.limit, "ok": bool(x.ok)}  # noqa: E731
     return {"why": None, "cudnn_in_hlo": bool(ran), "cudnn": verdict(v_cudnn), "xla": verdict(v_xla), "max_abs_diff": diff}

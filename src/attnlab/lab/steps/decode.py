@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ...core.records import time_ms  # noqa: E402
-from ..step_types import LabConfig, Section, Step, Table  # noqa: E402
+from ..step_types import LabConfig, Section, Step, Table, jax_side  # noqa: E402
 from ..plots import log_ticks  # noqa: E402
 from ..render_common import cells  # noqa: E402
 from . import decode_features, ragged_serving  # noqa: E402
@@ -250,8 +250,7 @@ def cells_note(cfg: LabConfig) -> str:
 
 def sweeps_decode(cfg: LabConfig) -> list:
     """The decode cells (``lengths="full"``: ``decode_attention`` of the T newest tokens, causal tail rule)."""
-    from ...sweep.spec import Sweep  # heavy: jax (lab.render imports no JAX)
-
+    Sweep = jax_side().Sweep
     shp = decode_shape(cfg)
     main = (shp["heads"], shp["kv_heads"])
     plan = [([KERNEL], shp["q_lens"], main, ["full"]), (peers(cfg), shp["peer_q_lens"], main, ["full"]),

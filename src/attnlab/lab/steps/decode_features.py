@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...core.records import time_ms
 from ..render_common import field_text
-from ..step_types import Table
+from ..step_types import Table, jax_side
 
 KERNEL = "attnlab-decode"
 #: The cache dtype and scale layout of the quantized row (vLLM's and SGLang's default on Hopper).
@@ -19,8 +19,7 @@ def is_feature(r: dict) -> bool:
 
 def sweeps(shp: dict) -> list:
     """One sweep per feature: attnlab's kernel at ``feature_q_lens`` on the main shape (none: no cells)."""
-    from ...sweep.spec import Sweep  # heavy: jax (lab.render imports no JAX)
-
+    Sweep = jax_side().Sweep
     if not shp["feature_q_lens"]:
         return []
     common = dict(batch=[shp["batch"]], q_len=shp["feature_q_lens"], kv_len=[shp["kv_len"]], heads=[shp["heads"]],

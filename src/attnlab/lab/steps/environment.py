@@ -3,19 +3,17 @@ from __future__ import annotations
 
 from ...core.prepare import prepare
 from ..render_common import section_renderer
-from ..step_types import LabConfig, LabContext, Step, Table
-from .qkv import qkv_inputs
+from ..step_types import LabConfig, LabContext, Step, Table, jax_side
 
 TITLE = "Environment and GPU check"
 
 
 def probe(ctx: LabContext) -> dict:
     """{env: the versions and device, backends: [[name, available, why not, runs this input, why not, what]]}."""
-    from ... import backends  # heavy: jax (lab.render imports no JAX)
-
-    spec = prepare(*qkv_inputs(ctx.cfg, "bfloat16")).spec
+    jx = jax_side()
+    spec = prepare(*jx.qkv_inputs(ctx.cfg, "bfloat16")).spec
     rows = []
-    for b in backends.all_backends():
+    for b in jx.backends.all_backends():
         avail = b.available()
         sup = None if avail else b.supports(spec)   # an unavailable backend's reason is said once, in its own column
         runs = "yes" if avail is None and sup is None else "no"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from ...report import shared_rows
-from ..step_types import LabConfig, LabContext, Step, Table
+from ..step_types import LabConfig, LabContext, Step, Table, jax_side
 from ..plots import time_ms, timing
 from ..render_common import ITEMSIZE, cells, field_text, section_renderer, time_text
 
@@ -39,8 +39,7 @@ def gqa_cells(cfg: LabConfig) -> list[tuple[str, list[int]]]:
 
 
 def sweeps(cfg: LabConfig) -> list:
-    from ...sweep.spec import Sweep  # heavy: jax (lab.render imports no JAX)
-
+    Sweep = jax_side().Sweep
     c, g = cfg, gqa_shape(cfg)
     return [Sweep([b], batch=[c.batch], q_len=[g["T"]], heads=[g["N"]], kv_heads=ks, head_dim=[c.head_dim],
                   dtype=[c.perf_dtype], causal=[g["causal"]], name="gqa") for b, ks in gqa_cells(c)]
@@ -72,10 +71,8 @@ def program_facts(hlo_text: str) -> dict:
 
 def probe(ctx: LabContext) -> dict:
     """For XLA at each (variant, K) of the step: the compiled program's matmuls and copy bytes."""
-    import jax  # heavy: jax (lab.render imports no JAX)
-
-    from ...api import dot_product as api  # heavy: jax (lab.render imports no JAX)
-
+    jx = jax_side()
+    jax, api = jx.jax, jx.api
     c, g = ctx.cfg, gqa_shape(ctx.cfg)
     out = {}
     if c.quick:   # a smoke test: the compiles are left out

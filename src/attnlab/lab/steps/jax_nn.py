@@ -4,26 +4,21 @@ from __future__ import annotations
 import numpy as np
 
 from ..render_common import section_renderer
-from ..step_types import LabConfig, LabContext, Step, Table
-from .qkv import qkv_inputs
+from ..step_types import LabConfig, LabContext, Step, Table, jax_side
 
 TITLE = "jax.nn.dot_product_attention against naive"
 
 
 def probe(ctx: LabContext) -> dict:
-    import jax  # heavy: jax (lab.render imports no JAX)
-    import jax.numpy as jnp  # heavy: jax (lab.render imports no JAX)
-
-    from ...api import dot_product as api  # heavy: jax (lab.render imports no JAX)
-    from ...backends.cudnn import hlo_uses_cudnn  # heavy: jax (lab.render imports no JAX)
-
-    q, k, v = qkv_inputs(ctx.cfg)
-    naive = jax.jit(lambda q, k, v: api.attention(q, k, v, implementation="naive"))(q, k, v)
+    jx = jax_side()
+    jax, jnp = jx.jax, jx.jnp
+    q, k, v = jx.qkv_inputs(ctx.cfg)
+    naive = jax.jit(lambda q, k, v: jx.api.attention(q, k, v, implementation="naive"))(q, k, v)
     fn = lambda q, k, v: jax.nn.dot_product_attention(q, k, v)  # noqa: E731 - the codelab's call
     out = jax.jit(fn)(q, k, v)
     diff = float(jnp.max(jnp.abs(out.astype(jnp.float32) - naive.astype(jnp.float32))))
     close = bool(np.allclose(np.asarray(out), np.asarray(naive), atol=1e-5, rtol=1e-5))
-    return {"max_abs_diff": diff, "allclose": close, "cudnn_in_hlo": bool(hlo_uses_cudnn(fn, q, k, v))}
+    return {"max_abs_diff": diff, "allclose": close, "cudnn_in_hlo": bool(jx.hlo_uses_cudnn(fn, q, k, v))}
 
 
 @section_renderer("jax_nn", TITLE)

@@ -1,22 +1,17 @@
 """The naive step: attention written out (naive: QKᵀ, softmax, weighted values), checked against float64."""
 from __future__ import annotations
 
-from ..step_types import LabConfig, LabContext, Step, Table
+from ..step_types import LabConfig, LabContext, Step, Table, jax_side
 from ..render_common import section_renderer
-from .qkv import qkv_inputs
 
 TITLE = "Attention written out"
 
 
 def probe(ctx: LabContext) -> dict:
-    import jax  # heavy: jax (lab.render imports no JAX)
-
-    from ...api import dot_product as api  # heavy: jax (lab.render imports no JAX)
-    from ...reference.float64 import check_close  # heavy: jax (lab.render imports no JAX)
-
-    q, k, v = qkv_inputs(ctx.cfg)
-    out = jax.jit(lambda q, k, v: api.attention(q, k, v, implementation="naive"))(q, k, v)
-    verdict = check_close(out, q, k, v)
+    jx = jax_side()
+    q, k, v = jx.qkv_inputs(ctx.cfg)
+    out = jx.jax.jit(lambda q, k, v: jx.api.attention(q, k, v, implementation="naive"))(q, k, v)
+    verdict = jx.check_close(out, q, k, v)
     return {"shape": list(out.shape), "dtype": str(out.dtype), "rel_err": verdict.rel_err, "limit": verdict.limit,
             "ok": bool(verdict.ok), "rule": verdict.rule}
 

@@ -5,7 +5,7 @@ from ...report import shared_rows
 from .. import plots
 from ..plan import perf_backends
 from ..render_common import cells, fmt, section_renderer, speedup_text, time_text
-from ..step_types import LabConfig, LabContext, Section, Step, Table
+from ..step_types import LabConfig, LabContext, Section, Step, Table, jax_side
 
 TITLE = "Next steps: head dims, memory, speed-ups"
 
@@ -27,8 +27,7 @@ def _cudnn_verdicts(cfg: LabConfig):
 
 
 def sweeps(cfg: LabConfig) -> list:
-    from ...sweep.spec import Sweep  # heavy: jax (lab.render imports no JAX)
-
+    Sweep = jax_side().Sweep
     c = cfg
     common = dict(batch=[c.batch], q_len=[c.long_len], heads=[c.heads], name="head_dim")
     out = [Sweep(["xla"], head_dim=list(c.timed_head_dims), dtype=[c.perf_dtype], **common)]
@@ -43,8 +42,7 @@ def sweeps(cfg: LabConfig) -> list:
 def probe(ctx: LabContext) -> dict:
     """cuDNN's verdict per head dim, and the compiled temp memory per path and T (stored as
     ``memory`` records of step "next")."""
-    from ..memory_probe import compiled_temp  # heavy: jax, kept out of the jax-free renderer (lab.render)
-
+    compiled_temp = jax_side().compiled_temp
     c = ctx.cfg
     dt = c.perf_dtype
     verdicts, cudnn_why = _cudnn_verdicts(c)

@@ -1,23 +1,17 @@
 """The q, k, v step: the queries, keys and values the probing steps (environment to causal) run on, and their stats."""
 from __future__ import annotations
 
-from ..step_types import LabConfig, LabContext, Step, Table
+from ..step_types import LabConfig, LabContext, Step, Table, jax_side
 from ..render_common import section_renderer
 
 TITLE = "Queries, keys and values"
 
 
-def qkv_inputs(cfg: LabConfig, dtype: str = "float32", seed: int = 0):
-    """(q, k, v) of the config's default shape: q (B, T, N, H), k and v (B, S, N, H), T = S, standard normal."""
-    from ...reference.inputs import random_qkv  # heavy: jax (lab.render imports no JAX)
-
-    return random_qkv(cfg.batch, cfg.q_len, cfg.q_len, cfg.heads, cfg.heads, cfg.head_dim, dtype, seed)
-
-
 def probe(ctx: LabContext) -> dict:
-    import jax.numpy as jnp  # heavy: jax (lab.render imports no JAX)
-
-    q, k, v = qkv_inputs(ctx.cfg)
+    """The inputs every probing step draws (``jax_side.qkv_inputs``): shape, dtype, layout, mean and std."""
+    jx = jax_side()
+    jnp = jx.jnp
+    q, k, v = jx.qkv_inputs(ctx.cfg)
     return {"tensors": [{"name": n, "shape": list(x.shape), "dtype": str(x.dtype), "layout": lay,
                          "mean": float(jnp.mean(x)), "std": float(jnp.std(x))}
                         for n, x, lay in (("query", q, "BTNH"), ("key", k, "BSKH"), ("value", v, "BSKH"))]}

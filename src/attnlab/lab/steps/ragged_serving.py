@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...core.records import time_ms
 from ...core.request_lengths import is_distribution
-from ..step_types import Table
+from ..step_types import Table, jax_side
 from .decode_features import is_feature
 
 KERNEL = "attnlab-decode"
@@ -15,8 +15,7 @@ DISTS = ["uniform", "one-long"]
 
 def sweep(shp: dict):
     """The serving cells: attnlab's serving kernel at T = 1 on the step's shape, one cell per ``DISTS`` entry."""
-    from ...sweep.spec import Sweep  # heavy: jax (lab.render imports no JAX)
-
+    Sweep = jax_side().Sweep
     return Sweep([KERNEL], batch=[shp["batch"]], q_len=[1], kv_len=[shp["kv_len"]], heads=[shp["heads"]],
                  kv_heads=[shp["kv_heads"]], head_dim=[shp["head_dim"]], dtype=[shp["dtype"]], causal=[True],
                  lengths=DISTS, name="decode")

@@ -5,14 +5,13 @@ from ...core import device
 from .. import plots
 from ..plan import perf_backends
 from ..render_common import cells, section_renderer, sweep_table, timer_note
-from ..step_types import LabConfig, LabContext, Step
+from ..step_types import LabConfig, LabContext, Step, jax_side
 
 TITLE = "Sequence-length and batch sweeps"
 
 
 def sweeps(cfg: LabConfig) -> list:
-    from ...sweep.spec import Sweep  # heavy: jax (lab.render imports no JAX)
-
+    Sweep = jax_side().Sweep
     c = cfg
     common = dict(heads=[c.heads], head_dim=[c.head_dim], dtype=[c.perf_dtype])
     return [Sweep(perf_backends(c), batch=[c.batch], q_len=c.seq_lens, name="seq_sweep", **common),
@@ -29,16 +28,14 @@ QUICK_CEILINGS = {"matmul_n": 512, "copy_bytes": 2**22, "repeats": 3}
 def probe(ctx: LabContext) -> dict:
     """The device's peak and roofs (the roofline plot's lines). Without a datasheet peak or cached
     ceilings (a CPU), the ceilings are measured here (``RUN_CEILINGS``; not saved to the cache)."""
-    from ...measure.peaks import measure_ceilings, peak_tflops, roofs  # heavy: jax (lab.render imports no JAX)
-    from ...reference.float64 import default_matmul_is_tf32  # heavy: jax (lab.render imports no JAX)
-
-    kind, dt, tf32 = device.current().kind, ctx.cfg.perf_dtype, default_matmul_is_tf32()
-    roof = roofs(kind, dt, tf32)
+    jx = jax_side()
+    kind, dt, tf32 = device.current().kind, ctx.cfg.perf_dtype, jx.default_matmul_is_tf32()
+    roof = jx.roofs(kind, dt, tf32)
     measured_here = None
     if not roof["datasheet"] and not roof["measured"]:
-        measured_here = measure_ceilings(**(QUICK_CEILINGS if ctx.cfg.quick else RUN_CEILINGS))
+        measured_here = jx.measure_ceilings(**(QUICK_CEILINGS if ctx.cfg.quick else RUN_CEILINGS))
         roof["measured"] = (measured_here["matmul_tflops"], measured_here["copy_gbps"] / 1000)
-    return {"device_kind": kind, "tf32": tf32, "peak_tflops": peak_tflops(kind, dt, tf32=tf32), "roofs": roof,
+    return {"device_kind": kind, "tf32": tf32, "peak_tflops": jx.peak_tflops(kind, dt, tf32=tf32), "roofs": roof,
             "ceilings_measured_here": measured_here and {k: measured_here[k] for k in ("matmul_dtype", "matmul_n", "copy_bytes")}}
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .. import plots
-from ..step_types import LabConfig, LabContext, Section, Step, Table
+from ..step_types import LabConfig, LabContext, Section, Step, Table, jax_side
 from ..plan import perf_backends
 from ..plots import time_ms
 from ..render_common import cells, field_text, fmt, section_renderer, status_or, sweep_table, time_text
@@ -27,8 +27,7 @@ def te_seqs(cfg: LabConfig) -> list[int]:
 
 def _te_fp8_why() -> tuple[str | None, dict[str, str | None]]:
     """(why TransformerEngine cannot run, {FP8 path: why it cannot run}), None where it can."""
-    from ... import backends  # heavy: jax (lab.render imports no JAX)
-
+    backends = jax_side().backends
     known = backends.names()
     te = backends.get("te") if "te" in known else None
     te_why = "the 'te' backend is not registered" if te is None else te.available()
@@ -41,14 +40,12 @@ def _te_fp8_why() -> tuple[str | None, dict[str, str | None]]:
 
 def _recipes_why() -> dict[str, str | None]:
     """{FP8 recipe backend (cudnn-fp8*): why it cannot run here, None where it can}."""
-    from ... import backends  # heavy: jax (lab.render imports no JAX)
-
+    backends = jax_side().backends
     return {n: backends.get(n).available() for n in fp8_recipe_names(backends.variant_names())}
 
 
 def sweeps(cfg: LabConfig) -> list:
-    from ...sweep.spec import Sweep  # heavy: jax (lab.render imports no JAX)
-
+    Sweep = jax_side().Sweep
     c = cfg
     te_why, fp8 = _te_fp8_why()
     out = []

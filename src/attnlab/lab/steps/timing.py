@@ -3,7 +3,7 @@ times kernels), and what a blocked call's time holds."""
 from __future__ import annotations
 
 from .. import plots
-from ..step_types import LabConfig, Step, Table
+from ..step_types import LabConfig, Step, Table, jax_side
 from ..plan import perf_backends
 from ..render_common import cells, field_text, section_renderer, spread, status_or, timer_note
 
@@ -12,8 +12,7 @@ TITLE = "Timing at the default shape"
 
 def sweeps(cfg: LabConfig) -> list:
     """The performance paths (``plan.perf_backends``) at the default shape, in the performance dtype."""
-    from ...sweep.spec import Sweep  # heavy: jax (lab.render imports no JAX)
-
+    Sweep = jax_side().Sweep
     c = cfg
     return [Sweep(perf_backends(c), dtype=[c.perf_dtype], batch=[c.batch], q_len=[c.q_len], heads=[c.heads],
                   head_dim=[c.head_dim], name="timing")]
