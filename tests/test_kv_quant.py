@@ -97,6 +97,7 @@ DECODE_CASES = {
     "fp8-token-bf16-cap-jit": ("fp8", "token", "bfloat16", 3, None),
     "e5m2-page-f16-ps8-gather": ("e5m2", "page", "float16", 2, 8),
     "int8-token-f32-T1-ps32": ("int8", "token", "float32", 1, 32),
+    "fp8-token-bf16-mma16-ps16": ("fp8", "token", "bfloat16", 2, 16),      # float16 products, q scaled per row
 }
 
 
@@ -112,7 +113,10 @@ def test_decode_kernel_dequantizes_in_registers(case):
         k, v, table = to_pages(k, v, ps)
     (kc, ks), (vc, vs) = (attnlab.quantize_kv_cache(x, name, layout) for x in (k, v))
     call = functools.partial(kd.decode_attention_pallas, causal=True, interpret=True, soft_cap=cap, kv_scale=layout,
-                             config=kd.DecodeConfig(block_k=16, num_splits=2), page_table=table)
+                             config=kd.DecodeConfig(block_k=16, num_splits=2, kv_mma="float16" if "mma16" in case else None),
+                             page_table=table)
+    if "mma16" in case:   # rows of very different magnitudes: the per-row power of two keeps each in float16's range
+        q = q * jnp.asarray([1e-6, 1.0, 3e4, 0.5, 1e-3, 2.0, 7e3, 1.0], q.dtype)[None, None, :, None]
     if "jit" in case:
         call = jax.jit(call)
     out = call(q, kc, vc, jnp.asarray(lens), k_scale=ks, v_scale=vs)
@@ -150,10 +154,10 @@ def test_serving_kernel_dequantizes_in_registers(layout, ps):
 def test_quantized_decode_lowers_to_triton_for_cuda_without_a_gpu():
     s = jax.ShapeDtypeStruct
     B, T, S, N, K, H = 4, 4, 8192, 32, 8, 128
-    plan = kd.make_plan(B, T, S, N, K, H, "bfloat16", sms=132, compute_capability=(9, 0))
     f8 = jnp.float8_e4m3fn
-    for ps, layout, scale_shape, f8 in ((None, "token", (B, S, K), f8), (16, "page", (B * S // 16, K), f8),
-                                        (None, "head", (K,), jnp.int8)):
+    for ps, layout, scale_shape, f8, mma in ((None, "token", (B, S, K), f8, "float16"), (16, "page", (B * S // 16, K), f8, None),
+                                             (None, "head", (K,), jnp.int8, None)):
+        plan = kd.make_plan(B, T, S, N, K, H, "bfloat16", kd.DecodeConfig(kv_mma=mma), sms=132, compute_capability=(9, 0))
         f = jax.jit(functools.partial(kd.decode_attention_pallas, causal=True, interpret=False, plan=plan, kv_scale=layout))
         kv = (B, S, K, H) if ps is None else (B * S // ps, ps, K, H)
         kw = dict(k_scale=s(scale_shape, jnp.float32), v_scale=s(scale_shape, jnp.float32))

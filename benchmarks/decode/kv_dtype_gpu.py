@@ -158,40 +158,45 @@ def run_cells(f, shape, Ts, caches, layouts, dev, t0, max_s, dry):
 
 
 #: Tile variants timed beside the default on the fp8 cache (the plan sizes shared memory by q's dtype, so a
-#: 1-byte cache may want longer key blocks or deeper pipelines): (block_k, num_stages, num_warps); None = the
-#: plan's. ``PROBE`` (``--probe``): shorter blocks, pipeline depths and warps at T=1 (the 2026-12-05 run:
-#: fp8 took about the bf16 cache's time and block_k 128 was slower than the plan's 64).
-VARIANTS = ((128, None, None), (128, 4, None), (256, None, None), (256, 3, None))
-PROBE = tuple((bk, st, w) for bk in (16, 32, 64) for st in (2, 3, 4) for w in (4, 8))
+#: 1-byte cache may want longer key blocks or deeper pipelines): DecodeConfig fields; absent = the plan's.
+#: ``PROBE`` (``--probe``): shorter blocks, pipeline depths and warps at T=1 (the 2026-12-05 run: fp8 took about
+#: the bf16 cache's time and block_k 128 was slower than the plan's 64). ``MMA`` (``--mma``): the products in q's
+#: dtype (bfloat16: FP8 converted through float32) or in float16 (one conversion instruction per pair).
+VARIANTS = tuple(dict(block_k=bk, num_stages=st) for bk, st in ((128, None), (128, 4), (256, None), (256, 3)))
+PROBE = tuple(dict(block_k=bk, num_stages=st, num_warps=w) for bk in (16, 32, 64) for st in (2, 3, 4) for w in (4, 8))
+MMA = (dict(kv_mma=None), dict(kv_mma="float16"))
 
 
-def run_variants(f, shape, dev, t0, max_s, dry, variants=VARIANTS, layouts=(None, 16), Ts=(1, 8)):
-    """fp8 (per token) cells for each tile variant, layout (None: contiguous, or pages of 16) and T: checked, timed."""
+def run_variants(f, shape, dev, t0, max_s, dry, variants=VARIANTS, layouts=(None, 16), Ts=(1, 8),
+                 caches=(("float8_e4m3fn", "token"),)):
+    """Quantized cells for each kernel variant (``DecodeConfig`` fields), cache, layout (None: contiguous, or
+    pages of 16) and T: checked, timed."""
     import jax
 
     from attnlab.kernels.decode import DecodeConfig
 
-    key, kv = jax.random.PRNGKey(0), ("float8_e4m3fn", "token")
-    for page_size in layouts:
-        for T in Ts:
-            for block_k, stages, warps in variants[:1] if dry else variants:
-                if time.perf_counter() - t0 > max_s:
-                    return
-                cfg = DecodeConfig(block_k=block_k, num_stages=stages, num_warps=warps)
-                rec = dict(kind="variant", device=dev, T=T, cache=cache_name(kv), layout=f"paged{page_size}" if page_size
-                           else "contig", block_k=block_k, num_stages=stages, num_warps=warps, **shape)
-                try:
-                    fn, args, checker = make_cell(key, T, kv, page_size, shape, cfg)
-                    rec["check"] = checker(fn(*args))
-                    if rec["check"]["ok"]:
-                        rec["ms"] = time_ms(fn, args, dry)
-                        rec["bytes"], rec["roofline_ms"] = roofline_ms(T, kv, page_size, shape)
-                        rec["pct_roofline"] = 100 * rec["roofline_ms"] / rec["ms"]
-                except Exception as e:  # noqa: BLE001
-                    rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                f.write(json.dumps(rec) + "\n")
-                f.flush()
-                print(json.dumps(rec))
+    key = jax.random.PRNGKey(0)
+    for kv in caches:
+        for page_size in layouts:
+            for T in Ts:
+                for fields in variants[:1] if dry else variants:
+                    if time.perf_counter() - t0 > max_s:
+                        return
+                    rec = dict(kind="variant", device=dev, T=T, cache=cache_name(kv), layout=f"paged{page_size}"
+                               if page_size else "contig", **{k: fields.get(k) for k in ("block_k", "num_stages",
+                                                                                         "num_warps", "kv_mma")}, **shape)
+                    try:
+                        fn, args, checker = make_cell(key, T, kv, page_size, shape, DecodeConfig(**fields))
+                        rec["check"] = checker(fn(*args))
+                        if rec["check"]["ok"]:
+                            rec["ms"] = time_ms(fn, args, dry)
+                            rec["bytes"], rec["roofline_ms"] = roofline_ms(T, kv, page_size, shape)
+                            rec["pct_roofline"] = 100 * rec["roofline_ms"] / rec["ms"]
+                    except Exception as e:  # noqa: BLE001
+                        rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                    f.write(json.dumps(rec) + "\n")
+                    f.flush()
+                    print(json.dumps(rec))
 
 
 def run_errors(f, dev, dry):
@@ -223,13 +228,17 @@ def table_md(path) -> str:
                      f"{'' if sp is None else f'{sp:.2f}'} | {goal} |")
     var = [r for r in recs if r["kind"] == "variant"]
     if var:
-        lines += ["", "Tile variants on the fp8 cache (per-token scales):", "",
-                  "| T | layout | block_k | num_stages | num_warps | ms | % roofline |", "| --- " * 7 + "|"]
+        base = {(r["layout"], r["T"]): r["ms"] for r in cells if r["cache"] == "bf16" and "ms" in r}
+        lines += ["", "Kernel variants on quantized caches (plan: the plan's value; products: the MMA's dtype):", "",
+                  "| T | cache | layout | block_k | num_stages | num_warps | products | ms | % roofline | x bf16 |",
+                  "| --- " * 10 + "|"]
         for r in var:
-            got = (f"{r['ms']:.4f} | {r['pct_roofline']:.0f}%" if "ms" in r else
-                   f"✗ {(r.get('error') or 'check failed')[:60]} |")
-            lines.append(f"| {r['T']} | {r['layout']} | {r['block_k']} | {r['num_stages'] or 'plan'} | "
-                         f"{r.get('num_warps') or 'plan'} | {got} |")
+            sp = base.get((r["layout"], r["T"]))
+            x = "" if sp is None or "ms" not in r else f"{sp / r['ms']:.2f}"
+            got = (f"{r['ms']:.4f} | {r['pct_roofline']:.0f}% | {x}" if "ms" in r else
+                   f"✗ {(r.get('error') or 'check failed')[:60]} | |")
+            lines.append(f"| {r['T']} | {r['cache']} | {r['layout']} | {r['block_k'] or 'plan'} | "
+                         f"{r['num_stages'] or 'plan'} | {r.get('num_warps') or 'plan'} | {r.get('kv_mma') or 'q dtype'} | {got} |")
     errs = [r for r in recs if r["kind"] == "error"]
     if errs:
         names = list(dict.fromkeys(r["kv_dtype"] for r in errs))
@@ -250,13 +259,18 @@ def main(argv=None):
     ap.add_argument("--dry-run", action="store_true", help="tiny sizes, interpret mode, wall clock (any CPU)")
     ap.add_argument("--max-seconds", type=float, default=150.0, help="no cell is started after it (the errors run after)")
     ap.add_argument("--variant-seconds", type=float, default=40.0, help="time for the tile variants past the limit")
+    ap.add_argument("--mma", action="store_true", help="only: bf16 cells and every quantized cache with its "
+                    "products in q's dtype and in float16 (MMA), T in {1, 8}, contiguous and paged 16")
     ap.add_argument("--probe", action="store_true", help="only: T=1 contiguous bf16 and fp8 cells, the bf16 cache "
                     "at half the length (the fp8 cache's bytes) and the PROBE tile variants")
     a = ap.parse_args(argv)
     out = ResultsFolder(a.out)
     shape, dev, t0 = DRY if a.dry_run else FULL, out.device, out.t0
     with open(out.path, "w") as f:
-        if a.probe:
+        if a.mma:
+            run_cells(f, shape, (1, 8), CACHES[:1], (None, 16), dev, t0, a.max_seconds, a.dry_run)
+            run_variants(f, shape, dev, t0, a.max_seconds, a.dry_run, MMA, (None, 16), (1, 8), CACHES[1:])
+        elif a.probe:
             run_cells(f, shape, (1,), CACHES[:2], (None,), dev, t0, a.max_seconds, a.dry_run)
             run_cells(f, dict(shape, S=shape["S"] // 2), (1,), CACHES[:1], (None,), dev, t0, a.max_seconds, a.dry_run)
             run_variants(f, shape, dev, t0, a.max_seconds, a.dry_run, PROBE, (None,), (1,))
@@ -266,7 +280,7 @@ def main(argv=None):
             run_errors(f, dev, a.dry_run)
             if not a.quick:
                 run_variants(f, shape, dev, t0, a.max_seconds + a.variant_seconds, a.dry_run)
-    flags = "".join(f" --{x.replace('_', '-')}" for x in ("probe", "quick", "dry_run") if getattr(a, x))
+    flags = "".join(f" --{x.replace('_', '-')}" for x in ("mma", "probe", "quick", "dry_run") if getattr(a, x))
     out.finish("Quantized KV caches", f"python benchmarks/decode/kv_dtype_gpu.py --out {a.out}{flags}", table_md(out.path))
 
 

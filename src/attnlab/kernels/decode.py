@@ -80,7 +80,7 @@ from .decode_resources import (CPU_SM_COUNT, DEFAULT_SM_COUNT, REGS_PER_SM, SM_C
                                SMEM_PER_BLOCK_OTHER_SM8X, SMEM_PER_SM, SMEM_SLACK, fit_stages, programs_per_sm,
                                sm_count, smem_bytes, smem_limit)
 from .decode_splits import FILL_BLOCKS, cdiv, choose_num_splits, split_range, wave_cost  # noqa: F401
-from .kv_dequant import dequantized_pv, dequantized_scores, load_scale_block, scale_block_spec, scale_inputs
+from .kv_dequant import dequantized_pv, dequantized_scores, load_scale_block, mma_query, scale_block_spec, scale_inputs
 from .paged_load import load_kv_block
 from .split_combine import combine, combined_queries, sink_rows  # noqa: F401  (re-exported)
 
@@ -108,7 +108,8 @@ def cuda_lowering_context(device_kind: str = "NVIDIA H200", cores: int = 132):
 
 def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, block_r: int, block_k: int,
             num_splits: int, causal: bool, qk_scale: float, page_size: int | None = None,
-            soft_cap: float | None = None, window: tuple[int, int] | None = None, kv_scale: str | None = None):
+            soft_cap: float | None = None, window: tuple[int, int] | None = None, kv_scale: str | None = None,
+            kv_mma: str | None = None):
 
     # paged: refs start with this sequence's page table row, and k_ref / v_ref are (P * page_size, H);
     # a quantized cache (kv_scale: its scale layout) adds the two scale refs after v_ref
@@ -123,6 +124,7 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
     row = tile * block_r + lax.iota(jnp.int32, block_r)
     row_ok = row < rows
     q = plgpu.load(q_ref, mask=jnp.broadcast_to(row_ok[:, None], (block_r, H)), other=0)
+    q_mma, row_factor = mma_query(q, kv_mma) if kv_scale else (q, None)
     first, count = split_range(length, split, num_splits=num_splits, block_k=block_k,
                                div=lax.div, minimum=jnp.minimum, maximum=jnp.maximum,
                                lo=window_start(length, q_len, window, maximum=jnp.maximum))
@@ -140,7 +142,7 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
         if kv_scale:   # dequantized in registers (``dequantized_scores``)
             scales = functools.partial(load_scale_block, layout=kv_scale, start=start, kv_ok=kv_ok, block_k=block_k,
                                        page_size=page_size, table_ref=table_ref)
-            s = dequantized_scores(q, k, scales(ks_ref)) * qk_scale
+            s = dequantized_scores(q_mma, k, scales(ks_ref), row_factor) * qk_scale
         else:
             s = plgpu.dot(q, k, trans_b=True) * qk_scale    # (block_r, block_k) float32, log2 units
         if soft_cap is not None:                             # cap * tanh(x / cap), cap in log2 units too
@@ -161,7 +163,7 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
         p = jnp.exp2(s - m_use[:, None])
         l = l * alpha + jnp.sum(p, axis=1)
         v = load(v_ref)
-        pv = dequantized_pv(p, v, scales(vs_ref), q.dtype) if kv_scale else plgpu.dot(p.astype(v.dtype), v)
+        pv = dequantized_pv(p, v, scales(vs_ref), q_mma.dtype) if kv_scale else plgpu.dot(p.astype(v.dtype), v)
         acc = acc * alpha[:, None] + pv
         return acc, m_new, l
 
@@ -234,7 +236,7 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
 
     kernel = functools.partial(_kernel, q_len=T, groups=G, rows=R, kv_len=S, block_r=br, block_k=plan.block_k,
                                num_splits=P, causal=bool(causal) and T > 1, qk_scale=scale * LOG2E,
-                               page_size=page_size, kv_scale=kv_scale,
+                               page_size=page_size, kv_scale=kv_scale, kv_mma=plan.kv_mma,
                                soft_cap=None if soft_cap is None else float(soft_cap) * LOG2E,
                                window=None if window is None else (int(window[0]), int(window[1])))
     if page_table is None:

@@ -41,6 +41,8 @@ class DecodeConfig:
     num_splits: int | None = None
     #: "triton", "mosaic" (``kernels.decode_mgpu``, sm_90) or None: the plan's choice by rows
     kernel: str | None = None
+    #: a quantized cache's products: None (in q's dtype) or "float16" (``kv_dequant.mma_query``)
+    kv_mma: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +56,7 @@ class Plan:
     num_splits: int
     num_warps: int
     num_stages: int
+    kv_mma: str | None = None
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -128,7 +131,7 @@ def make_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, he
     if splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {splits}")
     return Plan(rows=rows, block_r=block_r, row_tiles=row_tiles, block_k=block_k, num_splits=int(splits),
-                num_warps=num_warps, num_stages=stages)
+                num_warps=num_warps, num_stages=stages, kv_mma=cfg.kv_mma)
 
 
 def compiled_stages(num_stages: int, indirection_levels: int = 0) -> int:

@@ -21,25 +21,44 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 
-def dequantized_scores(q, k, k_scale):
+def mma_query(q, mma_dtype):
+    """q (block_r, H) as the quantized cache's products take it, and the float32 factor per row (block_r,) that
+    undoes its scaling (None: unscaled). ``mma_dtype`` None: q's dtype (the cache converted to it, exact);
+    ``"float16"``: a bfloat16/float32 q scaled per row by the power of two 2^-e that puts its absmax in [1, 2)
+    (exact: the exponent field only), then rounded to float16, whose 11 bits hold bfloat16's 8 from 2^-14 of
+    the row's absmax on. FP8 e4m3/e5m2 and int8 convert to float16 in one or two instructions per pair of
+    values on sm_89+, to bfloat16 through float32 (e4m3: three)."""
+    if mma_dtype is None or q.dtype == jnp.float16:
+        return q, None
+    qf = q.astype(jnp.float32)
+    e_bits = lax.bitcast_convert_type(jnp.max(jnp.abs(qf), axis=1), jnp.int32) & 0x7F800000    # 2^e, e <= 126
+    inv = lax.bitcast_convert_type((254 << 23) - e_bits, jnp.float32)                             # 2^-e
+    return (qf * inv[:, None]).astype(jnp.float16), lax.bitcast_convert_type(e_bits, jnp.float32)
+
+
+def dequantized_scores(q, k, k_scale, row_factor=None):
     """q k^T (block_r, block_k) float32 of a quantized key block: the stored keys converted to q's dtype (exact:
     every FP8 e4m3/e5m2 and int8 value is a bfloat16 and a float16), their scales multiplying the score columns
     (one scale per key, or one per head): q . (s_j k_j) = s_j (q . k_j), in float32, block_r x block_k products
-    instead of block_k x H."""
+    instead of block_k x H. ``row_factor``: ``mma_query``'s, multiplying the score rows."""
     s = plgpu.dot(q, k.astype(q.dtype), trans_b=True)
+    if row_factor is not None:
+        s = s * row_factor[:, None]
     return s * (k_scale[None, :] if k_scale.ndim else k_scale)
 
 
 def dequantized_pv(p, v, v_scale, dtype):
-    """P V (block_r, H) float32 of a quantized value block. bfloat16 and float32: each key's value scale
-    multiplies its column of P (float32) before P is rounded to ``dtype`` for the MMA, block_r x block_k
-    multiplies. float16: the value rows are dequantized instead (block_k x H), because p * scale of a cache
-    with small scales (e5m2's absmax / 57344) falls below float16's normal range. A per-head scale
+    """P V (block_r, H) float32 of a quantized value block, the MMA in ``dtype``. bfloat16 and float32: each
+    key's value scale multiplies its column of P (float32) before P is rounded to ``dtype``, block_r x block_k
+    multiplies. float16: the scales over the block's largest instead, that largest multiplying the product,
+    because p * scale of a cache with small scales (e5m2's absmax / 57344) falls below float16's normal range;
+    p * (s_j / s_max) <= 1 loses only what is below 2^-24 of the block's largest term. A per-head scale
     multiplies the product."""
     if not v_scale.ndim:
         return plgpu.dot(p.astype(dtype), v.astype(dtype)) * v_scale
     if jnp.dtype(dtype) == jnp.float16:
-        return plgpu.dot(p.astype(dtype), (v.astype(jnp.float32) * v_scale[:, None]).astype(dtype))
+        top = jnp.maximum(jnp.max(v_scale), 1e-30)
+        return plgpu.dot((p * (v_scale / top)[None, :]).astype(dtype), v.astype(dtype)) * top
     return plgpu.dot((p * v_scale[None, :]).astype(dtype), v.astype(dtype))
 
 
