@@ -1,9 +1,9 @@
 """Sliding windows (``local_window_size``) in decode_attention and serving_attention: the float64 references,
 the checks, the masked paths, attnlab's kernels (Pallas interpret mode) and the cost of the window.
 
-Every kernel case runs on a cache poisoned with NaN in the blocks before the window (any load of them
-would make the output NaN: 0 * NaN = NaN in P.V), so it checks both the values and that those blocks
-are never read. Shapes stay tiny: interpret mode runs the grid program by program."""
+Every kernel case runs on a cache poisoned with NaN before the window (the decode kernel: every key before
+it; the serving kernel: the blocks before the window's block); any load of them would make the output NaN
+(0 * NaN = NaN in P.V), so it checks both the values and that those keys are never read. Shapes stay tiny: interpret mode runs the grid program by program."""
 import dataclasses
 import functools
 
@@ -109,7 +109,7 @@ def test_kernel_matches_float64_and_skips_the_blocks_before_the_window(case, mon
     B, T, S, N, K, H, dtype, lengths, causal, w, cfg, page, cap = DECODE_CASES[case]
     window = (w, w) if isinstance(w, int) else w
     q, k, v = random_qkv(B, T, S, N, K, H, dtype, seed=len(case))
-    firsts = skipped(lengths, T, window, cfg["block_k"])
+    firsts = [kd.window_start(n, T, window) for n in lengths]   # blocks start at the window's first key itself
     kp, vp, table = poisoned(k, firsts), poisoned(v, firsts), None
     if page:
         kp, vp, table = to_pages(kp, vp, page)

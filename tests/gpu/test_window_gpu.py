@@ -45,9 +45,11 @@ def test_decode_kernel_matches_float64_and_reads_only_the_window(W, T, heads, pa
     H = 64 if N == 64 else 128
     q, k, v = random_qkv(4, T, S, N, K, H, "bfloat16", seed=W + T)
     lengths = [S, T, S // 2 + 3, 777]                                  # ragged: full, exactly T, odd lengths
-    # the kernel's block_k for this H (decode_plan.default_block_k): every block before the window's is skipped
+    # every key before the window is skipped; with pages of >= block_k keys (decode_plan.default_block_k for this
+    # H) every block before the window's (``decode.window_base``)
     bk = kd.default_block_k(H)
-    firsts = [(kd.window_start(n, T, (W, 0)) // bk) * bk for n in lengths]
+    firsts = [kd.window_start(n, T, (W, 0)) // (bk if page and page >= bk else 1) * (bk if page and page >= bk else 1)
+              for n in lengths]
     kp, vp, table = _poison(k, firsts), _poison(v, firsts), None
     if page:
         kp, vp, table = to_pages(kp, vp, page)

@@ -8,9 +8,10 @@ Semantics (the append / verification rule of FlashInfer and vLLM)
     Keys at positions ``>= lengths[b]`` are never read and never attended. No row is empty
     (query t always sees key 0). Output (B, T, N, H) in q's dtype.
     Sliding window ``window`` = (left, right): query t at p = lengths[b] - T + t also needs
-    p - left <= s (and s <= p + right when not causal; causal already bounds it by p). Every program
-    starts at the block of ``window_start`` = max(0, lengths[b] - T - left), the first key any row
-    sees, and the splits cut only the blocks from there: the blocks before the window are never loaded.
+    p - left <= s (and s <= p + right when not causal; causal already bounds it by p). The blocks start
+    at ``window_start`` = max(0, lengths[b] - T - left), the first key any row sees (at its block's start
+    when a block is one page: ``window_base``), and the splits cut only the blocks from there: the keys
+    before the window are never loaded.
 
 Layout and grid
     GQA packing: the T*G query rows that share one KV head (G = N // K) form one tile's rows,
@@ -106,6 +107,19 @@ def cuda_lowering_context(device_kind: str = "NVIDIA H200", cores: int = 132):
         return contextlib.nullcontext()
 
 
+def window_base(lo, block_k: int, page_size: int | None):
+    """(position the program's blocks start from, whether it is a multiple of block_k) for a window whose first
+    visible key is ``lo`` (``window_start``; None: no window, 0). The window's first key itself where a block may
+    start anywhere (contiguous caches, and pages shorter than a block, gathered key by key): the keys before it
+    are never fetched (a 128-key window in blocks of 128 read 2-3 blocks when they started at block
+    boundaries); the start of its block where a block is one page's contiguous rows (pages >= block_k)."""
+    if lo is None:
+        return 0, True
+    if page_size is None or block_k > page_size:
+        return lo, False
+    return lax.div(lo, block_k) * block_k, True
+
+
 def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, block_r: int, block_k: int,
             num_splits: int, causal: bool, qk_scale: float, page_size: int | None = None,
             soft_cap: float | None = None, window: tuple[int, int] | None = None, kv_scale: str | None = None,
@@ -125,15 +139,17 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
     row_ok = row < rows
     q = plgpu.load(q_ref, mask=jnp.broadcast_to(row_ok[:, None], (block_r, H)), other=0)
     q_mma, row_factor = mma_query(q, kv_mma) if kv_scale else (q, None)
-    first, count = split_range(length, split, num_splits=num_splits, block_k=block_k,
-                               div=lax.div, minimum=jnp.minimum, maximum=jnp.maximum,
-                               lo=window_start(length, q_len, window, maximum=jnp.maximum))
+    base, aligned = window_base(window_start(length, q_len, window, maximum=jnp.maximum), block_k, page_size)
+    first, count = split_range(length - base, split, num_splits=num_splits, block_k=block_k,
+                               div=lax.div, minimum=jnp.minimum, maximum=jnp.maximum)
     q_pos = length - q_len + lax.div(row, groups)          # position of each row's query
     cols = lax.iota(jnp.int32, block_k)
 
     def body(i, carry):
         acc, m, l = carry
-        start = pl.multiple_of((first + i) * block_k, block_k)
+        start = base + (first + i) * block_k
+        if aligned:
+            start = pl.multiple_of(start, block_k)
         pos = start + cols
         kv_ok = pos < length
         load = functools.partial(load_kv_block, start=start, kv_ok=kv_ok, length=length, block_k=block_k,
