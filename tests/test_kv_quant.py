@@ -113,7 +113,7 @@ def test_decode_kernel_dequantizes_in_registers(case):
         k, v, table = to_pages(k, v, ps)
     (kc, ks), (vc, vs) = (attnlab.quantize_kv_cache(x, name, layout) for x in (k, v))
     call = functools.partial(kd.decode_attention_pallas, causal=True, interpret=True, soft_cap=cap, kv_scale=layout,
-                             config=kd.DecodeConfig(block_k=16, num_splits=2, kv_mma="float16" if "mma16" in case else None),
+                             config=kd.DecodeConfig(block_k=16, num_splits=2, kv_mma="float16" if "mma16" in case else "q"),
                              page_table=table)
     if "mma16" in case:   # rows of very different magnitudes: the per-row power of two keeps each in float16's range
         q = q * jnp.asarray([1e-6, 1.0, 3e4, 0.5, 1e-3, 2.0, 7e3, 1.0], q.dtype)[None, None, :, None]
@@ -155,9 +155,11 @@ def test_quantized_decode_lowers_to_triton_for_cuda_without_a_gpu():
     s = jax.ShapeDtypeStruct
     B, T, S, N, K, H = 4, 4, 8192, 32, 8, 128
     f8 = jnp.float8_e4m3fn
-    for ps, layout, scale_shape, f8, mma in ((None, "token", (B, S, K), f8, "float16"), (16, "page", (B * S // 16, K), f8, None),
+    for ps, layout, scale_shape, f8, mma in ((None, "token", (B, S, K), f8, None), (16, "page", (B * S // 16, K), f8, "q"),
                                              (None, "head", (K,), jnp.int8, None)):
-        plan = kd.make_plan(B, T, S, N, K, H, "bfloat16", kd.DecodeConfig(kv_mma=mma), sms=132, compute_capability=(9, 0))
+        plan = kd.make_plan(B, T, S, N, K, H, "bfloat16", kd.DecodeConfig(kv_mma=mma), sms=132, compute_capability=(9, 0),
+                            kv_dtype=str(jnp.dtype(f8)))
+        assert plan.kv_mma == ("float16" if mma is None and f8 != jnp.int8 else None)   # FP8: float16 products
         f = jax.jit(functools.partial(kd.decode_attention_pallas, causal=True, interpret=False, plan=plan, kv_scale=layout))
         kv = (B, S, K, H) if ps is None else (B * S // ps, ps, K, H)
         kw = dict(k_scale=s(scale_shape, jnp.float32), v_scale=s(scale_shape, jnp.float32))

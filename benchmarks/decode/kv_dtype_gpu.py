@@ -164,7 +164,7 @@ def run_cells(f, shape, Ts, caches, layouts, dev, t0, max_s, dry):
 #: dtype (bfloat16: FP8 converted through float32) or in float16 (one conversion instruction per pair).
 VARIANTS = tuple(dict(block_k=bk, num_stages=st) for bk, st in ((128, None), (128, 4), (256, None), (256, 3)))
 PROBE = tuple(dict(block_k=bk, num_stages=st, num_warps=w) for bk in (16, 32, 64) for st in (2, 3, 4) for w in (4, 8))
-MMA = (dict(kv_mma=None), dict(kv_mma="float16"))
+MMA = (dict(kv_mma="q"), dict(kv_mma="float16"))
 
 
 def run_variants(f, shape, dev, t0, max_s, dry, variants=VARIANTS, layouts=(None, 16), Ts=(1, 8),
@@ -238,7 +238,7 @@ def table_md(path) -> str:
             got = (f"{r['ms']:.4f} | {r['pct_roofline']:.0f}% | {x}" if "ms" in r else
                    f"✗ {(r.get('error') or 'check failed')[:60]} | |")
             lines.append(f"| {r['T']} | {r['cache']} | {r['layout']} | {r['block_k'] or 'plan'} | "
-                         f"{r['num_stages'] or 'plan'} | {r.get('num_warps') or 'plan'} | {r.get('kv_mma') or 'q dtype'} | {got} |")
+                         f"{r['num_stages'] or 'plan'} | {r.get('num_warps') or 'plan'} | {r.get('kv_mma') or 'plan'} | {got} |")
     errs = [r for r in recs if r["kind"] == "error"]
     if errs:
         names = list(dict.fromkeys(r["kv_dtype"] for r in errs))

@@ -241,7 +241,8 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
                                                      interpret=decode_mgpu.gpu_interpreter() if interpret else False,
                                                      page_table=page_table, sinks=sinks)
         known = None if isinstance(lengths, jax.core.Tracer) else [int(n) for n in np.asarray(lengths)]
-        plan = make_plan(B, T, S, N, K, H, q.dtype, config, compute_capability=cc, lengths=known, window=window)
+        plan = make_plan(B, T, S, N, K, H, q.dtype, config, compute_capability=cc, lengths=known, window=window,
+                         kv_dtype=str(k.dtype) if kv_scale else None)
     R, br, P = plan.rows, plan.block_r, plan.num_splits
     qp = q.reshape(B, T, K, G, H)
     qp = (qp.reshape(B, K, R, H) if T == 1 else jnp.transpose(qp, (0, 2, 1, 3, 4)).reshape(B, K, R, H))

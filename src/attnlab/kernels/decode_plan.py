@@ -41,7 +41,9 @@ class DecodeConfig:
     num_splits: int | None = None
     #: "triton", "mosaic" (``kernels.decode_mgpu``, sm_90) or None: the plan's choice by rows
     kernel: str | None = None
-    #: a quantized cache's products: None (in q's dtype) or "float16" (``kv_dequant.mma_query``)
+    #: a quantized cache's products: "float16" (``kv_dequant.mma_query``), "q" (in q's dtype) or None: float16
+    #: for FP8 caches and bfloat16 queries (e4m3 1.13-1.39x faster at T=1 on the H200,
+    #: results/gpu-2026-12-05b-kv-products), q's dtype otherwise (int8: float16 was slower)
     kv_mma: str | None = None
 
 
@@ -56,7 +58,7 @@ class Plan:
     num_splits: int
     num_warps: int
     num_stages: int
-    kv_mma: str | None = None
+    kv_mma: str | None = None     # "float16", or None: q's dtype
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -93,10 +95,11 @@ def default_block_k(head_dim: int) -> int:
 
 def make_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: int, dtype="bfloat16",
               config: DecodeConfig | None = None, *, sms: int | None = None, compute_capability=None,
-              lengths=None, window=None) -> Plan:
+              lengths=None, window=None, kv_dtype: str | None = None) -> Plan:
     """Fill ``config``'s unset parameters for this shape (see the module docstring). ``lengths``: the
     batch's valid lengths when known at trace time; a ragged batch's split count then follows them
-    (``kernels.decode_splits``). ``window`` (left, right): the splits cut only the window's blocks."""
+    (``kernels.decode_splits``). ``window`` (left, right): the splits cut only the window's blocks.
+    ``kv_dtype``: a quantized cache's dtype (its products' dtype follows it), None for a cache in q's dtype."""
     import numpy as np  # heavy: numpy, the planner imports none
 
     cfg = config or DecodeConfig()
@@ -131,7 +134,18 @@ def make_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, he
     if splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {splits}")
     return Plan(rows=rows, block_r=block_r, row_tiles=row_tiles, block_k=block_k, num_splits=int(splits),
-                num_warps=num_warps, num_stages=stages, kv_mma=cfg.kv_mma)
+                num_warps=num_warps, num_stages=stages, kv_mma=kv_products(cfg.kv_mma, kv_dtype, dtype))
+
+
+def kv_products(kv_mma: str | None, kv_dtype: str | None, q_dtype="bfloat16") -> str | None:
+    """The products' dtype of a quantized cache (``DecodeConfig.kv_mma``): "float16", or None for q's. The default
+    float16 for FP8 caches and a bfloat16 q, where it was measured (float16 q: the same products)."""
+    if kv_mma not in (None, "q", "float16"):
+        raise ValueError(f"kv_mma must be None, 'q' or 'float16', got {kv_mma!r}")
+    if kv_mma is None:
+        fp8 = kv_dtype is not None and str(kv_dtype).startswith("float8")
+        kv_mma = "float16" if fp8 and str(q_dtype) == "bfloat16" else "q"
+    return None if kv_mma == "q" or kv_dtype is None else kv_mma
 
 
 def compiled_stages(num_stages: int, indirection_levels: int = 0) -> int:
