@@ -14,7 +14,7 @@ import numpy as np
 from ..core import segments, strategies
 from ..core.cell_fields import CELL_FIELDS, DEFAULTS, NAMES
 from ..core.checks import check_soft_cap
-from ..core.problem import FIELDS as PROBLEM_FIELDS, Problem, delegate_fields
+from ..core.problem import FIELDS as PROBLEM_FIELDS, Problem
 from ..core.records import config_label
 from ..reference.distributions import DISTRIBUTIONS
 from ..reference.inputs import seed_of
@@ -53,6 +53,17 @@ class _CellMethods:
         for name, value in (("backend", backend), ("problem", problem), *values.items()):
             object.__setattr__(self, name, value)
         self._validate()
+
+    # the problem's fields, read as the cell's (``cell.heads`` is ``cell.problem.heads``)
+    batch = property(lambda self: self.problem.batch)
+    q_len = property(lambda self: self.problem.q_len)
+    kv_len = property(lambda self: self.problem.kv_len)
+    heads = property(lambda self: self.problem.heads)
+    kv_heads = property(lambda self: self.problem.kv_heads)
+    head_dim = property(lambda self: self.problem.head_dim)
+    dtype = property(lambda self: self.problem.dtype)
+    causal = property(lambda self: self.problem.causal)
+    window = property(lambda self: self.problem.window)
 
     def _validate(self):
         if self.inputs not in DISTRIBUTIONS:
@@ -128,7 +139,6 @@ Cell = dataclasses.make_dataclass(
     "Cell", [("backend", str), ("problem", Problem), ("mode", str, dataclasses.field(default="fwd")),
              *((f.name, f.type, dataclasses.field(default=f.default, metadata=_SINCE)) for f in CELL_FIELDS)],
     bases=(_CellMethods,), namespace={"__doc__": _CellMethods.__doc__, "__module__": __name__}, frozen=True, init=False)
-delegate_fields(Cell)
 
 #: A record's identity: the Cell's fields in order, its problem spelled out as the Problem's fields.
 IDENTITY = tuple(n for f in dataclasses.fields(Cell) for n in (PROBLEM_FIELDS if f.name == "problem" else (f.name,)))
