@@ -7,6 +7,7 @@ each of ``cell_fields.CELL_FIELDS`` in order; its identity (``Cell.identity``, `
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 
 import numpy as np
@@ -111,9 +112,10 @@ class _CellMethods:
             return None
         return segments.docs(self.batch, self.q_len, n, seed_of(f"packing {self.packing} B{self.batch} T{self.q_len}"))
 
-    @property
+    @functools.cached_property
     def workload(self) -> Problem:
-        """The problem with the cell's decode lengths and documents (what its FLOPs and bytes count)."""
+        """The problem with the cell's decode lengths and documents (what its FLOPs and bytes count), made once
+        per cell (a serving cell draws its requests for it)."""
         if serving_cell.is_serving(self):
             return serving_cell.problem_of(self)
         docs = segments.run_lengths(self.segment_ids()) if self.packing else None   # packed: pairs within documents

@@ -18,7 +18,7 @@ by ``attnlab.measure.prefetch``), and the emulation's errors (the policy's basel
 rows are computed once per inputs; a cell then pays one comparison of its own output. The seconds of
 the references a cell made go to its ``check_parts_s``. The references of the
 last ``_CACHE_SIZE`` input sets are kept (``_CACHE_BYTES`` at most, the newest always).
-``check_output`` / ``check_gradients`` apply the policy to a cell and return the verdict's record fields.
+``check_into`` applies the policy to a cell (its output, then its gradients) and records the verdict's fields.
 """
 from __future__ import annotations
 
@@ -35,10 +35,11 @@ import numpy as np
 from ..reference.blockwise import batch_rows, blockwise_grads_pair, blockwise_pair, empty_rows, rel_errors
 from ..reference.compiled import compiled_once
 from ..reference.float64 import reference_attention
-from ..reference.inputs import random_sinks, seed_of
+from ..reference.inputs import seed_of
 from ..core.errors import OutputMismatchError
 from ..reference import rules
 from ..reference.tolerance import policy_limit, rel_l2, row_rel_err
+from . import kv_cells
 from .outcome import Skip, Status
 from .verdict import errors_text, judged, output_dtype, policy_verdict, rule_text  # noqa: F401
 
@@ -239,23 +240,38 @@ def ref_key(cell, seed: int) -> str:
     return json.dumps({**ident, "seed": seed}, sort_keys=True)
 
 
-def semantics(cell) -> Semantics:
+def semantics(cell, extras: dict) -> Semantics:
+    """The cell's mask rules; ``extras``: its call's keyword arguments (``inputs.call_extras``), whose sinks and
+    segment ids the references take."""
     lens = cell.kv_lengths()
-    cap = getattr(cell, "soft_cap", None)
-    sinks = random_sinks(cell.heads) if getattr(cell, "sinks", False) else None
+    sinks = None if extras.get("sinks") is None else np.asarray(extras["sinks"])
     if lens is None:
-        ids = cell.segment_ids() if getattr(cell, "packing", None) else None
-        return Semantics(causal=cell.causal, window=cell.window, soft_cap=cap, segment_ids=ids, sinks=sinks)
+        return Semantics(causal=cell.causal, window=cell.window, soft_cap=cell.soft_cap,
+                         segment_ids=extras.get("query_segment_ids"), sinks=sinks)
     return Semantics(causal=cell.causal, window=cell.window, kv_lengths=lens,
-                     q_offsets=tuple(n - cell.q_len for n in lens), soft_cap=cap, sinks=sinks)
+                     q_offsets=tuple(n - cell.q_len for n in lens), soft_cap=cell.soft_cap, sinks=sinks)
 
 
-def check_output(out, inputs, cell, backend, opts) -> dict:
+def check_into(rec: dict, out, inputs, cell, backend, opts, extras: dict, grads=None, ct=None) -> None:
+    """Check a (non-serving) cell into ``rec``: its whole forward output ``out`` on its first input set ``inputs``
+    (q, k, v; a quantized cache: ``kv_cells.check_output``), then, for fwd+bwd / bwd cells, every gradient
+    (``grads()`` makes them once the output passed; ``ct`` the output's cotangent); ``extras``: the call's keyword
+    arguments. ``Skip('incorrect')`` carrying the fields of the check that failed."""
+    if cell.kv_dtype:
+        rec.update(kv_cells.check_output(out, inputs, cell, extras))
+        return
+    sem, key = semantics(cell, extras), ref_key(cell, opts.seed)
+    rec.update(check_output(out, inputs, cell, backend, sem, key))
+    if grads is not None:
+        rec.update(check_gradients(grads(), inputs, ct, sem, key))
+
+
+def check_output(out, inputs, cell, backend, sem: Semantics, key: str) -> dict:
     """The record fields of the check of the whole forward output; ``Skip('incorrect')`` carrying them
     when it fails."""
     fields = output_dtype(out, cell)
     try:
-        chk = check_forward(device_array(out), *inputs, semantics(cell), ref_key=ref_key(cell, opts.seed),
+        chk = check_forward(device_array(out), *inputs, sem, ref_key=key,
                             fixed_limit=backend.rel_l2_limit, fixed_rule=backend.rel_l2_rule)
     except OutputMismatchError as e:
         raise Skip(Status.INCORRECT, f"output wrong: {e}", fields) from None
@@ -266,11 +282,11 @@ def check_output(out, inputs, cell, backend, opts) -> dict:
     return fields
 
 
-def check_gradients(grads, inputs, ct, cell, opts) -> dict:
+def check_gradients(grads, inputs, ct, sem: Semantics, key: str) -> dict:
     """The record fields of the check of every gradient; ``Skip('incorrect')`` carrying them when one fails."""
     q, k, v = inputs
     try:
-        chk = check_grads(grads, q, k, v, ct.astype(q.dtype), semantics(cell), ref_key=ref_key(cell, opts.seed))
+        chk = check_grads(grads, q, k, v, ct.astype(q.dtype), sem, ref_key=key)
     except OutputMismatchError as e:
         raise Skip(Status.INCORRECT, f"gradient wrong: {e}") from None
     if (why := chk.pop("grad_reason")) is not None:
