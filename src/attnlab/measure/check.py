@@ -147,16 +147,17 @@ def check_forward(out, q, k, v, sem: Semantics, *, ref_key: str, fixed_limit: fl
                   fixed_rule: str | None = None) -> dict:
     """Record fields for the forward output ``out`` (B, T, N, H) of inputs q, k, v (see module doc);
     ``OutputMismatchError`` unless ``out`` is one array of exactly that shape and q's dtype."""
-    rules.require_like(out, "out", q.shape[:-1] + v.shape[-1:], q.dtype, "the query's, with the value's head dim")
     B, T = q.shape[:2]
-    dtype = np.dtype(out.dtype).name
     batch_idx, rows = sample_rows(seed_of(ref_key), B, T)
+    dkw, nkw = sem.device_kwargs(T), sem.numpy_kwargs(batch_idx, rows)   # the rules, as each reference takes them
+    rules.require_like(out, "out", q.shape[:-1] + v.shape[-1:], q.dtype, "the query's, with the value's head dim")
+    dtype = np.dtype(out.dtype).name
     bi = np.asarray(batch_idx)
     host = lambda x: np.asarray(x)[bi]          # noqa: E731  (indexed on the host: no gather to compile)
     take = lambda x: host(x)[:, rows].astype(np.float64)  # noqa: E731
 
     def reference():
-        ref32, emul, empty = blockwise_pair(q, k, v, **sem.device_kwargs(T))
+        ref32, emul, empty = blockwise_pair(q, k, v, **dkw)
         return ref32, rel_errors(emul, ref32)[:2], take(emul), np.asarray(empty)
 
     parts: dict = {}      # seconds of the references made for this cell (none when all were cached)
@@ -172,7 +173,7 @@ def check_forward(out, q, k, v, sem: Semantics, *, ref_key: str, fixed_limit: fl
         # K and V: only the sampled batch elements leave the device (a long cache is GiBs), as float32
         idx = jnp.asarray(bi, jnp.int32)
         kb, vb = (np.asarray(compiled_once(batch_rows, x, idx)) for x in (k, v))
-        ref64 = reference_attention(host(q)[:, rows].astype(kb.dtype), kb, vb, **sem.numpy_kwargs(batch_idx, rows))
+        ref64 = reference_attention(host(q)[:, rows].astype(kb.dtype), kb, vb, **nkw)
         e_target = rules.empty_row_target(e64, ref64, empty64).target
         return ref64, rel_l2(e64, e_target), row_rel_err(e64, e_target)
 
@@ -200,8 +201,8 @@ def check_grads(grads, q, k, v, cotangent, sem: Semantics, *, ref_key: str) -> d
     """Record fields for (dq, dk, dv) of sum(out * cotangent), all of each tensor checked.
 
     ``cotangent`` is the cotangent the backend's output received (in the output's dtype)."""
-    rules.require_grads(grads, q, k, v)
     dtype, dkw = np.dtype(q.dtype).name, sem.device_kwargs(q.shape[1])
+    rules.require_grads(grads, q, k, v)
     ct = jnp.asarray(cotangent).astype(q.dtype)
 
     def reference():

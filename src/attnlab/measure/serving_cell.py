@@ -228,8 +228,8 @@ def check_into(rec: dict, out, args, q_lens, kv_lens, cell, backend, sem: dict) 
     Skip('incorrect') when wrong. ``sem``: the call's soft cap, window and sinks (``call_semantics``)."""
 
     q, k, v = args[:3]
-    rec.update(output_dtype(out, cell, q.shape))
     pieces = sampled(q_lens, kv_lens)
+    rec.update(output_dtype(out, cell, q.shape))
     rows = jnp.asarray(np.concatenate([np.arange(s0, s0 + t) for _, s0, t, _ in pieces]))
     reqs, n_max = [r for r, *_ in pieces], max(n for *_, n in pieces)
     kv = [np.asarray(x[jnp.asarray(reqs), :n_max]) for x in (k, v)]
@@ -253,6 +253,5 @@ def check_into(rec: dict, out, args, q_lens, kv_lens, cell, backend, sem: dict) 
     verdict.update(reference="NumPy float64 (reference.serving64) on the first and last tokens of the longest "
                              "and shortest requests" + (" (the dequantized cache)" if cell.kv_dtype else ""),
                    requests=sorted(set(reqs)), rows=int(rows.size))
-    rec.update(judged(fields, "float64_requests", verdict, rule_text(cell.dtype, backend.rel_l2_limit,
-                                                                     backend.rel_l2_rule),
-                      where=f" on requests {verdict['requests']}"))
+    rule = rule_text(cell.dtype, backend.rel_l2_limit, backend.rel_l2_rule)
+    rec.update(judged(fields, "float64_requests", verdict, rule, where=f" on requests {verdict['requests']}"))
