@@ -5,15 +5,14 @@ A cell is one (backend, problem, mode[, mesh strategy, decode lengths]); its pro
 An incorrect cell is never timed.
 
 This module is the cell's state machine (the ``Cell`` type: ``cell_type``); it passes the cell down once, to the
-module of its kind: ``serving_cell`` (a serving step: lengths traced), ``native`` (a backend outside JAX),
-or, for a JAX call, ``inputs`` (its input sets and call, made once; the mode builders), ``check`` (references and
-the check policy; a quantized KV cache's: ``kv_cells``), ``budget`` (the compile watchdog) and ``timers``;
+module of its kind, which makes its inputs, checks and times it: ``serving_cell`` (a serving step: lengths
+traced), or, on the inputs and call ``inputs`` made once, ``jax_cell`` (a JAX call) or ``native`` (a backend
+outside JAX), both checked by ``check`` (references and the check policy; a quantized KV cache's: ``kv_cells``).
 ``outcome`` classifies failures, computes the rates and builds the record from the fields measured (only
 ``_measure_cell`` collects them).
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 import traceback
 
@@ -21,16 +20,13 @@ import jax
 
 from .. import backends
 from ..core import device
-from ..reference.inputs import cotangent
 from ..core.record_model import CellRecord
 from ..core.records import SCHEMA_VERSION, Status
-from . import estimate, memory, native, serving_cell, timers
-from .budget import compile_within_budget
+from . import estimate, jax_cell, native, serving_cell, timers
 from .cell_type import IDENTITY, IDENTITY_DEFAULTS, LENGTHS, MODES, Cell, record_key  # noqa: F401  (the type, re-exported)
-from .check import check_into
-from .inputs import cell_inputs, functions
+from .inputs import cell_inputs
 from .options import Options  # noqa: F401  (re-exported)
-from .outcome import MEASURED_FIELDS, Skip as _Skip, _short, classify, finish, rates
+from .outcome import MEASURED_FIELDS, Skip as _Skip, _short, finish, rates
 from .phases import Phases
 
 
@@ -92,7 +88,7 @@ def _measure_cell(cell: Cell, opts: Options | None, on_phase, ahead, stamp: dict
             if backend.native:
                 native.check_and_time(backend, cell, ins, opts, rec, phases)
             else:
-                _check_and_time(backend, cell, ins, opts, rec, info, phases, ahead, cupti=no_cupti is None)
+                jax_cell.compile_check_and_time(backend, cell, ins, opts, rec, info, phases, ahead, cupti=no_cupti is None)
         rec.update(rates(rec, cell, info, backend))
     except _Skip as s:
         rec.update(s.fields)
@@ -101,54 +97,3 @@ def _measure_cell(cell: Cell, opts: Options | None, on_phase, ahead, stamp: dict
         status, reason = Status.RUNTIME_ERROR, _short(f"{type(e).__name__}: {e} | {traceback.format_exc(limit=2)}")
     return finish({**rec, **phases.seconds, **stamp}, status, reason, t_start)
 
-
-def _check_and_time(backend, cell: Cell, ins, opts: Options, rec: dict, info, phases, ahead, cupti: bool) -> None:
-    """A JAX cell on its inputs ``ins`` (``inputs.CellInputs``): compile its timed program (or take the one compiled
-    ``ahead``), check its output and gradients, read the backend's facts and time it, all into ``rec``; raises
-    ``Skip`` to end it early."""
-    sets = ins.sets
-    q0, k0, v0 = sets[0]
-    fwd, timed, make_args = functions(cell, ins.extras)
-    with phases("inputs"):
-        cts = [cotangent(opts.seed + 100 + i, q.shape) if cell.mode != "fwd" else None  # fwd: unused
-               for i, (q, _, _) in enumerate(sets)]
-        try:
-            arg_sets = [make_args(q, k, v, ct) for (q, k, v), ct in zip(sets, cts)]
-        except Exception as e:  # noqa: BLE001
-            raise _Skip(*classify(e, "compile"))
-    with phases("compile", key="compile_wait_s"):
-        try:
-            compiled, lower_s, compile_s, *fwd_ahead = compile_within_budget(timed, arg_sets[0], opts.compile_budget_s, ahead)
-        except _Skip:
-            raise
-        except Exception as e:  # noqa: BLE001
-            raise _Skip(*classify(e, "compile"))
-    rec.update(lower_s=lower_s, compile_s=lower_s + compile_s, compiled_ahead=ahead is not None)
-    rec.update(memory.compiled_memory(compiled))
-    limit = opts.max_bytes or memory.device_bytes_limit()
-    if limit and rec["peak_bytes"] and rec["peak_bytes"] > limit:
-        raise _Skip(Status.OOM, f"compiled peak {rec['peak_bytes']} bytes > device limit {limit} bytes; not run")
-    if opts.check:
-        with phases("check"):
-            try:
-                out = (compiled(*arg_sets[0]) if cell.mode == "fwd"     # paged cells: (q, pages, table)
-                       else (fwd_ahead[0] if fwd_ahead else jax.jit(fwd))(q0, k0, v0))
-                check_into(rec, out, sets[0], cell, backend, opts, ins.extras,
-                           grads=None if cell.mode == "fwd" else lambda: compiled(*arg_sets[0]), ct=cts[0])
-            except _Skip:
-                raise
-            except Exception as e:  # noqa: BLE001
-                raise _Skip(*classify(e, "run"))
-    try:
-        facts = backend.facts(fwd, q0, k0, v0, fwd_as=lambda name: functions(dataclasses.replace(cell, backend=name),
-                                                                            ins.extras)[0])
-    except Exception as e:  # noqa: BLE001 - a fact that cannot be read is reported, not fatal
-        facts = {"error": _short(f"{type(e).__name__}: {e}", 200)}
-    rec.update({"facts": facts} if facts else {})
-    rec["repeats"] = opts.repeats or (20 if info.platform == "gpu" else 5)
-    with phases("timing"):
-        try:
-            timers.time_into(rec, compiled, arg_sets, opts, cupti=cupti)
-        except Exception as e:  # noqa: BLE001
-            raise _Skip(*classify(e, "run"))
-    rec["process_peak_bytes"] = memory.process_peak_bytes()

@@ -93,15 +93,19 @@ class _CellMethods:
             raise ValueError(strategies.unknown(self.strategy))
         if self.strategy is None and self.devices != 1:
             raise ValueError("devices > 1 needs a strategy (batch, heads or ring)")
+
     def kv_lengths(self) -> tuple[int, ...] | None:
-        """Decode cells: each sequence's valid cache length (the q_len new tokens included).
+        """Decode cells: each sequence's valid cache length (the q_len new tokens included), drawn once with the
+        cell's ``workload``.
 
         "full": every sequence fills the cache (S). "ragged": lengths drawn uniformly from [T, S]
-        with a seed fixed by the shape, so every backend and every run sees the same batch."""
+        with a seed fixed by the shape, so every backend and every run sees the same batch. A serving cell:
+        every request's, the prefill chunks first."""
+        return self.workload.kv_lengths
+
+    def _decode_lengths(self) -> tuple[int, ...] | None:
         if self.lengths is None or self.lengths in ("full", "paged"):
             return None if self.lengths is None else (self.kv_len,) * self.batch
-        if serving_cell.is_serving(self):   # a serving cell: every request's, the prefill chunks first
-            return tuple(serving_cell.requests(self)[1].tolist())
         rng = np.random.default_rng(seed_of(f"ragged B{self.batch} T{self.q_len} S{self.kv_len}"))
         return tuple(int(x) for x in rng.integers(self.q_len, self.kv_len + 1, size=self.batch))
 
@@ -119,7 +123,7 @@ class _CellMethods:
         if serving_cell.is_serving(self):
             return serving_cell.problem_of(self)
         docs = segments.run_lengths(self.segment_ids()) if self.packing else None   # packed: pairs within documents
-        return dataclasses.replace(self.problem, kv_lengths=self.kv_lengths(), decode=self.lengths is not None,
+        return dataclasses.replace(self.problem, kv_lengths=self._decode_lengths(), decode=self.lengths is not None,
                                    doc_lengths=docs, kv_dtype=self.kv_dtype, kv_scale=self.kv_scale,
                                    page_size=self.page_size)
 

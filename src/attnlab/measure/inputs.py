@@ -138,21 +138,19 @@ def functions(cell, extras: dict):
             return quantized_functions(cell, lens, extras)
         sinks = kw.get("sinks")
 
-        def fwd(q, k, v):
-            return decode_attention(q, k, v, lens, causal=cell.causal, implementation=cell.backend,
+        def decode(q, k, v, table=None):   # k, v: the caches (B, S, K, H), or their pages found through ``table``
+            return decode_attention(q, k, v, lens, causal=cell.causal, implementation=cell.backend, page_table=table,
                                     logits_soft_cap=cell.soft_cap, local_window_size=cell.window, sinks=sinks)
 
         if cell.lengths == "paged" and cell.mode == "fwd":
             # timed on pages made beforehand (shuffled, vLLM layout); checked as its contiguous twin (q, k, v)
-            def paged(q, k_pages, v_pages, table):
-                return decode_attention(q, k_pages, v_pages, lens, causal=cell.causal, implementation=cell.backend,
-                                        page_table=table, logits_soft_cap=cell.soft_cap,
-                                        local_window_size=cell.window, sinks=sinks)
+            def fwd(q, k, v):
+                return decode(q, *to_pages(k, v, cell.page_size))
 
-            def fwd(q, k, v):   # noqa: F811 - the paged call on pages made from (q, k, v)
-                return paged(q, *to_pages(k, v, cell.page_size))
+            return fwd, decode, lambda q, k, v, ct: (q, *to_pages(k, v, cell.page_size))
 
-            return fwd, paged, lambda q, k, v, ct: (q, *to_pages(k, v, cell.page_size))
+        def fwd(q, k, v):
+            return decode(q, k, v)
     elif cell.strategy is None:
         def fwd(q, k, v):
             return api.attention(q, k, v, **kw)
