@@ -76,9 +76,15 @@ def check_cell(cell) -> None:
                          f"kv_len={cell.kv_len}")
 
 
+def request_seed(cell) -> int:
+    """The seed of the cell's request lengths, fixed by its shape: every backend and run sees the same step."""
+    return seed_of(f"serving {cell.lengths} {cell.prefill_chunks} B{cell.batch} T{cell.q_len} S{cell.kv_len}")
+
+
 def requests(cell) -> tuple[np.ndarray, np.ndarray, int]:
-    """(q_lengths, kv_lengths, seed) of the cell's step: the chunks first, then the B decodes."""
-    seed = seed_of(f"serving {cell.lengths} {cell.prefill_chunks} B{cell.batch} T{cell.q_len} S{cell.kv_len}")
+    """(q_lengths, kv_lengths, seed) of the cell's step: the chunks first, then the B decodes (int32). A cell
+    draws them once, for its ``workload``."""
+    seed = request_seed(cell)
     rng = np.random.default_rng(seed)
     kv = rl.draw(cell.lengths, cell.batch, cell.q_len, cell.kv_len, rng)
     n, size = rl.parse_chunks(cell.prefill_chunks) or (0, 1)
@@ -114,9 +120,9 @@ def measure(backend, cell, opts, rec: dict, info, phases) -> dict:
     """Check, then time one serving cell into ``rec`` and return it (raises ``Skip`` to end it early); the rates
     are the caller's (``outcome.rates``, as for every cell)."""
 
-    p = cell.workload
-    q_lens, kv_lens, seed = requests(cell)
-    rec.update(request_lengths=p.lengths_record(seed), lengths_traced=True, inputs_draw=INPUTS_DRAW)
+    p = cell.workload     # the step's requests, drawn once (``requests``)
+    q_lens, kv_lens = np.asarray(p.q_lengths, np.int32), np.asarray(p.kv_lengths, np.int32)
+    rec.update(request_lengths=p.lengths_record(request_seed(cell)), lengths_traced=True, inputs_draw=INPUTS_DRAW)
     kw = call_semantics(cell)
     with phases("inputs"):
         sets = _inputs(p, rec["bytes"], q_lens, kv_lens, opts)
