@@ -258,13 +258,13 @@ def check_into(rec: dict, out, inputs, cell, backend, opts, extras: dict, grads=
     (q, k, v; a quantized cache: ``kv_cells.check_output``), then, for fwd+bwd / bwd cells, every gradient
     (``grads()`` makes them once the output passed; ``ct`` the output's cotangent); ``extras``: the call's keyword
     arguments. ``Skip('incorrect')`` carrying the fields of the check that failed."""
-    if cell.kv_dtype:
+    if not cell.kv_dtype:
+        sem, key = semantics(cell, extras), ref_key(cell, opts.seed)
+        rec.update(check_output(out, inputs, cell, backend, sem, key))
+        if grads is not None:
+            rec.update(check_gradients(grads(), inputs, ct, sem, key))
+    else:
         rec.update(kv_cells.check_output(out, inputs, cell, extras))
-        return
-    sem, key = semantics(cell, extras), ref_key(cell, opts.seed)
-    rec.update(check_output(out, inputs, cell, backend, sem, key))
-    if grads is not None:
-        rec.update(check_gradients(grads(), inputs, ct, sem, key))
 
 
 def check_output(out, inputs, cell, backend, sem: Semantics, key: str) -> dict:
