@@ -111,10 +111,17 @@ class _CellMethods:
 
     def segment_ids(self) -> np.ndarray | None:
         """(B, T) int32 ids of ``packing`` ("docs:N": N contiguous documents of random lengths per row,
-        seeded by the shape, so every backend and run sees the same packing), or None."""
+        seeded by the shape, so every backend and run sees the same packing), or None; drawn once per cell
+        (read-only: its workload, call and check share them)."""
+        return self._segment_ids
+
+    @functools.cached_property
+    def _segment_ids(self) -> np.ndarray | None:
         if (n := segments.parse_packing(self.packing)) is None:
             return None
-        return segments.docs(self.batch, self.q_len, n, seed_of(f"packing {self.packing} B{self.batch} T{self.q_len}"))
+        ids = segments.docs(self.batch, self.q_len, n, seed_of(f"packing {self.packing} B{self.batch} T{self.q_len}"))
+        ids.setflags(write=False)
+        return ids
 
     @functools.cached_property
     def workload(self) -> Problem:
