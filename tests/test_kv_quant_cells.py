@@ -112,10 +112,10 @@ def test_the_quantized_check_gives_its_verdict_through_the_shared_helper():
     kc, ks, vc, vs = quantized_caches(cell, k, v)
     out = attnlab.decode_attention(q, kc, vc, jnp.asarray(cell.kv_lengths()), k_scale=ks, v_scale=vs,
                                    implementation="xla")
-    ok = check_output(out, (q, k, v), cell, None, None)
+    ok = check_output(out, (q, k, v), cell, {})
     assert ok["checks"]["float64_dequantized"]["ok"] and ok["rel_err"] == ok["rel_err_f64"] < 1e-5 < ok["kv_rel_err"]
     with pytest.raises(Skip, match=r"^output wrong: rel L2 \S+ \(limit \S+\) \(float32") as e:
-        check_output(out * 1.01, (q, k, v), cell, None, None)
+        check_output(out * 1.01, (q, k, v), cell, {})
     assert e.value.fields["kv_rel_err"] > 0 and not e.value.fields["checks"]["float64_dequantized"]["ok"]
     with pytest.raises(Skip, match="output bfloat16 is not the cell's float32"):
-        check_output(out.astype("bfloat16"), (q, k, v), cell, None, None)
+        check_output(out.astype("bfloat16"), (q, k, v), cell, {})

@@ -145,23 +145,37 @@ def test_statuses_are_the_enum_in_memory():
         Skip("fine", "no such status")
 
 
-def test_a_native_backends_cell_is_checked_timed_and_typed():
+def test_a_native_backends_cell_is_checked_timed_and_typed(monkeypatch):
     """The path of a backend outside JAX (PyTorch on a GPU), on the CPU: naive's output, a kernel that
-    does nothing timed by device events (no CUPTI here); the record comes back typed and valid."""
+    does nothing timed by device events (no CUPTI here); the record comes back typed and valid. The cell's
+    call is made once (``measure.inputs``): the one the backend is asked about, runs and is timed on."""
     from attnlab import backends
     from attnlab.backends.base import NativeBackend, NativeCall
+    from attnlab.core.prepare import prepare
+    from attnlab.measure import inputs
+
+    made, seen = [], []
+
+    def counted(*args, **kw):
+        made.append(prepare(*args, **kw))
+        return made[-1]
+
+    monkeypatch.setattr(inputs, "prepare", counted)
 
     class FakeNative(NativeBackend):
         name = "test-native"
 
         def run(self, prepared):
+            seen.append(prepared)
             return backends.get("naive").run(prepared)
 
         def native_fn(self, spec, scale, arg_sets, decode=None):
+            seen.append(spec)
             return NativeCall(lambda q, k, v: None, lambda: None, arg_sets, {"event_ms": lambda call: call() or 0.5})
 
     with backends.registered(FakeNative()):
         r = measure_cell(Cell("test-native", 1, 32, 32, 2, 2, 8, "float32"), Options(repeats=2, max_input_sets=1))
     assert isinstance(r, CellRecord) and r.status is Status.OK, r.reason
+    assert len(made) == 1 and len(seen) == 2 and all(c is made[0] for c in seen)
     assert r["timer"] in ("cupti", "cuda_events") and r["checked_fraction"] == 1.0 and r["tflops"] > 0
     assert r["check_s"] is not None and r["timing_s"] is not None and r["repeats"] == 2

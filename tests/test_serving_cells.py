@@ -86,12 +86,13 @@ def test_the_check_samples_the_longest_and_shortest_requests_and_catches_a_wrong
     args = (jnp.asarray(qa), jnp.asarray(k), jnp.asarray(v), starts, kv_lens)
     backend = type("B", (), {"rel_l2_limit": None, "rel_l2_rule": None})
     rec = {}
-    serving_cell.check_into(rec, jnp.asarray(good), args, q_lens, kv_lens, cell, backend)
+    sem = serving_cell.call_semantics(cell)
+    serving_cell.check_into(rec, jnp.asarray(good), args, q_lens, kv_lens, cell, backend, sem)
     assert rec["rel_err"] < 1e-6 and rec["checked_rows"] == 21
     bad = good.copy()
     bad[41] *= 1.01                     # the longest cache's one decode token, a 1% error
     with pytest.raises(Skip, match=r"requests \[0, 1, 2, 3\]"):
-        serving_cell.check_into({}, jnp.asarray(bad), args, q_lens, kv_lens, cell, backend)
+        serving_cell.check_into({}, jnp.asarray(bad), args, q_lens, kv_lens, cell, backend, sem)
 
 
 @pytest.mark.parametrize("backend,page_size,kv", [("xla", None, ("int8", "head")),
@@ -131,7 +132,7 @@ def test_the_serving_check_judges_the_window_and_the_sinks():
     for drop in (None, "sinks", "local_window_size"):
         out = reference_serving_attention(qa, k, v, starts, kv_lens, **{**sem, **({drop: None} if drop else {})})
         if drop is None:
-            serving_cell.check_into({}, jnp.asarray(out, jnp.float32), args, q_lens, kv_lens, cell, backend)
+            serving_cell.check_into({}, jnp.asarray(out, jnp.float32), args, q_lens, kv_lens, cell, backend, sem)
         else:
             with pytest.raises(Skip, match="output wrong on requests"):
-                serving_cell.check_into({}, jnp.asarray(out, jnp.float32), args, q_lens, kv_lens, cell, backend)
+                serving_cell.check_into({}, jnp.asarray(out, jnp.float32), args, q_lens, kv_lens, cell, backend, sem)

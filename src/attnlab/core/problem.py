@@ -232,24 +232,26 @@ class Problem:
 
     def flops(self, mode: str = "fwd") -> float:
         """FLOPs for ``mode`` in {"fwd", "bwd", "fwd+bwd"}."""
+        mode = _mode(mode)
         fwd = 4.0 * self.heads * self.head_dim * self.kept_pairs()
-        return {"fwd": fwd, "bwd": BWD_FLOP_FACTOR * fwd, "fwd+bwd": (1 + BWD_FLOP_FACTOR) * fwd}[_mode(mode)]
+        return {"fwd": fwd, "bwd": BWD_FLOP_FACTOR * fwd, "fwd+bwd": (1 + BWD_FLOP_FACTOR) * fwd}[mode]
 
     def bytes(self, mode: str = "fwd") -> float:
         """Fewest bytes moved through device memory for ``mode`` (``attnlab.core.workload``'s rule): the
         query rows and keys the call uses are read, the outputs are written whole."""
+        mode = _mode(mode)
         c = self.counts()
         # outputs written whole; a cache call (decode) writes the rows of its new tokens only (packed serving)
         q_all = (self.new_tokens() if self.decode else self.batch * self.q_len) * self.heads * self.head_dim
         q = c.q_rows * self.heads * self.head_dim
         kv = c.kv_rows * self.kv_heads * self.head_dim
         kv_all = self.batch * self.kv_len * self.kv_heads * self.head_dim
-        if self.kv_dtype is not None and _mode(mode) != "fwd":
+        if self.kv_dtype is not None and mode != "fwd":
             raise ValueError(f"a quantized KV cache (kv_dtype={self.kv_dtype}) is read by the forward pass only, "
                              f"got mode {mode!r}")
         fwd = (q + q_all) * self.itemsize + 2 * kv * self.kv_itemsize + kv_quant.scale_bytes(self)
         bwd = (3 * q + 2 * kv + q_all + 2 * kv_all) * self.itemsize  # read q,k,v,o,do; write dq,dk,dv
-        return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[_mode(mode)]
+        return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[mode]
 
     def intensity(self, mode: str = "fwd") -> float:
         """Arithmetic intensity in FLOP per byte."""
@@ -287,13 +289,3 @@ def _mode(mode: str) -> str:
         raise ValueError(f"mode must be 'fwd', 'bwd' or 'fwd+bwd', got {mode!r}")
     return mode
 
-
-def delegate_fields(cls, **aliases):
-    """Give ``cls`` (which holds a ``problem``) read-only properties for the problem's fields, so
-    ``obj.heads`` reads ``obj.problem.heads``; ``aliases`` renames some (``is_causal="causal"``)."""
-    names = {f: f for f in FIELDS if f not in aliases.values()}
-    names.update(aliases)
-    for attr, field in names.items():
-        setattr(cls, attr, property(lambda self, field=field: getattr(self.problem, field),
-                                    doc=f"``problem.{field}``"))
-    return cls

@@ -35,7 +35,7 @@ from .. import backends
 from ..core import device
 from ..core.prepare import prepare
 from . import estimate, serving_cell, threads
-from .inputs import _functions
+from .inputs import call_extras, functions
 
 #: The compiles started and not yet ended (``stop`` cancels or waits for them).
 _JOBS: set = set()
@@ -68,7 +68,7 @@ def why_not(cell, opts=None) -> str | None:
         return "bwd: its inputs are the forward pass's residuals"
     if cell.lengths == "paged":
         return "paged: its arguments are the pages and the page table made from its inputs"
-    if getattr(cell, "kv_dtype", None):
+    if cell.kv_dtype:
         return "quantized KV cache: its arguments are the cache and the scales made from its inputs"
     if serving_cell.is_serving(cell):
         return "serving: its arguments are the packed requests and their lengths (measure.serving_cell)"
@@ -118,7 +118,7 @@ def start(cell, opts=None) -> AheadCompile | None:
     def run():
         try:
             fut.checkpoint()
-            fwd, timed, _ = _functions(cell)
+            fwd, timed, _ = functions(cell, call_extras(cell))
             fut.checkpoint()
             t0 = time.perf_counter()
             lowered = jax.jit(timed).lower(*shapes(cell))

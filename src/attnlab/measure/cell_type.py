@@ -7,6 +7,7 @@ each of ``cell_fields.CELL_FIELDS`` in order; its identity (``Cell.identity``, `
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 
 import numpy as np
@@ -14,7 +15,7 @@ import numpy as np
 from ..core import segments, strategies
 from ..core.cell_fields import CELL_FIELDS, DEFAULTS, NAMES
 from ..core.checks import check_soft_cap
-from ..core.problem import FIELDS as PROBLEM_FIELDS, Problem, delegate_fields
+from ..core.problem import FIELDS as PROBLEM_FIELDS, Problem
 from ..core.records import config_label
 from ..reference.distributions import DISTRIBUTIONS
 from ..reference.inputs import seed_of
@@ -54,6 +55,17 @@ class _CellMethods:
             object.__setattr__(self, name, value)
         self._validate()
 
+    # the problem's fields, read as the cell's (``cell.heads`` is ``cell.problem.heads``)
+    batch = property(lambda self: self.problem.batch)
+    q_len = property(lambda self: self.problem.q_len)
+    kv_len = property(lambda self: self.problem.kv_len)
+    heads = property(lambda self: self.problem.heads)
+    kv_heads = property(lambda self: self.problem.kv_heads)
+    head_dim = property(lambda self: self.problem.head_dim)
+    dtype = property(lambda self: self.problem.dtype)
+    causal = property(lambda self: self.problem.causal)
+    window = property(lambda self: self.problem.window)
+
     def _validate(self):
         if self.inputs not in DISTRIBUTIONS:
             raise ValueError(f"inputs must be one of {DISTRIBUTIONS}, got {self.inputs!r}")
@@ -81,32 +93,44 @@ class _CellMethods:
             raise ValueError(strategies.unknown(self.strategy))
         if self.strategy is None and self.devices != 1:
             raise ValueError("devices > 1 needs a strategy (batch, heads or ring)")
+
     def kv_lengths(self) -> tuple[int, ...] | None:
-        """Decode cells: each sequence's valid cache length (the q_len new tokens included).
+        """Decode cells: each sequence's valid cache length (the q_len new tokens included), drawn once with the
+        cell's ``workload``.
 
         "full": every sequence fills the cache (S). "ragged": lengths drawn uniformly from [T, S]
-        with a seed fixed by the shape, so every backend and every run sees the same batch."""
+        with a seed fixed by the shape, so every backend and every run sees the same batch. A serving cell:
+        every request's, the prefill chunks first."""
+        return self.workload.kv_lengths
+
+    def _decode_lengths(self) -> tuple[int, ...] | None:
         if self.lengths is None or self.lengths in ("full", "paged"):
             return None if self.lengths is None else (self.kv_len,) * self.batch
-        if serving_cell.is_serving(self):   # a serving cell: every request's, the prefill chunks first
-            return tuple(serving_cell.requests(self)[1].tolist())
         rng = np.random.default_rng(seed_of(f"ragged B{self.batch} T{self.q_len} S{self.kv_len}"))
         return tuple(int(x) for x in rng.integers(self.q_len, self.kv_len + 1, size=self.batch))
 
     def segment_ids(self) -> np.ndarray | None:
         """(B, T) int32 ids of ``packing`` ("docs:N": N contiguous documents of random lengths per row,
-        seeded by the shape, so every backend and run sees the same packing), or None."""
+        seeded by the shape, so every backend and run sees the same packing), or None; drawn once per cell
+        (read-only: its workload, call and check share them)."""
+        return self._segment_ids
+
+    @functools.cached_property
+    def _segment_ids(self) -> np.ndarray | None:
         if (n := segments.parse_packing(self.packing)) is None:
             return None
-        return segments.docs(self.batch, self.q_len, n, seed_of(f"packing {self.packing} B{self.batch} T{self.q_len}"))
+        ids = segments.docs(self.batch, self.q_len, n, seed_of(f"packing {self.packing} B{self.batch} T{self.q_len}"))
+        ids.setflags(write=False)
+        return ids
 
-    @property
+    @functools.cached_property
     def workload(self) -> Problem:
-        """The problem with the cell's decode lengths and documents (what its FLOPs and bytes count)."""
+        """The problem with the cell's decode lengths and documents (what its FLOPs and bytes count), made once
+        per cell (a serving cell draws its requests for it)."""
         if serving_cell.is_serving(self):
             return serving_cell.problem_of(self)
         docs = segments.run_lengths(self.segment_ids()) if self.packing else None   # packed: pairs within documents
-        return dataclasses.replace(self.problem, kv_lengths=self.kv_lengths(), decode=self.lengths is not None,
+        return dataclasses.replace(self.problem, kv_lengths=self._decode_lengths(), decode=self.lengths is not None,
                                    doc_lengths=docs, kv_dtype=self.kv_dtype, kv_scale=self.kv_scale,
                                    page_size=self.page_size)
 
@@ -128,7 +152,6 @@ Cell = dataclasses.make_dataclass(
     "Cell", [("backend", str), ("problem", Problem), ("mode", str, dataclasses.field(default="fwd")),
              *((f.name, f.type, dataclasses.field(default=f.default, metadata=_SINCE)) for f in CELL_FIELDS)],
     bases=(_CellMethods,), namespace={"__doc__": _CellMethods.__doc__, "__module__": __name__}, frozen=True, init=False)
-delegate_fields(Cell)
 
 #: A record's identity: the Cell's fields in order, its problem spelled out as the Problem's fields.
 IDENTITY = tuple(n for f in dataclasses.fields(Cell) for n in (PROBLEM_FIELDS if f.name == "problem" else (f.name,)))

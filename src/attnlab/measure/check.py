@@ -18,7 +18,7 @@ by ``attnlab.measure.prefetch``), and the emulation's errors (the policy's basel
 rows are computed once per inputs; a cell then pays one comparison of its own output. The seconds of
 the references a cell made go to its ``check_parts_s``. The references of the
 last ``_CACHE_SIZE`` input sets are kept (``_CACHE_BYTES`` at most, the newest always).
-``check_output`` / ``check_gradients`` apply the policy to a cell and return the verdict's record fields.
+``check_into`` applies the policy to a cell (its output, then its gradients) and records the verdict's fields.
 """
 from __future__ import annotations
 
@@ -35,10 +35,11 @@ import numpy as np
 from ..reference.blockwise import batch_rows, blockwise_grads_pair, blockwise_pair, empty_rows, rel_errors
 from ..reference.compiled import compiled_once
 from ..reference.float64 import reference_attention
-from ..reference.inputs import random_sinks, seed_of
+from ..reference.inputs import seed_of
 from ..core.errors import OutputMismatchError
 from ..reference import rules
 from ..reference.tolerance import policy_limit, rel_l2, row_rel_err
+from . import kv_cells
 from .outcome import Skip, Status
 from .verdict import errors_text, judged, output_dtype, policy_verdict, rule_text  # noqa: F401
 
@@ -146,16 +147,17 @@ def check_forward(out, q, k, v, sem: Semantics, *, ref_key: str, fixed_limit: fl
                   fixed_rule: str | None = None) -> dict:
     """Record fields for the forward output ``out`` (B, T, N, H) of inputs q, k, v (see module doc);
     ``OutputMismatchError`` unless ``out`` is one array of exactly that shape and q's dtype."""
-    rules.require_like(out, "out", q.shape[:-1] + v.shape[-1:], q.dtype, "the query's, with the value's head dim")
     B, T = q.shape[:2]
-    dtype = np.dtype(out.dtype).name
     batch_idx, rows = sample_rows(seed_of(ref_key), B, T)
+    dkw, nkw = sem.device_kwargs(T), sem.numpy_kwargs(batch_idx, rows)   # the rules, as each reference takes them
+    rules.require_like(out, "out", q.shape[:-1] + v.shape[-1:], q.dtype, "the query's, with the value's head dim")
+    dtype = np.dtype(out.dtype).name
     bi = np.asarray(batch_idx)
     host = lambda x: np.asarray(x)[bi]          # noqa: E731  (indexed on the host: no gather to compile)
     take = lambda x: host(x)[:, rows].astype(np.float64)  # noqa: E731
 
     def reference():
-        ref32, emul, empty = blockwise_pair(q, k, v, **sem.device_kwargs(T))
+        ref32, emul, empty = blockwise_pair(q, k, v, **dkw)
         return ref32, rel_errors(emul, ref32)[:2], take(emul), np.asarray(empty)
 
     parts: dict = {}      # seconds of the references made for this cell (none when all were cached)
@@ -171,7 +173,7 @@ def check_forward(out, q, k, v, sem: Semantics, *, ref_key: str, fixed_limit: fl
         # K and V: only the sampled batch elements leave the device (a long cache is GiBs), as float32
         idx = jnp.asarray(bi, jnp.int32)
         kb, vb = (np.asarray(compiled_once(batch_rows, x, idx)) for x in (k, v))
-        ref64 = reference_attention(host(q)[:, rows].astype(kb.dtype), kb, vb, **sem.numpy_kwargs(batch_idx, rows))
+        ref64 = reference_attention(host(q)[:, rows].astype(kb.dtype), kb, vb, **nkw)
         e_target = rules.empty_row_target(e64, ref64, empty64).target
         return ref64, rel_l2(e64, e_target), row_rel_err(e64, e_target)
 
@@ -199,8 +201,8 @@ def check_grads(grads, q, k, v, cotangent, sem: Semantics, *, ref_key: str) -> d
     """Record fields for (dq, dk, dv) of sum(out * cotangent), all of each tensor checked.
 
     ``cotangent`` is the cotangent the backend's output received (in the output's dtype)."""
-    rules.require_grads(grads, q, k, v)
     dtype, dkw = np.dtype(q.dtype).name, sem.device_kwargs(q.shape[1])
+    rules.require_grads(grads, q, k, v)
     ct = jnp.asarray(cotangent).astype(q.dtype)
 
     def reference():
@@ -239,23 +241,38 @@ def ref_key(cell, seed: int) -> str:
     return json.dumps({**ident, "seed": seed}, sort_keys=True)
 
 
-def semantics(cell) -> Semantics:
+def semantics(cell, extras: dict) -> Semantics:
+    """The cell's mask rules; ``extras``: its call's keyword arguments (``inputs.call_extras``), whose sinks and
+    segment ids the references take."""
     lens = cell.kv_lengths()
-    cap = getattr(cell, "soft_cap", None)
-    sinks = random_sinks(cell.heads) if getattr(cell, "sinks", False) else None
+    sinks = None if extras.get("sinks") is None else np.asarray(extras["sinks"])
     if lens is None:
-        ids = cell.segment_ids() if getattr(cell, "packing", None) else None
-        return Semantics(causal=cell.causal, window=cell.window, soft_cap=cap, segment_ids=ids, sinks=sinks)
+        return Semantics(causal=cell.causal, window=cell.window, soft_cap=cell.soft_cap,
+                         segment_ids=extras.get("query_segment_ids"), sinks=sinks)
     return Semantics(causal=cell.causal, window=cell.window, kv_lengths=lens,
-                     q_offsets=tuple(n - cell.q_len for n in lens), soft_cap=cap, sinks=sinks)
+                     q_offsets=tuple(n - cell.q_len for n in lens), soft_cap=cell.soft_cap, sinks=sinks)
 
 
-def check_output(out, inputs, cell, backend, opts) -> dict:
+def check_into(rec: dict, out, inputs, cell, backend, opts, extras: dict, grads=None, ct=None) -> None:
+    """Check a (non-serving) cell into ``rec``: its whole forward output ``out`` on its first input set ``inputs``
+    (q, k, v; a quantized cache: ``kv_cells.check_output``), then, for fwd+bwd / bwd cells, every gradient
+    (``grads()`` makes them once the output passed; ``ct`` the output's cotangent); ``extras``: the call's keyword
+    arguments. ``Skip('incorrect')`` carrying the fields of the check that failed."""
+    if not cell.kv_dtype:
+        sem, key = semantics(cell, extras), ref_key(cell, opts.seed)
+        rec.update(check_output(out, inputs, cell, backend, sem, key))
+        if grads is not None:
+            rec.update(check_gradients(grads(), inputs, ct, sem, key))
+    else:
+        rec.update(kv_cells.check_output(out, inputs, cell, extras))
+
+
+def check_output(out, inputs, cell, backend, sem: Semantics, key: str) -> dict:
     """The record fields of the check of the whole forward output; ``Skip('incorrect')`` carrying them
     when it fails."""
     fields = output_dtype(out, cell)
     try:
-        chk = check_forward(device_array(out), *inputs, semantics(cell), ref_key=ref_key(cell, opts.seed),
+        chk = check_forward(device_array(out), *inputs, sem, ref_key=key,
                             fixed_limit=backend.rel_l2_limit, fixed_rule=backend.rel_l2_rule)
     except OutputMismatchError as e:
         raise Skip(Status.INCORRECT, f"output wrong: {e}", fields) from None
@@ -266,11 +283,11 @@ def check_output(out, inputs, cell, backend, opts) -> dict:
     return fields
 
 
-def check_gradients(grads, inputs, ct, cell, opts) -> dict:
+def check_gradients(grads, inputs, ct, sem: Semantics, key: str) -> dict:
     """The record fields of the check of every gradient; ``Skip('incorrect')`` carrying them when one fails."""
     q, k, v = inputs
     try:
-        chk = check_grads(grads, q, k, v, ct.astype(q.dtype), semantics(cell), ref_key=ref_key(cell, opts.seed))
+        chk = check_grads(grads, q, k, v, ct.astype(q.dtype), sem, ref_key=key)
     except OutputMismatchError as e:
         raise Skip(Status.INCORRECT, f"gradient wrong: {e}") from None
     if (why := chk.pop("grad_reason")) is not None:

@@ -91,8 +91,9 @@ def float64_rate(rows_flops: float, cal: calibration.Calibration | None = None) 
     return max(NUMPY_GFLOPS, NUMPY_SHARE * rate) * 1e9
 
 
-def _n_sets(w, opts, info) -> int:
-    one = max(1, w.bytes("fwd") - (w.new_tokens() if w.decode else w.batch * w.q_len) * w.heads * w.head_dim * w.itemsize)
+def _n_sets(qkv_bytes: float, opts, info) -> int:
+    """Input sets a cell of ``qkv_bytes`` of q, k and v rotates (as ``measure.inputs`` draws them)."""
+    one = max(1, qkv_bytes)
     sheet = peaks.peak_for_kind(info.kind)
     rotate = opts.rotate_bytes if opts.rotate_bytes is not None else 3 * (sheet.l2_bytes if sheet else 64 * 2**20)
     return max(1, min(opts.max_input_sets, math.ceil(rotate / one), max(1, (4 * 2**30) // one)))
@@ -101,16 +102,18 @@ def _n_sets(w, opts, info) -> int:
 def estimate_cell(cell, opts, info) -> Estimate:
     """The estimate of ``measure_cell(cell, opts)`` on the device ``info`` (``attnlab.core.device.current()``)."""
     w = cell.workload
+    work_flops, work_bytes, fwd_bytes = w.flops(cell.mode), w.bytes(cell.mode), w.bytes("fwd")
+    tokens = w.new_tokens() if w.decode else w.batch * w.q_len    # query rows (a serving step's are packed)
+    qkv = fwd_bytes - tokens * w.heads * w.head_dim * w.itemsize
     grads = cell.mode != "fwd"
     flops, nbytes = throughput(info, cell.dtype)
-    call_s = max(w.flops(cell.mode) / flops, w.bytes(cell.mode) / nbytes) + 1e-4
-    n_sets = _n_sets(w, opts, info)
+    call_s = max(work_flops / flops, work_bytes / nbytes) + 1e-4
+    n_sets = _n_sets(qkv, opts, info)
     repeats = opts.repeats or (20 if info.platform == "gpu" else 5)
     timed_s = repeats * call_s if info.platform == "gpu" else max(repeats * call_s, opts.min_time_s)
     pipe = timers.pipelined_calls(call_s * 1e3, opts.pipelined_calls, opts.pipelined_s)
     calls = max(opts.warmup, n_sets) + repeats + 3 * pipe
     timing_s = (max(opts.warmup, n_sets) + 3 * pipe) * call_s + timed_s
-    tokens = w.new_tokens() if w.decode else w.batch * w.q_len    # query rows (a serving step's are packed)
     dense = 4.0 * tokens * w.kv_len * w.heads * w.head_dim        # the reference masks, skips nothing
     cal = calibration.current(info)
     compile_x = calibration.GRAD_FACTOR if grads else 1.0
@@ -122,7 +125,6 @@ def estimate_cell(cell, opts, info) -> Estimate:
         rows = 4.0 * min(F64_ROWS, w.q_len) * min(F64_BATCH, w.batch) * w.kv_len * w.heads * w.head_dim
         check_s = ref + rows / float64_rate(rows, cal) + (3 if grads else 1) * call_s
     compile_s = cal.compile_s * compile_x
-    qkv = w.bytes("fwd") - tokens * w.heads * w.head_dim * w.itemsize
     out32 = 4 * tokens * w.heads * w.head_dim
     mem = n_sets * (qkv + (out32 if grads else 0)) + (2 + (6 if grads else 0)) * out32
     if opts.check:

@@ -1,4 +1,8 @@
-"""What a cell runs, on which inputs: input sets, mesh placement and the three mode builders.
+"""What a cell runs, on which inputs: input sets, mesh placement, the call and the three mode builders.
+
+``cell_inputs`` makes a (non-serving) cell's inputs once: its (q, k, v) sets, the attention call of the first
+(``attnlab.core.prepare.prepare``, the one call the backend is asked about and a native backend runs) and the
+call's keyword arguments (``call_extras``); ``functions`` builds what is timed from them.
 
 Sharded cells get their mesh, input placement and attention function from the strategy registry
 (``attnlab.core.strategies``), which the layer implementing the strategies fills (``attnlab.api.sharded``,
@@ -6,21 +10,74 @@ imported by ``attnlab.sweep``): measure looks a strategy up by name and imports 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import OrderedDict
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..api import dot_product as api
-from ..api.decode import decode_attention
+from ..api.decode import decode_attention, paged_refusal, window_refusal
 from ..core import device, strategies
+from ..core.call import Call
+from ..core.prepare import prepare
 from ..kernels.pages import to_pages
 from ..reference.distributions import make_qkv
-from ..reference.inputs import random_qkv, random_sinks
+from ..reference.inputs import INPUTS_DRAW, random_qkv, random_sinks
 from . import peaks
 from .kv_cells import functions as quantized_functions
-from .outcome import Skip, Status
+from .outcome import Skip, Status, classify
+
+
+@dataclasses.dataclass(frozen=True)
+class CellInputs:
+    """A (non-serving) cell's inputs, made once (``cell_inputs``): ``sets``, its (q, k, v) input sets (q (B, T, N, H),
+    k and v (B, S, K, H), on the mesh for a sharded cell); ``call``, the attention call of the first set; ``extras``,
+    the call's keyword arguments (``call_extras``: soft cap, segment ids, sinks)."""
+
+    sets: list
+    call: Call
+    extras: dict
+
+
+def cell_inputs(cell, backend, opts, rec: dict, phases) -> CellInputs:
+    """Draw the cell's input sets (phase ``inputs``), make its call once and ask ``backend`` whether it runs it;
+    a sharded cell's sets go onto its mesh. Writes ``input_sets``, ``inputs_draw`` and ``mesh`` into ``rec``;
+    raises ``Skip`` (unsupported: a refused call, a dtype JAX does not make, a mesh this machine lacks)."""
+    with phases("inputs"):
+        try:
+            sets = _input_sets(cell, opts)
+        except Exception as e:  # noqa: BLE001
+            raise Skip(*classify(e, "run"))
+    rec.update(input_sets=len(sets), inputs_draw=INPUTS_DRAW)
+    q0, k0, v0 = sets[0]
+    if np.dtype(q0.dtype).name != cell.dtype:
+        raise Skip(Status.UNSUPPORTED, f"dtype {cell.dtype}: JAX made {np.dtype(q0.dtype).name} inputs "
+                                       f"(jax_enable_x64={jax.config.jax_enable_x64}); not run under a wrong label")
+    extras = call_extras(cell)
+    call = prepare(q0, k0, v0, is_causal=cell.causal, local_window_size=cell.window, **extras)
+    # decode cells: the backend's refusal comes from decode_attention itself when it is traced
+    why = backend.why_not(call) if cell.lengths is None else backend.available()
+    if not why and cell.lengths is not None:
+        why = window_refusal(backend, cell.window) or (paged_refusal(backend) if cell.lengths == "paged" else None)
+    why = why or backend.mode_reason(call, cell.mode)
+    if why:
+        raise Skip(Status.UNSUPPORTED, f"{cell.backend}: {why}")
+    if cell.strategy is not None:
+        if cell.devices > jax.device_count():
+            raise Skip(Status.UNSUPPORTED, f"{cell.devices} devices asked, JAX sees {jax.device_count()}")
+        devs = jax.devices()[: cell.devices]
+        rec["mesh"] = {"devices": cell.devices, "axis": "x", "strategy": cell.strategy,
+                       "kinds": sorted({d.device_kind for d in devs})}
+        st = strategies.get(cell.strategy)
+        sh = st.placement(st.mesh(cell.devices))   # timing excludes the initial scatter
+        sets = [tuple(jax.device_put(x, sh) for x in s) for s in sets]
+        call = dataclasses.replace(call, query=sets[0][0], key=sets[0][1], value=sets[0][2])   # 4-d: as prepare keeps them
+        if why_strategy := st.why_not(cell.backend, cell.window):
+            raise Skip(Status.UNSUPPORTED, why_strategy)
+    return CellInputs(sets, call, extras)
 
 
 def _input_sets(cell, opts):
@@ -32,7 +89,7 @@ def _input_sets(cell, opts):
         p = peaks.peak_for_kind(device.current().kind)
         rotate = 3 * (p.l2_bytes if p else 64 * 2**20)
     n = max(1, min(opts.max_input_sets, math.ceil(rotate / max(one, 1)), max(1, (4 * 2**30) // max(one, 1))))
-    return [_draw(getattr(cell, "inputs", "gaussian"), w, opts.seed + i) for i in range(n)]
+    return [_draw(cell.inputs, w, opts.seed + i) for i in range(n)]
 
 
 #: The last non-gaussian draws (NumPy makes them on the host, ~1 s at T=16k): every backend of a
@@ -57,64 +114,43 @@ def _draw(dist: str, w, seed: int):
     return tuple(jnp.asarray(a).astype(w.dtype) for a in _DRAWS[key])
 
 
-def _place_sharded(sets, cell):
-    """Put each input set on the mesh as the strategy splits it, so timing excludes the initial scatter."""
-    st = strategies.get(cell.strategy)
-    sh = st.placement(st.mesh(cell.devices))
-    return [tuple(jax.device_put(x, sh) for x in s) for s in sets]
-
-
-def _mesh_record(cell) -> dict:
-    if cell.devices > jax.device_count():
-        raise Skip(Status.UNSUPPORTED, f"{cell.devices} devices asked, JAX sees {jax.device_count()}")
-    devs = jax.devices()[: cell.devices]
-    return {"devices": cell.devices, "axis": "x", "strategy": cell.strategy, "kinds": sorted({d.device_kind for d in devs})}
-
-
-def strategy_refusal(cell) -> str | None:
-    """Why the cell's strategy cannot run it (None: it can, or the cell has no strategy)."""
-    return None if cell.strategy is None else strategies.get(cell.strategy).why_not(cell.backend, cell.window)
-
-
 def call_extras(cell) -> dict:
     """``attention``'s keyword arguments for the cell's soft cap, packing and sinks (none when unset)."""
     kw = {}
-    if getattr(cell, "sinks", False):
+    if cell.sinks:
         kw["sinks"] = jnp.asarray(random_sinks(cell.heads))
-    if getattr(cell, "soft_cap", None) is not None:
+    if cell.soft_cap is not None:
         kw["logits_soft_cap"] = cell.soft_cap
-    ids = cell.segment_ids() if getattr(cell, "packing", None) else None
+    ids = cell.segment_ids() if cell.packing else None
     if ids is not None:
         kw["query_segment_ids"] = kw["key_value_segment_ids"] = ids   # concrete: compiled in, as a model's would be
     return kw
 
 
-def _functions(cell):
-    """(forward fn(q, k, v), timed fn, a maker of its argument tuple from (q, k, v, ct))."""
-    kw = dict(is_causal=cell.causal, local_window_size=cell.window, implementation=cell.backend, **call_extras(cell))
+def functions(cell, extras: dict):
+    """(forward fn(q, k, v), timed fn, a maker of its argument tuple from (q, k, v, ct)); ``extras``: the call's
+    keyword arguments (``call_extras(cell)``)."""
+    kw = dict(is_causal=cell.causal, local_window_size=cell.window, implementation=cell.backend, **extras)
 
     if cell.lengths is not None:
         lens = jnp.asarray(cell.kv_lengths(), jnp.int32)
-        if getattr(cell, "kv_dtype", None):     # a quantized cache, made before timing (``kv_cells``)
-
-            return quantized_functions(cell, lens)
+        if cell.kv_dtype:     # a quantized cache, made before timing (``kv_cells``)
+            return quantized_functions(cell, lens, extras)
         sinks = kw.get("sinks")
 
-        def fwd(q, k, v):
-            return decode_attention(q, k, v, lens, causal=cell.causal, implementation=cell.backend,
+        def decode(q, k, v, table=None):   # k, v: the caches (B, S, K, H), or their pages found through ``table``
+            return decode_attention(q, k, v, lens, causal=cell.causal, implementation=cell.backend, page_table=table,
                                     logits_soft_cap=cell.soft_cap, local_window_size=cell.window, sinks=sinks)
 
         if cell.lengths == "paged" and cell.mode == "fwd":
             # timed on pages made beforehand (shuffled, vLLM layout); checked as its contiguous twin (q, k, v)
-            def paged(q, k_pages, v_pages, table):
-                return decode_attention(q, k_pages, v_pages, lens, causal=cell.causal, implementation=cell.backend,
-                                        page_table=table, logits_soft_cap=cell.soft_cap,
-                                        local_window_size=cell.window, sinks=sinks)
+            def fwd(q, k, v):
+                return decode(q, *to_pages(k, v, cell.page_size))
 
-            def fwd(q, k, v):   # noqa: F811 - the paged call on pages made from (q, k, v)
-                return paged(q, *to_pages(k, v, cell.page_size))
+            return fwd, decode, lambda q, k, v, ct: (q, *to_pages(k, v, cell.page_size))
 
-            return fwd, paged, lambda q, k, v, ct: (q, *to_pages(k, v, cell.page_size))
+        def fwd(q, k, v):
+            return decode(q, k, v)
     elif cell.strategy is None:
         def fwd(q, k, v):
             return api.attention(q, k, v, **kw)

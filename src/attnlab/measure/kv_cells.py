@@ -20,7 +20,6 @@ from ..core.kv_quant import SCALE_LAYOUTS, canonical_kv_dtype, dequantize, quant
 from ..kernels.pages import to_pages
 from ..reference.decode64 import check_decode_close, reference_decode_attention
 from ..reference.distributions import make_qkv
-from ..reference.inputs import random_sinks
 from ..reference.tolerance import rel_l2
 from .outcome import Skip
 from .verdict import judged, output_dtype
@@ -60,15 +59,17 @@ def quantized_caches(cell, k, v):
     return (kc, ks, vc, vs, *tail)
 
 
-def semantics(cell) -> dict:
-    """The cell's window and sinks, as the call and both references take them (NumPy sinks)."""
-    return dict(local_window_size=cell.window,
-                sinks=random_sinks(cell.heads) if getattr(cell, "sinks", False) else None)
+def semantics(cell, extras: dict) -> dict:
+    """The cell's window and sinks, as the call and both references take them (the sinks of the call's keyword
+    arguments ``extras``, ``inputs.call_extras``, as NumPy)."""
+    sinks = extras.get("sinks")
+    return dict(local_window_size=cell.window, sinks=None if sinks is None else np.asarray(sinks))
 
 
-def functions(cell, lens):
-    """(forward fn(q, k, v), timed fn(q, k_cache, k_scale, v_cache, v_scale[, table]), its argument maker)."""
-    extra = semantics(cell)
+def functions(cell, lens, extras: dict):
+    """(forward fn(q, k, v), timed fn(q, k_cache, k_scale, v_cache, v_scale[, table]), its argument maker);
+    ``extras``: the call's keyword arguments (``inputs.call_extras``)."""
+    extra = semantics(cell, extras)
 
     def timed(q, kc, ks, vc, vs, table=None):
         return decode_attention(q, kc, vc, lens, causal=cell.causal, implementation=cell.backend,
@@ -97,16 +98,16 @@ def dequantized_twin(cell, x, batch_idx):
     return deq.reshape(len(idx), S, K, H)
 
 
-def check_output(out, inputs, cell, backend, opts) -> dict:
-    """The check of a quantized-cache cell (module docstring): its fields, ``kv_rel_err`` included; raises
-    Skip('incorrect') with them when it fails."""
-    del backend, opts
+def check_output(out, inputs, cell, extras: dict) -> dict:
+    """The check of a quantized-cache cell (module docstring) on its first input set ``inputs`` (q, k, v) and the
+    call's keyword arguments ``extras``: its fields, ``kv_rel_err`` included; raises Skip('incorrect') with them
+    when it fails."""
     q, k, v = inputs
     rec = output_dtype(out, cell)
     bi = sorted({0, cell.batch - 1})
     lens = np.asarray(cell.kv_lengths())[bi]
     qs, o = np.asarray(q)[bi], np.asarray(out)[bi]
-    kw = dict(causal=cell.causal, logits_soft_cap=cell.soft_cap, **semantics(cell))
+    kw = dict(causal=cell.causal, logits_soft_cap=cell.soft_cap, **semantics(cell, extras))
     kd, vd = (dequantized_twin(cell, x, bi) for x in (k, v))
     v64 = check_decode_close(o, qs, kd, vd, lens, **kw)
     unquantized = reference_decode_attention(qs, np.asarray(k)[bi], np.asarray(v)[bi], lens, **kw)

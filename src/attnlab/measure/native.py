@@ -1,17 +1,56 @@
-"""Timing a backend that is not a JAX op (``backends.base.NativeBackend``, e.g. PyTorch SDPA).
+"""A cell of a backend that is not a JAX op (``backends.base.NativeBackend``, e.g. PyTorch SDPA): its whole
+output checked on the cell's inputs, then timed (``check_and_time``).
 
 The backend hands over its kernel (``native_fn``: the callable, a synchronize function, its input
-sets and optional hooks); the loop lives here, below no backend: CUPTI kernel ms as for every JAX
-backend (``timers.cupti_per_call``), device events only where CUPTI cannot be used (the record's
+sets and optional hooks); the loop lives here, below no backend (``measure_native``): CUPTI kernel ms as for
+every JAX backend (``timers.cupti_per_call``), device events only where CUPTI cannot be used (the record's
 ``timer`` then says ``cuda_events`` and ``timer_note`` why), wall ms, pipelined ms, first-call s,
 and the cell's own peak of the library's allocations where the backend can read it.
 """
 from __future__ import annotations
 
+import math
 import time
 
+from . import memory
+from .check import check_into
+from .outcome import Skip, Status, classify
 from .stats import Stats
 from .timers import cupti_per_call
+
+
+def check_and_time(backend, cell, ins, opts, rec: dict, phases) -> None:
+    """Check the backend's whole output on the cell's inputs ``ins`` (``inputs.CellInputs``: its call is the one
+    run), then time it (``measure_native``; CUPTI where it works, said in ``timer``), into ``rec``. A failure
+    raises ``Skip`` (the fields measured before it are in ``rec``)."""
+    if cell.lengths is not None and not backend.decode:
+        raise Skip(Status.UNSUPPORTED, f"{cell.backend}: no decode (cache) semantics")
+    q0, k0, v0 = ins.sets[0]
+    scale = 1.0 / math.sqrt(cell.head_dim)
+    decode = None
+    if cell.kv_dtype and not backend.takes_kv_scales:
+        raise Skip("unsupported", f"{cell.backend}: {backend.kv_scales_reason}")
+    if cell.lengths is not None:
+        spec = ins.call
+        why = (backend.supports(spec) or backend.decode_reason(cell.kv_lengths(), cell.q_len, cell.kv_len)
+               or (backend.sinks_reason if spec.has_sinks and not backend.takes_sinks else None))
+        if why:
+            raise Skip(Status.UNSUPPORTED, f"{cell.backend}: {why}")
+        decode = (cell.kv_lengths(), cell.causal)
+    try:
+        if opts.check:
+            with phases("check"):
+                out = (backend.run(ins.call) if decode is None
+                       else backend.run_native_decode(q0, k0, v0, ins.call, scale, *decode))
+                check_into(rec, out, ins.sets[0], cell, backend, opts, ins.extras)
+        rec["repeats"] = repeats = opts.repeats or 20
+        with phases("timing"):
+            rec.update(measure_native(backend, ins.call, scale, ins.sets, repeats, opts.warmup, decode=decode))
+        rec["process_peak_bytes"] = memory.process_peak_bytes()
+    except Skip:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise Skip(*classify(e, "run"))
 
 
 def measure_native(backend, spec, scale: float, arg_sets, repeats: int, warmup: int, decode: tuple | None = None) -> dict:

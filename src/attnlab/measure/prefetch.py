@@ -29,6 +29,7 @@ from ..reference import blockwise
 from . import threads
 from .ahead import over_budget, shapes
 from .check import sample_rows, semantics
+from .inputs import call_extras
 
 _QUEUE: queue.Queue = queue.Queue()
 _QUEUED: set = set()
@@ -40,7 +41,7 @@ def check_shapes(cell) -> tuple:
     """(q, k, v, grads, keyword arguments) of ``blockwise.precompile_check`` for ``cell``'s check."""
     q, k, v = shapes(cell)[:3]
     n_batch = len(sample_rows(0, cell.batch, cell.q_len)[0])
-    return q, k, v, cell.mode != "fwd", {**semantics(cell).device_shapes(cell.q_len), "n_batch": n_batch}
+    return q, k, v, cell.mode != "fwd", {**semantics(cell, call_extras(cell)).device_shapes(cell.q_len), "n_batch": n_batch}
 
 
 def why_not(cell, opts=None) -> str | None:

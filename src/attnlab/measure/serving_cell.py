@@ -44,7 +44,7 @@ from ..reference.tolerance import rel_l2, row_rel_err
 from . import memory, peaks, timers
 from .budget import compile_within_budget
 from .kv_cells import dequantized_twin
-from .outcome import Skip, classify, rates
+from .outcome import Skip, classify
 from .verdict import judged, output_dtype, policy_verdict, rule_text
 
 #: The request-length distributions a serving cell's ``lengths`` names (or ``file:PATH``).
@@ -76,9 +76,15 @@ def check_cell(cell) -> None:
                          f"kv_len={cell.kv_len}")
 
 
+def request_seed(cell) -> int:
+    """The seed of the cell's request lengths, fixed by its shape: every backend and run sees the same step."""
+    return seed_of(f"serving {cell.lengths} {cell.prefill_chunks} B{cell.batch} T{cell.q_len} S{cell.kv_len}")
+
+
 def requests(cell) -> tuple[np.ndarray, np.ndarray, int]:
-    """(q_lengths, kv_lengths, seed) of the cell's step: the chunks first, then the B decodes."""
-    seed = seed_of(f"serving {cell.lengths} {cell.prefill_chunks} B{cell.batch} T{cell.q_len} S{cell.kv_len}")
+    """(q_lengths, kv_lengths, seed) of the cell's step: the chunks first, then the B decodes (int32). A cell
+    draws them once, for its ``workload``."""
+    seed = request_seed(cell)
     rng = np.random.default_rng(seed)
     kv = rl.draw(cell.lengths, cell.batch, cell.q_len, cell.kv_len, rng)
     n, size = rl.parse_chunks(cell.prefill_chunks) or (0, 1)
@@ -94,9 +100,10 @@ def problem_of(cell) -> Problem:
                                                                page_size=cell.page_size)
 
 
-def _inputs(p: Problem, q_lens, kv_lens, opts) -> list[tuple]:
-    """Argument sets (q (T_total, N, H), k, v (B, S, K, H), q_starts, kv_lengths) rotating past the L2 cache."""
-    one = max(p.bytes(), 1)
+def _inputs(p: Problem, nbytes: float, q_lens, kv_lens, opts) -> list[tuple]:
+    """Argument sets (q (T_total, N, H), k, v (B, S, K, H), q_starts, kv_lengths) rotating past the L2 cache;
+    ``nbytes``: the bytes one step moves (``p.bytes()``)."""
+    one = max(nbytes, 1)
     sheet = peaks.peak_for_kind(device.current().kind)
     rotate = opts.rotate_bytes or 3 * (sheet.l2_bytes if sheet else 64 * 2**20)
     n = max(1, min(opts.max_input_sets, math.ceil(rotate / one), (4 * 2**30) // one))
@@ -110,18 +117,19 @@ def _inputs(p: Problem, q_lens, kv_lens, opts) -> list[tuple]:
 
 
 def measure(backend, cell, opts, rec: dict, info, phases) -> dict:
-    """Check, then time one serving cell into ``rec`` and return it (raises ``Skip`` to end it early)."""
+    """Check, then time one serving cell into ``rec`` and return it (raises ``Skip`` to end it early); the rates
+    are the caller's (``outcome.rates``, as for every cell)."""
 
-    p = cell.workload
-    q_lens, kv_lens, seed = requests(cell)
-    rec.update(request_lengths=p.lengths_record(seed), lengths_traced=True, inputs_draw=INPUTS_DRAW)
+    p = cell.workload     # the step's requests, drawn once (``requests``)
+    q_lens, kv_lens = np.asarray(p.q_lengths, np.int32), np.asarray(p.kv_lengths, np.int32)
+    rec.update(request_lengths=p.lengths_record(request_seed(cell)), lengths_traced=True, inputs_draw=INPUTS_DRAW)
+    kw = call_semantics(cell)
     with phases("inputs"):
-        sets = _inputs(p, q_lens, kv_lens, opts)
+        sets = _inputs(p, rec["bytes"], q_lens, kv_lens, opts)
     rec["input_sets"] = len(sets)   # each set: (q, k, v, q_starts, kv_lengths, page table, k_scale, v_scale)
     args = [timed_args(s, cell) for s in sets]
     contiguous = sets[0]          # what the check reads (the other contiguous sets are not kept)
     del sets
-    kw = call_semantics(cell)
     try:
         select_serving(prepare_serving(*args[0][:5], page_table=args[0][5], k_scale=args[0][6], v_scale=args[0][7],
                                        **kw).spec, cell.backend)
@@ -144,7 +152,7 @@ def measure(backend, cell, opts, rec: dict, info, phases) -> dict:
                 out = compiled(*args[0])
             except Exception as e:  # noqa: BLE001
                 raise Skip(*classify(e, "run")) from None
-            check_into(rec, out, contiguous, q_lens, kv_lens, cell, backend)
+            check_into(rec, out, contiguous, q_lens, kv_lens, cell, backend, kw)
     rec["repeats"] = opts.repeats or (20 if info.platform == "gpu" else 5)
     with phases("timing"):
         try:
@@ -152,7 +160,6 @@ def measure(backend, cell, opts, rec: dict, info, phases) -> dict:
         except Exception as e:  # noqa: BLE001
             raise Skip(*classify(e, "run")) from None
     rec["process_peak_bytes"] = memory.process_peak_bytes()
-    rec.update(rates(rec, cell, info, backend))
     rec["tokens_per_s"] = p.new_tokens() / (time_ms(rec) * 1e-3)
     return rec
 
@@ -221,35 +228,36 @@ def kernel_like(q, k, v, q_starts, kv_lengths, dtype: str, soft_cap=None, local_
     return out.astype(dtype).astype(np.float64)
 
 
-def check_into(rec: dict, out, args, q_lens, kv_lens, cell, backend) -> None:
+def check_into(rec: dict, out, args, q_lens, kv_lens, cell, backend, sem: dict) -> None:
     """Check the sampled rows (``sampled``) of ``out`` against float64 (a quantized cache: of its dequantized
     values, ``kv_cells.dequantized_twin``, with ``kv_rel_err`` against the unquantized ones); record it;
-    Skip('incorrect') when wrong."""
+    Skip('incorrect') when wrong. ``sem``: the call's soft cap, window and sinks (``call_semantics``)."""
 
     q, k, v = args[:3]
-    rec.update(output_dtype(out, cell, q.shape))
     pieces = sampled(q_lens, kv_lens)
+    rec.update(output_dtype(out, cell, q.shape))
     rows = jnp.asarray(np.concatenate([np.arange(s0, s0 + t) for _, s0, t, _ in pieces]))
     reqs, n_max = [r for r, *_ in pieces], max(n for *_, n in pieces)
     kv = [np.asarray(x[jnp.asarray(reqs), :n_max]) for x in (k, v)]
+    unquantized = kv
     if cell.kv_dtype:   # quantized as the timed cache is (each request's once), then its sampled pieces'
         uniq, back = np.unique(reqs, return_inverse=True)
-        kv, unquantized = [dequantized_twin(cell, x, uniq)[:, :n_max][back] for x in (k, v)], kv
+        kv = [dequantized_twin(cell, x, uniq)[:, :n_max][back] for x in (k, v)]
     head = (np.asarray(q[rows]), *kv, rl.starts_of([t for _, _, t, _ in pieces]), np.asarray([n for *_, n in pieces]))
-    sem = call_semantics(cell)
     ref = reference_serving_attention(*head, **sem)
+    ref_unquantized = (reference_serving_attention(head[0], *unquantized, *head[3:], **sem) if cell.kv_dtype
+                       else None)
     emul = kernel_like(*head, cell.dtype, cell.soft_cap, cell.window, sem["sinks"])
     got = np.asarray(out[rows]).astype(np.float64)
     err, row = rel_l2(got, ref), (row_rel_err(got, ref, 1) if np.all(np.isfinite(got)) else math.inf)
-    verdict = policy_verdict(err, row, rel_l2(emul, ref), row_rel_err(emul, ref, 1), cell.dtype,
-                                   backend.rel_l2_limit)
-    verdict.update(reference="NumPy float64 (reference.serving64) on the first and last tokens of the longest "
-                             "and shortest requests" + (" (the dequantized cache)" if cell.kv_dtype else ""),
-                   requests=sorted(set(reqs)), rows=int(rows.size))
     fields = dict(checked_fraction=int(rows.size) / int(np.sum(q_lens)), checked_rows=int(rows.size), row_err=row,
                   max_abs_err=float(np.max(np.abs(got - ref))))
     if cell.kv_dtype:
-        fields["kv_rel_err"] = rel_l2(got, reference_serving_attention(head[0], *unquantized, *head[3:], **sem))
-    rec.update(judged(fields, "float64_requests", verdict,
-                            rule_text(cell.dtype, backend.rel_l2_limit, backend.rel_l2_rule),
-                            where=f" on requests {verdict['requests']}"))
+        fields["kv_rel_err"] = rel_l2(got, ref_unquantized)
+    verdict = policy_verdict(err, row, rel_l2(emul, ref), row_rel_err(emul, ref, 1), cell.dtype,
+                             backend.rel_l2_limit)
+    verdict.update(reference="NumPy float64 (reference.serving64) on the first and last tokens of the longest "
+                             "and shortest requests" + (" (the dequantized cache)" if cell.kv_dtype else ""),
+                   requests=sorted(set(reqs)), rows=int(rows.size))
+    rule = rule_text(cell.dtype, backend.rel_l2_limit, backend.rel_l2_rule)
+    rec.update(judged(fields, "float64_requests", verdict, rule, where=f" on requests {verdict['requests']}"))
