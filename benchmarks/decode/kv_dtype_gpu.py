@@ -14,10 +14,12 @@ speed-up over the bf16 cache of the same T and layout. Goals (issue 34): fp8 >= 
 >= 85% of its roofline. Then the error report (``measure.kv_cells.kv_cache_errors``, B=2, S=4096, T=4, on
 attnlab-decode): per input distribution, each cache's relative L2 error against float64 of the unquantized
 values, next to bf16 K/V's. Then (not ``--quick``) tile variants of the kernel on the fp8 cache (``VARIANTS``:
-longer key blocks, deeper pipelines; the plan sizes shared memory by q's dtype). Writes ``results.jsonl`` and
+longer key blocks, deeper pipelines; the plan sizes shared memory by q's dtype). ``--mma``: only the bf16 cells and
+every quantized cache with its products in q's dtype and in float16 (``DecodeConfig.kv_mma``), T in {1, 8},
+contiguous and paged 16. Writes ``results.jsonl`` and
 ``README.md`` (the tables) to --out.
 ``--dry-run``: the same cells at B=2, S=256, H=64 in Pallas interpret mode with the wall clock (checks that
-every cell runs; the times mean nothing). Written without a GPU: it has run only as ``--dry-run`` on a CPU.
+every cell runs; the times mean nothing). Ran on the H200: results/gpu-2026-12-05-kv-dtype, -kv-probe, gpu-2026-12-05c-kv-products.
 """
 from __future__ import annotations
 

@@ -53,7 +53,8 @@ Why Triton here, and Mosaic GPU above 64 rows
 
 Paged caches (``page_table``): ``paged_load.load_kv_block`` reads each block through the table.
 Quantized caches (FP8/int8 with ``k_scale``/``v_scale``): read at 1 byte per element, dequantized in
-registers (``kernels.kv_dequant``); the Triton kernel only.
+registers (``kernels.kv_dequant``), the products in float16 for FP8 and a bfloat16 q (``Plan.kv_mma``);
+the Triton kernel only.
 Tuning parameters and the split count: ``kernels.decode_plan``; the GPU's SM count, shared memory
 and occupancy: ``kernels.decode_resources``. Both are re-exported here.
 """
