@@ -43,7 +43,7 @@ class DecodeConfig:
     kernel: str | None = None
     #: a quantized cache's products: "float16" (``kv_dequant.mma_query``), "q" (in q's dtype) or None: float16
     #: for FP8 caches and bfloat16 queries (e4m3 1.13-1.39x faster at T=1 on the H200,
-    #: results/gpu-2026-12-05b-kv-products), q's dtype otherwise (int8: float16 was slower)
+    #: results/gpu-2026-12-05c-kv-products), q's dtype otherwise (int8: float16 was slower)
     kv_mma: str | None = None
 
 

@@ -232,9 +232,7 @@ def merge_call(cp, partials, out, *, K, G, N, H, interpret, sinks=None):
         out_specs=full(tuple(out.shape)),
         out_shape=jax.ShapeDtypeStruct(out.shape, out.dtype),
         input_output_aliases={4: 0},
-        # the loop's loads depend on j only: pipelined, so a long request's many partials (one-long: ~33 per
-        # row) need not be a chain of dependent loads (the merge took 12-33 us of a 70-230 us call)
-        compiler_params=plgpu.CompilerParams(num_warps=8 if br * H > 8192 else 4, num_stages=3),
+        compiler_params=plgpu.CompilerParams(num_warps=8 if br * H > 8192 else 4, num_stages=1),
         interpret=interpret,
         name=kernel_name(cp, None, merge=True),
     )(cp.units.reshape(-1), *partials, out, *([] if sinks is None else [sinks]))
