@@ -110,7 +110,8 @@ def name_tests(path: str, names: set[str]) -> set[str]:
         if isinstance(node, ast.Compare):
             parts = [node.left, *node.comparators]
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
-                and isinstance(node.func.value, ast.Name) and node.func.value.id == "backends":
+                and (getattr(node.func.value, "id", None) == "backends"           # backends.get(...)
+                     or getattr(node.func.value, "attr", None) == "backends"):  # jx.backends.get(...)
             parts = node.args
         found |= {c.value for p in parts for c in ast.walk(p) if isinstance(c, ast.Constant) and c.value in names}
     return found
