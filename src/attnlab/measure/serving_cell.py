@@ -32,9 +32,8 @@ import jax.numpy as jnp
 import ml_dtypes  # noqa: F401  (bfloat16 for NumPy)
 import numpy as np
 
-from ..api.serving import prepare_serving, select_serving, serving_attention
+from ..api.serving import prepare_serving, serving_attention
 from ..core import device, request_lengths as rl
-from ..core.errors import UnsupportedError
 from ..core.kv_quant import quantize_kv_cache
 from ..core.problem import Problem
 from ..core.records import time_ms
@@ -143,11 +142,9 @@ def measure(backend, cell, opts, rec: dict, info, phases) -> dict:
     contiguous, args, kw = argument_sets(cell, p, rec["bytes"], opts, phases)
     rec.update(request_lengths=p.lengths_record(seed), lengths_traced=True, inputs_draw=INPUTS_DRAW,
                input_sets=len(args))
-    try:
-        select_serving(prepare_serving(*args[0][:5], page_table=args[0][5], k_scale=args[0][6], v_scale=args[0][7],
-                                       **kw).spec, cell.backend)
-    except UnsupportedError as e:
-        raise Skip("unsupported", str(e)) from None
+    first = prepare_serving(*args[0][:5], page_table=args[0][5], k_scale=args[0][6], v_scale=args[0][7], **kw)
+    if why := backend.supports_serving(first):   # the backend in hand (measure_cell found it available)
+        raise Skip("unsupported", f"{backend.name}: {why}")
     call = functools.partial(serving_attention, implementation=cell.backend, **kw)
     step = jax.jit(lambda q, k, v, starts, kv, table, ks, vs: call(q, k, v, starts, kv, page_table=table,
                                                                    k_scale=ks, v_scale=vs))
