@@ -57,12 +57,12 @@ def cell_inputs(cell, backend, opts, rec: dict, phases) -> CellInputs:
     if np.dtype(q0.dtype).name != cell.dtype:
         raise Skip(Status.UNSUPPORTED, f"dtype {cell.dtype}: JAX made {np.dtype(q0.dtype).name} inputs "
                                        f"(jax_enable_x64={jax.config.jax_enable_x64}); not run under a wrong label")
+    decode_why = None if cell.lengths is None else (   # read off the backend's declarations: no call needed
+        window_refusal(backend, cell.window) or (paged_refusal(backend) if cell.lengths == "paged" else None))
     extras = call_extras(cell)
     call = prepare(q0, k0, v0, is_causal=cell.causal, local_window_size=cell.window, **extras)
     # decode cells: the backend's refusal comes from decode_attention itself when it is traced
-    why = backend.why_not(call) if cell.lengths is None else backend.available()
-    if not why and cell.lengths is not None:
-        why = window_refusal(backend, cell.window) or (paged_refusal(backend) if cell.lengths == "paged" else None)
+    why = backend.why_not(call) if cell.lengths is None else backend.available() or decode_why
     why = why or backend.mode_reason(call, cell.mode)
     if why:
         raise Skip(Status.UNSUPPORTED, f"{cell.backend}: {why}")
