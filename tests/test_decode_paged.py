@@ -136,7 +136,8 @@ def test_kernel_refuses_a_page_size_that_is_not_a_power_of_two():
 
 def test_cudnn_paged_rules_and_which_backends_have_a_paged_path():
     from attnlab.backends.cudnn_paged import paged_reason
-    from attnlab.api.decode import DecodeSpec, paged_refusal
+    from attnlab.api.decode import DecodeSpec
+    from attnlab.measure.inputs import paged_refusal
 
     spec = DecodeSpec(Problem(2, 1, 64, 4, 2, 64, "bfloat16", causal=True), scale=None, page_size=16)
     assert paged_reason(spec, 8, 4) is None

@@ -264,7 +264,7 @@ def test_windowed_decode_cells_through_the_sweep_engine():
     rec = measure_cell(tok, opts)
     assert rec["status"] == "unsupported" and "local_window_size" in rec["reason"]
     # a native backend's decode path would read the window top-left: the cell refuses it before it runs
-    from attnlab.api.decode import window_refusal
+    from attnlab.measure.inputs import window_refusal
     assert "local_window_size" in window_refusal(backends.get("torch-flash"), (8, 0))
     assert window_refusal(backends.get("torch-flash"), None) is None
     assert window_refusal(backends.get("xla"), (8, 0)) is None

@@ -99,10 +99,13 @@ def test_advise_memory_table_per_cache_dtype():
 
 def test_the_quantized_check_gives_its_verdict_through_the_shared_helper():
     """kv_cells.check_output (as serving_cell.check_into and check.check_output) records and refuses through
-    check.output_dtype / check.judged: the fields ride on the Skip, the reason names the error and its limit."""
+    verdict.judged, after check.check_into's verdict.output_dtype: the fields ride on the Skip, the reason names
+    the error and its limit."""
     import attnlab
     import jax.numpy as jnp
 
+    from attnlab import backends
+    from attnlab.measure.check import check_into
     from attnlab.measure.kv_cells import check_output, quantized_caches
     from attnlab.measure.outcome import Skip
     from attnlab.reference.inputs import random_qkv
@@ -117,5 +120,5 @@ def test_the_quantized_check_gives_its_verdict_through_the_shared_helper():
     with pytest.raises(Skip, match=r"^output wrong: rel L2 \S+ \(limit \S+\) \(float32") as e:
         check_output(out * 1.01, (q, k, v), cell, {})
     assert e.value.fields["kv_rel_err"] > 0 and not e.value.fields["checks"]["float64_dequantized"]["ok"]
-    with pytest.raises(Skip, match="output bfloat16 is not the cell's float32"):
-        check_output(out.astype("bfloat16"), (q, k, v), cell, {})
+    with pytest.raises(Skip, match="output bfloat16 is not the cell's float32"):   # the check of every cell, first
+        check_into({}, out.astype("bfloat16"), (q, k, v), cell, backends.get("xla"), Options(), {})

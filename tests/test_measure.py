@@ -164,3 +164,36 @@ def test_random_inputs_are_bit_identical_to_jax_random_normal():
     kq, kk, kv = jax.random.split(jax.random.key(5), 3)
     assert np.array_equal(np.asarray(k), np.asarray(jax.random.normal(kk, (1, 7, 5, 1), jnp.float32).astype("bfloat16")))
     assert q.shape == (1, 3, 5, 1) and v.shape == (1, 7, 5, 1)
+
+
+@pytest.mark.parametrize("factor, status", [(1.0, "ok"), (1.01, "incorrect")])
+def test_native_cell_checked_once_then_timed(factor, status):
+    """A backend outside JAX (``NativeBackend``) goes through measure_cell as any cell: its output checked
+    (``check``), then, only when right, its kernel timed by ``measure.native`` (device events here)."""
+    import time
+
+    import numpy as np
+
+    from attnlab.backends.base import NativeBackend, NativeCall
+
+    launched = []
+
+    class FakeNative(NativeBackend):
+        name = "test-fake-native"
+
+        def run(self, p):
+            return backends.get("naive").run(p) * factor
+
+        def native_fn(self, spec, scale, arg_sets, decode=None):
+            def event_ms(call):
+                t0 = time.perf_counter()
+                call()
+                return (time.perf_counter() - t0) * 1e3
+            return NativeCall(lambda q, k, v: launched.append(q.shape), lambda: None,
+                              [tuple(np.asarray(x) for x in s) for s in arg_sets], {"event_ms": event_ms})
+
+    with backends.registered(FakeNative()):
+        r = measure_cell(cell("test-fake-native"), FAST)
+    assert r["status"] == status, r["reason"]
+    assert r["rel_err"] is not None and bool(launched) == (status == "ok")      # an incorrect cell is never timed
+    assert (r["wall_ms"] is not None) == (status == "ok") and (r["kernel_ms"] is not None) == (status == "ok")

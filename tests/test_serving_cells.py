@@ -136,3 +136,10 @@ def test_the_serving_check_judges_the_window_and_the_sinks():
         else:
             with pytest.raises(Skip, match="output wrong on requests"):
                 serving_cell.check_into({}, jnp.asarray(out, jnp.float32), args, q_lens, kv_lens, cell, backend, sem)
+
+
+def test_a_backend_without_a_serving_path_is_unsupported_before_compiling():
+    """The serving cell asks its own backend (the one measure_cell found) about its first call: naive refuses."""
+    r = measure_cell(Cell("naive", 3, 2, 64, 4, 2, 16, causal=True, lengths="spread"), Options(max_input_sets=1))
+    assert r["status"] == "unsupported" and r["reason"].startswith("naive: no serving path")
+    assert r["compile_s"] is None and r["input_sets"] == 1

@@ -156,20 +156,6 @@ def prepare_decode(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, 
                       page_table, k_scale=k_scale, v_scale=v_scale)
 
 
-def paged_refusal(backend) -> str | None:
-    """Why a sweep's paged cell does not time ``backend`` (it has no paged path of its own and would
-    run on a gathered copy of the cache), or None."""
-    if backend.paged:
-        return None
-    return "no paged KV cache path of its own (decode_attention would gather the pages into a contiguous copy)"
-
-
-def window_refusal(backend, window) -> str | None:
-    """Why a sweep's windowed decode cell does not time ``backend`` (its decode path takes no window: a native
-    one would read the window top-left), or None."""
-    return backend.decode_window_reason if window is not None and not backend.takes_decode_window else None
-
-
 def select_decode(spec: Call, implementation=None):
     """The backend that runs this call (its ``run_decode``): the named one (or UnsupportedError with its
     ``why_not_decode``), or auto's: the first registered backend whose ``auto_reason`` claims the call,

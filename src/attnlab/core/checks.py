@@ -6,8 +6,8 @@ Each rule is written once: the sizes of a call (every one >= 1, N a multiple of 
 B, T, S and N be 0, as jax.nn does) are the rules of ``attnlab.core.problem.Problem`` itself
 (``call_problem`` builds the call's Problem and says a broken rule in the call's argument names);
 dtypes (``common_float_dtype``), the key/value shapes against the query's (``check_kv_shapes``),
-flags (``check_flag``), length arrays (``as_lengths``, ``length_values``), scale, soft cap, sinks and
-window have one helper each. Errors are ``ValueError``/``TypeError`` naming the argument
+flags (``check_flag``), length arrays (``as_lengths``, ``length_values``), a bias or mask
+(``broadcast_operand``), scale, soft cap, sinks and window have one helper each. Errors are ``ValueError``/``TypeError`` naming the argument
 and the rule, raised before JAX sees the arrays; value checks are skipped for traced arrays.
 """
 from __future__ import annotations
@@ -70,6 +70,32 @@ def call_problem(names: Mapping[str, str], sizes: Sequence[int], dtype: str, cau
             raise
         raise ProblemError(msg, *e.fields) from e
     return None if empty else problem
+
+
+def to_rank(x, ndim: int):
+    """``x`` with unit axes prepended up to ``ndim`` dims (NumPy and JAX arrays alike)."""
+    missing = ndim - len(x.shape)
+    return x.reshape((1,) * missing + tuple(x.shape)) if missing > 0 else x
+
+
+def broadcast_operand(name: str, x, target: tuple[int, int, int, int]):
+    """A bias (floating) or mask (bool, True = attend) broadcastable to (B, N, T, S) ``target``, as 4-D
+    (``to_rank``); None passes. ``name``: "bias" or "mask", which also says the dtype rule."""
+    if x is None:
+        return None
+    shape = _shape(name, x)
+    dtype = np.dtype(x.dtype)
+    if name == "mask" and dtype != np.dtype(bool):
+        raise TypeError(f"mask must be bool (True = attend), got {dtype.name}; pass additive masks as bias")
+    if name != "mask" and dtype.name not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must have a floating dtype, got {dtype.name}")
+    if len(shape) > 4:
+        raise ValueError(f"{name} must have at most 4 dims broadcastable to (B, N, T, S)={target}, got shape {shape}")
+    for letter, got, want in zip("BNTS", (1,) * (4 - len(shape)) + shape, target):
+        if got not in (1, want):
+            raise ValueError(f"{name} shape {shape} is not broadcastable to (B, N, T, S)={target}: "
+                             f"dim {letter} is {got}, must be 1 or {want}")
+    return to_rank(x, 4)
 
 
 def check_kv_shapes(names: tuple[str, str, str], qs: tuple[int, ...], ks: tuple[int, ...], vs: tuple[int, ...]):

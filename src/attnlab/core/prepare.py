@@ -27,8 +27,9 @@ import numpy as np
 
 from .names import FLOAT_DTYPES
 from . import segments
-from .checks import (_check_lengths, _is_tracer, _shape, as_lengths, call_problem, check_flag, check_kv_shapes,
-                     check_scale, check_sinks, check_soft_cap, common_float_dtype, normalise_window)
+from .checks import (_check_lengths, _is_tracer, _shape, as_lengths, broadcast_operand, call_problem, check_flag,
+                     check_kv_shapes, check_scale, check_sinks, check_soft_cap, common_float_dtype, normalise_window,
+                     to_rank)
 from .call import Call
 from .problem import Problem
 
@@ -58,24 +59,6 @@ def AttentionSpec(batch=None, q_len=None, kv_len=None, heads=None, kv_heads=None
 Prepared = Call
 
 
-def _expand(x, ndim: int):
-    """Prepend unit axes so x has ``ndim`` dims (works for NumPy and JAX arrays)."""
-    missing = ndim - len(x.shape)
-    return x.reshape((1,) * missing + tuple(x.shape)) if missing > 0 else x
-
-
-def _check_broadcast(name: str, shape: tuple[int, ...], target: tuple[int, int, int, int]):
-    if len(shape) > 4:
-        raise ValueError(f"{name} must have at most 4 dims broadcastable to (B, N, T, S)={target}, got shape {shape}")
-    full = (1,) * (4 - len(shape)) + shape
-    for letter, got, want in zip("BNTS", full, target):
-        if got not in (1, want):
-            raise ValueError(
-                f"{name} shape {shape} is not broadcastable to (B, N, T, S)={target}: "
-                f"dim {letter} is {got}, must be 1 or {want}"
-            )
-
-
 def prepare(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
             query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
             return_residual=False, logits_soft_cap=None, query_segment_ids=None,
@@ -91,29 +74,15 @@ def prepare(query, key, value, bias=None, mask=None, *, scale=None, is_causal=Fa
         raise ValueError(f"key must have the same rank as query ({len(qs)}), got shape {ks}")
     check_kv_shapes(("query", "key", "value"), qs, ks, vs)
     dtype = common_float_dtype({"query": query, "key": key, "value": value})
-    q4, k4, v4 = _expand(query, 4), _expand(key, 4), _expand(value, 4)
+    q4, k4, v4 = to_rank(query, 4), to_rank(key, 4), to_rank(value, 4)
     B, T, N, H = (int(d) for d in q4.shape)
     S, K = (int(d) for d in k4.shape[1:3])
     window = normalise_window(local_window_size)
     problem = call_problem(ARGUMENT_NAMES, (B, T, S, N, K, H), dtype, check_flag("is_causal", is_causal), window,
                            may_be_empty=EMPTY_SIZES if allow_empty else ())
-
-    target = (B, N, T, S)
-    bias_shape = mask_shape = None
-    if bias is not None:
-        bias_shape = _shape("bias", bias)
-        if np.dtype(bias.dtype).name not in FLOAT_DTYPES:
-            raise TypeError(f"bias must have a floating dtype, got {np.dtype(bias.dtype).name}")
-        _check_broadcast("bias", bias_shape, target)
-        bias = _expand(bias, 4)
-        bias_shape = tuple(int(d) for d in bias.shape)
-    if mask is not None:
-        mask_shape = _shape("mask", mask)
-        if np.dtype(mask.dtype) != np.dtype(bool):
-            raise TypeError(f"mask must be bool (True = attend), got {np.dtype(mask.dtype).name}; pass additive masks as bias")
-        _check_broadcast("mask", mask_shape, target)
-        mask = _expand(mask, 4)
-        mask_shape = tuple(int(d) for d in mask.shape)
+    bias = broadcast_operand("bias", bias, (B, N, T, S))
+    mask = broadcast_operand("mask", mask, (B, N, T, S))
+    bias_shape, mask_shape = (None if x is None else tuple(int(d) for d in x.shape) for x in (bias, mask))
     query_seq_lengths, key_value_seq_lengths = as_lengths(query_seq_lengths), as_lengths(key_value_seq_lengths)
     if query_seq_lengths is not None:
         _check_lengths("query_seq_lengths", query_seq_lengths, B, T, "T")
@@ -123,7 +92,7 @@ def prepare(query, key, value, bias=None, mask=None, *, scale=None, is_causal=Fa
     scale = check_scale(scale)
     soft_cap = check_soft_cap(logits_soft_cap)
     if len(qs) == 3:   # an unbatched call takes (T,) and (S,) ids
-        query_segment_ids, key_value_segment_ids = (_expand(x, 2) if hasattr(x, "shape") and len(x.shape) == 1 else x
+        query_segment_ids, key_value_segment_ids = (to_rank(x, 2) if hasattr(x, "shape") and len(x.shape) == 1 else x
                                                     for x in (query_segment_ids, key_value_segment_ids))
     segments.check_segment_ids(query_segment_ids, key_value_segment_ids, B, T, S)
     sinks = check_sinks(sinks, N)

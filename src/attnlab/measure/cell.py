@@ -5,9 +5,10 @@ A cell is one (backend, problem, mode[, mesh strategy, decode lengths]); its pro
 An incorrect cell is never timed.
 
 This module is the cell's state machine (the ``Cell`` type: ``cell_type``); it passes the cell down once, to the
-module of its kind, which makes its inputs, checks and times it: ``serving_cell`` (a serving step: lengths
-traced), or, on the inputs and call ``inputs`` made once, ``jax_cell`` (a JAX call) or ``native`` (a backend
-outside JAX), both checked by ``check`` (references and the check policy; a quantized KV cache's: ``kv_cells``).
+module of its kind: ``serving_cell`` (a serving step, lengths traced) makes its inputs, checks and times it; any
+other cell goes down once each to ``inputs`` (its input sets and call, made once), to ``jax_cell`` (a JAX call,
+compiled) or ``native`` (a backend outside JAX) for the run, to ``check`` (references and the check policy; a
+quantized KV cache's: ``kv_cells``) for its output and gradients, then to the run's ``time``.
 ``outcome`` classifies failures, computes the rates and builds the record from the fields measured (only
 ``_measure_cell`` collects them).
 """
@@ -24,9 +25,10 @@ from ..core.record_model import CellRecord
 from ..core.records import SCHEMA_VERSION, Status
 from . import estimate, jax_cell, native, serving_cell, timers
 from .cell_type import IDENTITY, IDENTITY_DEFAULTS, LENGTHS, MODES, Cell, record_key  # noqa: F401  (the type, re-exported)
+from .check import check_into
 from .inputs import cell_inputs
 from .options import Options  # noqa: F401  (re-exported)
-from .outcome import MEASURED_FIELDS, Skip as _Skip, _short, finish, rates
+from .outcome import MEASURED_FIELDS, Skip as _Skip, _short, classify, finish, rates
 from .phases import Phases
 
 
@@ -85,10 +87,18 @@ def _measure_cell(cell: Cell, opts: Options | None, on_phase, ahead, stamp: dict
             serving_cell.measure(backend, cell, opts, rec, info, phases)
         else:
             ins = cell_inputs(cell, backend, opts, rec, phases)
-            if backend.native:
-                native.check_and_time(backend, cell, ins, opts, rec, phases)
-            else:
-                jax_cell.compile_check_and_time(backend, cell, ins, opts, rec, info, phases, ahead, cupti=no_cupti is None)
+            run = (native.native_run(backend, cell, ins) if backend.native
+                   else jax_cell.compile_run(backend, cell, ins, opts, rec, phases, ahead, cupti=no_cupti is None))
+            if opts.check:     # an incorrect cell is never timed
+                with phases("check"):
+                    try:
+                        check_into(rec, run.output(), ins.sets[0], cell, backend, opts, ins.extras, grads=run.grads,
+                                   ct=run.ct)
+                    except _Skip:
+                        raise
+                    except Exception as e:  # noqa: BLE001
+                        raise _Skip(*classify(e, "run"))
+            run.time(opts, rec, info, phases)
         rec.update(rates(rec, cell, info, backend))
     except _Skip as s:
         rec.update(s.fields)

@@ -257,7 +257,9 @@ def check_into(rec: dict, out, inputs, cell, backend, opts, extras: dict, grads=
     """Check a (non-serving) cell into ``rec``: its whole forward output ``out`` on its first input set ``inputs``
     (q, k, v; a quantized cache: ``kv_cells.check_output``), then, for fwd+bwd / bwd cells, every gradient
     (``grads()`` makes them once the output passed; ``ct`` the output's cotangent); ``extras``: the call's keyword
-    arguments. ``Skip('incorrect')`` carrying the fields of the check that failed."""
+    arguments. ``Skip('incorrect')`` carrying the fields of the check that failed; first, for every cell, an
+    output of another dtype than the cell's (``output_dtype``)."""
+    rec.update(output_dtype(out, cell))
     if not cell.kv_dtype:
         sem, key = semantics(cell, extras), ref_key(cell, opts.seed)
         rec.update(check_output(out, inputs, cell, backend, sem, key))
@@ -268,9 +270,9 @@ def check_into(rec: dict, out, inputs, cell, backend, opts, extras: dict, grads=
 
 
 def check_output(out, inputs, cell, backend, sem: Semantics, key: str) -> dict:
-    """The record fields of the check of the whole forward output; ``Skip('incorrect')`` carrying them
-    when it fails."""
-    fields = output_dtype(out, cell)
+    """The record fields of the check of the whole forward output (of the cell's dtype: ``check_into``);
+    ``Skip('incorrect')`` carrying them when it fails."""
+    fields: dict = {}
     try:
         chk = check_forward(device_array(out), *inputs, sem, ref_key=key,
                             fixed_limit=backend.rel_l2_limit, fixed_rule=backend.rel_l2_rule)

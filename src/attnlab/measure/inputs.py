@@ -2,7 +2,8 @@
 
 ``cell_inputs`` makes a (non-serving) cell's inputs once: its (q, k, v) sets, the attention call of the first
 (``attnlab.core.prepare.prepare``, the one call the backend is asked about and a native backend runs) and the
-call's keyword arguments (``call_extras``); ``functions`` builds what is timed from them.
+call's keyword arguments (``call_extras``), with the backend's refusals of the cell (a decode cell's:
+``window_refusal``, ``paged_refusal``); ``functions`` builds what is timed from them.
 
 Sharded cells get their mesh, input placement and attention function from the strategy registry
 (``attnlab.core.strategies``), which the layer implementing the strategies fills (``attnlab.api.sharded``,
@@ -19,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..api import dot_product as api
-from ..api.decode import decode_attention, paged_refusal, window_refusal
+from ..api.decode import decode_attention
 from ..core import device, strategies
 from ..core.call import Call
 from ..core.prepare import prepare
@@ -56,12 +57,12 @@ def cell_inputs(cell, backend, opts, rec: dict, phases) -> CellInputs:
     if np.dtype(q0.dtype).name != cell.dtype:
         raise Skip(Status.UNSUPPORTED, f"dtype {cell.dtype}: JAX made {np.dtype(q0.dtype).name} inputs "
                                        f"(jax_enable_x64={jax.config.jax_enable_x64}); not run under a wrong label")
+    decode_why = None if cell.lengths is None else (   # read off the backend's declarations: no call needed
+        window_refusal(backend, cell.window) or (paged_refusal(backend) if cell.lengths == "paged" else None))
     extras = call_extras(cell)
     call = prepare(q0, k0, v0, is_causal=cell.causal, local_window_size=cell.window, **extras)
     # decode cells: the backend's refusal comes from decode_attention itself when it is traced
-    why = backend.why_not(call) if cell.lengths is None else backend.available()
-    if not why and cell.lengths is not None:
-        why = window_refusal(backend, cell.window) or (paged_refusal(backend) if cell.lengths == "paged" else None)
+    why = backend.why_not(call) if cell.lengths is None else backend.available() or decode_why
     why = why or backend.mode_reason(call, cell.mode)
     if why:
         raise Skip(Status.UNSUPPORTED, f"{cell.backend}: {why}")
@@ -78,6 +79,20 @@ def cell_inputs(cell, backend, opts, rec: dict, phases) -> CellInputs:
         if why_strategy := st.why_not(cell.backend, cell.window):
             raise Skip(Status.UNSUPPORTED, why_strategy)
     return CellInputs(sets, call, extras)
+
+
+def paged_refusal(backend) -> str | None:
+    """Why a sweep's paged cell does not time ``backend`` (it has no paged path of its own and would
+    run on a gathered copy of the cache), or None."""
+    if backend.paged:
+        return None
+    return "no paged KV cache path of its own (decode_attention would gather the pages into a contiguous copy)"
+
+
+def window_refusal(backend, window) -> str | None:
+    """Why a sweep's windowed decode cell does not time ``backend`` (its decode path takes no window: a native
+    one would read the window top-left), or None."""
+    return backend.decode_window_reason if window is not None and not backend.takes_decode_window else None
 
 
 def _input_sets(cell, opts):

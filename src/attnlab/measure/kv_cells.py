@@ -22,7 +22,7 @@ from ..reference.decode64 import check_decode_close, reference_decode_attention
 from ..reference.distributions import make_qkv
 from ..reference.tolerance import rel_l2
 from .outcome import Skip
-from .verdict import judged, output_dtype
+from .verdict import judged
 
 
 def cell_fields(kv_dtype, kv_scale) -> tuple:
@@ -101,9 +101,9 @@ def dequantized_twin(cell, x, batch_idx):
 def check_output(out, inputs, cell, extras: dict) -> dict:
     """The check of a quantized-cache cell (module docstring) on its first input set ``inputs`` (q, k, v) and the
     call's keyword arguments ``extras``: its fields, ``kv_rel_err`` included; raises Skip('incorrect') with them
-    when it fails."""
+    when it fails. The output's dtype is the cell's (``check.check_into`` saw to it)."""
     q, k, v = inputs
-    rec = output_dtype(out, cell)
+    rec: dict = {}
     bi = sorted({0, cell.batch - 1})
     lens = np.asarray(cell.kv_lengths())[bi]
     qs, o = np.asarray(q)[bi], np.asarray(out)[bi]

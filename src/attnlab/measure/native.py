@@ -1,5 +1,6 @@
-"""A cell of a backend that is not a JAX op (``backends.base.NativeBackend``, e.g. PyTorch SDPA): its whole
-output checked on the cell's inputs, then timed (``check_and_time``).
+"""A cell of a backend that is not a JAX op (``backends.base.NativeBackend``, e.g. PyTorch SDPA): its refusals
+(``native_run``), then, once ``measure.cell`` has checked its whole output (``NativeRun.output``), timed
+(``NativeRun.time``).
 
 The backend hands over its kernel (``native_fn``: the callable, a synchronize function, its input
 sets and optional hooks); the loop lives here, below no backend (``measure_native``): CUPTI kernel ms as for
@@ -9,24 +10,55 @@ and the cell's own peak of the library's allocations where the backend can read 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
 from . import memory
-from .check import check_into
 from .outcome import Skip, Status, classify
 from .stats import Stats
 from .timers import cupti_per_call
 
 
-def check_and_time(backend, cell, ins, opts, rec: dict, phases) -> None:
-    """Check the backend's whole output on the cell's inputs ``ins`` (``inputs.CellInputs``: its call is the one
-    run), then time it (``measure_native``; CUPTI where it works, said in ``timer``), into ``rec``. A failure
-    raises ``Skip`` (the fields measured before it are in ``rec``)."""
+@dataclasses.dataclass(frozen=True)
+class NativeRun:
+    """A native cell the backend accepted: its call (``ins.call``), the logits ``scale`` and, for a decode cell,
+    ``decode`` = (kv_lengths, causal)."""
+
+    backend: object
+    ins: object
+    scale: float
+    decode: tuple | None
+    grads = None      # a native cell is forward only: no gradients, no cotangent
+    ct = None
+
+    def output(self):
+        """The backend's output on the cell's first input set (its call)."""
+        if self.decode is None:
+            return self.backend.run(self.ins.call)
+        return self.backend.run_native_decode(*self.ins.sets[0], self.ins.call, self.scale, *self.decode)
+
+    def time(self, opts, rec: dict, info, phases) -> None:
+        """Time the kernel (``measure_native``; CUPTI where it works, said in ``timer``) into ``rec``; raises
+        ``Skip``."""
+        try:
+            rec["repeats"] = repeats = opts.repeats or 20
+            with phases("timing"):
+                rec.update(measure_native(self.backend, self.ins.call, self.scale, self.ins.sets, repeats, opts.warmup,
+                                          decode=self.decode))
+            rec["process_peak_bytes"] = memory.process_peak_bytes()
+        except Skip:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise Skip(*classify(e, "run"))
+
+
+def native_run(backend, cell, ins) -> NativeRun:
+    """The native cell on its inputs ``ins`` (``inputs.CellInputs``: its call is the one run), or ``Skip``
+    (unsupported) where the backend refuses it: a decode cell without decode semantics, a quantized cache
+    without scales, a decode call it does not run."""
     if cell.lengths is not None and not backend.decode:
         raise Skip(Status.UNSUPPORTED, f"{cell.backend}: no decode (cache) semantics")
-    q0, k0, v0 = ins.sets[0]
-    scale = 1.0 / math.sqrt(cell.head_dim)
     decode = None
     if cell.kv_dtype and not backend.takes_kv_scales:
         raise Skip("unsupported", f"{cell.backend}: {backend.kv_scales_reason}")
@@ -37,20 +69,7 @@ def check_and_time(backend, cell, ins, opts, rec: dict, phases) -> None:
         if why:
             raise Skip(Status.UNSUPPORTED, f"{cell.backend}: {why}")
         decode = (cell.kv_lengths(), cell.causal)
-    try:
-        if opts.check:
-            with phases("check"):
-                out = (backend.run(ins.call) if decode is None
-                       else backend.run_native_decode(q0, k0, v0, ins.call, scale, *decode))
-                check_into(rec, out, ins.sets[0], cell, backend, opts, ins.extras)
-        rec["repeats"] = repeats = opts.repeats or 20
-        with phases("timing"):
-            rec.update(measure_native(backend, ins.call, scale, ins.sets, repeats, opts.warmup, decode=decode))
-        rec["process_peak_bytes"] = memory.process_peak_bytes()
-    except Skip:
-        raise
-    except Exception as e:  # noqa: BLE001
-        raise Skip(*classify(e, "run"))
+    return NativeRun(backend, ins, 1.0 / math.sqrt(cell.head_dim), decode)
 
 
 def measure_native(backend, spec, scale: float, arg_sets, repeats: int, warmup: int, decode: tuple | None = None) -> dict:

@@ -10,8 +10,9 @@ Measured as a JAX server calls it: ``jax.jit`` of ``serving_attention(q, k, v, q
 lengths *traced* arguments (the record's ``lengths_traced``; the kernel's plan is made inside the call from
 them). The check runs first: the first and last ``EDGE`` tokens of the longest and the shortest requests (by
 KV length and by query length) against NumPy float64 (``attnlab.reference.serving64``), each error within the
-tolerance policy's limit from a kernel-like emulation of the same rows (scores in float32, P rounded to the
-cell's dtype). The record adds ``request_lengths`` (``Problem.lengths_record``) and ``tokens_per_s`` (the
+tolerance policy's limit from a kernel-like emulation of the same rows
+(``reference.serving64.kernel_like_serving``: scores in float32, P rounded to the cell's dtype). The record
+adds ``request_lengths`` (``Problem.lengths_record``) and ``tokens_per_s`` (the
 step's new tokens / its time). With ``page_size`` the caches are pages of that many tokens in a shuffled
 order, found through a page table (vLLM's layout, ``kernels.pages.to_pages``, made before the timed call);
 the check reads the contiguous caches they were made from. The cell's ``window`` (its left size: the call is
@@ -31,15 +32,14 @@ import jax.numpy as jnp
 import ml_dtypes  # noqa: F401  (bfloat16 for NumPy)
 import numpy as np
 
-from ..api.serving import prepare_serving, select_serving, serving_attention
+from ..api.serving import prepare_serving, serving_attention
 from ..core import device, request_lengths as rl
-from ..core.errors import UnsupportedError
 from ..core.kv_quant import quantize_kv_cache
 from ..core.problem import Problem
 from ..core.records import time_ms
 from ..kernels.pages import to_pages
 from ..reference.inputs import INPUTS_DRAW, random_qkv, random_sinks, seed_of
-from ..reference.serving64 import reference_serving_attention
+from ..reference.serving64 import kernel_like_serving, reference_serving_attention
 from ..reference.tolerance import rel_l2, row_rel_err
 from . import memory, peaks, timers
 from .budget import compile_within_budget
@@ -100,20 +100,36 @@ def problem_of(cell) -> Problem:
                                                                page_size=cell.page_size)
 
 
-def _inputs(p: Problem, nbytes: float, q_lens, kv_lens, opts) -> list[tuple]:
-    """Argument sets (q (T_total, N, H), k, v (B, S, K, H), q_starts, kv_lengths) rotating past the L2 cache;
-    ``nbytes``: the bytes one step moves (``p.bytes()``)."""
+def argument_sets(cell, p: Problem, nbytes: float, opts, phases) -> tuple[tuple, list[tuple], dict]:
+    """(the first contiguous set, the timed sets, the call's semantics ``call_semantics``) of a serving cell.
+
+    Contiguous sets are (q (T_total, N, H), k, v (B, S, K, H), q_starts, kv_lengths), drawn (the ``inputs``
+    phase) to rotate past the L2 cache, ``nbytes`` being the bytes one step moves (``p.bytes()``); the check
+    reads the first. Timed sets are (q, k_cache, v_cache, q_starts, kv_lengths, page_table, k_scale, v_scale):
+    pages of ``page_size`` tokens (``to_pages``; None: contiguous), the cache quantized (``quantize_kv_cache``)
+    with ``kv_dtype`` (None: the scales are None), made before the timed call."""
+    sem = call_semantics(cell)
     one = max(nbytes, 1)
     sheet = peaks.peak_for_kind(device.current().kind)
     rotate = opts.rotate_bytes or 3 * (sheet.l2_bytes if sheet else 64 * 2**20)
     n = max(1, min(opts.max_input_sets, math.ceil(rotate / one), (4 * 2**30) // one))
-    starts, kv = jnp.asarray(rl.starts_of(q_lens)), jnp.asarray(kv_lens)
+    starts, kv = jnp.asarray(rl.starts_of(p.q_lengths)), jnp.asarray(np.asarray(p.kv_lengths, np.int32))
     sets = []
-    for i in range(n):
-        q = random_qkv(1, p.q_len, 1, p.heads, p.kv_heads, p.head_dim, p.dtype, seed=opts.seed + i)[0][0]
-        _, k, v = random_qkv(p.batch, 1, p.kv_len, p.heads, p.kv_heads, p.head_dim, p.dtype, seed=opts.seed + 50 + i)
-        sets.append((q, k, v, starts, kv))
-    return sets
+    with phases("inputs"):
+        for i in range(n):
+            q = random_qkv(1, p.q_len, 1, p.heads, p.kv_heads, p.head_dim, p.dtype, seed=opts.seed + i)[0][0]
+            _, k, v = random_qkv(p.batch, 1, p.kv_len, p.heads, p.kv_heads, p.head_dim, p.dtype,
+                                 seed=opts.seed + 50 + i)
+            sets.append((q, k, v, starts, kv))
+    timed = []
+    for q, k, v, starts, kv in sets:
+        table = ks = vs = None
+        if cell.page_size:
+            k, v, table = to_pages(k, v, cell.page_size)
+        if cell.kv_dtype:
+            (k, ks), (v, vs) = (quantize_kv_cache(x, cell.kv_dtype, cell.kv_scale) for x in (k, v))
+        timed.append((q, k, v, starts, kv, table, ks, vs))
+    return sets[0], timed, sem
 
 
 def measure(backend, cell, opts, rec: dict, info, phases) -> dict:
@@ -122,19 +138,13 @@ def measure(backend, cell, opts, rec: dict, info, phases) -> dict:
 
     p = cell.workload     # the step's requests, drawn once (``requests``)
     q_lens, kv_lens = np.asarray(p.q_lengths, np.int32), np.asarray(p.kv_lengths, np.int32)
-    rec.update(request_lengths=p.lengths_record(request_seed(cell)), lengths_traced=True, inputs_draw=INPUTS_DRAW)
-    kw = call_semantics(cell)
-    with phases("inputs"):
-        sets = _inputs(p, rec["bytes"], q_lens, kv_lens, opts)
-    rec["input_sets"] = len(sets)   # each set: (q, k, v, q_starts, kv_lengths, page table, k_scale, v_scale)
-    args = [timed_args(s, cell) for s in sets]
-    contiguous = sets[0]          # what the check reads (the other contiguous sets are not kept)
-    del sets
-    try:
-        select_serving(prepare_serving(*args[0][:5], page_table=args[0][5], k_scale=args[0][6], v_scale=args[0][7],
-                                       **kw).spec, cell.backend)
-    except UnsupportedError as e:
-        raise Skip("unsupported", str(e)) from None
+    seed = request_seed(cell)
+    contiguous, args, kw = argument_sets(cell, p, rec["bytes"], opts, phases)
+    rec.update(request_lengths=p.lengths_record(seed), lengths_traced=True, inputs_draw=INPUTS_DRAW,
+               input_sets=len(args))
+    first = prepare_serving(*args[0][:5], page_table=args[0][5], k_scale=args[0][6], v_scale=args[0][7], **kw)
+    if why := backend.supports_serving(first):   # the backend in hand (measure_cell found it available)
+        raise Skip("unsupported", f"{backend.name}: {why}")
     call = functools.partial(serving_attention, implementation=cell.backend, **kw)
     step = jax.jit(lambda q, k, v, starts, kv, table, ks, vs: call(q, k, v, starts, kv, page_table=table,
                                                                    k_scale=ks, v_scale=vs))
@@ -170,19 +180,6 @@ def call_semantics(cell) -> dict:
                 sinks=random_sinks(cell.heads) if cell.sinks else None)
 
 
-def timed_args(args: tuple, cell) -> tuple:
-    """(q, k_cache, v_cache, q_starts, kv_lengths, page_table, k_scale, v_scale) of a contiguous argument set:
-    pages of ``page_size`` tokens (None: contiguous), the cache quantized (``quantize_kv_cache``) with
-    ``kv_dtype`` (None: the scales are None), made before the timed call."""
-    q, k, v, starts, kv = args
-    table = ks = vs = None
-    if cell.page_size:
-        k, v, table = to_pages(k, v, cell.page_size)
-    if cell.kv_dtype:
-        (k, ks), (v, vs) = (quantize_kv_cache(x, cell.kv_dtype, cell.kv_scale) for x in (k, v))
-    return q, k, v, starts, kv, table, ks, vs
-
-
 def sampled(q_lens, kv_lens) -> list[tuple[int, int, int, int]]:
     """(request, first query row in the packed q, tokens, KV length) of each sampled piece: the first and last
     ``EDGE`` tokens of the longest and shortest requests by KV and by query length (the first tokens of a
@@ -197,35 +194,6 @@ def sampled(q_lens, kv_lens) -> list[tuple[int, int, int, int]]:
         else:
             out += [(r, s0, EDGE, n - t + EDGE), (r, s0 + t - EDGE, EDGE, n)]
     return out
-
-
-def kernel_like(q, k, v, q_starts, kv_lengths, dtype: str, soft_cap=None, local_window_size=None,
-                sinks=None) -> np.ndarray:
-    """What a kernel computes in ``dtype``: float32 scores, P rounded to ``dtype``, float32 sums (the sinks'
-    exp(sink - max) in the denominator), the output rounded. ``local_window_size``: (left, right), causal."""
-    q, k, v = (np.asarray(x).astype(np.float32) for x in (q, k, v))
-    T_total, N, H = q.shape
-    K = k.shape[2]
-    out = np.zeros(q.shape, np.float32)
-    for b in range(len(kv_lengths)):
-        lo, hi, n = int(q_starts[b]), int(q_starts[b + 1]), int(kv_lengths[b])
-        qb = q[lo:hi].reshape(hi - lo, K, N // K, H)
-        s = np.einsum("tkgh,skh->kgts", qb, k[b, :n]) / np.float32(math.sqrt(H))
-        if soft_cap is not None:
-            s = np.float32(soft_cap) * np.tanh(s / np.float32(soft_cap))
-        pos = (n - (hi - lo) + np.arange(hi - lo))[:, None]
-        vis = np.arange(n)[None, :] <= pos
-        if local_window_size is not None:
-            vis &= np.arange(n)[None, :] >= pos - local_window_size[0]
-        s = np.where(vis, s, -np.inf)
-        m = s.max(axis=-1, keepdims=True)
-        sink = None if sinks is None else np.asarray(sinks, np.float32).reshape(K, N // K, 1, 1)
-        m = m if sink is None else np.maximum(m, sink)
-        w = np.exp(s - m)
-        denom = w.sum(axis=-1) + (0 if sink is None else np.exp(sink - m)[..., 0])
-        pv = np.einsum("kgts,skh->tkgh", w.astype(dtype).astype(np.float32), v[b, :n])
-        out[lo:hi] = (pv / np.moveaxis(denom, -1, 0)[..., None]).reshape(hi - lo, N, H)
-    return out.astype(dtype).astype(np.float64)
 
 
 def check_into(rec: dict, out, args, q_lens, kv_lens, cell, backend, sem: dict) -> None:
@@ -247,7 +215,7 @@ def check_into(rec: dict, out, args, q_lens, kv_lens, cell, backend, sem: dict) 
     ref = reference_serving_attention(*head, **sem)
     ref_unquantized = (reference_serving_attention(head[0], *unquantized, *head[3:], **sem) if cell.kv_dtype
                        else None)
-    emul = kernel_like(*head, cell.dtype, cell.soft_cap, cell.window, sem["sinks"])
+    emul = kernel_like_serving(*head, cell.dtype, cell.soft_cap, cell.window, sem["sinks"])
     got = np.asarray(out[rows]).astype(np.float64)
     err, row = rel_l2(got, ref), (row_rel_err(got, ref, 1) if np.all(np.isfinite(got)) else math.inf)
     fields = dict(checked_fraction=int(rows.size) / int(np.sum(q_lens)), checked_rows=int(rows.size), row_err=row,

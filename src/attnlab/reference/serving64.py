@@ -6,6 +6,7 @@ kv_lengths (B,) each request's cached tokens *including* its new ones; caches (B
 Query i of request b sits at position kv_lengths[b] - q_len[b] + i and sees the keys at positions
 <= its own; with ``local_window_size`` (w, read as (w, w), or (left, right)) only those >= its position
 - left (the call is causal: right changes nothing). Tokens at >= q_starts[B] are padding: their output rows are 0.
+``kernel_like_serving`` is the same call as a kernel computes it in a low-precision dtype (the check's emulation).
 """
 from __future__ import annotations
 
@@ -62,3 +63,33 @@ def reference_serving_attention(q, k_cache, v_cache, q_starts, kv_lengths, *, sc
         w = w / (w.sum(axis=-1, keepdims=True) + (0.0 if sink is None else np.exp(sink - m)))
         out[lo:hi] = np.einsum("kgts,skh->tkgh", w, v[b, :n]).reshape(t, N, H)
     return out
+
+
+def kernel_like_serving(q, k, v, q_starts, kv_lengths, dtype: str, soft_cap=None, local_window_size=None,
+                sinks=None) -> np.ndarray:
+    """What a serving kernel computes in ``dtype`` for the same call (the check's emulation, float64 (T_total, N, H)):
+    float32 scores, P rounded to ``dtype``, float32 sums (the sinks' exp(sink - max) in the denominator), the
+    output rounded. ``local_window_size``: (left, right), causal."""
+    q, k, v = (np.asarray(x).astype(np.float32) for x in (q, k, v))
+    T_total, N, H = q.shape
+    K = k.shape[2]
+    out = np.zeros(q.shape, np.float32)
+    for b in range(len(kv_lengths)):
+        lo, hi, n = int(q_starts[b]), int(q_starts[b + 1]), int(kv_lengths[b])
+        qb = q[lo:hi].reshape(hi - lo, K, N // K, H)
+        s = np.einsum("tkgh,skh->kgts", qb, k[b, :n]) / np.float32(math.sqrt(H))
+        if soft_cap is not None:
+            s = np.float32(soft_cap) * np.tanh(s / np.float32(soft_cap))
+        pos = (n - (hi - lo) + np.arange(hi - lo))[:, None]
+        vis = np.arange(n)[None, :] <= pos
+        if local_window_size is not None:
+            vis &= np.arange(n)[None, :] >= pos - local_window_size[0]
+        s = np.where(vis, s, -np.inf)
+        m = s.max(axis=-1, keepdims=True)
+        sink = None if sinks is None else np.asarray(sinks, np.float32).reshape(K, N // K, 1, 1)
+        m = m if sink is None else np.maximum(m, sink)
+        w = np.exp(s - m)
+        denom = w.sum(axis=-1) + (0 if sink is None else np.exp(sink - m)[..., 0])
+        pv = np.einsum("kgts,skh->tkgh", w.astype(dtype).astype(np.float32), v[b, :n])
+        out[lo:hi] = (pv / np.moveaxis(denom, -1, 0)[..., None]).reshape(hi - lo, N, H)
+    return out.astype(dtype).astype(np.float64)
