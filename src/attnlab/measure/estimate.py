@@ -53,10 +53,11 @@ class Estimate:
     seconds: float        # the whole cell
     call_s: float         # one call of the kernel
     calls: int            # calls the timing makes
-    check_s: float        # the check's arithmetic
+    check_s: float        # the check's arithmetic (times the learnt ``check_x``)
     compile_s: float      # the kernel's compile
     bytes: int            # device memory the cell holds at its peak, roughly
     problem_s: float = 0.0   # compiling the inputs' and the check's programs (once per problem in a sweep)
+    check_compute_s: float = 0.0   # the check's arithmetic as estimated, before ``check_x``
 
     def text(self) -> str:
         once = f", inputs and references ~{self.problem_s:.2g} s" if self.problem_s else ""
@@ -117,7 +118,7 @@ def estimate_cell(cell, opts, info) -> Estimate:
     dense = 4.0 * tokens * w.kv_len * w.heads * w.head_dim        # the reference masks, skips nothing
     cal = calibration.current(info)
     compile_x = calibration.GRAD_FACTOR if grads else 1.0
-    check_s = 0.0    # before check_x: ``check_compute_s``
+    check_s = 0.0
     problem_s = cal.problem_s * compile_x * (1.0 if opts.check else 0.3)   # without the check: the inputs alone
     if opts.check:
         ref_flops, _ = throughput(info, "float64" if cell.dtype == "float64" else "float32")
@@ -129,15 +130,15 @@ def estimate_cell(cell, opts, info) -> Estimate:
     mem = n_sets * (qkv + (out32 if grads else 0)) + (2 + (6 if grads else 0)) * out32
     if opts.check:
         mem += min(TILE_BUDGET.get(info.platform, TILE_BUDGET["cpu"]), 4 * w.batch * w.heads * w.q_len * w.kv_len)
-    check_s *= cal.check_x
-    return Estimate(seconds=compile_s + problem_s + check_s + timing_s, call_s=call_s, calls=calls, check_s=check_s,
-                    compile_s=compile_s, bytes=int(mem), problem_s=problem_s)
+    return Estimate(seconds=compile_s + problem_s + check_s * cal.check_x + timing_s, call_s=call_s, calls=calls,
+                    check_s=check_s * cal.check_x, compile_s=compile_s, bytes=int(mem), problem_s=problem_s,
+                    check_compute_s=check_s)
 
 
 def check_compute_s(cell, opts, info) -> float:
     """A cell's estimated check arithmetic (what is not compiling) before the learnt ``check_x``:
     ``calibration.learn`` compares a measured ``check_s`` with it."""
-    return estimate_cell(cell, opts, info).check_s / calibration.current(info).check_x
+    return estimate_cell(cell, opts, info).check_compute_s
 
 
 def _problem_key(cell) -> str:
