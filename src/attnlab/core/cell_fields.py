@@ -73,7 +73,7 @@ CELL_FIELDS: tuple[CellField, ...] = (
               skip=_lengths_skip),
     CellField("inputs", "gaussian", Optional[str], "lower", _part("inputs={}", "inputs", "gaussian"),
               help="Input distributions of q, k, v (comma-separated): gaussian, outliers, channel-outliers, "
-              "shifted-keys (attnlab.reference.distributions; default gaussian)."),
+              "shifted-keys (attnlab.reference.inputs; default gaussian)."),
     CellField("page_size", None, Optional[int]),           # set by lengths (paged, pagedN, DIST:pagedN)
     CellField("soft_cap", None, Optional[int | float], "caps",
               lambda rec: None if rec.get("soft_cap") is None else f"cap={rec['soft_cap']:g}",

@@ -17,7 +17,7 @@ from ..core.cell_fields import CELL_FIELDS, DEFAULTS, NAMES
 from ..core.checks import check_soft_cap
 from ..core.problem import FIELDS as PROBLEM_FIELDS, Problem
 from ..core.records import config_label
-from ..reference.distributions import DISTRIBUTIONS
+from ..reference.inputs import DISTRIBUTIONS
 from ..reference.inputs import seed_of
 from . import kv_cells, serving_cell
 

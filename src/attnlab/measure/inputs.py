@@ -25,8 +25,7 @@ from ..core import device, strategies
 from ..core.call import Call
 from ..core.prepare import prepare
 from ..kernels.pages import to_pages
-from ..reference.distributions import make_qkv
-from ..reference.inputs import INPUTS_DRAW, random_qkv, random_sinks
+from ..reference.inputs import INPUTS_DRAW, make_qkv, random_qkv, random_sinks
 from . import peaks
 from .kv_cells import functions as quantized_functions
 from .outcome import Skip, Status, classify
@@ -116,7 +115,7 @@ _DRAWS_KEPT = 4
 
 def _draw(dist: str, w, seed: int):
     """One (q, k, v) set as JAX arrays: q (B, T, N, H), k, v (B, S, K, H) in the cell's dtype, drawn from
-    ``attnlab.reference.distributions``' ``dist``; ``gaussian`` is ``random_qkv`` itself (bit-identical to before)."""
+    ``attnlab.reference.inputs``' distribution ``dist``; ``gaussian`` is ``random_qkv`` itself (bit-identical to before)."""
     shape = (w.batch, w.q_len, w.kv_len, w.heads, w.kv_heads, w.head_dim)
     if dist == "gaussian":
         return random_qkv(*shape, w.dtype, seed=seed)

@@ -19,7 +19,7 @@ from ..api.decode import decode_attention
 from ..core.kv_quant import SCALE_LAYOUTS, canonical_kv_dtype, dequantize, quantize_kv_cache
 from ..kernels.pages import to_pages
 from ..reference.decode64 import check_decode_close, reference_decode_attention
-from ..reference.distributions import make_qkv
+from ..reference.inputs import make_qkv
 from ..reference.tolerance import rel_l2
 from .outcome import Skip
 from .verdict import judged
@@ -126,7 +126,7 @@ def kv_cache_errors(B: int, T: int, S: int, N: int, K: int, H: int, *, kv_dtypes
                     page_size: int | None = None, seed: int = 0) -> list[dict]:
     """What a quantized KV cache costs in accuracy: one row per (input distribution, cache dtype).
 
-    q, k, v are drawn in float32 from ``attnlab.reference.distributions`` (every sequence full, S keys); the
+    q, k, v are drawn in float32 from ``attnlab.reference.inputs`` (every sequence full, S keys); the
     truth is float64 attention of those unquantized values. ``bf16_rel_err``: relative L2 error of
     ``decode_attention`` on q, K and V in ``dtype``; ``rel_err``: the same call on the ``dtype`` cache
     quantized as a server does (``quantize_kv_cache``, ``kv_scale`` layout; paged with ``page_size``).

@@ -7,7 +7,7 @@ file:PATH: a serving cell, ``serving_attention`` on B requests whose KV lengths 
 distribution, ``attnlab.core.request_lengths``, lengths traced; causal fwd cells only; ``DIST:pagedN``: in a
 paged cache of N-token pages), prefill_chunks (none or
 ``NxSIZE``: N prefill chunks of SIZE tokens beside a serving cell's B decodes), inputs (the distribution q, k, v
-are drawn from: a name of ``attnlab.reference.distributions.DISTRIBUTIONS``, default gaussian), soft_cap
+are drawn from: a name of ``attnlab.reference.inputs.DISTRIBUTIONS``, default gaussian), soft_cap
 (none or the logits' soft cap, e.g. 50), sinks (false, true or both: attention sinks, one standard
 normal logit per query head, ``attnlab.reference.inputs.random_sinks``), packing (none or ``docs:N``: N documents
 of random lengths packed in each row, as segment ids; self-attention cells only, q_len == kv_len) and kv_dtype
@@ -30,7 +30,7 @@ import itertools
 
 from .. import backends
 from ..core import strategies
-from ..reference.distributions import DISTRIBUTIONS
+from ..reference.inputs import DISTRIBUTIONS
 from ..measure.cell import LENGTHS, MODES, Cell
 from ..core.names import DTYPE_ALIASES, FLOAT_DTYPES, canonical_dtype, closest, dtype_choices, unknown
 from ..core.segments import parse_packing

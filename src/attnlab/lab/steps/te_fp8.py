@@ -77,7 +77,7 @@ def cells_note(cfg: LabConfig) -> str:
                                   "(where recipes differ; `attnlab bench` times all of them)") + ".")
 
 
-#: Inputs the lab's FP8-recipe sweep draws (``attnlab.reference.distributions``): plain, and outlier channels.
+#: Inputs the lab's FP8-recipe sweep draws (``attnlab.reference.inputs``): plain, and outlier channels.
 FP8_RECIPE_INPUTS = ("gaussian", "channel-outliers")
 #: The best recipe is the lowest-error one among those at most this much slower than the fastest FP8 recipe.
 FP8_BEST_WITHIN = 0.05
