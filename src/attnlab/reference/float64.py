@@ -45,8 +45,9 @@ def _positions(T, B, offset=0, query_positions=None):
     return pos
 
 
-def _visible(T, S, B, is_causal, window, mask, kv_lengths, offset=0, query_positions=None):
-    """Bool (B or 1, N or 1, T, S): True where query t (at its position) may attend key s."""
+def _visible(T, S, B, is_causal, window, mask, kv_lengths, offset=0, query_positions=None, q_ids=None, kv_ids=None):
+    """Bool (B or 1, N or 1, T, S): True where query t (at its position) may attend key s (of its segment, given
+    segment ids ``q_ids`` (B, T) and ``kv_ids`` (B, S))."""
     t = _positions(T, B, offset, query_positions)[:, :, None]    # (B or 1, T, 1)
     s = np.arange(S)[None, None, :]
     vis = np.ones((t.shape[0], T, S), bool)
@@ -60,6 +61,8 @@ def _visible(T, S, B, is_causal, window, mask, kv_lengths, offset=0, query_posit
     if kv_lengths is not None:
         kv = np.asarray(kv_lengths).reshape(B, 1, 1, 1)
         vis = vis & (np.arange(S).reshape(1, 1, 1, S) < kv)
+    if q_ids is not None:
+        vis = vis & segments.visible_np(q_ids, kv_ids)
     return vis
 
 
@@ -107,6 +110,8 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
     # (B, K, S, H) in the inputs' dtype, never expanded to N heads; made float64 a block of keys at a time
     kg, vg = (np.asarray(x).transpose(0, 2, 1, 3) for x in (p.key, p.value))
     sc = float(p.scale)
+    vis = np.broadcast_to(_visible(T, S, B, sp.is_causal, sp.window, p.mask, p.kv_lengths, query_offset,
+                                   query_positions, p.q_segment_ids, p.kv_segment_ids), (B, N, T, S))
     logits = _f32(_scores(_rows(q, K), kg, low).reshape(B, N, T, S) * sc, low)
     if p.bias is not None:
         logits = logits + _np(p.bias)
@@ -114,10 +119,6 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
     if sp.soft_cap is not None:                 # after scale and bias, before masking
         th = np.tanh(logits / sp.soft_cap)
         logits, cap_slope = _f32(sp.soft_cap * th, low), 1.0 - th**2
-    vis = _visible(T, S, B, sp.is_causal, sp.window, p.mask, p.kv_lengths, query_offset, query_positions)
-    if p.q_segment_ids is not None:
-        vis = vis & segments.visible_np(p.q_segment_ids, p.kv_segment_ids)
-    vis = np.broadcast_to(vis, (B, N, T, S))
     w = np.where(vis, logits, -np.inf)          # then, in place: exp(logits - row max); masked keys give 0
     row_max = w.max(axis=-1, keepdims=True)
     sink = None if p.sinks is None else _np(p.sinks).reshape(1, N, 1, 1)
