@@ -85,25 +85,32 @@ def split(text: str) -> tuple[str, str, str]:
     return head + BEGIN + "\n", body.strip("\n") + "\n", "\n" + END + tail
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--write", action="store_true", help="rewrite docs/layout.md's generated section")
-    ap.add_argument("--check", action="store_true", help="exit 1 when the section differs from the code")
+def section_cli(argv, *, description: str, path: Path, generate, split, command: str, wrote) -> int:
+    """A generated section's command line, shared by this tool and ``step_table.py``: print ``generate()``;
+    ``--write`` puts it between ``path``'s markers (``split``), printing ``wrote()``; ``--check`` exits 1 when
+    ``path`` holds something else, naming ``command`` (the rewrite)."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--write", action="store_true", help=f"rewrite {path.relative_to(ROOT)}'s generated section")
+    ap.add_argument("--check", action="store_true", help="exit 1 when the section differs from what it is made from")
     a = ap.parse_args(argv)
     new = generate()
     if not (a.write or a.check):
         sys.stdout.write(new)
         return 0
-    head, body, tail = split(LAYOUT_MD.read_text(encoding="utf-8"))
+    head, body, tail = split(path.read_text(encoding="utf-8"))
     if a.write:
-        LAYOUT_MD.write_text(head + new + tail, encoding="utf-8")
-        print(f"wrote {LAYOUT_MD.relative_to(ROOT)} ({len(modules())} modules)")
+        path.write_text(head + new + tail, encoding="utf-8")
+        print(f"wrote {path.relative_to(ROOT)}{wrote()}")
         return 0
-    if a.check:
-        if body != new:
-            print(f"{LAYOUT_MD.relative_to(ROOT)} is out of date: run `python tools/layout.py --write`", file=sys.stderr)
-            return 1
+    if body != new:
+        print(f"{path.relative_to(ROOT)} is out of date: run `{command}`", file=sys.stderr)
+        return 1
     return 0
+
+
+def main(argv=None) -> int:
+    return section_cli(argv, description=__doc__.splitlines()[0], path=LAYOUT_MD, generate=generate, split=split,
+                       command="python tools/layout.py --write", wrote=lambda: f" ({len(modules())} modules)")
 
 
 if __name__ == "__main__":

@@ -30,8 +30,23 @@ def _array():
     return dataclasses.field(default=None, compare=False, repr=False)
 
 
+class ProblemFields:
+    """The problem's sizes read as the holder's own (``x.heads`` is ``x.problem.heads``): a ``Call``'s and a sweep's
+    ``Cell``'s."""
+
+    batch = property(lambda self: self.problem.batch)
+    q_len = property(lambda self: self.problem.q_len)
+    kv_len = property(lambda self: self.problem.kv_len)
+    heads = property(lambda self: self.problem.heads)
+    kv_heads = property(lambda self: self.problem.kv_heads)
+    head_dim = property(lambda self: self.problem.head_dim)
+    dtype = property(lambda self: self.problem.dtype)
+    causal = property(lambda self: self.problem.causal)
+    window = property(lambda self: self.problem.window)
+
+
 @dataclasses.dataclass(frozen=True)
-class Call:
+class Call(ProblemFields):
     """One attention call (module docstring). ``scale``: the logits' scale the call runs with (a float, a
     tracer when traced; None in a static description: 1 / sqrt(H))."""
 
@@ -75,22 +90,13 @@ class Call:
         if self.problem is not None and not isinstance(self.problem, Problem):
             raise TypeError(f"problem must be an attnlab Problem or None, got {type(self.problem).__name__}")
 
-    # --- the problem's fields ------------------------------------------------------------------------
-    batch = property(lambda self: self.problem.batch)
-    q_len = property(lambda self: self.problem.q_len)
-    kv_len = property(lambda self: self.problem.kv_len)
-    heads = property(lambda self: self.problem.heads)
-    kv_heads = property(lambda self: self.problem.kv_heads)
-    head_dim = property(lambda self: self.problem.head_dim)
-    dtype = property(lambda self: self.problem.dtype)
-    causal = property(lambda self: self.problem.causal)
-    window = property(lambda self: self.problem.window)
+    # --- the problem's fields (besides ``ProblemFields``') -----------------------------------------------
     groups = property(lambda self: self.problem.groups)
     page_size = property(lambda self: self.problem.page_size)
     kv_dtype = property(lambda self: self.problem.kv_dtype)
     kv_scale = property(lambda self: self.problem.kv_scale)
-    is_causal = causal              # attention's argument name
-    max_len = kv_len                # decode's name for the cache capacity S_max
+    is_causal = ProblemFields.causal    # attention's argument name
+    max_len = ProblemFields.kv_len      # decode's name for the cache capacity S_max
 
     # --- the cache calls' names of the arrays ----------------------------------------------------------
     q = property(lambda self: self.query)

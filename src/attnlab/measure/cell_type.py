@@ -14,6 +14,7 @@ import numpy as np
 
 from ..core import segments, strategies
 from ..core.cell_fields import CELL_FIELDS, DEFAULTS, NAMES
+from ..core.call import ProblemFields
 from ..core.checks import check_soft_cap
 from ..core.problem import FIELDS as PROBLEM_FIELDS, Problem
 from ..core.records import config_label
@@ -29,7 +30,7 @@ POSITIONAL = PROBLEM_FIELDS + ("mode", "devices", "strategy", "lengths", "inputs
                                "kv_dtype", "kv_scale", "prefill_chunks")
 
 
-class _CellMethods:
+class _CellMethods(ProblemFields):
     """``Cell(backend, B, T, S, N, K, H, dtype, causal, window, mode, devices, strategy, lengths, inputs, ...)``
     (positional or keyword, or ``Cell(backend, problem=Problem(...), mode=...)``); the problem's fields read as
     attributes (``cell.batch``, ``cell.window``). Unknown arguments raise ``TypeError``."""
@@ -54,17 +55,6 @@ class _CellMethods:
         for name, value in (("backend", backend), ("problem", problem), *values.items()):
             object.__setattr__(self, name, value)
         self._validate()
-
-    # the problem's fields, read as the cell's (``cell.heads`` is ``cell.problem.heads``)
-    batch = property(lambda self: self.problem.batch)
-    q_len = property(lambda self: self.problem.q_len)
-    kv_len = property(lambda self: self.problem.kv_len)
-    heads = property(lambda self: self.problem.heads)
-    kv_heads = property(lambda self: self.problem.kv_heads)
-    head_dim = property(lambda self: self.problem.head_dim)
-    dtype = property(lambda self: self.problem.dtype)
-    causal = property(lambda self: self.problem.causal)
-    window = property(lambda self: self.problem.window)
 
     def _validate(self):
         if self.inputs not in DISTRIBUTIONS:
