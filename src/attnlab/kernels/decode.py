@@ -205,8 +205,9 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
     and S = pages_per_seq * page_size. ``scale`` must be a Python float (default 1/sqrt(H)): it
     is compiled in, as is
     ``soft_cap`` (logits -> soft_cap * tanh(logits / soft_cap), None: no cap), and ``window``
-    ((left, right) ints: the sliding window, None: none; a windowed call always runs this Triton kernel,
-    the Mosaic GPU one takes no window). ``interpret`` defaults to True when JAX's default backend is not a GPU.
+    ((left, right) ints: the sliding window, None: none; a windowed call runs this Triton kernel unless
+    ``config.kernel`` is "mosaic", ``decode_mgpu_plan.pick_kernel``). ``interpret`` defaults to True when JAX's
+    default backend is not a GPU.
     ``sinks``: None or (N,) float logits (traced or not), gpt-oss's attention sinks: one more logit per
     query head in the softmax denominator, with no value, added by the combine (``combine``).
     A quantized cache (k, v FP8 or int8): ``k_scale``/``v_scale`` float32 in the layout ``kv_scale``
@@ -230,17 +231,13 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
         # a config that tunes the Triton kernel (block_r, ...) keeps it unless it names the kernel
         requested = None if config is None else config.kernel or (
             "triton" if dataclasses.replace(config, kernel=None) != DecodeConfig() else None)
-        if window is not None:
-            if requested == "mosaic":
-                raise ValueError("local_window_size: the Mosaic GPU decode kernel takes no window (kernel='triton')")
-            requested = "triton"
-        # T*G > 64 rows on Hopper: the wgmma kernel (decode_mgpu_plan.pick_kernel)
+        # T*G > 64 rows on Hopper, or a window with kernel="mosaic": the wgmma kernel (decode_mgpu_plan.pick_kernel)
         if decode_mgpu.pick_kernel(T, S, N, K, H, str(q.dtype), compute_capability=None if interpret else cc,
-                                   page_size=page_size, soft_cap=soft_cap,
+                                   page_size=page_size, soft_cap=soft_cap, window=window,
                                    requested="triton" if kv_scale else requested) == "mosaic":
             return decode_mgpu.decode_attention_mgpu(q, k, v, lengths, causal=causal, scale=scale,
                                                      interpret=decode_mgpu.gpu_interpreter() if interpret else False,
-                                                     page_table=page_table, sinks=sinks)
+                                                     page_table=page_table, sinks=sinks, window=window)
         known = None if isinstance(lengths, jax.core.Tracer) else [int(n) for n in np.asarray(lengths)]
         plan = make_plan(B, T, S, N, K, H, q.dtype, config, compute_capability=cc, lengths=known, window=window,
                          kv_dtype=str(k.dtype) if kv_scale else None)

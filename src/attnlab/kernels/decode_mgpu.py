@@ -37,8 +37,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ..core.masking import large_negative_value
 from .decode_mgpu_plan import (BLOCK_Q, COMPUTE_WGS, MOSAIC_MIN_ROWS, TILE_ROWS, MgpuPlan, make_mgpu_plan,  # noqa: F401
-                               pick_kernel, smem_bytes, unsupported)
-from .decode_splits import split_range
+                               pick_kernel, program_blocks, smem_bytes, unsupported)
 from .split_combine import combined_queries
 
 LOG2E = math.log2(math.e)
@@ -47,18 +46,17 @@ NEG = large_negative_value("float32")
 
 def _kernel(len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped, *, q_len: int, groups: int,
             kv_len: int, kv_heads: int, plan: MgpuPlan, causal: bool, qk_scale: float, dtype, interpret: bool,
-            page_size: int | None = None, num_pages: int = 0):
+            page_size: int | None = None, num_pages: int = 0, window: tuple[int, int] | None = None):
     block_kv, max_steps, H = plan.block_kv, plan.max_steps, q_ref.shape[-1]
     (q_smem2, k_smem, v_smem, m_smem2, l_smem2, *o_smem2), (k_bar, v_bar, q_bar), (k_done, v_done), sched = scoped
     tile, split, bk = lax.axis_index("tile"), lax.axis_index("split"), lax.axis_index("bk")
     batch, head = lax.div(bk, kv_heads), lax.rem(bk, kv_heads)
     wg = lax.axis_index("wg")
     length = jnp.minimum(jnp.maximum(len_ref[batch], 0), kv_len)
-    first, count = split_range(length, split, num_splits=plan.num_splits, block_k=block_kv,
-                               div=lax.div, minimum=jnp.minimum, maximum=jnp.maximum)
-    # keys below `limit` are visible to every row: the blocks before it need no mask
-    limit = length - q_len + 1 if causal else length
-    free = jnp.minimum(jnp.maximum(lax.div(limit - first * block_kv, block_kv), 0), count)
+    # steps [lead, free) are visible to every row (no mask); a window's blocks only (``program_blocks``)
+    first, count, lead, free = program_blocks(length, split, q_len=q_len, block_kv=block_kv, causal=causal,
+                                              num_splits=plan.num_splits, window=window, div=lax.div,
+                                              minimum=jnp.minimum, maximum=jnp.maximum)
 
     # JAX's GPU interpreter (the CPU tests) knows no register layouts: plain arrays there
     if interpret:
@@ -113,9 +111,13 @@ def _kernel(len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped
             if masked:
                 rows = iota(0, (BLOCK_Q, block_kv)) + row0
                 pos = iota(1, (BLOCK_Q, block_kv)) + (first + i) * block_kv
-                ok = pos < length
+                ok, ahead = pos < length, pos - (length - q_len)     # ahead: pos - p of the row's t = 0
                 if causal:   # pos <= length - T + row // G, without a vector division
-                    ok = ok & (rows >= (pos - (length - q_len)) * groups)
+                    ok = ok & (rows >= ahead * groups)
+                if window is not None:   # pos >= p - left, and pos <= p + right without the causal rule
+                    ok = ok & (rows < (ahead + window[0] + 1) * groups)
+                    if not causal:
+                        ok = ok & (rows >= (ahead - window[1]) * groups)
                 s = jnp.where(ok, s, NEG)
             m_new = jnp.maximum(m, s.max(axis=1))
             # a row that has seen no key keeps m = NEG: subtract 0 so that 2^(NEG - 0) = 0
@@ -147,7 +149,10 @@ def _kernel(len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped
             plgpu.barrier_arrive(v_done.at[slot])
             return acc, m_new, l
 
-        carry = lax.fori_loop(0, free, functools.partial(step, masked=False), (acc, m, l))
+        carry = (acc, m, l)
+        if window is not None:
+            carry = lax.fori_loop(0, lead, functools.partial(step, masked=True), carry)
+        carry = lax.fori_loop(lead, free, functools.partial(step, masked=False), carry)
         acc, m, l = lax.fori_loop(free, count, functools.partial(step, masked=True), carry)
         pl.when(wg == 0)(schedule_barrier)
         rows = pl.ds(row0, BLOCK_Q)
@@ -213,20 +218,21 @@ def gpu_interpreter():
 
 
 def decode_attention_mgpu(q, k, v, lengths, *, causal: bool = True, scale: float | None = None,
-                          plan: MgpuPlan | None = None, interpret=False, page_table=None, sinks=None):
+                          plan: MgpuPlan | None = None, interpret=False, page_table=None, sinks=None, window=None):
     """The Mosaic GPU kernel on already validated inputs: q (B, T, N, H), k, v (B, S, K, H), lengths (B,).
 
     With ``page_table`` (B, pages_per_seq) int32, k and v are pages (P, page_size, K, H) (vLLM's
     layout, page_size a power of two >= 16) and S = pages_per_seq * page_size.
     ``sinks``: None or (N,) float logits (attention sinks), added by the combine (``kernels.split_combine.combine``).
+    ``window``: None or (left, right) ints, jax.nn's sliding window around each query's absolute position
+    (``kernels.decode``'s rule): the splits cut only the blocks from the window's first key's block on
+    (``program_blocks``); that block's keys before the window are loaded and masked, the blocks before it never.
     Returns (B, T, N, H) in q's dtype. ``scale`` is a Python float (default 1/sqrt(H)).
     ``interpret``: True (or ``gpu_interpreter()``) runs it in JAX's GPU interpreter on the CPU,
     where both matmuls are plain dots; everything else (TMA, barriers, splits, masks) is the kernel's.
     """
     if interpret is True:
         interpret = gpu_interpreter()
-
-
     B, T, N, H = (int(d) for d in q.shape)
     if page_table is None:
         _, S, K, _ = (int(d) for d in k.shape)
@@ -235,7 +241,9 @@ def decode_attention_mgpu(q, k, v, lengths, *, causal: bool = True, scale: float
         num_pages, page_size, K, _ = (int(d) for d in k.shape)
         S = int(page_table.shape[1]) * page_size
     G = N // K
-    plan = plan or make_mgpu_plan(B, T, S, N, K, H)
+    if window is not None:   # a window past the cache is the cache: keeps the kernel's int32 sums small
+        window = tuple(min(int(w), S + T) for w in window)
+    plan = plan or make_mgpu_plan(B, T, S, N, K, H, window=window)
     R, P, rows_padded = plan.rows, plan.num_splits, plan.row_tiles * TILE_ROWS
     scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
     qp = jnp.transpose(q.reshape(B, T, K, G, H), (0, 1, 3, 2, 4)).reshape(B, R, K, H)
@@ -258,7 +266,7 @@ def decode_attention_mgpu(q, k, v, lengths, *, causal: bool = True, scale: float
         body = functools.partial(_kernel, len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, q_len=T,
                                  groups=G, kv_len=S, kv_heads=K, plan=plan, causal=bool(causal) and T > 1,
                                  qk_scale=scale * LOG2E, dtype=dtype, interpret=bool(interpret),
-                                 page_size=page_size, num_pages=num_pages or 0)
+                                 page_size=page_size, num_pages=num_pages or 0, window=window)
         copies = max(1, plan.block_kv // page_size) if page_size else 1
         pl.run_scoped(
             lambda *a: body(a),

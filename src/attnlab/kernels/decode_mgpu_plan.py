@@ -6,8 +6,9 @@ Triton kernel (``pick_kernel``); 128-key steps with the partial O stored from re
 from __future__ import annotations
 
 import dataclasses
+import operator
 
-from .decode_splits import cdiv, choose_num_splits
+from .decode_splits import cdiv, choose_num_splits, split_range
 
 BLOCK_Q = 64                    # rows per compute warpgroup (one wgmma M)
 COMPUTE_WGS = 2
@@ -64,8 +65,9 @@ def default_block_kv(kv_len: int) -> int:
 
 def make_mgpu_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: int, *,
                    block_kv: int | None = None, max_steps: int | None = None, num_splits: int | None = None,
-                   stage_out: bool = False, sms: int = 132) -> MgpuPlan:
-    """Tiles, pipeline depth (what fits 227 KB) and the split count (one program per SM).
+                   stage_out: bool = False, sms: int = 132, window=None) -> MgpuPlan:
+    """Tiles, pipeline depth (what fits 227 KB) and the split count (one program per SM); with a sliding
+    ``window`` (left, right) the splits cut the window's span (at most T + left + block_kv keys), not S.
 
     Defaults as measured on the H200 (results/gpu-2026-12-04c-mgpu/run2): 128 keys a step (64 when
     S is not a multiple of 128), partial O stored from registers (the shared-memory staging
@@ -85,16 +87,41 @@ def make_mgpu_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: in
     if not fits(max_steps):
         raise ValueError(f"mosaic decode: {max_steps} steps of {block_kv} keys (H={head_dim}) exceed shared memory")
     if num_splits is None:
-        num_splits = choose_num_splits(kv_len, batch * kv_heads, rows=rows, block_k=block_kv, head_dim=head_dim,
+        span = kv_len if window is None else min(kv_len, q_len + int(window[0]) + block_kv)
+        num_splits = choose_num_splits(span, batch * kv_heads, rows=rows, block_k=block_kv, head_dim=head_dim,
                                        row_tiles=tiles, sm_count=sms, occupancy=1,
                                        min_blocks_per_split=max(4, max_steps))
     return MgpuPlan(rows=rows, row_tiles=tiles, block_kv=block_kv, max_steps=max_steps, num_splits=int(num_splits),
                     stage_out=stage_out)
 
 
+def program_blocks(length, split, *, q_len: int, block_kv: int, num_splits: int, causal: bool, window=None,
+                   div=operator.floordiv, minimum=min, maximum=max):
+    """(first block, count, lead, free) of one program: it reads blocks first .. first + count - 1 of a
+    sequence of ``length`` valid keys (with a ``window`` (left, right), only from the block of the window's
+    first key, max(0, length - T - left), on); its steps [lead, free) are visible to every row and need no
+    mask, those before (keys before some row's window) and after (the causal or valid-length edge) do.
+    Python ints (the tests) or, with ``div=lax.div`` etc., traced int32 scalars (the kernel)."""
+    lo = None if window is None else maximum(length - q_len - int(window[0]), 0)
+    first, count = split_range(length, split, num_splits=num_splits, block_k=block_kv, div=div, minimum=minimum,
+                               maximum=maximum, lo=lo)
+    limit = length - q_len + 1 if causal else length       # keys below it: visible to every row's right edge
+    if window is not None and not causal:
+        limit = minimum(limit, length - q_len + 1 + int(window[1]))
+    lead = 0
+    if window is not None:    # the last row's window starts at length - 1 - left: blocks before it are masked
+        seen_by_all = div(maximum(length - 1 - int(window[0]), 0) + block_kv - 1, block_kv)
+        lead = minimum(maximum(seen_by_all - first, 0), count)
+    free = minimum(maximum(div(maximum(limit - first * block_kv, 0), block_kv), lead), count)
+    return first, count, lead, free
+
+
 def pick_kernel(q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: int, dtype: str, *,
-                compute_capability, page_size: int | None = None, soft_cap=None, requested: str | None = None) -> str:
+                compute_capability, page_size: int | None = None, soft_cap=None, requested: str | None = None,
+                window=None) -> str:
     """"mosaic" or "triton": the requested kernel, else Mosaic GPU above ``MOSAIC_MIN_ROWS`` rows where it runs.
+    A windowed call (``window`` not None) runs Mosaic GPU only when requested: its default waits for a GPU
+    measurement (``benchmarks/decode/window_gpu.py --kernels``).
 
     Raises ``ValueError`` when "mosaic" is requested for a call it cannot run (with the reason).
     """
@@ -106,5 +133,5 @@ def pick_kernel(q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: in
         return "mosaic"
     if requested not in (None, "triton"):
         raise ValueError(f"kernel must be 'triton', 'mosaic' or None, got {requested!r}")
-    auto = requested is None and compute_capability is not None and not why
+    auto = requested is None and compute_capability is not None and not why and window is None
     return "mosaic" if auto and q_len * (heads // kv_heads) >= MOSAIC_MIN_ROWS else "triton"
