@@ -1,5 +1,6 @@
-"""The Mosaic GPU (wgmma) decode kernel on the CPU: JAX's GPU interpreter against float64, the plan's
-choice of kernel, and a compile check for sm_90 (lowering, shared memory) without a GPU (issue 25)."""
+"""The Mosaic GPU (wgmma) decode kernel on the CPU: JAX's GPU interpreter against float64 (sliding windows
+with the keys before them poisoned), the plan's choice of kernel, the blocks each program reads, and a compile
+check for sm_90 (lowering, shared memory) without a GPU."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,32 +13,73 @@ from attnlab.reference.decode64 import check_decode_close
 from attnlab.reference.inputs import random_qkv
 
 
-@pytest.mark.parametrize("T, N, K, H, lengths, causal, splits", [
-    (3, 14, 2, 64, [256, 70], True, 2),     # G = 7, a short sequence's masked tail, a split with no key
-    (5, 4, 1, 64, [192, 5], False, 3),      # without the causal rule; three splits
+def poisoned(k, v, lengths, q_len: int, window, block_kv: int):
+    """k, v with NaN where a windowed kernel must not look: K and V before the block of each window's first
+    key (a kernel that loads them gives NaN: 0 * NaN in P.V), K alone in that block before the window (loaded,
+    so V stays finite there, but a row that does not mask them gets a NaN score)."""
+    if window is None:
+        return k, v
+    pos = np.arange(k.shape[1])[None, :]
+    lo = np.array([max(0, n - q_len - window[0]) for n in lengths])[:, None]
+    k_bad, v_bad = (pos < lo)[:, :, None, None], (pos < lo // block_kv * block_kv)[:, :, None, None]
+    return jnp.where(k_bad, jnp.nan, k), jnp.where(v_bad, jnp.nan, v)
+
+
+# The GPU interpreter takes ~3 s a (batch, kv head, split) program: its cases are few, and windowed ones are the
+# cheap ones (fewer blocks). It also wants every barrier phase seen: at most max_steps blocks a program.
+@pytest.mark.parametrize("T, N, K, H, lengths, causal, splits, window", [
+    # G = 7, a short sequence's masked tail; the window's 3 blocks of 256 keys in 2 splits, its first one masked
+    # per row (each row's window starts one key later)
+    (3, 14, 2, 64, [256, 70], True, 2, (150, 0)),
+    (5, 4, 1, 64, [192, 5], False, 3, None),                # without the causal rule; three splits, one empty
 ])
-def test_interpreter_matches_float64(T, N, K, H, lengths, causal, splits):
+def test_interpreter_matches_float64(T, N, K, H, lengths, causal, splits, window):
     q, k, v = random_qkv(2, T, 256, N, K, H, "bfloat16", seed=T)
-    plan = dm.make_mgpu_plan(2, T, 256, N, K, H, block_kv=64, num_splits=splits)
-    out = dm.decode_attention_mgpu(q, k, v, jnp.asarray(lengths), causal=causal, plan=plan, interpret=True)
-    verdict = check_decode_close(out, q, k, v, lengths, causal=causal)
+    plan = dm.make_mgpu_plan(2, T, 256, N, K, H, block_kv=64, num_splits=splits, window=window)
+    kw = dict(causal=causal, plan=plan, interpret=True, window=window)
+    out = dm.decode_attention_mgpu(q, *poisoned(k, v, lengths, T, window, 64), jnp.asarray(lengths), **kw)
+    verdict = check_decode_close(out, q, k, v, lengths, causal=causal, local_window_size=window)
     assert verdict.ok, verdict
 
 
-@pytest.mark.parametrize("page_size", [16, 128])
-def test_interpreter_paged_matches_its_contiguous_twin(page_size):
+@pytest.mark.parametrize("page_size, window", [(16, (40, 2)), (128, None)])
+def test_interpreter_paged_matches_its_contiguous_twin(page_size, window):
     """One TMA copy per page of 16 (four a 64-key step), or a 64-key step inside a page of 128; table
-    slots past a sequence's pages hold -1."""
+    slots past a sequence's pages hold -1 (read as page 0: its keys are loaded, masked, so finite here).
+    A window's pages: only those of its first block on."""
     q, k, v = random_qkv(2, 4, 128, 4, 1, 64, "bfloat16", seed=page_size)
-    lengths = [128, 37]
-    kp_, vp_, table = kp.to_pages(k, v, page_size)
+    lengths = [37, 128]
+    kp_, vp_, table = kp.to_pages(*poisoned(k, v, lengths, 4, window, 64), page_size)
     table = np.asarray(table).copy()
-    table[1, kp.pages_in_use([37], page_size)[0]:] = -1
-    plan = dm.make_mgpu_plan(2, 4, 128, 4, 1, 64, block_kv=64, num_splits=2)
+    table[0, kp.pages_in_use([37], page_size)[0]:] = -1
+    plan = dm.make_mgpu_plan(2, 4, 128, 4, 1, 64, block_kv=64, num_splits=2, window=window)
     out = dm.decode_attention_mgpu(q, kp_, vp_, jnp.asarray(lengths), plan=plan, interpret=True,
-                                   page_table=jnp.asarray(table))
-    verdict = check_decode_close(out, q, k, v, lengths)
+                                   page_table=jnp.asarray(table), window=window)
+    verdict = check_decode_close(out, q, k, v, lengths, local_window_size=window)
     assert verdict.ok, verdict
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_program_blocks_read_the_window_and_leave_unmasked_only_what_every_row_sees(causal):
+    """The grid model on Python ints: the splits' blocks are exactly the window's first block to the last valid
+    key's, once each; a step without a mask holds only keys every query row sees (brute force)."""
+    bk = 16
+    for n, T, window, splits in [(200, 1, (37, 0), 3), (200, 4, (16, 1), 2), (64, 3, (100, 5), 4), (9, 2, None, 2),
+                                 (161, 5, (0, 0), 1), (200, 4, (33, 40), 5)]:
+        lo = 0 if window is None else max(0, n - T - window[0])
+        read = []
+        for j in range(splits):
+            first, count, lead, free = dm.program_blocks(n, j, q_len=T, block_kv=bk, num_splits=splits,
+                                                         causal=causal and T > 1, window=window)
+            assert 0 <= lead <= free <= count
+            read += range(first, first + count)
+            for b in range(first + lead, first + free):
+                for s in range(b * bk, (b + 1) * bk):
+                    for t in range(T):
+                        p = n - T + t
+                        seen = s < n and (s <= p if causal else window is None or s <= p + window[1])
+                        assert seen and (window is None or s >= p - window[0]), (n, T, window, j, b, s, t)
+        assert read == list(range(lo // bk, -(-n // bk))), (n, T, window)
 
 
 def test_the_plan_picks_mosaic_above_64_rows_on_hopper_only():
@@ -52,6 +94,10 @@ def test_the_plan_picks_mosaic_above_64_rows_on_hopper_only():
     assert pick(16, 32768, 28, 4, 128, "bfloat16", compute_capability=(9, 0), soft_cap=30.0) == "triton"
     assert pick(16, 32768, 28, 4, 128, "float32", compute_capability=(9, 0)) == "triton"
     assert pick(2, 1024, 8, 8, 64, "float16", compute_capability=(9, 0), requested="mosaic") == "mosaic"
+    # a window: the Triton kernel unless Mosaic GPU is asked for (its default waits for a GPU measurement)
+    assert pick(16, 32768, 28, 4, 128, "bfloat16", compute_capability=(9, 0), window=(128, 0)) == "triton"
+    assert pick(1, 32768, 8, 1, 64, "bfloat16", compute_capability=(9, 0), window=(128, 0),
+                requested="mosaic") == "mosaic"
     with pytest.raises(ValueError, match="head dim 256"):
         pick(2, 1024, 8, 8, 256, "bfloat16", compute_capability=(9, 0), requested="mosaic")
     with pytest.raises(ValueError, match="kernel must be"):
@@ -68,6 +114,17 @@ def test_decode_attention_pallas_runs_the_requested_mosaic_kernel():
     assert "InterpretGPUParams" in str(jax.make_jaxpr(lambda: run("mosaic"))())
     assert "attnlab_decode_r" in str(jax.make_jaxpr(lambda: run("triton"))())
     assert check_decode_close(run("mosaic"), q, k, v, [100]).ok
+
+    def windowed(kernel):   # traced only: a windowed call takes the Mosaic GPU kernel only when asked
+        return str(jax.make_jaxpr(lambda: kd.decode_attention_pallas(
+            q, k, v, jnp.asarray([100]), interpret=True, window=(40, 0), config=kd.DecodeConfig(kernel=kernel)))())
+    assert "InterpretGPUParams" in windowed("mosaic") and "attnlab_decode_r" in windowed(None)
+
+
+def test_a_windowed_plan_splits_the_window_not_the_cache():
+    full = dm.make_mgpu_plan(1, 1, 131072, 64, 8, 64)
+    windowed = dm.make_mgpu_plan(1, 1, 131072, 64, 8, 64, window=(128, 0))
+    assert windowed.num_splits == 1 < full.num_splits
 
 
 @pytest.mark.parametrize("T, N, K, H", [(16, 28, 4, 128), (64, 32, 8, 128), (32, 64, 4, 128), (8, 64, 8, 64)])

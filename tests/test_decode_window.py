@@ -86,9 +86,6 @@ def test_backends_without_a_decode_window_refuse_naming_it():
     assert "local_window_size" in ex.reasons["tokamax-xla"]
     with pytest.raises(UnsupportedError, match="local_window_size"):
         attnlab.decode_attention(q, k, v, jnp.array([16, 5]), local_window_size=4, implementation="tokamax-xla")
-    with pytest.raises(ValueError, match="Mosaic GPU decode kernel takes no window"):
-        kd.decode_attention_pallas(q, k, v, jnp.array([16, 5]), config=kd.DecodeConfig(kernel="mosaic"),
-                                   interpret=True, window=(4, 4))
 
 
 # ---------------------------------------------------------------- the decode kernel
