@@ -42,11 +42,11 @@ def test_interpreter_matches_float64(T, N, K, H, lengths, causal, splits, window
     assert verdict.ok, verdict
 
 
-@pytest.mark.parametrize("page_size, window", [(16, (40, 2)), (128, None)])
-def test_interpreter_paged_matches_its_contiguous_twin(page_size, window):
+@pytest.mark.parametrize("page_size, window, causal", [(16, (40, 2), False), (128, None, True)])
+def test_interpreter_paged_matches_its_contiguous_twin(page_size, window, causal):
     """One TMA copy per page of 16 (four a 64-key step), or a 64-key step inside a page of 128; table
     slots past a sequence's pages hold -1 (read as page 0: its keys are loaded, masked, so finite here).
-    A window's pages: only those of its first block on."""
+    A window's pages: only those of its first block on; without the causal rule its right side bounds row t < 2."""
     q, k, v = random_qkv(2, 4, 128, 4, 1, 64, "bfloat16", seed=page_size)
     lengths = [37, 128]
     kp_, vp_, table = kp.to_pages(*poisoned(k, v, lengths, 4, window, 64), page_size)
@@ -54,8 +54,8 @@ def test_interpreter_paged_matches_its_contiguous_twin(page_size, window):
     table[0, kp.pages_in_use([37], page_size)[0]:] = -1
     plan = dm.make_mgpu_plan(2, 4, 128, 4, 1, 64, block_kv=64, num_splits=2, window=window)
     out = dm.decode_attention_mgpu(q, kp_, vp_, jnp.asarray(lengths), plan=plan, interpret=True,
-                                   page_table=jnp.asarray(table), window=window)
-    verdict = check_decode_close(out, q, k, v, lengths, local_window_size=window)
+                                   page_table=jnp.asarray(table), window=window, causal=causal)
+    verdict = check_decode_close(out, q, k, v, lengths, local_window_size=window, causal=causal)
     assert verdict.ok, verdict
 
 
@@ -64,7 +64,7 @@ def test_program_blocks_read_the_window_and_leave_unmasked_only_what_every_row_s
     """The grid model on Python ints: the splits' blocks are exactly the window's first block to the last valid
     key's, once each; a step without a mask holds only keys every query row sees (brute force)."""
     bk = 16
-    for n, T, window, splits in [(200, 1, (37, 0), 3), (200, 4, (16, 1), 2), (64, 3, (100, 5), 4), (9, 2, None, 2),
+    for n, T, window, splits in [(200, 1, (37, 0), 3), (192, 4, (16, 1), 2), (64, 3, (100, 5), 4), (9, 2, None, 2),
                                  (161, 5, (0, 0), 1), (200, 4, (33, 40), 5)]:
         lo = 0 if window is None else max(0, n - T - window[0])
         read = []
