@@ -1,7 +1,8 @@
 """Sliding-window decode on the GPU: attnlab-decode against the roofline of the window's bytes.
 
     PYTHONPATH=src python benchmarks/decode/window_gpu.py --out OUT [--quick] [--max-seconds 200]
-    PYTHONPATH=src JAX_PLATFORMS=cpu python benchmarks/decode/window_gpu.py --out OUT --dry-run
+        [--kernels triton,mosaic]
+    PYTHONPATH=src JAX_PLATFORMS=cpu python benchmarks/decode/window_gpu.py --out OUT --dry-run [--kernels ...]
 
 Cells: ``decode_attention(..., local_window_size=(W, 0))`` (causal: each new token reads the W keys before
 it and itself, W + T keys in all) with W in {128, 512, 1024, 4096}, cache length S in {8192, 32768, 131072}
@@ -17,6 +18,10 @@ iterations of the call's kernels summed (the split kernel and the combine), % of
 window's K/V bytes (``attnlab_decode.roofline_ms(..., window=)``; ``pct_with_q_out`` also counts q read and
 the output written) and the same call without a window (``full_ms``: what the window saves).
 Goal (issue: windows in decode): <= 1.15x the roofline of the window's bytes, i.e. >= 87%.
+``--kernels``: which decode kernels time each cell, one record each (``kernel``): "triton" (the default: what
+``decode_attention`` runs for a window) and "mosaic" (``kernels.decode_mgpu``, wgmma + TMA, Hopper only: called
+as ``decode_attention_pallas(..., config=DecodeConfig(kernel="mosaic"))``, the option a windowed call needs to
+take it; its blocks start at the window's first block, not key). A kernel that cannot run a cell records why.
 Writes ``results.jsonl`` and ``README.md`` (a table) to --out. ``--dry-run``: tiny sizes in Pallas interpret
 mode on the CPU: the cell list and the reference checks, nothing timed.
 """
@@ -56,7 +61,7 @@ def batch_for(S: int, K: int, H: int, itemsize: int = 2, copies: int = 1) -> int
 def cells(quick: bool, dry_run: bool) -> list[dict]:
     """Every cell of the run, in order (grouped by cache: one cache per (S, layout))."""
     if dry_run:
-        return [dict(S=256, W=w, T=t, layout=lay, B=2, N=8, K=2, H=16)
+        return [dict(S=256, W=w, T=t, layout=lay, B=2, N=8, K=1, H=64)   # H = 64: the Mosaic GPU kernel's least
                 for lay in ("contig", f"paged{PAGE}") for w in (16, 64) for t in (1, 4)]
     N, K, H = HEADS
     out = []
@@ -101,14 +106,19 @@ def cupti_ms(fn, args, iterations: int = 10) -> tuple[float, list]:
 
 
 @functools.lru_cache(maxsize=None)
-def call(window, paged: bool, interpret: bool):
-    """The jitted decode call of one window (None: the whole cache), contiguous or through a page table."""
+def call(window, paged: bool, interpret: bool, kernel: str = "triton"):
+    """The jitted decode call of one window (None: the whole cache), contiguous or through a page table;
+    ``kernel`` "mosaic": the Mosaic GPU kernel, on request (on the CPU in JAX's GPU interpreter)."""
     import jax
 
     import attnlab
     from attnlab.kernels import decode as kd
 
-    if interpret:        # the CPU: the kernel itself in interpret mode (decode_attention's would be the same)
+    if kernel == "mosaic":
+        def f(q, k, v, lengths, table=None):
+            return kd.decode_attention_pallas(q, k, v, lengths, interpret=interpret, page_table=table, window=window,
+                                              config=kd.DecodeConfig(kernel="mosaic"))
+    elif interpret:      # the CPU: the kernel itself in interpret mode (decode_attention's would be the same)
         def f(q, k, v, lengths, table=None):
             return kd.decode_attention_pallas(q, k, v, lengths, interpret=True, page_table=table, window=window)
     else:
@@ -134,7 +144,7 @@ def caches(S, B, K, H, layout, seed=0):
 _FULL_MS: dict = {}
 
 
-def run_cell(c: dict, k, v, paged, dev: str, dry_run: bool) -> dict:
+def run_cell(c: dict, k, v, paged, dev: str, dry_run: bool, kernel: str = "triton") -> dict:
     import jax
     import jax.numpy as jnp
 
@@ -144,12 +154,12 @@ def run_cell(c: dict, k, v, paged, dev: str, dry_run: bool) -> dict:
     B, S, T, W, N, K, H = (c[x] for x in ("B", "S", "T", "W", "N", "K", "H"))
     q = jax.random.normal(jax.random.PRNGKey(T + W), (B, T, N, H), jnp.bfloat16)
     lengths = jnp.full((B,), S, jnp.int32)
-    rec = dict(c, device=dev, window=[W, 0], dtype="bfloat16", lengths_traced=True,
+    rec = dict(c, kernel=kernel, device=dev, window=[W, 0], dtype="bfloat16", lengths_traced=True,
                window_kv_bytes=kv_bytes([S] * B, K, H, 2, q_len=T, window=(W, 0)),
                roofline_ms=roofline_ms([S] * B, T, N, K, H, 2, window=(W, 0), hbm_tbs=peaks["bandwidth"] / 1e12,
                                        peak_tflops=peaks["peak_flops"] / 1e12))
     args = (q, k, v, lengths) if paged is None else (q, paged[0], paged[1], lengths, paged[2])
-    fn = call((W, 0), paged is not None, dry_run)
+    fn = call((W, 0), paged is not None, dry_run, kernel)
     try:
         rec["check"] = check(fn(*args), references(q, k, v, [S] * B, W), W)
         if not all(x["ok"] for x in rec["check"]):
@@ -159,9 +169,9 @@ def run_cell(c: dict, k, v, paged, dev: str, dry_run: bool) -> dict:
             rec["pct_roofline"] = 100 * rec["roofline_ms"] / rec["ms"]
             q_out = 2 * B * T * N * H * 2 / peaks["bandwidth"] * 1e3
             rec["pct_with_q_out"] = 100 * (rec["roofline_ms"] + q_out) / rec["ms"]
-            full = (B, S, T, c["layout"])             # the whole-cache call, once per cache and T (not per W)
+            full = (B, S, T, c["layout"], kernel)     # the whole-cache call, once per cache and T (not per W)
             if full not in _FULL_MS:
-                _FULL_MS[full] = cupti_ms(call(None, paged is not None, False), args)[0]
+                _FULL_MS[full] = cupti_ms(call(None, paged is not None, False, kernel), args)[0]
             rec["full_ms"] = _FULL_MS[full]
     except Exception as e:  # noqa: BLE001 - one failed cell is recorded, the run goes on
         rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
@@ -169,14 +179,15 @@ def run_cell(c: dict, k, v, paged, dev: str, dry_run: bool) -> dict:
 
 
 def table_md(recs) -> str:
-    lines = ["| S | cache | B | T | W | ms | % roofline (window K/V) | with q/out | goal >= 87% | whole cache ms | "
-             "check |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| S | cache | B | T | W | kernel | ms | % roofline (window K/V) | with q/out | goal >= 87% | "
+             "whole cache ms | check |", "| --- " * 12 + "|"]
     for r in recs:
         worst = max((x["rel_err"] / x["limit"] for x in r.get("check", [])), default=float("nan"))
         chk = f"ok ({worst:.2f} of limit)" if "error" not in r else f"✗ {r['error'][:50]}"
         pct, pct_qo = r.get("pct_roofline"), r.get("pct_with_q_out")
         verdict = "–" if pct is None else "met" if pct >= GOAL_PCT else f"missed ({r['ms'] / r['roofline_ms']:.2f}x)"
-        cols = [r["S"], r["layout"], r["B"], r["T"], r["W"], f"{r['ms']:.4f}" if "ms" in r else "–",
+        cols = [r["S"], r["layout"], r["B"], r["T"], r["W"], r.get("kernel", "triton"),
+                f"{r['ms']:.4f}" if "ms" in r else "–",
                 "–" if pct is None else f"{pct:.0f}%", "–" if pct_qo is None else f"{pct_qo:.0f}%", verdict,
                 f"{r['full_ms']:.4f}" if "full_ms" in r else "–", chk]
         lines.append("| " + " | ".join(map(str, cols)) + " |")
@@ -189,7 +200,11 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="T=1, W in {128, 1024}")
     ap.add_argument("--max-seconds", type=float, default=200.0, help="no new cell starts past this")
     ap.add_argument("--dry-run", action="store_true", help="tiny sizes, interpret mode: cells and checks only")
+    ap.add_argument("--kernels", default="triton", help="comma-separated: triton, mosaic (each cell timed on each)")
     a = ap.parse_args(argv)
+    kernels = a.kernels.split(",")
+    if not kernels or set(kernels) - {"triton", "mosaic"}:
+        ap.error(f"--kernels must list triton and/or mosaic, got {a.kernels!r}")
     import jax
 
     os.makedirs(a.out, exist_ok=True)
@@ -198,23 +213,23 @@ def main(argv=None):
     todo = cells(a.quick, a.dry_run)
     recs, held = [], (None, None)
     with open(os.path.join(a.out, "results.jsonl"), "w") as f:
-        for c in todo:
+        for c, kernel in ((c, kernel) for c in todo for kernel in kernels):
             if time.perf_counter() - t0 > a.max_seconds:
-                rec = dict(c, error=f"not run: past --max-seconds {a.max_seconds:g}")
+                rec = dict(c, kernel=kernel, error=f"not run: past --max-seconds {a.max_seconds:g}")
             else:
                 key = (c["S"], c["B"], c["layout"])
                 if held[0] != key:
                     held = (None, None)                       # free the last cache before making the next
                     held = (key, caches(c["S"], c["B"], c["K"], c["H"], c["layout"]))
-                rec = run_cell(c, *held[1], dev, a.dry_run)
+                rec = run_cell(c, *held[1], dev, a.dry_run, kernel)
             recs.append(rec)
             f.write(json.dumps(rec) + "\n")
             f.flush()
-            print(json.dumps({k: rec.get(k) for k in ("S", "layout", "T", "W", "ms", "pct_roofline", "error")}))
+            print(json.dumps({k: rec.get(k) for k in ("S", "layout", "T", "W", "kernel", "ms", "pct_roofline", "error")}))
     md = table_md(recs)
     with open(os.path.join(a.out, "README.md"), "w") as f:
         f.write(f"# Sliding-window decode on {dev}\n\n`PYTHONPATH=src python benchmarks/decode/window_gpu.py "
-                f"--out {a.out}{' --dry-run' if a.dry_run else ''}`\n\n" + md)
+                f"--out {a.out}{' --dry-run' if a.dry_run else ''} --kernels {a.kernels}`\n\n" + md)
     print(md)
     print(json.dumps({"out": a.out, "cells": len(recs), "seconds": round(time.perf_counter() - t0, 1)}))
     return recs

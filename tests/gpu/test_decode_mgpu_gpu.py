@@ -1,5 +1,5 @@
-"""Issue 25 on an NVIDIA Hopper GPU: the Mosaic GPU (wgmma) decode kernel against float64, and the plan
-running it for T*G > 64 rows through ``attnlab.decode_attention``.
+"""The Mosaic GPU (wgmma) decode kernel on an NVIDIA Hopper GPU against float64: the plan running it for
+T*G > 64 rows through ``attnlab.decode_attention``, and sliding windows when asked for (``kernel="mosaic"``).
 
     python -m pytest -q -m gpu tests/gpu/test_decode_mgpu_gpu.py
 """
@@ -7,6 +7,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import attnlab
@@ -73,4 +74,39 @@ def test_mosaic_kernel_on_paged_caches(page_size, T, N, K, H):
     assert "mosaic_gpu" in f.lower(q, kpg, vpg, n, page_table=t).as_text()
     out = f(q, kpg, vpg, n, page_table=t)
     verdict = check_decode_close(out, q, k, v, lengths)
+    assert verdict.ok, verdict
+
+
+def _poisoned(x, firsts):
+    before = (jnp.arange(x.shape[1])[None, :] < jnp.asarray(firsts)[:, None])[:, :, None, None]
+    return jnp.where(before, jnp.nan, x)
+
+
+@pytest.mark.parametrize("page", [None, 16, 128], ids=["contig", "paged16", "paged128"])
+@pytest.mark.parametrize("T, N, K, H, causal, right", [(1, 64, 8, 64, True, 0), (16, 28, 4, 128, True, 0),
+                                                       (13, 20, 4, 128, False, 3)], ids=["T1-G8", "T16-G7", "T13-G5-nc"])
+@pytest.mark.parametrize("W", [128, 1000, 4096])                       # < S, not a block multiple, > S
+def test_mosaic_kernel_windowed_on_request_reads_only_the_window(W, T, N, K, H, causal, right, page):
+    """``DecodeConfig(kernel="mosaic")`` with a window: the wgmma kernel, against float64; K is NaN before each
+    window, V before the window's first block (read, masked: finite), so loading a block before it or
+    leaving a key before a row's window unmasked gives NaN."""
+    _need_hopper()
+    from attnlab.kernels import pages as kp
+
+    S, window = 2048, (W, right)
+    q, k, v = random_qkv(4, T, S, N, K, H, "bfloat16", seed=W + T)
+    lengths = [S, T, S // 2 + 3, 777]                                  # ragged: full, exactly T, odd lengths
+    bk = dm.make_mgpu_plan(4, T, S, N, K, H, window=window).block_kv
+    starts = [kd.window_start(n, T, window) for n in lengths]
+    kq, vq = _poisoned(k, starts), _poisoned(v, [s // bk * bk for s in starts])
+    table = None
+    if page:
+        kq, vq, table = kp.to_pages(kq, vq, page)
+    f = jax.jit(lambda q, k, v, n, t: kd.decode_attention_pallas(
+        q, k, v, n, causal=causal, page_table=t, window=window, config=kd.DecodeConfig(kernel="mosaic")))
+    n = jnp.asarray(lengths, jnp.int32)
+    assert "mosaic_gpu" in f.lower(q, kq, vq, n, table).as_text()
+    out = f(q, kq, vq, n, table)
+    assert np.all(np.isfinite(np.asarray(out, np.float32)))
+    verdict = check_decode_close(out, q, k, v, lengths, causal=causal, local_window_size=window)
     assert verdict.ok, verdict

@@ -63,12 +63,14 @@ def test_decode_kernel_matches_float64_and_reads_only_the_window(W, T, heads, pa
 
 
 def test_windowed_rows_past_64_run_the_triton_kernel():
-    """T*G = 128 rows would pick the Mosaic GPU kernel on Hopper; it takes no window, so the Triton one runs."""
+    """T*G = 128 rows would pick the Mosaic GPU kernel on Hopper; a window takes it only when asked (kernel="mosaic").
+    By default the Triton one runs."""
     _need()
     q, k, v = random_qkv(2, 16, S, 64, 8, 128, "bfloat16", seed=3)
     lengths = [S, 900]
-    out = jax.jit(functools.partial(attnlab.decode_attention, implementation="attnlab-decode",
-                                    local_window_size=256))(q, k, v, jnp.asarray(lengths, jnp.int32))
+    f = jax.jit(functools.partial(attnlab.decode_attention, implementation="attnlab-decode", local_window_size=256))
+    assert "mosaic_gpu" not in f.lower(q, k, v, jnp.asarray(lengths, jnp.int32)).as_text()
+    out = f(q, k, v, jnp.asarray(lengths, jnp.int32))
     assert check_decode_close(out, q, k, v, lengths, local_window_size=256).ok
 
 

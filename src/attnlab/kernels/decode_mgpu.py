@@ -23,6 +23,8 @@ unnormalised partials, (B, K, P, rows, H) float32 and m, l (B, K, P, rows), comb
 
 Hopper (sm_90) only, float16/bfloat16, H in {64, 128}, S a multiple of ``block_kv``; no soft
 cap (the Triton kernel serves it): ``unsupported`` says why. Paged caches: one TMA copy per page.
+Sliding windows (``window``): the splits cut only the blocks from the window's first key's block
+(``decode_mgpu_plan.program_blocks``); the plan runs it for a window only on request (``pick_kernel``).
 """
 from __future__ import annotations
 
