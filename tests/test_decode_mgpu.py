@@ -141,6 +141,23 @@ def test_default_plans_lower_for_sm90_within_shared_memory(T, N, K, H):
     assert plan.row_tiles == -(-T * (N // K) // 128) and plan.block_kv == 128
 
 
+@pytest.mark.parametrize("T, N, K, H, window, causal, page", [(1, 64, 8, 64, (128, 0), True, None),
+                                                              (16, 28, 4, 128, (1000, 3), False, 16)])
+def test_windowed_kernels_lower_for_sm90(T, N, K, H, window, causal, page):
+    """The window's masks and loops compile for sm_90 (register layouts, wgmma), contiguous and paged."""
+    B, S = 4, 8192
+    q = jax.ShapeDtypeStruct((B, T, N, H), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((B * S // page, page, K, H) if page else (B, S, K, H), jnp.bfloat16)
+    table = [jax.ShapeDtypeStruct((B, S // page), jnp.int32)] if page else []
+
+    def f(q, k, v, n, *t):
+        return dm.decode_attention_mgpu(q, k, v, n, causal=causal, window=window, page_table=t[0] if t else None)
+    with kd.cuda_lowering_context():
+        text = jax.jit(f).trace(q, kv, kv, jax.ShapeDtypeStruct((B,), jnp.int32), *table).lower(
+            lowering_platforms=("cuda",)).as_text()
+    assert "mosaic_gpu" in text
+
+
 def test_a_plan_past_shared_memory_is_refused():
     with pytest.raises(ValueError, match="exceed shared memory"):
         dm.make_mgpu_plan(8, 16, 32768, 28, 4, 128, block_kv=128, max_steps=3)
