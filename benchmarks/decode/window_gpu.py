@@ -225,7 +225,8 @@ def main(argv=None):
             recs.append(rec)
             f.write(json.dumps(rec) + "\n")
             f.flush()
-            print(json.dumps({k: rec.get(k) for k in ("S", "layout", "T", "W", "kernel", "ms", "pct_roofline", "error")}))
+            keys = ("S", "layout", "T", "W", "kernel", "ms", "pct_roofline", "error")
+            print(json.dumps({k: rec.get(k) for k in keys}))
     md = table_md(recs)
     with open(os.path.join(a.out, "README.md"), "w") as f:
         f.write(f"# Sliding-window decode on {dev}\n\n`PYTHONPATH=src python benchmarks/decode/window_gpu.py "

@@ -84,7 +84,8 @@ def _poisoned(x, firsts):
 
 @pytest.mark.parametrize("page", [None, 16, 128], ids=["contig", "paged16", "paged128"])
 @pytest.mark.parametrize("T, N, K, H, causal, right", [(1, 64, 8, 64, True, 0), (16, 28, 4, 128, True, 0),
-                                                       (13, 20, 4, 128, False, 3)], ids=["T1-G8", "T16-G7", "T13-G5-nc"])
+                                                       (13, 20, 4, 128, False, 3)],
+                         ids=["T1-G8", "T16-G7", "T13-G5-nc"])
 @pytest.mark.parametrize("W", [128, 1000, 4096])                       # < S, not a block multiple, > S
 def test_mosaic_kernel_windowed_on_request_reads_only_the_window(W, T, N, K, H, causal, right, page):
     """``DecodeConfig(kernel="mosaic")`` with a window: the wgmma kernel, against float64; K is NaN before each
