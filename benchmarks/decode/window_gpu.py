@@ -1,7 +1,7 @@
 """Sliding-window decode on the GPU: attnlab-decode against the roofline of the window's bytes.
 
     PYTHONPATH=src python benchmarks/decode/window_gpu.py --out OUT [--quick] [--max-seconds 200]
-        [--kernels triton,mosaic]
+        [--kernels triton,mosaic,mosaic64]
     PYTHONPATH=src JAX_PLATFORMS=cpu python benchmarks/decode/window_gpu.py --out OUT --dry-run [--kernels ...]
 
 Cells: ``decode_attention(..., local_window_size=(W, 0))`` (causal: each new token reads the W keys before
@@ -21,7 +21,8 @@ Goal (issue: windows in decode): <= 1.15x the roofline of the window's bytes, i.
 ``--kernels``: which decode kernels time each cell, one record each (``kernel``): "triton" (the default: what
 ``decode_attention`` runs for a window) and "mosaic" (``kernels.decode_mgpu``, wgmma + TMA, Hopper only: called
 as ``decode_attention_pallas(..., config=DecodeConfig(kernel="mosaic"))``, the option a windowed call needs to
-take it; its blocks start at the window's first block, not key). A kernel that cannot run a cell records why.
+take it; its blocks start at the window's first block, not key), "mosaic64" (the same with 64-key steps, not
+the plan's 128: less over-read at the window's start). A kernel that cannot run a cell records why.
 Writes ``results.jsonl`` and ``README.md`` (a table) to --out. ``--dry-run``: tiny sizes in Pallas interpret
 mode on the CPU: the cell list and the reference checks, nothing timed.
 """
@@ -118,6 +119,15 @@ def call(window, paged: bool, interpret: bool, kernel: str = "triton"):
         def f(q, k, v, lengths, table=None):
             return kd.decode_attention_pallas(q, k, v, lengths, interpret=interpret, page_table=table, window=window,
                                               config=kd.DecodeConfig(kernel="mosaic"))
+    elif kernel == "mosaic64":   # its plan with 64-key steps: a window's first block over-reads up to 63 keys, not 127
+        from attnlab.kernels import decode_mgpu as dm
+
+        def f(q, k, v, lengths, table=None):
+            (B, T, N, H), K = q.shape, k.shape[2]
+            S = k.shape[1] if table is None else table.shape[1] * k.shape[1]
+            plan = dm.make_mgpu_plan(B, T, S, N, K, H, block_kv=64, window=window)
+            return dm.decode_attention_mgpu(q, k, v, lengths, plan=plan, window=window, page_table=table,
+                                            interpret=interpret)
     elif interpret:      # the CPU: the kernel itself in interpret mode (decode_attention's would be the same)
         def f(q, k, v, lengths, table=None):
             return kd.decode_attention_pallas(q, k, v, lengths, interpret=True, page_table=table, window=window)
@@ -200,11 +210,11 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="T=1, W in {128, 1024}")
     ap.add_argument("--max-seconds", type=float, default=200.0, help="no new cell starts past this")
     ap.add_argument("--dry-run", action="store_true", help="tiny sizes, interpret mode: cells and checks only")
-    ap.add_argument("--kernels", default="triton", help="comma-separated: triton, mosaic (each cell timed on each)")
+    ap.add_argument("--kernels", default="triton", help="comma-separated: triton, mosaic, mosaic64 (each cell on each)")
     a = ap.parse_args(argv)
     kernels = a.kernels.split(",")
-    if not kernels or set(kernels) - {"triton", "mosaic"}:
-        ap.error(f"--kernels must list triton and/or mosaic, got {a.kernels!r}")
+    if not kernels or set(kernels) - {"triton", "mosaic", "mosaic64"}:
+        ap.error(f"--kernels must list some of triton, mosaic, mosaic64, got {a.kernels!r}")
     import jax
 
     os.makedirs(a.out, exist_ok=True)
