@@ -218,8 +218,8 @@ def test_serving_kernel_matches_float64_and_skips_the_keys_before_the_window(win
     kp, vp, table = poisoned(k, firsts), poisoned(v, firsts), None
     if page:
         kp, vp, table = to_pages(kp, vp, page)
-    # paged: a decode and a prefill class (the prefill tile's masked / unmasked / masked blocks); contiguous: one
-    cfg = sp.ServingConfig(block_k=16, decode_max_q=4 if page else 32, programs=3)
+    # pages of 8: a decode and a prefill class (the prefill tile's masked / unmasked / masked blocks); else one
+    cfg = sp.ServingConfig(block_k=16, decode_max_q=4 if page == 8 else 32, programs=3)
 
     def step(q, k, v, a, b, t, page_size=page):
         plan = attnlab.serving_plan(a, b, total_tokens=q.shape[0], kv_len_max=S_SERVE, heads=N, kv_heads=K,
@@ -236,6 +236,11 @@ def test_serving_kernel_matches_float64_and_skips_the_keys_before_the_window(win
     if page == 16:      # a plan made for a contiguous cache starts inside a page's block: refused, naming page_size
         with pytest.raises(ValueError, match="pass page_size=16 to serving_plan"):
             step(q, kp, vp, starts, kv, table, page_size=None)
+        # without plan=, the kernel's own plan (block_k 64 here) is made for the call's pages (traced only)
+        k64, v64, t64 = to_pages(k, v, 64)
+        jax.eval_shape(lambda q, k, v: attnlab.serving_attention(q, k, v, starts, kv, page_table=t64,
+                                                                 implementation="attnlab-decode",
+                                                                 local_window_size=window), q, k64, v64)
     if not page:
         xla = jax.jit(functools.partial(attnlab.serving_attention, logits_soft_cap=2.5, implementation="xla",
                                         local_window_size=window))(q, k, v, jnp.asarray(starts), jnp.asarray(kv))
