@@ -113,7 +113,7 @@ def kv_products(out_f, dev, t0, max_seconds, dry=False):
 
     shape = DRY if dry else FULL
     N, K, H = shape["N"], shape["K"], shape["H"]
-    peaks = g.roofline_peaks()
+    peaks, truths = g.roofline_peaks(), {}
     for page in (None, 16):
         for mma in PRODUCTS:
             k, v, table, ks, vs, (tk, tv, tsc) = _caches(jax.random.PRNGKey(0), shape, shape["S"], page, mma is not None)
@@ -127,7 +127,9 @@ def kv_products(out_f, dev, t0, max_seconds, dry=False):
                         return
                     starts = g.starts_of(q_len)
                     a, b = jnp.asarray(starts), jnp.asarray(kv)
-                    refs = g.references(q, tk, tv, starts, kv, None, token_scales=tsc)
+                    # the truth reads the contiguous cache: the same for both layouts and both products
+                    rkey = (mma is not None, T, dist)
+                    refs = truths[rkey] = truths.get(rkey) or g.references(q, tk, tv, starts, kv, None, token_scales=tsc)
                     fp8 = dict(kv_itemsize=1, kv_scale="token") if mma else {}
                     roof_ms = serving_roofline_s(starts, kv, N, K, H, 2, **fp8, **peaks) * 1e3
                     rec = dict(kind="kv-products", device=dev, batch=dist, T=T, layout=f"paged{page}" if page else "contig",
@@ -146,7 +148,7 @@ def window(out_f, dev, t0, max_seconds, dry=False):
 
     shape = DRY if dry else FULL
     N, K, H = shape["N"], shape["K"], shape["H"]
-    peaks = g.roofline_peaks()
+    peaks, truths = g.roofline_peaks(), {}      # the truth reads the contiguous cache: one for both layouts
     n_chunks, chunk, decodes = shape["mixed"]
     for page in (None, 16):
         for mixed in (False, True):
@@ -165,7 +167,8 @@ def window(out_f, dev, t0, max_seconds, dry=False):
                 a, b = jnp.asarray(starts), jnp.asarray(kv)
                 max_q = int(q_len.max())
                 for W in WINDOWS if not dry else (16, 40):
-                    refs = g.references(q, tk, tv, starts, kv, None, window_left=W)
+                    refs = truths[(dist, T, W)] = truths.get((dist, T, W)) or g.references(q, tk, tv, starts, kv, None,
+                                                                                          window_left=W)
                     roof_ms = serving_roofline_s(starts, kv, N, K, H, 2, window_left=W, **peaks) * 1e3
                     for from_key in (False, True):
                         if time.perf_counter() - t0 > max_seconds:
