@@ -43,19 +43,24 @@ def _time(fn, args, dry: bool) -> float:
 
 
 def _step(shape, page, T_total, cfg, window):
-    """(jitted plan maker, jitted step) of one static configuration: lengths traced."""
+    """(jitted plan maker, jitted step) of one static configuration, shared by the cells that differ only in their
+    (traced) lengths."""
     import jax
 
     import attnlab
 
     s, N, K, H = shape["S"], shape["N"], shape["K"], shape["H"]
-    plan = jax.jit(lambda a, b: attnlab.serving_plan(a, b, total_tokens=T_total, kv_len_max=s, heads=N, kv_heads=K,
-                                                     head_dim=H, config=cfg, local_window_size=window,
-                                                     page_size=page))
-    impl = "attnlab-decode"
-    step = jax.jit(lambda q, k, v, a, b, t, ks, vs, p: attnlab.serving_attention(
-        q, k, v, a, b, page_table=t, k_scale=ks, v_scale=vs, plan=p, local_window_size=window, implementation=impl))
-    return plan, step
+
+    def make():
+        plan = jax.jit(lambda a, b: attnlab.serving_plan(a, b, total_tokens=T_total, kv_len_max=s, heads=N, kv_heads=K,
+                                                         head_dim=H, config=cfg, local_window_size=window,
+                                                         page_size=page))
+        step = jax.jit(lambda q, k, v, a, b, t, ks, vs, p: attnlab.serving_attention(
+            q, k, v, a, b, page_table=t, k_scale=ks, v_scale=vs, plan=p, local_window_size=window,
+            implementation="attnlab-decode"))
+        return plan, step
+
+    return g.jitted(("fp8_window", s, N, K, H, shape["B"], page, T_total, cfg, window), make)
 
 
 def _caches(key, shape, s, page, fp8):
@@ -99,12 +104,15 @@ def _run(out_f, rec, fn, args, refs, roof_ms, dry):
 
 
 def _batches(shape, T, dists):
+    """(distribution, q lengths, KV lengths) of decode batches of T tokens a request (seed 7, as gpu.py's)."""
     for dist in dists:
         kv = g.draw(dist, shape["B"], T, shape["S"], np.random.default_rng(7))
         yield dist, np.full(shape["B"], T, np.int32), kv
 
 
 def kv_products(out_f, dev, t0, max_seconds, dry=False):
+    """``--kv-products`` (module docstring): one record per cell into ``out_f``; stops starting cells past
+    ``max_seconds`` after ``t0``."""
     import jax
     import jax.numpy as jnp
 
@@ -129,7 +137,9 @@ def kv_products(out_f, dev, t0, max_seconds, dry=False):
                     a, b = jnp.asarray(starts), jnp.asarray(kv)
                     # the truth reads the contiguous cache: the same for both layouts and both products
                     rkey = (mma is not None, T, dist)
-                    refs = truths[rkey] = truths.get(rkey) or g.references(q, tk, tv, starts, kv, None, token_scales=tsc)
+                    if rkey not in truths:
+                        truths[rkey] = g.references(q, tk, tv, starts, kv, None, token_scales=tsc)
+                    refs = truths[rkey]
                     fp8 = dict(kv_itemsize=1, kv_scale="token") if mma else {}
                     roof_ms = serving_roofline_s(starts, kv, N, K, H, 2, **fp8, **peaks) * 1e3
                     rec = dict(kind="kv-products", device=dev, batch=dist, T=T, layout=f"paged{page}" if page else "contig",
@@ -140,6 +150,8 @@ def kv_products(out_f, dev, t0, max_seconds, dry=False):
 
 
 def window(out_f, dev, t0, max_seconds, dry=False):
+    """``--window`` (module docstring): one record per cell into ``out_f``; stops starting cells past
+    ``max_seconds`` after ``t0``."""
     import jax
     import jax.numpy as jnp
 
@@ -159,7 +171,8 @@ def window(out_f, dev, t0, max_seconds, dry=False):
                 q_len, kv = g.mixed_batch(n_chunks, chunk, decodes, s, np.random.default_rng(3))
                 cells = [(f"mixed {n_chunks}x{chunk}+{decodes}", 1, q_len, kv)]
             else:
-                cells = [(d, T, q_len, kv) for T in (1, 4) for d, q_len, kv in _batches(shape, T, ("uniform", "lognormal"))]
+                cells = [(d, T, q_len, kv) for T in (1, 4)
+                         for d, q_len, kv in _batches(shape, T, ("uniform", "lognormal"))]
             for dist, T, q_len, kv in cells:
                 starts = g.starts_of(q_len)
                 T_total = int(starts[-1]) + (64 if mixed else 0)
@@ -167,26 +180,32 @@ def window(out_f, dev, t0, max_seconds, dry=False):
                 a, b = jnp.asarray(starts), jnp.asarray(kv)
                 max_q = int(q_len.max())
                 for W in WINDOWS if not dry else (16, 40):
-                    refs = truths[(dist, T, W)] = truths.get((dist, T, W)) or g.references(q, tk, tv, starts, kv, None,
-                                                                                          window_left=W)
+                    if (dist, T, W) not in truths:
+                        truths[dist, T, W] = g.references(q, tk, tv, starts, kv, None, window_left=W)
+                    refs = truths[dist, T, W]
                     roof_ms = serving_roofline_s(starts, kv, N, K, H, 2, window_left=W, **peaks) * 1e3
                     for from_key in (False, True):
                         if time.perf_counter() - t0 > max_seconds:
                             return
-                        cfg = ServingConfig(max_q_len=max_q if max_q <= 16 else None, decode_q_len=min(int(q_len.min()), 16),
-                                            window_from_key=from_key)
+                        cfg = ServingConfig(max_q_len=max_q if max_q <= 16 else None,
+                                            decode_q_len=min(int(q_len.min()), 16), window_from_key=from_key)
                         plan, step = _step(b_shape, page, T_total, cfg, W)
-                        rec = dict(kind="window", device=dev, batch=dist, T=T, W=W, from_key=from_key, roofline_ms=roof_ms,
-                                   layout=f"paged{page}" if page else "contig", dry_run=dry,
+                        rec = dict(kind="window", device=dev, batch=dist, T=T, W=W, from_key=from_key,
+                                   roofline_ms=roof_ms, layout=f"paged{page}" if page else "contig", dry_run=dry,
                                    **{x: b_shape[x] for x in "BSNKH"})
                         _run(out_f, rec, step, (q, k, v, a, b, table, None, None, plan(a, b)), refs, roof_ms, dry)
             del k, v, table, tk, tv
 
 
 def tables_md(path) -> str:
+    """The A/B tables (markdown) of the records in ``path``."""
     recs = [json.loads(x) for x in open(path, encoding="utf-8") if x.strip()]
-    ms = lambda r: f"{r['ms']:.4f} ({r['pct_roofline']:.0f}%)" if r.get("ms") else f"✗ {(r.get('error') or '')[:40]}"  # noqa: E731
-    ratio = lambda a, b: f"{a['ms'] / b['ms']:.2f}x" if a and b and a.get("ms") and b.get("ms") else "–"  # noqa: E731
+    def ms(r):
+        return f"{r['ms']:.4f} ({r['pct_roofline']:.0f}%)" if r.get("ms") else f"✗ {(r.get('error') or '')[:40]}"
+
+    def ratio(a, b):
+        return f"{a['ms'] / b['ms']:.2f}x" if a and b and a.get("ms") and b.get("ms") else "–"
+
     lines = []
     prod = {(r["batch"], r["T"], r["layout"], r["kv_mma"]): r for r in recs if r["kind"] == "kv-products"}
     if prod:

@@ -12,8 +12,9 @@ Layout and grid
     (T_total * N, H) (a row gather, no transpose). The plan (``kernels.serving_plan``) gives each tile
     class a list of pieces and each program a run of them; grid = (programs, K). Program (p, h) walks
     its pieces: for each, an online softmax (exp2, float32 scores, running max and sum) streams the
-    piece's KV blocks of its request (block i at key kv_start + i * block_k) (causal mask by position, keys past kv_len never loaded) and
-    writes the unnormalised partial O (float32), m and l to the piece's slot. Every program of a class
+    piece's KV blocks of its request (block i from key kv_start + i * block_k; causal mask by position,
+    keys past kv_len never loaded) and writes the unnormalised partial O (float32), m and l to the
+    piece's slot. Every program of a class
     does the same number of KV blocks (stream-K). K/V rows of request b are rows b*S + pos of the
     contiguous cache viewed as (B*S, K, H), or go through the page table (the flattened table seen as
     one long sequence, ``paged_load.load_kv_block``).
