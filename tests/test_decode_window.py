@@ -1,8 +1,8 @@
 """Sliding windows (``local_window_size``) in decode_attention and serving_attention: the float64 references,
 the checks, the masked paths, attnlab's kernels (Pallas interpret mode) and the cost of the window.
 
-Every kernel case runs on a cache poisoned with NaN before the window (the decode kernel: every key before
-it; the serving kernel: the blocks before the window's block); any load of them would make the output NaN
+Every kernel case runs on a cache poisoned with NaN before the window (every key before it; pages of >=
+block_k keys: every block before its block); any load of them would make the output NaN
 (0 * NaN = NaN in P.V), so it checks both the values and that those keys are never read. Shapes stay tiny: interpret mode runs the grid program by program."""
 import dataclasses
 import functools
@@ -32,11 +32,6 @@ def poisoned(x, firsts):
     """``x`` (B, S, K, H) with NaN at the positions before each sequence's ``firsts[b]``."""
     before = (jnp.arange(x.shape[1])[None, :] < jnp.asarray(firsts)[:, None])[:, :, None, None]
     return jnp.where(before, jnp.nan, x)
-
-
-def skipped(lengths, q_len, window, block_k):
-    """The first key of the first block a windowed kernel loads, per sequence: everything before is skipped."""
-    return [(kd.window_start(n, q_len, window) // block_k) * block_k for n in lengths]
 
 
 # ---------------------------------------------------------------- the references and the masked paths
@@ -151,55 +146,99 @@ def serving_batch(N, K, H=16, seed=0):
     return q, k, v, starts, KV.astype(np.int32)
 
 
-def test_serving_plan_starts_each_unit_at_its_first_visible_block():
+def unit_keys(pos0, r0, q_len, G, block_r, left, bk, from_key=True):
+    """(first key, block count) of a windowed unit (request at pos0, rows r0..): its first row's window start
+    (or that key's block) up to its last row's position."""
+    t_last = (min(r0 + block_r, q_len * G) - 1) // G
+    lo = max(0, pos0 + r0 // G - left)
+    lo = lo if from_key else lo // bk * bk
+    return lo, -(-(pos0 + t_last + 1 - lo) // bk)
+
+
+@pytest.mark.parametrize("page", [None, 16], ids=["from-key", "pages-of-block_k"])
+def test_serving_plan_starts_each_unit_at_its_first_visible_key(page):
+    """Contiguous (and pages < block_k): each unit's blocks from its first row's window start; pages of >= block_k
+    keys: from that key's block (one page's rows)."""
     q, _, _, starts, kv = serving_batch(8, 2)
     left, G, bk = 5, 4, 16
     kw = dict(total_tokens=q.shape[0], kv_len_max=S_SERVE, heads=8, kv_heads=2, head_dim=16, window_left=left,
-              config=sp.ServingConfig(block_k=bk, decode_max_q=4, programs=3))
+              config=sp.ServingConfig(block_k=bk, decode_max_q=4, programs=3), page_size=page)
     plan = sp.make_serving_plan(starts, kv, **kw)
     # the same body under jit from traced lengths (jax.numpy) gives the same pieces
-    traced = jax.jit(lambda a, b: sp.make_serving_plan(a, b, **kw))(jnp.asarray(starts), jnp.asarray(kv))
+    traced = (jax.jit(lambda a, b: sp.make_serving_plan(a, b, **kw))(jnp.asarray(starts), jnp.asarray(kv))
+              if page is None else plan)
+    blocks = sp.FIELDS.index("blocks")
     for cp, tp in zip(plan.classes, traced.classes):
-        live = np.asarray(cp.pieces)[np.asarray(cp.pieces)[:, 7] > 0]
+        assert cp.window_from_key == (page is None)
+        live = np.asarray(cp.pieces)[np.asarray(cp.pieces)[:, blocks] > 0]
         dev = np.asarray(tp.pieces)
-        np.testing.assert_array_equal(live, dev[dev[:, 7] > 0])
+        np.testing.assert_array_equal(live, dev[dev[:, blocks] > 0])
         seen = {}
-        for b, _, row_off, _, _, _, first, count in live.tolist():
-            seen.setdefault((b, row_off), []).extend(range(first, first + count))
+        for b, _, row_off, _, _, _, kv0, first, count in live.tolist():
+            seen.setdefault((b, row_off, kv0), []).extend(range(first, first + count))
         want = {}
         for b in np.flatnonzero((Q_LEN <= 4) if cp.decode else (Q_LEN > 4)):
             for r0 in range(0, Q_LEN[b] * G, cp.block_r):
-                pos0 = kv[b] - Q_LEN[b]
-                t_last = (min(r0 + cp.block_r, Q_LEN[b] * G) - 1) // G
-                want[(b, r0)] = list(range(max(0, pos0 + r0 // G - left) // bk, (pos0 + t_last) // bk + 1))
+                lo, n = unit_keys(kv[b] - Q_LEN[b], r0, Q_LEN[b], G, cp.block_r, left, bk, from_key=page is None)
+                want[(b, r0, lo)] = list(range(n))
         assert {key: sorted(x) for key, x in seen.items()} == want
 
 
-@pytest.mark.parametrize("window,paged", [(5, False), ((40, 2), True)], ids=["contiguous", "paged"])
-def test_serving_kernel_matches_float64_and_skips_the_blocks_before_the_window(window, paged):
+def test_serving_plan_reads_fewer_blocks_from_the_first_key():
+    """A 128-key window at T=4 in blocks of 128 (H=64): 2 blocks a request from its first key, 3 from the block
+    boundary before it where that key lies at >= 125 of its block (``ServingConfig(window_from_key=False)``, the
+    layout it replaced, which also fetched the keys of that block before the window)."""
+    kv = np.array([1000, 258, 1282, 3842, 131, 2000], np.int32)
+    starts = np.arange(0, 4 * kv.size + 1, 4, dtype=np.int32)
+    total = {}
+    for from_key in (True, False):
+        plan = sp.make_serving_plan(starts, kv, total_tokens=int(starts[-1]), kv_len_max=4096, heads=32, kv_heads=8,
+                                    head_dim=64, window_left=128, config=sp.ServingConfig(window_from_key=from_key))
+        (cp,) = plan.classes
+        assert cp.block_k == 128 and cp.window_from_key == from_key
+        total[from_key] = int(np.asarray(cp.pieces)[:, sp.FIELDS.index("blocks")].sum())
+    want = {f: sum(unit_keys(n - 4, 0, 4, 4, 16, 128, 128, f)[1] for n in kv) for f in (True, False)}
+    assert total == want and total[True] == 2 * kv.size and total[False] == 2 * kv.size + 3
+
+
+@pytest.mark.parametrize("window,page", [(5, None), ((40, 2), 8), (5, 16)], ids=["contiguous", "paged8", "paged16"])
+def test_serving_kernel_matches_float64_and_skips_the_keys_before_the_window(window, page):
+    """Contiguous and pages of 8 < block_k: every key before each request's first window start is NaN; pages of
+    16 = block_k: every block before its block (the plan made for the pages)."""
     N, K = 8, 2
     q, k, v, starts, kv = serving_batch(N, K, seed=3)
     ref = reference_serving_attention(q, k, v, starts, kv, logits_soft_cap=2.5, local_window_size=window)
     left = window if isinstance(window, int) else window[0]
-    firsts = [(max(0, n - t - left) // 16) * 16 for n, t in zip(kv, Q_LEN)]
+    step_block = 16 if page == 16 else 1
+    firsts = [(max(0, n - t - left) // step_block) * step_block for n, t in zip(kv, Q_LEN)]
+    assert any(f % 16 for f in firsts) or page == 16     # a first key inside a block: the block's start is poisoned
     kp, vp, table = poisoned(k, firsts), poisoned(v, firsts), None
-    if paged:
-        kp, vp, table = to_pages(kp, vp, 8)
-    # paged: a decode and a prefill class (the prefill tile's unmasked middle); contiguous: one decode class
-    cfg = sp.ServingConfig(block_k=16, decode_max_q=4 if paged else 32, programs=3)
+    if page:
+        kp, vp, table = to_pages(kp, vp, page)
+    # pages of 8: a decode and a prefill class (the prefill tile's masked / unmasked / masked blocks); else one
+    cfg = sp.ServingConfig(block_k=16, decode_max_q=4 if page == 8 else 32, programs=3)
 
-    def step(q, k, v, a, b, t):
+    def step(q, k, v, a, b, t, page_size=page):
         plan = attnlab.serving_plan(a, b, total_tokens=q.shape[0], kv_len_max=S_SERVE, heads=N, kv_heads=K,
-                                    head_dim=16, dtype="float32", config=cfg, local_window_size=window)
+                                    head_dim=16, dtype="float32", config=cfg, local_window_size=window,
+                                    page_size=page_size)
         return attnlab.serving_attention(q, k, v, a, b, page_table=t, logits_soft_cap=2.5, plan=plan,
                                          implementation="attnlab-decode", local_window_size=window)
 
     # eager, the plan made on the host (interpret mode compiles a jitted step slowly; the traced plan is
-    # checked equal to the host's in test_serving_plan_starts_each_unit_at_its_first_visible_block)
+    # checked equal to the host's in test_serving_plan_starts_each_unit_at_its_first_visible_key)
     out = np.asarray(step(q, kp, vp, starts, kv, table), np.float64)
     limit, rule = tolerance(np.dtype("float32"))
     assert np.all(np.isfinite(out)) and rel_l2(out, ref) <= limit, rule
-    if not paged:
+    if page == 16:      # a plan made for a contiguous cache starts inside a page's block: refused, naming page_size
+        with pytest.raises(ValueError, match="pass page_size=16 to serving_plan"):
+            step(q, kp, vp, starts, kv, table, page_size=None)
+        # without plan=, the kernel's own plan (block_k 64 here) is made for the call's pages (traced only)
+        k64, v64, t64 = to_pages(k, v, 64)
+        jax.eval_shape(lambda q, k, v: attnlab.serving_attention(q, k, v, starts, kv, page_table=t64,
+                                                                 implementation="attnlab-decode",
+                                                                 local_window_size=window), q, k64, v64)
+    if not page:
         xla = jax.jit(functools.partial(attnlab.serving_attention, logits_soft_cap=2.5, implementation="xla",
                                         local_window_size=window))(q, k, v, jnp.asarray(starts), jnp.asarray(kv))
         assert rel_l2(np.asarray(xla, np.float64), ref) <= limit

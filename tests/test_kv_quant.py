@@ -2,6 +2,7 @@
 paths, attnlab's decode and serving kernels (Pallas interpret mode) against float64, and the Triton lowering.
 Kernel shapes stay tiny: interpret mode is slow."""
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -127,13 +128,18 @@ def test_decode_kernel_dequantizes_in_registers(case):
     assert verdict.ok, verdict
 
 
-@pytest.mark.parametrize("layout, ps", [("head", None), ("token", 8)], ids=["fp8-head-contig", "fp8-token-paged8-gather"])
-def test_serving_kernel_dequantizes_in_registers(layout, ps):
+@pytest.mark.parametrize("layout, ps, mma", [("head", None, None), ("token", 8, "q")],
+                         ids=["fp8-head-contig-f16", "fp8-token-paged8-gather-q"])
+def test_serving_kernel_dequantizes_in_registers(layout, ps, mma):
+    """``mma`` None: the default products for FP8 and a bfloat16 q, float16, on query rows 1e-6..3e4 apart (the
+    per-row power of two keeps each in float16's range); "q": in q's dtype."""
     rng = np.random.default_rng(3)
     q_len, kv = np.array([1, 3, 2], np.int32), np.array([40, 48, 9], np.int32)   # decode tiles only: one class
     starts = np.concatenate([[0], np.cumsum(q_len)]).astype(np.int32)
     N, K, H, S = 8, 2, 16, 48
     q = jnp.asarray(rng.standard_normal((int(starts[-1]) + 2, N, H)), jnp.bfloat16)
+    if mma is None:
+        q = q * jnp.asarray([1e-6, 1.0, 3e4, 0.5, 1e-3, 2.0, 7e3, 1.0], q.dtype)[None, :, None]
     k, v = (jnp.asarray(rng.standard_normal((3, S, K, H)), jnp.bfloat16) for _ in range(2))
     table = None
     if ps:
@@ -144,11 +150,32 @@ def test_serving_kernel_dequantizes_in_registers(layout, ps):
         kd64, vd64 = (gather_pages(x, np.asarray(table)) for x in (kd64, vd64))
     ref = reference_serving_attention(q, kd64, vd64, starts, kv, logits_soft_cap=2.5)
     plan = attnlab.serving_plan(starts, kv, total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K, head_dim=H,
-                                config=sp.ServingConfig(block_k=16, decode_max_q=4, programs=3))
+                                config=sp.ServingConfig(block_k=16, decode_max_q=4, programs=3, kv_mma=mma))
     out = attnlab.serving_attention(q, kc, vc, starts, kv, page_table=table, logits_soft_cap=2.5, k_scale=ks,
                                     v_scale=vs, implementation="attnlab-decode", plan=plan)
     assert out.dtype == q.dtype and rel_l2(np.asarray(out, np.float64), ref) < 8e-3   # bf16 P and output
     assert not np.any(np.asarray(out)[int(starts[-1]):])
+
+
+@pytest.mark.parametrize("kv_dtype, q_dtype, mma, f16", [("fp8", "bfloat16", None, True), ("fp8", "bfloat16", "q", False),
+                                                        ("int8", "bfloat16", None, False), ("e5m2", "float32", None, False),
+                                                        ("e5m2", "float32", "float16", True)])
+def test_serving_products_follow_kv_products(kv_dtype, q_dtype, mma, f16):
+    """The serving kernel's products are float16 where ``decode_plan.kv_products`` says (FP8 and a bfloat16 q, or
+    ``ServingConfig(kv_mma="float16")``), q's dtype otherwise: float16 arrays appear in its traced body or not."""
+    from attnlab.kernels import serving as ks
+
+    starts, kv = np.array([0, 1, 3], np.int32), np.array([16, 9], np.int32)
+    q = jnp.zeros((4, 4, 16), q_dtype)
+    kc, sc = attnlab.quantize_kv_cache(jnp.ones((2, 16, 2, 16)), kv_dtype, "token")
+    plan = sp.make_serving_plan(starts, kv, total_tokens=4, kv_len_max=16, heads=4, kv_heads=2, head_dim=16,
+                                config=sp.ServingConfig(kv_mma=mma))
+    body = jax.make_jaxpr(functools.partial(ks.serving_attention_pallas, plan=plan, interpret=True, kv_scale="token"))(
+        q, kc, kc, starts, kv, k_scale=sc, v_scale=sc)
+    assert bool(re.search(r"\bf16\[", str(body))) == f16
+    with pytest.raises(ValueError, match="kv_mma must be None, 'q' or 'float16'"):
+        sp.make_serving_plan(starts, kv, total_tokens=4, kv_len_max=16, heads=4, kv_heads=2, head_dim=16,
+                             config=sp.ServingConfig(kv_mma="bfloat16"))
 
 
 def test_quantized_decode_lowers_to_triton_for_cuda_without_a_gpu():

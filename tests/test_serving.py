@@ -24,6 +24,7 @@ CASES = {
     "one-long": ([1, 1, 1, 1], [160, 5, 9, 2]),       # the long one: 10 blocks of 16 over 5 programs
 }
 S = 160
+BLOCKS = sp.FIELDS.index("blocks")     # a piece's block count, its column of ClassPlan.pieces
 
 
 def batch(case, N, K, H=16, pad=3, dtype=np.float32, seed=0):
@@ -99,10 +100,11 @@ def test_plan_covers_every_needed_block_once_and_balances(case):
     for cp, tp in zip(host.classes, traced.classes):
         assert cp.block_r == tp.block_r
         pieces, dev = np.asarray(cp.pieces), np.asarray(tp.pieces)
-        live = pieces[pieces[:, 7] > 0]
-        np.testing.assert_array_equal(live, dev[dev[:, 7] > 0])          # NumPy and jnp agree
+        live = pieces[pieces[:, BLOCKS] > 0]
+        np.testing.assert_array_equal(live, dev[dev[:, BLOCKS] > 0])          # NumPy and jnp agree
         seen = {}
-        for b, _, row_off, _, _, _, first, count in live.tolist():
+        for b, _, row_off, _, _, _, kv0, first, count in live.tolist():
+            assert kv0 == 0                                                   # no window: from key 0
             seen.setdefault((b, row_off), []).extend(range(first, first + count))
         in_class = (q_len <= 4) if cp.decode else (q_len > 4)
         want = {}
@@ -112,9 +114,9 @@ def test_plan_covers_every_needed_block_once_and_balances(case):
                 want[(b, r0)] = list(range((kv[b] - q_len[b] + t_last) // 16 + 1))
         assert {key: sorted(x) for key, x in seen.items()} == want
         st = np.asarray(cp.starts)
-        per_program = [int(pieces[st[p]:st[p + 1], 7].sum()) for p in range(cp.programs)]
+        per_program = [int(pieces[st[p]:st[p + 1], BLOCKS].sum()) for p in range(cp.programs)]
         chunk = max(-(-sum(per_program) // cp.programs), sp.MIN_CHUNK)
-        assert sum(per_program) == int(live[:, 7].sum())                  # every piece in one program's run
+        assert sum(per_program) == int(live[:, BLOCKS].sum())                  # every piece in one program's run
         assert max(per_program) <= chunk                                   # no program longer than the chunk
 
 
@@ -156,7 +158,7 @@ def test_kernel_matches_float64_under_jit(case, heads, paged):
     assert len(plan.classes) == (1 if case == "one-long" else 2)
     if case == "one-long":      # the long request's unit merges 5 pieces (an empty one may sit among them)
         first, end = np.asarray(plan.classes[0].units)[0, 3:5]
-        assert int(np.sum(np.asarray(plan.classes[0].pieces)[first:end, 7] > 0)) == 5
+        assert int(np.sum(np.asarray(plan.classes[0].pieces)[first:end, BLOCKS] > 0)) == 5
 
 
 # ---------------------------------------------------------------- checks, explain, refusals

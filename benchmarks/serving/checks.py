@@ -5,10 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 
-def references(q, k, v, starts, kv, table, sinks=None):
+def references(q, k, v, starts, kv, table, sinks=None, window_left=None, token_scales=None):
     """float64 truth of the last <= 8 tokens of the longest and the shortest request, with the decode
     tolerance policy's limit for each (computed once per cell, shared by every path); ``sinks`` (N,): the
-    call's attention sinks."""
+    call's attention sinks; ``window_left``: the call's sliding window (its left size; None: none);
+    ``token_scales`` (k_scale, v_scale) (B, S, K): k, v are a contiguous quantized cache with per-token scales
+    (the truth is of its float64 dequantized values)."""
     import jax.numpy as jnp
 
     from attnlab.kernels.pages import gather_pages
@@ -25,8 +27,11 @@ def references(q, k, v, starts, kv, table, sinks=None):
         else:
             kb, vb = (gather_pages(x, table[b:b + 1], jnp.asarray(kv[b:b + 1]))[:, :n] for x in (k, v))
         qb, kb, vb = np.asarray(q[hi - t:hi])[None], np.asarray(kb), np.asarray(vb)
-        ref = reference_decode_attention(qb, kb, vb, [n], sinks=sinks)
-        emu = reference_decode_attention(qb, kb, vb, [n], emulate=q.dtype, sinks=sinks)
+        kw = dict(sinks=sinks, local_window_size=None if window_left is None else (int(window_left), 0))
+        if token_scales is not None:
+            kw.update(k_scale=np.asarray(token_scales[0][b:b + 1, :n]), v_scale=np.asarray(token_scales[1][b:b + 1, :n]))
+        ref = reference_decode_attention(qb, kb, vb, [n], **kw)
+        emu = reference_decode_attention(qb, kb, vb, [n], emulate=q.dtype, **kw)
         limit, _ = decode_tolerance(q.dtype, baseline_err=rel_l2(emu, ref))
         res.append((b, slice(hi - t, hi), ref, limit))
     return res

@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python benchmarks/serving/gpu.py --out OUT [--quick | --focus] [--no-peers]
         [--max-seconds 220] [--variant-seconds 25]
+    PYTHONPATH=src python benchmarks/serving/gpu.py --out OUT --kv-products | --window [--dry-run]   (fp8_window.py)
 
 Batches (B=32, S_max=32768, H=128, bf16): lengths uniform (all S), spread (uniform T..S), lognormal (many
 short, few long), one-long (one at S, the rest S/32); G in {4, 7} (N/K = 32/8, 56/8); T in {1, 4}; contiguous
@@ -215,11 +216,27 @@ def main(argv=None):
     ap.add_argument("--variant-seconds", type=float, default=25.0, help="time for the decode variants past the limit")
     ap.add_argument("--wide-rows", action="store_true", help="only the decode class's row-tile variants at G=16, T=8 "
                     "(uniform, lognormal, one-long): 64-row tiles against one 128-row tile")
+    ap.add_argument("--kv-products", action="store_true", help="FP8 cache: products in q's dtype against float16 "
+                    "(fp8_window.py)")
+    ap.add_argument("--window", action="store_true", help="windowed steps: blocks from the first key against from "
+                    "its block (fp8_window.py)")
+    ap.add_argument("--dry-run", action="store_true", help="with --kv-products / --window: tiny, interpret mode")
     a = ap.parse_args(argv)
     import jax
 
     out = ResultsFolder(a.out)
     path, t0, dev = out.path, out.t0, out.device
+    if a.kv_products or a.window:
+        from benchmarks.serving import fp8_window as fw
+
+        with open(path, "w") as f:
+            for flag, run in ((a.kv_products, fw.kv_products), (a.window, fw.window)):
+                if flag:
+                    run(f, dev, t0, a.max_seconds, a.dry_run)
+        flags = " --kv-products" * a.kv_products + " --window" * a.window + " --dry-run" * a.dry_run
+        out.finish("serving_attention: FP8 products, window starts", f"python benchmarks/serving/gpu.py --out {a.out}"
+                   f" --max-seconds {a.max_seconds:g}{flags}", fw.tables_md(path))
+        return
     key = jax.random.PRNGKey(0)
     pairs = PAIRS[:1] if a.quick else PAIRS
     layouts = ("contig", "paged16") if a.quick or a.focus else ("contig", "paged16", "paged64")

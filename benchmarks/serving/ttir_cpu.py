@@ -1,6 +1,6 @@
 """Check on a CPU that the serving kernel's tile classes compile with Triton for sm_90 (no GPU needed).
 
-    PYTHONPATH=src python3 benchmarks/serving/ttir_cpu.py OUT_DIR --triton-python /path/to/venv/bin/python [--grid]
+    PYTHONPATH=src python3 benchmarks/serving/ttir_cpu.py OUT_DIR --triton-python /path/to/venv/bin/python [--grid | --ports]
 
 Lowers ``kernels.serving`` for the benchmark's shapes (B=32, S=32768, H=128, bf16; G=4 T=1, G=7 T=4,
 a mixed batch's prefill class; contiguous and paged 16/64) under an abstract H200
@@ -84,14 +84,69 @@ def dump(out_dir: str, grid: bool = False) -> list[str]:
     return tags
 
 
+#: ``--ports``: (name, N, K, T, max_q_len, page, cache dtype or None, kv_mma, window left, window_from_key) at B=32,
+#: S=32768, H=128: an FP8 cache's decode tiles with products in q's dtype and float16, windowed tiles (decode and a
+#: mixed batch's prefill class) from the first key and from its block
+PORTS = tuple((f"fp8_G{N // 8}_T{T}_{mma}", N, 8, T, T, page, "float8_e4m3fn", mma, None, True)
+              for N, T in ((32, 1), (56, 4)) for page in (None, 16) for mma in ("q", "float16")) + tuple(
+    (f"w128_T{T}_{'key' if key else 'block'}", 32, 8, T, mq, page, None, None, 128, key)
+    for T, mq in ((1, 1), (4, 4), (1, None)) for page in (None, 16) for key in (True, False))
+
+
+def dump_ports(out_dir: str) -> list[str]:
+    """Lowers ``PORTS`` (the last class of each: the decode class, or a mixed batch's prefill class)."""
+    import jax
+    import jax.numpy as jnp
+    from benchmarks.decode.ttir_cpu import triton_modules
+
+    from attnlab.kernels import decode as kd
+    from attnlab.kernels import serving as ks
+    from attnlab.kernels.serving_plan import ServingConfig, make_serving_plan
+
+    s, B, S, H = jax.ShapeDtypeStruct, 32, 32768, 128
+    tags = []
+    with triton_modules() as captured:
+        for name, N, K, T, max_q, page, kv_dtype, mma, left, key in PORTS:
+            Ttot = B * T + (0 if max_q else 2048)
+            cfg = ServingConfig(max_q_len=max_q, decode_q_len=T, kv_mma=mma, window_from_key=key)
+            mk = dict(total_tokens=Ttot, kv_len_max=S, heads=N, kv_heads=K, head_dim=H, config=cfg, sms=132,
+                      window_left=left, page_size=page)
+            scale = "token" if kv_dtype else None
+
+            def f(q, k, v, a, b, t=None, sk=None, sv=None):
+                return ks.serving_attention_pallas(q, k, v, a, b, plan=make_serving_plan(a, b, **mk), page_table=t,
+                                                   interpret=False, k_scale=sk, v_scale=sv, kv_scale=scale)
+
+            kv = (B, S, K, H) if page is None else (B * S // page, page, K, H)
+            cache = s(kv, jnp.dtype(kv_dtype or "bfloat16"))
+            args = [s((Ttot, N, H), jnp.bfloat16), cache, cache, s((B + 1,), jnp.int32), s((B,), jnp.int32),
+                    s((B, S // page), jnp.int32) if page else None]
+            if kv_dtype:
+                args += [s(kv[:3], jnp.float32)] * 2
+            n0 = len(captured)
+            with kd.cuda_lowering_context():
+                jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",))
+            plan = jax.eval_shape(lambda a, b: make_serving_plan(a, b, **mk), args[3], args[4])
+            cp = plan.classes[-1]
+            tag = f"{name}_{'contig' if page is None else f'paged{page}'}" + ("" if max_q else "_prefill")
+            with open(os.path.join(out_dir, tag + ".ttir"), "w") as fh:
+                fh.write(captured[n0 + len(plan.classes) - 1])
+            with open(os.path.join(out_dir, tag + ".json"), "w") as fh:
+                json.dump(dict(num_warps=cp.num_warps, num_stages=kd.compiled_stages(cp.num_stages, 0 if page is None
+                                                                                     else 1)), fh)
+            tags.append(tag)
+    return tags
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out_dir")
     ap.add_argument("--triton-python")
     ap.add_argument("--grid", action="store_true", help="the serving grid's extreme tiles (G 12/16 at T 8, H 64/256)")
+    ap.add_argument("--ports", action="store_true", help="FP8 products q / float16, W=128 windows from the key / block")
     a = ap.parse_args(argv)
     os.makedirs(a.out_dir, exist_ok=True)
-    tags = dump(a.out_dir, a.grid)
+    tags = dump_ports(a.out_dir) if a.ports else dump(a.out_dir, a.grid)
     if not a.triton_python:
         print("\n".join(tags))
         return 0

@@ -2,8 +2,9 @@
 
     python -m pytest -q -m gpu tests/gpu/test_window_gpu.py
 
-Every cache is poisoned with NaN in the blocks before the window: a kernel that loaded one would give NaN
-(0 * NaN in P.V), so each case also checks that the window's blocks are all that is read.
+Every cache is poisoned with NaN before the window (every key before it; pages of >= block_k keys: every block
+before its block): a kernel that loaded one would give NaN (0 * NaN in P.V), so each case also checks that the
+window's keys are all that is read.
 """
 import functools
 
@@ -74,10 +75,12 @@ def test_windowed_rows_past_64_run_the_triton_kernel():
     assert check_decode_close(out, q, k, v, lengths, local_window_size=256).ok
 
 
-@pytest.mark.parametrize("page", [None, 16], ids=["contig", "paged16"])
+@pytest.mark.parametrize("page", [None, 16, 64], ids=["contig", "paged16", "paged64"])
 @pytest.mark.parametrize("W", [128, 1500])
 def test_serving_kernel_matches_float64_and_reads_only_the_window(page, W):
-    """A mixed step: 2 prefill chunks of 300 and 30 ragged decodes, traced lengths, the plan made in jit."""
+    """A mixed step: 2 prefill chunks of 300 and 30 ragged decodes, traced lengths, the plan made in jit (for the
+    cache's pages). Every key before each request's window is NaN (pages of >= block_k = 64 keys: every block
+    before its block, ``serving_plan``'s ``kv_start``)."""
     _need()
     N, K, H = 32, 8, 128
     rng = np.random.default_rng(W)
@@ -88,14 +91,15 @@ def test_serving_kernel_matches_float64_and_reads_only_the_window(page, W):
     q = jax.random.normal(jax.random.PRNGKey(1), (int(starts[-1]) + 16, N, H), jnp.bfloat16)
     k, v = (jax.random.normal(jax.random.PRNGKey(i), (q_len.size, S, K, H), jnp.bfloat16) for i in (2, 3))
     bk = kd.default_block_k(H)                                       # the plan's block_k for both classes
-    firsts = [(max(0, n - t - W) // bk) * bk for n, t in zip(kv, q_len)]
+    step_block = bk if page and page >= bk else 1
+    firsts = [(max(0, n - t - W) // step_block) * step_block for n, t in zip(kv, q_len)]
     kp, vp, table = _poison(k, firsts), _poison(v, firsts), None
     if page:
         kp, vp, table = to_pages(kp, vp, page)
 
     def step(q, k, v, a, b, t):
         plan = attnlab.serving_plan(a, b, total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K, head_dim=H,
-                                    local_window_size=W)
+                                    local_window_size=W, page_size=page)
         return attnlab.serving_attention(q, k, v, a, b, page_table=t, plan=plan, local_window_size=W,
                                          implementation="attnlab-decode")
 

@@ -20,8 +20,8 @@ its whole cache, a prefill chunk sees the cache before it and its own tokens cau
 With ``local_window_size`` (jax.nn's argument: an int w means (w, w), or (left, right)) a query at
 position p sees only the keys in [p - left, p]: the call is causal, so ``right`` is allowed (as jax.nn
 allows it with ``is_causal``) and changes nothing. The serving kernel's plan starts each unit at its first
-visible KV block (``serving_plan(..., local_window_size=)``: a plan is made for one window), so stream-K
-balances only the windowed work; the xla path masks.
+visible key (``serving_plan(..., local_window_size=)``: a plan is made for one window; at that key's block
+for pages of >= block_k keys, ``page_size=``), so stream-K balances only the windowed work; the xla path masks.
 ``decode_attention`` is the uniform special case (every q_len equal to T, q as (B, T, N, H)).
 
 Paths (``implementation``): ``"attnlab-decode"``: attnlab's serving kernel (``kernels.serving``, Pallas
@@ -45,7 +45,7 @@ from .. import backends
 from ..core.call import Call
 from ..core.checks import _shape, length_values, normalise_window
 from ..core.errors import UnsupportedError
-from ..kernels.serving_plan import ServingPlan, make_serving_plan
+from ..kernels.serving_plan import ServingPlan, make_serving_plan, page_mismatch
 from .decode import CallExplanation, cache_call, cache_problem
 
 ARGUMENT_NAMES = {"batch": "kv_lengths size B", "q_len": "q tokens T_total", "kv_len": "k_cache length S_max",
@@ -95,14 +95,14 @@ def prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=Non
     if starts is not None and lengths is not None:
         _check_values(starts.astype(np.int64), lengths.astype(np.int64), T_total, S)
     if plan is not None:
-        _check_plan(plan, (T_total, B, N, problem.kv_heads, H), problem.window)
+        _check_plan(plan, (T_total, B, N, problem.kv_heads, H), problem.window, problem.page_size)
 
     return cache_call("serving", problem, N, H, scale, logits_soft_cap, sinks, q, k_cache, v_cache, kv_lengths,
                       page_table, q_starts=jnp.asarray(q_starts).astype(jnp.int32), plan=plan, k_scale=k_scale,
                       v_scale=v_scale)
 
 
-def _check_plan(plan, sizes, window):
+def _check_plan(plan, sizes, window, page_size):
     if not isinstance(plan, ServingPlan):
         raise TypeError(f"plan must be an attnlab ServingPlan (attnlab.serving_plan(...)), got {type(plan).__name__}")
     if tuple(plan.sizes) != tuple(sizes):
@@ -111,17 +111,22 @@ def _check_plan(plan, sizes, window):
     if plan.window_left != left:
         raise ValueError(f"plan was made for local_window_size left={plan.window_left}, this call's is {left} "
                          "(pass the call's local_window_size to serving_plan)")
+    if why := page_mismatch(plan, page_size):
+        raise ValueError(why)
 
 
 def serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: int, heads: int, kv_heads: int,
-                 head_dim: int, dtype="bfloat16", config=None, local_window_size=None):
+                 head_dim: int, dtype="bfloat16", config=None, local_window_size=None, page_size=None):
     """The serving kernel's plan for one step (``kernels.serving_plan.make_serving_plan``): call it once
     (inside jit with traced lengths, or on the host) and pass it as ``plan=`` to every layer of the same
-    ``local_window_size`` (a windowed layer needs a plan made with its window)."""
+    ``local_window_size`` (a windowed layer needs a plan made with its window) and cache layout
+    (``page_size``: the paged cache's, None: contiguous; a windowed plan for pages of >= block_k keys starts
+    its blocks at page-aligned keys). ``config``: a ``ServingConfig`` (tiles, and ``kv_mma``: a quantized
+    cache's products)."""
     window = normalise_window(local_window_size)
     return make_serving_plan(q_starts, kv_lengths, total_tokens=total_tokens, kv_len_max=kv_len_max, heads=heads,
                              kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, config=config,
-                             window_left=None if window is None else window[0])
+                             window_left=None if window is None else window[0], page_size=page_size)
 
 
 def select_serving(spec: Call, implementation=None):

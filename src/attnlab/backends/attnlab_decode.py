@@ -162,7 +162,8 @@ class AttnlabDecodeBackend(Backend):
         plan = call.plan or make_serving_plan(call.q_starts, call.kv_lengths, total_tokens=p.q_len,
                                               kv_len_max=p.kv_len, heads=p.heads, kv_heads=p.kv_heads,
                                               head_dim=p.head_dim, dtype=p.dtype,
-                                              window_left=None if p.window is None else p.window[0])
+                                              window_left=None if p.window is None else p.window[0],
+                                              page_size=call.page_size)
         return serving_attention_pallas(call.q, call.k_cache, call.v_cache, call.q_starts, call.kv_lengths,
                                         plan=plan, scale=float(call.scale), page_table=call.page_table,
                                         soft_cap=call.soft_cap, interpret=self.interpret, sinks=call.sinks,

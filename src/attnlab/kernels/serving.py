@@ -3,8 +3,8 @@
 Semantics: ``attnlab.serving_attention`` (q (T_total, N, H) packed token by token, q_starts (B+1,),
 kv_lengths (B,) counting the new tokens; query i of request b at position kv_len - q_len + i sees the
 keys at positions <= its own, and with a sliding window of left size ``left`` only those >= its position
-- left; padding tokens give 0). A windowed call's plan starts each unit at its first visible block
-(``serving_plan``), so the blocks before the window are never loaded.
+- left; padding tokens give 0). A windowed call's plan starts each unit at its first visible key (at that key's
+block in pages of >= block_k keys; ``serving_plan``), so the keys before the window are never loaded.
 
 Layout and grid
     The rows of request b for KV head h are its tokens x G query heads, row r = t*G + g (GQA packing,
@@ -12,8 +12,9 @@ Layout and grid
     (T_total * N, H) (a row gather, no transpose). The plan (``kernels.serving_plan``) gives each tile
     class a list of pieces and each program a run of them; grid = (programs, K). Program (p, h) walks
     its pieces: for each, an online softmax (exp2, float32 scores, running max and sum) streams the
-    piece's KV blocks of its request (causal mask by position, keys past kv_len never loaded) and
-    writes the unnormalised partial O (float32), m and l to the piece's slot. Every program of a class
+    piece's KV blocks of its request (block i from key kv_start + i * block_k; causal mask by position,
+    keys past kv_len never loaded) and writes the unnormalised partial O (float32), m and l to the
+    piece's slot. Every program of a class
     does the same number of KV blocks (stream-K). K/V rows of request b are rows b*S + pos of the
     contiguous cache viewed as (B*S, K, H), or go through the page table (the flattened table seen as
     one long sequence, ``paged_load.load_kv_block``).
@@ -36,10 +37,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from .decode import LOG2E, NEG
-from .decode_plan import compiled_stages
-from .kv_dequant import dequantized_pv, dequantized_scores, load_scale_block, scale_block_spec, scale_inputs
+from .decode_plan import compiled_stages, kv_products
+from .kv_dequant import dequantized_pv, dequantized_scores, load_scale_block, mma_query, scale_block_spec, scale_inputs
 from .paged_load import load_kv_block
-from .serving_plan import FIELDS, UNIT_FIELDS, ServingPlan
+from .serving_plan import FIELDS, UNIT_FIELDS, ServingPlan, page_mismatch
 
 NF, NU = len(FIELDS), len(UNIT_FIELDS)
 
@@ -62,27 +63,30 @@ def _kernel(starts_ref, pieces_ref, *refs, **static):
 def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, groups: int,
                heads: int, kv_len: int, block_r: int, block_k: int, qk_scale: float, page_size: int | None,
                soft_cap: float | None, split_mask: bool, window_left: int | None = None, kv_scale: str | None = None,
-               scale_refs=(None, None)):
-    """Program p of KV head h: its run of pieces, each piece's partial (O, m, l) to its slot (module docstring)."""
+               scale_refs=(None, None), kv_mma: str | None = None, from_key: bool = False):
+    """Program p of KV head h: its run of pieces, each piece's partial (O, m, l) to its slot (module docstring).
+    A quantized cache's products in ``kv_mma`` (``kv_dequant.mma_query``; None: q's dtype); ``from_key``: the
+    pieces' blocks start at a window's first key, not at multiples of block_k."""
 
     H = q_ref.shape[-1]
     row = lax.iota(jnp.int32, block_r)
     dims = lax.iota(jnp.int32, H)
     cols = lax.iota(jnp.int32, block_k)
-    aligned = kv_len % block_k == 0
+    aligned = kv_len % block_k == 0 and not from_key
 
     def piece(j, carry):
-        b, q_start, row_off, n_rows, q_pos0, length, first, count = (pieces_ref[j * NF + f] for f in range(NF))
+        b, q_start, row_off, n_rows, q_pos0, length, kv0, first, count = (pieces_ref[j * NF + f] for f in range(NF))
         row_ok = row < n_rows
         rmask = jnp.broadcast_to(row_ok[:, None], (block_r, H))
         idx = jnp.where(row_ok, _row_index(q_start, row_off, row, h, groups, heads), 0)
         q = plgpu.load(q_ref.at[idx[:, None], dims[None, :]], mask=rmask, other=0)
+        q_mma, row_factor = mma_query(q, kv_mma) if kv_scale else (q, None)
         q_pos = q_pos0 + lax.div(row_off + row, groups)
         base = b * kv_len
 
         def body(i, c, masked=True):
             acc, m, l = c
-            start = (first + i) * block_k
+            start = kv0 + (first + i) * block_k
             pos = start + cols
             kv_ok = pos < length if masked else jnp.ones((block_k,), jnp.bool_)
             at = base + start
@@ -92,7 +96,7 @@ def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_r
             if kv_scale:
                 scales = functools.partial(load_scale_block, layout=kv_scale, start=pl.multiple_of(at, block_k) if aligned
                                            else at, kv_ok=kv_ok, block_k=block_k, page_size=page_size, table_ref=table_ref)
-                s = dequantized_scores(q, load(k_ref), scales(scale_refs[0])) * qk_scale
+                s = dequantized_scores(q_mma, load(k_ref), scales(scale_refs[0]), row_factor) * qk_scale
             else:
                 s = plgpu.dot(q, load(k_ref), trans_b=True) * qk_scale
             if soft_cap is not None:
@@ -109,7 +113,7 @@ def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_r
             pr = jnp.exp2(s - m_use[:, None])
             l = l * alpha + jnp.sum(pr, axis=1)
             v = load(v_ref)
-            pv = dequantized_pv(pr, v, scales(scale_refs[1]), q.dtype) if kv_scale else plgpu.dot(pr.astype(v.dtype), v)
+            pv = dequantized_pv(pr, v, scales(scale_refs[1]), q_mma.dtype) if kv_scale else plgpu.dot(pr.astype(v.dtype), v)
             acc = acc * alpha[:, None] + pv
             return acc, m_new, l
 
@@ -117,12 +121,12 @@ def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_r
                 jnp.zeros((block_r,), jnp.float32))
         if split_mask:
             # blocks every row of the tile sees whole (below its first row's position and the length) run
-            # without the mask's compares and selects: most of a prefill tile's blocks
-            whole = jnp.minimum(q_pos0 + lax.div(row_off, groups) + 1, length) // block_k
+            # without the mask's compares and selects: most of a prefill tile's blocks (counted from kv0)
+            whole = lax.div(jnp.minimum(q_pos0 + lax.div(row_off, groups) + 1, length) - kv0, block_k)
             n_lo = 0
-            if window_left is not None:     # ... and at or past its last row's window start
+            if window_left is not None:     # ... and at or past its last row's window start (kv0: its first row's)
                 last_pos = q_pos0 + lax.div(row_off + n_rows - 1, groups)
-                lo_whole = lax.div(jnp.maximum(last_pos - window_left, 0) + block_k - 1, block_k)
+                lo_whole = lax.div(jnp.maximum(last_pos - window_left, 0) - kv0 + block_k - 1, block_k)
                 n_lo = jnp.clip(lo_whole - first, 0, count)
                 init = lax.fori_loop(0, n_lo, body, init)
             n_whole = jnp.clip(whole - first, n_lo, count)
@@ -173,11 +177,11 @@ def _merge_kernel(units_ref, o_ref, m_ref, l_ref, _, *refs, groups: int, heads: 
                 mask=jnp.broadcast_to(ok[:, None], (block_r, H)))
 
 
-def class_static(cp, *, G, N, S, qk_scale, page_size, soft_cap, window_left=None, kv_scale=None) -> dict:
+def class_static(cp, *, G, N, S, qk_scale, page_size, soft_cap, window_left=None, kv_scale=None, kv_mma=None) -> dict:
     """The compiled-in parameters of one class's piece loop (``run_pieces``)."""
     return dict(groups=G, heads=N, kv_len=S, block_r=cp.block_r, block_k=cp.block_k, qk_scale=qk_scale,
                 page_size=page_size, soft_cap=soft_cap, split_mask=not cp.decode, window_left=window_left,
-                kv_scale=kv_scale)
+                kv_scale=kv_scale, kv_mma=kv_mma, from_key=cp.window_from_key)
 
 
 def partial_shapes(cp, K: int, H: int):
@@ -249,7 +253,9 @@ def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan
     window is the plan's ``window_left`` (None: none). ``scale`` and ``soft_cap`` are compiled in.
     ``sinks``: None or (N,) float logits (gpt-oss's attention sinks), added once per row by the merge.
     A quantized cache: ``k_scale``/``v_scale`` in the layout ``kv_scale``, dequantized in registers
-    (``kernels.kv_dequant``). Returns (T_total, N, H) in q's dtype."""
+    (``kernels.kv_dequant``), the products in the plan's ``kv_mma`` (``decode_plan.kv_products``: float16 for FP8
+    and a bfloat16 q). A windowed plan made for a contiguous cache or small pages on pages of >= block_k keys
+    is a ValueError (``serving_plan.page_mismatch``). Returns (T_total, N, H) in q's dtype."""
     del q_starts, kv_lengths
     T_total, N, H = (int(d) for d in q.shape)
     if page_table is None:
@@ -262,16 +268,19 @@ def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan
         S = int(page_table.shape[1]) * page_size
         k, v = (x.reshape(n_pages * page_size, K, H) for x in (k, v))
         table = jnp.asarray(page_table).astype(jnp.int32).reshape(-1)
+    if why := page_mismatch(plan, page_size):
+        raise ValueError(why)
     G = N // K
     scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
     if interpret is None:
         interpret = jax.default_backend() != "gpu"
+    mma = kv_products(plan.kv_mma, str(k.dtype) if kv_scale else None, str(q.dtype))
     # padding tokens' rows stay 0; interpret mode needs a spare row past the end (``_merge_kernel``)
     out = jnp.zeros((T_total * N + (1 if interpret else 0), H), q.dtype)
     q_flat = q.reshape(T_total * N, H)
     statics = [class_static(cp, G=G, N=N, S=S, qk_scale=scale * LOG2E, page_size=page_size,
                             soft_cap=None if soft_cap is None else float(soft_cap) * LOG2E,
-                            window_left=plan.window_left, kv_scale=kv_scale) for cp in plan.classes]
+                            window_left=plan.window_left, kv_scale=kv_scale, kv_mma=mma) for cp in plan.classes]
     scales = scale_inputs(k_scale, v_scale, kv_scale, K=K)
     partials = [_pieces_call(cp, q_flat, k, v, table, K=K, H=H, static=st, interpret=interpret, scales=scales)
                 for cp, st in zip(plan.classes, statics)]

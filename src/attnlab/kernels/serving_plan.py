@@ -6,9 +6,13 @@ Units, blocks, pieces
     *unit* is (request, query tile). A unit needs the KV blocks (``block_k`` keys each) up to the
     position of its last token (causal): ``(kv_len - q_len + t_last) // block_k + 1`` blocks.
     Laid end to end, the units' blocks form one sequence of ``total`` blocks (the same for every KV
-    head). With a sliding window (``window_left`` = left) a unit's blocks start at the first block any
-    of its rows sees, ``max(0, q_pos of its first token - left) // block_k`` (its pieces' ``first_block``
-    counts from block 0 of the cache), so only the windowed blocks are laid end to end and balanced.
+    head). A unit's blocks start at its ``kv_start`` key (its pieces' ``first_block`` counts from there):
+    0 without a window; with a sliding window (``window_left`` = left) the first key any of its rows sees,
+    its first row's window start ``max(0, q_pos of its first token - left)`` (later rows start later), so
+    only the window's keys are laid end to end and balanced. Where a block must lie in one page (a paged
+    cache with pages of >= block_k keys, ``page_size``) at that key's block start instead, as
+    ``decode.window_base``: a 128-key window at T=4 in blocks of 128 is 2 blocks from its first key, 2-3
+    from the block boundary before it.
     ``programs`` programs per KV head each take an equal run of ``chunk = ceil(total /
     programs)`` blocks of it (LeanAttention's stream-K), so every program does the same work, a long
     request is spread over many programs and a short one sits inside one. Where a program's run
@@ -36,12 +40,13 @@ import dataclasses
 import jax
 import numpy as np
 
-from .decode_plan import default_block_k, next_pow2
+from .decode_plan import default_block_k, kv_products, next_pow2
 from .decode_resources import programs_per_sm, sm_count
 from .decode_splits import cdiv
 
-#: Fields of one piece, in the order of a row of ``ClassPlan.pieces``.
-FIELDS = ("request", "q_start", "row_offset", "rows", "q_pos0", "kv_len", "first_block", "blocks")
+#: Fields of one piece, in the order of a row of ``ClassPlan.pieces`` (``kv_start``: the key its unit's blocks
+#: count from, ``first_block`` and ``blocks`` its run of them).
+FIELDS = ("request", "q_start", "row_offset", "rows", "q_pos0", "kv_len", "kv_start", "first_block", "blocks")
 #: Fields of one unit, in the order of a row of ``ClassPlan.units`` (its pieces: first_piece .. end_piece-1).
 UNIT_FIELDS = ("q_start", "row_offset", "rows", "first_piece", "end_piece")
 DECODE_MAX_Q = 16
@@ -69,11 +74,17 @@ class ServingConfig:
     #: the prefill class's own (None: as above)
     num_warps_prefill: int | None = None
     num_stages_prefill: int | None = None
+    #: a quantized cache's products (``decode_plan.kv_products``, as ``DecodeConfig.kv_mma``): "float16", "q"
+    #: (q's dtype) or None: float16 for an FP8 cache and a bfloat16 q, q's dtype otherwise
+    kv_mma: str | None = None
+    #: False: a window's units start at the block boundary before their first key, as for pages of >= block_k
+    #: keys (the layout before the first-key start, kept to time against it)
+    window_from_key: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
 class ClassPlan:
-    """One tile class's work list: ``pieces`` (num_pieces, 8) int32 (``FIELDS``), ``starts``
+    """One tile class's work list: ``pieces`` (num_pieces, 9) int32 (``FIELDS``), ``starts``
     (programs + 1,) int32: program p runs pieces starts[p] .. starts[p+1]-1, and ``units``
     (num_units, 5) int32 (``UNIT_FIELDS``): the merge combines each unit's pieces."""
 
@@ -86,15 +97,20 @@ class ClassPlan:
     num_warps: int = dataclasses.field(metadata=dict(static=True))
     num_stages: int = dataclasses.field(metadata=dict(static=True))
     decode: bool = dataclasses.field(metadata=dict(static=True))
+    #: a window's units start at their first key (not a multiple of block_k): for contiguous caches and
+    #: pages of < block_k keys only (``page_mismatch``)
+    window_from_key: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
 
 @dataclasses.dataclass(frozen=True)
 class ServingPlan:
-    """The plan of one step: its tile classes and the sizes and window it was made for (checked on reuse)."""
+    """The plan of one step: its tile classes and the sizes and window it was made for (checked on reuse), and
+    the products of a quantized cache (``ServingConfig.kv_mma``, resolved per call by the cache's dtype)."""
 
     classes: tuple
     sizes: tuple = dataclasses.field(metadata=dict(static=True))    # (T_total, B, N, K, H)
     window_left: int | None = dataclasses.field(default=None, metadata=dict(static=True))   # None: no window
+    kv_mma: str | None = dataclasses.field(default=None, metadata=dict(static=True))
 
 
 def _register():
@@ -116,9 +132,9 @@ def _searchsorted(xp, a, v, side, method="compare_all"):
 
 
 def _pieces(xp, q_starts, kv_lengths, *, in_class, groups: int, block_r: int, block_k: int, kv_len_max: int,
-            num_units: int, programs: int, window_left: int | None = None):
-    """(pieces (num_units + programs, 8), starts (programs + 1,), units (num_units, 5)) of one class;
-    ``xp`` numpy or jax.numpy.
+            num_units: int, programs: int, window_left: int | None = None, from_key: bool = True):
+    """(pieces (num_units + programs, 9), starts (programs + 1,), units (num_units, 5)) of one class;
+    ``xp`` numpy or jax.numpy. ``from_key``: a window's units start at their first key, else at its block.
 
     ``in_class`` (B,) bool: the requests of this class. Lengths are clamped into the shapes' bounds
     (under jit they are unchecked), so no piece ever addresses past the arrays."""
@@ -135,11 +151,11 @@ def _pieces(xp, q_starts, kv_lengths, *, in_class, groups: int, block_r: int, bl
     unit_ok = u < tile_end[-1]
     q_pos0 = kv[b] - q_len[b]
     t_last = (xp.minimum(row_off + block_r, rows[b]) - 1) // groups
-    end_block = xp.clip((q_pos0 + t_last) // block_k + 1, 0, cdiv(kv_len_max, block_k))
-    # the unit's first visible block: its first row's window start (none: block 0)
-    lo = 0 if window_left is None else xp.maximum(q_pos0 + row_off // groups - window_left, 0) // block_k
-    lo = xp.minimum(lo, end_block)
-    nb = xp.where(unit_ok, end_block - lo, 0).astype(i32)
+    end = xp.clip(q_pos0 + t_last + 1, 0, kv_len_max)             # past the unit's last visible key
+    # the unit's first key: its first row's window start (none: 0), or that key's block
+    lo = xp.zeros_like(end) if window_left is None else xp.maximum(q_pos0 + row_off // groups - window_left, 0)
+    lo = xp.minimum(lo if from_key else lo // block_k * block_k, end)
+    nb = xp.where(unit_ok, (end - lo + block_k - 1) // block_k, 0).astype(i32)
     unit_end = xp.cumsum(nb).astype(i32)
     total = unit_end[-1]
     chunk = xp.maximum((total + programs - 1) // programs, MIN_CHUNK)
@@ -151,8 +167,8 @@ def _pieces(xp, q_starts, kv_lengths, *, in_class, groups: int, block_r: int, bl
     pb = b[pu]
     blocks = ends - bounds
     unit_rows = xp.where(unit_ok, xp.minimum(rows[b] - row_off, block_r), 0)
-    first_block = bounds - (unit_end[pu] - nb[pu]) + (lo[pu] if window_left is not None else 0)
-    fields = (pb, starts[pb], row_off[pu], unit_rows[pu], q_pos0[pu], kv[pb], first_block, blocks)
+    first_block = bounds - (unit_end[pu] - nb[pu])
+    fields = (pb, starts[pb], row_off[pu], unit_rows[pu], q_pos0[pu], kv[pb], lo[pu], first_block, blocks)
     pieces = xp.stack([xp.asarray(f).astype(i32) for f in fields], axis=1)
     prog_first = _searchsorted(xp, bounds, xp.concatenate([prog_start, total[None] + 1]), "left")
     # a unit's pieces: those starting in [its first block, its end)
@@ -169,12 +185,15 @@ def num_units(total_tokens: int, batch: int, groups: int, block_r: int, max_q: i
 
 def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: int, heads: int, kv_heads: int,
                       head_dim: int, dtype="bfloat16", config: ServingConfig | None = None,
-                      sms: int | None = None, window_left: int | None = None) -> ServingPlan:
+                      sms: int | None = None, window_left: int | None = None,
+                      page_size: int | None = None) -> ServingPlan:
     """The plan of a serving call (module docstring): jax.numpy when a length array is traced, else NumPy.
 
     ``total_tokens`` T_total (q's first dimension), ``kv_len_max`` S_max, ``window_left`` the left size of
-    the call's sliding window (None: no window)."""
+    the call's sliding window (None: no window), ``page_size`` the cache's (None: contiguous): with a window,
+    pages of >= block_k keys start each unit at its first key's block (``window_from_key``)."""
     cfg = config or ServingConfig()
+    kv_products(cfg.kv_mma, None)       # its rule checked here; resolved per call by the cache's dtype
     traced = any(isinstance(x, jax.core.Tracer) for x in (q_starts, kv_lengths))
     xp = jax.numpy if traced else np
     B = int(np.shape(kv_lengths)[0])
@@ -213,10 +232,23 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
         else:
             q_len_x = jax.numpy.diff(jax.numpy.asarray(q_starts).astype(jax.numpy.int32))
         in_class = (q_len_x <= cfg.decode_max_q) if decode else (q_len_x > cfg.decode_max_q)
+        from_key = cfg.window_from_key and (page_size is None or page_size < block_k)
         pieces, starts, unit_list = _pieces(xp, q_starts, kv_lengths, in_class=in_class, groups=G, block_r=br,
                                             block_k=block_k, kv_len_max=kv_len_max, num_units=units, programs=programs,
-                                            window_left=window_left)
+                                            window_left=window_left, from_key=from_key)
         classes.append(ClassPlan(pieces, starts, unit_list, block_r=br, block_k=block_k, programs=programs,
-                                 num_warps=warps, num_stages=stages, decode=decode))
+                                 num_warps=warps, num_stages=stages, decode=decode,
+                                 window_from_key=window_left is not None and from_key))
     return ServingPlan(tuple(classes), sizes=(total_tokens, B, heads, kv_heads, head_dim),
-                       window_left=None if window_left is None else int(window_left))
+                       window_left=None if window_left is None else int(window_left), kv_mma=cfg.kv_mma)
+
+
+def page_mismatch(plan: ServingPlan, page_size: int | None) -> str | None:
+    """Why ``plan`` cannot run on a cache of pages of ``page_size`` keys (None: contiguous), or None: a class
+    whose windows start at their first key loads blocks that may cross a page boundary, which pages of
+    >= block_k keys load as one page's rows."""
+    for cp in plan.classes:
+        if cp.window_from_key and page_size is not None and page_size >= cp.block_k:
+            return (f"plan starts its windows at their first key (made for a contiguous cache or pages of < "
+                    f"{cp.block_k} keys), this call's pages hold {page_size}: pass page_size={page_size} to serving_plan")
+    return None
