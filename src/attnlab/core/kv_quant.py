@@ -147,20 +147,3 @@ def checked_cache(kv_dtype: str, kv_scale: str | None, page_size: int | None) ->
         raise ValueError(f"kv_scale must be one of {SCALE_LAYOUTS} with kv_dtype (page: with page_size), "
                          f"got {kv_scale!r}")
     return canonical_kv_dtype(kv_dtype)
-
-
-def scale_bytes(problem) -> int:
-    """Bytes of k_scale and v_scale (float32) the forward pass of ``problem`` (an ``attnlab.core.problem.Problem``)
-    reads: per token of the keys it reads, per page of them (``page_size``), per KV head or one each; 0 for a
-    float cache."""
-    if problem.kv_dtype is None:
-        return 0
-    K = problem.kv_heads
-    if problem.kv_scale == "token":
-        n = problem.kv_tokens() * K
-    elif problem.kv_scale == "page":
-        lens = problem.kv_lengths or (problem.kv_len,) * problem.batch
-        n = sum(-(-int(x) // problem.page_size) for x in lens) * K
-    else:
-        n = K if problem.kv_scale == "head" else 1
-    return 2 * 4 * n
