@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import OrderedDict
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +24,7 @@ from ..core import device, strategies
 from ..core.call import Call
 from ..core.prepare import prepare
 from ..kernels.pages import to_pages
-from ..reference.inputs import INPUTS_DRAW, make_qkv, random_qkv, random_sinks
+from ..reference.inputs import INPUTS_DRAW, draw_sets, random_sinks
 from . import peaks
 from .kv_cells import functions as quantized_functions
 from .outcome import Skip, Status, classify
@@ -43,12 +42,19 @@ class CellInputs:
 
 
 def cell_inputs(cell, backend, opts, rec: dict, phases) -> CellInputs:
-    """Draw the cell's input sets (phase ``inputs``), make its call once and ask ``backend`` whether it runs it;
-    a sharded cell's sets go onto its mesh. Writes ``input_sets``, ``inputs_draw`` and ``mesh`` into ``rec``;
-    raises ``Skip`` (unsupported: a refused call, a dtype JAX does not make, a mesh this machine lacks)."""
+    """Draw the cell's input sets (phase ``inputs``) and its call's sinks, make its call once and ask ``backend``
+    whether it runs it; a sharded cell's sets go onto its mesh. Writes ``input_sets``, ``inputs_draw`` and ``mesh``
+    into ``rec``; raises ``Skip`` (unsupported: a refused call, a dtype JAX does not make, a mesh this machine
+    lacks)."""
+    w = cell.workload
+    n = _set_count(w, opts)
+    decode_why = None if cell.lengths is None else (   # read off the backend's declarations: no call needed
+        window_refusal(backend, cell.window) or (paged_refusal(backend) if cell.lengths == "paged" else None))
+    extras = call_extras(cell)       # the sinks, then the sets: one round of draws
     with phases("inputs"):
         try:
-            sets = _input_sets(cell, opts)
+            sets = draw_sets(cell.inputs, w.batch, w.q_len, w.kv_len, w.heads, w.kv_heads, w.head_dim, w.dtype,
+                             range(opts.seed, opts.seed + n))
         except Exception as e:  # noqa: BLE001
             raise Skip(*classify(e, "run"))
     rec.update(input_sets=len(sets), inputs_draw=INPUTS_DRAW)
@@ -56,9 +62,6 @@ def cell_inputs(cell, backend, opts, rec: dict, phases) -> CellInputs:
     if np.dtype(q0.dtype).name != cell.dtype:
         raise Skip(Status.UNSUPPORTED, f"dtype {cell.dtype}: JAX made {np.dtype(q0.dtype).name} inputs "
                                        f"(jax_enable_x64={jax.config.jax_enable_x64}); not run under a wrong label")
-    decode_why = None if cell.lengths is None else (   # read off the backend's declarations: no call needed
-        window_refusal(backend, cell.window) or (paged_refusal(backend) if cell.lengths == "paged" else None))
-    extras = call_extras(cell)
     call = prepare(q0, k0, v0, is_causal=cell.causal, local_window_size=cell.window, **extras)
     # decode cells: the backend's refusal comes from decode_attention itself when it is traced
     why = backend.why_not(call) if cell.lengths is None else backend.available() or decode_why
@@ -94,38 +97,14 @@ def window_refusal(backend, window) -> str | None:
     return backend.decode_window_reason if window is not None and not backend.takes_decode_window else None
 
 
-def _input_sets(cell, opts):
-    """As many (q, k, v) sets as rotate past the L2 cache (at most ``opts.max_input_sets``, 4 GiB)."""
-    w = cell.workload
+def _set_count(w, opts) -> int:
+    """As many (q, k, v) sets of the problem ``w`` as rotate past the L2 cache (at most ``opts.max_input_sets``, 4 GiB)."""
     one = w.bytes("fwd") - w.batch * w.q_len * w.heads * w.head_dim * w.itemsize  # q, k, v
     rotate = opts.rotate_bytes
     if rotate is None:
         p = peaks.peak_for_kind(device.current().kind)
         rotate = 3 * (p.l2_bytes if p else 64 * 2**20)
-    n = max(1, min(opts.max_input_sets, math.ceil(rotate / max(one, 1)), max(1, (4 * 2**30) // max(one, 1))))
-    return [_draw(cell.inputs, w, opts.seed + i) for i in range(n)]
-
-
-#: The last non-gaussian draws (NumPy makes them on the host, ~1 s at T=16k): every backend of a
-#: sweep measured on one (distribution, shape, seed) reuses them. Kept on the host (float32 NumPy),
-#: so no device memory outlives its cell (a cell's memory figures and headroom stay its own).
-_DRAWS: OrderedDict = OrderedDict()
-_DRAWS_KEPT = 4
-
-
-def _draw(dist: str, w, seed: int):
-    """One (q, k, v) set as JAX arrays: q (B, T, N, H), k, v (B, S, K, H) in the cell's dtype, drawn from
-    ``attnlab.reference.inputs``' distribution ``dist``; ``gaussian`` is ``random_qkv`` itself (bit-identical to before)."""
-    shape = (w.batch, w.q_len, w.kv_len, w.heads, w.kv_heads, w.head_dim)
-    if dist == "gaussian":
-        return random_qkv(*shape, w.dtype, seed=seed)
-    key = (dist, shape, w.dtype, seed)
-    if key not in _DRAWS:
-        _DRAWS[key] = make_qkv(dist, *shape, "float32", seed=seed)
-        while len(_DRAWS) > _DRAWS_KEPT:
-            _DRAWS.popitem(last=False)
-    _DRAWS.move_to_end(key)
-    return tuple(jnp.asarray(a).astype(w.dtype) for a in _DRAWS[key])
+    return max(1, min(opts.max_input_sets, math.ceil(rotate / max(one, 1)), max(1, (4 * 2**30) // max(one, 1))))
 
 
 def call_extras(cell) -> dict:
