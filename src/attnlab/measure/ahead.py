@@ -35,7 +35,8 @@ from .. import backends
 from ..core import device
 from ..core.prepare import prepare
 from . import estimate, serving_cell, threads
-from .inputs import call_extras, functions
+from .inputs import call_extras
+from .jax_cell import functions
 
 #: The compiles started and not yet ended (``stop`` cancels or waits for them).
 _JOBS: set = set()

@@ -1,11 +1,11 @@
-"""What a cell runs, on which inputs: input sets, mesh placement, the call and the three mode builders.
+"""On which inputs a cell runs: input sets, mesh placement and the call.
 
 ``cell_inputs`` makes a (non-serving) cell's inputs once: its (q, k, v) sets, the attention call of the first
 (``attnlab.core.prepare.prepare``, the one call the backend is asked about and a native backend runs) and the
 call's keyword arguments (``call_extras``), with the backend's refusals of the cell (a decode cell's:
-``window_refusal``, ``paged_refusal``); ``functions`` builds what is timed from them.
+``window_refusal``, ``paged_refusal``); ``jax_cell.functions`` builds what is timed from them.
 
-Sharded cells get their mesh, input placement and attention function from the strategy registry
+Sharded cells get their mesh and input placement (and ``jax_cell`` their attention function) from the strategy registry
 (``attnlab.core.strategies``), which the layer implementing the strategies fills (``attnlab.api.sharded``,
 imported by ``attnlab.sweep``): measure looks a strategy up by name and imports no part of it.
 """
@@ -18,15 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..api import dot_product as api
-from ..api.decode import decode_attention
 from ..core import device, strategies
 from ..core.call import Call
 from ..core.prepare import prepare
-from ..kernels.pages import to_pages
 from ..reference.inputs import INPUTS_DRAW, draw_sets, random_sinks
 from . import peaks
-from .kv_cells import functions as quantized_functions
 from .outcome import Skip, Status, classify
 
 
@@ -34,11 +30,13 @@ from .outcome import Skip, Status, classify
 class CellInputs:
     """A (non-serving) cell's inputs, made once (``cell_inputs``): ``sets``, its (q, k, v) input sets (q (B, T, N, H),
     k and v (B, S, K, H), on the mesh for a sharded cell); ``call``, the attention call of the first set; ``extras``,
-    the call's keyword arguments (``call_extras``: soft cap, segment ids, sinks)."""
+    the call's keyword arguments (``call_extras``: soft cap, segment ids, sinks); ``strategy``, a sharded cell's
+    mesh strategy (``core.strategies``, looked up once), else None."""
 
     sets: list
     call: Call
     extras: dict
+    strategy: object = None
 
 
 def cell_inputs(cell, backend, opts, rec: dict, phases) -> CellInputs:
@@ -68,6 +66,7 @@ def cell_inputs(cell, backend, opts, rec: dict, phases) -> CellInputs:
     why = why or backend.mode_reason(call, cell.mode)
     if why:
         raise Skip(Status.UNSUPPORTED, f"{cell.backend}: {why}")
+    st = None
     if cell.strategy is not None:
         if cell.devices > jax.device_count():
             raise Skip(Status.UNSUPPORTED, f"{cell.devices} devices asked, JAX sees {jax.device_count()}")
@@ -80,7 +79,7 @@ def cell_inputs(cell, backend, opts, rec: dict, phases) -> CellInputs:
         call = dataclasses.replace(call, query=sets[0][0], key=sets[0][1], value=sets[0][2])   # 4-d: as prepare keeps them
         if why_strategy := st.why_not(cell.backend, cell.window):
             raise Skip(Status.UNSUPPORTED, why_strategy)
-    return CellInputs(sets, call, extras)
+    return CellInputs(sets, call, extras, st)
 
 
 def paged_refusal(backend) -> str | None:
@@ -118,56 +117,3 @@ def call_extras(cell) -> dict:
     if ids is not None:
         kw["query_segment_ids"] = kw["key_value_segment_ids"] = ids   # concrete: compiled in, as a model's would be
     return kw
-
-
-def functions(cell, extras: dict):
-    """(forward fn(q, k, v), timed fn, a maker of its argument tuple from (q, k, v, ct)); ``extras``: the call's
-    keyword arguments (``call_extras(cell)``)."""
-    kw = dict(is_causal=cell.causal, local_window_size=cell.window, implementation=cell.backend, **extras)
-
-    if cell.lengths is not None:
-        lens = jnp.asarray(cell.kv_lengths(), jnp.int32)
-        if cell.kv_dtype:     # a quantized cache, made before timing (``kv_cells``)
-            return quantized_functions(cell, lens, extras)
-        sinks = kw.get("sinks")
-
-        def decode(q, k, v, table=None):   # k, v: the caches (B, S, K, H), or their pages found through ``table``
-            return decode_attention(q, k, v, lens, causal=cell.causal, implementation=cell.backend, page_table=table,
-                                    logits_soft_cap=cell.soft_cap, local_window_size=cell.window, sinks=sinks)
-
-        if cell.lengths == "paged" and cell.mode == "fwd":
-            # timed on pages made beforehand (shuffled, vLLM layout); checked as its contiguous twin (q, k, v)
-            def fwd(q, k, v):
-                return decode(q, *to_pages(k, v, cell.page_size))
-
-            return fwd, decode, lambda q, k, v, ct: (q, *to_pages(k, v, cell.page_size))
-
-        def fwd(q, k, v):
-            return decode(q, k, v)
-    elif cell.strategy is None:
-        def fwd(q, k, v):
-            return api.attention(q, k, v, **kw)
-    else:
-        st = strategies.get(cell.strategy)
-        fwd = st.build(st.mesh(cell.devices), cell.backend, cell.causal)
-
-    if cell.mode == "fwd":
-        return fwd, fwd, lambda q, k, v, ct: (q, k, v)
-
-    def loss(q, k, v, ct):
-        return jnp.sum(fwd(q, k, v).astype(jnp.float32) * ct)
-
-    if cell.mode == "fwd+bwd":
-        return fwd, jax.grad(loss, argnums=(0, 1, 2)), lambda q, k, v, ct: (q, k, v, ct)
-
-    treedef = []
-
-    def make_bwd_args(q, k, v, ct):
-        # The backward pass alone: residuals of the forward pass are the timed function's inputs.
-        # Every input set reuses the first set's tree structure so one compilation serves all.
-        _, vjp_fn = jax.vjp(fwd, q, k, v)
-        leaves, tdef = jax.tree_util.tree_flatten(vjp_fn)
-        treedef.append(tdef)
-        return (jax.tree_util.tree_unflatten(treedef[0], leaves), ct.astype(q.dtype))
-
-    return fwd, lambda vjp_fn, ct: vjp_fn(ct), make_bwd_args
