@@ -119,7 +119,7 @@ def start(cell, opts=None) -> AheadCompile | None:
     def run():
         try:
             fut.checkpoint()
-            fwd, timed, _ = functions(cell, call_extras(cell))
+            fwd, timed, _ = functions(cell, backends.get(cell.backend), call_extras(cell))
             fut.checkpoint()
             t0 = time.perf_counter()
             lowered = jax.jit(timed).lower(*shapes(cell))

@@ -10,8 +10,9 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from .. import backends
 from ..api import dot_product as api
-from ..api.decode import decode_attention
+from ..api.decode import decode_on
 from ..core.records import Status
 from ..kernels.pages import to_pages
 from ..reference.inputs import cotangent
@@ -58,7 +59,7 @@ class JaxRun:
         cell, extras = self.cell, self.ins.extras
         try:
             facts = self.backend.facts(self.fwd, q0, k0, v0, fwd_as=lambda name: functions(
-                dataclasses.replace(cell, backend=name), extras, self.ins.strategy)[0])
+                dataclasses.replace(cell, backend=name), backends.get(name), extras, self.ins.strategy)[0])
         except Exception as e:  # noqa: BLE001 - a fact that cannot be read is reported, not fatal
             facts = {"error": _short(f"{type(e).__name__}: {e}", 200)}
         rec.update({"facts": facts} if facts else {})
@@ -76,7 +77,7 @@ def compile_run(backend, cell, ins, opts, rec: dict, phases, ahead, cupti: bool)
     compiled (or the one compiled ``ahead`` taken), its compile times and memory into ``rec``; raises ``Skip``
     (a compile failure, a peak above the device's memory)."""
     sets = ins.sets
-    fwd, timed, make_args = functions(cell, ins.extras, ins.strategy)
+    fwd, timed, make_args = functions(cell, backend, ins.extras, ins.strategy)
     with phases("inputs"):
         cts = [cotangent(opts.seed + 100 + i, q.shape) if cell.mode != "fwd" else None  # fwd: unused
                for i, (q, _, _) in enumerate(sets)]
@@ -99,8 +100,9 @@ def compile_run(backend, cell, ins, opts, rec: dict, phases, ahead, cupti: bool)
     return JaxRun(backend, cell, ins, fwd, compiled, arg_sets, cts, fwd_ahead, cupti)
 
 
-def functions(cell, extras: dict, strategy=None):
-    """(forward fn(q, k, v), timed fn, a maker of its argument tuple from (q, k, v, ct)); ``extras``: the call's
+def functions(cell, backend, extras: dict, strategy=None):
+    """(forward fn(q, k, v), timed fn, a maker of its argument tuple from (q, k, v, ct)) of the cell on ``backend``
+    (its ``Backend``, looked up once; a decode call runs on it, ``api.decode.decode_on``); ``extras``: the call's
     keyword arguments (``inputs.call_extras(cell)``); ``strategy``: a sharded cell's (``inputs.CellInputs.strategy``)."""
     kw = dict(is_causal=cell.causal, local_window_size=cell.window, implementation=cell.backend, **extras)
 
@@ -111,8 +113,8 @@ def functions(cell, extras: dict, strategy=None):
         sinks = kw.get("sinks")
 
         def decode(q, k, v, table=None):   # k, v: the caches (B, S, K, H), or their pages found through ``table``
-            return decode_attention(q, k, v, lens, causal=cell.causal, implementation=cell.backend, page_table=table,
-                                    logits_soft_cap=cell.soft_cap, local_window_size=cell.window, sinks=sinks)
+            return decode_on(backend, q, k, v, lens, causal=cell.causal, page_table=table, logits_soft_cap=cell.soft_cap,
+                             local_window_size=cell.window, sinks=sinks)
 
         if cell.lengths == "paged" and cell.mode == "fwd":
             # timed on pages made beforehand (shuffled, vLLM layout); checked as its contiguous twin (q, k, v)
