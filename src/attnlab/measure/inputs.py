@@ -41,7 +41,8 @@ class CellInputs:
 
 def cell_inputs(cell, backend, opts, rec: dict, phases) -> CellInputs:
     """Draw the cell's input sets (phase ``inputs``) and its call's sinks, make its call once and ask ``backend``
-    whether it runs it; a sharded cell's sets go onto its mesh. Writes ``input_sets``, ``inputs_draw`` and ``mesh``
+    whether it runs it (every refusal of the cell: a native backend's of a decode cell too, ``native.NativeRun``);
+    a sharded cell's sets go onto its mesh. Writes ``input_sets``, ``inputs_draw`` and ``mesh``
     into ``rec``; raises ``Skip`` (unsupported: a refused call, a dtype JAX does not make, a mesh this machine
     lacks)."""
     w = cell.workload
@@ -64,6 +65,11 @@ def cell_inputs(cell, backend, opts, rec: dict, phases) -> CellInputs:
     # decode cells: the backend's refusal comes from decode_attention itself when it is traced
     why = backend.why_not(call) if cell.lengths is None else backend.available() or decode_why
     why = why or backend.mode_reason(call, cell.mode)
+    if not why and backend.native and cell.lengths is not None:   # a native kernel runs the decode cell itself
+        why = (("no decode (cache) semantics" if not backend.decode else None)
+               or (backend.kv_scales_reason if cell.kv_dtype and not backend.takes_kv_scales else None)
+               or backend.supports(call) or backend.decode_reason(cell.kv_lengths(), cell.q_len, cell.kv_len)
+               or (backend.sinks_reason if call.has_sinks and not backend.takes_sinks else None))
     if why:
         raise Skip(Status.UNSUPPORTED, f"{cell.backend}: {why}")
     st = None
