@@ -261,8 +261,9 @@ class Problem:
         return 2 * self.kv_tokens() * self.kv_heads * self.head_dim * self.kv_itemsize + self.scale_bytes()
 
     def scale_bytes(self) -> int:
-        """Bytes of the float32 k_scale and v_scale the forward pass reads (0 for a float cache): per KV head, one per
-        token of the keys it reads (``token``), per page of them (``page``) or one (``head``); one in all (``tensor``)."""
+        """Bytes of the float32 k_scale and v_scale the forward pass reads (0 for a float cache): per KV head, one
+        per token of the keys it reads (``token``), per page of them (``page``) or one (``head``); one in all
+        (``tensor``)."""
         if self.kv_dtype is None or self.kv_scale in ("head", "tensor"):
             return 0 if self.kv_dtype is None else 2 * 4 * (self.kv_heads if self.kv_scale == "head" else 1)
         lens = self.kv_lengths or (self.kv_len,) * self.batch

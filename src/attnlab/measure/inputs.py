@@ -5,8 +5,8 @@
 call's keyword arguments (``call_extras``), with the backend's refusals of the cell (a decode cell's:
 ``window_refusal``, ``paged_refusal``); ``jax_cell.functions`` builds what is timed from them.
 
-Sharded cells get their mesh and input placement (and ``jax_cell`` their attention function) from the strategy registry
-(``attnlab.core.strategies``), which the layer implementing the strategies fills (``attnlab.api.sharded``,
+Sharded cells get their mesh and input placement (and ``jax_cell`` their attention function) from the strategy
+registry (``attnlab.core.strategies``), which the layer implementing the strategies fills (``attnlab.api.sharded``,
 imported by ``attnlab.sweep``): measure looks a strategy up by name and imports no part of it.
 """
 from __future__ import annotations
@@ -42,9 +42,8 @@ class CellInputs:
 def cell_inputs(cell, backend, opts, rec: dict, phases) -> CellInputs:
     """Draw the cell's input sets (phase ``inputs``) and its call's sinks, make its call once and ask ``backend``
     whether it runs it (every refusal of the cell: a native backend's of a decode cell too, ``native.NativeRun``);
-    a sharded cell's sets go onto its mesh. Writes ``input_sets``, ``inputs_draw`` and ``mesh``
-    into ``rec``; raises ``Skip`` (unsupported: a refused call, a dtype JAX does not make, a mesh this machine
-    lacks)."""
+    a sharded cell's sets go onto its mesh. Writes ``input_sets``, ``inputs_draw`` and ``mesh`` into ``rec``;
+    raises ``Skip`` (unsupported: a refused call, a dtype JAX does not make, a mesh this machine lacks)."""
     w = cell.workload
     n = _set_count(w, opts)
     decode_why = None if cell.lengths is None else (   # read off the backend's declarations: no call needed
@@ -103,7 +102,8 @@ def window_refusal(backend, window) -> str | None:
 
 
 def _set_count(w, opts) -> int:
-    """As many (q, k, v) sets of the problem ``w`` as rotate past the L2 cache (at most ``opts.max_input_sets``, 4 GiB)."""
+    """How many (q, k, v) sets of the problem ``w`` rotate past the L2 cache (at most ``opts.max_input_sets``,
+    4 GiB)."""
     one = w.bytes("fwd") - w.batch * w.q_len * w.heads * w.head_dim * w.itemsize  # q, k, v
     rotate = opts.rotate_bytes
     if rotate is None:

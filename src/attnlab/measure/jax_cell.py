@@ -103,7 +103,8 @@ def compile_run(backend, cell, ins, opts, rec: dict, phases, ahead, cupti: bool)
 def functions(cell, backend, extras: dict, strategy=None):
     """(forward fn(q, k, v), timed fn, a maker of its argument tuple from (q, k, v, ct)) of the cell on ``backend``
     (its ``Backend``, looked up once; a decode call runs on it, ``api.decode.decode_on``); ``extras``: the call's
-    keyword arguments (``inputs.call_extras(cell)``); ``strategy``: a sharded cell's (``inputs.CellInputs.strategy``)."""
+    keyword arguments (``inputs.call_extras(cell)``); ``strategy``: a sharded cell's mesh strategy
+    (``inputs.CellInputs.strategy``)."""
     kw = dict(is_causal=cell.causal, local_window_size=cell.window, implementation=cell.backend, **extras)
 
     if cell.lengths is not None:
@@ -113,8 +114,8 @@ def functions(cell, backend, extras: dict, strategy=None):
         sinks = kw.get("sinks")
 
         def decode(q, k, v, table=None):   # k, v: the caches (B, S, K, H), or their pages found through ``table``
-            return decode_on(backend, q, k, v, lens, causal=cell.causal, page_table=table, logits_soft_cap=cell.soft_cap,
-                             local_window_size=cell.window, sinks=sinks)
+            return decode_on(backend, q, k, v, lens, causal=cell.causal, page_table=table,
+                             logits_soft_cap=cell.soft_cap, local_window_size=cell.window, sinks=sinks)
 
         if cell.lengths == "paged" and cell.mode == "fwd":
             # timed on pages made beforehand (shuffled, vLLM layout); checked as its contiguous twin (q, k, v)

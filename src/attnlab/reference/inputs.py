@@ -164,9 +164,9 @@ _DRAWS_KEPT = 4
 
 
 def draw_sets(dist: str, B: int, T: int, S: int, N: int, K: int, H: int, dtype: str, seeds) -> list[tuple]:
-    """One (q, k, v) set per seed of ``seeds`` as JAX arrays in ``dtype``: q (B, T, N, H), k, v (B, S, K, H), drawn from
-    the distribution ``dist``: ``gaussian`` is ``random_qkv`` itself, any other ``make_qkv``'s float32 draw (the
-    last ``_DRAWS_KEPT`` kept on the host for the next backend) cast to ``dtype``."""
+    """One (q, k, v) set per seed of ``seeds`` as JAX arrays in ``dtype``: q (B, T, N, H), k, v (B, S, K, H), drawn
+    from the distribution ``dist``: ``gaussian`` is ``random_qkv`` itself, any other ``make_qkv``'s float32 draw
+    (the last ``_DRAWS_KEPT`` kept on the host for the next backend) cast to ``dtype``."""
     shape = (B, T, S, N, K, H)
     if dist == "gaussian":
         return [random_qkv(*shape, dtype, seed=seed) for seed in seeds]
