@@ -94,6 +94,24 @@ def test_backend_without_masks_refuses_with_its_reason():
         attnlab.decode_attention(q, k, v, jnp.array([16]), implementation="pallas-triton")
 
 
+def test_decode_on_a_backend_in_hand_is_decode_attention_by_its_name():
+    """``decode_on`` (a sweep cell's decode call, its backend looked up once): the same result, the same refusal and
+    the same empty batch as ``decode_attention(implementation=name)``."""
+    from attnlab.api.decode import decode_on
+
+    q, k, v = random_qkv(2, 1, 16, 2, 2, 16, "float32", seed=1)
+    kw = dict(causal=True, local_window_size=(4, 0))
+    lens = jnp.array([16, 7])
+    want = attnlab.decode_attention(q, k, v, lens, implementation="naive", **kw)
+    np.testing.assert_array_equal(decode_on(backends.get("naive"), q, k, v, lens, **kw), want)
+    with pytest.raises(UnsupportedError) as by_name:
+        attnlab.decode_attention(q, k, v, lens, implementation="pallas-triton", **kw)
+    with pytest.raises(UnsupportedError) as in_hand:
+        decode_on(backends.get("pallas-triton"), q, k, v, lens, **kw)
+    assert str(in_hand.value) == str(by_name.value)
+    assert decode_on(backends.get("naive"), q[:0], k[:0], v[:0], lens[:0]).shape == (0, 1, 2, 16)
+
+
 # ---------------------------------------------------------------- the kernel (interpret mode)
 
 KERNEL_CASES = {  # name: (B, T, S, N, K, H, dtype, lengths, causal, config)

@@ -59,7 +59,7 @@ def test_bench_prints_the_estimate_first_and_the_cost_line_last(tmp_path):
 
 def test_a_cell_over_its_budget_is_recorded_with_the_estimate_and_not_run(tmp_path, monkeypatch):
     drawn = []
-    monkeypatch.setattr("attnlab.measure.inputs._input_sets", lambda *a: drawn.append(1))
+    monkeypatch.setattr("attnlab.measure.inputs.draw_sets", lambda *a: drawn.append(1))
     r = measure_cell(Cell("naive", 1, 32, 32, 2, 2, 8, "float32"), Options(cell_budget_s=1e-3))
     assert r["status"] == "over_budget" and not drawn
     assert "estimated ~" in r["reason"] and "cell budget of 0.001 s" in r["reason"] and r["estimate_s"] > 1e-3

@@ -22,6 +22,26 @@ from attnlab.reference.serving64 import reference_serving_attention
 from attnlab.reference.tolerance import rel_l2
 
 
+@pytest.mark.parametrize("layout,page_size", [("token", None), ("head", None), ("token", 4), ("page", 4),
+                                               ("tensor", 4)])
+def test_dequantized_sequences_read_the_listed_sequences_through_the_page_table(layout, page_size):
+    """Some sequences of a quantized cache, dequantized in float64: a paged (shuffled) cache's, read through its table,
+    equal the contiguous cache's, quantized the same way (each page a group of its own) and dequantized whole."""
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((3, 8, 2, 4)), jnp.float32)
+    seqs = [2, 0]
+    if page_size:
+        kc, _, table = to_pages(x, x, page_size)
+        contiguous = x.reshape(3 * 8 // page_size, page_size, 2, 4)     # pages in order: the same groups
+    else:
+        kc, table, contiguous = x, None, x
+    c, s = kq.quantize_kv_cache(kc, "int8", layout)
+    got = kq.dequantized_sequences(c, s, layout, seqs, table)
+    cw, sw = kq.quantize_kv_cache(contiguous, "int8", layout)
+    want = kq.dequantize(np.asarray(cw), np.asarray(sw), layout, "float64").reshape(3, 8, 2, 4)[seqs]
+    assert got.dtype == np.float64 and got.shape == (2, 8, 2, 4)
+    np.testing.assert_array_equal(got, want)
+
+
 def test_quantize_kv_cache_is_absmax_over_qmax_per_group():
     x = np.random.default_rng(0).standard_normal((2, 8, 2, 16)).astype(np.float32) * 3
     x[1, 3, 0] = 0.0                                           # an all-zero token: scale 1, stored 0

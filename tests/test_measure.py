@@ -197,3 +197,19 @@ def test_native_cell_checked_once_then_timed(factor, status):
     assert r["status"] == status, r["reason"]
     assert r["rel_err"] is not None and bool(launched) == (status == "ok")      # an incorrect cell is never timed
     assert (r["wall_ms"] is not None) == (status == "ok") and (r["kernel_ms"] is not None) == (status == "ok")
+
+
+@pytest.mark.parametrize("declared, fields, reason", [
+    (dict(decode=False), {}, "no decode (cache) semantics"),
+    (dict(decode=True, decode_reason=lambda self, n, T, S: "ragged caches"), {}, "ragged caches"),
+    (dict(decode=True), dict(sinks=True), "sinks: no attention sinks"),
+    (dict(decode=True), dict(kv_dtype="int8"), "k_scale/v_scale: no quantized KV cache")])
+def test_a_native_backend_refuses_the_decode_cells_it_cannot_run(declared, fields, reason):
+    """Asked once with the cell's call (``inputs.cell_inputs``): decode semantics, scales, lengths, sinks."""
+    from attnlab.backends.base import NativeBackend
+
+    fake = type("FakeNativeDecode", (NativeBackend,), {"name": "test-fake-native-decode",
+                                                       "decode_reason": lambda self, n, T, S: None, **declared})
+    with backends.registered(fake()):
+        r = measure_cell(cell("test-fake-native-decode", lengths="full", **fields), FAST)
+    assert r["status"] == "unsupported" and r["reason"].startswith(f"test-fake-native-decode: {reason}"), r["reason"]

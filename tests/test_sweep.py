@@ -366,19 +366,16 @@ def test_inputs_axis_records_and_separates_references(tmp_path):
     import numpy as np
 
     from attnlab.reference.distributions import make_qkv
-    from attnlab.measure.cell import Cell, Options
     from attnlab.measure.check import ref_key
-    from attnlab.measure.inputs import _input_sets
-    from attnlab.reference.inputs import random_qkv
+    from attnlab.reference.inputs import draw_sets, random_qkv
 
     s = build({"backends": "xla", "seq": "16", "heads": "2", "head_dim": "16", "inputs": "gaussian,Outliers"})
     assert [c.inputs for c in s.cells()] == ["gaussian", "outliers"]
     g, o = s.cells()
     assert ref_key(g, 0) != ref_key(o, 0) and "outliers" in o.config_label
-    opts = Options(max_input_sets=1)
-    (q, k, v), = _input_sets(g, opts)
+    (q, k, v), = draw_sets(g.inputs, 1, 16, 16, 2, 2, 16, g.dtype, [0])
     assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip((q, k, v), random_qkv(1, 16, 16, 2, 2, 16, "bfloat16", 0)))
-    (q, k, v), = _input_sets(dataclasses_replace(g, inputs="channel-outliers"), opts)
+    (q, k, v), = draw_sets("channel-outliers", 1, 16, 16, 2, 2, 16, g.dtype, [0])
     want = make_qkv("channel-outliers", 1, 16, 16, 2, 2, 16, "float32", 0)
     assert np.array_equal(np.asarray(q.astype("float32")), want[0].astype("bfloat16").astype("float32"))
     out = tmp_path / "b"
@@ -389,12 +386,6 @@ def test_inputs_axis_records_and_separates_references(tmp_path):
     recs = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert [x["inputs"] for x in recs] == ["gaussian", "shifted-keys"] and all(x["status"] == "ok" for x in recs)
     assert (out / "results.csv").read_text().splitlines()[0].split(",").count("inputs") == 1
-
-
-def dataclasses_replace(cell, **kw):
-    import dataclasses
-
-    return dataclasses.replace(cell, **kw)
 
 
 # --- a flag replaces the file's value of its axis, and says so (issue 23 item 6) ----------------------

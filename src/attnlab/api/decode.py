@@ -172,7 +172,11 @@ def select_decode(spec: Call, implementation=None):
             every = sorted(backends.all_backends(), key=lambda b: not b.portable)
             chosen = next((b for b in every if b.why_not_decode(spec) is None), chosen)
         return chosen
-    backend = backends.get(implementation)
+    return _accepting(backends.get(implementation), spec)
+
+
+def _accepting(backend, spec: Call):
+    """``backend``, or UnsupportedError with its ``why_not_decode`` of the call."""
     why = backend.why_not_decode(spec)
     if why:
         raise UnsupportedError(backend.name, why)
@@ -219,6 +223,15 @@ def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None
 
         return empty_result(d, implementation, False, d.query.shape)
     return select_decode(d, implementation).run_decode(d)
+
+
+def decode_on(backend, q, k_cache, v_cache, kv_lengths, **kwargs):
+    """``decode_attention(q, k_cache, v_cache, kv_lengths, implementation=backend.name, **kwargs)`` on a backend in
+    hand (a ``Backend``, e.g. the one a sweep cell looked up once): the same checks, refusal and result, no lookup."""
+    d = prepare_decode(q, k_cache, v_cache, kv_lengths, **kwargs)
+    if d.empty:
+        return empty_result(d, None, False, d.query.shape)
+    return _accepting(backend, d).run_decode(d)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,8 @@ cache's form (contiguous (B, S_max, K, H) or pages (P, page_size, K, H), ``attnl
 chosen granularity divided by the dtype's largest value (``QMAX``: 448 for e4m3, 57344 for e5m2, 127 for
 int8), the values divided by it, int8 rounded to the nearest integer; an all-zero group gets scale 1.
 ``check_kv_scales`` is the one place a call's cache dtype and scales are checked (errors name the
-argument and the rule); ``dequantize`` is the math every reference and generic path uses.
+argument and the rule); ``dequantize`` is the math every reference and generic path uses
+(``dequantized_sequences``: some sequences of a cache, contiguous or paged, as a check reads them).
 """
 from __future__ import annotations
 
@@ -111,6 +112,18 @@ def dequantize(cache, scale, layout: str, dtype="float32", xp=np):
     return xp.asarray(cache).astype(dtype) * broadcast_scale(xp.asarray(scale).astype(dtype), layout, xp)
 
 
+def dequantized_sequences(cache, scale, layout: str, seqs, page_table=None, dtype="float64") -> np.ndarray:
+    """(len(seqs), S_max, K, H) in ``dtype``: the sequences ``seqs`` (batch indices) of a quantized cache with its
+    ``layout`` scale (as ``quantize_kv_cache`` made them), dequantized; a paged cache (P, page_size, K, H) is read
+    through its ``page_table`` (B, pages_per_seq). Only those sequences' codes and scales leave the device (a long
+    cache in float64 is many GiB)."""
+    idx = np.asarray(seqs, np.int64)
+    rows = idx if page_table is None else np.asarray(page_table)[idx].reshape(-1)   # each sequence's pages, in order
+    s = np.asarray(scale[rows]) if layout in ("token", "page") else np.asarray(scale)   # head, tensor: shared
+    out = dequantize(np.asarray(cache[rows]), s, layout, dtype)
+    return out.reshape(len(idx), -1, *out.shape[2:])
+
+
 _REDUCE = {"tensor": (0, 1, 2, 3), "head": (0, 1, 3), "page": (1, 3), "token": (3,)}
 
 
@@ -147,20 +160,3 @@ def checked_cache(kv_dtype: str, kv_scale: str | None, page_size: int | None) ->
         raise ValueError(f"kv_scale must be one of {SCALE_LAYOUTS} with kv_dtype (page: with page_size), "
                          f"got {kv_scale!r}")
     return canonical_kv_dtype(kv_dtype)
-
-
-def scale_bytes(problem) -> int:
-    """Bytes of k_scale and v_scale (float32) the forward pass of ``problem`` (an ``attnlab.core.problem.Problem``)
-    reads: per token of the keys it reads, per page of them (``page_size``), per KV head or one each; 0 for a
-    float cache."""
-    if problem.kv_dtype is None:
-        return 0
-    K = problem.kv_heads
-    if problem.kv_scale == "token":
-        n = problem.kv_tokens() * K
-    elif problem.kv_scale == "page":
-        lens = problem.kv_lengths or (problem.kv_len,) * problem.batch
-        n = sum(-(-int(x) // problem.page_size) for x in lens) * K
-    else:
-        n = K if problem.kv_scale == "head" else 1
-    return 2 * 4 * n

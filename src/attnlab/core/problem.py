@@ -17,11 +17,10 @@ It is the one place that
   ``bf16`` (read as ``bfloat16``, ``attnlab.core.names``), window ``(left, right)`` of non-negative ints,
   lengths within the sizes), raising ``ProblemError`` (a ``ValueError``) naming the field;
   ``attnlab.core.checks.call_problem`` says the same rule in a call's argument names;
-- counts its cost exactly (``attnlab.core.pairs``; FLOPs and bytes in the FlashAttention convention, the rule
-  in ``attnlab.core.workload``; a serving step's equal ``attnlab.core.serving_cost``'s);
-- names it: ``label`` (``B2 T128 S128 N8/2 H64 bfloat16 causal w64:0``, the format of the
-  sweep's configuration labels), ``key``/``identity`` (the nine JSON fields a record's identity holds) and
-  ``lengths_record`` (the compact per-request lengths a record stores).
+- counts its cost exactly (``attnlab.core.pairs``; FLOPs and bytes in the FlashAttention convention, the rule in
+  ``attnlab.core.workload``; a serving step's equal ``attnlab.core.serving_cost``'s; a quantized cache's scales);
+- names it: ``label`` (``B2 T128 S128 N8/2 H64 bfloat16 causal w64:0``, the format of the sweep's configuration
+  labels), ``key``/``identity`` (the nine JSON fields a record holds), ``lengths_record`` (the per-request lengths).
 
 A call (``attnlab.core.call.Call``: attention, decode or serving) and ``measure.Cell`` hold one.
 """
@@ -249,7 +248,7 @@ class Problem:
         if self.kv_dtype is not None and mode != "fwd":
             raise ValueError(f"a quantized KV cache (kv_dtype={self.kv_dtype}) is read by the forward pass only, "
                              f"got mode {mode!r}")
-        fwd = (q + q_all) * self.itemsize + 2 * kv * self.kv_itemsize + kv_quant.scale_bytes(self)
+        fwd = (q + q_all) * self.itemsize + 2 * kv * self.kv_itemsize + self.scale_bytes()
         bwd = (3 * q + 2 * kv + q_all + 2 * kv_all) * self.itemsize  # read q,k,v,o,do; write dq,dk,dv
         return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[mode]
 
@@ -258,9 +257,18 @@ class Problem:
         return self.flops(mode) / self.bytes(mode)
 
     def kv_bytes(self) -> int:
-        """Bytes of the key and value caches a forward pass reads (decode: valid lengths only), a quantized
-        cache's scales included (``kv_quant.scale_bytes``)."""
-        return 2 * self.kv_tokens() * self.kv_heads * self.head_dim * self.kv_itemsize + kv_quant.scale_bytes(self)
+        """Bytes of the K and V caches a forward pass reads (decode: valid lengths only), scales included."""
+        return 2 * self.kv_tokens() * self.kv_heads * self.head_dim * self.kv_itemsize + self.scale_bytes()
+
+    def scale_bytes(self) -> int:
+        """Bytes of the float32 k_scale and v_scale the forward pass reads (0 for a float cache): per KV head, one
+        per token of the keys it reads (``token``), per page of them (``page``) or one (``head``); one in all
+        (``tensor``)."""
+        if self.kv_dtype is None or self.kv_scale in ("head", "tensor"):
+            return 0 if self.kv_dtype is None else 2 * 4 * (self.kv_heads if self.kv_scale == "head" else 1)
+        lens = self.kv_lengths or (self.kv_len,) * self.batch
+        per_head = self.kv_tokens() if self.kv_scale == "token" else sum(-(-int(x) // self.page_size) for x in lens)
+        return 2 * 4 * per_head * self.kv_heads
 
     def kv_cache_bytes_per_token(self) -> int:
         """Bytes of key + value cache one token costs in one layer (per-token scales included)."""

@@ -35,7 +35,8 @@ from .. import backends
 from ..core import device
 from ..core.prepare import prepare
 from . import estimate, serving_cell, threads
-from .inputs import call_extras, functions
+from .inputs import call_extras
+from .jax_cell import functions
 
 #: The compiles started and not yet ended (``stop`` cancels or waits for them).
 _JOBS: set = set()
@@ -118,7 +119,7 @@ def start(cell, opts=None) -> AheadCompile | None:
     def run():
         try:
             fut.checkpoint()
-            fwd, timed, _ = functions(cell, call_extras(cell))
+            fwd, timed, _ = functions(cell, backends.get(cell.backend), call_extras(cell))
             fut.checkpoint()
             t0 = time.perf_counter()
             lowered = jax.jit(timed).lower(*shapes(cell))

@@ -87,8 +87,10 @@ def _measure_cell(cell: Cell, opts: Options | None, on_phase, ahead, stamp: dict
             serving_cell.measure(backend, cell, opts, rec, info, phases)
         else:
             ins = cell_inputs(cell, backend, opts, rec, phases)
-            run = (native.native_run(backend, cell, ins) if backend.native
-                   else jax_cell.compile_run(backend, cell, ins, opts, rec, phases, ahead, cupti=no_cupti is None))
+            if backend.native:      # asked by cell_inputs already: the run is the call itself
+                run = native.NativeRun(backend, cell, ins)
+            else:
+                run = jax_cell.compile_run(backend, cell, ins, opts, rec, phases, ahead, cupti=no_cupti is None)
             if opts.check:     # an incorrect cell is never timed
                 with phases("check"):
                     try:

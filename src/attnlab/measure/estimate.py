@@ -92,24 +92,19 @@ def float64_rate(rows_flops: float, cal: calibration.Calibration | None = None) 
     return max(NUMPY_GFLOPS, NUMPY_SHARE * rate) * 1e9
 
 
-def _n_sets(qkv_bytes: float, opts, info) -> int:
-    """Input sets a cell of ``qkv_bytes`` of q, k and v rotates (as ``measure.inputs`` draws them)."""
-    one = max(1, qkv_bytes)
-    sheet = peaks.peak_for_kind(info.kind)
-    rotate = opts.rotate_bytes if opts.rotate_bytes is not None else 3 * (sheet.l2_bytes if sheet else 64 * 2**20)
-    return max(1, min(opts.max_input_sets, math.ceil(rotate / one), max(1, (4 * 2**30) // one)))
-
-
 def estimate_cell(cell, opts, info) -> Estimate:
     """The estimate of ``measure_cell(cell, opts)`` on the device ``info`` (``attnlab.core.device.current()``)."""
+    flops, nbytes = throughput(info, cell.dtype)         # the rates first, then the problem's counts
+    ref_flops, _ = throughput(info, "float64" if cell.dtype == "float64" else "float32")
     w = cell.workload
     work_flops, work_bytes, fwd_bytes = w.flops(cell.mode), w.bytes(cell.mode), w.bytes("fwd")
     tokens = w.new_tokens() if w.decode else w.batch * w.q_len    # query rows (a serving step's are packed)
     qkv = fwd_bytes - tokens * w.heads * w.head_dim * w.itemsize
     grads = cell.mode != "fwd"
-    flops, nbytes = throughput(info, cell.dtype)
     call_s = max(work_flops / flops, work_bytes / nbytes) + 1e-4
-    n_sets = _n_sets(qkv, opts, info)
+    sheet = peaks.peak_for_kind(info.kind)     # the input sets rotated past the L2 cache, as ``measure.inputs`` draws
+    rotate = opts.rotate_bytes if opts.rotate_bytes is not None else 3 * (sheet.l2_bytes if sheet else 64 * 2**20)
+    n_sets = max(1, min(opts.max_input_sets, math.ceil(rotate / max(1, qkv)), max(1, (4 * 2**30) // max(1, qkv))))
     repeats = opts.repeats or (20 if info.platform == "gpu" else 5)
     timed_s = repeats * call_s if info.platform == "gpu" else max(repeats * call_s, opts.min_time_s)
     pipe = timers.pipelined_calls(call_s * 1e3, opts.pipelined_calls, opts.pipelined_s)
@@ -121,7 +116,6 @@ def estimate_cell(cell, opts, info) -> Estimate:
     check_s = 0.0
     problem_s = cal.problem_s * compile_x * (1.0 if opts.check else 0.3)   # without the check: the inputs alone
     if opts.check:
-        ref_flops, _ = throughput(info, "float64" if cell.dtype == "float64" else "float32")
         ref = 2 * dense * (1 + (1 + BWD_FLOP_FACTOR if grads else 0)) / ref_flops
         rows = 4.0 * min(F64_ROWS, w.q_len) * min(F64_BATCH, w.batch) * w.kv_len * w.heads * w.head_dim
         check_s = ref + rows / float64_rate(rows, cal) + (3 if grads else 1) * call_s

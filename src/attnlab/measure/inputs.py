@@ -1,33 +1,28 @@
-"""What a cell runs, on which inputs: input sets, mesh placement, the call and the three mode builders.
+"""On which inputs a cell runs: input sets, mesh placement and the call.
 
 ``cell_inputs`` makes a (non-serving) cell's inputs once: its (q, k, v) sets, the attention call of the first
 (``attnlab.core.prepare.prepare``, the one call the backend is asked about and a native backend runs) and the
 call's keyword arguments (``call_extras``), with the backend's refusals of the cell (a decode cell's:
-``window_refusal``, ``paged_refusal``); ``functions`` builds what is timed from them.
+``window_refusal``, ``paged_refusal``); ``jax_cell.functions`` builds what is timed from them.
 
-Sharded cells get their mesh, input placement and attention function from the strategy registry
-(``attnlab.core.strategies``), which the layer implementing the strategies fills (``attnlab.api.sharded``,
+Sharded cells get their mesh and input placement (and ``jax_cell`` their attention function) from the strategy
+registry (``attnlab.core.strategies``), which the layer implementing the strategies fills (``attnlab.api.sharded``,
 imported by ``attnlab.sweep``): measure looks a strategy up by name and imports no part of it.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections import OrderedDict
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..api import dot_product as api
-from ..api.decode import decode_attention
 from ..core import device, strategies
 from ..core.call import Call
 from ..core.prepare import prepare
-from ..kernels.pages import to_pages
-from ..reference.inputs import INPUTS_DRAW, make_qkv, random_qkv, random_sinks
+from ..reference.inputs import INPUTS_DRAW, draw_sets, random_sinks
 from . import peaks
-from .kv_cells import functions as quantized_functions
 from .outcome import Skip, Status, classify
 
 
@@ -35,20 +30,29 @@ from .outcome import Skip, Status, classify
 class CellInputs:
     """A (non-serving) cell's inputs, made once (``cell_inputs``): ``sets``, its (q, k, v) input sets (q (B, T, N, H),
     k and v (B, S, K, H), on the mesh for a sharded cell); ``call``, the attention call of the first set; ``extras``,
-    the call's keyword arguments (``call_extras``: soft cap, segment ids, sinks)."""
+    the call's keyword arguments (``call_extras``: soft cap, segment ids, sinks); ``strategy``, a sharded cell's
+    mesh strategy (``core.strategies``, looked up once), else None."""
 
     sets: list
     call: Call
     extras: dict
+    strategy: object = None
 
 
 def cell_inputs(cell, backend, opts, rec: dict, phases) -> CellInputs:
-    """Draw the cell's input sets (phase ``inputs``), make its call once and ask ``backend`` whether it runs it;
+    """Draw the cell's input sets (phase ``inputs``) and its call's sinks, make its call once and ask ``backend``
+    whether it runs it (every refusal of the cell: a native backend's of a decode cell too, ``native.NativeRun``);
     a sharded cell's sets go onto its mesh. Writes ``input_sets``, ``inputs_draw`` and ``mesh`` into ``rec``;
     raises ``Skip`` (unsupported: a refused call, a dtype JAX does not make, a mesh this machine lacks)."""
+    w = cell.workload
+    n = _set_count(w, opts)
+    decode_why = None if cell.lengths is None else (   # read off the backend's declarations: no call needed
+        window_refusal(backend, cell.window) or (paged_refusal(backend) if cell.lengths == "paged" else None))
+    extras = call_extras(cell)       # the sinks, then the sets: one round of draws
     with phases("inputs"):
         try:
-            sets = _input_sets(cell, opts)
+            sets = draw_sets(cell.inputs, w.batch, w.q_len, w.kv_len, w.heads, w.kv_heads, w.head_dim, w.dtype,
+                             range(opts.seed, opts.seed + n))
         except Exception as e:  # noqa: BLE001
             raise Skip(*classify(e, "run"))
     rec.update(input_sets=len(sets), inputs_draw=INPUTS_DRAW)
@@ -56,15 +60,18 @@ def cell_inputs(cell, backend, opts, rec: dict, phases) -> CellInputs:
     if np.dtype(q0.dtype).name != cell.dtype:
         raise Skip(Status.UNSUPPORTED, f"dtype {cell.dtype}: JAX made {np.dtype(q0.dtype).name} inputs "
                                        f"(jax_enable_x64={jax.config.jax_enable_x64}); not run under a wrong label")
-    decode_why = None if cell.lengths is None else (   # read off the backend's declarations: no call needed
-        window_refusal(backend, cell.window) or (paged_refusal(backend) if cell.lengths == "paged" else None))
-    extras = call_extras(cell)
     call = prepare(q0, k0, v0, is_causal=cell.causal, local_window_size=cell.window, **extras)
     # decode cells: the backend's refusal comes from decode_attention itself when it is traced
     why = backend.why_not(call) if cell.lengths is None else backend.available() or decode_why
     why = why or backend.mode_reason(call, cell.mode)
+    if not why and backend.native and cell.lengths is not None:   # a native kernel runs the decode cell itself
+        why = (("no decode (cache) semantics" if not backend.decode else None)
+               or (backend.kv_scales_reason if cell.kv_dtype and not backend.takes_kv_scales else None)
+               or backend.supports(call) or backend.decode_reason(cell.kv_lengths(), cell.q_len, cell.kv_len)
+               or (backend.sinks_reason if call.has_sinks and not backend.takes_sinks else None))
     if why:
         raise Skip(Status.UNSUPPORTED, f"{cell.backend}: {why}")
+    st = None
     if cell.strategy is not None:
         if cell.devices > jax.device_count():
             raise Skip(Status.UNSUPPORTED, f"{cell.devices} devices asked, JAX sees {jax.device_count()}")
@@ -77,7 +84,7 @@ def cell_inputs(cell, backend, opts, rec: dict, phases) -> CellInputs:
         call = dataclasses.replace(call, query=sets[0][0], key=sets[0][1], value=sets[0][2])   # 4-d: as prepare keeps them
         if why_strategy := st.why_not(cell.backend, cell.window):
             raise Skip(Status.UNSUPPORTED, why_strategy)
-    return CellInputs(sets, call, extras)
+    return CellInputs(sets, call, extras, st)
 
 
 def paged_refusal(backend) -> str | None:
@@ -94,38 +101,15 @@ def window_refusal(backend, window) -> str | None:
     return backend.decode_window_reason if window is not None and not backend.takes_decode_window else None
 
 
-def _input_sets(cell, opts):
-    """As many (q, k, v) sets as rotate past the L2 cache (at most ``opts.max_input_sets``, 4 GiB)."""
-    w = cell.workload
+def _set_count(w, opts) -> int:
+    """How many (q, k, v) sets of the problem ``w`` rotate past the L2 cache (at most ``opts.max_input_sets``,
+    4 GiB)."""
     one = w.bytes("fwd") - w.batch * w.q_len * w.heads * w.head_dim * w.itemsize  # q, k, v
     rotate = opts.rotate_bytes
     if rotate is None:
         p = peaks.peak_for_kind(device.current().kind)
         rotate = 3 * (p.l2_bytes if p else 64 * 2**20)
-    n = max(1, min(opts.max_input_sets, math.ceil(rotate / max(one, 1)), max(1, (4 * 2**30) // max(one, 1))))
-    return [_draw(cell.inputs, w, opts.seed + i) for i in range(n)]
-
-
-#: The last non-gaussian draws (NumPy makes them on the host, ~1 s at T=16k): every backend of a
-#: sweep measured on one (distribution, shape, seed) reuses them. Kept on the host (float32 NumPy),
-#: so no device memory outlives its cell (a cell's memory figures and headroom stay its own).
-_DRAWS: OrderedDict = OrderedDict()
-_DRAWS_KEPT = 4
-
-
-def _draw(dist: str, w, seed: int):
-    """One (q, k, v) set as JAX arrays: q (B, T, N, H), k, v (B, S, K, H) in the cell's dtype, drawn from
-    ``attnlab.reference.inputs``' distribution ``dist``; ``gaussian`` is ``random_qkv`` itself (bit-identical to before)."""
-    shape = (w.batch, w.q_len, w.kv_len, w.heads, w.kv_heads, w.head_dim)
-    if dist == "gaussian":
-        return random_qkv(*shape, w.dtype, seed=seed)
-    key = (dist, shape, w.dtype, seed)
-    if key not in _DRAWS:
-        _DRAWS[key] = make_qkv(dist, *shape, "float32", seed=seed)
-        while len(_DRAWS) > _DRAWS_KEPT:
-            _DRAWS.popitem(last=False)
-    _DRAWS.move_to_end(key)
-    return tuple(jnp.asarray(a).astype(w.dtype) for a in _DRAWS[key])
+    return max(1, min(opts.max_input_sets, math.ceil(rotate / max(one, 1)), max(1, (4 * 2**30) // max(one, 1))))
 
 
 def call_extras(cell) -> dict:
@@ -139,56 +123,3 @@ def call_extras(cell) -> dict:
     if ids is not None:
         kw["query_segment_ids"] = kw["key_value_segment_ids"] = ids   # concrete: compiled in, as a model's would be
     return kw
-
-
-def functions(cell, extras: dict):
-    """(forward fn(q, k, v), timed fn, a maker of its argument tuple from (q, k, v, ct)); ``extras``: the call's
-    keyword arguments (``call_extras(cell)``)."""
-    kw = dict(is_causal=cell.causal, local_window_size=cell.window, implementation=cell.backend, **extras)
-
-    if cell.lengths is not None:
-        lens = jnp.asarray(cell.kv_lengths(), jnp.int32)
-        if cell.kv_dtype:     # a quantized cache, made before timing (``kv_cells``)
-            return quantized_functions(cell, lens, extras)
-        sinks = kw.get("sinks")
-
-        def decode(q, k, v, table=None):   # k, v: the caches (B, S, K, H), or their pages found through ``table``
-            return decode_attention(q, k, v, lens, causal=cell.causal, implementation=cell.backend, page_table=table,
-                                    logits_soft_cap=cell.soft_cap, local_window_size=cell.window, sinks=sinks)
-
-        if cell.lengths == "paged" and cell.mode == "fwd":
-            # timed on pages made beforehand (shuffled, vLLM layout); checked as its contiguous twin (q, k, v)
-            def fwd(q, k, v):
-                return decode(q, *to_pages(k, v, cell.page_size))
-
-            return fwd, decode, lambda q, k, v, ct: (q, *to_pages(k, v, cell.page_size))
-
-        def fwd(q, k, v):
-            return decode(q, k, v)
-    elif cell.strategy is None:
-        def fwd(q, k, v):
-            return api.attention(q, k, v, **kw)
-    else:
-        st = strategies.get(cell.strategy)
-        fwd = st.build(st.mesh(cell.devices), cell.backend, cell.causal)
-
-    if cell.mode == "fwd":
-        return fwd, fwd, lambda q, k, v, ct: (q, k, v)
-
-    def loss(q, k, v, ct):
-        return jnp.sum(fwd(q, k, v).astype(jnp.float32) * ct)
-
-    if cell.mode == "fwd+bwd":
-        return fwd, jax.grad(loss, argnums=(0, 1, 2)), lambda q, k, v, ct: (q, k, v, ct)
-
-    treedef = []
-
-    def make_bwd_args(q, k, v, ct):
-        # The backward pass alone: residuals of the forward pass are the timed function's inputs.
-        # Every input set reuses the first set's tree structure so one compilation serves all.
-        _, vjp_fn = jax.vjp(fwd, q, k, v)
-        leaves, tdef = jax.tree_util.tree_flatten(vjp_fn)
-        treedef.append(tdef)
-        return (jax.tree_util.tree_unflatten(treedef[0], leaves), ct.astype(q.dtype))
-
-    return fwd, lambda vjp_fn, ct: vjp_fn(ct), make_bwd_args

@@ -1,18 +1,24 @@
-"""A cell of a JAX backend: its timed program compiled (or taken from the compile ahead: ``compile_run``), then,
-once ``measure.cell`` has checked its output and gradients (``JaxRun.output``, ``JaxRun.grads``), timed
-(``JaxRun.time``), on the inputs and call ``inputs.cell_inputs`` made once."""
+"""A cell of a JAX backend: its timed program built (``functions``: the three mode builders, decode and sharded
+cells included) and compiled (or taken from the compile ahead: ``compile_run``), then, once ``measure.cell`` has
+checked its output and gradients (``JaxRun.output``, ``JaxRun.grads``), timed (``JaxRun.time``), on the inputs and
+call ``inputs.cell_inputs`` made once."""
 from __future__ import annotations
 
 import dataclasses
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 
+from .. import backends
+from ..api import dot_product as api
+from ..api.decode import decode_on
 from ..core.records import Status
+from ..kernels.pages import to_pages
 from ..reference.inputs import cotangent
 from . import memory, timers
 from .budget import compile_within_budget
-from .inputs import functions
+from .kv_cells import functions as quantized_functions
 from .outcome import Skip, _short, classify
 
 
@@ -53,7 +59,7 @@ class JaxRun:
         cell, extras = self.cell, self.ins.extras
         try:
             facts = self.backend.facts(self.fwd, q0, k0, v0, fwd_as=lambda name: functions(
-                dataclasses.replace(cell, backend=name), extras)[0])
+                dataclasses.replace(cell, backend=name), backends.get(name), extras, self.ins.strategy)[0])
         except Exception as e:  # noqa: BLE001 - a fact that cannot be read is reported, not fatal
             facts = {"error": _short(f"{type(e).__name__}: {e}", 200)}
         rec.update({"facts": facts} if facts else {})
@@ -71,7 +77,7 @@ def compile_run(backend, cell, ins, opts, rec: dict, phases, ahead, cupti: bool)
     compiled (or the one compiled ``ahead`` taken), its compile times and memory into ``rec``; raises ``Skip``
     (a compile failure, a peak above the device's memory)."""
     sets = ins.sets
-    fwd, timed, make_args = functions(cell, ins.extras)
+    fwd, timed, make_args = functions(cell, backend, ins.extras, ins.strategy)
     with phases("inputs"):
         cts = [cotangent(opts.seed + 100 + i, q.shape) if cell.mode != "fwd" else None  # fwd: unused
                for i, (q, _, _) in enumerate(sets)]
@@ -92,3 +98,60 @@ def compile_run(backend, cell, ins, opts, rec: dict, phases, ahead, cupti: bool)
     if limit and rec["peak_bytes"] and rec["peak_bytes"] > limit:
         raise Skip(Status.OOM, f"compiled peak {rec['peak_bytes']} bytes > device limit {limit} bytes; not run")
     return JaxRun(backend, cell, ins, fwd, compiled, arg_sets, cts, fwd_ahead, cupti)
+
+
+def functions(cell, backend, extras: dict, strategy=None):
+    """(forward fn(q, k, v), timed fn, a maker of its argument tuple from (q, k, v, ct)) of the cell on ``backend``
+    (its ``Backend``, looked up once; a decode call runs on it, ``api.decode.decode_on``); ``extras``: the call's
+    keyword arguments (``inputs.call_extras(cell)``); ``strategy``: a sharded cell's mesh strategy
+    (``inputs.CellInputs.strategy``)."""
+    kw = dict(is_causal=cell.causal, local_window_size=cell.window, implementation=cell.backend, **extras)
+
+    if cell.lengths is not None:
+        lens = jnp.asarray(cell.kv_lengths(), jnp.int32)
+        if cell.kv_dtype:     # a quantized cache, made before timing (``kv_cells``)
+            return quantized_functions(cell, lens, extras)
+        sinks = kw.get("sinks")
+
+        def decode(q, k, v, table=None):   # k, v: the caches (B, S, K, H), or their pages found through ``table``
+            return decode_on(backend, q, k, v, lens, causal=cell.causal, page_table=table,
+                             logits_soft_cap=cell.soft_cap, local_window_size=cell.window, sinks=sinks)
+
+        if cell.lengths == "paged" and cell.mode == "fwd":
+            # timed on pages made beforehand (shuffled, vLLM layout); checked as its contiguous twin (q, k, v)
+            def fwd(q, k, v):
+                return decode(q, *to_pages(k, v, cell.page_size))
+
+            return fwd, decode, lambda q, k, v, ct: (q, *to_pages(k, v, cell.page_size))
+
+        def fwd(q, k, v):
+            return decode(q, k, v)
+    elif cell.strategy is None:
+        def fwd(q, k, v):
+            return api.attention(q, k, v, **kw)
+    elif strategy is None:
+        raise ValueError(f"strategy: the sharded cell ({cell.strategy}) needs its strategy (inputs.cell_inputs looks "
+                         f"it up)")
+    else:
+        fwd = strategy.build(strategy.mesh(cell.devices), cell.backend, cell.causal)
+
+    if cell.mode == "fwd":
+        return fwd, fwd, lambda q, k, v, ct: (q, k, v)
+
+    def loss(q, k, v, ct):
+        return jnp.sum(fwd(q, k, v).astype(jnp.float32) * ct)
+
+    if cell.mode == "fwd+bwd":
+        return fwd, jax.grad(loss, argnums=(0, 1, 2)), lambda q, k, v, ct: (q, k, v, ct)
+
+    treedef = []
+
+    def make_bwd_args(q, k, v, ct):
+        # The backward pass alone: residuals of the forward pass are the timed function's inputs.
+        # Every input set reuses the first set's tree structure so one compilation serves all.
+        _, vjp_fn = jax.vjp(fwd, q, k, v)
+        leaves, tdef = jax.tree_util.tree_flatten(vjp_fn)
+        treedef.append(tdef)
+        return (jax.tree_util.tree_unflatten(treedef[0], leaves), ct.astype(q.dtype))
+
+    return fwd, lambda vjp_fn, ct: vjp_fn(ct), make_bwd_args

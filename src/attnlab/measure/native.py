@@ -1,5 +1,6 @@
-"""A cell of a backend that is not a JAX op (``backends.base.NativeBackend``, e.g. PyTorch SDPA): its refusals
-(``native_run``), then, once ``measure.cell`` has checked its whole output (``NativeRun.output``), timed
+"""A cell of a backend that is not a JAX op (``backends.base.NativeBackend``, e.g. PyTorch SDPA), once
+``inputs.cell_inputs`` has asked the backend whether it runs it (a decode cell: its decode semantics, scales,
+lengths and sinks): its run (``NativeRun``), checked whole by ``measure.cell`` (``NativeRun.output``), then timed
 (``NativeRun.time``).
 
 The backend hands over its kernel (``native_fn``: the callable, a synchronize function, its input
@@ -15,22 +16,29 @@ import math
 import time
 
 from . import memory
-from .outcome import Skip, Status, classify
+from .outcome import Skip, classify
 from .stats import Stats
 from .timers import cupti_per_call
 
 
 @dataclasses.dataclass(frozen=True)
 class NativeRun:
-    """A native cell the backend accepted: its call (``ins.call``), the logits ``scale`` and, for a decode cell,
-    ``decode`` = (kv_lengths, causal)."""
+    """A native cell the backend accepted (``inputs.cell_inputs`` asked it): its call (``ins.call``), the logits
+    ``scale`` and, for a decode cell, ``decode`` = (kv_lengths, causal)."""
 
     backend: object
+    cell: object
     ins: object
-    scale: float
-    decode: tuple | None
     grads = None      # a native cell is forward only: no gradients, no cotangent
     ct = None
+
+    @property
+    def scale(self) -> float:
+        return 1.0 / math.sqrt(self.cell.head_dim)
+
+    @property
+    def decode(self) -> tuple | None:
+        return None if self.cell.lengths is None else (self.cell.kv_lengths(), self.cell.causal)
 
     def output(self):
         """The backend's output on the cell's first input set (its call)."""
@@ -51,25 +59,6 @@ class NativeRun:
             raise
         except Exception as e:  # noqa: BLE001
             raise Skip(*classify(e, "run"))
-
-
-def native_run(backend, cell, ins) -> NativeRun:
-    """The native cell on its inputs ``ins`` (``inputs.CellInputs``: its call is the one run), or ``Skip``
-    (unsupported) where the backend refuses it: a decode cell without decode semantics, a quantized cache
-    without scales, a decode call it does not run."""
-    if cell.lengths is not None and not backend.decode:
-        raise Skip(Status.UNSUPPORTED, f"{cell.backend}: no decode (cache) semantics")
-    decode = None
-    if cell.kv_dtype and not backend.takes_kv_scales:
-        raise Skip("unsupported", f"{cell.backend}: {backend.kv_scales_reason}")
-    if cell.lengths is not None:
-        spec = ins.call
-        why = (backend.supports(spec) or backend.decode_reason(cell.kv_lengths(), cell.q_len, cell.kv_len)
-               or (backend.sinks_reason if spec.has_sinks and not backend.takes_sinks else None))
-        if why:
-            raise Skip(Status.UNSUPPORTED, f"{cell.backend}: {why}")
-        decode = (cell.kv_lengths(), cell.causal)
-    return NativeRun(backend, ins, 1.0 / math.sqrt(cell.head_dim), decode)
 
 
 def measure_native(backend, spec, scale: float, arg_sets, repeats: int, warmup: int, decode: tuple | None = None) -> dict:

@@ -18,8 +18,9 @@ order, found through a page table (vLLM's layout, ``kernels.pages.to_pages``, ma
 the check reads the contiguous caches they were made from. The cell's ``window`` (its left size: the call is
 causal), ``sinks`` (``reference.inputs.random_sinks``) and soft cap go to the call, the reference and the
 emulation alike; with ``kv_dtype`` the cache is quantized before timing (``quantize_kv_cache``, per page with
-``page``), the check reads the sampled requests' *dequantized* cache and ``kv_rel_err`` is the same rows'
-error against float64 of the unquantized K/V (``kv_cells``). The verdict goes through ``verdict.judged``.
+``page``), the check reads the sampled requests' *dequantized* cache (that quantized cache's codes and scales,
+``kv_quant.dequantized_sequences``) and ``kv_rel_err`` is the same rows' error against float64 of the unquantized
+K/V. The verdict goes through ``verdict.judged``.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ import numpy as np
 
 from ..api.serving import prepare_serving, serving_attention
 from ..core import device, request_lengths as rl
-from ..core.kv_quant import quantize_kv_cache
+from ..core.kv_quant import dequantized_sequences, quantize_kv_cache
 from ..core.problem import Problem
 from ..core.records import time_ms
 from ..kernels.pages import to_pages
@@ -43,7 +44,6 @@ from ..reference.serving64 import kernel_like_serving, reference_serving_attenti
 from ..reference.tolerance import rel_l2, row_rel_err
 from . import memory, peaks, timers
 from .budget import compile_within_budget
-from .kv_cells import dequantized_twin
 from .outcome import Skip, classify
 from .verdict import judged, output_dtype, policy_verdict, rule_text
 
@@ -100,14 +100,17 @@ def problem_of(cell) -> Problem:
                                                                page_size=cell.page_size)
 
 
-def argument_sets(cell, p: Problem, nbytes: float, opts, phases) -> tuple[tuple, list[tuple], dict]:
-    """(the first contiguous set, the timed sets, the call's semantics ``call_semantics``) of a serving cell.
+def argument_sets(cell, p: Problem, nbytes: float, opts, phases, check_requests=()) -> tuple:
+    """(the first contiguous set, the timed sets, the call's semantics ``call_semantics``, the dequantized K/V of
+    ``check_requests``) of a serving cell.
 
     Contiguous sets are (q (T_total, N, H), k, v (B, S, K, H), q_starts, kv_lengths), drawn (the ``inputs``
     phase) to rotate past the L2 cache, ``nbytes`` being the bytes one step moves (``p.bytes()``); the check
     reads the first. Timed sets are (q, k_cache, v_cache, q_starts, kv_lengths, page_table, k_scale, v_scale):
     pages of ``page_size`` tokens (``to_pages``; None: contiguous), the cache quantized (``quantize_kv_cache``)
-    with ``kv_dtype`` (None: the scales are None), made before the timed call."""
+    with ``kv_dtype`` (None: the scales are None), made before the timed call. With ``kv_dtype`` the first timed
+    set's cache, quantized once, also gives the check its values: (k, v) of the requests ``check_requests``,
+    each (len, S, K, H) float64 dequantized (``dequantized_sequences``); else None."""
     sem = call_semantics(cell)
     one = max(nbytes, 1)
     sheet = peaks.peak_for_kind(device.current().kind)
@@ -121,15 +124,18 @@ def argument_sets(cell, p: Problem, nbytes: float, opts, phases) -> tuple[tuple,
             _, k, v = random_qkv(p.batch, 1, p.kv_len, p.heads, p.kv_heads, p.head_dim, p.dtype,
                                  seed=opts.seed + 50 + i)
             sets.append((q, k, v, starts, kv))
-    timed = []
+    timed, dequantized = [], None
     for q, k, v, starts, kv in sets:
         table = ks = vs = None
         if cell.page_size:
             k, v, table = to_pages(k, v, cell.page_size)
         if cell.kv_dtype:
             (k, ks), (v, vs) = (quantize_kv_cache(x, cell.kv_dtype, cell.kv_scale) for x in (k, v))
+            if not timed and len(check_requests):
+                dequantized = tuple(dequantized_sequences(c, s, cell.kv_scale, check_requests, table)
+                                    for c, s in ((k, ks), (v, vs)))
         timed.append((q, k, v, starts, kv, table, ks, vs))
-    return sets[0], timed, sem
+    return sets[0], timed, sem, dequantized
 
 
 def measure(backend, cell, opts, rec: dict, info, phases) -> dict:
@@ -139,7 +145,8 @@ def measure(backend, cell, opts, rec: dict, info, phases) -> dict:
     p = cell.workload     # the step's requests, drawn once (``requests``)
     q_lens, kv_lens = np.asarray(p.q_lengths, np.int32), np.asarray(p.kv_lengths, np.int32)
     seed = request_seed(cell)
-    contiguous, args, kw = argument_sets(cell, p, rec["bytes"], opts, phases)
+    checked = sorted({r for r, *_ in sampled(q_lens, kv_lens)}) if opts.check else []
+    contiguous, args, kw, dequantized = argument_sets(cell, p, rec["bytes"], opts, phases, checked)
     rec.update(request_lengths=p.lengths_record(seed), lengths_traced=True, inputs_draw=INPUTS_DRAW,
                input_sets=len(args))
     first = prepare_serving(*args[0][:5], page_table=args[0][5], k_scale=args[0][6], v_scale=args[0][7], **kw)
@@ -162,7 +169,7 @@ def measure(backend, cell, opts, rec: dict, info, phases) -> dict:
                 out = compiled(*args[0])
             except Exception as e:  # noqa: BLE001
                 raise Skip(*classify(e, "run")) from None
-            check_into(rec, out, contiguous, q_lens, kv_lens, cell, backend, kw)
+            check_into(rec, out, contiguous, q_lens, kv_lens, cell, backend, kw, dequantized)
     rec["repeats"] = opts.repeats or (20 if info.platform == "gpu" else 5)
     with phases("timing"):
         try:
@@ -196,26 +203,30 @@ def sampled(q_lens, kv_lens) -> list[tuple[int, int, int, int]]:
     return out
 
 
-def check_into(rec: dict, out, args, q_lens, kv_lens, cell, backend, sem: dict) -> None:
+def check_into(rec: dict, out, args, q_lens, kv_lens, cell, backend, sem: dict, dequantized=None) -> None:
     """Check the sampled rows (``sampled``) of ``out`` against float64 (a quantized cache: of its dequantized
-    values, ``kv_cells.dequantized_twin``, with ``kv_rel_err`` against the unquantized ones); record it;
-    Skip('incorrect') when wrong. ``sem``: the call's soft cap, window and sinks (``call_semantics``)."""
+    values ``dequantized``, (k, v) of the sampled requests in order, from ``argument_sets``; with ``kv_rel_err``
+    against the unquantized ones); record it; Skip('incorrect') when wrong. ``sem``: the call's soft cap, window
+    and sinks (``call_semantics``). The references come first, then the verdict on the output (its dtype first)."""
 
     q, k, v = args[:3]
     pieces = sampled(q_lens, kv_lens)
-    rec.update(output_dtype(out, cell, q.shape))
     rows = jnp.asarray(np.concatenate([np.arange(s0, s0 + t) for _, s0, t, _ in pieces]))
     reqs, n_max = [r for r, *_ in pieces], max(n for *_, n in pieces)
     kv = [np.asarray(x[jnp.asarray(reqs), :n_max]) for x in (k, v)]
     unquantized = kv
-    if cell.kv_dtype:   # quantized as the timed cache is (each request's once), then its sampled pieces'
-        uniq, back = np.unique(reqs, return_inverse=True)
-        kv = [dequantized_twin(cell, x, uniq)[:, :n_max][back] for x in (k, v)]
+    if cell.kv_dtype:   # the timed cache's codes, each sampled request's once, then its sampled pieces'
+        if dequantized is None:
+            raise ValueError("dequantized: a quantized-cache cell's check needs the dequantized K/V of its sampled "
+                             "requests (argument_sets makes them)")
+        back = np.unique(reqs, return_inverse=True)[1]
+        kv = [x[:, :n_max][back] for x in dequantized]
     head = (np.asarray(q[rows]), *kv, rl.starts_of([t for _, _, t, _ in pieces]), np.asarray([n for *_, n in pieces]))
     ref = reference_serving_attention(*head, **sem)
     ref_unquantized = (reference_serving_attention(head[0], *unquantized, *head[3:], **sem) if cell.kv_dtype
                        else None)
     emul = kernel_like_serving(*head, cell.dtype, cell.soft_cap, cell.window, sem["sinks"])
+    rec.update(output_dtype(out, cell, q.shape))
     got = np.asarray(out[rows]).astype(np.float64)
     err, row = rel_l2(got, ref), (row_rel_err(got, ref, 1) if np.all(np.isfinite(got)) else math.inf)
     fields = dict(checked_fraction=int(rows.size) / int(np.sum(q_lens)), checked_rows=int(rows.size), row_err=row,

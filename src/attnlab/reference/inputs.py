@@ -2,6 +2,7 @@
 
 ``random_qkv(B, T, S, N, K, H, dtype, seed)`` draws q (B, T, N, H), k and v (B, S, K, H) N(0, 1) in float32
 (JAX, bit for bit the draw ``INPUTS_DRAW`` names) and casts them to ``dtype``.
+``draw_sets(dist, B, T, S, N, K, H, dtype, seeds)``: a cell's input sets, one per seed, as JAX arrays in ``dtype``.
 ``make_qkv(dist, B, T, S, N, K, H, dtype="float32", seed=0)`` returns NumPy arrays of the same shapes drawn from
 the distribution ``dist`` (``DISTRIBUTIONS``): each starts from ``random_qkv``'s float32 draw (same seed) and
 changes it with a NumPy generator seeded by ``seed``:
@@ -31,6 +32,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+from collections import OrderedDict
 
 import jax
 import jax.numpy as jnp
@@ -152,3 +154,29 @@ def make_qkv(dist: str, B: int, T: int, S: int, N: int, K: int, H: int, dtype="f
     elif dist == "shifted-keys":
         k = (k + key_shift(K, H, seed)[None, None].astype(np.float32)).astype(np.float32)
     return tuple(np.asarray(a, np.float32).astype(dtype) for a in (q, k, v))
+
+
+#: The last non-gaussian draws (NumPy makes them on the host, ~1 s at T=16k): every backend of a
+#: sweep measured on one (distribution, shape, seed) reuses them. Kept on the host (float32 NumPy),
+#: so no device memory outlives its cell (a cell's memory figures and headroom stay its own).
+_DRAWS: OrderedDict = OrderedDict()
+_DRAWS_KEPT = 4
+
+
+def draw_sets(dist: str, B: int, T: int, S: int, N: int, K: int, H: int, dtype: str, seeds) -> list[tuple]:
+    """One (q, k, v) set per seed of ``seeds`` as JAX arrays in ``dtype``: q (B, T, N, H), k, v (B, S, K, H), drawn
+    from the distribution ``dist``: ``gaussian`` is ``random_qkv`` itself, any other ``make_qkv``'s float32 draw
+    (the last ``_DRAWS_KEPT`` kept on the host for the next backend) cast to ``dtype``."""
+    shape = (B, T, S, N, K, H)
+    if dist == "gaussian":
+        return [random_qkv(*shape, dtype, seed=seed) for seed in seeds]
+    out = []
+    for seed in seeds:
+        key = (dist, shape, dtype, seed)
+        if key not in _DRAWS:
+            _DRAWS[key] = make_qkv(dist, *shape, "float32", seed=seed)
+            while len(_DRAWS) > _DRAWS_KEPT:
+                _DRAWS.popitem(last=False)
+        _DRAWS.move_to_end(key)
+        out.append(tuple(jnp.asarray(a).astype(dtype) for a in _DRAWS[key]))
+    return out
