@@ -167,6 +167,9 @@ def run_cells(f, shape, Ts, caches, layouts, dev, t0, max_s, dry):
 VARIANTS = tuple(dict(block_k=bk, num_stages=st) for bk, st in ((128, None), (128, 4), (256, None), (256, 3)))
 PROBE = tuple(dict(block_k=bk, num_stages=st, num_warps=w) for bk in (16, 32, 64) for st in (2, 3, 4) for w in (4, 8))
 MMA = (dict(kv_mma="q"), dict(kv_mma="float16"))
+#: ``ROWS`` (``--rows``): warps and row tiles at T=8, float16 products: the kernel is bound by the instructions it
+#: issues (results/cpu-2026-12-05-fp8-sass), and 2 warps a 32-row tile issue 14% less than the plan's 4.
+ROWS = tuple(dict(kv_mma="float16", num_warps=w, block_r=br) for br in (None, 16) for w in (2, 4, 8))
 
 
 def run_variants(f, shape, dev, t0, max_s, dry, variants=VARIANTS, layouts=(None, 16), Ts=(1, 8),
@@ -185,8 +188,8 @@ def run_variants(f, shape, dev, t0, max_s, dry, variants=VARIANTS, layouts=(None
                     if time.perf_counter() - t0 > max_s:
                         return
                     rec = dict(kind="variant", device=dev, T=T, cache=cache_name(kv), layout=f"paged{page_size}"
-                               if page_size else "contig", **{k: fields.get(k) for k in ("block_k", "num_stages",
-                                                                                         "num_warps", "kv_mma")}, **shape)
+                               if page_size else "contig", **{k: fields.get(k) for k in ("block_k", "block_r",
+                                                                                         "num_stages", "num_warps", "kv_mma")}, **shape)
                     try:
                         fn, args, checker = make_cell(key, T, kv, page_size, shape, DecodeConfig(**fields))
                         rec["check"] = checker(fn(*args))
@@ -232,15 +235,15 @@ def table_md(path) -> str:
     if var:
         base = {(r["layout"], r["T"]): r["ms"] for r in cells if r["cache"] == "bf16" and "ms" in r}
         lines += ["", "Kernel variants on quantized caches (plan: the plan's value; products: the MMA's dtype):", "",
-                  "| T | cache | layout | block_k | num_stages | num_warps | products | ms | % roofline | x bf16 |",
-                  "| --- " * 10 + "|"]
+                  "| T | cache | layout | block_k | block_r | num_stages | num_warps | products | ms | % roofline | x bf16 |",
+                  "| --- " * 11 + "|"]
         for r in var:
             sp = base.get((r["layout"], r["T"]))
             x = "" if sp is None or "ms" not in r else f"{sp / r['ms']:.2f}"
             got = (f"{r['ms']:.4f} | {r['pct_roofline']:.0f}% | {x}" if "ms" in r else
                    f"✗ {(r.get('error') or 'check failed')[:60]} | |")
             lines.append(f"| {r['T']} | {r['cache']} | {r['layout']} | {r['block_k'] or 'plan'} | "
-                         f"{r['num_stages'] or 'plan'} | {r.get('num_warps') or 'plan'} | {r.get('kv_mma') or 'plan'} | {got} |")
+                         f"{r.get('block_r') or 'plan'} | {r['num_stages'] or 'plan'} | {r.get('num_warps') or 'plan'} | {r.get('kv_mma') or 'plan'} | {got} |")
     errs = [r for r in recs if r["kind"] == "error"]
     if errs:
         names = list(dict.fromkeys(r["kv_dtype"] for r in errs))
@@ -265,6 +268,8 @@ def main(argv=None):
                     "products in q's dtype and in float16 (MMA), T in {1, 8}, contiguous and paged 16")
     ap.add_argument("--probe", action="store_true", help="only: T=1 contiguous bf16 and fp8 cells, the bf16 cache "
                     "at half the length (the fp8 cache's bytes) and the PROBE tile variants")
+    ap.add_argument("--rows", action="store_true", help="only: T=8 contiguous bf16 and fp8 cells and the ROWS tile "
+                    "variants (warps, 16-row tiles; float16 products) on e4m3 per token and per tensor")
     a = ap.parse_args(argv)
     out = ResultsFolder(a.out)
     shape, dev, t0 = DRY if a.dry_run else FULL, out.device, out.t0
@@ -272,6 +277,10 @@ def main(argv=None):
         if a.mma:
             run_cells(f, shape, (1, 8), CACHES[:1], (None, 16), dev, t0, a.max_seconds, a.dry_run)
             run_variants(f, shape, dev, t0, a.max_seconds, a.dry_run, MMA, (None, 16), (1, 8), CACHES[1:])
+        elif a.rows:
+            run_cells(f, shape, (8,), CACHES[:1], (None,), dev, t0, a.max_seconds, a.dry_run)
+            run_variants(f, shape, dev, t0, a.max_seconds, a.dry_run, ROWS, (None,), (8,),
+                         (("float8_e4m3fn", "token"), ("float8_e4m3fn", "tensor")))
         elif a.probe:
             run_cells(f, shape, (1,), CACHES[:2], (None,), dev, t0, a.max_seconds, a.dry_run)
             run_cells(f, dict(shape, S=shape["S"] // 2), (1,), CACHES[:1], (None,), dev, t0, a.max_seconds, a.dry_run)
@@ -282,7 +291,7 @@ def main(argv=None):
             run_errors(f, dev, a.dry_run)
             if not a.quick:
                 run_variants(f, shape, dev, t0, a.max_seconds + a.variant_seconds, a.dry_run)
-    flags = "".join(f" --{x.replace('_', '-')}" for x in ("mma", "probe", "quick", "dry_run") if getattr(a, x))
+    flags = "".join(f" --{x.replace('_', '-')}" for x in ("mma", "rows", "probe", "quick", "dry_run") if getattr(a, x))
     out.finish("Quantized KV caches", f"python benchmarks/decode/kv_dtype_gpu.py --out {a.out}{flags}", table_md(out.path))
 
 
