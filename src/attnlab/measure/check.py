@@ -22,12 +22,12 @@ import numpy as np
 
 from ..core.errors import OutputMismatchError
 from ..reference.inputs import seed_of  # noqa: F401  (re-exported)
-from ..reference.output_errors import (INTERIOR_TILES, TILE, Semantics, clear_cache,  # noqa: F401 (re-exported)
-                                       grad_errors, output_errors, sample_rows)
+from ..reference.output_errors import (Semantics, clear_cache, grad_errors, output_errors,  # noqa: F401
+                                       sample_rows)  # (clear_cache and sample_rows re-exported)
 from ..reference.tolerance import errors_text, policy_limit, policy_verdict, rule_text
 from . import kv_cells
 from .outcome import Skip, Status
-from .verdict import judged, output_dtype  # noqa: F401  (judged re-exported)
+from .verdict import output_dtype
 
 
 # --- the whole output and every gradient against the references -----------------------------------------
