@@ -203,7 +203,8 @@ def test_references_are_shared_by_backends_of_one_problem(monkeypatch):
     check.clear_cache()
     for b in ("naive", "xla"):
         assert measure_cell(Cell(b, 1, 64, 64, 2, 2, 16, "float32", True), FAST)["status"] == "ok"
-    assert runs["references"] == 1 and runs["judge_output"] == 2  # the reference and its emulation (one program), once for both backends
+    # the reference and its emulation (one program), once for both backends; each backend's output judged
+    assert runs["references"] == 1 and runs["judge_output"] == 2
 
 
 def test_fwd_bwd_cells_of_one_problem_share_forward_rows_and_grad_references(monkeypatch):
@@ -351,7 +352,8 @@ def test_reference_programs_are_compiled_once_per_shape_without_autotuning(monke
             options.append(compiler_options)
             return self.lowered.compile(compiler_options=compiler_options)
 
-    program = type("P", (), {"__name__": "references", "lower": staticmethod(lambda *a, **k: Spy(references.lower(*a, **k)))})()
+    program = type("P", (), {"__name__": "references",
+                             "lower": staticmethod(lambda *a, **k: Spy(references.lower(*a, **k)))})()
     monkeypatch.setattr(compiled, "_PROGRAMS", OrderedDict())
     q, k, v = random_qkv(1, 32, 32, 2, 2, 16, "float32", seed=0)
     for causal in (True, True, False):

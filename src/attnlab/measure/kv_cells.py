@@ -7,8 +7,9 @@ quantized by ``attnlab.quantize_kv_cache`` (made before timing, from the cell's 
 
 Its check (before timing): the sampled batch elements (the first and the last) against float64 of the
 *dequantized* cache (``decode64.dequantized_errors``: ``check_decode_close``'s decode tolerance policy, the
-kernel-like emulation as its baseline), so the check judges the kernel and not the quantization. The cost of the quantization goes to the
-record beside it: ``kv_rel_err``, the same output's relative L2 error against float64 of the unquantized K/V.
+kernel-like emulation as its baseline), so the check judges the kernel and not the quantization. The cost of
+the quantization goes to the record beside it: ``kv_rel_err``, the same output's relative L2 error against
+float64 of the unquantized K/V.
 """
 from __future__ import annotations
 

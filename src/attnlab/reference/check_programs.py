@@ -44,12 +44,15 @@ def errors(out, ref):
 
 @functools.partial(jax.jit, static_argnames=STATIC)
 def references(q, k, v, **kw):
+    """(float32 reference (B, T, N, H), its kernel-like emulation, empty (B, T) bool, (2,) the emulation's
+    rel L2 and worst-row errors); ``kw``: ``blockwise_attention``'s rules."""
     ref, emul = blockwise_attention(q, k, v, **kw), blockwise_attention(q, k, v, emulate=True, **kw)
     return ref, emul, empty_rows(q, k, **kw), jnp.stack(errors(emul, ref)[:2])
 
 
 @functools.partial(jax.jit, static_argnames=STATIC)
 def grad_references(q, k, v, cotangent, **kw):
+    """((dq, dk, dv) float32 of sum(out * cotangent), (3,) their emulations' rel L2 errors, empty (B, T) bool)."""
     refs = blockwise_grads(q, k, v, cotangent, **kw)
     emuls = blockwise_grads(q, k, v, cotangent, emulate=True, **kw)
     return refs, jnp.stack([errors(e, r)[0] for e, r in zip(emuls, refs)]), empty_rows(q, k, **kw)
@@ -57,6 +60,9 @@ def grad_references(q, k, v, cotangent, **kw):
 
 @jax.jit
 def judge_output(out, ref, v, empty):
+    """((rel L2, worst row, max abs) of out (B, T, N, H) against ref, each (row, head) of a row that sees no
+    key (empty (B, T)) against the nearer of 0 and jax.nn's value there (v (B, S, K, H) averaged over S),
+    the number of such pairs compared as zeros)."""
     o, f32 = out.astype(jnp.float32), jnp.float32
     vmean = jnp.repeat(jnp.mean(v.astype(f32), axis=1), o.shape[2] // v.shape[2], axis=1)[:, None]   # (B, 1, N, H)
     as_zero = empty[:, :, None] & (jnp.linalg.norm(o, axis=-1) < jnp.linalg.norm(o - vmean, axis=-1))
@@ -66,6 +72,9 @@ def judge_output(out, ref, v, empty):
 
 @jax.jit
 def judge_grads(dq, dk, dv, ref_dq, ref_dk, ref_dv, cotangent, empty):
+    """(3,) rel L2 errors of dq, dk, dv against the 0 convention's; dv's the smaller of that and its error
+    against jax.nn's dv, where each key gains 1/S of the cotangent (B, T, N, H) of the rows that see no key,
+    summed over the query heads of its key/value head."""
     B, S, K, H = dv.shape
     add = jnp.sum(jnp.where(empty[:, :, None, None], cotangent.astype(jnp.float32), 0.0), axis=1)      # (B, N, H)
     dv_jax_nn = ref_dv + (jnp.sum(add.reshape(B, K, -1, H), axis=2) / S)[:, None].astype(ref_dv.dtype)

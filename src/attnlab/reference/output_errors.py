@@ -159,9 +159,10 @@ def output_errors(out, q, k, v, sem: Semantics, key: str) -> dict:
         return ref32, tuple(float(x) for x in jax.device_get(base)), take(emul), np.asarray(empty)
 
     ref32, (b_err, b_row), e64, empty = _cached(("fwd", key), reference, parts, "reference_s")
-    (err, row, mx), as_zero = (jax.device_get(x) for x in compiled_once(judge_output, out, ref32, v, jnp.asarray(empty)))
-    pairs, n_empty = int(np.sum(empty)) * out.shape[2], int(np.sum(empty))
-    dev = Errors(float(err), float(row), b_err, b_row, rules.EmptyRows(None, n_empty, int(as_zero), pairs - int(as_zero)))
+    (err, row, mx), as_zero = jax.device_get(compiled_once(judge_output, out, ref32, v, jnp.asarray(empty)))
+    n_empty, as_zero = int(np.sum(empty)), int(as_zero)
+    dev = Errors(float(err), float(row), b_err, b_row,
+                 rules.EmptyRows(None, n_empty, as_zero, n_empty * out.shape[2] - as_zero))
     empty64 = empty[bi][:, rows][:, :, None]                  # (sampled batch, rows, 1): the same rule
 
     def rows64():
@@ -173,9 +174,9 @@ def output_errors(out, q, k, v, sem: Semantics, key: str) -> dict:
 
     ref64, (e_l2, e_row) = _cached(("f64", key), rows64, parts, "float64_rows_s")
     o_l2, o_row, t64 = rules.errors_past_empty_rows(take(out), ref64, empty64)
-    return {"float32_device": dev, "float64_rows": Errors(o_l2, o_row, e_l2, e_row, dataclasses.replace(t64, target=None)),
-            "max_abs_err": float(mx), "batch": batch_idx, "rows": int(rows.size),
-            "fraction": rows.size * len(batch_idx) / (T * B), "parts": parts}
+    sampled = Errors(o_l2, o_row, e_l2, e_row, dataclasses.replace(t64, target=None))
+    return {"float32_device": dev, "float64_rows": sampled, "max_abs_err": float(mx), "batch": batch_idx,
+            "rows": int(rows.size), "fraction": rows.size * len(batch_idx) / (T * B), "parts": parts}
 
 
 def grad_errors(grads, q, k, v, cotangent, sem: Semantics, key: str) -> dict:

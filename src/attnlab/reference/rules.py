@@ -2,15 +2,15 @@
 key, and the logsumexp of ``return_residual=True``.
 
 ``check_close`` (``float64``), ``check_decode_close`` (``decode64``) and the measuring engine's checks
-(``attnlab.reference.output_errors``; on the device: ``check_programs``) apply them before and while measuring errors; the rules in words, once:
-docs/measuring.md ("Tolerance policy").
+(``attnlab.reference.output_errors``; on the device: ``check_programs``) apply them before and while
+measuring errors; the rules in words, once: docs/measuring.md ("Tolerance policy").
 
 - **Structure, shape, dtype** (``split_output``, ``require_like``): the output is an array (NumPy or
   JAX) shaped exactly as the call returns it and of the query's dtype, nothing broadcast; with
   ``return_residual=True`` it is the pair ``(out, lse)``, lse shaped as the output without its head
   dim. Anything else raises ``OutputMismatchError`` naming the argument and the rule.
-- **Rows that see no key** (``empty_row_target``, ``errors_past_empty_rows``): softmax over no key is undefined and
-  implementations differ. ``jax.nn.dot_product_attention`` (XLA) gives the mean of V over all S keys
+- **Rows that see no key** (``empty_row_target``, ``errors_past_empty_rows``): softmax over no key is
+  undefined and implementations differ. ``jax.nn.dot_product_attention`` (XLA) gives the mean of V over all S keys
   (every logit of the row is the same masked value, so its softmax is uniform); naive and flash-style
   kernels give 0. The float64 reference gives jax.nn's value; a check compares each such (row, head)
   with the nearer of the two values (anything else stays wrong) and says so in its note. Padded query
