@@ -203,8 +203,8 @@ def test_references_are_shared_by_backends_of_one_problem(monkeypatch):
     check.clear_cache()
     for b in ("naive", "xla"):
         assert measure_cell(Cell(b, 1, 64, 64, 2, 2, 16, "float32", True), FAST)["status"] == "ok"
-    # the reference and its emulation (one program), once for both backends; each backend's output judged
-    assert runs["references"] == 1 and runs["judge_output"] == 2
+    # the reference and its emulation (one program), once for both backends; judged: the emulation, each output
+    assert runs["references"] == 1 and runs["judge_output"] == 3
 
 
 def test_fwd_bwd_cells_of_one_problem_share_forward_rows_and_grad_references(monkeypatch):

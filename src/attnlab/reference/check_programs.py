@@ -1,12 +1,13 @@
 """The check's programs on the device, each one ``jax.jit`` program (run by ``compiled_once``, compiled ahead by
-``precompile_check``): the float32 reference with its emulation's errors, and an output's (or the gradients')
-errors against it under the empty-row rule (``attnlab.reference.rules``), in float32.
+``precompile_check``): the float32 reference with its emulation, and an output's (or the gradients') errors
+against it under the empty-row rule (``attnlab.reference.rules``), in float32; the emulation is judged by the
+same program as the output (its errors are the policy's baselines), so one compile serves both.
 
-- ``references(q, k, v, **rules)`` -> (reference, emulation, empty (B, T) bool, the emulation's (rel L2, worst row)).
+- ``references(q, k, v, **rules)`` -> (reference, emulation, empty (B, T) bool: the rows that see no key).
 - ``judge_output(out, ref, v, empty)`` -> ((rel L2, worst row, max abs), (row, head) pairs compared as zeros): a
   row that sees no key is compared with the nearer of 0 (the blockwise reference's value there) and jax.nn's
   value, the mean of V over all S keys per key/value head.
-- ``grad_references(q, k, v, cotangent, **rules)`` -> ((dq, dk, dv), their emulations' rel L2 errors (3,), empty).
+- ``grad_references(q, k, v, cotangent, **rules)`` -> ((dq, dk, dv), their emulations, empty).
 - ``judge_grads(dq, dk, dv, *refs, cotangent, empty)`` -> (3,) rel L2 errors of dq, dk, dv; dv against the nearer of
   the 0 convention's and jax.nn's (a row that sees no key weighs every key 1/S; dq and dk are the same under both).
 - ``batch_rows(x, idx)``: the sampled batch elements of K or V for the float64 rows.
@@ -44,18 +45,16 @@ def errors(out, ref):
 
 @functools.partial(jax.jit, static_argnames=STATIC)
 def references(q, k, v, **kw):
-    """(float32 reference (B, T, N, H), its kernel-like emulation, empty (B, T) bool, (2,) the emulation's
-    rel L2 and worst-row errors); ``kw``: ``blockwise_attention``'s rules."""
-    ref, emul = blockwise_attention(q, k, v, **kw), blockwise_attention(q, k, v, emulate=True, **kw)
-    return ref, emul, empty_rows(q, k, **kw), jnp.stack(errors(emul, ref)[:2])
+    """(float32 reference (B, T, N, H), its kernel-like emulation (q's dtype), empty (B, T) bool: the rows that
+    see no key); ``kw``: ``blockwise_attention``'s rules."""
+    return blockwise_attention(q, k, v, **kw), blockwise_attention(q, k, v, emulate=True, **kw), empty_rows(q, k, **kw)
 
 
 @functools.partial(jax.jit, static_argnames=STATIC)
 def grad_references(q, k, v, cotangent, **kw):
-    """((dq, dk, dv) float32 of sum(out * cotangent), (3,) their emulations' rel L2 errors, empty (B, T) bool)."""
-    refs = blockwise_grads(q, k, v, cotangent, **kw)
-    emuls = blockwise_grads(q, k, v, cotangent, emulate=True, **kw)
-    return refs, jnp.stack([errors(e, r)[0] for e, r in zip(emuls, refs)]), empty_rows(q, k, **kw)
+    """((dq, dk, dv) float32 of sum(out * cotangent), the same emulated (in q's dtype), empty (B, T) bool)."""
+    return (blockwise_grads(q, k, v, cotangent, **kw), blockwise_grads(q, k, v, cotangent, emulate=True, **kw),
+            empty_rows(q, k, **kw))
 
 
 @jax.jit

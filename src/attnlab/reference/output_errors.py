@@ -14,8 +14,8 @@ and return the errors that ``attnlab.measure.check`` judges by the tolerance pol
 The output's structure, shape and dtype and the rows that see no key follow ``attnlab.reference.rules`` (an
 empty row is never a false ``incorrect``). Each device step is one program compiled once per shape without GPU
 autotuning (``attnlab.reference.compiled``; on a GPU compiled ahead by ``precompile_check``): the reference with
-its emulation's errors and the rows that see no key; an output's errors under the empty-row rule; the gradients'
-errors under it. The references are shared by every backend and mode measured on the same inputs: those of the
+its emulation and the rows that see no key; an output's errors under the empty-row rule (the emulation's, the
+baselines, by the same program); the gradients' likewise. The references are shared by every backend and mode measured on the same inputs: those of the
 last ``_CACHE_SIZE`` keys are kept (``_CACHE_BYTES`` at most, the newest always), so a cell pays one comparison
 of its own output; the seconds of the references it made are returned (``parts``).
 """
@@ -155,8 +155,9 @@ def output_errors(out, q, k, v, sem: Semantics, key: str) -> dict:
     take = lambda x: np.asarray(x)[bi][:, rows].astype(np.float64)  # noqa: E731  (on the host: no gather to compile)
 
     def reference():
-        ref32, emul, empty, base = compiled_once(references, q, k, v, **dkw)
-        return ref32, tuple(float(x) for x in jax.device_get(base)), take(emul), np.asarray(empty)
+        ref32, emul, empty = compiled_once(references, q, k, v, **dkw)
+        (b_err, b_row, _), _ = jax.device_get(compiled_once(judge_output, emul, ref32, v, empty))
+        return ref32, (float(b_err), float(b_row)), take(emul), np.asarray(empty)
 
     ref32, (b_err, b_row), e64, empty = _cached(("fwd", key), reference, parts, "reference_s")
     (err, row, mx), as_zero = jax.device_get(compiled_once(judge_output, out, ref32, v, jnp.asarray(empty)))
@@ -188,8 +189,9 @@ def grad_errors(grads, q, k, v, cotangent, sem: Semantics, key: str) -> dict:
     ct = jnp.asarray(cotangent).astype(q.dtype)
 
     def reference():
-        return compiled_once(grad_references, q, k, v, ct, **dkw)
+        refs, emuls, empty = compiled_once(grad_references, q, k, v, ct, **dkw)
+        return refs, jax.device_get(compiled_once(judge_grads, *emuls, *refs, ct, empty)), empty
 
     refs, bases, empty = _cached(("grad", key), reference)
     errs = jax.device_get(compiled_once(judge_grads, *grads, *refs, ct, empty))
-    return {name: (float(e), float(b)) for name, e, b in zip(("dq", "dk", "dv"), errs, jax.device_get(bases))}
+    return {name: (float(e), float(b)) for name, e, b in zip(("dq", "dk", "dv"), errs, bases)}
