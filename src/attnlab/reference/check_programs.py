@@ -1,7 +1,8 @@
-"""The check's programs on the device, each one ``jax.jit`` program (run by ``compiled_once``, compiled ahead by
-``precompile_check``): the float32 reference with its emulation, and an output's (or the gradients') errors
-against it under the empty-row rule (``attnlab.reference.rules``), in float32; the emulation is judged by the
-same program as the output (its errors are the policy's baselines), so one compile serves both.
+"""The check's programs on the device: the float32 reference with its emulation, and an output's (or the
+gradients') errors against it under the empty-row rule (``attnlab.reference.rules``), in float32.
+
+Each is one ``jax.jit`` program (run by ``compiled_once``, compiled ahead by ``precompile_check``); the emulation
+is judged by the same program as the output (its errors are the policy's baselines), so one compile serves both.
 
 - ``references(q, k, v, **rules)`` -> (reference, emulation, empty (B, T) bool: the rows that see no key).
 - ``judge_output(out, ref, v, empty)`` -> ((rel L2, worst row, max abs), (row, head) pairs compared as zeros): a
