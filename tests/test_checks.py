@@ -7,6 +7,7 @@ import glob
 import json
 import math
 import os
+from collections import Counter
 
 import jax
 import jax.numpy as jnp
@@ -186,28 +187,35 @@ def test_a_clean_backend_passes_with_margin_recorded(registered, dtype, mode):
     validate(r)
 
 
+def _programs_run(monkeypatch) -> Counter:
+    """How many times the check ran each reference program (by name) and the float64 reference ("float64")."""
+    from attnlab.reference import output_errors as oe
+
+    runs: Counter = Counter()
+    real, real64 = oe.compiled_once, oe.reference_attention
+    monkeypatch.setattr(oe, "compiled_once", lambda p, *a, **kw: runs.update([p.__name__]) or real(p, *a, **kw))
+    monkeypatch.setattr(oe, "reference_attention", lambda *a, **kw: runs.update(["float64"]) or real64(*a, **kw))
+    return runs
+
+
 def test_references_are_shared_by_backends_of_one_problem(monkeypatch):
-    calls = []
-    real = check.blockwise_pair
-    monkeypatch.setattr(check, "blockwise_pair", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    runs = _programs_run(monkeypatch)
     check.clear_cache()
     for b in ("naive", "xla"):
         assert measure_cell(Cell(b, 1, 64, 64, 2, 2, 16, "float32", True), FAST)["status"] == "ok"
-    assert len(calls) == 1   # the reference and its emulation (one program), once for both backends
+    # the reference and its emulation (one program), once for both backends; judged: the emulation, each output
+    assert runs["references"] == 1 and runs["judge_output"] == 3
 
 
 def test_fwd_bwd_cells_of_one_problem_share_forward_rows_and_grad_references(monkeypatch):
     """A fwd+bwd cell needs three references (forward, float64 rows, gradients): all three stay cached
     for the next backend (a 2-entry cache of single references used to evict each one before its reuse)."""
-    calls = {"fwd": 0, "grad": 0, "f64": 0}
-    for name, kind in (("blockwise_pair", "fwd"), ("blockwise_grads_pair", "grad"), ("reference_attention", "f64")):
-        real = getattr(check, name)
-        monkeypatch.setattr(check, name, lambda *a, _r=real, _k=kind, **kw: calls.__setitem__(_k, calls[_k] + 1) or _r(*a, **kw))
+    runs = _programs_run(monkeypatch)
     check.clear_cache()
     for b in ("naive", "xla", "naive"):
         r = measure_cell(Cell(b, 1, 64, 64, 2, 2, 16, "float32", True, mode="fwd+bwd"), FAST)
         assert r["status"] == "ok" and r["check_s"] > 0
-    assert calls == {"fwd": 1, "grad": 1, "f64": 1}
+    assert (runs["references"], runs["grad_references"], runs["float64"]) == (1, 1, 1)
 
 
 # --- records: a typed schema with invariants --------------------------------------------------
@@ -311,26 +319,30 @@ def test_a_results_file_line_breaking_the_schema_names_line_and_field(tmp_path):
 def test_reference_cache_keeps_recent_inputs_within_its_byte_cap(monkeypatch):
     import numpy as np
 
-    check.clear_cache()
-    monkeypatch.setattr(check, "_CACHE_BYTES", 2500)
+    from attnlab.reference import output_errors as oe
+
+    oe.clear_cache()
+    monkeypatch.setattr(oe, "_CACHE_BYTES", 2500)
     for i in range(4):   # 1 KB each: the cap keeps the newest 2 (3 would pass it)
-        check._cached(("fwd", f"k{i}"), lambda: np.zeros(125))
-        check._cached(("f64", f"k{i}"), lambda: np.zeros(0))
-    assert list(check._CACHE) == ["k2", "k3"] and set(check._CACHE["k3"]) == {"fwd", "f64"}
-    monkeypatch.setattr(check, "_CACHE_BYTES", 10)
-    check._cached(("fwd", "big"), lambda: np.zeros(1000))   # over the cap alone: still kept (the cell needs it)
-    assert list(check._CACHE) == ["big"]
-    check.clear_cache()
+        oe._cached(("fwd", f"k{i}"), lambda: np.zeros(125))
+        oe._cached(("f64", f"k{i}"), lambda: np.zeros(0))
+    assert list(oe._CACHE) == ["k2", "k3"] and set(oe._CACHE["k3"]) == {"fwd", "f64"}
+    monkeypatch.setattr(oe, "_CACHE_BYTES", 10)
+    oe._cached(("fwd", "big"), lambda: np.zeros(1000))   # over the cap alone: still kept (the cell needs it)
+    assert list(oe._CACHE) == ["big"]
+    oe.clear_cache()
 
 
 def test_reference_programs_are_compiled_once_per_shape_without_autotuning(monkeypatch):
     """The float32 reference + emulation program compiles once per (shape, static options) and is reused;
     it is compiled with XLA's GPU autotuner off (a reference runs once a shape: autotuning only costs)."""
-    import attnlab.reference.blockwise as rd
+    from collections import OrderedDict
+
+    from attnlab.reference import compiled
+    from attnlab.reference.check_programs import references
     from attnlab.reference.inputs import random_qkv
 
     options = []
-    real_lower = rd._pair_program.lower
 
     class Spy:
         def __init__(self, lowered):
@@ -340,17 +352,13 @@ def test_reference_programs_are_compiled_once_per_shape_without_autotuning(monke
             options.append(compiler_options)
             return self.lowered.compile(compiler_options=compiler_options)
 
-    monkeypatch.setattr(rd, "_pair_program", type("P", (), {"__name__": "_pair_program",
-                                                             "lower": staticmethod(lambda *a, **k: Spy(real_lower(*a, **k)))})())
-    from collections import OrderedDict
-
-    from attnlab.reference import compiled
-
+    program = type("P", (), {"__name__": "references",
+                             "lower": staticmethod(lambda *a, **k: Spy(references.lower(*a, **k)))})()
     monkeypatch.setattr(compiled, "_PROGRAMS", OrderedDict())
     q, k, v = random_qkv(1, 32, 32, 2, 2, 16, "float32", seed=0)
     for causal in (True, True, False):
-        rd.blockwise_pair(q, k, v, causal=causal)
-    assert options == [rd.NO_AUTOTUNE, rd.NO_AUTOTUNE] and rd.NO_AUTOTUNE == {"xla_gpu_autotune_level": 0}
+        compiled.compiled_once(program, q, k, v, causal=causal)
+    assert options == [compiled.NO_AUTOTUNE] * 2 and compiled.NO_AUTOTUNE == {"xla_gpu_autotune_level": 0}
 
 
 def test_float64_reference_is_the_same_over_blocks_of_keys(monkeypatch):

@@ -136,14 +136,14 @@ def test_the_next_compile_finishes_before_this_cells_timing(tmp_path, monkeypatc
 SLOW_SWEEP = r"""
 import signal, sys, time
 import attnlab.measure.check as check
-real = check.blockwise_pair
-def slow(q, *a, **kw):
+real = check.output_errors
+def slow(out, q, *a, **kw):
     if q.shape[1] == 32:   # the second cell: its reference check is stuck in C code that ignores SIGINT
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
         print("SLOW", file=sys.stderr, flush=True)
         time.sleep(300)
-    return real(q, *a, **kw)
-check.blockwise_pair = slow
+    return real(out, q, *a, **kw)
+check.output_errors = slow
 from attnlab.cli import main
 main(sys.argv[1:])
 """

@@ -3,7 +3,7 @@ import pytest
 
 from attnlab.measure import check, prefetch
 from attnlab.measure.cell import Cell, Options, measure_cell
-from attnlab.reference import blockwise, compiled
+from attnlab.reference import check_programs, compiled
 from benchmarks.engine.cost import _overhead
 
 CELLS = [
@@ -19,7 +19,7 @@ def test_the_check_runs_the_programs_compiled_ahead(cell):
     compiled._PROGRAMS.clear()
     check.clear_cache()
     q, k, v, grads, kw = prefetch.check_shapes(cell)
-    blockwise.precompile_check(q, k, v, grads=grads, **kw)
+    check_programs.precompile_check(q, k, v, grads=grads, **kw)
     ahead = set(compiled._PROGRAMS)
     rec = measure_cell(cell, Options(repeats=2, warmup=1))
     assert rec["status"] == "ok", rec["reason"]

@@ -6,9 +6,10 @@ quantized by ``attnlab.quantize_kv_cache`` (made before timing, from the cell's 
 "unquantized values"; a paged cell quantizes its pages) with its scales.
 
 Its check (before timing): the sampled batch elements (the first and the last) against float64 of the
-*dequantized* cache (``check_decode_close``: the decode tolerance policy, the kernel-like emulation as its
-baseline), so the check judges the kernel and not the quantization. The cost of the quantization goes to the
-record beside it: ``kv_rel_err``, the same output's relative L2 error against float64 of the unquantized K/V.
+*dequantized* cache (``decode64.dequantized_errors``: ``check_decode_close``'s decode tolerance policy, the
+kernel-like emulation as its baseline), so the check judges the kernel and not the quantization. The cost of
+the quantization goes to the record beside it: ``kv_rel_err``, the same output's relative L2 error against
+float64 of the unquantized K/V.
 """
 from __future__ import annotations
 
@@ -18,10 +19,9 @@ import numpy as np
 from ..api.decode import decode_attention
 from ..core.kv_quant import SCALE_LAYOUTS, canonical_kv_dtype, dequantize, quantize_kv_cache
 from ..kernels.pages import to_pages
-from ..reference.decode64 import check_decode_close, reference_decode_attention
+from ..reference.decode64 import dequantized_errors, reference_decode_attention
 from ..reference.inputs import make_qkv
 from ..reference.tolerance import rel_l2
-from .outcome import Skip
 from .verdict import judged
 
 
@@ -103,21 +103,19 @@ def check_output(out, inputs, cell, extras: dict) -> dict:
     call's keyword arguments ``extras``: its fields, ``kv_rel_err`` included; raises Skip('incorrect') with them
     when it fails. The output's dtype is the cell's (``check.check_into`` saw to it)."""
     q, k, v = inputs
-    rec: dict = {}
     bi = sorted({0, cell.batch - 1})
     lens = np.asarray(cell.kv_lengths())[bi]
     qs, o = np.asarray(q)[bi], np.asarray(out)[bi]
     kw = dict(causal=cell.causal, logits_soft_cap=cell.soft_cap, **semantics(cell, extras))
     kd, vd = (dequantized_twin(cell, x, bi) for x in (k, v))
-    v64 = check_decode_close(o, qs, kd, vd, lens, **kw)
-    unquantized = reference_decode_attention(qs, np.asarray(k)[bi], np.asarray(v)[bi], lens, **kw)
+    v64, kv_rel_err = dequantized_errors(o, qs, kd, vd, np.asarray(k)[bi], np.asarray(v)[bi], lens, **kw)
     rule = f"{v64.rule}; against the float64 of the dequantized cache (sampled batch elements {bi})"
     verdict = {"ok": v64.ok, "rel_err": v64.rel_err, "limit": v64.limit, "batch": bi,
                "margin": v64.limit / v64.rel_err if v64.rel_err > 0 else None,
                "reference": "NumPy float64 of the dequantized cache"}
-    rec.update(checked_fraction=len(bi) / cell.batch, checked_rows=len(bi) * cell.q_len,
-               max_abs_err=v64.max_abs_err, kv_rel_err=rel_l2(o, unquantized))
-    return judged(rec, "float64_dequantized", verdict, rule)
+    fields = dict(checked_fraction=len(bi) / cell.batch, checked_rows=len(bi) * cell.q_len,
+                  max_abs_err=v64.max_abs_err, kv_rel_err=kv_rel_err)
+    return judged(fields, "float64_dequantized", verdict, rule)
 
 
 def kv_cache_errors(B: int, T: int, S: int, N: int, K: int, H: int, *, kv_dtypes=("float8_e4m3fn",),

@@ -4,7 +4,7 @@ The first cell of each new shape used to pay for compiling its references (``att
 the blockwise float32 reference with its kernel-like emulation, their gradients for fwd+bwd / bwd
 cells, and the error reduction), about 1-2 s of XLA compile a shape on the H200. Those programs
 depend only on the cell's shapes and mask rules, so ``start(cells)`` queues them for one daemon
-thread that compiles them (``attnlab.reference.blockwise.precompile_check``) while earlier cells are
+thread that compiles them (``attnlab.reference.check_programs.precompile_check``) while earlier cells are
 measured; the check then finds them compiled, or waits for the compile already under way (never a
 second compile). They are compiled without XLA's GPU autotuner, so the compile runs no kernel on the
 device and may run beside a timed cell (CUPTI counts only what runs on the device).
@@ -25,7 +25,7 @@ import threading
 
 import jax
 
-from ..reference import blockwise
+from ..reference import check_programs
 from . import threads
 from .ahead import over_budget, shapes
 from .check import sample_rows, semantics
@@ -38,7 +38,7 @@ _LOCK = threading.Lock()
 
 
 def check_shapes(cell) -> tuple:
-    """(q, k, v, grads, keyword arguments) of ``blockwise.precompile_check`` for ``cell``'s check."""
+    """(q, k, v, grads, keyword arguments) of ``check_programs.precompile_check`` for ``cell``'s check."""
     q, k, v = shapes(cell)[:3]
     n_batch = len(sample_rows(0, cell.batch, cell.q_len)[0])
     return q, k, v, cell.mode != "fwd", {**semantics(cell, call_extras(cell)).device_shapes(cell.q_len), "n_batch": n_batch}
@@ -62,7 +62,7 @@ def _work() -> None:
                 return
             q, k, v, grads, kw = _QUEUE.get()
         try:
-            blockwise.precompile_check(q, k, v, grads=grads, **kw)
+            check_programs.precompile_check(q, k, v, grads=grads, **kw)
         except Exception:  # noqa: BLE001 - the cell's own check compiles again and reports it
             pass
 

@@ -1,44 +1,16 @@
 """The tolerance policy's verdict as a cell's record gives it: one helper for every check of a cell.
 
-``policy_verdict`` judges (rel L2, worst row) errors by the policy (``reference.tolerance.policy_limit``) or a
+``policy_verdict`` (``reference.tolerance``, re-exported) judges (rel L2, worst row) errors by the policy or a
 backend's fixed limit; ``rule_text`` says the rule; ``output_dtype`` and ``judged`` turn an output and a
 verdict into the record's fields, raising ``Skip('incorrect')`` carrying them when it fails. ``measure.check``
 (the whole output), ``kv_cells`` (a quantized cache) and ``serving_cell`` (a serving step) use them alike.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from ..reference.tolerance import LIMIT_FACTOR, policy_limit
+from ..reference.tolerance import errors_text, policy_verdict, rule_text  # noqa: F401  (re-exported)
 from .outcome import Skip, Status
-
-
-def policy_verdict(err, row, base, base_row, dtype, fixed_limit) -> dict:
-    """The tolerance policy's verdict on (rel L2, worst row) errors given the emulation's (or a fixed limit)."""
-    if fixed_limit:
-        limit, row_limit = fixed_limit, LIMIT_FACTOR * fixed_limit
-    else:
-        limit, row_limit = policy_limit(dtype, base), policy_limit(dtype, base_row)
-    ok = bool(err <= limit and row <= row_limit)
-    margin = min(limit / err if err > 0 else math.inf, row_limit / row if row > 0 else math.inf)
-    return {"rel_err": err, "row_err": row, "limit": limit, "row_limit": row_limit, "baseline": base,
-            "row_baseline": base_row, "margin": margin, "ok": ok}
-
-
-def rule_text(dtype: str, fixed_limit: float | None, fixed_rule: str | None) -> str:
-    """The rule ``policy_verdict`` applied, in words (a backend's own rule for its fixed limit)."""
-    if fixed_limit:
-        return fixed_rule or f"fixed limit: rel L2 <= {fixed_limit:g}, worst row <= {LIMIT_FACTOR * fixed_limit:g}"
-    return (f"{dtype}: rel L2 and worst-row error <= {LIMIT_FACTOR:g} x the kernel-like emulation's "
-            f"(scores f32, P rounded to {dtype}, f32 accumulation) + floor")
-
-
-def errors_text(c: dict) -> str:
-    """A verdict's errors beside their limits: "rel L2 E (limit L)[, worst row E (limit L)]"."""
-    row = f", worst row {c['row_err']:.3g} (limit {c['row_limit']:.3g})" if c.get("row_limit") is not None else ""
-    return f"rel L2 {c['rel_err']:.3g} (limit {c['limit']:.3g})" + row
 
 
 def output_dtype(out, cell, shape=None) -> dict:

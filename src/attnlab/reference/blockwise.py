@@ -28,10 +28,9 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ..core.masking import large_negative
-from .compiled import NO_AUTOTUNE, STATIC, compiled_once, precompile  # noqa: F401 (NO_AUTOTUNE re-exported)
+from .compiled import STATIC
 
 #: bytes one tile's float32 scores may take, by platform (the backward pass holds a few of them)
 TILE_BUDGET = {"gpu": 256 * 2**20, "cpu": 16 * 2**20}
@@ -215,74 +214,3 @@ def empty_rows(q, k, *, causal=False, window=None, kv_lengths=None, q_positions=
     if q_lengths is not None:
         empty &= jnp.arange(T)[None, :] < jnp.asarray(q_lengths, jnp.int32)[:, None]
     return empty
-
-
-@functools.partial(jax.jit, static_argnames=STATIC)
-def _pair_program(q, k, v, **kw):
-    return (blockwise_attention(q, k, v, **kw), blockwise_attention(q, k, v, emulate=True, **kw),
-            empty_rows(q, k, **kw))
-
-
-@functools.partial(jax.jit, static_argnames=STATIC)
-def _grads_pair_program(q, k, v, cotangent, **kw):
-    return blockwise_grads(q, k, v, cotangent, **kw), blockwise_grads(q, k, v, cotangent, emulate=True, **kw)
-
-
-def blockwise_pair(q, k, v, **kw):
-    """(reference, emulation, empty): ``blockwise_attention``, its ``emulate=True`` and ``empty_rows``, one
-    program compiled once per shape (``compiled_once``: one compile instead of three, one launch)."""
-    return compiled_once(_pair_program, q, k, v, **kw)
-
-
-def blockwise_grads_pair(q, k, v, cotangent, **kw):
-    """((dq, dk, dv) float32, (dq, dk, dv) emulated): ``blockwise_grads`` both ways in one program."""
-    return compiled_once(_grads_pair_program, q, k, v, cotangent, **kw)
-
-
-@jax.jit
-def errors(out, ref):
-    """(relative L2 error, worst row's relative error, max |out - ref|) on the device, in float32.
-
-    Rows are (b, t) over every head and head dim; a row with a (near) zero reference is judged
-    against 1e-3 of the mean row norm. NaN or Inf in ``out`` gives inf for all three."""
-    o = out.astype(jnp.float32)
-    r = ref.astype(jnp.float32)
-    finite = jnp.all(jnp.isfinite(o))
-    d = (o - r).reshape(o.shape[0] * o.shape[1], -1) if o.ndim > 2 else (o - r).reshape(o.shape[0], -1)
-    rr = r.reshape(d.shape)
-    dn = jnp.linalg.norm(d, axis=1)
-    rn = jnp.linalg.norm(rr, axis=1)
-    total = jnp.sqrt(jnp.sum(dn**2)) / jnp.maximum(jnp.sqrt(jnp.sum(rn**2)), 1e-30)
-    row = jnp.max(dn / jnp.maximum(rn, jnp.maximum(1e-3 * jnp.mean(rn), 1e-30)))
-    mx = jnp.max(jnp.abs(d))
-    inf = jnp.float32(np.inf)
-    return (jnp.where(finite, total, inf), jnp.where(finite, row, inf), jnp.where(finite, mx, inf))
-
-
-def rel_errors(out, ref) -> tuple[float, float, float]:
-    """``errors`` as Python floats (one transfer from the device), compiled once per shape."""
-    return tuple(float(x) for x in jax.device_get(compiled_once(errors, out, ref)))
-
-
-@jax.jit
-def batch_rows(x, idx):
-    """``x[idx]`` along the batch axis, widened to float32 on the device (exact for bf16/fp16): the
-    float64 rows' K and V leave the device as only their sampled batch elements, and NumPy widens
-    float32 to float64 natively (ml_dtypes' bfloat16 -> float64 is several times slower)."""
-    y = jnp.take(x, idx, axis=0)
-    return y.astype(jnp.promote_types(y.dtype, jnp.float32))
-
-
-def precompile_check(q, k, v, *, grads: bool = False, n_batch: int | None = None, **kw) -> None:
-    """Compile what a check of these shapes runs (``jax.ShapeDtypeStruct`` q, k, v and keyword
-    arguments): ``blockwise_pair`` and ``errors`` of an output against it, ``batch_rows`` of K for
-    ``n_batch`` sampled batch elements; with ``grads`` also ``blockwise_grads_pair`` (cotangent in q's
-    dtype) and ``errors`` of a key-shaped gradient."""
-    acc = jax.ShapeDtypeStruct(q.shape, _acc(q.dtype))
-    precompile(_pair_program, q, k, v, **kw)
-    precompile(errors, q, acc)
-    if n_batch:
-        precompile(batch_rows, k, jax.ShapeDtypeStruct((n_batch,), jnp.int32))
-    if grads:
-        precompile(_grads_pair_program, q, k, v, q, **kw)
-        precompile(errors, k, jax.ShapeDtypeStruct(k.shape, acc.dtype))

@@ -75,8 +75,15 @@ def reference_decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, 
     logit per query head in the softmax denominator, with no value. ``k_scale``/``v_scale``: a quantized
     contiguous cache's scales (``dequantized64``); the cache is dequantized in float64 first."""
     del implementation
-    q = np.asarray(q).astype(np.float64)
     k, v = dequantized64(k_cache, v_cache, k_scale, v_scale)
+    return _attention64(q, k, v, kv_lengths, causal=causal, scale=scale, emulate=emulate,
+                        logits_soft_cap=logits_soft_cap, sinks=sinks, local_window_size=local_window_size)
+
+
+def _attention64(q, k, v, kv_lengths, *, causal=True, scale=None, emulate=None, logits_soft_cap=None, sinks=None,
+                 local_window_size=None) -> np.ndarray:
+    """``reference_decode_attention`` of contiguous caches k, v (B, S_max, K, H) that are not quantized."""
+    q, k, v = (np.asarray(x).astype(np.float64, copy=False) for x in (q, k, v))
     if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape:
         raise ValueError(f"q must be (B, T, N, H) and k_cache, v_cache (B, S_max, K, H), got {q.shape}, {k.shape}, {v.shape}")
     B, T, N, H = q.shape
@@ -137,21 +144,29 @@ def check_decode_close(out, q, k_cache, v_cache, kv_lengths, *, causal=True, sca
     it (else ``OutputMismatchError``, ``attnlab.reference.rules``). Every decode row sees a key
     (kv_lengths[b] >= T), so the empty-row rule never applies here. A quantized contiguous cache
     (``k_scale``/``v_scale``) is judged on its values dequantized in float64 (``dequantized64``)."""
-    if k_scale is not None or v_scale is not None:
-        k_cache, v_cache = dequantized64(k_cache, v_cache, k_scale, v_scale)
+    k, v = dequantized64(k_cache, v_cache, k_scale, v_scale)
+    return _verdict(out, q, k, v, kv_lengths, ref=ref, tf32=tf32, causal=causal, scale=scale,
+                    logits_soft_cap=logits_soft_cap, sinks=sinks, local_window_size=local_window_size)
+
+
+def dequantized_errors(out, q, k_dequantized, v_dequantized, k, v, kv_lengths, **kw) -> tuple[Verdict, float]:
+    """A quantized cache's check: (``check_decode_close``'s verdict on ``out`` against float64 of the dequantized
+    cache, the same output's rel L2 error against float64 of the unquantized ``k``, ``v``: what the quantization
+    costs). Caches (B, S_max, K, H), the dequantized ones in float64; ``kw``: ``check_decode_close``'s semantics."""
+    verdict = _verdict(out, q, k_dequantized, v_dequantized, kv_lengths, **kw)
+    return verdict, rel_l2(out, _attention64(q, k, v, kv_lengths, **kw))
+
+
+def _verdict(out, q, k, v, kv_lengths, *, ref=None, tf32=None, **kw) -> Verdict:
+    """``check_decode_close`` of caches that are not quantized."""
     rules.require_like(out, "out", np.shape(q), q.dtype if hasattr(q, "dtype") else np.asarray(q).dtype,
                        "q's: (B, T, N, H)")
     if ref is None:
-        ref = reference_decode_attention(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale,
-                                         logits_soft_cap=logits_soft_cap, sinks=sinks,
-                                         local_window_size=local_window_size)
+        ref = _attention64(q, k, v, kv_lengths, **kw)
     dtype = np.dtype(out.dtype)
     baseline = None
     if dtype.name in _LOW:
-        emu = reference_decode_attention(q, k_cache, v_cache, kv_lengths, causal=causal, scale=scale, emulate=dtype,
-                                         logits_soft_cap=logits_soft_cap, sinks=sinks,
-                                         local_window_size=local_window_size)
-        baseline = rel_l2(emu, ref)
+        baseline = rel_l2(_attention64(q, k, v, kv_lengths, emulate=dtype, **kw), ref)
     limit, rule = decode_tolerance(dtype, baseline_err=baseline, tf32=tf32)
     err = rel_l2(out, ref)
     o = np.asarray(out).astype(np.float64)

@@ -249,8 +249,7 @@ def check_close(out, query, key, value, *args, tf32: bool | None = None, ref=Non
     f = _forward(query, key, value, *args, **kwargs) if ref is None or lse is not None or emu is None else emu
     ref = f.out if ref is None else np.asarray(ref, np.float64).reshape(f.out.shape)
     o = np.asarray(out).astype(np.float64).reshape(f.out.shape)
-    empty = rules.empty_row_target(o, ref, f.empty)
-    err, row = rel_l2(o, empty.target), row_rel_err(o, empty.target)
+    err, row, empty = rules.errors_past_empty_rows(o, ref, f.empty)
     lse_base = 0.0
     if limit is not None:
         row_limit = LIMIT_FACTOR * limit

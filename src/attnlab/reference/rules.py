@@ -2,15 +2,15 @@
 key, and the logsumexp of ``return_residual=True``.
 
 ``check_close`` (``float64``), ``check_decode_close`` (``decode64``) and the measuring engine's checks
-(``attnlab.measure.check``) apply them before and while measuring errors; the rules in words, once:
-docs/measuring.md ("Tolerance policy").
+(``attnlab.reference.output_errors``; on the device: ``check_programs``) apply them before and while
+measuring errors; the rules in words, once: docs/measuring.md ("Tolerance policy").
 
 - **Structure, shape, dtype** (``split_output``, ``require_like``): the output is an array (NumPy or
   JAX) shaped exactly as the call returns it and of the query's dtype, nothing broadcast; with
   ``return_residual=True`` it is the pair ``(out, lse)``, lse shaped as the output without its head
   dim. Anything else raises ``OutputMismatchError`` naming the argument and the rule.
-- **Rows that see no key** (``empty_row_target``): softmax over no key is undefined and
-  implementations differ. ``jax.nn.dot_product_attention`` (XLA) gives the mean of V over all S keys
+- **Rows that see no key** (``empty_row_target``, ``errors_past_empty_rows``): softmax over no key is
+  undefined and implementations differ. ``jax.nn.dot_product_attention`` (XLA) gives the mean of V over all S keys
   (every logit of the row is the same masked value, so its softmax is uniform); naive and flash-style
   kernels give 0. The float64 reference gives jax.nn's value; a check compares each such (row, head)
   with the nearer of the two values (anything else stays wrong) and says so in its note. Padded query
@@ -26,14 +26,12 @@ import dataclasses
 import math
 
 import jax
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
 from ..core.errors import OutputMismatchError
 from ..core.masking import large_negative_value
-from .compiled import compiled_once
-from .tolerance import FLOORS
+from .tolerance import FLOORS, rel_l2, row_rel_err
 
 #: An empty row's lse passes at or below this fraction of the dtype's masked-logit value (or at -inf).
 EMPTY_LSE_FRACTION = 0.5
@@ -89,7 +87,7 @@ class EmptyRows:
     """How the rows that see no key were compared: ``target`` is the reference with each such (row, head)
     set to the nearer of its value and 0; ``rows`` counts query rows with such heads."""
 
-    target: object             # np.ndarray (or a JAX array, ``empty_row_target_device``)
+    target: object             # np.ndarray (None where only the counts are kept: ``output_errors``)
     rows: int = 0
     as_zero: int = 0           # (row, head) pairs compared as zeros
     as_jax_nn: int = 0         # ... as jax.nn's value (the reference's)
@@ -122,44 +120,11 @@ def empty_row_target(out, ref, empty) -> EmptyRows:
     return EmptyRows(target, rows, int(as_zero.sum()), int((empty & ~as_zero).sum()))
 
 
-def empty_row_target_device(out, ref, v, empty) -> EmptyRows:
-    """``empty_row_target`` on the device, for a reference that gives 0 where a row sees no key
-    (``attnlab.reference.blockwise``): out, ref (B, T, N, H), v (B, S, K, H), empty (B, T) bool;
-    jax.nn's value there is computed here (the mean of V over all S keys, per key/value head)."""
-    target, as_zero = compiled_once(_empty_target, out, ref, v, jnp.asarray(empty))
-    pairs = int(np.sum(empty)) * out.shape[2]
-    return EmptyRows(target, int(np.sum(empty)), int(as_zero), pairs - int(as_zero))
-
-
-@jax.jit
-def _empty_target(out, ref, v, empty):
-    o, f32 = out.astype(jnp.float32), jnp.float32
-    vmean = jnp.repeat(jnp.mean(v.astype(f32), axis=1), o.shape[2] // v.shape[2], axis=1)[:, None]   # (B, 1, N, H)
-    as_zero = empty[:, :, None] & (jnp.linalg.norm(o, axis=-1) < jnp.linalg.norm(o - vmean, axis=-1))
-    target = jnp.where(empty[:, :, None, None], jnp.where(as_zero[..., None], 0.0, vmean), ref.astype(f32))
-    return target, jnp.sum(as_zero)
-
-
-def dv_as_jax_nn(dv, cotangent, empty):
-    """The value gradient jax.nn's convention gives, from ``dv`` (B, S, K, H) of the 0 convention: a row
-    that sees no key weighs every key 1/S, so each key's dv gains 1/S of the cotangent (B, T, N, H) of
-    those rows, summed over the query heads of its key/value head; empty (B, T) bool. dq and dk are the
-    same under both (the masked logits are constants)."""
-    return compiled_once(_dv_as_jax_nn, dv, cotangent, jnp.asarray(empty))
-
-
-@jax.jit
-def _dv_as_jax_nn(dv, ct, empty):
-    B, S, K, H = dv.shape
-    add = jnp.sum(jnp.where(empty[:, :, None, None], ct.astype(jnp.float32), 0.0), axis=1)      # (B, N, H)
-    return dv + (jnp.sum(add.reshape(B, K, -1, H), axis=2) / S)[:, None].astype(dv.dtype)
-
-
-def grad_targets(refs, cotangent, empty):
-    """((dq,), (dk,), (dv,) or (dv, jax.nn's dv)): the gradients a check accepts for ``refs`` (dq, dk, dv)
-    of the 0 convention, by the empty-row rule (``dv_as_jax_nn``); empty (B, T) bool."""
-    dq, dk, dv = refs
-    return (dq,), (dk,), ((dv, dv_as_jax_nn(dv, cotangent, empty)) if np.any(empty) else (dv,))
+def errors_past_empty_rows(out, ref, empty) -> tuple[float, float, EmptyRows]:
+    """(rel L2, worst row's error, how the rows that see no key were compared) of ``out`` against ``ref`` after
+    the empty-row rule (``empty_row_target``; shapes as there)."""
+    e = empty_row_target(out, ref, empty)
+    return rel_l2(out, e.target), row_rel_err(out, e.target), e
 
 
 def empty_lse_bound(dtype) -> float:

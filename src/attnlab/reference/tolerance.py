@@ -2,7 +2,9 @@
 
 ``rel_l2`` and ``row_rel_err`` measure an output against a reference in float64; ``policy_limit`` and
 ``tolerance`` give the limit (``LIMIT_FACTOR`` x the kernel-like emulation's error + the dtype's
-floor, ``FLOORS``); ``Verdict`` holds a judgement. The policy in words, written once, is
+floor, ``FLOORS``); ``Verdict`` holds a judgement; ``policy_verdict`` judges (rel L2, worst row) errors as a
+cell's record gives them (``attnlab.measure.check``, ``serving_cell``), ``rule_text`` and ``errors_text`` say
+the rule and the errors in words. The policy in words, written once, is
 docs/measuring.md ("Tolerance policy"); ``attnlab.reference.float64.check_close`` applies it.
 """
 from __future__ import annotations
@@ -105,3 +107,29 @@ def tolerance(dtype, *, baseline_err: float | None = None, tf32: bool | None = N
         raise ValueError(f"{name} tolerance needs baseline_err: the error of the kernel-like computation in {name}")
     limit = policy_limit(name, baseline_err)
     return limit, f"{name}: error <= {LIMIT_FACTOR:g} x {baseline_err:.2e} (kernel-like emulation in {name}) + {FLOORS[name]:g}"
+
+
+def policy_verdict(err, row, base, base_row, dtype, fixed_limit) -> dict:
+    """The tolerance policy's verdict on (rel L2, worst row) errors given the emulation's (or a fixed limit)."""
+    if fixed_limit:
+        limit, row_limit = fixed_limit, LIMIT_FACTOR * fixed_limit
+    else:
+        limit, row_limit = policy_limit(dtype, base), policy_limit(dtype, base_row)
+    ok = bool(err <= limit and row <= row_limit)
+    margin = min(limit / err if err > 0 else math.inf, row_limit / row if row > 0 else math.inf)
+    return {"rel_err": err, "row_err": row, "limit": limit, "row_limit": row_limit, "baseline": base,
+            "row_baseline": base_row, "margin": margin, "ok": ok}
+
+
+def rule_text(dtype: str, fixed_limit: float | None, fixed_rule: str | None) -> str:
+    """The rule ``policy_verdict`` applied, in words (a backend's own rule for its fixed limit)."""
+    if fixed_limit:
+        return fixed_rule or f"fixed limit: rel L2 <= {fixed_limit:g}, worst row <= {LIMIT_FACTOR * fixed_limit:g}"
+    return (f"{dtype}: rel L2 and worst-row error <= {LIMIT_FACTOR:g} x the kernel-like emulation's "
+            f"(scores f32, P rounded to {dtype}, f32 accumulation) + floor")
+
+
+def errors_text(c: dict) -> str:
+    """A verdict's errors beside their limits: "rel L2 E (limit L)[, worst row E (limit L)]"."""
+    row = f", worst row {c['row_err']:.3g} (limit {c['row_limit']:.3g})" if c.get("row_limit") is not None else ""
+    return f"rel L2 {c['rel_err']:.3g} (limit {c['limit']:.3g})" + row
