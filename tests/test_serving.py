@@ -118,6 +118,7 @@ def test_plan_covers_every_needed_block_once_and_balances(case):
         chunk = max(-(-sum(per_program) // cp.programs), sp.MIN_CHUNK)
         assert sum(per_program) == int(live[:, BLOCKS].sum())                  # every piece in one program's run
         assert max(per_program) <= chunk                                   # no program longer than the chunk
+        assert np.all(pieces[st[0]:st[-1], BLOCKS] > 0)                     # no run holds a piece of no block
 
 
 @pytest.mark.parametrize("groups,head_dim,rows", [(16, 128, 128), (12, 128, 128), (4, 128, 32), (16, 256, 64)])
@@ -156,9 +157,9 @@ def test_kernel_matches_float64_under_jit(case, heads, paged):
     plan = attnlab.serving_plan(starts, kv, total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K, head_dim=16,
                                 config=cfg)
     assert len(plan.classes) == (1 if case == "one-long" else 2)
-    if case == "one-long":      # the long request's unit merges 5 pieces (an empty one may sit among them)
+    if case == "one-long":      # the long request's unit merges its 5 pieces, none of no block
         first, end = np.asarray(plan.classes[0].units)[0, 3:5]
-        assert int(np.sum(np.asarray(plan.classes[0].pieces)[first:end, BLOCKS] > 0)) == 5
+        assert end - first == 5 and np.all(np.asarray(plan.classes[0].pieces)[first:end, BLOCKS] > 0)
 
 
 # ---------------------------------------------------------------- checks, explain, refusals

@@ -169,11 +169,15 @@ def _pieces(xp, q_starts, kv_lengths, *, in_class, groups: int, block_r: int, bl
     unit_rows = xp.where(unit_ok, xp.minimum(rows[b] - row_off, block_r), 0)
     first_block = bounds - (unit_end[pu] - nb[pu])
     fields = (pb, starts[pb], row_off[pu], unit_rows[pu], q_pos0[pu], kv[pb], lo[pu], first_block, blocks)
-    pieces = xp.stack([xp.asarray(f).astype(i32) for f in fields], axis=1)
-    prog_first = _searchsorted(xp, bounds, xp.concatenate([prog_start, total[None] + 1]), "left")
+    # pieces of no block (a program's start on a unit's start, units past the last) go last, in no run and no
+    # unit: each would cost a q gather, a partial's store and a merge trip (``live``: the others' bounds, sorted)
+    order = xp.argsort(blocks == 0, stable=True)
+    pieces = xp.stack([xp.asarray(f).astype(i32) for f in fields], axis=1)[order]
+    live = xp.where(blocks > 0, bounds, total + 2)[order]
+    prog_first = _searchsorted(xp, live, xp.concatenate([prog_start, total[None] + 1]), "left")
     # a unit's pieces: those starting in [its first block, its end)
-    first_piece = _searchsorted(xp, bounds, unit_end - nb, "left")
-    unit_fields = (starts[b], row_off, unit_rows, first_piece, _searchsorted(xp, bounds, unit_end, "left"))
+    first_piece = _searchsorted(xp, live, unit_end - nb, "left")
+    unit_fields = (starts[b], row_off, unit_rows, first_piece, _searchsorted(xp, live, unit_end, "left"))
     units = xp.stack([xp.asarray(f).astype(i32) for f in unit_fields], axis=1)
     return pieces, prog_first.astype(i32), units
 
