@@ -121,6 +121,24 @@ def test_plan_covers_every_needed_block_once_and_balances(case):
         assert np.all(pieces[st[0]:st[-1], BLOCKS] > 0)                     # no run holds a piece of no block
 
 
+def test_plan_weighs_a_pieces_start_in_blocks():
+    """piece_blocks=k: a program starting more pieces gets fewer blocks (the most blocks + k x pieces of any
+    program drops); every block is still in one run; a negative weight is refused."""
+    starts, kv = np.arange(13, dtype=np.int32), np.array([300, 20, 35, 18, 40, 22, 30, 17, 25, 33, 19, 28], np.int32)
+    kw = dict(total_tokens=12, kv_len_max=320, heads=8, kv_heads=2, head_dim=16)
+    worst = {}
+    for k in (0, 3):
+        cp = sp.make_serving_plan(starts, kv, **kw, config=sp.ServingConfig(block_k=16, programs=4, piece_blocks=k)
+                                  ).classes[0]
+        pieces, st = np.asarray(cp.pieces), np.asarray(cp.starts)
+        runs = [pieces[st[p]:st[p + 1]] for p in range(cp.programs)]
+        assert sum(int(r[:, BLOCKS].sum()) for r in runs) == int(np.sum(-(-kv // 16)))
+        worst[k] = max(int(r[:, BLOCKS].sum()) + 3 * len(r) for r in runs)
+    assert worst[3] < worst[0]
+    with pytest.raises(ValueError, match="piece_blocks must be an int >= 0"):
+        sp.make_serving_plan(starts, kv, **kw, config=sp.ServingConfig(piece_blocks=-1))
+
+
 @pytest.mark.parametrize("groups,head_dim,rows", [(16, 128, 128), (12, 128, 128), (4, 128, 32), (16, 256, 64)])
 def test_decode_tile_holds_a_requests_rows_up_to_128(groups, head_dim, rows):
     """T=8 decodes: one tile holds a request's T*G rows up to 128 (64 at H > 128), so its keys are read once."""
@@ -143,7 +161,7 @@ def test_kernel_matches_float64_under_jit(case, heads, paged):
     if paged:
         k, v, table = to_pages(k, v, 8)       # block_k 16 > page 8: the per-key gather
     cfg = sp.ServingConfig(block_k=16, decode_max_q=4, programs=7 if case == "one-long" else 3,
-                           max_q_len=1 if case == "one-long" else None)
+                           max_q_len=1 if case == "one-long" else None, piece_blocks=0 if case == "one-long" else 3)
 
     def step(q, k, v, a, b, t):
         plan = attnlab.serving_plan(a, b, total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K,
