@@ -118,6 +118,25 @@ def test_plan_covers_every_needed_block_once_and_balances(case):
         chunk = max(-(-sum(per_program) // cp.programs), sp.MIN_CHUNK)
         assert sum(per_program) == int(live[:, BLOCKS].sum())                  # every piece in one program's run
         assert max(per_program) <= chunk                                   # no program longer than the chunk
+        assert np.all(pieces[st[0]:st[-1], BLOCKS] > 0)                     # no run holds a piece of no block
+
+
+def test_plan_weighs_a_pieces_start_in_blocks():
+    """piece_blocks=k: a program starting more pieces gets fewer blocks (the most blocks + k x pieces of any
+    program drops); every block is still in one run; a negative weight is refused."""
+    starts, kv = np.arange(13, dtype=np.int32), np.array([300, 20, 35, 18, 40, 22, 30, 17, 25, 33, 19, 28], np.int32)
+    kw = dict(total_tokens=12, kv_len_max=320, heads=8, kv_heads=2, head_dim=16)
+    worst = {}
+    for k in (0, 3):
+        cp = sp.make_serving_plan(starts, kv, **kw, config=sp.ServingConfig(block_k=16, programs=4, piece_blocks=k)
+                                  ).classes[0]
+        pieces, st = np.asarray(cp.pieces), np.asarray(cp.starts)
+        runs = [pieces[st[p]:st[p + 1]] for p in range(cp.programs)]
+        assert sum(int(r[:, BLOCKS].sum()) for r in runs) == int(np.sum(-(-kv // 16)))
+        worst[k] = max(int(r[:, BLOCKS].sum()) + 3 * len(r) for r in runs)
+    assert worst[3] < worst[0]
+    with pytest.raises(ValueError, match="piece_blocks must be an int >= 0"):
+        sp.make_serving_plan(starts, kv, **kw, config=sp.ServingConfig(piece_blocks=-1))
 
 
 @pytest.mark.parametrize("groups,head_dim,rows", [(16, 128, 128), (12, 128, 128), (4, 128, 32), (16, 256, 64)])
@@ -142,7 +161,7 @@ def test_kernel_matches_float64_under_jit(case, heads, paged):
     if paged:
         k, v, table = to_pages(k, v, 8)       # block_k 16 > page 8: the per-key gather
     cfg = sp.ServingConfig(block_k=16, decode_max_q=4, programs=7 if case == "one-long" else 3,
-                           max_q_len=1 if case == "one-long" else None)
+                           max_q_len=1 if case == "one-long" else None, piece_blocks=0 if case == "one-long" else 3)
 
     def step(q, k, v, a, b, t):
         plan = attnlab.serving_plan(a, b, total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K,
@@ -156,9 +175,9 @@ def test_kernel_matches_float64_under_jit(case, heads, paged):
     plan = attnlab.serving_plan(starts, kv, total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K, head_dim=16,
                                 config=cfg)
     assert len(plan.classes) == (1 if case == "one-long" else 2)
-    if case == "one-long":      # the long request's unit merges 5 pieces (an empty one may sit among them)
+    if case == "one-long":      # the long request's unit merges its 5 pieces, none of no block
         first, end = np.asarray(plan.classes[0].units)[0, 3:5]
-        assert int(np.sum(np.asarray(plan.classes[0].pieces)[first:end, BLOCKS] > 0)) == 5
+        assert end - first == 5 and np.all(np.asarray(plan.classes[0].pieces)[first:end, BLOCKS] > 0)
 
 
 # ---------------------------------------------------------------- checks, explain, refusals

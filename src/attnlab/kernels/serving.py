@@ -14,15 +14,15 @@ Layout and grid
     its pieces: for each, an online softmax (exp2, float32 scores, running max and sum) streams the
     piece's KV blocks of its request (block i from key kv_start + i * block_k; causal mask by position,
     keys past kv_len never loaded) and writes the unnormalised partial O (float32), m and l to the
-    piece's slot. Every program of a class
-    does the same number of KV blocks (stream-K). K/V rows of request b are rows b*S + pos of the
-    contiguous cache viewed as (B*S, K, H), or go through the page table (the flattened table seen as
-    one long sequence, ``paged_load.load_kv_block``).
+    piece's slot. Every program of a class does the same number of KV blocks (stream-K). K/V rows of
+    request b are rows b*S + pos of the contiguous cache viewed as (B*S, K, H), or go through the page
+    table (the flattened table seen as one long sequence, ``paged_load.load_kv_block``).
 Merge (a second Pallas kernel, grid = (units, K))
     Program (u, h) combines unit u's pieces (consecutive in the list) by log-sum-exp, O = sum 2^(m_i - M)
-    O_i / sum 2^(m_i - M) l_i, and stores its rows in q's dtype at their (token, head) places of the
-    output (a row scatter); with sinks, each row's denominator gains 2^(sink - M) of its query head there,
-    once, after its pieces are merged. The output starts as zeros (aliased through each class's merge), so the
+    O_i / sum 2^(m_i - M) l_i, 2-4 pieces a trip (``merge_pieces_per_trip``: a long request's tens of pieces
+    wait for memory once a trip, not once a piece), and stores its rows in q's dtype at their (token, head)
+    places of the output (a row scatter); with sinks, each row's denominator gains 2^(sink - M) of its query
+    head there, once, after its pieces are merged. The output starts as zeros (aliased through each class's merge), so the
     padding tokens' rows stay 0. A step costs one zero fill plus two launches per tile class.
 """
 from __future__ import annotations
@@ -69,9 +69,7 @@ def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_r
     pieces' blocks start at a window's first key, not at multiples of block_k."""
 
     H = q_ref.shape[-1]
-    row = lax.iota(jnp.int32, block_r)
-    dims = lax.iota(jnp.int32, H)
-    cols = lax.iota(jnp.int32, block_k)
+    row, dims, cols = (lax.iota(jnp.int32, n) for n in (block_r, H, block_k))
     aligned = kv_len % block_k == 0 and not from_key
 
     def piece(j, carry):
@@ -143,26 +141,31 @@ def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_r
     lax.fori_loop(starts_ref[p], starts_ref[p + 1], piece, 0)
 
 
-def _merge_kernel(units_ref, o_ref, m_ref, l_ref, _, *refs, groups: int, heads: int, block_r: int, spare: int):
+def _merge_kernel(units_ref, o_ref, m_ref, l_ref, _, *refs, groups: int, heads: int, block_r: int, spare: int,
+                  per_trip: int = 1):
     sinks_ref, out_ref = refs if len(refs) == 2 else (None, refs[0])
     u, h = pl.program_id(0), pl.program_id(1)
     H = o_ref.shape[-1]
     q_start, row_off, n_rows, first, end = (units_ref[u * NU + f] for f in range(NU))
-    row = lax.iota(jnp.int32, block_r)
-    dims = lax.iota(jnp.int32, H)
+    row, dims = lax.iota(jnp.int32, block_r), lax.iota(jnp.int32, H)
 
-    def body(j, c):
+    def body(i, c):
+        # ``per_trip`` pieces' independent loads a trip; past ``end``: its last piece again, weighed 0 (finite
+        # NEG: a piece that saw no key has O = l = 0)
         acc, top, den = c
-        at = j * block_r
-        mj = plgpu.load(m_ref.at[pl.ds(at, block_r)])
-        new = jnp.maximum(top, mj)
-        a, w = jnp.exp2(top - new), jnp.exp2(mj - new)     # finite NEG: a piece that saw no key weighs 0
-        acc = acc * a[:, None] + w[:, None] * plgpu.load(o_ref.at[pl.ds(at, block_r), :])
-        return acc, new, den * a + w * plgpu.load(l_ref.at[pl.ds(at, block_r)])
+        js = [first + i * per_trip + d for d in range(per_trip)]
+        at = [jnp.minimum(j, end - 1) * block_r for j in js]
+        ms, ls = ([plgpu.load(r.at[pl.ds(a, block_r)]) for a in at] for r in (m_ref, l_ref))
+        os_ = [plgpu.load(o_ref.at[pl.ds(a, block_r), :]) for a in at]
+        new = functools.reduce(jnp.maximum, ms, top)
+        a = jnp.exp2(top - new)
+        ws = [jnp.where(j < end, jnp.exp2(mj - new), 0.0) for j, mj in zip(js, ms)]
+        acc = acc * a[:, None] + sum(w[:, None] * o for w, o in zip(ws, os_))
+        return acc, new, den * a + sum(w * lj for w, lj in zip(ws, ls))
 
     init = (jnp.zeros((block_r, H), jnp.float32), jnp.full((block_r,), NEG, jnp.float32),
             jnp.zeros((block_r,), jnp.float32))
-    acc, top, den = lax.fori_loop(first, end, body, init)
+    acc, top, den = lax.fori_loop(0, lax.div(end - first + per_trip - 1, per_trip), body, init)
     if sinks_ref is not None:   # the sink (log2 units): one more logit of the row's head, with no value
         sink = plgpu.load(sinks_ref.at[h * groups + lax.rem(row_off + row, groups)])
         new = jnp.maximum(top, sink)
@@ -175,6 +178,11 @@ def _merge_kernel(units_ref, o_ref, m_ref, l_ref, _, *refs, groups: int, heads: 
     out = acc / jnp.where(den == 0, 1.0, den)[:, None]
     plgpu.store(out_ref.at[idx[:, None], dims[None, :]], out.astype(out_ref.dtype),
                 mask=jnp.broadcast_to(ok[:, None], (block_r, H)))
+
+
+def merge_pieces_per_trip(block_r: int, head_dim: int) -> int:
+    """Pieces the merge loads a trip: 4 up to 32 x 128 floats of O a piece, else 2 (ptxas: 80-138 registers)."""
+    return 4 if block_r * head_dim <= 4096 else 2
 
 
 def class_static(cp, *, G, N, S, qk_scale, page_size, soft_cap, window_left=None, kv_scale=None, kv_mma=None) -> dict:
@@ -230,7 +238,8 @@ def merge_call(cp, partials, out, *, K, G, N, H, interpret, sinks=None):
     per_head = [pl.BlockSpec((None, slots, H), lambda u, h: (h, 0, 0)), pl.BlockSpec((None, slots), lambda u, h: (h, 0)),
                 pl.BlockSpec((None, slots), lambda u, h: (h, 0))]
     return pl.pallas_call(
-        functools.partial(_merge_kernel, groups=G, heads=N, block_r=br, spare=int(out.shape[0]) - (1 if interpret else 0)),
+        functools.partial(_merge_kernel, groups=G, heads=N, block_r=br, spare=int(out.shape[0]) - (1 if interpret else 0),
+                          per_trip=merge_pieces_per_trip(br, H)),
         grid=(n_units, K),
         in_specs=[full((n_units * NU,)), *per_head, full(tuple(out.shape)), *([] if sinks is None else [full((N,))])],
         out_specs=full(tuple(out.shape)),

@@ -17,8 +17,10 @@ Units, blocks, pieces
     programs)`` blocks of it (LeanAttention's stream-K), so every program does the same work, a long
     request is spread over many programs and a short one sits inside one. Where a program's run
     crosses a unit boundary it is cut: a *piece* is (unit, first block, block count), at most
-    ``units + programs`` of them. Each piece writes a partial (O, m, l); the kernel's merge combines
-    a row's partials by log-sum-exp.
+    ``units + programs`` of them (those of no block sit after every program's run). Each piece writes a
+    partial (O, m, l); the kernel's merge combines a row's partials by log-sum-exp. Where one program runs
+    per SM, a decode unit also weighs ``piece_blocks`` blocks (``ServingConfig``): a program starting
+    more pieces gets fewer blocks.
 
 Tile classes
     Requests with q_len <= ``decode_max_q`` form the decode class (tiles of ``block_r_decode`` rows,
@@ -51,6 +53,8 @@ FIELDS = ("request", "q_start", "row_offset", "rows", "q_pos0", "kv_len", "kv_st
 UNIT_FIELDS = ("q_start", "row_offset", "rows", "first_piece", "end_piece")
 DECODE_MAX_Q = 16
 MIN_CHUNK = 2        # blocks: a program's run is never shorter (tiny batches: fewer, longer programs)
+#: a piece's start in blocks, in the decode class's balance where one program runs per SM (``ServingConfig``)
+PIECE_BLOCKS_ALONE = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +84,11 @@ class ServingConfig:
     #: False: a window's units start at the block boundary before their first key, as for pages of >= block_k
     #: keys (the layout before the first-key start, kept to time against it)
     window_from_key: bool = True
+    #: what starting a piece weighs in the decode class's balance, in KV blocks (a unit weighs its blocks plus
+    #: this); None: ``PIECE_BLOCKS_ALONE`` where one program runs per SM (no second program hides a piece's
+    #: q gather, pipeline fill and partial store: ~5.8 us a piece against 1.4 us a block at 128 rows on the H200,
+    #: results/cpu-2026-12-05-serving-sass), else 0
+    piece_blocks: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +141,8 @@ def _searchsorted(xp, a, v, side, method="compare_all"):
 
 
 def _pieces(xp, q_starts, kv_lengths, *, in_class, groups: int, block_r: int, block_k: int, kv_len_max: int,
-            num_units: int, programs: int, window_left: int | None = None, from_key: bool = True):
+            num_units: int, programs: int, window_left: int | None = None, from_key: bool = True,
+            piece_blocks: int = 0):
     """(pieces (num_units + programs, 9), starts (programs + 1,), units (num_units, 5)) of one class;
     ``xp`` numpy or jax.numpy. ``from_key``: a window's units start at their first key, else at its block.
 
@@ -158,8 +168,15 @@ def _pieces(xp, q_starts, kv_lengths, *, in_class, groups: int, block_r: int, bl
     nb = xp.where(unit_ok, (end - lo + block_k - 1) // block_k, 0).astype(i32)
     unit_end = xp.cumsum(nb).astype(i32)
     total = unit_end[-1]
-    chunk = xp.maximum((total + programs - 1) // programs, MIN_CHUNK)
-    prog_start = xp.minimum(xp.arange(programs, dtype=i32) * chunk, total)
+    # balanced in weight: a unit weighs its blocks plus ``piece_blocks`` (what starting a piece costs, in blocks);
+    # a program's start is cut in weight, then moved to the blocks (inside a unit's piece weight: its first block)
+    w = xp.where(nb > 0, nb + piece_blocks, 0).astype(i32)
+    w_end = xp.cumsum(w).astype(i32)
+    chunk = xp.maximum((w_end[-1] + programs - 1) // programs, MIN_CHUNK)
+    x = xp.minimum(xp.arange(programs, dtype=i32) * chunk, w_end[-1])
+    xu = xp.minimum(_searchsorted(xp, w_end, x, "right"), num_units - 1)
+    into = xp.clip(x - (w_end[xu] - w[xu]) - piece_blocks, 0, nb[xu])
+    prog_start = xp.where(x >= w_end[-1], total, unit_end[xu] - nb[xu] + into).astype(i32)
     bounds = xp.sort(xp.concatenate([unit_end - nb, prog_start]))    # every piece starts at one
     bounds = xp.minimum(bounds, total)
     ends = xp.concatenate([bounds[1:], total[None]])
@@ -169,11 +186,15 @@ def _pieces(xp, q_starts, kv_lengths, *, in_class, groups: int, block_r: int, bl
     unit_rows = xp.where(unit_ok, xp.minimum(rows[b] - row_off, block_r), 0)
     first_block = bounds - (unit_end[pu] - nb[pu])
     fields = (pb, starts[pb], row_off[pu], unit_rows[pu], q_pos0[pu], kv[pb], lo[pu], first_block, blocks)
-    pieces = xp.stack([xp.asarray(f).astype(i32) for f in fields], axis=1)
-    prog_first = _searchsorted(xp, bounds, xp.concatenate([prog_start, total[None] + 1]), "left")
+    # pieces of no block (a program's start on a unit's start, units past the last) go last, in no run and no
+    # unit: each would cost a q gather, a partial's store and a merge trip (``live``: the others' bounds, sorted)
+    order = xp.argsort(blocks == 0, stable=True)
+    pieces = xp.stack([xp.asarray(f).astype(i32) for f in fields], axis=1)[order]
+    live = xp.where(blocks > 0, bounds, total + 2)[order]
+    prog_first = _searchsorted(xp, live, xp.concatenate([prog_start, total[None] + 1]), "left")
     # a unit's pieces: those starting in [its first block, its end)
-    first_piece = _searchsorted(xp, bounds, unit_end - nb, "left")
-    unit_fields = (starts[b], row_off, unit_rows, first_piece, _searchsorted(xp, bounds, unit_end, "left"))
+    first_piece = _searchsorted(xp, live, unit_end - nb, "left")
+    unit_fields = (starts[b], row_off, unit_rows, first_piece, _searchsorted(xp, live, unit_end, "left"))
     units = xp.stack([xp.asarray(f).astype(i32) for f in unit_fields], axis=1)
     return pieces, prog_first.astype(i32), units
 
@@ -194,6 +215,8 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
     pages of >= block_k keys start each unit at its first key's block (``window_from_key``)."""
     cfg = config or ServingConfig()
     kv_products(cfg.kv_mma, None)       # its rule checked here; resolved per call by the cache's dtype
+    if cfg.piece_blocks is not None and (not isinstance(cfg.piece_blocks, int) or cfg.piece_blocks < 0):
+        raise ValueError(f"ServingConfig.piece_blocks must be an int >= 0 or None, got {cfg.piece_blocks!r}")
     traced = any(isinstance(x, jax.core.Tracer) for x in (q_starts, kv_lengths))
     xp = jax.numpy if traced else np
     B = int(np.shape(kv_lengths)[0])
@@ -235,7 +258,9 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
         from_key = cfg.window_from_key and (page_size is None or page_size < block_k)
         pieces, starts, unit_list = _pieces(xp, q_starts, kv_lengths, in_class=in_class, groups=G, block_r=br,
                                             block_k=block_k, kv_len_max=kv_len_max, num_units=units, programs=programs,
-                                            window_left=window_left, from_key=from_key)
+                                            window_left=window_left, from_key=from_key,
+                                            piece_blocks=(cfg.piece_blocks if cfg.piece_blocks is not None else
+                                                          PIECE_BLOCKS_ALONE * (occ == 1)) if decode else 0)
         classes.append(ClassPlan(pieces, starts, unit_list, block_r=br, block_k=block_k, programs=programs,
                                  num_warps=warps, num_stages=stages, decode=decode,
                                  window_from_key=window_left is not None and from_key))
