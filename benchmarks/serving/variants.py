@@ -56,19 +56,21 @@ def decode_variants(out_f, key, dev, t0, max_seconds, *, N=32, T=1, dists=("logn
         kv = g.lengths_of(dist, T, np.random.default_rng(7))
         cells.append((dist, kv, g.references(q, k, v, starts, kv, None),
                       serving_roofline_s(starts, kv, N, K, g.H, 2, **roofline_peaks()) * 1e3))
-    for programs, bk, stages, rows in variants or [v + (None,) for v in DECODE_VARIANTS]:   # each on every batch
+    for programs, bk, stages, rows, *pieces in variants or [v + (None,) for v in DECODE_VARIANTS]:   # each on every batch
+        piece_blocks = pieces[0] if pieces else 0
         for dist, kv, refs, roof_ms in cells:
             if time.perf_counter() - t0 > max_seconds:
                 return
             cfg = ServingConfig(max_q_len=T, decode_q_len=T, programs=programs, block_k=bk, num_stages=stages,
-                                block_r_decode=rows)
+                                block_r_decode=rows, piece_blocks=piece_blocks)
             r = dict(device=dev, batch=f"decode variant {dist}", path="attnlab-serving", N=N, K=K, G=N // K, T=T,
-                     layout="contig", programs=programs, block_k=bk, num_stages=stages, block_r_decode=rows)
+                     layout="contig", programs=programs, block_k=bk, num_stages=stages, block_r_decode=rows,
+                     piece_blocks=piece_blocks)
             plan = attnlab.serving_plan(jnp.asarray(starts), jnp.asarray(kv), total_tokens=g.B * T, kv_len_max=g.S,
                                         heads=N, kv_heads=K, head_dim=g.H, config=cfg)
             _time_into(r, fn, (q, k, v, jnp.asarray(starts), jnp.asarray(kv), plan), refs, roof_ms)
             print(f"decode variant {dist} G={N // K} T={T} programs={programs} block_k={bk} stages={stages} "
-                  f"rows={rows}: "
+                  f"rows={rows} piece_blocks={piece_blocks}: "
                   f"{r.get('ms') or 0:.4f} ms "
                   f"{r.get('pct_roofline') or 0:.0f}% {r.get('error', '')[:100]}", flush=True)
             out_f.write(json.dumps(r) + "\n")
@@ -77,9 +79,12 @@ def decode_variants(out_f, key, dev, t0, max_seconds, *, N=32, T=1, dists=("logn
 
 #: ``--wide-rows``: T x G = 96 and 128 rows per KV head (G=12 and 16, T=8), where the grid measured 32-46% with
 #: 64-row tiles (each request's keys read by two tiles, results/gpu-2026-12-05-serving-grid): one tile of 128
-#: rows (the plan's default since results/gpu-2026-12-05b-serving-wide-rows) reads them once.
-#: (programs, block_k, num_stages, block_r_decode)
-WIDE_ROWS_VARIANTS = ((None, None, None, 64), (None, None, None, None), (None, 32, None, None))
+#: rows (the plan's default since results/gpu-2026-12-05b-serving-wide-rows) reads them once; and a piece's
+#: start weighed as 4 blocks in the balance (``ServingConfig.piece_blocks``, predicted to help the one program per
+#: SM of 128-row tiles on skewed batches: results/cpu-2026-12-05-serving-sass).
+#: (programs, block_k, num_stages, block_r_decode[, piece_blocks])
+WIDE_ROWS_VARIANTS = ((None, None, None, 64), (None, None, None, None), (None, None, None, None, 4),
+                      (None, 32, None, None))
 
 
 #: prefill tile variants (block_k, num_warps, num_stages) timed on the 2 x 2048 + 126 mixed batch, G=4
@@ -133,11 +138,11 @@ def variants_md(recs) -> list[str]:
     dvars = [r for r in recs if r["batch"].startswith("decode variant")]
     if dvars:
         lines += ["", "Decode variants (B=32, contiguous; None = the default: 33 programs per KV head, block_k 64, "
-                  "3 stages, rows per tile up to 64), with each call's kernels:", "",
-                  "| batch | G | T | programs | block_k | stages | rows per tile | ms | % roofline | kernels (ms) |",
-                  "| --- " * 10 + "|"]
+                  "3 stages, rows per tile up to 128, a piece weighs 0 blocks), with each call's kernels:", "",
+                  "| batch | G | T | programs | block_k | stages | rows per tile | piece blocks | ms | % roofline | "
+                  "kernels (ms) |", "| --- " * 11 + "|"]
         lines += [f"| {r['batch'][15:]} | {r['G']} | {r['T']} | {r['programs']} | {r['block_k']} | {r['num_stages']} | "
-                  f"{r.get('block_r_decode')} | {r.get('ms') or 0:.4f} | "
+                  f"{r.get('block_r_decode')} | {r.get('piece_blocks') or 0} | {r.get('ms') or 0:.4f} | "
                   f"{r.get('pct_roofline') or 0:.0f}% | "
                   + (", ".join(f"{n.split('attnlab_serving_')[-1][:24]} {t:.4f}" for n, t in r.get("kernels", []))
                      or f"✗ {r.get('error', '')[:60]}") + " |" for r in dvars]

@@ -18,9 +18,9 @@ Units, blocks, pieces
     request is spread over many programs and a short one sits inside one. Where a program's run
     crosses a unit boundary it is cut: a *piece* is (unit, first block, block count), at most
     ``units + programs`` of them (those of no block sit after every program's run). Each piece writes a
-    partial (O, m, l); the kernel's merge combines a row's partials by log-sum-exp. Where one program runs
-    per SM, a decode unit also weighs ``piece_blocks`` blocks (``ServingConfig``): a program starting
-    more pieces gets fewer blocks.
+    partial (O, m, l); the kernel's merge combines a row's partials by log-sum-exp. With ``piece_blocks``
+    (``ServingConfig``) a decode unit also weighs that many blocks: a program starting more pieces gets
+    fewer blocks.
 
 Tile classes
     Requests with q_len <= ``decode_max_q`` form the decode class (tiles of ``block_r_decode`` rows,
@@ -53,8 +53,6 @@ FIELDS = ("request", "q_start", "row_offset", "rows", "q_pos0", "kv_len", "kv_st
 UNIT_FIELDS = ("q_start", "row_offset", "rows", "first_piece", "end_piece")
 DECODE_MAX_Q = 16
 MIN_CHUNK = 2        # blocks: a program's run is never shorter (tiny batches: fewer, longer programs)
-#: a piece's start in blocks, in the decode class's balance where one program runs per SM (``ServingConfig``)
-PIECE_BLOCKS_ALONE = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,10 +83,10 @@ class ServingConfig:
     #: keys (the layout before the first-key start, kept to time against it)
     window_from_key: bool = True
     #: what starting a piece weighs in the decode class's balance, in KV blocks (a unit weighs its blocks plus
-    #: this); None: ``PIECE_BLOCKS_ALONE`` where one program runs per SM (no second program hides a piece's
-    #: q gather, pipeline fill and partial store: ~5.8 us a piece against 1.4 us a block at 128 rows on the H200,
-    #: results/cpu-2026-12-05-serving-sass), else 0
-    piece_blocks: int | None = None
+    #: this). 0 until measured: where one program runs per SM nothing hides a piece's q gather, pipeline fill and
+    #: partial store (a fit of the H200's times: ~5.8 us a piece against 1.4 us a block at 128 rows,
+    #: results/cpu-2026-12-05-serving-sass), so about 4 is predicted to help there (``serving/gpu.py --wide-rows``)
+    piece_blocks: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,8 +213,8 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
     pages of >= block_k keys start each unit at its first key's block (``window_from_key``)."""
     cfg = config or ServingConfig()
     kv_products(cfg.kv_mma, None)       # its rule checked here; resolved per call by the cache's dtype
-    if cfg.piece_blocks is not None and (not isinstance(cfg.piece_blocks, int) or cfg.piece_blocks < 0):
-        raise ValueError(f"ServingConfig.piece_blocks must be an int >= 0 or None, got {cfg.piece_blocks!r}")
+    if not isinstance(cfg.piece_blocks, int) or cfg.piece_blocks < 0:
+        raise ValueError(f"ServingConfig.piece_blocks must be an int >= 0, got {cfg.piece_blocks!r}")
     traced = any(isinstance(x, jax.core.Tracer) for x in (q_starts, kv_lengths))
     xp = jax.numpy if traced else np
     B = int(np.shape(kv_lengths)[0])
@@ -259,8 +257,7 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
         pieces, starts, unit_list = _pieces(xp, q_starts, kv_lengths, in_class=in_class, groups=G, block_r=br,
                                             block_k=block_k, kv_len_max=kv_len_max, num_units=units, programs=programs,
                                             window_left=window_left, from_key=from_key,
-                                            piece_blocks=(cfg.piece_blocks if cfg.piece_blocks is not None else
-                                                          PIECE_BLOCKS_ALONE * (occ == 1)) if decode else 0)
+                                            piece_blocks=cfg.piece_blocks if decode else 0)
         classes.append(ClassPlan(pieces, starts, unit_list, block_r=br, block_k=block_k, programs=programs,
                                  num_warps=warps, num_stages=stages, decode=decode,
                                  window_from_key=window_left is not None and from_key))
