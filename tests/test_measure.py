@@ -213,3 +213,15 @@ def test_a_native_backend_refuses_the_decode_cells_it_cannot_run(declared, field
     with backends.registered(fake()):
         r = measure_cell(cell("test-fake-native-decode", lengths="full", **fields), FAST)
     assert r["status"] == "unsupported" and r["reason"].startswith(f"test-fake-native-decode: {reason}"), r["reason"]
+
+
+def test_input_sets_rotate_past_l2_within_their_bounds():
+    """One rule for every kind of cell (the dense, the serving cell and the estimate): sets of ``set_bytes`` until
+    3 x L2 (or ``rotate_bytes``) is passed, at most ``max_input_sets`` and 4 GiB, at least one."""
+    o = Options(max_input_sets=8)
+    assert o.input_sets(10 * 2**20, 50 * 2**20) == 8           # 150 MiB of L2 rotation: capped at 8 sets
+    assert o.input_sets(40 * 2**20, 50 * 2**20) == 4           # ceil(150 / 40)
+    assert o.input_sets(40 * 2**20, None) == 5                 # unknown L2: 3 x 64 MiB
+    assert o.input_sets(3 * 2**30, 50 * 2**20) == 1            # 4 GiB holds one set only
+    assert Options(rotate_bytes=0).input_sets(2**20, 50 * 2**20) == 1
+    assert Options(rotate_bytes=5 * 2**20).input_sets(2**20, 50 * 2**20) == 5

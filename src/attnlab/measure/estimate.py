@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 
 from .. import backends
 from ..core.problem import BWD_FLOP_FACTOR
@@ -103,8 +102,7 @@ def estimate_cell(cell, opts, info) -> Estimate:
     grads = cell.mode != "fwd"
     call_s = max(work_flops / flops, work_bytes / nbytes) + 1e-4
     sheet = peaks.peak_for_kind(info.kind)     # the input sets rotated past the L2 cache, as ``measure.inputs`` draws
-    rotate = opts.rotate_bytes if opts.rotate_bytes is not None else 3 * (sheet.l2_bytes if sheet else 64 * 2**20)
-    n_sets = max(1, min(opts.max_input_sets, math.ceil(rotate / max(1, qkv)), max(1, (4 * 2**30) // max(1, qkv))))
+    n_sets = opts.input_sets(qkv, sheet and sheet.l2_bytes)
     repeats = opts.repeats or (20 if info.platform == "gpu" else 5)
     timed_s = repeats * call_s if info.platform == "gpu" else max(repeats * call_s, opts.min_time_s)
     pipe = timers.pipelined_calls(call_s * 1e3, opts.pipelined_calls, opts.pipelined_s)

@@ -12,7 +12,6 @@ imported by ``attnlab.sweep``): measure looks a strategy up by name and imports 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
@@ -102,14 +101,10 @@ def window_refusal(backend, window) -> str | None:
 
 
 def _set_count(w, opts) -> int:
-    """How many (q, k, v) sets of the problem ``w`` rotate past the L2 cache (at most ``opts.max_input_sets``,
-    4 GiB)."""
-    one = w.bytes("fwd") - w.batch * w.q_len * w.heads * w.head_dim * w.itemsize  # q, k, v
-    rotate = opts.rotate_bytes
-    if rotate is None:
-        p = peaks.peak_for_kind(device.current().kind)
-        rotate = 3 * (p.l2_bytes if p else 64 * 2**20)
-    return max(1, min(opts.max_input_sets, math.ceil(rotate / max(one, 1)), max(1, (4 * 2**30) // max(one, 1))))
+    """How many (q, k, v) sets of the problem ``w`` rotate past the L2 cache (``Options.input_sets``)."""
+    sheet = peaks.peak_for_kind(device.current().kind)
+    return opts.input_sets(w.bytes("fwd") - w.batch * w.q_len * w.heads * w.head_dim * w.itemsize,   # q, k, v
+                           sheet and sheet.l2_bytes)
 
 
 def call_extras(cell) -> dict:

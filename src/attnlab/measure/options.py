@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 
 @dataclasses.dataclass
@@ -19,3 +20,11 @@ class Options:
     min_time_s: float = 0.1             # wall-clock timing (no CUPTI): keep sampling at least this long
     cell_budget_s: float | None = None  # a cell estimated (attnlab.measure.estimate) above this: over_budget, not run
     compile_ahead: bool = True          # sweeps: compile the next cell while this one runs (attnlab.measure.ahead)
+
+    def input_sets(self, set_bytes: float, l2_bytes: int | None) -> int:
+        """How many input sets of ``set_bytes`` bytes each a cell draws, so that its timed calls rotate past the
+        device's L2 cache (``rotate_bytes``; default 3 x ``l2_bytes``, 64 MiB where unknown): at most
+        ``max_input_sets`` and 4 GiB, at least 1."""
+        one = max(set_bytes, 1)
+        rotate = self.rotate_bytes if self.rotate_bytes is not None else 3 * (l2_bytes or 64 * 2**20)
+        return max(1, min(self.max_input_sets, math.ceil(rotate / one), (4 * 2**30) // one))

@@ -112,10 +112,8 @@ def argument_sets(cell, p: Problem, nbytes: float, opts, phases, check_requests=
     set's cache, quantized once, also gives the check its values: (k, v) of the requests ``check_requests``,
     each (len, S, K, H) float64 dequantized (``dequantized_sequences``); else None."""
     sem = call_semantics(cell)
-    one = max(nbytes, 1)
     sheet = peaks.peak_for_kind(device.current().kind)
-    rotate = opts.rotate_bytes or 3 * (sheet.l2_bytes if sheet else 64 * 2**20)
-    n = max(1, min(opts.max_input_sets, math.ceil(rotate / one), (4 * 2**30) // one))
+    n = opts.input_sets(nbytes, sheet and sheet.l2_bytes)
     starts, kv = jnp.asarray(rl.starts_of(p.q_lengths)), jnp.asarray(np.asarray(p.kv_lengths, np.int32))
     sets = []
     with phases("inputs"):
