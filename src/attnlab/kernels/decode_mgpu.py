@@ -59,19 +59,21 @@ def _kernel(len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped
     first, count, lead, free = program_blocks(length, split, q_len=q_len, block_kv=block_kv, causal=causal,
                                               num_splits=plan.num_splits, window=window, div=lax.div,
                                               minimum=jnp.minimum, maximum=jnp.maximum)
+    lo = 0 if window is None else jnp.maximum(length - q_len - window[0], 0)     # the first key any row sees
 
     # JAX's GPU interpreter (the CPU tests) knows no register layouts: plain arrays there
     if interpret:
         def layout_cast(x, layout):
             return x
 
-        def iota(dim, shape):
+        def iota(dim, shape, reduced=False):
             return lax.broadcasted_iota(jnp.int32, shape, dim)
     else:
         layout_cast = plgpu.layout_cast
 
-        def iota(dim, shape):
-            return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=plgpu.Layout.WGMMA)
+        def iota(dim, shape, reduced=False):   # reduced: a (rows,) vector in the layout of the tile's row maxima
+            layout = plgpu.Layout.WGMMA.reduce(1) if reduced else plgpu.Layout.WGMMA
+            return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=layout)
 
     def schedule_barrier():
         plgpu.barrier_arrive(sched)
@@ -94,6 +96,20 @@ def _kernel(len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped
             plgpu.barrier_wait(k_bar.at[0])
 
         pl.when(wg == 1)(schedule_barrier)
+
+        def zero_values_outside(slot, start):
+            """Zero the value rows of a step's block outside [lo, length): P is 0 there, but 0 * NaN is NaN in
+            P.V, and an unused cache slot (or the page a -1 table slot reads) may hold any bits. Only the 64-row
+            pieces that hold such keys; both warpgroups write the same zeros (no barrier between them)."""
+            for r0 in range(0, block_kv, BLOCK_Q):
+                @pl.when((start + r0 < lo) | (start + r0 + BLOCK_Q > length))
+                def _(r0=r0):
+                    rows = v_smem.at[slot, pl.ds(r0, BLOCK_Q)]
+                    pos = iota(0, (BLOCK_Q,), reduced=True) + (start + r0)
+                    keep = lax.broadcast_in_dim((pos >= lo) & (pos < length), (BLOCK_Q, H), [0])
+                    vals = rows[...] if interpret else plgpu.load(rows, (), layout=plgpu.Layout.WGMMA)
+                    rows[...] = jnp.where(keep, vals, jnp.zeros_like(vals))
+                    plgpu.commit_smem()     # the generic-proxy stores before the wgmma (async proxy) reads them
 
         def step(i, carry, masked: bool):
             acc, m, l = carry
@@ -132,6 +148,8 @@ def _kernel(len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped
             acc, l, m_new, p16 = lax.optimization_barrier((acc, l, m_new, p16))
             plgpu.barrier_arrive(sched)
             plgpu.barrier_wait(v_bar.at[slot])
+            if masked:
+                zero_values_outside(slot, (first + i) * block_kv)
             plgpu.barrier_wait(sched)
 
             def wait_next_k():
