@@ -17,7 +17,9 @@ Grid (row_tiles, num_splits, B*K), row tiles fastest: the tiles of one KV chunk 
 so a second tile finds the chunk in L2. Rows past T*G are zero rows of a padded copy of q and
 of the partial outputs (at most 127 rows of H per KV head, whole 64-row TMA tiles; K and V are
 never copied), dropped after the combine. Blocks wholly visible to every row take the unmasked
-loop; the others (a sequence's last blocks) are masked. Outputs are the Triton kernel's
+loop; the others (a sequence's last blocks) are masked: scores selected, and the value rows of keys
+past the length (or before a window) zeroed in shared memory, since a cache's unused slots may hold
+NaN (``decode_mgpu_regs.zero_rows_outside``). Outputs are the Triton kernel's
 unnormalised partials, (B, K, P, rows, H) float32 and m, l (B, K, P, rows), combined by
 ``kernels.split_combine.combine``.
 
@@ -40,6 +42,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from ..core.masking import large_negative_value
 from .decode_mgpu_plan import (BLOCK_Q, COMPUTE_WGS, MOSAIC_MIN_ROWS, TILE_ROWS, MgpuPlan, make_mgpu_plan,  # noqa: F401
                                pick_kernel, program_blocks, smem_bytes, unsupported)
+from .decode_mgpu_regs import gpu_interpreter, register_ops, zero_rows_outside
 from .split_combine import combined_queries
 
 LOG2E = math.log2(math.e)
@@ -61,19 +64,7 @@ def _kernel(len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped
                                               minimum=jnp.minimum, maximum=jnp.maximum)
     lo = 0 if window is None else jnp.maximum(length - q_len - window[0], 0)     # the first key any row sees
 
-    # JAX's GPU interpreter (the CPU tests) knows no register layouts: plain arrays there
-    if interpret:
-        def layout_cast(x, layout):
-            return x
-
-        def iota(dim, shape, reduced=False):
-            return lax.broadcasted_iota(jnp.int32, shape, dim)
-    else:
-        layout_cast = plgpu.layout_cast
-
-        def iota(dim, shape, reduced=False):   # reduced: a (rows,) vector in the layout of the tile's row maxima
-            layout = plgpu.Layout.WGMMA.reduce(1) if reduced else plgpu.Layout.WGMMA
-            return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=layout)
+    layout_cast, iota, load = register_ops(interpret)
 
     def schedule_barrier():
         plgpu.barrier_arrive(sched)
@@ -96,20 +87,6 @@ def _kernel(len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped
             plgpu.barrier_wait(k_bar.at[0])
 
         pl.when(wg == 1)(schedule_barrier)
-
-        def zero_values_outside(slot, start):
-            """Zero the value rows of a step's block outside [lo, length): P is 0 there, but 0 * NaN is NaN in
-            P.V, and an unused cache slot (or the page a -1 table slot reads) may hold any bits. Only the 64-row
-            pieces that hold such keys; both warpgroups write the same zeros (no barrier between them)."""
-            for r0 in range(0, block_kv, BLOCK_Q):
-                @pl.when((start + r0 < lo) | (start + r0 + BLOCK_Q > length))
-                def _(r0=r0):
-                    rows = v_smem.at[slot, pl.ds(r0, BLOCK_Q)]
-                    pos = iota(0, (BLOCK_Q,), reduced=True) + (start + r0)
-                    keep = lax.broadcast_in_dim((pos >= lo) & (pos < length), (BLOCK_Q, H), [0])
-                    vals = rows[...] if interpret else plgpu.load(rows, (), layout=plgpu.Layout.WGMMA)
-                    rows[...] = jnp.where(keep, vals, jnp.zeros_like(vals))
-                    plgpu.commit_smem()     # the generic-proxy stores before the wgmma (async proxy) reads them
 
         def step(i, carry, masked: bool):
             acc, m, l = carry
@@ -148,8 +125,8 @@ def _kernel(len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped
             acc, l, m_new, p16 = lax.optimization_barrier((acc, l, m_new, p16))
             plgpu.barrier_arrive(sched)
             plgpu.barrier_wait(v_bar.at[slot])
-            if masked:
-                zero_values_outside(slot, (first + i) * block_kv)
+            if masked:   # the keys past the length (or before the window) in shared memory: 0 * NaN in P.V
+                zero_rows_outside(v_smem.at[slot], (first + i) * block_kv, lo, length, iota=iota, load=load)
             plgpu.barrier_wait(sched)
 
             def wait_next_k():
@@ -228,13 +205,6 @@ def _kernel(len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped
             copy(k_ref, k_smem, k_bar, srcs, slot)
             plgpu.barrier_wait(v_done.at[slot])
             copy(v_ref, v_smem, v_bar, srcs, slot)
-
-
-def gpu_interpreter():
-    """JAX's GPU interpret mode: threads, barriers, TMA and shared memory simulated on the CPU (JAX-private)."""
-    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams  # JAX-private: may move between releases
-
-    return InterpretGPUParams()
 
 
 def decode_attention_mgpu(q, k, v, lengths, *, causal: bool = True, scale: float | None = None,
