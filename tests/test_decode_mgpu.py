@@ -32,15 +32,15 @@ def with_a_nan_page(k_pages, v_pages, table):
 
 # The GPU interpreter takes ~3 s a (batch, kv head, split) program: its cases are few, and windowed ones are the
 # cheap ones (fewer blocks). It also wants every barrier phase seen: at most max_steps blocks a program.
-@pytest.mark.parametrize("T, N, K, H, lengths, causal, splits, window", [
-    # G = 7, a short sequence's masked tail; the window's 3 blocks of 256 keys in 2 splits, its first one masked
-    # per row (each row's window starts one key later)
-    (3, 14, 2, 64, [256, 70], True, 2, (150, 0)),
-    (5, 4, 1, 64, [192, 5], False, 3, None),                # without the causal rule; three splits, one empty
+@pytest.mark.parametrize("T, N, K, H, lengths, causal, splits, window, block_kv", [
+    # G = 7, a short sequence's masked tail (its second 64-row piece zeroed); the window's 2 blocks of 128 keys in
+    # 2 splits, its first one masked per row (each row's window starts one key later), 103 keys before the window
+    (3, 14, 2, 64, [256, 70], True, 2, (150, 0), 128),
+    (5, 4, 1, 64, [192, 5], False, 3, None, 64),            # without the causal rule; three splits, one empty
 ])
-def test_interpreter_matches_float64(T, N, K, H, lengths, causal, splits, window):
+def test_interpreter_matches_float64(T, N, K, H, lengths, causal, splits, window, block_kv):
     q, k, v = random_qkv(2, T, 256, N, K, H, "bfloat16", seed=T)
-    plan = dm.make_mgpu_plan(2, T, 256, N, K, H, block_kv=64, num_splits=splits, window=window)
+    plan = dm.make_mgpu_plan(2, T, 256, N, K, H, block_kv=block_kv, num_splits=splits, window=window)
     kw = dict(causal=causal, plan=plan, interpret=True, window=window)
     out = dm.decode_attention_mgpu(q, *poisoned(k, v, lengths, T, window), jnp.asarray(lengths), **kw)
     verdict = check_decode_close(out, q, k, v, lengths, causal=causal, local_window_size=window)
