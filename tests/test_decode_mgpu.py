@@ -35,7 +35,7 @@ def with_a_nan_page(k_pages, v_pages, table):
 @pytest.mark.parametrize("T, N, K, H, lengths, causal, splits, window, block_kv", [
     # G = 7, a short sequence's masked tail (its second 64-row piece zeroed); the window's 2 blocks of 128 keys in
     # 2 splits, its first one masked per row (each row's window starts one key later), 103 keys before the window
-    (3, 14, 2, 64, [256, 70], True, 2, (150, 0), 128),
+    (3, 7, 1, 64, [256, 70], True, 2, (150, 0), 128),
     (5, 4, 1, 64, [192, 5], False, 3, None, 64),            # without the causal rule; three splits, one empty
 ])
 def test_interpreter_matches_float64(T, N, K, H, lengths, causal, splits, window, block_kv):

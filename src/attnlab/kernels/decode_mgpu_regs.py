@@ -22,13 +22,14 @@ def register_ops(interpret: bool):
     """(layout_cast, iota, load): ``iota(dim, shape, reduced=False)`` int32 in the WGMMA layout (``reduced``: a
     (rows,) vector in the layout of a tile's row maxima), ``load(ref)`` a shared-memory tile into registers."""
     if interpret:
-        return (lambda x, layout: x), (lambda dim, shape, reduced=False: lax.broadcasted_iota(jnp.int32, shape, dim)), \
-            (lambda ref: ref[...])
+        def plain_iota(dim, shape, reduced=False):
+            return lax.broadcasted_iota(jnp.int32, shape, dim)
+        return (lambda x, layout: x), plain_iota, (lambda ref: ref[...])
 
     def iota(dim, shape, reduced=False):
         layout = plgpu.Layout.WGMMA.reduce(1) if reduced else plgpu.Layout.WGMMA
         return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=layout)
-    return plgpu.layout_cast, iota, lambda ref: plgpu.load(ref, (), layout=plgpu.Layout.WGMMA)
+    return plgpu.layout_cast, iota, (lambda ref: plgpu.load(ref, (), layout=plgpu.Layout.WGMMA))
 
 
 def zero_rows_outside(block_ref, start, lo, length, *, iota, load):
