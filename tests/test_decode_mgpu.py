@@ -1,6 +1,6 @@
 """The Mosaic GPU (wgmma) decode kernel on the CPU: JAX's GPU interpreter against float64 (K and V NaN at every
-key no row sees: past the lengths, before the windows, in the page -1 table slots read), the plan's choice of kernel, the blocks each program reads, and a compile
-check for sm_90 (lowering, shared memory) without a GPU."""
+key no row sees: past the lengths, before the windows, in the page -1 table slots read), the plan's choice of
+kernel, the blocks each program reads, and a compile check for sm_90 (lowering, shared memory) without a GPU."""
 import jax
 import jax.numpy as jnp
 import numpy as np
