@@ -1,6 +1,6 @@
-"""The Mosaic GPU (wgmma) decode kernel on the CPU: JAX's GPU interpreter against float64 (sliding windows
-with the keys before them poisoned), the plan's choice of kernel, the blocks each program reads, and a compile
-check for sm_90 (lowering, shared memory) without a GPU."""
+"""The Mosaic GPU (wgmma) decode kernel on the CPU: JAX's GPU interpreter against float64 (K and V NaN at every
+key no row sees: past the lengths, before the windows, in the page -1 table slots read), the plan's choice of
+kernel, the blocks each program reads, and a compile check for sm_90 (lowering, shared memory) without a GPU."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,31 +13,36 @@ from attnlab.reference.decode64 import check_decode_close
 from attnlab.reference.inputs import random_qkv
 
 
-def poisoned(k, v, lengths, q_len: int, window, block_kv: int):
-    """k, v with NaN where a windowed kernel must not look: K and V before the block of each window's first
-    key (a kernel that loads them gives NaN: 0 * NaN in P.V), K alone in that block before the window (loaded,
-    so V stays finite there, but a row that does not mask them gets a NaN score)."""
-    if window is None:
-        return k, v
+def poisoned(k, v, lengths, q_len: int, window):
+    """k, v with NaN at every key that no row sees: past each length and before each window's first key. The
+    kernel loads whole blocks, so the last block's tail (and a window's first block's head) reach shared memory:
+    a score left unmasked is NaN, and a value left as it is gives 0 * NaN = NaN in P.V."""
     pos = np.arange(k.shape[1])[None, :]
-    lo = np.array([max(0, n - q_len - window[0]) for n in lengths])[:, None]
-    k_bad, v_bad = (pos < lo)[:, :, None, None], (pos < lo // block_kv * block_kv)[:, :, None, None]
-    return jnp.where(k_bad, jnp.nan, k), jnp.where(v_bad, jnp.nan, v)
+    lo = np.array([0 if window is None else max(0, n - q_len - window[0]) for n in lengths])[:, None]
+    bad = ((pos < lo) | (pos >= np.asarray(lengths)[:, None]))[:, :, None, None]
+    return jnp.where(bad, jnp.nan, k), jnp.where(bad, jnp.nan, v)
+
+
+def with_a_nan_page(k_pages, v_pages, table):
+    """Pages with a NaN page 0 before them (the table shifted past it), which a -1 table slot reads."""
+    nan = jnp.full((1,) + k_pages.shape[1:], jnp.nan, k_pages.dtype)
+    shifted = np.where(np.asarray(table) >= 0, np.asarray(table) + 1, table)
+    return jnp.concatenate([nan, k_pages]), jnp.concatenate([nan, v_pages]), shifted
 
 
 # The GPU interpreter takes ~3 s a (batch, kv head, split) program: its cases are few, and windowed ones are the
 # cheap ones (fewer blocks). It also wants every barrier phase seen: at most max_steps blocks a program.
-@pytest.mark.parametrize("T, N, K, H, lengths, causal, splits, window", [
-    # G = 7, a short sequence's masked tail; the window's 3 blocks of 256 keys in 2 splits, its first one masked
-    # per row (each row's window starts one key later)
-    (3, 14, 2, 64, [256, 70], True, 2, (150, 0)),
-    (5, 4, 1, 64, [192, 5], False, 3, None),                # without the causal rule; three splits, one empty
+@pytest.mark.parametrize("T, N, K, H, lengths, causal, splits, window, block_kv", [
+    # G = 7, a short sequence's masked tail (its second 64-row piece zeroed); the window's 2 blocks of 128 keys in
+    # 2 splits, its first one masked per row (each row's window starts one key later), 103 keys before the window
+    (3, 7, 1, 64, [256, 70], True, 2, (150, 0), 128),
+    (5, 4, 1, 64, [192, 5], False, 3, None, 64),            # without the causal rule; three splits, one empty
 ])
-def test_interpreter_matches_float64(T, N, K, H, lengths, causal, splits, window):
+def test_interpreter_matches_float64(T, N, K, H, lengths, causal, splits, window, block_kv):
     q, k, v = random_qkv(2, T, 256, N, K, H, "bfloat16", seed=T)
-    plan = dm.make_mgpu_plan(2, T, 256, N, K, H, block_kv=64, num_splits=splits, window=window)
+    plan = dm.make_mgpu_plan(2, T, 256, N, K, H, block_kv=block_kv, num_splits=splits, window=window)
     kw = dict(causal=causal, plan=plan, interpret=True, window=window)
-    out = dm.decode_attention_mgpu(q, *poisoned(k, v, lengths, T, window, 64), jnp.asarray(lengths), **kw)
+    out = dm.decode_attention_mgpu(q, *poisoned(k, v, lengths, T, window), jnp.asarray(lengths), **kw)
     verdict = check_decode_close(out, q, k, v, lengths, causal=causal, local_window_size=window)
     assert verdict.ok, verdict
 
@@ -45,13 +50,14 @@ def test_interpreter_matches_float64(T, N, K, H, lengths, causal, splits, window
 @pytest.mark.parametrize("page_size, window, causal", [(16, (40, 2), False), (128, None, True)])
 def test_interpreter_paged_matches_its_contiguous_twin(page_size, window, causal):
     """One TMA copy per page of 16 (four a 64-key step), or a 64-key step inside a page of 128; table
-    slots past a sequence's pages hold -1 (read as page 0: its keys are loaded, masked, so finite here).
+    slots past a sequence's pages hold -1, read as page 0, all NaN here (its keys are loaded and masked).
     A window's pages: only those of its first block on; without the causal rule its right side bounds row t < 2."""
     q, k, v = random_qkv(2, 4, 128, 4, 1, 64, "bfloat16", seed=page_size)
     lengths = [37, 128]
-    kp_, vp_, table = kp.to_pages(*poisoned(k, v, lengths, 4, window, 64), page_size)
+    kp_, vp_, table = kp.to_pages(*poisoned(k, v, lengths, 4, window), page_size)
     table = np.asarray(table).copy()
     table[0, kp.pages_in_use([37], page_size)[0]:] = -1
+    kp_, vp_, table = with_a_nan_page(kp_, vp_, table)
     plan = dm.make_mgpu_plan(2, 4, 128, 4, 1, 64, block_kv=64, num_splits=2, window=window)
     out = dm.decode_attention_mgpu(q, kp_, vp_, jnp.asarray(lengths), plan=plan, interpret=True,
                                    page_table=jnp.asarray(table), window=window, causal=causal)

@@ -17,7 +17,9 @@ Grid (row_tiles, num_splits, B*K), row tiles fastest: the tiles of one KV chunk 
 so a second tile finds the chunk in L2. Rows past T*G are zero rows of a padded copy of q and
 of the partial outputs (at most 127 rows of H per KV head, whole 64-row TMA tiles; K and V are
 never copied), dropped after the combine. Blocks wholly visible to every row take the unmasked
-loop; the others (a sequence's last blocks) are masked. Outputs are the Triton kernel's
+loop; the others (a sequence's last blocks) are masked: scores selected, and the value rows of keys
+past the length (or before a window) zeroed in shared memory, since a cache's unused slots may hold
+NaN (``decode_mgpu_regs.zero_rows_outside``). Outputs are the Triton kernel's
 unnormalised partials, (B, K, P, rows, H) float32 and m, l (B, K, P, rows), combined by
 ``kernels.split_combine.combine``.
 
@@ -40,6 +42,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from ..core.masking import large_negative_value
 from .decode_mgpu_plan import (BLOCK_Q, COMPUTE_WGS, MOSAIC_MIN_ROWS, TILE_ROWS, MgpuPlan, make_mgpu_plan,  # noqa: F401
                                pick_kernel, program_blocks, smem_bytes, unsupported)
+from .decode_mgpu_regs import gpu_interpreter, register_ops, zero_rows_outside
 from .split_combine import combined_queries
 
 LOG2E = math.log2(math.e)
@@ -59,19 +62,9 @@ def _kernel(len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped
     first, count, lead, free = program_blocks(length, split, q_len=q_len, block_kv=block_kv, causal=causal,
                                               num_splits=plan.num_splits, window=window, div=lax.div,
                                               minimum=jnp.minimum, maximum=jnp.maximum)
+    lo = 0 if window is None else jnp.maximum(length - q_len - window[0], 0)     # the first key any row sees
 
-    # JAX's GPU interpreter (the CPU tests) knows no register layouts: plain arrays there
-    if interpret:
-        def layout_cast(x, layout):
-            return x
-
-        def iota(dim, shape):
-            return lax.broadcasted_iota(jnp.int32, shape, dim)
-    else:
-        layout_cast = plgpu.layout_cast
-
-        def iota(dim, shape):
-            return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=plgpu.Layout.WGMMA)
+    layout_cast, iota, load = register_ops(interpret)
 
     def schedule_barrier():
         plgpu.barrier_arrive(sched)
@@ -132,6 +125,8 @@ def _kernel(len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped
             acc, l, m_new, p16 = lax.optimization_barrier((acc, l, m_new, p16))
             plgpu.barrier_arrive(sched)
             plgpu.barrier_wait(v_bar.at[slot])
+            if masked:   # the keys past the length (or before the window) in shared memory: 0 * NaN in P.V
+                zero_rows_outside(v_smem.at[slot], (first + i) * block_kv, lo, length, iota=iota, load=load)
             plgpu.barrier_wait(sched)
 
             def wait_next_k():
@@ -210,13 +205,6 @@ def _kernel(len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped
             copy(k_ref, k_smem, k_bar, srcs, slot)
             plgpu.barrier_wait(v_done.at[slot])
             copy(v_ref, v_smem, v_bar, srcs, slot)
-
-
-def gpu_interpreter():
-    """JAX's GPU interpret mode: threads, barriers, TMA and shared memory simulated on the CPU (JAX-private)."""
-    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams  # JAX-private: may move between releases
-
-    return InterpretGPUParams()
 
 
 def decode_attention_mgpu(q, k, v, lengths, *, causal: bool = True, scale: float | None = None,
