@@ -149,24 +149,38 @@ def dump_toys(out_dir: str) -> dict:
     return plans
 
 
+def loops(sass: str):
+    """(instructions [(address, opcode without modifiers)], loop spans [(lo, hi)]: a backward branch's target to
+    the branch) of cuobjdump's SASS text."""
+    lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", sass)
+    ins = [(int(a, 16), re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0]) for a, t in lines]
+    spans = [(int(m.group(1), 16), int(a, 16)) for a, t in lines
+             if (m := re.search(r"BRA\s.*?0x([0-9a-f]+)", t)) and int(m.group(1), 16) < int(a, 16)]
+    return ins, spans
+
+
 def loop_ops(sass: str) -> collections.Counter:
-    """Opcodes (without modifiers) of the longest loop: the span from a backward branch's target to the branch."""
-    ins = [(int(a, 16), t) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", sass)]
-    loops = [(int(m.group(1), 16), a) for a, t in ins if (m := re.search(r"BRA\s.*?0x([0-9a-f]+)", t))
-             and int(m.group(1), 16) < a]
-    lo, hi = max(loops, key=lambda x: x[1] - x[0])
-    return collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0]
-                               for a, t in ins if lo <= a <= hi)
+    """Opcodes of the longest loop (``loops``)."""
+    ins, spans = loops(sass)
+    lo, hi = max(spans, key=lambda x: x[1] - x[0])
+    return collections.Counter(op for a, op in ins if lo <= a <= hi)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def compile_cli(description: str, dump_fn, argv=None):
+    """(args, what ``dump_fn(out_dir)`` returned): parse ``OUT_DIR --triton-python PY``, lower the kernels
+    (``dump_fn`` writes OUT_DIR/<tag>.ttir and .json), then compile and disassemble each (``SASS``)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("out_dir")
     ap.add_argument("--triton-python", required=True, help="a Python with pip's triton 3.6.0 (no GPU, no torch)")
     a = ap.parse_args(argv)
     os.makedirs(a.out_dir, exist_ok=True)
-    plans = {**dump(a.out_dir), **dump_toys(a.out_dir)}
+    meta = dump_fn(a.out_dir)
     subprocess.run([a.triton_python, "-c", SASS, a.out_dir], check=True)
+    return a, meta
+
+
+def main(argv=None) -> int:
+    a, plans = compile_cli(__doc__.splitlines()[0], lambda out: {**dump(out), **dump_toys(out)}, argv)
     rows = {}
     print(f"{'case':<16} {'tile':<14} {'loop':>5} {'issue_ms':>8} {'bytes_ms':>8}  top opcodes per warp and block")
     for tag, p in plans.items():

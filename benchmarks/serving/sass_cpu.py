@@ -18,12 +18,9 @@ jaxlib's Triton.
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import os
-import re
-import subprocess
 import sys
 
 import numpy as np
@@ -32,6 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
 sys.path.insert(0, os.path.join(ROOT, "src"))
 sys.path.insert(0, ROOT)
+from benchmarks.decode.kv_dtype_sass_cpu import compile_cli, loops  # noqa: E402  (after the path)
 
 B, S, K, H, HZ, SMS = 32, 32768, 8, 128, 1.98e9, 132
 #: (G, T, block_k or None, block_r_decode or None, the H200 results folder)
@@ -105,15 +103,6 @@ def dump(out_dir: str) -> dict:
     return meta
 
 
-def loops(sass: str):
-    """(instructions [(address, opcode)], loop spans [(lo, hi)]: a backward branch's target to the branch)."""
-    ins = [(int(a, 16), re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0])
-           for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", sass)]
-    spans = [(int(m.group(1), 16), int(a, 16)) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", sass)
-             if (m := re.search(r"BRA\s.*?0x([0-9a-f]+)", t)) and int(m.group(1), 16) < int(a, 16)]
-    return ins, spans
-
-
 def counts(sass: str) -> dict:
     """Per warp: ``loop`` (the largest innermost loop's opcodes), ``outer`` (the rest of the loop around it,
     once per trip of that loop: a piece), ``once`` (everything outside both); and the loop's opcodes."""
@@ -167,15 +156,7 @@ def plan_work(G, T, bk, br, dist) -> dict:
 
 
 def main(argv=None) -> int:
-    from benchmarks.decode.kv_dtype_sass_cpu import SASS
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out_dir")
-    ap.add_argument("--triton-python", required=True, help="a Python with pip's triton 3.6.0 (no GPU, no torch)")
-    a = ap.parse_args(argv)
-    os.makedirs(a.out_dir, exist_ok=True)
-    meta = dump(a.out_dir)
-    subprocess.run([a.triton_python, "-c", SASS, a.out_dir], check=True)
+    a, meta = compile_cli(__doc__.splitlines()[0], dump, argv)
     rate = 4 * HZ * SMS / 1e3          # instructions per ms over the GPU
     res, rows = {}, []
     print(f"{'case':<14} {'loop srv/dec':>12} {'piece':>5} {'merge loop/once':>15}")
