@@ -54,10 +54,17 @@ def test_kv_dtype_makes_forward_decode_cells_only():
     assert "quantized KV cache" in ahead.why_not(c)     # its timed call takes the cache and scales, not (q, k, v)
 
 
-def test_a_quantized_decode_cell_is_checked_on_the_dequantized_cache_and_records_its_error():
-    cell = Cell("xla", 2, 2, 64, 4, 2, 16, "bfloat16", True, lengths="ragged", kv_dtype="fp8")
+@pytest.mark.parametrize("paged", [False, True])
+def test_a_quantized_decode_cell_is_checked_on_the_dequantized_cache_and_records_its_error(paged):
+    # paged: int8 with a scale per page (the check's twin reads the pages in their order)
+    kw = dict(lengths="paged", page_size=16, kv_dtype="int8", kv_scale="page") if paged else dict(
+        lengths="ragged", kv_dtype="fp8")
+    cell = Cell("attnlab-decode" if paged else "xla", 2, 2, 64, 4, 2, 16, "bfloat16", True, **kw)
     rec = measure_cell(cell, Options(repeats=1, warmup=0, min_time_s=0.0))
     assert rec["status"] == "ok", rec["reason"]
+    if paged:
+        assert rec["kv_scale"] == "page" and rec["rel_err"] < 5e-3 < rec["kv_rel_err"] < 0.1
+        return
     assert rec["kv_dtype"] == "float8_e4m3fn" and rec["kv_scale"] == "token"
     assert rec["rel_err"] < 5e-3 < rec["kv_rel_err"] < 0.1      # the kernel is right; the cache costs ~3%
     assert rec["bytes"] == cell.workload.bytes() < Cell("xla", 2, 2, 64, 4, 2, 16, "bfloat16", True,

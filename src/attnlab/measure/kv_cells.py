@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..api.decode import decode_attention
-from ..core.kv_quant import SCALE_LAYOUTS, canonical_kv_dtype, dequantize, quantize_kv_cache
+from ..core.kv_quant import SCALE_LAYOUTS, canonical_kv_dtype, dequantized_sequences, quantize_kv_cache
 from ..kernels.pages import to_pages
 from ..reference.decode64 import dequantized_errors, reference_decode_attention
 from ..reference.inputs import make_qkv
@@ -91,11 +91,8 @@ def dequantized_twin(cell, x, batch_idx):
     ps = cell.page_size or S        # a paged decode or serving cell's pages; contiguous: one "page" per sequence
     c, s = quantize_kv_cache(x.reshape(B * S // ps, ps, K, H) if cell.page_size else x, cell.kv_dtype,
                                      cell.kv_scale)
-    idx = np.asarray(batch_idx)
-    sel = lambda a: np.asarray(a.reshape(B, -1, *a.shape[1:])[idx]).reshape(-1, *a.shape[1:])  # noqa: E731
-    s = sel(s) if cell.kv_scale in ("token", "page") else np.asarray(s)   # per head or tensor: shared by all
-    deq = dequantize(sel(c), s, cell.kv_scale, "float64")
-    return deq.reshape(len(idx), S, K, H)
+    table = np.arange(B * S // ps).reshape(B, -1) if cell.page_size else None   # the pages in order
+    return dequantized_sequences(c, s, cell.kv_scale, batch_idx, table)
 
 
 def check_output(out, inputs, cell, extras: dict) -> dict:
