@@ -40,33 +40,42 @@ from .decode import LOG2E, NEG
 from .decode_plan import compiled_stages, kv_products
 from .kv_dequant import dequantized_pv, dequantized_scores, load_scale_block, mma_query, scale_block_spec, scale_inputs
 from .paged_load import load_kv_block
-from .serving_plan import FIELDS, UNIT_FIELDS, ServingPlan, page_mismatch
+from .serving_merge import (NU, fused_finish, merge_call, merge_name, merge_pieces_per_trip,  # noqa: F401
+                            merge_static, row_index, store_partial)
+from .serving_plan import FIELDS, ServingPlan, page_mismatch
 
-NF, NU = len(FIELDS), len(UNIT_FIELDS)
-
-
-def _row_index(q_start, row_off, row, h, groups: int, heads: int):
-    """Flat (token * N + head) index of rows ``row_off + row`` of a request starting at token q_start, KV head h."""
-    r = row_off + row
-    return (q_start + lax.div(r, groups)) * heads + h * groups + lax.rem(r, groups)
+NF = len(FIELDS)
 
 
-def _kernel(starts_ref, pieces_ref, *refs, **static):
+def _kernel(starts_ref, pieces_ref, *refs, fused: dict | None = None, **static):
+    # fused: the merge at each piece's end (``serving_merge.fused_finish``; ``fused`` its static parameters)
+    (piece_units_ref, units_ref), refs = (refs[:2], refs[2:]) if fused is not None else ((None, None), refs)
     table_ref, refs = (refs[0], refs[1:]) if static["page_size"] else (None, refs)
     # a quantized cache: its two scale refs after v_ref (``kernels.kv_dequant``)
     scale_refs, refs = (refs[3:5], refs[:3] + refs[5:]) if static.get("kv_scale") else ((None, None), refs)
-    q_ref, k_ref, v_ref, o_ref, m_ref, l_ref = refs
+    q_ref, k_ref, v_ref, *refs = refs
+    finish = None
+    if fused is not None:
+        sinks_ref, refs = (refs[0], refs[1:]) if fused["sinks"] else (None, refs)
+        _out_in, _counts_in, o_ref, m_ref, l_ref, out_ref, count_ref = refs
+        merge = {k: x for k, x in fused.items() if k != "sinks"}
+        finish = functools.partial(fused_finish, h=pl.program_id(1), piece_units_ref=piece_units_ref,
+                                   units_ref=units_ref, o_ref=o_ref, m_ref=m_ref, l_ref=l_ref, count_ref=count_ref,
+                                   sinks_ref=sinks_ref, out_ref=out_ref, **merge)
+    else:
+        o_ref, m_ref, l_ref = refs
     run_pieces(pl.program_id(0), pl.program_id(1), starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref,
-               o_ref, m_ref, l_ref, scale_refs=scale_refs, **static)
+               o_ref, m_ref, l_ref, scale_refs=scale_refs, finish=finish, **static)
 
 
 def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, groups: int,
                heads: int, kv_len: int, block_r: int, block_k: int, qk_scale: float, page_size: int | None,
                soft_cap: float | None, split_mask: bool, window_left: int | None = None, kv_scale: str | None = None,
-               scale_refs=(None, None), kv_mma: str | None = None, from_key: bool = False):
-    """Program p of KV head h: its run of pieces, each piece's partial (O, m, l) to its slot (module docstring).
-    A quantized cache's products in ``kv_mma`` (``kv_dequant.mma_query``; None: q's dtype); ``from_key``: the
-    pieces' blocks start at a window's first key, not at multiples of block_k."""
+               scale_refs=(None, None), kv_mma: str | None = None, from_key: bool = False, finish=None):
+    """Program p of KV head h: its run of pieces, each piece's partial (O, m, l) to its slot (module docstring),
+    or ``finish(j, acc, m, l)`` instead (the fused merge). A quantized cache's products in ``kv_mma``
+    (``kv_dequant.mma_query``; None: q's dtype); ``from_key``: the pieces' blocks start at a window's first key,
+    not at multiples of block_k."""
 
     H = q_ref.shape[-1]
     row, dims, cols = (lax.iota(jnp.int32, n) for n in (block_r, H, block_k))
@@ -76,7 +85,7 @@ def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_r
         b, q_start, row_off, n_rows, q_pos0, length, kv0, first, count = (pieces_ref[j * NF + f] for f in range(NF))
         row_ok = row < n_rows
         rmask = jnp.broadcast_to(row_ok[:, None], (block_r, H))
-        idx = jnp.where(row_ok, _row_index(q_start, row_off, row, h, groups, heads), 0)
+        idx = jnp.where(row_ok, row_index(q_start, row_off, row, h, groups, heads), 0)
         q = plgpu.load(q_ref.at[idx[:, None], dims[None, :]], mask=rmask, other=0)
         q_mma, row_factor = mma_query(q, kv_mma) if kv_scale else (q, None)
         q_pos = q_pos0 + lax.div(row_off + row, groups)
@@ -132,57 +141,10 @@ def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_r
             acc, m, l = lax.fori_loop(n_whole, count, body, init)
         else:
             acc, m, l = lax.fori_loop(0, count, body, init)
-        slot = j * block_r
-        plgpu.store(o_ref.at[pl.ds(slot, block_r), :], acc)
-        plgpu.store(m_ref.at[pl.ds(slot, block_r)], m)
-        plgpu.store(l_ref.at[pl.ds(slot, block_r)], l)
+        (finish or functools.partial(store_partial, o_ref=o_ref, m_ref=m_ref, l_ref=l_ref))(j, acc, m, l)
         return carry
 
     lax.fori_loop(starts_ref[p], starts_ref[p + 1], piece, 0)
-
-
-def _merge_kernel(units_ref, o_ref, m_ref, l_ref, _, *refs, groups: int, heads: int, block_r: int, spare: int,
-                  per_trip: int = 1):
-    sinks_ref, out_ref = refs if len(refs) == 2 else (None, refs[0])
-    u, h = pl.program_id(0), pl.program_id(1)
-    H = o_ref.shape[-1]
-    q_start, row_off, n_rows, first, end = (units_ref[u * NU + f] for f in range(NU))
-    row, dims = lax.iota(jnp.int32, block_r), lax.iota(jnp.int32, H)
-
-    def body(i, c):
-        # ``per_trip`` pieces' independent loads a trip; past ``end``: its last piece again, weighed 0 (finite
-        # NEG: a piece that saw no key has O = l = 0)
-        acc, top, den = c
-        js = [first + i * per_trip + d for d in range(per_trip)]
-        at = [jnp.minimum(j, end - 1) * block_r for j in js]
-        ms, ls = ([plgpu.load(r.at[pl.ds(a, block_r)]) for a in at] for r in (m_ref, l_ref))
-        os_ = [plgpu.load(o_ref.at[pl.ds(a, block_r), :]) for a in at]
-        new = functools.reduce(jnp.maximum, ms, top)
-        a = jnp.exp2(top - new)
-        ws = [jnp.where(j < end, jnp.exp2(mj - new), 0.0) for j, mj in zip(js, ms)]
-        acc = acc * a[:, None] + sum(w[:, None] * o for w, o in zip(ws, os_))
-        return acc, new, den * a + sum(w * lj for w, lj in zip(ws, ls))
-
-    init = (jnp.zeros((block_r, H), jnp.float32), jnp.full((block_r,), NEG, jnp.float32),
-            jnp.zeros((block_r,), jnp.float32))
-    acc, top, den = lax.fori_loop(0, lax.div(end - first + per_trip - 1, per_trip), body, init)
-    if sinks_ref is not None:   # the sink (log2 units): one more logit of the row's head, with no value
-        sink = plgpu.load(sinks_ref.at[h * groups + lax.rem(row_off + row, groups)])
-        new = jnp.maximum(top, sink)
-        a = jnp.exp2(top - new)
-        acc, den = acc * a[:, None], den * a + jnp.exp2(sink - new)
-    ok = row < n_rows
-    # masked rows point at the spare row: never stored on the GPU; interpret mode stores a masked row's
-    # old value back, which must not land on a row this store writes
-    idx = jnp.where(ok, _row_index(q_start, row_off, row, h, groups, heads), spare)
-    out = acc / jnp.where(den == 0, 1.0, den)[:, None]
-    plgpu.store(out_ref.at[idx[:, None], dims[None, :]], out.astype(out_ref.dtype),
-                mask=jnp.broadcast_to(ok[:, None], (block_r, H)))
-
-
-def merge_pieces_per_trip(block_r: int, head_dim: int) -> int:
-    """Pieces the merge loads a trip: 4 up to 32 x 128 floats of O a piece, else 2 (ptxas: 80-138 registers)."""
-    return 4 if block_r * head_dim <= 4096 else 2
 
 
 def class_static(cp, *, G, N, S, qk_scale, page_size, soft_cap, window_left=None, kv_scale=None, kv_mma=None) -> dict:
@@ -199,56 +161,57 @@ def partial_shapes(cp, K: int, H: int):
             jax.ShapeDtypeStruct((K, slots), jnp.float32)]
 
 
-def kernel_name(cp, page_size, merge: bool = False) -> str:
-    kind = "decode" if cp.decode else "prefill"     # kernel names, as CUPTI reports them
+def kernel_name(cp, page_size, merge: bool = False, fused: bool = False) -> str:
+    """The launch's name, as CUPTI reports it: a class's pieces kernel (``fused``: with the merge at its end)
+    or its merge kernel."""
     if merge:
-        return f"attnlab_serving_{kind}_merge_r{cp.block_r}"
-    return f"attnlab_serving_{kind}_r{cp.block_r}_k{cp.block_k}" + (f"_p{page_size}" if page_size else "")
+        return merge_name(cp)
+    kind = "decode" if cp.decode else "prefill"
+    return (f"attnlab_serving_{kind}_r{cp.block_r}_k{cp.block_k}" + (f"_p{page_size}" if page_size else "")
+            + ("_fused" if fused else ""))
 
 
-def _pieces_call(cp, q_flat, k, v, table, *, K, H, static, interpret, scales=()):
-    """One tile class's piece kernel: grid (programs, K); returns its partials."""
-    n_pieces = int(cp.pieces.shape[0])
+def _pieces_call(cp, q_flat, k, v, table, *, K, H, static, interpret, scales=(), fused=None):
+    """One tile class's piece kernel: grid (programs, K); returns its partials. ``fused``: None, or dict(out=, sinks=,
+    merge=) to merge at the pieces' end into ``out`` (aliased; ``merge``: ``serving_merge.merge_static``) and
+    return it."""
+    n_pieces, n_units = int(cp.pieces.shape[0]), int(cp.units.shape[0])
     full = lambda shape: pl.BlockSpec(shape, lambda p, h: (0,) * len(shape))   # noqa: E731
     kv_spec = pl.BlockSpec((int(k.shape[0]), None, H), lambda p, h: (0, h, 0))
     tables = [] if table is None else [table]
     slots = n_pieces * cp.block_r
-    return pl.pallas_call(
-        functools.partial(_kernel, **static),
+    ins = [cp.starts, cp.pieces.reshape(-1), *tables, q_flat, k, v, *scales]
+    in_specs = [full((cp.programs + 1,)), full((n_pieces * NF,)), *[full(tuple(t.shape)) for t in tables],
+                full(tuple(q_flat.shape)), kv_spec, kv_spec,
+                *[scale_block_spec(static["kv_scale"], x.shape, lambda p, h: (0, h)) for x in scales]]
+    out_specs = [pl.BlockSpec((None, slots, H), lambda p, h: (h, 0, 0)), pl.BlockSpec((None, slots), lambda p, h: (h, 0)),
+                 pl.BlockSpec((None, slots), lambda p, h: (h, 0))]
+    out_shape, aliases, kernel = partial_shapes(cp, K, H), {}, functools.partial(_kernel, **static)
+    if fused is not None:
+        out, sinks = fused["out"], fused["sinks"]
+        # the pieces' units and the units' fields after pieces; sinks, then the aliased output and counters last
+        ins[2:2] = [cp.piece_units, cp.units.reshape(-1)]
+        in_specs[2:2] = [full((n_pieces,)), full((n_units * NU,))]
+        counts = pl.BlockSpec((None, n_units), lambda p, h: (h, 0))
+        ins += [*([] if sinks is None else [sinks]), out, jnp.zeros((K, n_units), jnp.int32)]
+        in_specs += [*([] if sinks is None else [full(tuple(sinks.shape))]), full(tuple(out.shape)), counts]
+        out_specs += [full(tuple(out.shape)), counts]
+        out_shape += [jax.ShapeDtypeStruct(out.shape, out.dtype), jax.ShapeDtypeStruct((K, n_units), jnp.int32)]
+        aliases = {len(ins) - 2: 3, len(ins) - 1: 4}
+        kernel = functools.partial(kernel, fused=dict(fused["merge"], sinks=sinks is not None, interpret=interpret))
+    res = pl.pallas_call(
+        kernel,
         grid=(cp.programs, K),
-        in_specs=[full((cp.programs + 1,)), full((n_pieces * NF,)), *[full(tuple(t.shape)) for t in tables],
-                  full(tuple(q_flat.shape)), kv_spec, kv_spec,
-                  *[scale_block_spec(static["kv_scale"], x.shape, lambda p, h: (0, h)) for x in scales]],
-        out_specs=[pl.BlockSpec((None, slots, H), lambda p, h: (h, 0, 0)), pl.BlockSpec((None, slots), lambda p, h: (h, 0)),
-                   pl.BlockSpec((None, slots), lambda p, h: (h, 0))],
-        out_shape=partial_shapes(cp, K, H),
+        in_specs=in_specs,
+        out_specs=out_specs,
+        out_shape=out_shape,
+        input_output_aliases=aliases,
         compiler_params=plgpu.CompilerParams(
             num_warps=cp.num_warps, num_stages=compiled_stages(cp.num_stages, 0 if table is None else 1)),
         interpret=interpret,
-        name=kernel_name(cp, static["page_size"]),
-    )(cp.starts, cp.pieces.reshape(-1), *tables, q_flat, k, v, *scales)
-
-
-def merge_call(cp, partials, out, *, K, G, N, H, interpret, sinks=None):
-    """One class's merge kernel (grid (units, K)) into ``out`` (T_total * N [+ 1], H), aliased;
-    ``sinks``: None or (N,) float32 sinks in log2 units, added to each row's denominator."""
-    br, n_units = cp.block_r, int(cp.units.shape[0])
-    slots = int(cp.pieces.shape[0]) * br
-    full = lambda shape: pl.BlockSpec(shape, lambda u, h: (0,) * len(shape))   # noqa: E731
-    per_head = [pl.BlockSpec((None, slots, H), lambda u, h: (h, 0, 0)), pl.BlockSpec((None, slots), lambda u, h: (h, 0)),
-                pl.BlockSpec((None, slots), lambda u, h: (h, 0))]
-    return pl.pallas_call(
-        functools.partial(_merge_kernel, groups=G, heads=N, block_r=br, spare=int(out.shape[0]) - (1 if interpret else 0),
-                          per_trip=merge_pieces_per_trip(br, H)),
-        grid=(n_units, K),
-        in_specs=[full((n_units * NU,)), *per_head, full(tuple(out.shape)), *([] if sinks is None else [full((N,))])],
-        out_specs=full(tuple(out.shape)),
-        out_shape=jax.ShapeDtypeStruct(out.shape, out.dtype),
-        input_output_aliases={4: 0},
-        compiler_params=plgpu.CompilerParams(num_warps=8 if br * H > 8192 else 4, num_stages=1),
-        interpret=interpret,
-        name=kernel_name(cp, None, merge=True),
-    )(cp.units.reshape(-1), *partials, out, *([] if sinks is None else [sinks]))
+        name=kernel_name(cp, static["page_size"], fused=fused is not None),
+    )(*ins)
+    return res if fused is None else res[3]
 
 
 def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan, scale: float | None = None,
@@ -284,16 +247,22 @@ def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan
     if interpret is None:
         interpret = jax.default_backend() != "gpu"
     mma = kv_products(plan.kv_mma, str(k.dtype) if kv_scale else None, str(q.dtype))
-    # padding tokens' rows stay 0; interpret mode needs a spare row past the end (``_merge_kernel``)
+    # padding tokens' rows stay 0; interpret mode needs a spare row past the end (``serving_merge.store_rows``)
     out = jnp.zeros((T_total * N + (1 if interpret else 0), H), q.dtype)
     q_flat = q.reshape(T_total * N, H)
     statics = [class_static(cp, G=G, N=N, S=S, qk_scale=scale * LOG2E, page_size=page_size,
                             soft_cap=None if soft_cap is None else float(soft_cap) * LOG2E,
                             window_left=plan.window_left, kv_scale=kv_scale, kv_mma=mma) for cp in plan.classes]
     scales = scale_inputs(k_scale, v_scale, kv_scale, K=K)
-    partials = [_pieces_call(cp, q_flat, k, v, table, K=K, H=H, static=st, interpret=interpret, scales=scales)
-                for cp, st in zip(plan.classes, statics)]
     sinks = None if sinks is None else jnp.asarray(sinks).astype(jnp.float32) * LOG2E
-    for cp, parts in zip(plan.classes, partials):
-        out = merge_call(cp, parts, out, K=K, G=G, N=N, H=H, interpret=interpret, sinks=sinks)
+    call = functools.partial(_pieces_call, q_flat=q_flat, k=k, v=v, table=table, K=K, H=H, interpret=interpret,
+                             scales=scales)
+    if plan.merge == "fused":      # one launch per class: each merges its units at their pieces' end
+        for cp, st in zip(plan.classes, statics):
+            merge = merge_static(cp, out, G=G, N=N, H=H, interpret=interpret)
+            out = call(cp, static=st, fused=dict(out=out, sinks=sinks, merge=merge))
+    else:
+        partials = [call(cp, static=st) for cp, st in zip(plan.classes, statics)]
+        for cp, parts in zip(plan.classes, partials):
+            out = merge_call(cp, parts, out, K=K, G=G, N=N, H=H, interpret=interpret, sinks=sinks)
     return out[:T_total * N].reshape(T_total, N, H) if interpret else out.reshape(T_total, N, H)

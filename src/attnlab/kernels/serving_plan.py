@@ -87,17 +87,23 @@ class ServingConfig:
     #: partial store (a fit of the H200's times: ~5.8 us a piece against 1.4 us a block at 128 rows,
     #: results/cpu-2026-12-05-serving-sass), so about 4 is predicted to help there (``serving/gpu.py --wide-rows``)
     piece_blocks: int = 0
+    #: where a unit's pieces are merged (``kernels.serving_merge``): "kernel" (a merge kernel per class after its pieces
+    #: kernel) or "fused" (the piece that finishes a unit last merges it; a one-piece unit stores its rows: one launch
+    #: per class). "kernel" until a GPU run measures ``serving/gpu.py --fused-merge``
+    merge: str = "kernel"
 
 
 @dataclasses.dataclass(frozen=True)
 class ClassPlan:
     """One tile class's work list: ``pieces`` (num_pieces, 9) int32 (``FIELDS``), ``starts``
-    (programs + 1,) int32: program p runs pieces starts[p] .. starts[p+1]-1, and ``units``
-    (num_units, 5) int32 (``UNIT_FIELDS``): the merge combines each unit's pieces."""
+    (programs + 1,) int32: program p runs pieces starts[p] .. starts[p+1]-1, ``units``
+    (num_units, 5) int32 (``UNIT_FIELDS``): the merge combines each unit's pieces, and ``piece_units``
+    (num_pieces,) int32: each piece's unit (a piece of no block: any)."""
 
     pieces: object
     starts: object
     units: object
+    piece_units: object
     block_r: int = dataclasses.field(metadata=dict(static=True))
     block_k: int = dataclasses.field(metadata=dict(static=True))
     programs: int = dataclasses.field(metadata=dict(static=True))
@@ -112,16 +118,18 @@ class ClassPlan:
 @dataclasses.dataclass(frozen=True)
 class ServingPlan:
     """The plan of one step: its tile classes and the sizes and window it was made for (checked on reuse), and
-    the products of a quantized cache (``ServingConfig.kv_mma``, resolved per call by the cache's dtype)."""
+    the products of a quantized cache (``ServingConfig.kv_mma``, resolved per call by the cache's dtype) and where
+    the pieces are merged (``ServingConfig.merge``)."""
 
     classes: tuple
     sizes: tuple = dataclasses.field(metadata=dict(static=True))    # (T_total, B, N, K, H)
     window_left: int | None = dataclasses.field(default=None, metadata=dict(static=True))   # None: no window
     kv_mma: str | None = dataclasses.field(default=None, metadata=dict(static=True))
+    merge: str = dataclasses.field(default="kernel", metadata=dict(static=True))
 
 
 def _register():
-    for cls, data in ((ClassPlan, ["pieces", "starts", "units"]), (ServingPlan, ["classes"])):
+    for cls, data in ((ClassPlan, ["pieces", "starts", "units", "piece_units"]), (ServingPlan, ["classes"])):
         meta = [f.name for f in dataclasses.fields(cls) if f.name not in data]
         jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=meta)
 
@@ -141,7 +149,7 @@ def _searchsorted(xp, a, v, side, method="compare_all"):
 def _pieces(xp, q_starts, kv_lengths, *, in_class, groups: int, block_r: int, block_k: int, kv_len_max: int,
             num_units: int, programs: int, window_left: int | None = None, from_key: bool = True,
             piece_blocks: int = 0):
-    """(pieces (num_units + programs, 9), starts (programs + 1,), units (num_units, 5)) of one class;
+    """(pieces (num_units + programs, 9), starts (programs + 1,), units (num_units, 5), the pieces' units) of one class;
     ``xp`` numpy or jax.numpy. ``from_key``: a window's units start at their first key, else at its block.
 
     ``in_class`` (B,) bool: the requests of this class. Lengths are clamped into the shapes' bounds
@@ -194,7 +202,7 @@ def _pieces(xp, q_starts, kv_lengths, *, in_class, groups: int, block_r: int, bl
     first_piece = _searchsorted(xp, live, unit_end - nb, "left")
     unit_fields = (starts[b], row_off, unit_rows, first_piece, _searchsorted(xp, live, unit_end, "left"))
     units = xp.stack([xp.asarray(f).astype(i32) for f in unit_fields], axis=1)
-    return pieces, prog_first.astype(i32), units
+    return pieces, prog_first.astype(i32), units, pu[order].astype(i32)
 
 
 def num_units(total_tokens: int, batch: int, groups: int, block_r: int, max_q: int) -> int:
@@ -215,6 +223,8 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
     kv_products(cfg.kv_mma, None)       # its rule checked here; resolved per call by the cache's dtype
     if not isinstance(cfg.piece_blocks, int) or cfg.piece_blocks < 0:
         raise ValueError(f"ServingConfig.piece_blocks must be an int >= 0, got {cfg.piece_blocks!r}")
+    if cfg.merge not in ("kernel", "fused"):
+        raise ValueError(f"ServingConfig.merge must be 'kernel' or 'fused', got {cfg.merge!r}")
     traced = any(isinstance(x, jax.core.Tracer) for x in (q_starts, kv_lengths))
     xp = jax.numpy if traced else np
     B = int(np.shape(kv_lengths)[0])
@@ -254,15 +264,16 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
             q_len_x = jax.numpy.diff(jax.numpy.asarray(q_starts).astype(jax.numpy.int32))
         in_class = (q_len_x <= cfg.decode_max_q) if decode else (q_len_x > cfg.decode_max_q)
         from_key = cfg.window_from_key and (page_size is None or page_size < block_k)
-        pieces, starts, unit_list = _pieces(xp, q_starts, kv_lengths, in_class=in_class, groups=G, block_r=br,
+        pieces, starts, unit_list, piece_units = _pieces(xp, q_starts, kv_lengths, in_class=in_class, groups=G, block_r=br,
                                             block_k=block_k, kv_len_max=kv_len_max, num_units=units, programs=programs,
                                             window_left=window_left, from_key=from_key,
                                             piece_blocks=cfg.piece_blocks if decode else 0)
-        classes.append(ClassPlan(pieces, starts, unit_list, block_r=br, block_k=block_k, programs=programs,
+        classes.append(ClassPlan(pieces, starts, unit_list, piece_units, block_r=br, block_k=block_k, programs=programs,
                                  num_warps=warps, num_stages=stages, decode=decode,
                                  window_from_key=window_left is not None and from_key))
     return ServingPlan(tuple(classes), sizes=(total_tokens, B, heads, kv_heads, head_dim),
-                       window_left=None if window_left is None else int(window_left), kv_mma=cfg.kv_mma)
+                       window_left=None if window_left is None else int(window_left), kv_mma=cfg.kv_mma,
+                       merge=cfg.merge)
 
 
 def page_mismatch(plan: ServingPlan, page_size: int | None) -> str | None:
