@@ -3,6 +3,7 @@
     PYTHONPATH=src python benchmarks/serving/gpu.py --out OUT [--quick | --focus] [--no-peers]
         [--max-seconds 220] [--variant-seconds 25]
     PYTHONPATH=src python benchmarks/serving/gpu.py --out OUT --kv-products | --window [--dry-run]   (fp8_window.py)
+    PYTHONPATH=src python benchmarks/serving/gpu.py --out OUT --fused-merge [--dry-run]   (fused_merge.py)
 
 Batches (B=32, S_max=32768, H=128, bf16): lengths uniform (all S), spread (uniform T..S), lognormal (many
 short, few long), one-long (one at S, the rest S/32); G in {4, 7} (N/K = 32/8, 56/8); T in {1, 4}; contiguous
@@ -220,22 +221,28 @@ def main(argv=None):
                     "(fp8_window.py)")
     ap.add_argument("--window", action="store_true", help="windowed steps: blocks from the first key against from "
                     "its block (fp8_window.py)")
-    ap.add_argument("--dry-run", action="store_true", help="with --kv-products / --window: tiny, interpret mode")
+    ap.add_argument("--fused-merge", action="store_true", help="the merge in its own kernel against fused into the "
+                    "pieces kernel (ServingConfig.merge; fused_merge.py)")
+    ap.add_argument("--dry-run", action="store_true", help="with --kv-products / --window / --fused-merge: tiny, "
+                    "interpret mode")
     a = ap.parse_args(argv)
     import jax
 
     out = ResultsFolder(a.out)
     path, t0, dev = out.path, out.t0, out.device
-    if a.kv_products or a.window:
+    if a.kv_products or a.window or a.fused_merge:
         from benchmarks.serving import fp8_window as fw
+        from benchmarks.serving import fused_merge as fm
 
         with open(path, "w") as f:
-            for flag, run in ((a.kv_products, fw.kv_products), (a.window, fw.window)):
+            for flag, run in ((a.kv_products, fw.kv_products), (a.window, fw.window), (a.fused_merge, fm.run)):
                 if flag:
                     run(f, dev, t0, a.max_seconds, a.dry_run)
-        flags = " --kv-products" * a.kv_products + " --window" * a.window + " --dry-run" * a.dry_run
-        out.finish("serving_attention: FP8 products, window starts", f"python benchmarks/serving/gpu.py --out {a.out}"
-                   f" --max-seconds {a.max_seconds:g}{flags}", fw.tables_md(path))
+        flags = (" --kv-products" * a.kv_products + " --window" * a.window + " --fused-merge" * a.fused_merge
+                 + " --dry-run" * a.dry_run)
+        title = "serving_attention: merge fused" if a.fused_merge else "serving_attention: FP8 products, window starts"
+        out.finish(title, f"python benchmarks/serving/gpu.py --out {a.out} --max-seconds {a.max_seconds:g}{flags}",
+                   fw.tables_md(path) + (fm.tables_md(path) if a.fused_merge else ""))
         return
     key = jax.random.PRNGKey(0)
     pairs = PAIRS[:1] if a.quick else PAIRS

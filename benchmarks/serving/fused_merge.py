@@ -1,0 +1,131 @@
+"""An A/B run of the serving kernel for ``benchmarks/serving/gpu.py``: the merge in its own kernel against fused.
+
+    PYTHONPATH=src python benchmarks/serving/gpu.py --out OUT --fused-merge [--max-seconds 200]
+    PYTHONPATH=src JAX_PLATFORMS=cpu python benchmarks/serving/gpu.py --out OUT --fused-merge --dry-run   # any CPU
+
+Decode batches as gpu.py's (B=32, S=32768, N/K=32/8, H=128, bf16; lengths uniform, spread, lognormal and one-long,
+seed 7; T in {1, 4}; contiguous and pages of 16) and its mixed one (2 chunks of 2048 + 126 decodes, S=16384: both
+tile classes), each with ``ServingConfig.merge`` "kernel" (a merge kernel per class after its pieces kernel, on a
+zero-filled output) and "fused" (the pieces kernel merges a unit at its last piece; one launch per class). Every
+cell is checked against float64 first (the last <= 8 tokens of its longest and shortest request), then timed
+(CUPTI, every kernel of the call: their names and medians), against the roofline of its valid bytes
+(``core.serving_cost``). Lengths are traced, the plan made by its own jitted function.
+``--dry-run``: B=4, S=256, N/K=8/2, H=16 in Pallas interpret mode, the wall clock (checks that every cell runs).
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+
+from benchmarks.serving import gpu as g
+from benchmarks.serving.fp8_window import DRY, FULL, _batches, _caches, _step
+
+MERGES = ("kernel", "fused")
+DISTS = ("uniform", "spread", "lognormal", "one-long")
+
+
+def _cells(shape):
+    """(batch, T, q lengths, KV lengths, S) of the decode batches, then the mixed one."""
+    for T in (1, 4):
+        for dist, q_len, kv in _batches(shape, T, DISTS):
+            yield dist, T, q_len, kv, shape["S"]
+    n_chunks, chunk, decodes = shape["mixed"]
+    q_len, kv = g.mixed_batch(n_chunks, chunk, decodes, shape["S_mix"], np.random.default_rng(3))
+    yield f"mixed {n_chunks}x{chunk}+{decodes}", 1, q_len, kv, shape["S_mix"]
+
+
+def run(out_f, dev, t0, max_seconds, dry=False):
+    """``--fused-merge`` (module docstring): one record per cell and merge into ``out_f``; stops starting cells
+    past ``max_seconds`` after ``t0``."""
+    import jax
+    import jax.numpy as jnp
+
+    from attnlab.core.serving_cost import serving_roofline_s
+    from attnlab.kernels.serving_plan import ServingConfig
+
+    shape = DRY if dry else FULL
+    N, K, H = shape["N"], shape["K"], shape["H"]
+    peaks, caches = g.roofline_peaks(), {}
+    for page in (None, 16):
+        for dist, T, q_len, kv, s in _cells(shape):
+            b_shape = dict(shape, S=s, B=len(kv))
+            if (s, len(kv)) not in caches:      # one cache per layout and shape, its truth the contiguous one
+                caches.clear()
+                caches[s, len(kv)] = _caches(jax.random.PRNGKey(0), b_shape, s, page, False)
+            k, v, table, _, _, (tk, tv, _) = caches[s, len(kv)]
+            starts = g.starts_of(q_len)
+            mixed = dist.startswith("mixed")
+            T_total = int(starts[-1]) + (64 if mixed else 0)
+            q = jax.random.normal(jax.random.PRNGKey(T), (T_total, N, H), jnp.bfloat16)
+            a, b = jnp.asarray(starts), jnp.asarray(kv)
+            refs = g.references(q, tk, tv, starts, kv, None)
+            roof_ms = serving_roofline_s(starts, kv, N, K, H, 2, **peaks) * 1e3
+            max_q = int(q_len.max())
+            for merge in MERGES:
+                if time.perf_counter() - t0 > max_seconds:
+                    return
+                cfg = ServingConfig(max_q_len=max_q if max_q <= 16 else None, decode_q_len=min(int(q_len.min()), 16),
+                                    merge=merge)
+                plan, step = _step(b_shape, page, T_total, cfg, None)
+                rec = dict(kind="fused-merge", device=dev, batch=dist, T=T, merge=merge, roofline_ms=roof_ms,
+                           layout=f"paged{page}" if page else "contig", dry_run=dry, **{x: b_shape[x] for x in "BSNKH"})
+                args = (q, k, v, a, b, table, None, None, plan(a, b))
+                _measure(out_f, rec, step, args, refs, roof_ms, dry)
+        caches.clear()
+
+
+def _measure(out_f, rec, fn, args, refs, roof_ms, dry):
+    import jax
+
+    try:
+        rec["check"] = g.check(fn(*args), refs)
+        if not all(c["ok"] for c in rec["check"]):
+            rec["error"] = "check failed"
+        else:
+            if dry:
+                jax.block_until_ready(fn(*args))
+                t = time.perf_counter()
+                jax.block_until_ready(fn(*args))
+                rec["ms"] = (time.perf_counter() - t) * 1e3
+            else:
+                rec["ms"] = g.time_ms(fn, args)
+                try:
+                    rec["kernels"] = g.kernels_ms(fn, args)
+                except Exception as e:  # noqa: BLE001 - the breakdown is extra
+                    rec["kernels"], rec["kernels_error"] = [], f"{type(e).__name__}: {str(e)[:200]}"
+            rec["pct_roofline"] = 100 * roof_ms / rec["ms"]
+    except Exception as e:  # noqa: BLE001 - a cell that fails is a result
+        rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    print(" ".join(f"{k}={rec.get(k)}" for k in ("batch", "T", "layout", "merge")),
+          f"{rec.get('ms') or 0:.4f} ms {rec.get('pct_roofline') or 0:.0f}% {rec.get('error') or ''}"[:200], flush=True)
+    out_f.write(json.dumps(rec) + "\n")
+    out_f.flush()
+
+
+def _kernels(r) -> str:
+    """A call's kernels, short: "name-tail ms" each (the zero fill and XLA's own kernels under their names)."""
+    return ", ".join(f"{n.replace('attnlab_serving_', '')[:28]} {ms * 1e3:.1f}us" for n, ms in r.get("kernels") or [])
+
+
+def tables_md(path) -> str:
+    """The A/B table (markdown) of the records in ``path``."""
+    recs = [json.loads(x) for x in open(path, encoding="utf-8") if x.strip()]
+    cells = {(r["batch"], r["T"], r["layout"], r["merge"]): r for r in recs if r["kind"] == "fused-merge"}
+
+    def ms(r):
+        if not r:
+            return "–"
+        return f"{r['ms']:.4f} ({r['pct_roofline']:.0f}%)" if r.get("ms") else f"✗ {(r.get('error') or '')[:40]}"
+
+    lines = ["Serving steps (bf16, G=4): ms (% of the roofline of the valid bytes), the merge in its own kernel against "
+             "fused into the pieces kernel; the fused call's kernels and the merge kernel's", "",
+             "| batch | T | cache | merge kernel | fused | speed-up | fused: kernels | merge kernel: kernels |",
+             "| --- " * 8 + "|"]
+    for key in dict.fromkeys(x[:3] for x in cells):
+        old, new = (cells.get((*key, m)) for m in MERGES)
+        ratio = f"{old['ms'] / new['ms']:.2f}x" if old and new and old.get("ms") and new.get("ms") else "–"
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {ms(old)} | {ms(new)} | {ratio} | {_kernels(new or {})} | "
+                     f"{_kernels(old or {})} |")
+    return "\n".join(lines) + "\n"
