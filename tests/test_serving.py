@@ -150,10 +150,11 @@ def test_decode_tile_holds_a_requests_rows_up_to_128(groups, head_dim, rows):
 
 # ---------------------------------------------------------------- the kernel, Pallas interpret mode
 
-@pytest.mark.parametrize("case,heads,paged", [
-    ("mixed", (14, 2), True), ("one-long", (8, 2), False), ("mixed", (8, 2), False)],
-    ids=["mixed-G7-paged", "one-long-G4-contig", "mixed-G4-contig"])
-def test_kernel_matches_float64_under_jit(case, heads, paged):
+@pytest.mark.parametrize("case,heads,paged,merge", [
+    ("mixed", (14, 2), True, "kernel"), ("one-long", (8, 2), False, "kernel"), ("mixed", (8, 2), False, "fused")],
+    ids=["mixed-G7-paged", "one-long-G4-contig", "mixed-G4-contig-fused"])
+def test_kernel_matches_float64_under_jit(case, heads, paged, merge):
+    """merge "fused": the pieces kernel merges each unit (tests/test_serving_fused.py); "kernel": a merge kernel."""
     N, K = heads
     q, k, v, starts, kv = batch(case, N, K)
     ref = reference_serving_attention(q, k, v, starts, kv, logits_soft_cap=2.5)
@@ -161,7 +162,8 @@ def test_kernel_matches_float64_under_jit(case, heads, paged):
     if paged:
         k, v, table = to_pages(k, v, 8)       # block_k 16 > page 8: the per-key gather
     cfg = sp.ServingConfig(block_k=16, decode_max_q=4, programs=7 if case == "one-long" else 3,
-                           max_q_len=1 if case == "one-long" else None, piece_blocks=0 if case == "one-long" else 3)
+                           max_q_len=1 if case == "one-long" else None, piece_blocks=0 if case == "one-long" else 3,
+                           merge=merge)
 
     def step(q, k, v, a, b, t):
         plan = attnlab.serving_plan(a, b, total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K,

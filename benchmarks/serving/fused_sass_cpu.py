@@ -7,7 +7,8 @@ Lowers each case's serving call (B=32, S=32768, K=8, H=128, bf16, the decode cla
 mixed batch's prefill class; sinks and pages of 16) under an abstract H200 with merge "kernel" and "fused",
 compiles every Triton module with pip's triton 3.6.0 (``benchmarks/decode/kv_dtype_sass_cpu.py``'s ``SASS``) and
 reads ``cuobjdump -res-usage``: REG (registers a thread), LOCAL (bytes of local memory a thread: spills) and
-SHARED; ``sass_cpu.counts``: the KV loop's instructions a warp and the rest. Also checks that the fused module
+SHARED; ``sass_cpu.counts``: all instructions a warp, and the largest innermost loop's (the KV loop, or in a
+fused module whose merge loop is longer, that). Also checks that the fused module
 holds the ticket (an acq_rel GPU-scope atomic add) behind a CTA barrier. Writes fused.json to OUT_DIR.
 """
 from __future__ import annotations
@@ -90,14 +91,14 @@ def main(argv=None) -> int:
                          "import os, triton; print(os.path.join(os.path.dirname(triton.__file__), 'backends', "
                          "'nvidia', 'bin', 'cuobjdump'))"], capture_output=True, text=True, check=True)
     objdump = py.stdout.strip()
-    print(f"{'module':<28} {'kernel':<8} {'tile':<12} {'regs':>4} {'local':>5} {'shared':>6} {'loop':>5} "
-          f"{'other':>6}  ticket")
+    print(f"{'module':<28} {'kernel':<8} {'tile':<12} {'regs':>4} {'local':>5} {'shared':>6} {'instr':>6} "
+          f"{'loop':>5}  ticket")
     for name, m in meta.items():
         m.update(resources(os.path.join(a.out_dir, name + ".cubin"), objdump))
         c = counts(open(os.path.join(a.out_dir, name + ".sass")).read())
         m.update(loop=c["loop"], outer=c["outer"], once=c["once"])
         print(f"{name:<28} {m['kernel']:<8} {m['block_r']}x{m['block_k']} w{m['warps']:<3} {m['reg']:4d} "
-              f"{m['local']:5d} {m['shared']:6d} {m['loop']:5d} {m['outer'] + m['once']:6d}  "
+              f"{m['local']:5d} {m['shared']:6d} {m['loop'] + m['outer'] + m['once']:6d} {m['loop']:5d}  "
               f"{'yes' if m['ticket'] else '-'}")
     with open(os.path.join(a.out_dir, "fused.json"), "w") as fh:
         json.dump(meta, fh, indent=1)
