@@ -17,13 +17,14 @@ Layout and grid
     piece's slot. Every program of a class does the same number of KV blocks (stream-K). K/V rows of
     request b are rows b*S + pos of the contiguous cache viewed as (B*S, K, H), or go through the page
     table (the flattened table seen as one long sequence, ``paged_load.load_kv_block``).
-Merge (a second Pallas kernel, grid = (units, K))
-    Program (u, h) combines unit u's pieces (consecutive in the list) by log-sum-exp, O = sum 2^(m_i - M)
-    O_i / sum 2^(m_i - M) l_i, 2-4 pieces a trip (``merge_pieces_per_trip``: a long request's tens of pieces
-    wait for memory once a trip, not once a piece), and stores its rows in q's dtype at their (token, head)
-    places of the output (a row scatter); with sinks, each row's denominator gains 2^(sink - M) of its query
-    head there, once, after its pieces are merged. The output starts as zeros (aliased through each class's merge), so the
-    padding tokens' rows stay 0. A step costs one zero fill plus two launches per tile class.
+Merge (``kernels.serving_merge``; the plan's ``merge``)
+    "kernel": a second Pallas kernel, grid = (units, K): program (u, h) combines unit u's pieces (consecutive in
+    the list) by log-sum-exp, O = sum 2^(m_i - M) O_i / sum 2^(m_i - M) l_i, 2-4 pieces a trip, and stores its
+    rows in q's dtype at their (token, head) places of the output (a row scatter); with sinks, each row's
+    denominator gains 2^(sink - M) of its query head there, once, after its pieces are merged. "fused": the same
+    at the end of the pieces kernel: a one-piece unit stores its rows, the piece drawing a unit's last ticket
+    merges it. The output starts as zeros (aliased through each class's merge), so the padding tokens' rows stay
+    0. A step costs one zero fill plus two launches per tile class ("fused": one, and a zero fill of counters).
 """
 from __future__ import annotations
 
