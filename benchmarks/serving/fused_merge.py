@@ -3,10 +3,12 @@
     PYTHONPATH=src python benchmarks/serving/gpu.py --out OUT --fused-merge [--max-seconds 200]
     PYTHONPATH=src JAX_PLATFORMS=cpu python benchmarks/serving/gpu.py --out OUT --fused-merge --dry-run   # any CPU
 
-Decode batches as gpu.py's (B=32, S=32768, N/K=32/8, H=128, bf16; lengths uniform, spread, lognormal and one-long,
-seed 7; T in {1, 4}; contiguous and pages of 16) and its mixed one (2 chunks of 2048 + 126 decodes, S=16384: both
-tile classes), each with ``ServingConfig.merge`` "kernel" (a merge kernel per class after its pieces kernel, on a
-zero-filled output) and "fused" (the pieces kernel merges a unit at its last piece; one launch per class). Every
+Decode batches as gpu.py's (B=32, S=32768, K=8, H=128, bf16; lengths uniform, spread, lognormal and one-long, seed
+7; G=4 at T in {1, 4}, and G=16 at T=8: one 128-row tile a request, where the merge weighed most,
+results/gpu-2026-12-05c-serving-wide-rows; contiguous and pages of 16) and its mixed one (2 chunks of 2048 + 126
+decodes, S=16384, G=4: both tile classes), each with ``ServingConfig.merge`` "kernel" (a merge kernel per class
+after its pieces kernel, on a zero-filled output) and "fused" (the pieces kernel merges a unit at its last piece;
+one launch per class). Every
 cell is checked against float64 first (the last <= 8 tokens of its longest and shortest request), then timed
 (CUPTI, every kernel of the call: their names and medians), against the roofline of its valid bytes
 (``core.serving_cost``). Lengths are traced, the plan made by its own jitted function.
@@ -27,13 +29,13 @@ DISTS = ("uniform", "spread", "lognormal", "one-long")
 
 
 def _cells(shape):
-    """(batch, T, q lengths, KV lengths, S) of the decode batches, then the mixed one."""
-    for T in (1, 4):
-        for dist, q_len, kv in _batches(shape, T, DISTS):
-            yield dist, T, q_len, kv, shape["S"]
+    """(batch, T, N, q lengths, KV lengths, S) of the decode batches (G=4, then G=16 at T=8), then the mixed one."""
+    for T, N, dists in ((1, shape["N"], DISTS), (8, 4 * shape["N"], DISTS[:1] + DISTS[2:]), (4, shape["N"], DISTS)):
+        for dist, q_len, kv in _batches(shape, T, dists):
+            yield dist, T, N, q_len, kv, shape["S"]
     n_chunks, chunk, decodes = shape["mixed"]
     q_len, kv = g.mixed_batch(n_chunks, chunk, decodes, shape["S_mix"], np.random.default_rng(3))
-    yield f"mixed {n_chunks}x{chunk}+{decodes}", 1, q_len, kv, shape["S_mix"]
+    yield f"mixed {n_chunks}x{chunk}+{decodes}", 1, shape["N"], q_len, kv, shape["S_mix"]
 
 
 def run(out_f, dev, t0, max_seconds, dry=False):
@@ -46,11 +48,11 @@ def run(out_f, dev, t0, max_seconds, dry=False):
     from attnlab.kernels.serving_plan import ServingConfig
 
     shape = DRY if dry else FULL
-    N, K, H = shape["N"], shape["K"], shape["H"]
+    K, H = shape["K"], shape["H"]
     peaks, caches = g.roofline_peaks(), {}
     for page in (None, 16):
-        for dist, T, q_len, kv, s in _cells(shape):
-            b_shape = dict(shape, S=s, B=len(kv))
+        for dist, T, N, q_len, kv, s in _cells(shape):
+            b_shape = dict(shape, S=s, B=len(kv), N=N)
             if (s, len(kv)) not in caches:      # one cache per layout and shape, its truth the contiguous one
                 caches.clear()
                 caches[s, len(kv)] = _caches(jax.random.PRNGKey(0), b_shape, s, page, False)
@@ -69,7 +71,7 @@ def run(out_f, dev, t0, max_seconds, dry=False):
                 cfg = ServingConfig(max_q_len=max_q if max_q <= 16 else None, decode_q_len=min(int(q_len.min()), 16),
                                     merge=merge)
                 plan, step = _step(b_shape, page, T_total, cfg, None)
-                rec = dict(kind="fused-merge", device=dev, batch=dist, T=T, merge=merge, roofline_ms=roof_ms,
+                rec = dict(kind="fused-merge", device=dev, batch=dist, G=N // K, T=T, merge=merge, roofline_ms=roof_ms,
                            layout=f"paged{page}" if page else "contig", dry_run=dry, **{x: b_shape[x] for x in "BSNKH"})
                 args = (q, k, v, a, b, table, None, None, plan(a, b))
                 _measure(out_f, rec, step, args, refs, roof_ms, dry)
@@ -98,7 +100,7 @@ def _measure(out_f, rec, fn, args, refs, roof_ms, dry):
             rec["pct_roofline"] = 100 * roof_ms / rec["ms"]
     except Exception as e:  # noqa: BLE001 - a cell that fails is a result
         rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-    print(" ".join(f"{k}={rec.get(k)}" for k in ("batch", "T", "layout", "merge")),
+    print(" ".join(f"{k}={rec.get(k)}" for k in ("batch", "G", "T", "layout", "merge")),
           f"{rec.get('ms') or 0:.4f} ms {rec.get('pct_roofline') or 0:.0f}% {rec.get('error') or ''}"[:200], flush=True)
     out_f.write(json.dumps(rec) + "\n")
     out_f.flush()
@@ -112,20 +114,20 @@ def _kernels(r) -> str:
 def tables_md(path) -> str:
     """The A/B table (markdown) of the records in ``path``."""
     recs = [json.loads(x) for x in open(path, encoding="utf-8") if x.strip()]
-    cells = {(r["batch"], r["T"], r["layout"], r["merge"]): r for r in recs if r["kind"] == "fused-merge"}
+    cells = {(r["batch"], r["G"], r["T"], r["layout"], r["merge"]): r for r in recs if r["kind"] == "fused-merge"}
 
     def ms(r):
         if not r:
             return "–"
         return f"{r['ms']:.4f} ({r['pct_roofline']:.0f}%)" if r.get("ms") else f"✗ {(r.get('error') or '')[:40]}"
 
-    lines = ["Serving steps (bf16, G=4): ms (% of the roofline of the valid bytes), the merge in its own kernel against "
+    lines = ["Serving steps (bf16): ms (% of the roofline of the valid bytes), the merge in its own kernel against "
              "fused into the pieces kernel; the fused call's kernels and the merge kernel's", "",
-             "| batch | T | cache | merge kernel | fused | speed-up | fused: kernels | merge kernel: kernels |",
-             "| --- " * 8 + "|"]
-    for key in dict.fromkeys(x[:3] for x in cells):
+             "| batch | G | T | cache | merge kernel | fused | speed-up | fused: kernels | merge kernel: kernels |",
+             "| --- " * 9 + "|"]
+    for key in dict.fromkeys(x[:4] for x in cells):
         old, new = (cells.get((*key, m)) for m in MERGES)
         ratio = f"{old['ms'] / new['ms']:.2f}x" if old and new and old.get("ms") and new.get("ms") else "–"
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {ms(old)} | {ms(new)} | {ratio} | {_kernels(new or {})} | "
-                     f"{_kernels(old or {})} |")
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {ms(old)} | {ms(new)} | {ratio} | "
+                     f"{_kernels(new or {})} | {_kernels(old or {})} |")
     return "\n".join(lines) + "\n"
