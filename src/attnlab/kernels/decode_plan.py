@@ -45,6 +45,10 @@ class DecodeConfig:
     #: for FP8 caches and bfloat16 queries (e4m3 1.13-1.39x faster at T=1 on the H200,
     #: results/gpu-2026-12-05c-kv-products), q's dtype otherwise (int8: float16 was slower)
     kv_mma: str | None = None
+    #: True: a launch with one split normalises O in registers and stores it in q's dtype, one kernel
+    #: (``kernels.decode_direct``); False: every launch writes float32 partials and XLA combines them (the path
+    #: before, kept to time against)
+    direct_output: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,10 +63,16 @@ class Plan:
     num_warps: int
     num_stages: int
     kv_mma: str | None = None     # "float16", or None: q's dtype
+    direct_output: bool = True    # ``DecodeConfig.direct_output``
 
     @property
     def grid(self) -> tuple[int, int]:
         return (self.row_tiles, self.num_splits)
+
+    @property
+    def direct(self) -> bool:
+        """Whether the launch stores O itself, in q's dtype (one split, ``kernels.decode_direct``): no combine."""
+        return self.direct_output and self.num_splits == 1
 
 
 def next_pow2(n: int) -> int:
@@ -123,18 +133,18 @@ def make_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, he
     if splits is None:
         occ = programs_per_sm(block_r, block_k, head_dim, num_warps, stages, itemsize)
         kw = dict(rows=rows, block_k=block_k, head_dim=head_dim, row_tiles=row_tiles, itemsize=itemsize,
-                  sm_count=sms if sms is not None else sm_count(), occupancy=occ)
+                  sm_count=sms if sms is not None else sm_count(), occupancy=occ, direct_output=cfg.direct_output)
         # a window's keys: at most T + left, one block more where the window starts inside a block
         span = kv_len if window is None else min(kv_len, q_len + int(window[0]) + block_k)
         splits = choose_num_splits(span, batch * kv_heads, **kw)
         if lengths is not None:
-
             spans = [window_span(int(n), q_len, window, block_k) for n in lengths]
             splits = choose_num_splits_ragged(spans, kv_heads, uniform_choice=splits, **kw)
     if splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {splits}")
     return Plan(rows=rows, block_r=block_r, row_tiles=row_tiles, block_k=block_k, num_splits=int(splits),
-                num_warps=num_warps, num_stages=stages, kv_mma=kv_products(cfg.kv_mma, kv_dtype, dtype))
+                num_warps=num_warps, num_stages=stages, kv_mma=kv_products(cfg.kv_mma, kv_dtype, dtype),
+                direct_output=bool(cfg.direct_output))
 
 
 def kv_products(kv_mma: str | None, kv_dtype: str | None, q_dtype="bfloat16") -> str | None:
