@@ -28,7 +28,8 @@ Layout and grid
     and sum) streams block_k keys at a time: S = q k^T (bf16/fp16 MMA, float32 accumulation),
     P = exp2(S - m) rounded to the input dtype, O += P v (float32 accumulation).
     Each program writes its unnormalised partial O (float32), running max m and sum l; a
-    second step in jax.numpy (fused by XLA) combines the splits by log-sum-exp:
+    second step in jax.numpy (fused by XLA) combines the splits by log-sum-exp (one split:
+    ``decode_direct``, the program normalises and stores O in q's dtype itself, no second step):
     O = sum_j 2^(m_j - M) O_j / sum_j 2^(m_j - M) l_j with M = max_j m_j (with ``sinks``, gpt-oss's
     attention sinks, M also takes the row's sink and the denominator gains 2^(sink - M), once per row).
 
@@ -37,7 +38,7 @@ What is read from HBM
     (the masked tail of the last block is not fetched; with a window only the blocks from the window's
     first one); q once per split; partials
     (B, K, splits, T*G, H+2) float32 written then read by the combine (weighed by the split rule;
-    ~1% at T*G = 16, at most 25%).
+    ~1% at T*G = 16, at most 25%; none at one split).
 
 Why Triton here, and Mosaic GPU above 64 rows
     Up to T*G ~ 200 rows the work is bandwidth-bound (arithmetic intensity T*N/K FLOP/byte, ridge
@@ -78,7 +79,7 @@ from . import decode_direct as direct_out
 from . import decode_mgpu
 from .decode_plan import (DTYPES, HEAD_DIMS, MAX_ROWS, MIN_ROWS, DecodeConfig, Plan,  # noqa: F401
                           blocks_visited, compiled_stages, default_block_k, make_plan, next_pow2, unsupported,
-                          window_start)
+                          window_base, window_start)
 from .decode_resources import (CPU_SM_COUNT, DEFAULT_SM_COUNT, REGS_PER_SM, SM_COUNTS, SMEM_PER_BLOCK,  # noqa: F401
                                SMEM_PER_BLOCK_OTHER_SM8X, SMEM_PER_SM, SMEM_SLACK, fit_stages, programs_per_sm,
                                sm_count, smem_bytes, smem_limit)
@@ -109,19 +110,6 @@ def cuda_lowering_context(device_kind: str = "NVIDIA H200", cores: int = 132):
         return contextlib.nullcontext()
 
 
-def window_base(lo, block_k: int, page_size: int | None):
-    """(position the program's blocks start from, whether it is a multiple of block_k) for a window whose first
-    visible key is ``lo`` (``window_start``; None: no window, 0). The window's first key itself where a block may
-    start anywhere (contiguous caches, and pages shorter than a block, gathered key by key): the keys before it
-    are never fetched (a 128-key window in blocks of 128 read 2-3 blocks when they started at block
-    boundaries); the start of its block where a block is one page's contiguous rows (pages >= block_k)."""
-    if lo is None:
-        return 0, True
-    if page_size is None or block_k > page_size:
-        return lo, False
-    return lax.div(lo, block_k) * block_k, True
-
-
 def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, block_r: int, block_k: int,
             num_splits: int, causal: bool, qk_scale: float, page_size: int | None = None,
             soft_cap: float | None = None, window: tuple[int, int] | None = None, kv_scale: str | None = None,
@@ -143,7 +131,8 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
     q = (direct_out.load_q(q_ref, row, row_ok, groups=groups) if direct
          else plgpu.load(q_ref, mask=jnp.broadcast_to(row_ok[:, None], (block_r, H)), other=0))
     q_mma, row_factor = mma_query(q, kv_mma) if kv_scale else (q, None)
-    base, aligned = window_base(window_start(length, q_len, window, maximum=jnp.maximum), block_k, page_size)
+    base, aligned = window_base(window_start(length, q_len, window, maximum=jnp.maximum), block_k, page_size,
+                                div=lax.div)
     first, count = split_range(length - base, split, num_splits=num_splits, block_k=block_k,
                                div=lax.div, minimum=jnp.minimum, maximum=jnp.maximum)
     q_pos = length - q_len + lax.div(row, groups)          # position of each row's query

@@ -20,6 +20,7 @@ Tuning parameters (``DecodeConfig``; None = the default)
 from __future__ import annotations
 
 import dataclasses
+import operator
 
 from .decode_resources import fit_stages, programs_per_sm, sm_count
 from .decode_splits import cdiv, choose_num_splits, choose_num_splits_ragged, split_range
@@ -83,6 +84,20 @@ def window_start(length, q_len: int, window, maximum=max):
     """The first key position any of the T = ``q_len`` newest queries of a ``length``-key sequence sees
     under ``window`` (left, right): max(0, length - T - left); None when there is no window."""
     return None if window is None else maximum(length - q_len - int(window[0]), 0)
+
+
+def window_base(lo, block_k: int, page_size: int | None, div=operator.floordiv):
+    """(position the program's blocks start from, whether it is a multiple of block_k) for a window whose first
+    visible key is ``lo`` (``window_start``; None: no window, 0). The window's first key itself where a block may
+    start anywhere (contiguous caches, and pages shorter than a block, gathered key by key): the keys before it
+    are never fetched (a 128-key window in blocks of 128 read 2-3 blocks when they started at block
+    boundaries); the start of its block where a block is one page's contiguous rows (pages >= block_k).
+    ``div``: ``lax.div`` in the kernel, on traced int32 scalars."""
+    if lo is None:
+        return 0, True
+    if page_size is None or block_k > page_size:
+        return lo, False
+    return div(lo, block_k) * block_k, True
 
 
 def window_span(length: int, q_len: int, window, block_k: int) -> int:
