@@ -242,7 +242,8 @@ def direct_md(recs) -> str:
             lines.append(f"| {S} | {lay} | {T} | {W} | {r['num_splits']} | {r['ms']:.4f} | {old['ms']:.4f} | "
                          f"{old['ms'] / r['ms']:.2f}x | {r['pct_roofline']:.0f}% |")
     head = ["", "One-split store (direct) against partials + combine:", "",
-            "| S | cache | T | W | splits | direct ms | combine ms | speed-up | direct % roofline |", "| --- " * 9 + "|"]
+            "| S | cache | T | W | splits | direct ms | combine ms | speed-up | direct % roofline |",
+            "| --- " * 9 + "|"]
     return "\n".join(head + lines) + "\n" if lines else ""
 
 

@@ -284,7 +284,8 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
         compiler_params=plgpu.CompilerParams(
             num_warps=plan.num_warps, num_stages=compiled_stages(plan.num_stages, 0 if page_table is None else 1)),
         interpret=interpret,
-        name=f"attnlab_decode_r{br}_k{plan.block_k}" + (f"_p{page_size}" if page_size else ""),
+        name=f"attnlab_decode_r{br}_k{plan.block_k}" + (f"_p{page_size}" if page_size else "")
+        + ("_direct" if direct else ""),
     )(lengths, *tables, qp, k, v, *scales, *sink_in)
     if direct:
         return out.reshape(B, T, N, H)

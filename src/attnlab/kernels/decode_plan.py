@@ -16,6 +16,9 @@ Tuning parameters (``DecodeConfig``; None = the default)
                trace time and ragged, ``choose_num_splits_ragged`` instead (the grid
                simulated with each sequence's own length; modelled, not yet measured). With a
                sliding window (``window``) both count only the window's blocks (``window_span``).
+               One split stored directly (``direct_output``) pays no partials and no combine.
+    direct_output  True: a one-split launch stores O itself, one kernel (``Plan.direct``,
+               ``kernels.decode_direct``); False: partials + combine always (to time against)
 """
 from __future__ import annotations
 
