@@ -1,6 +1,6 @@
 """Sliding-window decode on the GPU: attnlab-decode against the roofline of the window's bytes.
 
-    PYTHONPATH=src python benchmarks/decode/window_gpu.py --out OUT [--quick] [--max-seconds 200]
+    PYTHONPATH=src python benchmarks/decode/window_gpu.py --out OUT [--quick] [--max-seconds 200] [--q-lens 4]
         [--kernels triton,mosaic,mosaic64] [--direct]
     PYTHONPATH=src JAX_PLATFORMS=cpu python benchmarks/decode/window_gpu.py --out OUT --dry-run [--kernels ...]
 
@@ -64,7 +64,7 @@ def batch_for(S: int, K: int, H: int, itemsize: int = 2, copies: int = 1) -> int
     return b
 
 
-def cells(quick: bool, dry_run: bool) -> list[dict]:
+def cells(quick: bool, dry_run: bool, q_lens=None) -> list[dict]:
     """Every cell of the run, in order (grouped by cache: one cache per (S, layout))."""
     if dry_run:
         return [dict(S=256, W=w, T=t, layout=lay, B=2, N=8, K=1, H=64)   # H = 64: the Mosaic GPU kernel's least
@@ -73,7 +73,7 @@ def cells(quick: bool, dry_run: bool) -> list[dict]:
     out = []
     for S in sorted(LENGTHS, reverse=True):      # the longest caches first: the goal's hardest case
         for lay in ("contig", f"paged{PAGE}"):
-            for T in ((1,) if quick else (1, 4)):
+            for T in (q_lens or ((1,) if quick else (1, 4))):
                 for W in ((128, 1024) if quick else WINDOWS):
                     out.append(dict(S=S, W=W, T=T, layout=lay, B=batch_for(S, K, H, copies=1 if lay == "contig" else 2),
                                     N=N, K=K, H=H))
@@ -251,6 +251,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="T=1, W in {128, 1024}")
+    ap.add_argument("--q-lens", help="comma-separated T values instead (e.g. 4: --quick's windows at T=4)")
     ap.add_argument("--max-seconds", type=float, default=200.0, help="no new cell starts past this")
     ap.add_argument("--dry-run", action="store_true", help="tiny sizes, interpret mode: cells and checks only")
     ap.add_argument("--kernels", default="triton", help=f"comma-separated: {', '.join(KERNELS)} (each cell on each)")
@@ -266,7 +267,7 @@ def main(argv=None):
     os.makedirs(a.out, exist_ok=True)
     t0 = time.perf_counter()
     dev = str(jax.devices()[0].device_kind)
-    todo = cells(a.quick, a.dry_run)
+    todo = cells(a.quick, a.dry_run, a.q_lens and tuple(int(t) for t in a.q_lens.split(",")))
     recs, held = [], (None, None)
     with open(os.path.join(a.out, "results.jsonl"), "w") as f:
         for c, kernel in ((c, kernel) for c in todo for kernel in kernels):
