@@ -205,7 +205,8 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
     ``config.kernel`` is "mosaic", ``decode_mgpu_plan.pick_kernel``). ``interpret`` defaults to True when JAX's
     default backend is not a GPU.
     ``sinks``: None or (N,) float logits (traced or not), gpt-oss's attention sinks: one more logit per
-    query head in the softmax denominator, with no value, added by the combine (``combine``).
+    query head in the softmax denominator, with no value, added by the combine (``combine``; one split: in the
+    kernel, ``decode_direct``).
     A quantized cache (k, v FP8 or int8): ``k_scale``/``v_scale`` float32 in the layout ``kv_scale``
     (``attnlab.core.kv_quant``), dequantized in registers (``dequantized_scores``, ``dequantized_pv``);
     it always runs the Triton kernel.

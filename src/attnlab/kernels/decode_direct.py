@@ -12,6 +12,9 @@ r = t * G + g of KV head h is query t's head h * G + g, so one (b, h) program's 
 are gathered and scattered in place (each row's H elements contiguous); no transpose of q at T > 1 either.
 Rows past T*G (t >= T) are masked: never loaded or stored (in Pallas interpret mode their out-of-range index
 is dropped by the scatter, so they cannot overwrite a real row). The sinks come in as a (K, G) view of (N,).
+Compiled for sm_90 by pip's Triton 3.6 on a CPU (``benchmarks/decode/direct_ttir_cpu.py``, gpt-oss's windowed
+decode): O leaves in 16-byte stores, q arrives in 16-byte loads, registers within 0-14 of the partials' kernel,
+no spills. Not yet timed on a GPU (``benchmarks/decode/window_gpu.py --direct``).
 """
 from __future__ import annotations
 
