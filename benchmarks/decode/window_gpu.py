@@ -1,7 +1,7 @@
 """Sliding-window decode on the GPU: attnlab-decode against the roofline of the window's bytes.
 
-    PYTHONPATH=src python benchmarks/decode/window_gpu.py --out OUT [--quick] [--max-seconds 200]
-        [--kernels triton,mosaic,mosaic64]
+    PYTHONPATH=src python benchmarks/decode/window_gpu.py --out OUT [--quick] [--max-seconds 200] [--q-lens 4]
+        [--kernels triton,mosaic,mosaic64] [--direct]
     PYTHONPATH=src JAX_PLATFORMS=cpu python benchmarks/decode/window_gpu.py --out OUT --dry-run [--kernels ...]
 
 Cells: ``decode_attention(..., local_window_size=(W, 0))`` (causal: each new token reads the W keys before
@@ -22,7 +22,12 @@ Goal (issue: windows in decode): <= 1.15x the roofline of the window's bytes, i.
 ``decode_attention`` runs for a window) and "mosaic" (``kernels.decode_mgpu``, wgmma + TMA, Hopper only: called
 as ``decode_attention_pallas(..., config=DecodeConfig(kernel="mosaic"))``, the option a windowed call needs to
 take it; its blocks start at the window's first block, not key), "mosaic64" (the same with 64-key steps, not
-the plan's 128: less over-read at the window's start). A kernel that cannot run a cell records why.
+the plan's 128: less over-read at the window's start), "direct" and "combine": the Triton kernel called as
+``decode_attention_pallas`` with its default config (a one-split plan stores O itself, one kernel:
+``kernels.decode_direct``) and with ``DecodeConfig(direct_output=False)`` (float32 partials, then XLA's combine:
+the path before). ``--direct`` is ``--kernels direct,combine``. Each record carries its plan's split count and
+whether it stored directly (``num_splits``, ``direct``) and CUPTI's kernels of the call (``kernels``). A kernel
+that cannot run a cell records why.
 Writes ``results.jsonl`` and ``README.md`` (a table) to --out. ``--dry-run``: tiny sizes in Pallas interpret
 mode on the CPU: the cell list and the reference checks, nothing timed.
 """
@@ -59,7 +64,7 @@ def batch_for(S: int, K: int, H: int, itemsize: int = 2, copies: int = 1) -> int
     return b
 
 
-def cells(quick: bool, dry_run: bool) -> list[dict]:
+def cells(quick: bool, dry_run: bool, q_lens=None) -> list[dict]:
     """Every cell of the run, in order (grouped by cache: one cache per (S, layout))."""
     if dry_run:
         return [dict(S=256, W=w, T=t, layout=lay, B=2, N=8, K=1, H=64)   # H = 64: the Mosaic GPU kernel's least
@@ -68,7 +73,7 @@ def cells(quick: bool, dry_run: bool) -> list[dict]:
     out = []
     for S in sorted(LENGTHS, reverse=True):      # the longest caches first: the goal's hardest case
         for lay in ("contig", f"paged{PAGE}"):
-            for T in ((1,) if quick else (1, 4)):
+            for T in (q_lens or ((1,) if quick else (1, 4))):
                 for W in ((128, 1024) if quick else WINDOWS):
                     out.append(dict(S=S, W=W, T=T, layout=lay, B=batch_for(S, K, H, copies=1 if lay == "contig" else 2),
                                     N=N, K=K, H=H))
@@ -106,6 +111,16 @@ def cupti_ms(fn, args, iterations: int = 10) -> tuple[float, list]:
     return float(np.median([sum(t for _, t in it) for it in per_iter])), kernels
 
 
+KERNELS = ("triton", "mosaic", "mosaic64", "direct", "combine")
+
+
+def config_of(kernel: str):
+    """The ``DecodeConfig`` a Triton kernel name calls with: "combine" forces partials + combine; else None."""
+    from attnlab.kernels import decode as kd
+
+    return kd.DecodeConfig(direct_output=False) if kernel == "combine" else None
+
+
 @functools.lru_cache(maxsize=None)
 def call(window, paged: bool, interpret: bool, kernel: str = "triton"):
     """The jitted decode call of one window (None: the whole cache), contiguous or through a page table;
@@ -115,7 +130,11 @@ def call(window, paged: bool, interpret: bool, kernel: str = "triton"):
     import attnlab
     from attnlab.kernels import decode as kd
 
-    if kernel == "mosaic":
+    if kernel in ("direct", "combine"):    # the Triton kernel itself: one-split store vs partials + combine
+        def f(q, k, v, lengths, table=None):
+            return kd.decode_attention_pallas(q, k, v, lengths, interpret=interpret, page_table=table, window=window,
+                                              config=config_of(kernel))
+    elif kernel == "mosaic":
         def f(q, k, v, lengths, table=None):
             return kd.decode_attention_pallas(q, k, v, lengths, interpret=interpret, page_table=table, window=window,
                                               config=kd.DecodeConfig(kernel="mosaic"))
@@ -169,6 +188,13 @@ def run_cell(c: dict, k, v, paged, dev: str, dry_run: bool, kernel: str = "trito
                roofline_ms=roofline_ms([S] * B, T, N, K, H, 2, window=(W, 0), hbm_tbs=peaks["bandwidth"] / 1e12,
                                        peak_tflops=peaks["peak_flops"] / 1e12))
     args = (q, k, v, lengths) if paged is None else (q, paged[0], paged[1], lengths, paged[2])
+    if kernel not in ("mosaic", "mosaic64"):   # the Triton kernel's plan for this call (lengths traced: the S_max rule)
+        from attnlab.core import device
+        from attnlab.kernels import decode as kd
+
+        plan = kd.make_plan(B, T, S, N, K, H, jnp.bfloat16, config_of(kernel), window=(W, 0),
+                            compute_capability=device.current().compute_capability)
+        rec.update(num_splits=plan.num_splits, direct=plan.direct)
     fn = call((W, 0), paged is not None, dry_run, kernel)
     try:
         rec["check"] = check(fn(*args), references(q, k, v, [S] * B, W), W)
@@ -189,14 +215,16 @@ def run_cell(c: dict, k, v, paged, dev: str, dry_run: bool, kernel: str = "trito
 
 
 def table_md(recs) -> str:
-    lines = ["| S | cache | B | T | W | kernel | ms | % roofline (window K/V) | with q/out | goal >= 87% | "
-             "whole cache ms | check |", "| --- " * 12 + "|"]
+    lines = ["| S | cache | B | T | W | kernel | splits | kernels | ms | % roofline (window K/V) | with q/out | "
+             "goal >= 87% | whole cache ms | check |", "| --- " * 14 + "|"]
     for r in recs:
         worst = max((x["rel_err"] / x["limit"] for x in r.get("check", [])), default=float("nan"))
         chk = f"ok ({worst:.2f} of limit)" if "error" not in r else f"✗ {r['error'][:50]}"
         pct, pct_qo = r.get("pct_roofline"), r.get("pct_with_q_out")
         verdict = "–" if pct is None else "met" if pct >= GOAL_PCT else f"missed ({r['ms'] / r['roofline_ms']:.2f}x)"
-        cols = [r["S"], r["layout"], r["B"], r["T"], r["W"], r.get("kernel", "triton"),
+        splits = "–" if "num_splits" not in r else f"{r['num_splits']}{' direct' if r['direct'] else ''}"
+        cols = [r["S"], r["layout"], r["B"], r["T"], r["W"], r.get("kernel", "triton"), splits,
+                len(r["kernels"]) if "kernels" in r else "–",
                 f"{r['ms']:.4f}" if "ms" in r else "–",
                 "–" if pct is None else f"{pct:.0f}%", "–" if pct_qo is None else f"{pct_qo:.0f}%", verdict,
                 f"{r['full_ms']:.4f}" if "full_ms" in r else "–", chk]
@@ -204,23 +232,42 @@ def table_md(recs) -> str:
     return "\n".join(lines) + "\n"
 
 
+def direct_md(recs) -> str:
+    """The one-split store against partials + combine, cell by cell (both timed): "" unless both kernels ran."""
+    by = {(r["S"], r["layout"], r["T"], r["W"], r.get("kernel")): r for r in recs if "ms" in r}
+    lines = []
+    for (S, lay, T, W, kernel), r in by.items():
+        old = by.get((S, lay, T, W, "combine"))
+        if kernel == "direct" and old is not None:
+            lines.append(f"| {S} | {lay} | {T} | {W} | {r['num_splits']} | {r['ms']:.4f} | {old['ms']:.4f} | "
+                         f"{old['ms'] / r['ms']:.2f}x | {r['pct_roofline']:.0f}% |")
+    head = ["", "One-split store (direct) against partials + combine:", "",
+            "| S | cache | T | W | splits | direct ms | combine ms | speed-up | direct % roofline |",
+            "| --- " * 9 + "|"]
+    return "\n".join(head + lines) + "\n" if lines else ""
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="T=1, W in {128, 1024}")
+    ap.add_argument("--q-lens", help="comma-separated T values instead (e.g. 4: --quick's windows at T=4)")
     ap.add_argument("--max-seconds", type=float, default=200.0, help="no new cell starts past this")
     ap.add_argument("--dry-run", action="store_true", help="tiny sizes, interpret mode: cells and checks only")
-    ap.add_argument("--kernels", default="triton", help="comma-separated: triton, mosaic, mosaic64 (each cell on each)")
+    ap.add_argument("--kernels", default="triton", help=f"comma-separated: {', '.join(KERNELS)} (each cell on each)")
+    ap.add_argument("--direct", action="store_true", help="--kernels direct,combine: one-split store vs the combine")
     a = ap.parse_args(argv)
+    if a.direct:
+        a.kernels = "direct,combine"
     kernels = a.kernels.split(",")
-    if not kernels or set(kernels) - {"triton", "mosaic", "mosaic64"}:
-        ap.error(f"--kernels must list some of triton, mosaic, mosaic64, got {a.kernels!r}")
+    if not kernels or set(kernels) - set(KERNELS):
+        ap.error(f"--kernels must list some of {', '.join(KERNELS)}, got {a.kernels!r}")
     import jax
 
     os.makedirs(a.out, exist_ok=True)
     t0 = time.perf_counter()
     dev = str(jax.devices()[0].device_kind)
-    todo = cells(a.quick, a.dry_run)
+    todo = cells(a.quick, a.dry_run, a.q_lens and tuple(int(t) for t in a.q_lens.split(",")))
     recs, held = [], (None, None)
     with open(os.path.join(a.out, "results.jsonl"), "w") as f:
         for c, kernel in ((c, kernel) for c in todo for kernel in kernels):
@@ -235,9 +282,9 @@ def main(argv=None):
             recs.append(rec)
             f.write(json.dumps(rec) + "\n")
             f.flush()
-            keys = ("S", "layout", "T", "W", "kernel", "ms", "pct_roofline", "error")
+            keys = ("S", "layout", "T", "W", "kernel", "num_splits", "direct", "ms", "pct_roofline", "error")
             print(json.dumps({k: rec.get(k) for k in keys}))
-    md = table_md(recs)
+    md = table_md(recs) + direct_md(recs)
     with open(os.path.join(a.out, "README.md"), "w") as f:
         f.write(f"# Sliding-window decode on {dev}\n\n`PYTHONPATH=src python benchmarks/decode/window_gpu.py "
                 f"--out {a.out}{' --dry-run' if a.dry_run else ''} --kernels {a.kernels}`\n\n" + md)

@@ -28,7 +28,8 @@ Layout and grid
     and sum) streams block_k keys at a time: S = q k^T (bf16/fp16 MMA, float32 accumulation),
     P = exp2(S - m) rounded to the input dtype, O += P v (float32 accumulation).
     Each program writes its unnormalised partial O (float32), running max m and sum l; a
-    second step in jax.numpy (fused by XLA) combines the splits by log-sum-exp:
+    second step in jax.numpy (fused by XLA) combines the splits by log-sum-exp (one split:
+    ``decode_direct``, the program normalises and stores O in q's dtype itself, no second step):
     O = sum_j 2^(m_j - M) O_j / sum_j 2^(m_j - M) l_j with M = max_j m_j (with ``sinks``, gpt-oss's
     attention sinks, M also takes the row's sink and the denominator gains 2^(sink - M), once per row).
 
@@ -37,7 +38,7 @@ What is read from HBM
     (the masked tail of the last block is not fetched; with a window only the blocks from the window's
     first one); q once per split; partials
     (B, K, splits, T*G, H+2) float32 written then read by the combine (weighed by the split rule;
-    ~1% at T*G = 16, at most 25%).
+    ~1% at T*G = 16, at most 25%; none at one split).
 
 Why Triton here, and Mosaic GPU above 64 rows
     Up to T*G ~ 200 rows the work is bandwidth-bound (arithmetic intensity T*N/K FLOP/byte, ridge
@@ -74,10 +75,11 @@ from jax.experimental.pallas import triton as plgpu
 
 from ..core import device
 from ..core.masking import large_negative_value
+from . import decode_direct as direct_out
 from . import decode_mgpu
 from .decode_plan import (DTYPES, HEAD_DIMS, MAX_ROWS, MIN_ROWS, DecodeConfig, Plan,  # noqa: F401
                           blocks_visited, compiled_stages, default_block_k, make_plan, next_pow2, unsupported,
-                          window_start)
+                          window_base, window_start)
 from .decode_resources import (CPU_SM_COUNT, DEFAULT_SM_COUNT, REGS_PER_SM, SM_COUNTS, SMEM_PER_BLOCK,  # noqa: F401
                                SMEM_PER_BLOCK_OTHER_SM8X, SMEM_PER_SM, SMEM_SLACK, fit_stages, programs_per_sm,
                                sm_count, smem_bytes, smem_limit)
@@ -108,39 +110,29 @@ def cuda_lowering_context(device_kind: str = "NVIDIA H200", cores: int = 132):
         return contextlib.nullcontext()
 
 
-def window_base(lo, block_k: int, page_size: int | None):
-    """(position the program's blocks start from, whether it is a multiple of block_k) for a window whose first
-    visible key is ``lo`` (``window_start``; None: no window, 0). The window's first key itself where a block may
-    start anywhere (contiguous caches, and pages shorter than a block, gathered key by key): the keys before it
-    are never fetched (a 128-key window in blocks of 128 read 2-3 blocks when they started at block
-    boundaries); the start of its block where a block is one page's contiguous rows (pages >= block_k)."""
-    if lo is None:
-        return 0, True
-    if page_size is None or block_k > page_size:
-        return lo, False
-    return lax.div(lo, block_k) * block_k, True
-
-
 def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, block_r: int, block_k: int,
             num_splits: int, causal: bool, qk_scale: float, page_size: int | None = None,
             soft_cap: float | None = None, window: tuple[int, int] | None = None, kv_scale: str | None = None,
-            kv_mma: str | None = None):
+            kv_mma: str | None = None, direct: bool = False, sinks: bool = False):
 
     # paged: refs start with this sequence's page table row, and k_ref / v_ref are (P * page_size, H);
-    # a quantized cache (kv_scale: its scale layout) adds the two scale refs after v_ref
+    # a quantized cache (kv_scale: its scale layout) adds the two scale refs after v_ref. ``direct`` (one split,
+    # ``decode_direct``): q_ref and the one output are (T, G, H) blocks, after the (G,) sinks when ``sinks``
     table_ref, refs = (refs[0], refs[1:]) if page_size else (None, refs)
     (q_ref, k_ref, v_ref), refs = refs[:3], refs[3:]
     (ks_ref, vs_ref), refs = (refs[:2], refs[2:]) if kv_scale else ((None, None), refs)
-    o_ref, m_ref, l_ref = refs
+    sinks_ref, refs = (refs[0], refs[1:]) if sinks else (None, refs)
     H = q_ref.shape[-1]
     tile, split = pl.program_id(0), pl.program_id(1)
     # Lengths are clamped to [0, S]: under jit they are not checked, and nothing past S is ever read.
     length = jnp.minimum(jnp.maximum(len_ref[0], 0), kv_len)
     row = tile * block_r + lax.iota(jnp.int32, block_r)
     row_ok = row < rows
-    q = plgpu.load(q_ref, mask=jnp.broadcast_to(row_ok[:, None], (block_r, H)), other=0)
+    q = (direct_out.load_q(q_ref, row, row_ok, groups=groups) if direct
+         else plgpu.load(q_ref, mask=jnp.broadcast_to(row_ok[:, None], (block_r, H)), other=0))
     q_mma, row_factor = mma_query(q, kv_mma) if kv_scale else (q, None)
-    base, aligned = window_base(window_start(length, q_len, window, maximum=jnp.maximum), block_k, page_size)
+    base, aligned = window_base(window_start(length, q_len, window, maximum=jnp.maximum), block_k, page_size,
+                                div=lax.div)
     first, count = split_range(length - base, split, num_splits=num_splits, block_k=block_k,
                                div=lax.div, minimum=jnp.minimum, maximum=jnp.maximum)
     q_pos = length - q_len + lax.div(row, groups)          # position of each row's query
@@ -187,6 +179,10 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
     init = (jnp.zeros((block_r, H), jnp.float32), jnp.full((block_r,), NEG, jnp.float32),
             jnp.zeros((block_r,), jnp.float32))
     acc, m, l = lax.fori_loop(0, count, body, init)
+    if direct:
+        sink = None if sinks_ref is None else direct_out.load_sinks(sinks_ref, row, row_ok, groups=groups)
+        return direct_out.store_normalised(refs[0], acc, m, l, row, row_ok, groups=groups, sink=sink)
+    o_ref, m_ref, l_ref = refs
     plgpu.store(o_ref, acc, mask=jnp.broadcast_to(row_ok[:, None], (block_r, H)))
     plgpu.store(m_ref, m, mask=row_ok)
     plgpu.store(l_ref, l, mask=row_ok)
@@ -209,7 +205,8 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
     ``config.kernel`` is "mosaic", ``decode_mgpu_plan.pick_kernel``). ``interpret`` defaults to True when JAX's
     default backend is not a GPU.
     ``sinks``: None or (N,) float logits (traced or not), gpt-oss's attention sinks: one more logit per
-    query head in the softmax denominator, with no value, added by the combine (``combine``).
+    query head in the softmax denominator, with no value, added by the combine (``combine``; one split: in the
+    kernel, ``decode_direct``).
     A quantized cache (k, v FP8 or int8): ``k_scale``/``v_scale`` float32 in the layout ``kv_scale``
     (``attnlab.core.kv_quant``), dequantized in registers (``dequantized_scores``, ``dequantized_pv``);
     it always runs the Triton kernel.
@@ -230,7 +227,7 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
         cc = device.current().compute_capability
         # a config that tunes the Triton kernel (block_r, ...) keeps it unless it names the kernel
         requested = None if config is None else config.kernel or (
-            "triton" if dataclasses.replace(config, kernel=None) != DecodeConfig() else None)
+            "triton" if dataclasses.replace(config, kernel=None, direct_output=True) != DecodeConfig() else None)
         # T*G > 64 rows on Hopper, or a window with kernel="mosaic": the wgmma kernel (decode_mgpu_plan.pick_kernel)
         if decode_mgpu.pick_kernel(T, S, N, K, H, str(q.dtype), compute_capability=None if interpret else cc,
                                    page_size=page_size, soft_cap=soft_cap, window=window,
@@ -241,17 +238,28 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
         known = None if isinstance(lengths, jax.core.Tracer) else [int(n) for n in np.asarray(lengths)]
         plan = make_plan(B, T, S, N, K, H, q.dtype, config, compute_capability=cc, lengths=known, window=window,
                          kv_dtype=str(k.dtype) if kv_scale else None)
-    R, br, P = plan.rows, plan.block_r, plan.num_splits
-    qp = q.reshape(B, T, K, G, H)
-    qp = (qp.reshape(B, K, R, H) if T == 1 else jnp.transpose(qp, (0, 2, 1, 3, 4)).reshape(B, K, R, H))
+    R, br, P, direct = plan.rows, plan.block_r, plan.num_splits, plan.direct
     lengths = jnp.asarray(lengths).astype(jnp.int32)
 
     def bk(x):
         return lax.div(x, K), lax.rem(x, K)
 
+    if direct:     # one split: no partials, no combine (``decode_direct``)
+        qp, *sink_in = direct_out.packed_inputs(q, sinks, K)
+        (q_spec, *sink_specs), out_specs = direct_out.block_specs(T, G, H, bk, sinks is not None)
+        out_shape = direct_out.out_struct(q, K)
+    else:
+        qp = q.reshape(B, T, K, G, H)
+        qp = (qp.reshape(B, K, R, H) if T == 1 else jnp.transpose(qp, (0, 2, 1, 3, 4)).reshape(B, K, R, H))
+        q_spec, sink_specs, sink_in = pl.BlockSpec((None, None, br, H), lambda r, j, x: (*bk(x), r, 0)), [], []
+        out_specs = [pl.BlockSpec((None, None, None, br, H), lambda r, j, x: (*bk(x), j, r, 0)),
+                     *[pl.BlockSpec((None, None, None, br), lambda r, j, x: (*bk(x), j, r))] * 2]
+        out_shape = [jax.ShapeDtypeStruct((B, K, P, R, H), jnp.float32),
+                     *[jax.ShapeDtypeStruct((B, K, P, R), jnp.float32)] * 2]
     kernel = functools.partial(_kernel, q_len=T, groups=G, rows=R, kv_len=S, block_r=br, block_k=plan.block_k,
                                num_splits=P, causal=bool(causal) and T > 1, qk_scale=scale * LOG2E,
-                               page_size=page_size, kv_scale=kv_scale, kv_mma=plan.kv_mma,
+                               page_size=page_size, kv_scale=kv_scale, kv_mma=plan.kv_mma, direct=direct,
+                               sinks=direct and sinks is not None,
                                soft_cap=None if soft_cap is None else float(soft_cap) * LOG2E,
                                window=None if window is None else (int(window[0]), int(window[1])))
     if page_table is None:
@@ -265,32 +273,21 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
     scales = scale_inputs(k_scale, v_scale, kv_scale, K=K)
     scale_spec = [scale_block_spec(kv_scale, scales[0].shape, lambda r, j, x: bk(x),
                                    rows=None if page_table is not None else S)] * 2 if scales else []
-    o, m, l = pl.pallas_call(
+    out = pl.pallas_call(
         kernel,
         grid=(plan.row_tiles, P, B * K),
-        in_specs=[
-            pl.BlockSpec((1,), lambda r, j, x: (bk(x)[0],)),
-            *table_specs,
-            pl.BlockSpec((None, None, br, H), lambda r, j, x: (*bk(x), r, 0)),
-            kv_spec,
-            kv_spec,
-            *scale_spec,
-        ],
-        out_specs=[
-            pl.BlockSpec((None, None, None, br, H), lambda r, j, x: (*bk(x), j, r, 0)),
-            pl.BlockSpec((None, None, None, br), lambda r, j, x: (*bk(x), j, r)),
-            pl.BlockSpec((None, None, None, br), lambda r, j, x: (*bk(x), j, r)),
-        ],
-        out_shape=[
-            jax.ShapeDtypeStruct((B, K, P, R, H), jnp.float32),
-            jax.ShapeDtypeStruct((B, K, P, R), jnp.float32),
-            jax.ShapeDtypeStruct((B, K, P, R), jnp.float32),
-        ],
+        in_specs=[pl.BlockSpec((1,), lambda r, j, x: (bk(x)[0],)), *table_specs, q_spec, kv_spec, kv_spec,
+                  *scale_spec, *sink_specs],
+        out_specs=out_specs,
+        out_shape=out_shape,
         # paged: the K/V addresses come from a table load (one indirection level), which halves
         # Triton's prefetch distance unless num_stages is raised (``compiled_stages``)
         compiler_params=plgpu.CompilerParams(
             num_warps=plan.num_warps, num_stages=compiled_stages(plan.num_stages, 0 if page_table is None else 1)),
         interpret=interpret,
-        name=f"attnlab_decode_r{br}_k{plan.block_k}" + (f"_p{page_size}" if page_size else ""),
-    )(lengths, *tables, qp, k, v, *scales)
-    return combined_queries(o, m, l, q_len=T, groups=G, dtype=q.dtype, sinks=sinks)
+        name=f"attnlab_decode_r{br}_k{plan.block_k}" + (f"_p{page_size}" if page_size else "")
+        + ("_direct" if direct else ""),
+    )(lengths, *tables, qp, k, v, *scales, *sink_in)
+    if direct:
+        return out.reshape(B, T, N, H)
+    return combined_queries(*out, q_len=T, groups=G, dtype=q.dtype, sinks=sinks)

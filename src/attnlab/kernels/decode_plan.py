@@ -16,10 +16,14 @@ Tuning parameters (``DecodeConfig``; None = the default)
                trace time and ragged, ``choose_num_splits_ragged`` instead (the grid
                simulated with each sequence's own length; modelled, not yet measured). With a
                sliding window (``window``) both count only the window's blocks (``window_span``).
+               One split stored directly (``direct_output``) pays no partials and no combine.
+    direct_output  True: a one-split launch stores O itself, one kernel (``Plan.direct``,
+               ``kernels.decode_direct``); False: partials + combine always (to time against)
 """
 from __future__ import annotations
 
 import dataclasses
+import operator
 
 from .decode_resources import fit_stages, programs_per_sm, sm_count
 from .decode_splits import cdiv, choose_num_splits, choose_num_splits_ragged, split_range
@@ -45,6 +49,10 @@ class DecodeConfig:
     #: for FP8 caches and bfloat16 queries (e4m3 1.13-1.39x faster at T=1 on the H200,
     #: results/gpu-2026-12-05c-kv-products), q's dtype otherwise (int8: float16 was slower)
     kv_mma: str | None = None
+    #: True: a launch with one split normalises O in registers and stores it in q's dtype, one kernel
+    #: (``kernels.decode_direct``); False: every launch writes float32 partials and XLA combines them (the path
+    #: before, kept to time against)
+    direct_output: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,10 +67,16 @@ class Plan:
     num_warps: int
     num_stages: int
     kv_mma: str | None = None     # "float16", or None: q's dtype
+    direct_output: bool = True    # ``DecodeConfig.direct_output``
 
     @property
     def grid(self) -> tuple[int, int]:
         return (self.row_tiles, self.num_splits)
+
+    @property
+    def direct(self) -> bool:
+        """Whether the launch stores O itself, in q's dtype (one split, ``kernels.decode_direct``): no combine."""
+        return self.direct_output and self.num_splits == 1
 
 
 def next_pow2(n: int) -> int:
@@ -73,6 +87,20 @@ def window_start(length, q_len: int, window, maximum=max):
     """The first key position any of the T = ``q_len`` newest queries of a ``length``-key sequence sees
     under ``window`` (left, right): max(0, length - T - left); None when there is no window."""
     return None if window is None else maximum(length - q_len - int(window[0]), 0)
+
+
+def window_base(lo, block_k: int, page_size: int | None, div=operator.floordiv):
+    """(position the program's blocks start from, whether it is a multiple of block_k) for a window whose first
+    visible key is ``lo`` (``window_start``; None: no window, 0). The window's first key itself where a block may
+    start anywhere (contiguous caches, and pages shorter than a block, gathered key by key): the keys before it
+    are never fetched (a 128-key window in blocks of 128 read 2-3 blocks when they started at block
+    boundaries); the start of its block where a block is one page's contiguous rows (pages >= block_k).
+    ``div``: ``lax.div`` in the kernel, on traced int32 scalars."""
+    if lo is None:
+        return 0, True
+    if page_size is None or block_k > page_size:
+        return lo, False
+    return div(lo, block_k) * block_k, True
 
 
 def window_span(length: int, q_len: int, window, block_k: int) -> int:
@@ -123,18 +151,18 @@ def make_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, he
     if splits is None:
         occ = programs_per_sm(block_r, block_k, head_dim, num_warps, stages, itemsize)
         kw = dict(rows=rows, block_k=block_k, head_dim=head_dim, row_tiles=row_tiles, itemsize=itemsize,
-                  sm_count=sms if sms is not None else sm_count(), occupancy=occ)
+                  sm_count=sms if sms is not None else sm_count(), occupancy=occ, direct_output=cfg.direct_output)
         # a window's keys: at most T + left, one block more where the window starts inside a block
         span = kv_len if window is None else min(kv_len, q_len + int(window[0]) + block_k)
         splits = choose_num_splits(span, batch * kv_heads, **kw)
         if lengths is not None:
-
             spans = [window_span(int(n), q_len, window, block_k) for n in lengths]
             splits = choose_num_splits_ragged(spans, kv_heads, uniform_choice=splits, **kw)
     if splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {splits}")
     return Plan(rows=rows, block_r=block_r, row_tiles=row_tiles, block_k=block_k, num_splits=int(splits),
-                num_warps=num_warps, num_stages=stages, kv_mma=kv_products(cfg.kv_mma, kv_dtype, dtype))
+                num_warps=num_warps, num_stages=stages, kv_mma=kv_products(cfg.kv_mma, kv_dtype, dtype),
+                direct_output=bool(cfg.direct_output))
 
 
 def kv_products(kv_mma: str | None, kv_dtype: str | None, q_dtype="bfloat16") -> str | None:

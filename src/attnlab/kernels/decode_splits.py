@@ -9,6 +9,9 @@ simulated makespan is shortest: the grid's programs in launch order (kv head, ba
 row tile inner) go to the first free of ``sm_count x occupancy`` program slots, each costing its
 blocks plus ``FILL_BLOCKS``, times the partial outputs' extra traffic (as the uniform rule).
 A uniform batch gets exactly ``choose_num_splits``'s count. Traced lengths keep the S_max rule.
+With ``direct_output`` (the Triton kernel's one-split launch, ``kernels.decode_direct``) one split costs its
+waves alone: no partials and no second kernel; more splits pay the partials' traffic and the combine's start-up
+(``COMBINE_BLOCKS``). Without it (the Mosaic GPU kernel, or the path forced off) every count pays the partials.
 ``kernels.decode_plan`` calls both when it makes a launch plan.
 """
 from __future__ import annotations
@@ -17,6 +20,9 @@ import heapq
 import operator
 
 FILL_BLOCKS = 2         # a program's pipeline start-up, counted in blocks of work
+#: The combine, a second kernel, counted as one more start-up (its bytes are the partials' traffic, counted
+#: apart): a lower bound that costs a split launch something over a one-split one with the same waves
+COMBINE_BLOCKS = FILL_BLOCKS
 
 
 def cdiv(a: int, b: int) -> int:
@@ -30,17 +36,26 @@ def wave_cost(splits: int, n_blocks: int, programs_per_split: int, slots: int) -
     return waves * (cdiv(n_blocks, splits) + FILL_BLOCKS)
 
 
+def split_factor(splits: int, partial: float, kv_bytes: float, direct_output: bool) -> tuple[float, int]:
+    """(traffic factor, added blocks) of a launch with ``splits``: 1 + the partials' bytes over the KV bytes and
+    the combine's start-up; (1, 0) for one split stored directly (``direct_output``)."""
+    if direct_output and splits == 1:
+        return 1.0, 0
+    return 1 + splits * partial / kv_bytes, COMBINE_BLOCKS
+
+
 def choose_num_splits(kv_len: int, batch_kv_heads: int, *, rows: int, block_k: int, head_dim: int,
                       row_tiles: int = 1, itemsize: int = 2, sm_count: int = 132, occupancy: int = 2,
                       min_blocks_per_split: int = 4, max_partial_fraction: float = 0.25,
-                      max_splits: int = 128) -> int:
+                      max_splits: int = 128, direct_output: bool = False) -> int:
     """How many programs share one (batch, kv head)'s keys (flash-decoding's split count).
 
     The grid has P = B*K*row_tiles*splits programs of equal work and the GPU holds
     ``sm_count * occupancy`` of them at once; the split count minimises ``wave_cost`` (whole
     waves times the length of one program, so a last wave that is nearly empty costs as much
     as a full one) times (1 + the partial outputs' traffic relative to the KV bytes: T*G rows
-    x (H + 2) float32, written and read once per split), preferring fewer splits on a tie.
+    x (H + 2) float32, written and read once per split) plus the combine's start-up, preferring fewer splits on a
+    tie; with ``direct_output`` one split pays neither (``split_factor``).
     Each split keeps at least ``min_blocks_per_split`` blocks and the partial traffic stays
     within ``max_partial_fraction`` of the KV bytes.
     The result is rounded to the count the block chunking really uses (no split empty at
@@ -55,7 +70,8 @@ def choose_num_splits(kv_len: int, batch_kv_heads: int, *, rows: int, block_k: i
     by_traffic = max(1, int(max_partial_fraction * kv_bytes // partial))
     cap = max(1, min(by_blocks, by_traffic, max_splits, n_blocks))
     def cost(s):
-        return wave_cost(s, n_blocks, per_split, slots) * (1 + s * partial / kv_bytes)
+        factor, combine = split_factor(s, partial, kv_bytes, direct_output)
+        return wave_cost(s, n_blocks, per_split, slots) * factor + combine
 
     best = min(range(1, cap + 1), key=lambda s: (round(cost(s), 6), s))
     return cdiv(n_blocks, cdiv(n_blocks, best))
@@ -99,7 +115,7 @@ def makespan(lengths, kv_heads: int, splits: int, *, block_k: int, row_tiles: in
 def choose_num_splits_ragged(lengths, kv_heads: int, *, uniform_choice: int, rows: int, block_k: int, head_dim: int,
                              row_tiles: int = 1, itemsize: int = 2, sm_count: int = 132, occupancy: int = 2,
                              min_blocks_per_split: int = 4, max_partial_fraction: float = 0.25,
-                             max_splits: int = 128) -> int:
+                             max_splits: int = 128, direct_output: bool = False) -> int:
     """The split count for these concrete ``lengths`` (see the module docstring); ``uniform_choice`` is
     ``choose_num_splits``'s count for S_max, returned unchanged when all lengths are equal."""
     lengths = [int(n) for n in lengths]
@@ -117,7 +133,8 @@ def choose_num_splits_ragged(lengths, kv_heads: int, *, uniform_choice: int, row
     def cost(s):
         span = makespan(lengths, kv_heads, s, block_k=block_k, row_tiles=row_tiles, slots=slots,
                         fill_blocks=FILL_BLOCKS)
-        return span * (1 + s * partial / kv_bytes)
+        factor, combine = split_factor(s, partial, kv_bytes, direct_output)
+        return span * factor + combine
 
     tried = sorted({s for s in CANDIDATES if s <= cap} | {min(uniform_choice, cap)})
     best = min(tried, key=lambda s: (round(cost(s), 6), s))
