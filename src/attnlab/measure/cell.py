@@ -95,7 +95,7 @@ def _measure_cell(cell: Cell, opts: Options | None, on_phase, ahead, stamp: dict
                 with phases("check"):
                     try:
                         check_into(rec, run.output(), ins.sets[0], cell, backend, opts, ins.extras, grads=run.grads,
-                                   ct=run.ct)
+                                   ct=run.ct, caches=run.caches)
                     except _Skip:
                         raise
                     except Exception as e:  # noqa: BLE001

@@ -104,11 +104,11 @@ def semantics(cell, extras: dict) -> Semantics:
                      q_offsets=tuple(n - cell.q_len for n in lens), soft_cap=cell.soft_cap, sinks=sinks)
 
 
-def check_into(rec: dict, out, inputs, cell, backend, opts, extras: dict, grads=None, ct=None) -> None:
+def check_into(rec: dict, out, inputs, cell, backend, opts, extras: dict, grads=None, ct=None, caches=None) -> None:
     """Check a (non-serving) cell into ``rec``: its whole forward output ``out`` on its first input set ``inputs``
-    (q, k, v; a quantized cache: ``kv_cells.check_output``), then, for fwd+bwd / bwd cells, every gradient
-    (``grads()`` makes them once the output passed; ``ct`` the output's cotangent); ``extras``: the call's keyword
-    arguments. ``Skip('incorrect')`` carrying the fields of the check that failed; first, for every cell, an
+    (q, k, v; a quantized cache: ``kv_cells.check_output`` on ``caches``, the timed call's caches of that set),
+    then, for fwd+bwd / bwd cells, every gradient (``grads()`` makes them once the output passed; ``ct`` the
+    output's cotangent); ``extras``: the call's keyword arguments. ``Skip('incorrect')`` carrying the fields of the check that failed; first, for every cell, an
     output of another dtype than the cell's (``output_dtype``)."""
     rec.update(output_dtype(out, cell))
     if not cell.kv_dtype:
@@ -117,7 +117,7 @@ def check_into(rec: dict, out, inputs, cell, backend, opts, extras: dict, grads=
         if grads is not None:
             rec.update(check_gradients(grads(), inputs, ct, sem, key))
     else:
-        rec.update(kv_cells.check_output(out, inputs, cell, extras))
+        rec.update(kv_cells.check_output(out, inputs, caches, cell, extras))
 
 
 def check_output(out, inputs, backend, sem: Semantics, key: str) -> dict:

@@ -47,6 +47,12 @@ class JaxRun:
         """None for a fwd cell, else a maker of the first set's gradients (the timed program itself)."""
         return None if self.cell.mode == "fwd" else lambda: self.compiled(*self.arg_sets[0])
 
+    @property
+    def caches(self):
+        """A quantized-cache cell's timed caches of the first set (k_cache, k_scale, v_cache, v_scale[, page_table]:
+        ``kv_cells.quantized_caches``), which its check reads; None for any other cell."""
+        return self.arg_sets[0][1:] if self.cell.kv_dtype else None
+
     def output(self):
         """The forward output on the first input set (a paged cell's timed program takes (q, pages, table))."""
         if self.cell.mode == "fwd":

@@ -31,6 +31,7 @@ class NativeRun:
     ins: object
     grads = None      # a native cell is forward only: no gradients, no cotangent
     ct = None
+    caches = None     # nor a quantized cache (no native backend ``takes_kv_scales``)
 
     @property
     def scale(self) -> float:
