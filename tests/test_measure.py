@@ -168,34 +168,43 @@ def test_random_inputs_are_bit_identical_to_jax_random_normal():
 
 @pytest.mark.parametrize("factor, status", [(1.0, "ok"), (1.01, "incorrect")])
 def test_native_cell_checked_once_then_timed(factor, status):
-    """A backend outside JAX (``NativeBackend``) goes through measure_cell as any cell: its output checked
-    (``check``), then, only when right, its kernel timed by ``measure.native`` (device events here)."""
+    """A backend outside JAX (``NativeBackend``) goes through measure_cell as any cell: its kernel built once
+    (``native_fn``), its output checked (``check``), then, only when right, the same kernel timed by
+    ``measure.native`` (device events here)."""
     import time
 
     import numpy as np
 
+    import attnlab
     from attnlab.backends.base import NativeBackend, NativeCall
 
-    launched = []
+    launched, built, first = [], [], []
 
     class FakeNative(NativeBackend):
         name = "test-fake-native"
 
-        def run(self, p):
-            return backends.get("naive").run(p) * factor
-
         def native_fn(self, spec, scale, arg_sets, decode=None):
+            built.append(spec)
+
+            def fn(q, k, v):     # the output of the first set, computed once (the timed calls are many)
+                launched.append(q.shape)
+                if len(launched) == 1:
+                    first.append(np.asarray(attnlab.attention(q, k, v, is_causal=spec.is_causal, scale=scale,
+                                                              implementation="naive")) * factor)
+                return first[0]
+
             def event_ms(call):
                 t0 = time.perf_counter()
                 call()
                 return (time.perf_counter() - t0) * 1e3
-            return NativeCall(lambda q, k, v: launched.append(q.shape), lambda: None,
-                              [tuple(np.asarray(x) for x in s) for s in arg_sets], {"event_ms": event_ms})
+            return NativeCall(fn, lambda: None, [tuple(np.asarray(x) for x in s) for s in arg_sets],
+                              {"event_ms": event_ms})
 
     with backends.registered(FakeNative()):
         r = measure_cell(cell("test-fake-native"), FAST)
     assert r["status"] == status, r["reason"]
-    assert r["rel_err"] is not None and bool(launched) == (status == "ok")      # an incorrect cell is never timed
+    assert len(built) == 1 and r["rel_err"] is not None
+    assert (len(launched) > 1) == (status == "ok")      # the output's call, then, only when right, the timed ones
     assert (r["wall_ms"] is not None) == (status == "ok") and (r["kernel_ms"] is not None) == (status == "ok")
 
 
