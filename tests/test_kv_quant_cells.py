@@ -108,6 +108,8 @@ def test_the_quantized_check_gives_its_verdict_through_the_shared_helper():
     """kv_cells.check_output (as serving_cell.check_into and check.check_output) records and refuses through
     verdict.judged, after check.check_into's verdict.output_dtype: the fields ride on the Skip, the reason names
     the error and its limit."""
+    import types
+
     import attnlab
     import jax.numpy as jnp
 
@@ -131,5 +133,7 @@ def test_the_quantized_check_gives_its_verdict_through_the_shared_helper():
     with pytest.raises(Skip, match=r"^output wrong: rel L2 \S+ \(limit \S+\) \(float32") as e:
         check_output(out * 1.01, (q, k, v), caches, cell, {})
     assert e.value.fields["kv_rel_err"] > 0 and not e.value.fields["checks"]["float64_dequantized"]["ok"]
+    run = types.SimpleNamespace(output=lambda: out.astype("bfloat16"), ins=types.SimpleNamespace(sets=[(q, k, v)],
+                                extras={}), caches=caches)
     with pytest.raises(Skip, match="output bfloat16 is not the cell's float32"):   # the check of every cell, first
-        check_into({}, out.astype("bfloat16"), (q, k, v), cell, backends.get("xla"), Options(), {})
+        check_into({}, run, cell, backends.get("xla"), Options())

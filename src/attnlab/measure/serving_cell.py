@@ -8,7 +8,8 @@ their KV lengths drawn from it with a seed fixed by the shape (every backend and
 
 Measured as a JAX server calls it: ``jax.jit`` of ``serving_attention(q, k, v, q_starts, kv_lengths)``, the
 lengths *traced* arguments (the record's ``lengths_traced``; the kernel's plan is made inside the call from
-them). The check runs first: the first and last ``EDGE`` tokens of the longest and the shortest requests (by
+them; ``compile_run``, then ``ServingRun.time``). The check runs first (``check_into``, as ``check.check_into``
+calls every cell's check): the first and last ``EDGE`` tokens of the longest and the shortest requests (by
 KV length and by query length) against NumPy float64 (``attnlab.reference.serving64``), each error within the
 tolerance policy's limit from a kernel-like emulation of the same rows
 (``reference.serving64.kernel_like_serving``: scores in float32, P rounded to the cell's dtype). The record
@@ -136,10 +137,43 @@ def argument_sets(cell, p: Problem, nbytes: float, opts, phases, check_requests=
     return sets[0], timed, sem, dequantized
 
 
-def measure(backend, cell, opts, rec: dict, info, phases) -> dict:
-    """Check, then time one serving cell into ``rec`` and return it (raises ``Skip`` to end it early); the rates
-    are the caller's (``outcome.rates``, as for every cell)."""
+@dataclasses.dataclass(frozen=True)
+class ServingRun:
+    """A serving cell compiled (``compile_run``): ``compiled`` the jitted step on each timed set of ``args``; what its
+    check reads (``check.check_into`` passes them to ``check_into``): ``contiguous``, the first set's contiguous
+    (q, k, v, q_starts, kv_lengths), the step's ``q_lens`` and ``kv_lens``, the call's semantics ``sem``
+    (``call_semantics``) and, with ``kv_dtype``, the sampled requests' ``dequantized`` (k, v)."""
 
+    p: Problem
+    compiled: object
+    args: list
+    contiguous: tuple
+    q_lens: np.ndarray
+    kv_lens: np.ndarray
+    sem: dict
+    dequantized: tuple | None
+    cupti: bool
+
+    def output(self):
+        """The step's output on the first timed set (q's packed rows)."""
+        return self.compiled(*self.args[0])
+
+    def time(self, opts, rec: dict, info, phases) -> None:
+        """Time the step on every set into ``rec``, with ``tokens_per_s``; raises ``Skip``."""
+        rec["repeats"] = opts.repeats or (20 if info.platform == "gpu" else 5)
+        with phases("timing"):
+            try:
+                timers.time_into(rec, self.compiled, self.args, opts, cupti=self.cupti)
+            except Exception as e:  # noqa: BLE001
+                raise Skip(*classify(e, "run")) from None
+        rec["process_peak_bytes"] = memory.process_peak_bytes()
+        rec["tokens_per_s"] = self.p.new_tokens() / (time_ms(rec) * 1e-3)
+
+
+def compile_run(backend, cell, opts, rec: dict, phases, cupti: bool) -> ServingRun:
+    """A serving cell's inputs made (``argument_sets``; with ``opts.check`` the dequantized K/V its check reads), the
+    backend asked about its first call and the step compiled, into ``rec``; raises ``Skip`` (refused, a compile
+    failure). Checked (``check.check_into``) and timed (``ServingRun.time``) as every cell is."""
     p = cell.workload     # the step's requests, drawn once (``requests``)
     q_lens, kv_lens = np.asarray(p.q_lengths, np.int32), np.asarray(p.kv_lengths, np.int32)
     seed = request_seed(cell)
@@ -161,22 +195,7 @@ def measure(backend, cell, opts, rec: dict, info, phases) -> dict:
         except Exception as e:  # noqa: BLE001
             raise Skip(*classify(e, "compile")) from None
     rec.update(lower_s=lower_s, compile_s=lower_s + compile_s, compiled_ahead=False, **memory.compiled_memory(compiled))
-    if opts.check:
-        with phases("check"):
-            try:
-                out = compiled(*args[0])
-            except Exception as e:  # noqa: BLE001
-                raise Skip(*classify(e, "run")) from None
-            check_into(rec, out, contiguous, q_lens, kv_lens, cell, backend, kw, dequantized)
-    rec["repeats"] = opts.repeats or (20 if info.platform == "gpu" else 5)
-    with phases("timing"):
-        try:
-            timers.time_into(rec, compiled, args, opts, cupti=rec["timer"] == "cupti")
-        except Exception as e:  # noqa: BLE001
-            raise Skip(*classify(e, "run")) from None
-    rec["process_peak_bytes"] = memory.process_peak_bytes()
-    rec["tokens_per_s"] = p.new_tokens() / (time_ms(rec) * 1e-3)
-    return rec
+    return ServingRun(p, compiled, args, contiguous, q_lens, kv_lens, kw, dequantized, cupti)
 
 
 def call_semantics(cell) -> dict:
