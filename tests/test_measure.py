@@ -1,4 +1,5 @@
 """The measurement engine on the CPU: timers, statuses, modes, metrics, ceilings."""
+import re
 import threading
 
 import jax
@@ -234,3 +235,22 @@ def test_input_sets_rotate_past_l2_within_their_bounds():
     assert o.input_sets(3 * 2**30, 50 * 2**20) == 1            # 4 GiB holds one set only
     assert Options(rotate_bytes=0).input_sets(2**20, 50 * 2**20) == 1
     assert Options(rotate_bytes=5 * 2**20).input_sets(2**20, 50 * 2**20) == 5
+
+
+@pytest.mark.parametrize("shape, dtype, match", [((5, 4, 16), "float32", None),
+                                                 ((5, 4, 16), "bfloat16", r"bfloat16 \(5, 4, 16\) is not"),
+                                                 ((6, 4, 16), "float32", r"float32 \(6, 4, 16\) is not")])
+def test_every_cells_output_dtype_is_checked_first_a_serving_steps_shape_too(shape, dtype, match):
+    """check.check_into judges the output's dtype (a serving step's: and its packed shape) before any reference."""
+    import types
+
+    from attnlab.measure import check
+    from attnlab.measure.outcome import Skip
+
+    cell = Cell("xla", 2, 2, 64, 4, 2, 16, "float32", True, lengths="spread")
+    q = jnp.zeros((5, 4, 16), jnp.float32)         # the step's packed query rows
+    run = types.SimpleNamespace(output=lambda: jnp.zeros(shape, dtype), contiguous=(q,))
+    with pytest.raises(Skip) as e:    # a right output goes on to its requests, which this stub run lacks
+        check.check_into({}, run, cell, backends.get("xla"), Options())
+    assert (e.value.status == "incorrect") == (match is not None), e.value.reason
+    assert match is None or re.search(match, e.value.reason) and e.value.fields == {"out_dtype": dtype}

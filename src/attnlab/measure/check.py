@@ -8,8 +8,9 @@ check: ``kv_cells.check_output``. The policy (``attnlab.reference.tolerance.poli
 docs/measuring.md "Tolerance policy") applies to each error: relative L2 over the whole tensor and, for outputs,
 the worst row's. Backends that compute in float8 set their own fixed limit.
 
-``check_into`` checks every cell's run into its record, before it is timed, by the check of its kind (the whole
-output then its gradients; a quantized cache's; a serving step's: ``serving_cell.check_into``), the verdict's
+``check_into`` checks every cell's run into its record, before it is timed: its output's dtype
+(``output_dtype``), then by the check of its kind (the whole output then its gradients; a quantized cache's; a
+serving step's: ``serving_cell.check_into``), the verdict's
 fields made as for every check of a cell (``verdict``, ``reference.tolerance.policy_verdict``).
 """
 from __future__ import annotations
@@ -28,7 +29,6 @@ from ..reference.output_errors import (Semantics, clear_cache, grad_errors, outp
 from ..reference.tolerance import errors_text, policy_limit, policy_verdict, rule_text
 from . import kv_cells, serving_cell
 from .outcome import Skip, Status, classify
-from .verdict import output_dtype
 
 
 # --- the whole output and every gradient against the references -----------------------------------------
@@ -107,16 +107,17 @@ def semantics(cell, extras: dict) -> Semantics:
 
 def check_into(rec: dict, run, cell, backend, opts) -> None:
     """Check a cell's ``run`` (``jax_cell.JaxRun``, ``native.NativeRun`` or ``serving_cell.ServingRun``) into ``rec``
-    before it is timed: its output on the first input set (``run.output()``) by the check of the cell's kind. A
-    serving step: its sampled requests (``serving_cell.check_into``, its output's dtype and shape among them).
-    Any other cell: first the output's dtype (``output_dtype``), then a quantized cache's check
+    before it is timed: its output on the first input set (``run.output()``), first its dtype (``output_dtype``;
+    a serving step's shape too), then by the check of the cell's kind. A serving step: its sampled requests
+    (``serving_cell.check_into``). Any other cell: a quantized cache's check
     (``kv_cells.check_output``, on the timed caches ``run.caches``), else the whole output (``check_output``)
     and, for fwd+bwd / bwd cells, every gradient (``check_gradients``: ``run.grads()`` makes them once the output
     passed, ``run.ct`` the output's cotangent). ``Skip('incorrect')`` carrying the fields of the check that
     failed; any other failure of the run or the references ends the cell as ``classify`` says."""
     try:
         out = run.output()
-        if serving_cell.is_serving(cell):
+        if serving_cell.is_serving(cell):   # q's packed rows: its shape is the output's
+            rec.update(output_dtype(out, cell, run.contiguous[0].shape))
             serving_cell.check_into(rec, out, run.contiguous, run.q_lens, run.kv_lens, cell, backend, run.sem,
                                     run.dequantized)
             return
@@ -133,6 +134,17 @@ def check_into(rec: dict, run, cell, backend, opts) -> None:
         raise
     except Exception as e:  # noqa: BLE001
         raise Skip(*classify(e, "run")) from None
+
+
+def output_dtype(out, cell, shape=None) -> dict:
+    """``{"out_dtype": ...}`` of a cell's output; ``Skip('incorrect')`` carrying it when the dtype is not the
+    cell's (or, given ``shape``, the shape is not that)."""
+    fields = {"out_dtype": np.dtype(out.dtype).name}
+    if fields["out_dtype"] != cell.dtype or (shape is not None and tuple(out.shape) != tuple(shape)):
+        got, want = (fields["out_dtype"], cell.dtype) if shape is None else (
+            f"{fields['out_dtype']} {tuple(out.shape)}", f"{cell.dtype} {tuple(shape)}")
+        raise Skip(Status.INCORRECT, f"output {got} is not the cell's {want}", fields)
+    return fields
 
 
 def check_output(out, inputs, backend, sem: Semantics, key: str) -> dict:

@@ -46,7 +46,7 @@ from ..reference.tolerance import rel_l2, row_rel_err
 from . import memory, peaks, timers
 from .budget import compile_within_budget
 from .outcome import Skip, classify
-from .verdict import judged, output_dtype, policy_verdict, rule_text
+from .verdict import judged, policy_verdict, rule_text
 
 #: The request-length distributions a serving cell's ``lengths`` names (or ``file:PATH``).
 LENGTHS = rl.DISTRIBUTIONS
@@ -224,7 +224,7 @@ def check_into(rec: dict, out, args, q_lens, kv_lens, cell, backend, sem: dict, 
     """Check the sampled rows (``sampled``) of ``out`` against float64 (a quantized cache: of its dequantized
     values ``dequantized``, (k, v) of the sampled requests in order, from ``argument_sets``; with ``kv_rel_err``
     against the unquantized ones); record it; Skip('incorrect') when wrong. ``sem``: the call's soft cap, window
-    and sinks (``call_semantics``). The references come first, then the verdict on the output (its dtype first)."""
+    and sinks (``call_semantics``). The output's dtype and shape are ``check.check_into``'s, as every cell's."""
 
     q, k, v = args[:3]
     pieces = sampled(q_lens, kv_lens)
@@ -243,7 +243,6 @@ def check_into(rec: dict, out, args, q_lens, kv_lens, cell, backend, sem: dict, 
     ref_unquantized = (reference_serving_attention(head[0], *unquantized, *head[3:], **sem) if cell.kv_dtype
                        else None)
     emul = kernel_like_serving(*head, cell.dtype, cell.soft_cap, cell.window, sem["sinks"])
-    rec.update(output_dtype(out, cell, q.shape))
     got = np.asarray(out[rows]).astype(np.float64)
     err, row = rel_l2(got, ref), (row_rel_err(got, ref, 1) if np.all(np.isfinite(got)) else math.inf)
     fields = dict(checked_fraction=int(rows.size) / int(np.sum(q_lens)), checked_rows=int(rows.size), row_err=row,
