@@ -43,8 +43,9 @@ from ..kernels.pages import to_pages
 from ..reference.inputs import INPUTS_DRAW, random_qkv, random_sinks, seed_of
 from ..reference.serving64 import kernel_like_serving, reference_serving_attention
 from ..reference.tolerance import rel_l2, row_rel_err
-from . import memory, peaks, timers
+from . import memory, peaks
 from .budget import compile_within_budget
+from .jax_cell import time_program
 from .outcome import Skip, classify
 from .verdict import judged, policy_verdict, rule_text
 
@@ -159,14 +160,9 @@ class ServingRun:
         return self.compiled(*self.args[0])
 
     def time(self, opts, rec: dict, info, phases) -> None:
-        """Time the step on every set into ``rec``, with ``tokens_per_s``; raises ``Skip``."""
-        rec["repeats"] = opts.repeats or (20 if info.platform == "gpu" else 5)
-        with phases("timing"):
-            try:
-                timers.time_into(rec, self.compiled, self.args, opts, cupti=self.cupti)
-            except Exception as e:  # noqa: BLE001
-                raise Skip(*classify(e, "run")) from None
-        rec["process_peak_bytes"] = memory.process_peak_bytes()
+        """Time the step on every set into ``rec`` (``jax_cell.time_program``, as every JAX cell), with
+        ``tokens_per_s``; raises ``Skip``."""
+        time_program(rec, self.compiled, self.args, opts, info, phases, self.cupti)
         rec["tokens_per_s"] = self.p.new_tokens() / (time_ms(rec) * 1e-3)
 
 
