@@ -51,11 +51,12 @@ class NativeRun:
         return self.backend.native_fn(self.ins.call, self.scale, self.ins.sets, decode=self.decode)
 
     def output(self):
-        """The kernel's output on the first input set, as a JAX array (handed over by DLPack, without a copy)."""
-        fn, sync, sets, _ = self.kernel
+        """The kernel's output on the first input set, as a JAX array: the backend's ``to_jax`` hook where it has
+        one (PyTorch's output is a strided view, made contiguous first), else handed over by DLPack."""
+        fn, sync, sets, extras = self.kernel
         out = fn(*sets[0])
         sync()
-        return jax.dlpack.from_dlpack(out)
+        return extras.get("to_jax", jax.dlpack.from_dlpack)(out)
 
     def time(self, opts, rec: dict, info, phases) -> None:
         """Time the kernel (``time_kernel``; CUPTI where it works, said in ``timer``) into ``rec``; raises
