@@ -170,8 +170,8 @@ def test_random_inputs_are_bit_identical_to_jax_random_normal():
 @pytest.mark.parametrize("factor, status", [(1.0, "ok"), (1.01, "incorrect")])
 def test_native_cell_checked_once_then_timed(factor, status):
     """A backend outside JAX (``NativeBackend``) goes through measure_cell as any cell: its kernel built once
-    (``native_fn``), its output checked (``check``), then, only when right, the same kernel timed by
-    ``measure.native`` (device events here)."""
+    (``native_fn``), its output (handed to JAX by its ``to_jax`` hook) checked (``check``), then, only when right,
+    the same kernel timed by ``measure.native`` (device events here)."""
     import time
 
     import numpy as np
@@ -189,9 +189,9 @@ def test_native_cell_checked_once_then_timed(factor, status):
 
             def fn(q, k, v):     # the output of the first set, computed once (the timed calls are many)
                 launched.append(q.shape)
-                if len(launched) == 1:
+                if len(launched) == 1:     # (B, N, T, H), as a library's own layout: ``to_jax`` gives it back
                     first.append(np.asarray(attnlab.attention(q, k, v, is_causal=spec.is_causal, scale=scale,
-                                                              implementation="naive")) * factor)
+                                                              implementation="naive")).transpose(0, 2, 1, 3) * factor)
                 return first[0]
 
             def event_ms(call):
@@ -199,7 +199,7 @@ def test_native_cell_checked_once_then_timed(factor, status):
                 call()
                 return (time.perf_counter() - t0) * 1e3
             return NativeCall(fn, lambda: None, [tuple(np.asarray(x) for x in s) for s in arg_sets],
-                              {"event_ms": event_ms})
+                              {"event_ms": event_ms, "to_jax": lambda out: jnp.asarray(out.transpose(0, 2, 1, 3))})
 
     with backends.registered(FakeNative()):
         r = measure_cell(cell("test-fake-native"), FAST)
