@@ -106,8 +106,10 @@ def test_advise_memory_table_per_cache_dtype():
 
 def test_the_quantized_check_gives_its_verdict_through_the_shared_helper():
     """kv_cells.check_output (as serving_cell.check_into and check.check_output) records and refuses through
-    verdict.judged, after check.check_into's verdict.output_dtype: the fields ride on the Skip, the reason names
+    verdict.judged, after check.check_into's output_dtype: the fields ride on the Skip, the reason names
     the error and its limit."""
+    import types
+
     import attnlab
     import jax.numpy as jnp
 
@@ -119,13 +121,19 @@ def test_the_quantized_check_gives_its_verdict_through_the_shared_helper():
 
     cell = Cell("xla", 2, 1, 32, 2, 1, 16, "float32", True, lengths="ragged", kv_dtype="int8")
     q, k, v = random_qkv(2, 1, 32, 2, 1, 16, "float32", seed=1)
-    kc, ks, vc, vs = quantized_caches(cell, k, v)
+    caches = kc, ks, vc, vs = quantized_caches(cell, k, v)
     out = attnlab.decode_attention(q, kc, vc, jnp.asarray(cell.kv_lengths()), k_scale=ks, v_scale=vs,
                                    implementation="xla")
-    ok = check_output(out, (q, k, v), cell, {})
+    ok = check_output(out, (q, k, v), caches, cell, {})
     assert ok["checks"]["float64_dequantized"]["ok"] and ok["rel_err"] == ok["rel_err_f64"] < 1e-5 < ok["kv_rel_err"]
+    halved = quantized_caches(cell, k * 0.5, v)     # the check dequantizes the timed call's caches, not its own
+    out_halved = attnlab.decode_attention(q, halved[0], halved[2], jnp.asarray(cell.kv_lengths()), k_scale=halved[1],
+                                          v_scale=halved[3], implementation="xla")
+    assert check_output(out_halved, (q, k, v), halved, cell, {})["checks"]["float64_dequantized"]["ok"]
     with pytest.raises(Skip, match=r"^output wrong: rel L2 \S+ \(limit \S+\) \(float32") as e:
-        check_output(out * 1.01, (q, k, v), cell, {})
+        check_output(out * 1.01, (q, k, v), caches, cell, {})
     assert e.value.fields["kv_rel_err"] > 0 and not e.value.fields["checks"]["float64_dequantized"]["ok"]
+    run = types.SimpleNamespace(output=lambda: out.astype("bfloat16"), ins=types.SimpleNamespace(sets=[(q, k, v)],
+                                extras={}), caches=caches)
     with pytest.raises(Skip, match="output bfloat16 is not the cell's float32"):   # the check of every cell, first
-        check_into({}, out.astype("bfloat16"), (q, k, v), cell, backends.get("xla"), Options(), {})
+        check_into({}, run, cell, backends.get("xla"), Options())

@@ -1,4 +1,5 @@
 """The measurement engine on the CPU: timers, statuses, modes, metrics, ceilings."""
+import re
 import threading
 
 import jax
@@ -168,34 +169,43 @@ def test_random_inputs_are_bit_identical_to_jax_random_normal():
 
 @pytest.mark.parametrize("factor, status", [(1.0, "ok"), (1.01, "incorrect")])
 def test_native_cell_checked_once_then_timed(factor, status):
-    """A backend outside JAX (``NativeBackend``) goes through measure_cell as any cell: its output checked
-    (``check``), then, only when right, its kernel timed by ``measure.native`` (device events here)."""
+    """A backend outside JAX (``NativeBackend``) goes through measure_cell as any cell: its kernel built once
+    (``native_fn``), its output (handed to JAX by its ``to_jax`` hook) checked (``check``), then, only when right,
+    the same kernel timed by ``measure.native`` (device events here)."""
     import time
 
     import numpy as np
 
+    import attnlab
     from attnlab.backends.base import NativeBackend, NativeCall
 
-    launched = []
+    launched, built, first = [], [], []
 
     class FakeNative(NativeBackend):
         name = "test-fake-native"
 
-        def run(self, p):
-            return backends.get("naive").run(p) * factor
-
         def native_fn(self, spec, scale, arg_sets, decode=None):
+            built.append(spec)
+
+            def fn(q, k, v):     # the output of the first set, computed once (the timed calls are many)
+                launched.append(q.shape)
+                if len(launched) == 1:     # (B, N, T, H), as a library's own layout: ``to_jax`` gives it back
+                    first.append(np.asarray(attnlab.attention(q, k, v, is_causal=spec.is_causal, scale=scale,
+                                                              implementation="naive")).transpose(0, 2, 1, 3) * factor)
+                return first[0]
+
             def event_ms(call):
                 t0 = time.perf_counter()
                 call()
                 return (time.perf_counter() - t0) * 1e3
-            return NativeCall(lambda q, k, v: launched.append(q.shape), lambda: None,
-                              [tuple(np.asarray(x) for x in s) for s in arg_sets], {"event_ms": event_ms})
+            return NativeCall(fn, lambda: None, [tuple(np.asarray(x) for x in s) for s in arg_sets],
+                              {"event_ms": event_ms, "to_jax": lambda out: jnp.asarray(out.transpose(0, 2, 1, 3))})
 
     with backends.registered(FakeNative()):
         r = measure_cell(cell("test-fake-native"), FAST)
     assert r["status"] == status, r["reason"]
-    assert r["rel_err"] is not None and bool(launched) == (status == "ok")      # an incorrect cell is never timed
+    assert len(built) == 1 and r["rel_err"] is not None
+    assert (len(launched) > 1) == (status == "ok")      # the output's call, then, only when right, the timed ones
     assert (r["wall_ms"] is not None) == (status == "ok") and (r["kernel_ms"] is not None) == (status == "ok")
 
 
@@ -225,3 +235,22 @@ def test_input_sets_rotate_past_l2_within_their_bounds():
     assert o.input_sets(3 * 2**30, 50 * 2**20) == 1            # 4 GiB holds one set only
     assert Options(rotate_bytes=0).input_sets(2**20, 50 * 2**20) == 1
     assert Options(rotate_bytes=5 * 2**20).input_sets(2**20, 50 * 2**20) == 5
+
+
+@pytest.mark.parametrize("shape, dtype, match", [((5, 4, 16), "float32", None),
+                                                 ((5, 4, 16), "bfloat16", r"bfloat16 \(5, 4, 16\) is not"),
+                                                 ((6, 4, 16), "float32", r"float32 \(6, 4, 16\) is not")])
+def test_every_cells_output_dtype_is_checked_first_a_serving_steps_shape_too(shape, dtype, match):
+    """check.check_into judges the output's dtype (a serving step's: and its packed shape) before any reference."""
+    import types
+
+    from attnlab.measure import check
+    from attnlab.measure.outcome import Skip
+
+    cell = Cell("xla", 2, 2, 64, 4, 2, 16, "float32", True, lengths="spread")
+    q = jnp.zeros((5, 4, 16), jnp.float32)         # the step's packed query rows
+    run = types.SimpleNamespace(output=lambda: jnp.zeros(shape, dtype), contiguous=(q,))
+    with pytest.raises(Skip) as e:    # a right output goes on to its requests, which this stub run lacks
+        check.check_into({}, run, cell, backends.get("xla"), Options())
+    assert (e.value.status == "incorrect") == (match is not None), e.value.reason
+    assert match is None or re.search(match, e.value.reason) and e.value.fields == {"out_dtype": dtype}

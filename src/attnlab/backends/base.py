@@ -265,7 +265,8 @@ class NativeCall(NamedTuple):
     #: The input sets in the library's own arrays (handed over from JAX without a copy).
     sets: list
     #: Optional hooks: ``event_ms(call)`` times one call with device events (CUPTI's fallback), ``reset_peak()``
-    #: starts this cell's memory peak, ``peak_bytes()`` reads it; ``peak_scope`` (a str) says what it covers.
+    #: starts this cell's memory peak, ``peak_bytes()`` reads it; ``peak_scope`` (a str) says what it covers;
+    #: ``to_jax(out)`` hands ``fn``'s output to JAX (the output a sweep checks; default: ``jax.dlpack.from_dlpack``).
     extras: dict
 
 

@@ -159,4 +159,5 @@ class TorchSdpaBackend(NativeBackend):
         # this cell's own peak: PyTorch's allocator is reset first (its inputs live in JAX's allocator)
         return NativeCall(fn, torch.cuda.synchronize, sets,
                           {"event_ms": event_ms, "reset_peak": reset_peak, "peak_bytes": peak_bytes,
-                           "peak_scope": "PyTorch allocations of this cell (inputs are JAX's)"})
+                           "peak_scope": "PyTorch allocations of this cell (inputs are JAX's)",
+                           "to_jax": lambda out: jax.dlpack.from_dlpack(out.contiguous())})   # as ``run``'s

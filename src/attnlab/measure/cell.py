@@ -4,11 +4,12 @@ A cell is one (backend, problem, mode[, mesh strategy, decode lengths]); its pro
 ``attnlab.core.problem.Problem``; its record's schema and statuses: ``attnlab.core.record_model``.
 An incorrect cell is never timed.
 
-This module is the cell's state machine (the ``Cell`` type: ``cell_type``); it passes the cell down once, to the
-module of its kind: ``serving_cell`` (a serving step, lengths traced) makes its inputs, checks and times it; any
-other cell goes down once each to ``inputs`` (its input sets and call, made once), to ``jax_cell`` (a JAX call,
-compiled) or ``native`` (a backend outside JAX) for the run, to ``check`` (references and the check policy; a
-quantized KV cache's: ``kv_cells``) for its output and gradients, then to the run's ``time``.
+This module is the cell's state machine (the ``Cell`` type: ``cell_type``); every cell takes one path down:
+its inputs from ``inputs`` (its input sets and call, made once), its run from ``serving_cell`` (a serving step,
+lengths traced, compiled), ``jax_cell`` (a JAX call, compiled) or ``native`` (a backend outside JAX), then
+``check`` checks the run's output, and gradients, against the references by the check of the cell's kind (the
+whole output; a quantized KV cache's: ``kv_cells``; a serving step's sampled requests: ``serving_cell``), and
+the run's ``time`` times it.
 ``outcome`` classifies failures, computes the rates and builds the record from the fields measured (only
 ``_measure_cell`` collects them).
 """
@@ -28,7 +29,7 @@ from .cell_type import IDENTITY, IDENTITY_DEFAULTS, LENGTHS, MODES, Cell, record
 from .check import check_into
 from .inputs import cell_inputs
 from .options import Options  # noqa: F401  (re-exported)
-from .outcome import MEASURED_FIELDS, Skip as _Skip, _short, classify, finish, rates
+from .outcome import MEASURED_FIELDS, Skip as _Skip, _short, finish, rates
 from .phases import Phases
 
 
@@ -83,24 +84,17 @@ def _measure_cell(cell: Cell, opts: Options | None, on_phase, ahead, stamp: dict
             if est.seconds > opts.cell_budget_s:
                 raise _Skip(Status.OVER_BUDGET, f"estimated {est.text()} on {info.kind or info.platform}: more "
                                                 f"than the cell budget of {opts.cell_budget_s:g} s (--cell-budget); not run")
+        ins = cell_inputs(cell, backend, opts, rec, phases)
         if serving_cell.is_serving(cell):   # serving_attention on packed requests, lengths traced
-            serving_cell.measure(backend, cell, opts, rec, info, phases)
+            run = serving_cell.compile_run(backend, cell, ins, opts, rec, phases, cupti=no_cupti is None)
+        elif backend.native:      # asked by cell_inputs already: the run is the call itself
+            run = native.NativeRun(backend, cell, ins)
         else:
-            ins = cell_inputs(cell, backend, opts, rec, phases)
-            if backend.native:      # asked by cell_inputs already: the run is the call itself
-                run = native.NativeRun(backend, cell, ins)
-            else:
-                run = jax_cell.compile_run(backend, cell, ins, opts, rec, phases, ahead, cupti=no_cupti is None)
-            if opts.check:     # an incorrect cell is never timed
-                with phases("check"):
-                    try:
-                        check_into(rec, run.output(), ins.sets[0], cell, backend, opts, ins.extras, grads=run.grads,
-                                   ct=run.ct)
-                    except _Skip:
-                        raise
-                    except Exception as e:  # noqa: BLE001
-                        raise _Skip(*classify(e, "run"))
-            run.time(opts, rec, info, phases)
+            run = jax_cell.compile_run(backend, cell, ins, opts, rec, phases, ahead, cupti=no_cupti is None)
+        if opts.check:     # an incorrect cell is never timed
+            with phases("check"):
+                check_into(rec, run, cell, backend, opts)
+        run.time(opts, rec, info, phases)
         rec.update(rates(rec, cell, info, backend))
     except _Skip as s:
         rec.update(s.fields)

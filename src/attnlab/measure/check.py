@@ -8,8 +8,10 @@ check: ``kv_cells.check_output``. The policy (``attnlab.reference.tolerance.poli
 docs/measuring.md "Tolerance policy") applies to each error: relative L2 over the whole tensor and, for outputs,
 the worst row's. Backends that compute in float8 set their own fixed limit.
 
-``check_into`` checks a cell into its record (its output's dtype, then its output, then its gradients), the
-verdict's fields made as for every check of a cell (``verdict``, ``reference.tolerance.policy_verdict``).
+``check_into`` checks every cell's run into its record, before it is timed: its output's dtype
+(``output_dtype``), then by the check of its kind (the whole output then its gradients; a quantized cache's; a
+serving step's: ``serving_cell.check_into``), the verdict's
+fields made as for every check of a cell (``verdict``, ``reference.tolerance.policy_verdict``).
 """
 from __future__ import annotations
 
@@ -25,9 +27,8 @@ from ..reference.inputs import seed_of  # noqa: F401  (re-exported)
 from ..reference.output_errors import (Semantics, clear_cache, grad_errors, output_errors,  # noqa: F401
                                        sample_rows)  # (clear_cache and sample_rows re-exported)
 from ..reference.tolerance import errors_text, policy_limit, policy_verdict, rule_text
-from . import kv_cells
-from .outcome import Skip, Status
-from .verdict import output_dtype
+from . import kv_cells, serving_cell
+from .outcome import Skip, Status, classify
 
 
 # --- the whole output and every gradient against the references -----------------------------------------
@@ -104,20 +105,46 @@ def semantics(cell, extras: dict) -> Semantics:
                      q_offsets=tuple(n - cell.q_len for n in lens), soft_cap=cell.soft_cap, sinks=sinks)
 
 
-def check_into(rec: dict, out, inputs, cell, backend, opts, extras: dict, grads=None, ct=None) -> None:
-    """Check a (non-serving) cell into ``rec``: its whole forward output ``out`` on its first input set ``inputs``
-    (q, k, v; a quantized cache: ``kv_cells.check_output``), then, for fwd+bwd / bwd cells, every gradient
-    (``grads()`` makes them once the output passed; ``ct`` the output's cotangent); ``extras``: the call's keyword
-    arguments. ``Skip('incorrect')`` carrying the fields of the check that failed; first, for every cell, an
-    output of another dtype than the cell's (``output_dtype``)."""
-    rec.update(output_dtype(out, cell))
-    if not cell.kv_dtype:
+def check_into(rec: dict, run, cell, backend, opts) -> None:
+    """Check a cell's ``run`` (``jax_cell.JaxRun``, ``native.NativeRun`` or ``serving_cell.ServingRun``) into ``rec``
+    before it is timed: its output on the first input set (``run.output()``), first its dtype (``output_dtype``;
+    a serving step's shape too), then by the check of the cell's kind. A serving step: its sampled requests
+    (``serving_cell.check_into``). Any other cell: a quantized cache's check
+    (``kv_cells.check_output``, on the timed caches ``run.caches``), else the whole output (``check_output``)
+    and, for fwd+bwd / bwd cells, every gradient (``check_gradients``: ``run.grads()`` makes them once the output
+    passed, ``run.ct`` the output's cotangent). ``Skip('incorrect')`` carrying the fields of the check that
+    failed; any other failure of the run or the references ends the cell as ``classify`` says."""
+    try:
+        out = run.output()
+        if serving_cell.is_serving(cell):   # q's packed rows: its shape is the output's
+            rec.update(output_dtype(out, cell, run.contiguous[0].shape))
+            serving_cell.check_into(rec, out, run.contiguous, run.q_lens, run.kv_lens, cell, backend, run.sem,
+                                    run.dequantized)
+            return
+        rec.update(output_dtype(out, cell))
+        inputs, extras = run.ins.sets[0], run.ins.extras
+        if cell.kv_dtype:
+            rec.update(kv_cells.check_output(out, inputs, run.caches, cell, extras))
+            return
         sem, key = semantics(cell, extras), ref_key(cell, opts.seed)
         rec.update(check_output(out, inputs, backend, sem, key))
-        if grads is not None:
-            rec.update(check_gradients(grads(), inputs, ct, sem, key))
-    else:
-        rec.update(kv_cells.check_output(out, inputs, cell, extras))
+        if run.grads is not None:
+            rec.update(check_gradients(run.grads(), inputs, run.ct, sem, key))
+    except Skip:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise Skip(*classify(e, "run")) from None
+
+
+def output_dtype(out, cell, shape=None) -> dict:
+    """``{"out_dtype": ...}`` of a cell's output; ``Skip('incorrect')`` carrying it when the dtype is not the
+    cell's (or, given ``shape``, the shape is not that)."""
+    fields = {"out_dtype": np.dtype(out.dtype).name}
+    if fields["out_dtype"] != cell.dtype or (shape is not None and tuple(out.shape) != tuple(shape)):
+        got, want = (fields["out_dtype"], cell.dtype) if shape is None else (
+            f"{fields['out_dtype']} {tuple(out.shape)}", f"{cell.dtype} {tuple(shape)}")
+        raise Skip(Status.INCORRECT, f"output {got} is not the cell's {want}", fields)
+    return fields
 
 
 def check_output(out, inputs, backend, sem: Semantics, key: str) -> dict:

@@ -47,6 +47,12 @@ class JaxRun:
         """None for a fwd cell, else a maker of the first set's gradients (the timed program itself)."""
         return None if self.cell.mode == "fwd" else lambda: self.compiled(*self.arg_sets[0])
 
+    @property
+    def caches(self):
+        """A quantized-cache cell's timed caches of the first set (k_cache, k_scale, v_cache, v_scale[, page_table]:
+        ``kv_cells.quantized_caches``), which its check reads; None for any other cell."""
+        return self.arg_sets[0][1:] if self.cell.kv_dtype else None
+
     def output(self):
         """The forward output on the first input set (a paged cell's timed program takes (q, pages, table))."""
         if self.cell.mode == "fwd":
@@ -63,13 +69,20 @@ class JaxRun:
         except Exception as e:  # noqa: BLE001 - a fact that cannot be read is reported, not fatal
             facts = {"error": _short(f"{type(e).__name__}: {e}", 200)}
         rec.update({"facts": facts} if facts else {})
-        rec["repeats"] = opts.repeats or (20 if info.platform == "gpu" else 5)
-        with phases("timing"):
-            try:
-                timers.time_into(rec, self.compiled, self.arg_sets, opts, cupti=self.cupti)
-            except Exception as e:  # noqa: BLE001
-                raise Skip(*classify(e, "run"))
-        rec["process_peak_bytes"] = memory.process_peak_bytes()
+        time_program(rec, self.compiled, self.arg_sets, opts, info, phases, self.cupti)
+
+
+def time_program(rec: dict, compiled, arg_sets: list, opts, info, phases, cupti: bool) -> None:
+    """Time a compiled JAX program on every set of ``arg_sets`` into ``rec`` (phase ``timing``; ``timers.time_into``:
+    CUPTI where ``cupti``), then the process's memory peak; raises ``Skip``. Every JAX cell's timing: a
+    ``JaxRun``'s and a serving step's (``serving_cell.ServingRun``)."""
+    rec["repeats"] = opts.repeats or (20 if info.platform == "gpu" else 5)
+    with phases("timing"):
+        try:
+            timers.time_into(rec, compiled, arg_sets, opts, cupti=cupti)
+        except Exception as e:  # noqa: BLE001
+            raise Skip(*classify(e, "run")) from None
+    rec["process_peak_bytes"] = memory.process_peak_bytes()
 
 
 def compile_run(backend, cell, ins, opts, rec: dict, phases, ahead, cupti: bool) -> JaxRun:

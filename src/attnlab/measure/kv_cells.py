@@ -7,7 +7,9 @@ quantized by ``attnlab.quantize_kv_cache`` (made before timing, from the cell's 
 
 Its check (before timing): the sampled batch elements (the first and the last) against float64 of the
 *dequantized* cache (``decode64.dequantized_errors``: ``check_decode_close``'s decode tolerance policy, the
-kernel-like emulation as its baseline), so the check judges the kernel and not the quantization. The cost of
+kernel-like emulation as its baseline), so the check judges the kernel and not the quantization. The cache it
+dequantizes is the timed call's own, its codes and scales of the first set (quantized once, as a serving cell's
+is; ``kv_quant.dequantized_sequences`` reads a paged cache through its table). The cost of
 the quantization goes to the record beside it: ``kv_rel_err``, the same output's relative L2 error against
 float64 of the unquantized K/V.
 """
@@ -82,29 +84,19 @@ def functions(cell, lens, extras: dict):
     return fwd, timed, lambda q, k, v, ct: (q, *quantized_caches(cell, k, v))
 
 
-def dequantized_twin(cell, x, batch_idx):
-    """Float64 (len(batch_idx), S, K, H): the cell's cache ``x`` (B, S, K, H) quantized as the timed call's is,
-    dequantized in float64, for the sampled batch elements (pages quantize per page: the cache cut into
-    page_size-token pages in order, the same values whatever the table's order). Only those elements' codes
-    and scales leave the device (a long cache in float64 is many GiB)."""
-    B, S, K, H = (int(d) for d in x.shape)
-    ps = cell.page_size or S        # a paged decode or serving cell's pages; contiguous: one "page" per sequence
-    c, s = quantize_kv_cache(x.reshape(B * S // ps, ps, K, H) if cell.page_size else x, cell.kv_dtype,
-                                     cell.kv_scale)
-    table = np.arange(B * S // ps).reshape(B, -1) if cell.page_size else None   # the pages in order
-    return dequantized_sequences(c, s, cell.kv_scale, batch_idx, table)
-
-
-def check_output(out, inputs, cell, extras: dict) -> dict:
-    """The check of a quantized-cache cell (module docstring) on its first input set ``inputs`` (q, k, v) and the
-    call's keyword arguments ``extras``: its fields, ``kv_rel_err`` included; raises Skip('incorrect') with them
-    when it fails. The output's dtype is the cell's (``check.check_into`` saw to it)."""
+def check_output(out, inputs, caches, cell, extras: dict) -> dict:
+    """The check of a quantized-cache cell (module docstring) on its first input set ``inputs`` (q, k, v), the
+    timed call's caches of that set ``caches`` (k_cache, k_scale, v_cache, v_scale[, page_table]:
+    ``quantized_caches``; the check dequantizes the sampled sequences of these very codes) and the call's keyword
+    arguments ``extras``: its fields, ``kv_rel_err`` included; raises Skip('incorrect') with them when it fails.
+    The output's dtype is the cell's (``check.check_into`` saw to it)."""
     q, k, v = inputs
+    kc, ks, vc, vs, *table = caches
     bi = sorted({0, cell.batch - 1})
     lens = np.asarray(cell.kv_lengths())[bi]
     qs, o = np.asarray(q)[bi], np.asarray(out)[bi]
     kw = dict(causal=cell.causal, logits_soft_cap=cell.soft_cap, **semantics(cell, extras))
-    kd, vd = (dequantized_twin(cell, x, bi) for x in (k, v))
+    kd, vd = (dequantized_sequences(c, s, cell.kv_scale, bi, *table) for c, s in ((kc, ks), (vc, vs)))
     v64, kv_rel_err = dequantized_errors(o, qs, kd, vd, np.asarray(k)[bi], np.asarray(v)[bi], lens, **kw)
     rule = f"{v64.rule}; against the float64 of the dequantized cache (sampled batch elements {bi})"
     verdict = {"ok": v64.ok, "rel_err": v64.rel_err, "limit": v64.limit, "batch": bi,

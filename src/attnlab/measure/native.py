@@ -1,10 +1,10 @@
 """A cell of a backend that is not a JAX op (``backends.base.NativeBackend``, e.g. PyTorch SDPA), once
 ``inputs.cell_inputs`` has asked the backend whether it runs it (a decode cell: its decode semantics, scales,
 lengths and sinks): its run (``NativeRun``), checked whole by ``measure.cell`` (``NativeRun.output``), then timed
-(``NativeRun.time``).
+(``NativeRun.time``), both on the one kernel the backend builds for the cell (``NativeRun.kernel``).
 
 The backend hands over its kernel (``native_fn``: the callable, a synchronize function, its input
-sets and optional hooks); the loop lives here, below no backend (``measure_native``): CUPTI kernel ms as for
+sets and optional hooks); the loop lives here, below no backend (``time_kernel``): CUPTI kernel ms as for
 every JAX backend (``timers.cupti_per_call``), device events only where CUPTI cannot be used (the record's
 ``timer`` then says ``cuda_events`` and ``timer_note`` why), wall ms, pipelined ms, first-call s,
 and the cell's own peak of the library's allocations where the backend can read it.
@@ -12,8 +12,11 @@ and the cell's own peak of the library's allocations where the backend can read 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
+
+import jax
 
 from . import memory
 from .outcome import Skip, classify
@@ -31,6 +34,7 @@ class NativeRun:
     ins: object
     grads = None      # a native cell is forward only: no gradients, no cotangent
     ct = None
+    caches = None     # nor a quantized cache (no native backend ``takes_kv_scales``)
 
     @property
     def scale(self) -> float:
@@ -40,20 +44,27 @@ class NativeRun:
     def decode(self) -> tuple | None:
         return None if self.cell.lengths is None else (self.cell.kv_lengths(), self.cell.causal)
 
+    @functools.cached_property
+    def kernel(self):
+        """The backend's kernel on the cell's input sets (``native_fn``, a ``NativeCall``), built once: the output
+        that is checked and the calls that are timed are its."""
+        return self.backend.native_fn(self.ins.call, self.scale, self.ins.sets, decode=self.decode)
+
     def output(self):
-        """The backend's output on the cell's first input set (its call)."""
-        if self.decode is None:
-            return self.backend.run(self.ins.call)
-        return self.backend.run_native_decode(*self.ins.sets[0], self.ins.call, self.scale, *self.decode)
+        """The kernel's output on the first input set, as a JAX array: the backend's ``to_jax`` hook where it has
+        one (PyTorch's output is a strided view, made contiguous first), else handed over by DLPack."""
+        fn, sync, sets, extras = self.kernel
+        out = fn(*sets[0])
+        sync()
+        return extras.get("to_jax", jax.dlpack.from_dlpack)(out)
 
     def time(self, opts, rec: dict, info, phases) -> None:
-        """Time the kernel (``measure_native``; CUPTI where it works, said in ``timer``) into ``rec``; raises
+        """Time the kernel (``time_kernel``; CUPTI where it works, said in ``timer``) into ``rec``; raises
         ``Skip``."""
         try:
             rec["repeats"] = repeats = opts.repeats or 20
             with phases("timing"):
-                rec.update(measure_native(self.backend, self.ins.call, self.scale, self.ins.sets, repeats, opts.warmup,
-                                          decode=self.decode))
+                rec.update(time_kernel(self.kernel, _library(self.backend), repeats, opts.warmup))
             rec["process_peak_bytes"] = memory.process_peak_bytes()
         except Skip:
             raise
@@ -61,10 +72,19 @@ class NativeRun:
             raise Skip(*classify(e, "run"))
 
 
+def _library(backend) -> str:
+    return backend.library[0] if backend.library else backend.name
+
+
 def measure_native(backend, spec, scale: float, arg_sets, repeats: int, warmup: int, decode: tuple | None = None) -> dict:
     """Time ``backend.native_fn(spec, scale, arg_sets, decode=decode)``; returns the record's timing fields."""
-    lib = backend.library[0] if backend.library else backend.name
-    fn, sync, sets, extras = backend.native_fn(spec, scale, arg_sets, decode=decode)
+    return time_kernel(backend.native_fn(spec, scale, arg_sets, decode=decode), _library(backend), repeats, warmup)
+
+
+def time_kernel(kernel, lib: str, repeats: int, warmup: int) -> dict:
+    """Time a native backend's ``kernel`` (``NativeCall``) of the library ``lib``; returns the record's timing
+    fields."""
+    fn, sync, sets, extras = kernel
     sync()
     if extras.get("reset_peak"):
         extras["reset_peak"]()

@@ -8,7 +8,9 @@ their KV lengths drawn from it with a seed fixed by the shape (every backend and
 
 Measured as a JAX server calls it: ``jax.jit`` of ``serving_attention(q, k, v, q_starts, kv_lengths)``, the
 lengths *traced* arguments (the record's ``lengths_traced``; the kernel's plan is made inside the call from
-them). The check runs first: the first and last ``EDGE`` tokens of the longest and the shortest requests (by
+them; its inputs drawn by ``inputs.serving_inputs``, its timed sets and step made by ``compile_run``, then
+``ServingRun.time``). The check runs first (``check_into``, as ``check.check_into``
+calls every cell's check): the first and last ``EDGE`` tokens of the longest and the shortest requests (by
 KV length and by query length) against NumPy float64 (``attnlab.reference.serving64``), each error within the
 tolerance policy's limit from a kernel-like emulation of the same rows
 (``reference.serving64.kernel_like_serving``: scores in float32, P rounded to the cell's dtype). The record
@@ -16,11 +18,11 @@ adds ``request_lengths`` (``Problem.lengths_record``) and ``tokens_per_s`` (the
 step's new tokens / its time). With ``page_size`` the caches are pages of that many tokens in a shuffled
 order, found through a page table (vLLM's layout, ``kernels.pages.to_pages``, made before the timed call);
 the check reads the contiguous caches they were made from. The cell's ``window`` (its left size: the call is
-causal), ``sinks`` (``reference.inputs.random_sinks``) and soft cap go to the call, the reference and the
-emulation alike; with ``kv_dtype`` the cache is quantized before timing (``quantize_kv_cache``, per page with
-``page``), the check reads the sampled requests' *dequantized* cache (that quantized cache's codes and scales,
-``kv_quant.dequantized_sequences``) and ``kv_rel_err`` is the same rows' error against float64 of the unquantized
-K/V. The verdict goes through ``verdict.judged``.
+causal), ``sinks`` (``reference.inputs.random_sinks``, drawn with its inputs: ``inputs.call_semantics``) and soft
+cap go to the call, the reference and the emulation alike; with ``kv_dtype`` the cache is quantized before
+timing (``quantize_kv_cache``, per page with ``page``), the check reads the sampled requests' *dequantized* cache
+(that quantized cache's codes and scales, ``kv_quant.dequantized_sequences``) and ``kv_rel_err`` is the same
+rows' error against float64 of the unquantized K/V. The verdict goes through ``verdict.judged``.
 """
 from __future__ import annotations
 
@@ -34,18 +36,20 @@ import ml_dtypes  # noqa: F401  (bfloat16 for NumPy)
 import numpy as np
 
 from ..api.serving import prepare_serving, serving_attention
-from ..core import device, request_lengths as rl
+from ..core import request_lengths as rl
 from ..core.kv_quant import dequantized_sequences, quantize_kv_cache
 from ..core.problem import Problem
 from ..core.records import time_ms
 from ..kernels.pages import to_pages
-from ..reference.inputs import INPUTS_DRAW, random_qkv, random_sinks, seed_of
+from ..reference.inputs import seed_of
 from ..reference.serving64 import kernel_like_serving, reference_serving_attention
 from ..reference.tolerance import rel_l2, row_rel_err
-from . import memory, peaks, timers
+from . import memory
 from .budget import compile_within_budget
+from .inputs import call_semantics  # noqa: F401  (re-exported)
+from .jax_cell import time_program
 from .outcome import Skip, classify
-from .verdict import judged, output_dtype, policy_verdict, rule_text
+from .verdict import judged, policy_verdict, rule_text
 
 #: The request-length distributions a serving cell's ``lengths`` names (or ``file:PATH``).
 LENGTHS = rl.DISTRIBUTIONS
@@ -100,28 +104,15 @@ def problem_of(cell) -> Problem:
                                                                page_size=cell.page_size)
 
 
-def argument_sets(cell, p: Problem, nbytes: float, opts, phases, check_requests=()) -> tuple:
-    """(the first contiguous set, the timed sets, the call's semantics ``call_semantics``, the dequantized K/V of
-    ``check_requests``) of a serving cell.
+def timed_sets(cell, sets: list, check_requests=()) -> tuple:
+    """(the timed sets, the dequantized K/V of ``check_requests``) of a serving cell from its contiguous input
+    ``sets`` (q (T_total, N, H), k, v (B, S, K, H), q_starts, kv_lengths; ``inputs.serving_inputs``).
 
-    Contiguous sets are (q (T_total, N, H), k, v (B, S, K, H), q_starts, kv_lengths), drawn (the ``inputs``
-    phase) to rotate past the L2 cache, ``nbytes`` being the bytes one step moves (``p.bytes()``); the check
-    reads the first. Timed sets are (q, k_cache, v_cache, q_starts, kv_lengths, page_table, k_scale, v_scale):
-    pages of ``page_size`` tokens (``to_pages``; None: contiguous), the cache quantized (``quantize_kv_cache``)
-    with ``kv_dtype`` (None: the scales are None), made before the timed call. With ``kv_dtype`` the first timed
-    set's cache, quantized once, also gives the check its values: (k, v) of the requests ``check_requests``,
-    each (len, S, K, H) float64 dequantized (``dequantized_sequences``); else None."""
-    sem = call_semantics(cell)
-    sheet = peaks.peak_for_kind(device.current().kind)
-    n = opts.input_sets(nbytes, sheet and sheet.l2_bytes)
-    starts, kv = jnp.asarray(rl.starts_of(p.q_lengths)), jnp.asarray(np.asarray(p.kv_lengths, np.int32))
-    sets = []
-    with phases("inputs"):
-        for i in range(n):
-            q = random_qkv(1, p.q_len, 1, p.heads, p.kv_heads, p.head_dim, p.dtype, seed=opts.seed + i)[0][0]
-            _, k, v = random_qkv(p.batch, 1, p.kv_len, p.heads, p.kv_heads, p.head_dim, p.dtype,
-                                 seed=opts.seed + 50 + i)
-            sets.append((q, k, v, starts, kv))
+    Timed sets are (q, k_cache, v_cache, q_starts, kv_lengths, page_table, k_scale, v_scale): pages of
+    ``page_size`` tokens (``to_pages``; None: contiguous), the cache quantized (``quantize_kv_cache``) with
+    ``kv_dtype`` (None: the scales are None), made before the timed call. With ``kv_dtype`` the first timed set's
+    cache, quantized once, also gives the check its values: (k, v) of the requests ``check_requests``, each
+    (len, S, K, H) float64 dequantized (``dequantized_sequences``); else None."""
     timed, dequantized = [], None
     for q, k, v, starts, kv in sets:
         table = ks = vs = None
@@ -133,20 +124,48 @@ def argument_sets(cell, p: Problem, nbytes: float, opts, phases, check_requests=
                 dequantized = tuple(dequantized_sequences(c, s, cell.kv_scale, check_requests, table)
                                     for c, s in ((k, ks), (v, vs)))
         timed.append((q, k, v, starts, kv, table, ks, vs))
-    return sets[0], timed, sem, dequantized
+    return timed, dequantized
 
 
-def measure(backend, cell, opts, rec: dict, info, phases) -> dict:
-    """Check, then time one serving cell into ``rec`` and return it (raises ``Skip`` to end it early); the rates
-    are the caller's (``outcome.rates``, as for every cell)."""
+@dataclasses.dataclass(frozen=True)
+class ServingRun:
+    """A serving cell compiled (``compile_run``): ``compiled`` the jitted step on each timed set of ``args``; what its
+    check reads (``check.check_into`` passes them to ``check_into``): ``contiguous``, the first set's contiguous
+    (q, k, v, q_starts, kv_lengths), the step's ``q_lens`` and ``kv_lens``, the call's semantics ``sem``
+    (``inputs.call_semantics``) and, with ``kv_dtype``, the sampled requests' ``dequantized`` (k, v)."""
 
+    p: Problem
+    compiled: object
+    args: list
+    contiguous: tuple
+    q_lens: np.ndarray
+    kv_lens: np.ndarray
+    sem: dict
+    dequantized: tuple | None
+    cupti: bool
+
+    def output(self):
+        """The step's output on the first timed set (q's packed rows)."""
+        return self.compiled(*self.args[0])
+
+    def time(self, opts, rec: dict, info, phases) -> None:
+        """Time the step on every set into ``rec`` (``jax_cell.time_program``, as every JAX cell), with
+        ``tokens_per_s``; raises ``Skip``."""
+        time_program(rec, self.compiled, self.args, opts, info, phases, self.cupti)
+        rec["tokens_per_s"] = self.p.new_tokens() / (time_ms(rec) * 1e-3)
+
+
+def compile_run(backend, cell, ins, opts, rec: dict, phases, cupti: bool) -> ServingRun:
+    """A serving cell on its inputs ``ins`` (``inputs.CellInputs``: contiguous sets, the call's semantics as
+    ``extras``): its timed sets made (``timed_sets``; with ``opts.check`` the dequantized K/V its check reads), the
+    backend asked about its first call and the step compiled, into ``rec``; raises ``Skip`` (refused, a compile
+    failure). Checked (``check.check_into``) and timed (``ServingRun.time``) as every cell is."""
     p = cell.workload     # the step's requests, drawn once (``requests``)
     q_lens, kv_lens = np.asarray(p.q_lengths, np.int32), np.asarray(p.kv_lengths, np.int32)
-    seed = request_seed(cell)
     checked = sorted({r for r, *_ in sampled(q_lens, kv_lens)}) if opts.check else []
-    contiguous, args, kw, dequantized = argument_sets(cell, p, rec["bytes"], opts, phases, checked)
-    rec.update(request_lengths=p.lengths_record(seed), lengths_traced=True, inputs_draw=INPUTS_DRAW,
-               input_sets=len(args))
+    args, dequantized = timed_sets(cell, ins.sets, checked)
+    kw = ins.extras
+    rec.update(request_lengths=p.lengths_record(request_seed(cell)), lengths_traced=True)
     first = prepare_serving(*args[0][:5], page_table=args[0][5], k_scale=args[0][6], v_scale=args[0][7], **kw)
     if why := backend.supports_serving(first):   # the backend in hand (measure_cell found it available)
         raise Skip("unsupported", f"{backend.name}: {why}")
@@ -161,28 +180,7 @@ def measure(backend, cell, opts, rec: dict, info, phases) -> dict:
         except Exception as e:  # noqa: BLE001
             raise Skip(*classify(e, "compile")) from None
     rec.update(lower_s=lower_s, compile_s=lower_s + compile_s, compiled_ahead=False, **memory.compiled_memory(compiled))
-    if opts.check:
-        with phases("check"):
-            try:
-                out = compiled(*args[0])
-            except Exception as e:  # noqa: BLE001
-                raise Skip(*classify(e, "run")) from None
-            check_into(rec, out, contiguous, q_lens, kv_lens, cell, backend, kw, dequantized)
-    rec["repeats"] = opts.repeats or (20 if info.platform == "gpu" else 5)
-    with phases("timing"):
-        try:
-            timers.time_into(rec, compiled, args, opts, cupti=rec["timer"] == "cupti")
-        except Exception as e:  # noqa: BLE001
-            raise Skip(*classify(e, "run")) from None
-    rec["process_peak_bytes"] = memory.process_peak_bytes()
-    rec["tokens_per_s"] = p.new_tokens() / (time_ms(rec) * 1e-3)
-    return rec
-
-
-def call_semantics(cell) -> dict:
-    """The serving call's soft cap, window and sinks (one standard normal logit per query head, NumPy)."""
-    return dict(logits_soft_cap=cell.soft_cap, local_window_size=cell.window,
-                sinks=random_sinks(cell.heads) if cell.sinks else None)
+    return ServingRun(p, compiled, args, ins.sets[0], q_lens, kv_lens, kw, dequantized, cupti)
 
 
 def sampled(q_lens, kv_lens) -> list[tuple[int, int, int, int]]:
@@ -203,9 +201,9 @@ def sampled(q_lens, kv_lens) -> list[tuple[int, int, int, int]]:
 
 def check_into(rec: dict, out, args, q_lens, kv_lens, cell, backend, sem: dict, dequantized=None) -> None:
     """Check the sampled rows (``sampled``) of ``out`` against float64 (a quantized cache: of its dequantized
-    values ``dequantized``, (k, v) of the sampled requests in order, from ``argument_sets``; with ``kv_rel_err``
+    values ``dequantized``, (k, v) of the sampled requests in order, from ``timed_sets``; with ``kv_rel_err``
     against the unquantized ones); record it; Skip('incorrect') when wrong. ``sem``: the call's soft cap, window
-    and sinks (``call_semantics``). The references come first, then the verdict on the output (its dtype first)."""
+    and sinks (``inputs.call_semantics``). The output's dtype and shape are ``check.check_into``'s, as every cell's."""
 
     q, k, v = args[:3]
     pieces = sampled(q_lens, kv_lens)
@@ -216,7 +214,7 @@ def check_into(rec: dict, out, args, q_lens, kv_lens, cell, backend, sem: dict, 
     if cell.kv_dtype:   # the timed cache's codes, each sampled request's once, then its sampled pieces'
         if dequantized is None:
             raise ValueError("dequantized: a quantized-cache cell's check needs the dequantized K/V of its sampled "
-                             "requests (argument_sets makes them)")
+                             "requests (timed_sets makes them)")
         back = np.unique(reqs, return_inverse=True)[1]
         kv = [x[:, :n_max][back] for x in dequantized]
     head = (np.asarray(q[rows]), *kv, rl.starts_of([t for _, _, t, _ in pieces]), np.asarray([n for *_, n in pieces]))
@@ -224,7 +222,6 @@ def check_into(rec: dict, out, args, q_lens, kv_lens, cell, backend, sem: dict, 
     ref_unquantized = (reference_serving_attention(head[0], *unquantized, *head[3:], **sem) if cell.kv_dtype
                        else None)
     emul = kernel_like_serving(*head, cell.dtype, cell.soft_cap, cell.window, sem["sinks"])
-    rec.update(output_dtype(out, cell, q.shape))
     got = np.asarray(out[rows]).astype(np.float64)
     err, row = rel_l2(got, ref), (row_rel_err(got, ref, 1) if np.all(np.isfinite(got)) else math.inf)
     fields = dict(checked_fraction=int(rows.size) / int(np.sum(q_lens)), checked_rows=int(rows.size), row_err=row,

@@ -1,27 +1,14 @@
 """The tolerance policy's verdict as a cell's record gives it: one helper for every check of a cell.
 
 ``policy_verdict`` (``reference.tolerance``, re-exported) judges (rel L2, worst row) errors by the policy or a
-backend's fixed limit; ``rule_text`` says the rule; ``output_dtype`` and ``judged`` turn an output and a
-verdict into the record's fields, raising ``Skip('incorrect')`` carrying them when it fails. ``measure.check``
-(the whole output), ``kv_cells`` (a quantized cache) and ``serving_cell`` (a serving step) use them alike.
+backend's fixed limit; ``rule_text`` says the rule; ``judged`` turns a verdict into the record's fields, raising
+``Skip('incorrect')`` carrying them when it fails: ``kv_cells`` (a quantized cache) and ``serving_cell`` (a serving
+step) use it alike (``measure.check``, the whole output, judges by ``policy_verdict`` too).
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ..reference.tolerance import errors_text, policy_verdict, rule_text  # noqa: F401  (re-exported)
 from .outcome import Skip, Status
-
-
-def output_dtype(out, cell, shape=None) -> dict:
-    """``{"out_dtype": ...}`` of a cell's output; ``Skip('incorrect')`` carrying it when the dtype is not the
-    cell's (or, given ``shape``, the shape is not that)."""
-    fields = {"out_dtype": np.dtype(out.dtype).name}
-    if fields["out_dtype"] != cell.dtype or (shape is not None and tuple(out.shape) != tuple(shape)):
-        got, want = (fields["out_dtype"], cell.dtype) if shape is None else (
-            f"{fields['out_dtype']} {tuple(out.shape)}", f"{cell.dtype} {tuple(shape)}")
-        raise Skip(Status.INCORRECT, f"output {got} is not the cell's {want}", fields)
-    return fields
 
 
 def judged(fields: dict, name: str, verdict: dict, tolerance: str, where: str = "") -> dict:
