@@ -99,10 +99,10 @@ def serving_inputs(cell, opts, rec: dict, phases) -> CellInputs:
     Its call (pages, quantized cache) is made from them with its timed sets (``serving_cell.compile_run``), and
     the backend asked then."""
     p = cell.workload
-    starts, kv = jnp.asarray(rl.starts_of(p.q_lengths)), jnp.asarray(np.asarray(p.kv_lengths, np.int32))
+    extras = call_semantics(cell)     # the sinks, then the sets: one round of draws
     sheet = peaks.peak_for_kind(device.current().kind)
     n = opts.input_sets(rec["bytes"], sheet and sheet.l2_bytes)
-    extras = call_semantics(cell)     # the sinks, then the sets: one round of draws
+    starts, kv = jnp.asarray(rl.starts_of(p.q_lengths)), jnp.asarray(np.asarray(p.kv_lengths, np.int32))
     sets = []
     with phases("inputs"):
         for i in range(n):
