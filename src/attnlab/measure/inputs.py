@@ -4,8 +4,7 @@
 (``attnlab.core.prepare.prepare``, the one call the backend is asked about and a native backend runs) and the
 call's keyword arguments (``call_extras``), with the backend's refusals of the cell (a decode cell's:
 ``window_refusal``, ``paged_refusal``); ``jax_cell.functions`` builds what is timed from them. A serving step's
-(``serving_inputs``): its packed sets and its call's semantics (``call_semantics``); ``serving_cell.compile_run``
-makes its call.
+(``serving_inputs``): its packed sets and its call's semantics; ``serving_cell.compile_run`` makes its call.
 
 Sharded cells get their mesh and input placement (and ``jax_cell`` their attention function) from the strategy
 registry (``attnlab.core.strategies``), which the layer implementing the strategies fills (``attnlab.api.sharded``,
@@ -23,7 +22,7 @@ from ..core import device, request_lengths as rl, strategies
 from ..core.call import Call
 from ..core.prepare import prepare
 from ..reference.inputs import INPUTS_DRAW, draw_sets, random_qkv, random_sinks
-from . import peaks
+from . import peaks, serving_cell
 from .outcome import Skip, Status, classify
 
 
@@ -47,7 +46,7 @@ def cell_inputs(cell, backend, opts, rec: dict, phases) -> CellInputs:
     a sharded cell's sets go onto its mesh; a serving step's: ``serving_inputs``. Writes ``input_sets``,
     ``inputs_draw`` and ``mesh`` into ``rec``; raises ``Skip`` (unsupported: a refused call, a dtype JAX does not
     make, a mesh this machine lacks)."""
-    if rl.is_distribution(cell.lengths):     # a serving step (``serving_cell.is_serving``)
+    if serving_cell.is_serving(cell):
         return serving_inputs(cell, opts, rec, phases)
     w = cell.workload
     n = _set_count(w, opts)
@@ -93,13 +92,13 @@ def cell_inputs(cell, backend, opts, rec: dict, phases) -> CellInputs:
 
 
 def serving_inputs(cell, opts, rec: dict, phases) -> CellInputs:
-    """A serving step's inputs: its call's soft cap, window and sinks (``call_semantics``) as
+    """A serving step's inputs: its call's soft cap, window and sinks (``serving_cell.call_semantics``) as
     ``extras``, then its contiguous sets (q (T_total, N, H), k, v (B, S, K, H), q_starts, kv_lengths), drawn
     (phase ``inputs``) to rotate past the L2 cache, the bytes of one set being those one step moves (``rec``'s).
     Its call (pages, quantized cache) is made from them with its timed sets (``serving_cell.compile_run``), and
     the backend asked then."""
     p = cell.workload
-    extras = call_semantics(cell)     # the sinks, then the sets: one round of draws
+    extras = serving_cell.call_semantics(cell)     # the sinks, then the sets: one round of draws
     sheet = peaks.peak_for_kind(device.current().kind)
     n = opts.input_sets(rec["bytes"], sheet and sheet.l2_bytes)
     starts, kv = jnp.asarray(rl.starts_of(p.q_lengths)), jnp.asarray(np.asarray(p.kv_lengths, np.int32))
@@ -146,9 +145,3 @@ def call_extras(cell) -> dict:
     if ids is not None:
         kw["query_segment_ids"] = kw["key_value_segment_ids"] = ids   # concrete: compiled in, as a model's would be
     return kw
-
-
-def call_semantics(cell) -> dict:
-    """A serving step's call's soft cap, window and sinks (one standard normal logit per query head, NumPy)."""
-    return dict(logits_soft_cap=cell.soft_cap, local_window_size=cell.window,
-                sinks=random_sinks(cell.heads) if cell.sinks else None)

@@ -18,11 +18,11 @@ adds ``request_lengths`` (``Problem.lengths_record``) and ``tokens_per_s`` (the
 step's new tokens / its time). With ``page_size`` the caches are pages of that many tokens in a shuffled
 order, found through a page table (vLLM's layout, ``kernels.pages.to_pages``, made before the timed call);
 the check reads the contiguous caches they were made from. The cell's ``window`` (its left size: the call is
-causal), ``sinks`` (``reference.inputs.random_sinks``, drawn with its inputs: ``inputs.call_semantics``) and soft
-cap go to the call, the reference and the emulation alike; with ``kv_dtype`` the cache is quantized before
-timing (``quantize_kv_cache``, per page with ``page``), the check reads the sampled requests' *dequantized* cache
-(that quantized cache's codes and scales, ``kv_quant.dequantized_sequences``) and ``kv_rel_err`` is the same
-rows' error against float64 of the unquantized K/V. The verdict goes through ``verdict.judged``.
+causal), ``sinks`` (``reference.inputs.random_sinks``) and soft cap go to the call, the reference and the
+emulation alike; with ``kv_dtype`` the cache is quantized before timing (``quantize_kv_cache``, per page with
+``page``), the check reads the sampled requests' *dequantized* cache (that quantized cache's codes and scales,
+``kv_quant.dequantized_sequences``) and ``kv_rel_err`` is the same rows' error against float64 of the unquantized
+K/V. The verdict goes through ``verdict.judged``.
 """
 from __future__ import annotations
 
@@ -41,12 +41,11 @@ from ..core.kv_quant import dequantized_sequences, quantize_kv_cache
 from ..core.problem import Problem
 from ..core.records import time_ms
 from ..kernels.pages import to_pages
-from ..reference.inputs import seed_of
+from ..reference.inputs import random_sinks, seed_of
 from ..reference.serving64 import kernel_like_serving, reference_serving_attention
 from ..reference.tolerance import rel_l2, row_rel_err
 from . import memory
 from .budget import compile_within_budget
-from .inputs import call_semantics  # noqa: F401  (re-exported)
 from .jax_cell import time_program
 from .outcome import Skip, classify
 from .verdict import judged, policy_verdict, rule_text
@@ -132,7 +131,7 @@ class ServingRun:
     """A serving cell compiled (``compile_run``): ``compiled`` the jitted step on each timed set of ``args``; what its
     check reads (``check.check_into`` passes them to ``check_into``): ``contiguous``, the first set's contiguous
     (q, k, v, q_starts, kv_lengths), the step's ``q_lens`` and ``kv_lens``, the call's semantics ``sem``
-    (``inputs.call_semantics``) and, with ``kv_dtype``, the sampled requests' ``dequantized`` (k, v)."""
+    (``call_semantics``) and, with ``kv_dtype``, the sampled requests' ``dequantized`` (k, v)."""
 
     p: Problem
     compiled: object
@@ -183,6 +182,12 @@ def compile_run(backend, cell, ins, opts, rec: dict, phases, cupti: bool) -> Ser
     return ServingRun(p, compiled, args, ins.sets[0], q_lens, kv_lens, kw, dequantized, cupti)
 
 
+def call_semantics(cell) -> dict:
+    """The serving call's soft cap, window and sinks (one standard normal logit per query head, NumPy)."""
+    return dict(logits_soft_cap=cell.soft_cap, local_window_size=cell.window,
+                sinks=random_sinks(cell.heads) if cell.sinks else None)
+
+
 def sampled(q_lens, kv_lens) -> list[tuple[int, int, int, int]]:
     """(request, first query row in the packed q, tokens, KV length) of each sampled piece: the first and last
     ``EDGE`` tokens of the longest and shortest requests by KV and by query length (the first tokens of a
@@ -203,7 +208,7 @@ def check_into(rec: dict, out, args, q_lens, kv_lens, cell, backend, sem: dict, 
     """Check the sampled rows (``sampled``) of ``out`` against float64 (a quantized cache: of its dequantized
     values ``dequantized``, (k, v) of the sampled requests in order, from ``timed_sets``; with ``kv_rel_err``
     against the unquantized ones); record it; Skip('incorrect') when wrong. ``sem``: the call's soft cap, window
-    and sinks (``inputs.call_semantics``). The output's dtype and shape are ``check.check_into``'s, as every cell's."""
+    and sinks (``call_semantics``). The output's dtype and shape are ``check.check_into``'s, as every cell's."""
 
     q, k, v = args[:3]
     pieces = sampled(q_lens, kv_lens)
