@@ -4,12 +4,12 @@ A cell is one (backend, problem, mode[, mesh strategy, decode lengths]); its pro
 ``attnlab.core.problem.Problem``; its record's schema and statuses: ``attnlab.core.record_model``.
 An incorrect cell is never timed.
 
-This module is the cell's state machine (the ``Cell`` type: ``cell_type``); every cell takes one path down:
-its inputs from ``inputs`` (its input sets and call, made once), its run from ``serving_cell`` (a serving step,
-lengths traced, compiled), ``jax_cell`` (a JAX call, compiled) or ``native`` (a backend outside JAX), then
-``check`` checks the run's output, and gradients, against the references by the check of the cell's kind (the
-whole output; a quantized KV cache's: ``kv_cells``; a serving step's sampled requests: ``serving_cell``), and
-the run's ``time`` times it.
+This module is the cell's state machine (the ``Cell`` type: ``cell_type``); every cell takes one path down. Its
+run: a serving step's from ``serving_cell`` (its inputs drawn, lengths traced, the step compiled); any other
+cell's inputs from ``inputs`` (its input sets and call, made once), then its run from ``jax_cell`` (a JAX call,
+compiled) or ``native`` (a backend outside JAX). Then ``check`` checks the run's output, and gradients, against
+the references by the check of the cell's kind (the whole output; a quantized KV cache's: ``kv_cells``; a
+serving step's sampled requests: ``serving_cell``), and the run's ``time`` times it.
 ``outcome`` classifies failures, computes the rates and builds the record from the fields measured (only
 ``_measure_cell`` collects them).
 """
@@ -84,13 +84,14 @@ def _measure_cell(cell: Cell, opts: Options | None, on_phase, ahead, stamp: dict
             if est.seconds > opts.cell_budget_s:
                 raise _Skip(Status.OVER_BUDGET, f"estimated {est.text()} on {info.kind or info.platform}: more "
                                                 f"than the cell budget of {opts.cell_budget_s:g} s (--cell-budget); not run")
-        ins = cell_inputs(cell, backend, opts, rec, phases)
         if serving_cell.is_serving(cell):   # serving_attention on packed requests, lengths traced
-            run = serving_cell.compile_run(backend, cell, ins, opts, rec, phases, cupti=no_cupti is None)
-        elif backend.native:      # asked by cell_inputs already: the run is the call itself
-            run = native.NativeRun(backend, cell, ins)
+            run = serving_cell.compile_run(backend, cell, opts, rec, phases, cupti=no_cupti is None)
         else:
-            run = jax_cell.compile_run(backend, cell, ins, opts, rec, phases, ahead, cupti=no_cupti is None)
+            ins = cell_inputs(cell, backend, opts, rec, phases)
+            if backend.native:      # asked by cell_inputs already: the run is the call itself
+                run = native.NativeRun(backend, cell, ins)
+            else:
+                run = jax_cell.compile_run(backend, cell, ins, opts, rec, phases, ahead, cupti=no_cupti is None)
         if opts.check:     # an incorrect cell is never timed
             with phases("check"):
                 check_into(rec, run, cell, backend, opts)

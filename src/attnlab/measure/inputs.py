@@ -1,10 +1,9 @@
 """On which inputs a cell runs: input sets, mesh placement and the call.
 
-``cell_inputs`` makes every cell's inputs once: its (q, k, v) sets, the attention call of the first
+``cell_inputs`` makes a (non-serving) cell's inputs once: its (q, k, v) sets, the attention call of the first
 (``attnlab.core.prepare.prepare``, the one call the backend is asked about and a native backend runs) and the
 call's keyword arguments (``call_extras``), with the backend's refusals of the cell (a decode cell's:
-``window_refusal``, ``paged_refusal``); ``jax_cell.functions`` builds what is timed from them. A serving step's
-(``serving_inputs``): its packed sets and its call's semantics; ``serving_cell.compile_run`` makes its call.
+``window_refusal``, ``paged_refusal``); ``jax_cell.functions`` builds what is timed from them.
 
 Sharded cells get their mesh and input placement (and ``jax_cell`` their attention function) from the strategy
 registry (``attnlab.core.strategies``), which the layer implementing the strategies fills (``attnlab.api.sharded``,
@@ -18,21 +17,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core import device, request_lengths as rl, strategies
+from ..core import device, strategies
 from ..core.call import Call
 from ..core.prepare import prepare
-from ..reference.inputs import INPUTS_DRAW, draw_sets, random_qkv, random_sinks
-from . import peaks, serving_cell
+from ..reference.inputs import INPUTS_DRAW, draw_sets, random_sinks
+from . import peaks
 from .outcome import Skip, Status, classify
 
 
 @dataclasses.dataclass(frozen=True)
 class CellInputs:
-    """A cell's inputs, made once (``cell_inputs``): ``sets``, its (q, k, v) input sets (q (B, T, N, H), k and v
-    (B, S, K, H), on the mesh for a sharded cell; a serving step's: ``serving_inputs``); ``call``, the attention
-    call of the first set (None for a serving step); ``extras``, the call's keyword arguments (``call_extras``:
-    soft cap, segment ids, sinks); ``strategy``, a sharded cell's mesh strategy (``core.strategies``, looked up
-    once), else None."""
+    """A (non-serving) cell's inputs, made once (``cell_inputs``): ``sets``, its (q, k, v) input sets (q (B, T, N, H),
+    k and v (B, S, K, H), on the mesh for a sharded cell); ``call``, the attention call of the first set; ``extras``,
+    the call's keyword arguments (``call_extras``: soft cap, segment ids, sinks); ``strategy``, a sharded cell's
+    mesh strategy (``core.strategies``, looked up once), else None."""
 
     sets: list
     call: Call
@@ -43,11 +41,8 @@ class CellInputs:
 def cell_inputs(cell, backend, opts, rec: dict, phases) -> CellInputs:
     """Draw the cell's input sets (phase ``inputs``) and its call's sinks, make its call once and ask ``backend``
     whether it runs it (every refusal of the cell: a native backend's of a decode cell too, ``native.NativeRun``);
-    a sharded cell's sets go onto its mesh; a serving step's: ``serving_inputs``. Writes ``input_sets``,
-    ``inputs_draw`` and ``mesh`` into ``rec``; raises ``Skip`` (unsupported: a refused call, a dtype JAX does not
-    make, a mesh this machine lacks)."""
-    if serving_cell.is_serving(cell):
-        return serving_inputs(cell, opts, rec, phases)
+    a sharded cell's sets go onto its mesh. Writes ``input_sets``, ``inputs_draw`` and ``mesh`` into ``rec``;
+    raises ``Skip`` (unsupported: a refused call, a dtype JAX does not make, a mesh this machine lacks)."""
     w = cell.workload
     n = _set_count(w, opts)
     decode_why = None if cell.lengths is None else (   # read off the backend's declarations: no call needed
@@ -89,28 +84,6 @@ def cell_inputs(cell, backend, opts, rec: dict, phases) -> CellInputs:
         if why_strategy := st.why_not(cell.backend, cell.window):
             raise Skip(Status.UNSUPPORTED, why_strategy)
     return CellInputs(sets, call, extras, st)
-
-
-def serving_inputs(cell, opts, rec: dict, phases) -> CellInputs:
-    """A serving step's inputs: its call's soft cap, window and sinks (``serving_cell.call_semantics``) as
-    ``extras``, then its contiguous sets (q (T_total, N, H), k, v (B, S, K, H), q_starts, kv_lengths), drawn
-    (phase ``inputs``) to rotate past the L2 cache, the bytes of one set being those one step moves (``rec``'s).
-    Its call (pages, quantized cache) is made from them with its timed sets (``serving_cell.compile_run``), and
-    the backend asked then."""
-    p = cell.workload
-    extras = serving_cell.call_semantics(cell)     # the sinks, then the sets: one round of draws
-    sheet = peaks.peak_for_kind(device.current().kind)
-    n = opts.input_sets(rec["bytes"], sheet and sheet.l2_bytes)
-    starts, kv = jnp.asarray(rl.starts_of(p.q_lengths)), jnp.asarray(np.asarray(p.kv_lengths, np.int32))
-    sets = []
-    with phases("inputs"):
-        for i in range(n):
-            q = random_qkv(1, p.q_len, 1, p.heads, p.kv_heads, p.head_dim, p.dtype, seed=opts.seed + i)[0][0]
-            _, k, v = random_qkv(p.batch, 1, p.kv_len, p.heads, p.kv_heads, p.head_dim, p.dtype,
-                                 seed=opts.seed + 50 + i)
-            sets.append((q, k, v, starts, kv))
-    rec.update(input_sets=len(sets), inputs_draw=INPUTS_DRAW)
-    return CellInputs(sets, None, extras)
 
 
 def paged_refusal(backend) -> str | None:

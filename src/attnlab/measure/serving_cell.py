@@ -8,8 +8,7 @@ their KV lengths drawn from it with a seed fixed by the shape (every backend and
 
 Measured as a JAX server calls it: ``jax.jit`` of ``serving_attention(q, k, v, q_starts, kv_lengths)``, the
 lengths *traced* arguments (the record's ``lengths_traced``; the kernel's plan is made inside the call from
-them; its inputs drawn by ``inputs.serving_inputs``, its timed sets and step made by ``compile_run``, then
-``ServingRun.time``). The check runs first (``check_into``, as ``check.check_into``
+them; ``compile_run``, then ``ServingRun.time``). The check runs first (``check_into``, as ``check.check_into``
 calls every cell's check): the first and last ``EDGE`` tokens of the longest and the shortest requests (by
 KV length and by query length) against NumPy float64 (``attnlab.reference.serving64``), each error within the
 tolerance policy's limit from a kernel-like emulation of the same rows
@@ -36,15 +35,15 @@ import ml_dtypes  # noqa: F401  (bfloat16 for NumPy)
 import numpy as np
 
 from ..api.serving import prepare_serving, serving_attention
-from ..core import request_lengths as rl
+from ..core import device, request_lengths as rl
 from ..core.kv_quant import dequantized_sequences, quantize_kv_cache
 from ..core.problem import Problem
 from ..core.records import time_ms
 from ..kernels.pages import to_pages
-from ..reference.inputs import random_sinks, seed_of
+from ..reference.inputs import INPUTS_DRAW, random_qkv, random_sinks, seed_of
 from ..reference.serving64 import kernel_like_serving, reference_serving_attention
 from ..reference.tolerance import rel_l2, row_rel_err
-from . import memory
+from . import memory, peaks
 from .budget import compile_within_budget
 from .jax_cell import time_program
 from .outcome import Skip, classify
@@ -103,15 +102,28 @@ def problem_of(cell) -> Problem:
                                                                page_size=cell.page_size)
 
 
-def timed_sets(cell, sets: list, check_requests=()) -> tuple:
-    """(the timed sets, the dequantized K/V of ``check_requests``) of a serving cell from its contiguous input
-    ``sets`` (q (T_total, N, H), k, v (B, S, K, H), q_starts, kv_lengths; ``inputs.serving_inputs``).
+def argument_sets(cell, p: Problem, nbytes: float, opts, phases, check_requests=()) -> tuple:
+    """(the first contiguous set, the timed sets, the call's semantics ``call_semantics``, the dequantized K/V of
+    ``check_requests``) of a serving cell.
 
-    Timed sets are (q, k_cache, v_cache, q_starts, kv_lengths, page_table, k_scale, v_scale): pages of
-    ``page_size`` tokens (``to_pages``; None: contiguous), the cache quantized (``quantize_kv_cache``) with
-    ``kv_dtype`` (None: the scales are None), made before the timed call. With ``kv_dtype`` the first timed set's
-    cache, quantized once, also gives the check its values: (k, v) of the requests ``check_requests``, each
-    (len, S, K, H) float64 dequantized (``dequantized_sequences``); else None."""
+    Contiguous sets are (q (T_total, N, H), k, v (B, S, K, H), q_starts, kv_lengths), drawn (the ``inputs``
+    phase) to rotate past the L2 cache, ``nbytes`` being the bytes one step moves (``p.bytes()``); the check
+    reads the first. Timed sets are (q, k_cache, v_cache, q_starts, kv_lengths, page_table, k_scale, v_scale):
+    pages of ``page_size`` tokens (``to_pages``; None: contiguous), the cache quantized (``quantize_kv_cache``)
+    with ``kv_dtype`` (None: the scales are None), made before the timed call. With ``kv_dtype`` the first timed
+    set's cache, quantized once, also gives the check its values: (k, v) of the requests ``check_requests``,
+    each (len, S, K, H) float64 dequantized (``dequantized_sequences``); else None."""
+    sem = call_semantics(cell)
+    sheet = peaks.peak_for_kind(device.current().kind)
+    n = opts.input_sets(nbytes, sheet and sheet.l2_bytes)
+    starts, kv = jnp.asarray(rl.starts_of(p.q_lengths)), jnp.asarray(np.asarray(p.kv_lengths, np.int32))
+    sets = []
+    with phases("inputs"):
+        for i in range(n):
+            q = random_qkv(1, p.q_len, 1, p.heads, p.kv_heads, p.head_dim, p.dtype, seed=opts.seed + i)[0][0]
+            _, k, v = random_qkv(p.batch, 1, p.kv_len, p.heads, p.kv_heads, p.head_dim, p.dtype,
+                                 seed=opts.seed + 50 + i)
+            sets.append((q, k, v, starts, kv))
     timed, dequantized = [], None
     for q, k, v, starts, kv in sets:
         table = ks = vs = None
@@ -123,7 +135,7 @@ def timed_sets(cell, sets: list, check_requests=()) -> tuple:
                 dequantized = tuple(dequantized_sequences(c, s, cell.kv_scale, check_requests, table)
                                     for c, s in ((k, ks), (v, vs)))
         timed.append((q, k, v, starts, kv, table, ks, vs))
-    return timed, dequantized
+    return sets[0], timed, sem, dequantized
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,17 +166,17 @@ class ServingRun:
         rec["tokens_per_s"] = self.p.new_tokens() / (time_ms(rec) * 1e-3)
 
 
-def compile_run(backend, cell, ins, opts, rec: dict, phases, cupti: bool) -> ServingRun:
-    """A serving cell on its inputs ``ins`` (``inputs.CellInputs``: contiguous sets, the call's semantics as
-    ``extras``): its timed sets made (``timed_sets``; with ``opts.check`` the dequantized K/V its check reads), the
+def compile_run(backend, cell, opts, rec: dict, phases, cupti: bool) -> ServingRun:
+    """A serving cell's inputs made (``argument_sets``; with ``opts.check`` the dequantized K/V its check reads), the
     backend asked about its first call and the step compiled, into ``rec``; raises ``Skip`` (refused, a compile
     failure). Checked (``check.check_into``) and timed (``ServingRun.time``) as every cell is."""
     p = cell.workload     # the step's requests, drawn once (``requests``)
     q_lens, kv_lens = np.asarray(p.q_lengths, np.int32), np.asarray(p.kv_lengths, np.int32)
+    seed = request_seed(cell)
     checked = sorted({r for r, *_ in sampled(q_lens, kv_lens)}) if opts.check else []
-    args, dequantized = timed_sets(cell, ins.sets, checked)
-    kw = ins.extras
-    rec.update(request_lengths=p.lengths_record(request_seed(cell)), lengths_traced=True)
+    contiguous, args, kw, dequantized = argument_sets(cell, p, rec["bytes"], opts, phases, checked)
+    rec.update(request_lengths=p.lengths_record(seed), lengths_traced=True, inputs_draw=INPUTS_DRAW,
+               input_sets=len(args))
     first = prepare_serving(*args[0][:5], page_table=args[0][5], k_scale=args[0][6], v_scale=args[0][7], **kw)
     if why := backend.supports_serving(first):   # the backend in hand (measure_cell found it available)
         raise Skip("unsupported", f"{backend.name}: {why}")
@@ -179,7 +191,7 @@ def compile_run(backend, cell, ins, opts, rec: dict, phases, cupti: bool) -> Ser
         except Exception as e:  # noqa: BLE001
             raise Skip(*classify(e, "compile")) from None
     rec.update(lower_s=lower_s, compile_s=lower_s + compile_s, compiled_ahead=False, **memory.compiled_memory(compiled))
-    return ServingRun(p, compiled, args, ins.sets[0], q_lens, kv_lens, kw, dequantized, cupti)
+    return ServingRun(p, compiled, args, contiguous, q_lens, kv_lens, kw, dequantized, cupti)
 
 
 def call_semantics(cell) -> dict:
@@ -206,7 +218,7 @@ def sampled(q_lens, kv_lens) -> list[tuple[int, int, int, int]]:
 
 def check_into(rec: dict, out, args, q_lens, kv_lens, cell, backend, sem: dict, dequantized=None) -> None:
     """Check the sampled rows (``sampled``) of ``out`` against float64 (a quantized cache: of its dequantized
-    values ``dequantized``, (k, v) of the sampled requests in order, from ``timed_sets``; with ``kv_rel_err``
+    values ``dequantized``, (k, v) of the sampled requests in order, from ``argument_sets``; with ``kv_rel_err``
     against the unquantized ones); record it; Skip('incorrect') when wrong. ``sem``: the call's soft cap, window
     and sinks (``call_semantics``). The output's dtype and shape are ``check.check_into``'s, as every cell's."""
 
@@ -219,7 +231,7 @@ def check_into(rec: dict, out, args, q_lens, kv_lens, cell, backend, sem: dict, 
     if cell.kv_dtype:   # the timed cache's codes, each sampled request's once, then its sampled pieces'
         if dequantized is None:
             raise ValueError("dequantized: a quantized-cache cell's check needs the dequantized K/V of its sampled "
-                             "requests (timed_sets makes them)")
+                             "requests (argument_sets makes them)")
         back = np.unique(reqs, return_inverse=True)[1]
         kv = [x[:, :n_max][back] for x in dequantized]
     head = (np.asarray(q[rows]), *kv, rl.starts_of([t for _, _, t, _ in pieces]), np.asarray([n for *_, n in pieces]))
