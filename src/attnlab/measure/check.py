@@ -116,12 +116,13 @@ def check_into(rec: dict, run, cell, backend, opts) -> None:
     failed; any other failure of the run or the references ends the cell as ``classify`` says."""
     try:
         out = run.output()
-        if serving_cell.is_serving(cell):   # q's packed rows: its shape is the output's
-            rec.update(output_dtype(out, cell, run.contiguous[0].shape))
+        serving = serving_cell.is_serving(cell)
+        # a serving step's output has q's packed rows: its shape is checked too
+        rec.update(output_dtype(out, cell, run.contiguous[0].shape if serving else None))
+        if serving:
             serving_cell.check_into(rec, out, run.contiguous, run.q_lens, run.kv_lens, cell, backend, run.sem,
                                     run.dequantized)
             return
-        rec.update(output_dtype(out, cell))
         inputs, extras = run.ins.sets[0], run.ins.extras
         if cell.kv_dtype:
             rec.update(kv_cells.check_output(out, inputs, run.caches, cell, extras))
