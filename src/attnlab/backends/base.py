@@ -106,7 +106,7 @@ class Backend:
     kv_scales_reason: str = ("k_scale/v_scale: no quantized KV cache (FP8/int8 with scales) in this path "
                              "(attnlab-decode, naive and xla take one)")
     #: True for a native backend that also times decode sweep cells (``NativeBackend.decode_reason``,
-    #: ``run_native_decode``); JAX backends run decode calls through ``run_decode``.
+    #: ``native_fn(..., decode=...)``); JAX backends run decode calls through ``run_decode``.
     decode: bool = False
     #: True when this backend's decode path reads a paged KV cache through its page table: its own
     #: ``run_decode`` (attnlab-decode) or, on the masked path, ``run_paged_decode`` (cudnn); else a paged
@@ -291,8 +291,3 @@ class NativeBackend(Backend):
         """Why this kernel cannot run a decode cell (T new tokens, cache of S, valid ``kv_lengths``), or
         None; only backends with ``decode = True`` run decode cells."""
         return "no decode (cache) semantics"
-
-    def run_native_decode(self, q, k, v, spec: Call, scale: float, kv_lengths, causal: bool):
-        """A decode cell's call on concrete JAX arrays (q (B, T, N, H), caches (B, S, K, H)) with the
-        kernel ``native_fn(..., decode=(kv_lengths, causal))`` times; ``decode = True`` backends only."""
-        raise NotImplementedError

@@ -119,12 +119,6 @@ class TorchSdpaBackend(NativeBackend):
 
         return torch, fn
 
-    def run_native_decode(self, q, k, v, spec: Call, scale: float, kv_lengths, causal: bool):
-        torch, fn = self.decode_fn(spec, scale, kv_lengths, causal)
-        out = fn(*(_to_torch(x) for x in (q, k, v)))
-        torch.cuda.synchronize()
-        return jax.dlpack.from_dlpack(out.contiguous())
-
     def run(self, p: Call):
         if any(isinstance(x, jax.core.Tracer) for x in (p.query, p.key, p.value)):
             raise UnsupportedError(self.name, "a PyTorch kernel cannot run inside jax.jit/grad/vmap; call it on concrete arrays")
