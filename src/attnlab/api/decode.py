@@ -203,7 +203,7 @@ def decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None
       logits_soft_cap: None or a positive float c: logits -> c * tanh(logits / c) before masking
         (attnlab-decode applies it in the kernel; generic paths as ``attention`` does).
       sinks: None or (N,) float logits, ``attention``'s attention sinks; the masked path (naive, xla)
-        and attnlab-decode's kernel (in its split combine) run them, cuDNN refuses.
+        and attnlab-decode's kernel (in its split combine, or in-kernel at one split) run them, cuDNN refuses.
       local_window_size: None, an int w ((w, w)) or (left, right): query t at position
         p = kv_lengths[b] - T + t sees only keys in [p - left, p + right] (module docstring);
         attnlab-decode reads only the window's KV blocks; naive and xla mask; other backends refuse.

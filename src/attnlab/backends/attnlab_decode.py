@@ -10,7 +10,8 @@ Two ways in:
 
 Runs on NVIDIA GPUs (compute capability >= 8.0) compiled by Triton, and on the CPU in Pallas
 interpret mode (correct but slow: for tests). Forward only. ``sinks`` (gpt-oss's attention sinks) are
-added to each row's denominator once, in the split combine and in the serving merge.
+added to each row's denominator once: in the split combine (in the kernel itself at one split) and in the
+serving merge.
 
 Auto: not in ``AUTO_ORDER``; two hooks claim calls for it: ``auto_reason(decode spec)`` for
 ``decode_attention`` and ``auto_claim(attention spec)`` for ``attention`` (None = auto runs this
@@ -61,7 +62,7 @@ class AttnlabDecodeBackend(Backend):
     takes_decode_window = True   # the kernels load only the window's KV blocks
     takes_kv_scales = True  # a quantized cache (FP8/int8 + scales) dequantized in registers, decode and serving
     peer_parts = ("decode",)
-    takes_sinks = True      # added to each row's denominator by the split combine / the serving merge
+    takes_sinks = True      # added to each row's denominator by the split combine (one split: the kernel) / the serving merge
     #: Tuning parameters used by run/run_decode (None: the defaults of attnlab.kernels.decode).
     config: kd.DecodeConfig | None = None
 
