@@ -62,7 +62,7 @@ class AttnlabDecodeBackend(Backend):
     takes_decode_window = True   # the kernels load only the window's KV blocks
     takes_kv_scales = True  # a quantized cache (FP8/int8 + scales) dequantized in registers, decode and serving
     peer_parts = ("decode",)
-    takes_sinks = True      # added to each row's denominator by the split combine (one split: the kernel), serving merge
+    takes_sinks = True      # to each row's denominator: split combine (one split: the kernel), serving merge
     #: Tuning parameters used by run/run_decode (None: the defaults of attnlab.kernels.decode).
     config: kd.DecodeConfig | None = None
 
