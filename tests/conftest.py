@@ -46,3 +46,19 @@ def fake_backend():
     yield make
     for n in added:
         backends.unregister(n)
+
+
+#: the label of the session's quick run: HTML the report must escape (test_cli_lab, test_browser read it)
+QUICK_RUN_LABEL = "<b>ci & test</b> browser <check>"
+
+
+@pytest.fixture(scope="session")
+def quick_run(tmp_path_factory):
+    """``(out_dir, click_result)`` of one ``attnlab run --quick --label QUICK_RUN_LABEL`` for the session (~15 s on
+    2 cores, so run once): the tests that take it read its folder and never write there."""
+    from click.testing import CliRunner
+
+    from attnlab.cli import main
+
+    out = tmp_path_factory.mktemp("quick-run")
+    return out, CliRunner().invoke(main, ["run", "--out", str(out), "--quick", "--label", QUICK_RUN_LABEL])

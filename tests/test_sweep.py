@@ -18,7 +18,7 @@ ISSUE_ARGS = ["bench", "--backends", "naive,xla", "--batch", "1,2", "--seq", "64
 
 def test_issue_command_writes_32_cells(tmp_path):
     out = tmp_path / "b"
-    r = CliRunner().invoke(main, ISSUE_ARGS + ["--out", str(out), "--repeats", "2"])
+    r = CliRunner().invoke(main, ISSUE_ARGS + ["--out", str(out), "--repeats", "2", "--min-time", "0"])
     assert r.exit_code == 0, r.output
     recs = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert len(recs) == 32 and all(x["status"] == "ok" for x in recs)
