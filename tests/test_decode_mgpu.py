@@ -36,7 +36,8 @@ def with_a_nan_page(k_pages, v_pages, table):
     # G = 7, a short sequence's masked tail (its second 64-row piece zeroed); the window's 2 blocks of 128 keys in
     # 2 splits, its first one masked per row (each row's window starts one key later), 103 keys before the window
     (3, 7, 1, 64, [256, 70], True, 2, (150, 0), 128),
-    (5, 4, 1, 64, [192, 5], False, 3, None, 64),            # without the causal rule; three splits, one empty
+    # without the causal rule: a split of two unmasked steps, a masked tail, an empty split (4 programs, not 6)
+    (5, 4, 1, 64, [192, 5], False, 2, None, 64),
 ])
 def test_interpreter_matches_float64(T, N, K, H, lengths, causal, splits, window, block_kv):
     q, k, v = random_qkv(2, T, 256, N, K, H, "bfloat16", seed=T)
