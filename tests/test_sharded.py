@@ -7,8 +7,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def test_sharded_attention_on_8_virtual_cpu_devices():
-    flags = " ".join(filter(None, [os.environ.get("XLA_FLAGS"), "--xla_force_host_platform_device_count=8"]))
-    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")   # with conftest's flags
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.join(HERE, "_sharded_checks.py")],
                        capture_output=True, text=True, env=env, timeout=900)
     print(r.stdout[-4000:])
