@@ -11,13 +11,13 @@ from attnlab.api.sharded import make_mesh, sharded_attention, zigzag_order
 assert jax.device_count() == 8, jax.devices()
 
 
-@pytest.mark.parametrize("strategy", ["batch", "heads", "ring"])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("kv_heads", [8, 2])   # MHA and GQA (N=8)
-@pytest.mark.parametrize("devices", [2, 8])
+# MHA and GQA (N=8); heads sharding needs a KV head a device: the GQA case on 8 devices would be the MHA one again
+@pytest.mark.parametrize("devices, kv_heads, causal, strategy", [
+    (d, kv, causal, strategy) for d in (2, 8) for kv in (8, 2) for causal in (False, True)
+    for strategy in ("batch", "heads", "ring") if not (strategy == "heads" and kv < d)])
 def test_strategy_equals_float64_reference(strategy, causal, kv_heads, devices):
     B = 8 if strategy == "batch" else 2
-    q, k, v = random_qkv(B, 64, 64, 8, kv_heads if strategy != "heads" else max(kv_heads, devices), 16, "float32", seed=devices)
+    q, k, v = random_qkv(B, 64, 64, 8, kv_heads, 16, "float32", seed=devices)
     mesh = make_mesh(devices)
     out = jax.jit(lambda q, k, v: sharded_attention(q, k, v, mesh=mesh, strategy=strategy, is_causal=causal))(q, k, v)
     assert out.shape == q.shape
@@ -85,12 +85,12 @@ def test_sharded_sweep_cells_and_scaling_table(tmp_path):
     from attnlab.sweep.scaling import scaling_rows
 
     sweep = Sweep(["naive"], batch=[4], q_len=[64], heads=[4], head_dim=[16], dtype=["float32"], causal=[True],
-                  devices=[1, 2, 4], strategy=["batch", "heads", "ring"])
+                  devices=[1, 2], strategy=["batch", "heads", "ring"])   # 4 devices: the same code, ~2 s a cell
     recs = run_sweep(sweep, str(tmp_path), options=Options(repeats=2, pipelined_calls=2, max_input_sets=1))
-    assert len(recs) == 9 and all(r["status"] == "ok" for r in recs), [r["reason"] for r in recs if r["status"] != "ok"]
+    assert len(recs) == 6 and all(r["status"] == "ok" for r in recs), [r["reason"] for r in recs if r["status"] != "ok"]
     assert all(r["mesh"]["devices"] == r["devices"] and r["mesh"]["strategy"] == r["strategy"] for r in recs)
     rows = scaling_rows(recs)
-    assert len(rows) == 9 and all(r["efficiency"] is not None and r["efficiency"] > 0 for r in rows)
+    assert len(rows) == 6 and all(r["efficiency"] is not None and r["efficiency"] > 0 for r in rows)
     assert all(abs(r["efficiency"] - 1) < 1e-9 for r in rows if r["devices"] == 1)
 
 

@@ -150,14 +150,14 @@ def test_advise_end_to_end_on_cpu(tmp_path):
     from attnlab.cli import main
 
     out = tmp_path / "adv"
-    args = ["advise", "--model", "llama-3.1-8b", "--context", "256", "--batch", "1", "--backends", "naive,xla",
+    args = ["advise", "--model", "llama-3.1-8b", "--context", "64", "--batch", "1", "--backends", "naive,xla",
             "--phase", "prefill,decode", "--repeats", "2", "--out", str(out)]
     r = CliRunner().invoke(main, args, terminal_width=250)
     assert r.exit_code == 0, r.output
     adv = json.loads((out / "advise.json").read_text())
-    assert [(x["phase"], x["q_len"]) for x in adv["phases"]] == [("prefill", 256), ("decode", 1), ("decode", 4)]
+    assert [(x["phase"], x["q_len"]) for x in adv["phases"]] == [("prefill", 64), ("decode", 1), ("decode", 4)]
     assert all(x["model_ms"] and x["per_layer"]["global"]["best"] in ("naive", "xla") for x in adv["phases"])
-    assert adv["memory"][0]["kv_bytes_per_seq"] == 2 * 32 * 256 * 8 * 128 * 2
+    assert adv["memory"][0]["kv_bytes_per_seq"] == 2 * 32 * 64 * 8 * 128 * 2
     html = (out / "advise.html").read_text()
     assert "llama-3.1-8b" in html and "fastest correct" in html and "activations" in html
     assert "fastest correct path per phase" in r.output

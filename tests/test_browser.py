@@ -5,9 +5,7 @@ import shutil
 import subprocess
 
 import pytest
-from click.testing import CliRunner
 
-from attnlab.cli import main
 from attnlab.lab import STEPS
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
@@ -20,10 +18,9 @@ if CHROMIUM is None and os.environ.get("CI"):
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium)")
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("report")
-    r = CliRunner().invoke(main, ["run", "--out", str(out), "--quick", "--label", "browser <check>"])
+@pytest.fixture
+def report(quick_run):
+    out, r = quick_run   # the session's quick run (conftest), its label ending in "browser <check>"
     assert r.exit_code == 0, r.output
     return out
 

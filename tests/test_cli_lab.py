@@ -40,9 +40,8 @@ def test_help_lists_every_command_with_its_help():
     assert listed_commands("Commands:\n  run  Run it.\n  env\n") == {"run": "Run it.", "env": ""}
 
 
-def test_run_writes_report_and_results(tmp_path):
-    out = tmp_path / "o"
-    r = CliRunner().invoke(main, ["run", "--out", str(out), "--label", "<b>ci & test</b>", "--quick"])
+def test_run_writes_report_and_results(quick_run):
+    out, r = quick_run   # the session's quick run (conftest), its label starting with "<b>ci & test</b>"
     assert r.exit_code == 0, r.output
     recs = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     steps = [x for x in recs if x["kind"] == "lab_step"]

@@ -36,7 +36,8 @@ def with_a_nan_page(k_pages, v_pages, table):
     # G = 7, a short sequence's masked tail (its second 64-row piece zeroed); the window's 2 blocks of 128 keys in
     # 2 splits, its first one masked per row (each row's window starts one key later), 103 keys before the window
     (3, 7, 1, 64, [256, 70], True, 2, (150, 0), 128),
-    (5, 4, 1, 64, [192, 5], False, 3, None, 64),            # without the causal rule; three splits, one empty
+    # without the causal rule: a split of two unmasked steps, a masked tail, an empty split (4 programs, not 6)
+    (5, 4, 1, 64, [192, 5], False, 2, None, 64),
 ])
 def test_interpreter_matches_float64(T, N, K, H, lengths, causal, splits, window, block_kv):
     q, k, v = random_qkv(2, T, 256, N, K, H, "bfloat16", seed=T)
@@ -47,18 +48,19 @@ def test_interpreter_matches_float64(T, N, K, H, lengths, causal, splits, window
     assert verdict.ok, verdict
 
 
-@pytest.mark.parametrize("page_size, window, causal", [(16, (40, 2), False), (128, None, True)])
-def test_interpreter_paged_matches_its_contiguous_twin(page_size, window, causal):
+@pytest.mark.parametrize("page_size, window, causal, splits", [(16, (40, 2), False, 1), (128, None, True, 2)])
+def test_interpreter_paged_matches_its_contiguous_twin(page_size, window, causal, splits):
     """One TMA copy per page of 16 (four a 64-key step), or a 64-key step inside a page of 128; table
     slots past a sequence's pages hold -1, read as page 0, all NaN here (its keys are loaded and masked).
-    A window's pages: only those of its first block on; without the causal rule its right side bounds row t < 2."""
+    A window's pages: only those of its first block on; without the causal rule its right side bounds row t < 2.
+    The pages of 128 in 2 splits (the short sequence's second one empty); the window in one (2 programs, not 4)."""
     q, k, v = random_qkv(2, 4, 128, 4, 1, 64, "bfloat16", seed=page_size)
     lengths = [37, 128]
     kp_, vp_, table = kp.to_pages(*poisoned(k, v, lengths, 4, window), page_size)
     table = np.asarray(table).copy()
     table[0, kp.pages_in_use([37], page_size)[0]:] = -1
     kp_, vp_, table = with_a_nan_page(kp_, vp_, table)
-    plan = dm.make_mgpu_plan(2, 4, 128, 4, 1, 64, block_kv=64, num_splits=2, window=window)
+    plan = dm.make_mgpu_plan(2, 4, 128, 4, 1, 64, block_kv=64, num_splits=splits, window=window)
     out = dm.decode_attention_mgpu(q, kp_, vp_, jnp.asarray(lengths), plan=plan, interpret=True,
                                    page_table=jnp.asarray(table), window=window, causal=causal)
     verdict = check_decode_close(out, q, k, v, lengths, local_window_size=window, causal=causal)

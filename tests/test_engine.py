@@ -114,22 +114,33 @@ def test_a_failing_ahead_compile_is_that_cells_compile_error_only(tmp_path, fake
 
 def test_the_next_compile_finishes_before_this_cells_timing(tmp_path, monkeypatch):
     """The timer owns the device alone: XLA's GPU autotuner runs kernels while it compiles."""
-    events = []
+    events, reached = [], threading.Event()   # reached: the first cell is at its timing, waiting or not
+    real_wait = engine.wait
+
+    def waiting(fs, timeout=None):
+        reached.set()
+        return real_wait(fs, timeout=timeout)
 
     def slow_start(cell, opts=None):
         fut = Future()
 
         def finish():
-            time.sleep(8)   # far longer than the first cell takes to reach its timing
+            reached.wait(120)
+            time.sleep(1)   # a timer that did not wait (or not long enough) would have started by now
             events.append(f"ahead done {cell.q_len}")
             fut.set_exception(RuntimeError("compiled elsewhere"))
         threading.Thread(target=finish, daemon=True).start()
         return fut
 
+    def on_phase(cell, p):
+        if p == "timing":
+            events.append(f"{p} {cell.q_len}")
+            reached.set()
+
     monkeypatch.setattr(engine.ahead_compile, "start", slow_start)
+    monkeypatch.setattr(engine, "wait", waiting)
     sweep = build({"backends": "naive", "seq": "16,32", "heads": "2", "head_dim": "8", "dtype": "float32"})
-    run_sweep(sweep, str(tmp_path / "a"), options=FAST,
-              on_phase=lambda cell, p: events.append(f"{p} {cell.q_len}") if p == "timing" else None)
+    run_sweep(sweep, str(tmp_path / "a"), options=FAST, on_phase=on_phase)
     assert events.index("ahead done 32") < events.index("timing 16")
 
 
