@@ -45,7 +45,7 @@ def run_case(name, **cfg):
         kw = dict(k_scale=ks, v_scale=vs, kv_scale=quant[1])
     out = kd.decode_attention_pallas(q, k, v, jnp.asarray(lengths), causal=causal, interpret=True, page_table=table,
                                      soft_cap=cap, window=window, sinks=sinks,
-                                     config=kd.DecodeConfig(num_splits=1, **config, **cfg), **kw)
+                                     config=kd.DecodeConfig(num_splits=1, **{**config, 'direct_output': True, **cfg}), **kw)
     k64, v64 = (kq.dequantize(np.asarray(c), np.asarray(kw[s]), quant[1], "float64") if quant else c
                 for c, s in ((k, "k_scale"), (v, "v_scale")))
     if page:
@@ -74,7 +74,7 @@ def pallas_calls_and_combine_ops(config, sinks=None):
 
 def test_a_one_split_call_is_one_kernel_with_no_combine():
     sinks = jnp.ones((4,), jnp.float32)
-    assert pallas_calls_and_combine_ops(kd.DecodeConfig(num_splits=1), sinks) == (1, [])
+    assert pallas_calls_and_combine_ops(kd.DecodeConfig(num_splits=1, direct_output=True), sinks) == (1, [])
     calls, ops = pallas_calls_and_combine_ops(kd.DecodeConfig(num_splits=1, direct_output=False), sinks)
     assert calls == 1 and {"reduce_max", "reduce_sum", "exp2", "transpose"} <= set(ops)
     assert pallas_calls_and_combine_ops(kd.DecodeConfig(num_splits=2))[1]          # two splits: the combine
@@ -83,12 +83,13 @@ def test_a_one_split_call_is_one_kernel_with_no_combine():
 def test_the_plan_takes_one_split_where_the_waves_allow_and_the_switch_turns_it_off():
     h200 = dict(sms=132, compute_capability=(9, 0))
     for B, S, W in ((256, 32768, 128), (128, 131072, 1024)):   # gpt-oss's windowed decode: whole waves already
-        plan = kd.make_plan(B, 1, S, 64, 8, 64, jnp.bfloat16, window=(W, 0), **h200)
+        plan = kd.make_plan(B, 1, S, 64, 8, 64, jnp.bfloat16, kd.DecodeConfig(direct_output=True), window=(W, 0),
+                            **h200)
         assert plan.num_splits == 1 and plan.direct
-    off = kd.make_plan(256, 1, 32768, 64, 8, 64, jnp.bfloat16, kd.DecodeConfig(direct_output=False), window=(128, 0),
-                       **h200)
+    off = kd.make_plan(256, 1, 32768, 64, 8, 64, jnp.bfloat16, window=(128, 0), **h200)   # the default: off
     assert off.num_splits == 1 and not off.direct
-    grid = kd.make_plan(8, 1, 32768, 32, 8, 128, jnp.bfloat16, **h200)      # B*K = 64 programs: split to fill
+    grid = kd.make_plan(8, 1, 32768, 32, 8, 128, jnp.bfloat16, kd.DecodeConfig(direct_output=True),
+                        **h200)      # B*K = 64 programs: split to fill
     assert grid.num_splits > 1 and not grid.direct
     # 512 programs of 8 blocks on 396 slots: two splits are 10% fewer block-loads in the wave model, but one split
     # stored directly writes no partials and starts no combine

@@ -45,12 +45,12 @@ def test_rows_are_not_padded_to_a_power_of_two_in_memory(T, N, K):
     (``kernels.decode_direct``): q and O as (B, T, K, G, H) views of (B, T, N, H), no partials."""
     rows, G = T * (N // K), N // K
     ins, outs = _pallas_shapes(T, N, K, 64, direct_output=False)
-    plan = kd.make_plan(2, T, 64, N, K, 64, "bfloat16", sms=kd.CPU_SM_COUNT)
+    plan = kd.make_plan(2, T, 64, N, K, 64, "bfloat16", kd.DecodeConfig(direct_output=True), sms=kd.CPU_SM_COUNT)
     assert plan.block_r > rows                         # the tile is padded, the arrays are not
     assert ins[1] == (2, K, rows, 64)
     assert outs[0][-2:] == (rows, 64) and outs[1][-1] == rows and outs[2][-1] == rows
-    assert plan.direct                                 # the default plan: one split, O stored directly
-    ins, outs = _pallas_shapes(T, N, K, 64)
+    assert plan.direct                                 # one split, O stored directly
+    ins, outs = _pallas_shapes(T, N, K, 64, direct_output=True)
     assert ins[1] == (2, T, K, G, 64) and outs == [(2, T, K, G, 64)]
 
 

@@ -118,7 +118,7 @@ def config_of(kernel: str):
     """The ``DecodeConfig`` a Triton kernel name calls with: "combine" forces partials + combine; else None."""
     from attnlab.kernels import decode as kd
 
-    return kd.DecodeConfig(direct_output=False) if kernel == "combine" else None
+    return {"combine": kd.DecodeConfig(direct_output=False), "direct": kd.DecodeConfig(direct_output=True)}.get(kernel)
 
 
 @functools.lru_cache(maxsize=None)

@@ -18,7 +18,8 @@ Tuning parameters (``DecodeConfig``; None = the default)
                sliding window (``window``) both count only the window's blocks (``window_span``).
                One split stored directly (``direct_output``) pays no partials and no combine.
     direct_output  True: a one-split launch stores O itself, one kernel (``Plan.direct``,
-               ``kernels.decode_direct``); False: partials + combine always (to time against)
+               ``kernels.decode_direct``); False (the default until a GPU has run and timed it):
+               partials + combine always
 """
 from __future__ import annotations
 
@@ -50,9 +51,9 @@ class DecodeConfig:
     #: results/gpu-2026-12-05c-kv-products), q's dtype otherwise (int8: float16 was slower)
     kv_mma: str | None = None
     #: True: a launch with one split normalises O in registers and stores it in q's dtype, one kernel
-    #: (``kernels.decode_direct``); False: every launch writes float32 partials and XLA combines them (the path
-    #: before, kept to time against)
-    direct_output: bool = True
+    #: (``kernels.decode_direct``); False: every launch writes float32 partials and XLA combines them. False by
+    #: default until a GPU has run the one-split store and timed it (``benchmarks/decode/window_gpu.py --direct``)
+    direct_output: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +68,7 @@ class Plan:
     num_warps: int
     num_stages: int
     kv_mma: str | None = None     # "float16", or None: q's dtype
-    direct_output: bool = True    # ``DecodeConfig.direct_output``
+    direct_output: bool = False   # ``DecodeConfig.direct_output``
 
     @property
     def grid(self) -> tuple[int, int]:
