@@ -211,3 +211,13 @@ def test_decode_of_an_empty_batch(impl):
     assert (out.shape, out.dtype) == ((0, 2, 4, 16), q.dtype)
     assert check_decode_close(out, q, k, k, np.zeros(0, np.int32)).ok
     assert attnlab.api.decode.explain_decode(q, k, k, []).chosen == "none"
+
+
+def test_one_query_one_key_bfloat16_runs_under_jit():
+    """jax.jit of jax.nn's XLA path fails on the CPU for bfloat16 at T = S = 1 (jax 0.10.2; its BF16_BF16_F32 logits
+    dot); attnlab's XLA path (the CPU's default) runs it, gradients too, and matches float64."""
+    q, k, v = attnlab.reference.inputs.random_qkv(1, 1, 1, 1, 1, 4, "bfloat16", seed=5)
+    f = jax.jit(lambda q, k, v: attnlab.attention(q, k, v, implementation="xla"))
+    out = f(q, k, v)
+    assert out.dtype == jnp.bfloat16 and attnlab.check_close(out, q, k, v).ok
+    assert jax.jit(jax.grad(lambda q: f(q, k, v).astype(jnp.float32).sum()))(q).dtype == jnp.bfloat16

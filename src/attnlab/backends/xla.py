@@ -36,6 +36,16 @@ JAX_HAS_RESIDUAL = "return_residual" in inspect.signature(jax.nn.dot_product_att
 NO_F16_PLATFORMS = ("cpu", "tpu")
 
 
+def _upcast(dtype, T: int, S: int) -> bool:
+    """Whether jax.nn gets float32 copies (exact) and the output goes back to ``dtype``: float16 where the platform
+    has no F16_F16_F32 dot; bfloat16 with one query and one key on the CPU, whose compiler refuses jax.nn's
+    BF16_BF16_F32 1x1 logits dot under jit (jax 0.10.2: "Algorithm not supported by the ElementalIrEmitter";
+    jax.nn's own call fails so)."""
+    platform = device.current().platform
+    return ((dtype == jnp.float16 and platform in NO_F16_PLATFORMS)
+            or (dtype == jnp.bfloat16 and T == S == 1 and platform == "cpu"))
+
+
 def _lengths(x):
     return None if x is None else jnp.asarray(x, jnp.int32)
 
@@ -84,7 +94,7 @@ class XlaBackend(Backend):
         p = segments_as_mask(p)
         extra = {"return_residual": True} if p.return_residual else {}
         dtype = p.query.dtype
-        up = dtype == jnp.float16 and device.current().platform in NO_F16_PLATFORMS
+        up = _upcast(dtype, int(p.query.shape[1]), int(p.key.shape[1]))
         cast = (lambda x: None if x is None else x.astype(jnp.float32)) if up else (lambda x: x)  # noqa: E731
         out = jax.nn.dot_product_attention(
             cast(p.query), cast(p.key), cast(p.value), p.bias if p.bias is None or not up else cast(p.bias), p.mask,
