@@ -13,11 +13,9 @@ with jaxlib's own Triton.
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -61,36 +59,11 @@ def dump(out_dir: str) -> list[str]:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out_dir")
-    ap.add_argument("--triton-python", help="a Python with pip's triton 3.6.0; without it, the lowering only")
-    a = ap.parse_args(argv)
-    os.makedirs(a.out_dir, exist_ok=True)
-    tags = dump(a.out_dir)
-    if not a.triton_python:
-        print("\n".join(tags))
-        return 0
-    from benchmarks.decode.ttir_cpu import COMPILE
+    from benchmarks.decode.ttir_cpu import compile_main
 
-    subprocess.run([a.triton_python, "-c", COMPILE, a.out_dir], check=True)
-    res = json.load(open(os.path.join(a.out_dir, "compiled.json")))
-    bad, lines = 0, ["| kernel | shared KB | registers | spills | MMA |", "| --- | --- | --- | --- | --- |"]
-    for tag in tags:
-        t = res.get(tag, {})
-        if not t.get("ok"):
-            bad += 1
-            lines.append(f"| {tag} | FAILED: {t.get('error', '')[:80]} | | | |")
-            continue
-        bad += t.get("stack", 0) > 0
-        lines.append(f"| {tag} | {t['shared'] // 1024} | {t.get('regs')} | {t.get('stack', 0)} | "
-                     f"{'wgmma' if t['wgmma'] else 'mma.sync'} |")
-    table = "\n".join(lines) + "\n"
-    with open(os.path.join(a.out_dir, "README.md"), "w") as fh:
-        fh.write("# The one-split decode launch compiled by Triton 3.6.0 for sm_90 (on a CPU)\n\n"
-                 f"`PYTHONPATH=src python3 benchmarks/decode/direct_ttir_cpu.py {a.out_dir} --triton-python ...`\n\n"
-                 + table)
-    print(table)
-    return 1 if bad else 0
+    return compile_main(argv, dump, description=__doc__.splitlines()[0],
+                        title="The one-split decode launch compiled by Triton 3.6.0 for sm_90 (on a CPU)",
+                        script="benchmarks/decode/direct_ttir_cpu.py")
 
 
 if __name__ == "__main__":

@@ -147,3 +147,36 @@ def main(argv=None):
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def compile_main(argv, dump_fn, *, description: str, title: str, script: str, cp_async: bool = False) -> int:
+    """The command line of a script that dumps kernels' TTIR (``dump_fn(out_dir)`` -> tags) and, with
+    ``--triton-python``, compiles them for sm_90 (``COMPILE``) into a table in OUT/README.md (``title``; ``script``
+    the command's path; ``cp_async``: a cp.async column). 1 where a kernel failed or spilled."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("out_dir")
+    ap.add_argument("--triton-python", help="a Python with pip's triton 3.6.0; without it, the lowering only")
+    a = ap.parse_args(argv)
+    os.makedirs(a.out_dir, exist_ok=True)
+    tags = dump_fn(a.out_dir)
+    if not a.triton_python:
+        print("\n".join(tags))
+        return 0
+    subprocess.run([a.triton_python, "-c", COMPILE, a.out_dir], check=True)
+    res = json.load(open(os.path.join(a.out_dir, "compiled.json")))
+    cols = ["kernel", "shared KB", "registers", "spills", "MMA"] + (["cp.async"] if cp_async else [])
+    bad, lines = 0, ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
+    for tag in tags:
+        t = res.get(tag, {})
+        if not t.get("ok"):
+            bad += 1
+            lines.append(f"| {tag} | FAILED: {t.get('error', '')[:80]} |" + " |" * (len(cols) - 2))
+            continue
+        bad += t.get("stack", 0) > 0
+        lines.append(f"| {tag} | {t['shared'] // 1024} | {t.get('regs')} | {t.get('stack', 0)} | "
+                     f"{'wgmma' if t['wgmma'] else 'mma.sync'} |" + (f" {t['cp_async']} |" if cp_async else ""))
+    table = "\n".join(lines) + "\n"
+    with open(os.path.join(a.out_dir, "README.md"), "w") as fh:
+        fh.write(f"# {title}\n\n`PYTHONPATH=src python3 {script} {a.out_dir} --triton-python ...`\n\n" + table)
+    print(table)
+    return 1 if bad else 0
