@@ -11,25 +11,14 @@ import numpy as np
 import pytest
 
 import attnlab
-from attnlab import backends
 from attnlab.core.request_lengths import draw
 from attnlab.kernels.pages import to_pages
 from attnlab.kernels.serving_plan import ServingConfig
 from attnlab.reference.decode64 import check_decode_close
 
+from test_serving_gpu import CASES, H, S, _need   # the serving kernel's GPU cases, sizes and skip rule
+
 pytestmark = pytest.mark.gpu
-S, H = 4096, 128
-CASES = {   # (q_len per request, kv_len per request)
-    "ragged-decode": ([1] * 6, [4096, 1, 77, 2049, 1000, 4095]),
-    "speculative": ([4] * 5, [4, 4096, 129, 3000, 64]),
-    "mixed": ([1, 300, 1, 64, 1, 5], [4096, 300, 17, 2000, 1, 4000]),
-}
-
-
-def _need():
-    why = backends.get("attnlab-decode").available()
-    if why:
-        pytest.skip(why)
 
 
 def _step(T, N, K, q_len, merge, s_max=S, **kw):
