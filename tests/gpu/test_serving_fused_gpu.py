@@ -12,11 +12,10 @@ import pytest
 
 import attnlab
 from attnlab.core.request_lengths import draw
-from attnlab.kernels.pages import to_pages
 from attnlab.kernels.serving_plan import ServingConfig
 from attnlab.reference.decode64 import check_decode_close
 
-from test_serving_gpu import CASES, H, S, _need   # the serving kernel's GPU cases, sizes and skip rule
+from test_serving_gpu import H, S, _need, batch, check_rows   # the serving kernel's GPU cases and checks
 
 pytestmark = pytest.mark.gpu
 
@@ -39,30 +38,16 @@ def _step(T, N, K, q_len, merge, s_max=S, **kw):
 def test_fused_merge_matches_float64(case, heads, page, extra):
     _need()
     N, K = heads
-    q_len, kv = (np.array(x, np.int32) for x in CASES[case])
-    starts = np.concatenate([[0], np.cumsum(q_len)]).astype(np.int32)
-    B, T = len(kv), int(starts[-1]) + 5
-    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(len(case) + N + (page or 0)), 3)
-    q = jax.random.normal(k1, (T, N, H), jnp.bfloat16)
-    k = jax.random.normal(k2, (B, S, K, H), jnp.bfloat16)
-    v = jax.random.normal(k3, (B, S, K, H), jnp.bfloat16)
-    kc, vc, table = (k, v, None) if page is None else (*to_pages(k, v, page)[:2], jnp.asarray(to_pages(k, v, page)[2]))
+    (q_len, kv, starts), (q, k, v), (kc, vc, table) = batch(case, N, K, page)
+    T = q.shape[0]
     kw = dict(extra)
     if kw.pop("sinks", False):
         kw["sinks"] = jnp.linspace(-2.0, 3.0, N, dtype=jnp.float32)
     out = _step(T, N, K, q_len, "fused", **kw)(q, kc, vc, jnp.asarray(starts), jnp.asarray(kv), table)
-    assert not np.any(np.asarray(out[int(starts[-1]):], np.float32)), "padding rows must be 0"
     judge = {x: kw[x] for x in ("sinks", "logits_soft_cap") if x in kw}
     if "local_window_size" in kw:
         judge["local_window_size"] = (kw["local_window_size"], 0)
-    for b in range(B):
-        lo, hi, n = int(starts[b]), int(starts[b + 1]), int(kv[b])
-        t = min(hi - lo, 16)
-        for first, keys in ((lo, n - (hi - lo) + t), (hi - t, n)):
-            verdict = check_decode_close(np.asarray(out[first:first + t])[None], np.asarray(q[first:first + t])[None],
-                                         np.asarray(k[b:b + 1, :keys]), np.asarray(v[b:b + 1, :keys]), [keys],
-                                         **{x: (np.asarray(y) if x == "sinks" else y) for x, y in judge.items()})
-            assert verdict.ok, (b, first, verdict)
+    check_rows(out, q, k, v, starts, kv, **{x: (np.asarray(y) if x == "sinks" else y) for x, y in judge.items()})
 
 
 @pytest.mark.parametrize("dist", ["one-long", "lognormal"])

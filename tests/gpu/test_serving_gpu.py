@@ -30,6 +30,34 @@ def _need():
         pytest.skip(why)
 
 
+def batch(case, N, K, page):
+    """One of ``CASES`` as a packed step of 5 padding tokens: (q_len, kv_len, starts) as int32, q (T, N, H) and the
+    dense k, v (B, S, K, H) in bfloat16, and the cache the kernel reads: (k, v, None) or pages of ``page`` keys
+    with their table."""
+    q_len, kv = (np.array(x, np.int32) for x in CASES[case])
+    starts = np.concatenate([[0], np.cumsum(q_len)]).astype(np.int32)
+    B, T = len(kv), int(starts[-1]) + 5
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(len(case) + N + (page or 0)), 3)
+    q = jax.random.normal(k1, (T, N, H), jnp.bfloat16)
+    k = jax.random.normal(k2, (B, S, K, H), jnp.bfloat16)
+    v = jax.random.normal(k3, (B, S, K, H), jnp.bfloat16)
+    cache = (k, v, None) if page is None else (*to_pages(k, v, page)[:2], jnp.asarray(to_pages(k, v, page)[2]))
+    return (q_len, kv, starts), (q, k, v), cache
+
+
+def check_rows(out, q, k, v, starts, kv, **rules):
+    """Padding rows 0; each request's first and last (up to 16) tokens against float64 under ``rules``
+    (``check_decode_close``'s keywords): each run is the decode rule at T=t against the keys before it."""
+    assert not np.any(np.asarray(out[int(starts[-1]):], np.float32)), "padding rows must be 0"
+    for b in range(len(kv)):
+        lo, hi, n = int(starts[b]), int(starts[b + 1]), int(kv[b])
+        t = min(hi - lo, 16)
+        for first, keys in ((lo, n - (hi - lo) + t), (hi - t, n)):
+            verdict = check_decode_close(np.asarray(out[first:first + t])[None], np.asarray(q[first:first + t])[None],
+                                         np.asarray(k[b:b + 1, :keys]), np.asarray(v[b:b + 1, :keys]), [keys], **rules)
+            assert verdict.ok, (b, first, verdict)
+
+
 G4, G7, G1 = (32, 8), (56, 8), (8, 8)
 
 
@@ -41,14 +69,8 @@ G4, G7, G1 = (32, 8), (56, 8), (8, 8)
 def test_serving_kernel_matches_float64(case, heads, page):
     _need()
     N, K = heads
-    q_len, kv = (np.array(x, np.int32) for x in CASES[case])
-    starts = np.concatenate([[0], np.cumsum(q_len)]).astype(np.int32)
-    B, T = len(kv), int(starts[-1]) + 5
-    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(len(case) + N + (page or 0)), 3)
-    q = jax.random.normal(k1, (T, N, H), jnp.bfloat16)
-    k = jax.random.normal(k2, (B, S, K, H), jnp.bfloat16)
-    v = jax.random.normal(k3, (B, S, K, H), jnp.bfloat16)
-    kc, vc, table = (k, v, None) if page is None else (*to_pages(k, v, page)[:2], jnp.asarray(to_pages(k, v, page)[2]))
+    (q_len, kv, starts), (q, k, v), (kc, vc, table) = batch(case, N, K, page)
+    T = q.shape[0]
     cap = 30.0 if case == "mixed" else None
 
     def step(q, k, v, a, b, t):
@@ -58,16 +80,7 @@ def test_serving_kernel_matches_float64(case, heads, page):
                                          implementation="attnlab-decode", plan=plan)
 
     out = jax.jit(step)(q, kc, vc, jnp.asarray(starts), jnp.asarray(kv), table)
-    assert not np.any(np.asarray(out[int(starts[-1]):], np.float32)), "padding rows must be 0"
-    for b in range(B):
-        lo, hi, n = int(starts[b]), int(starts[b + 1]), int(kv[b])
-        t = min(hi - lo, 16)
-        # the first and the last t tokens: each run is the decode rule at T=t against the keys before it
-        for first, keys in ((lo, n - (hi - lo) + t), (hi - t, n)):
-            verdict = check_decode_close(np.asarray(out[first:first + t])[None], np.asarray(q[first:first + t])[None],
-                                         np.asarray(k[b:b + 1, :keys]), np.asarray(v[b:b + 1, :keys]), [keys],
-                                         logits_soft_cap=cap)
-            assert verdict.ok, (b, first, verdict)
+    check_rows(out, q, k, v, starts, kv, logits_soft_cap=cap)
 
 
 def test_auto_runs_the_kernel_on_the_gpu():
