@@ -52,6 +52,16 @@ def _common(p: Problem) -> str | None:
     return kd.unsupported(p.q_len, p.kv_len, p.heads, p.kv_heads, p.head_dim, p.dtype)
 
 
+def _static_scale_and_pages(spec) -> str | None:
+    """What a decode or serving call's kernel compiles in: a Python float scale and a power-of-two page size."""
+    if not spec.scale_is_static:
+        return "scale is traced: the kernel compiles the scale in (pass a Python float)"
+    ps = spec.page_size
+    if ps is not None and ps & (ps - 1):
+        return f"page size {ps} is not a power of two (the kernel loads whole pages or power-of-two parts)"
+    return None
+
+
 class AttnlabDecodeBackend(Backend):
     name = "attnlab-decode"
     description = ("attnlab's Pallas flash-decoding kernel (Triton; Mosaic GPU wgmma above 64 rows on Hopper): "
@@ -96,15 +106,7 @@ class AttnlabDecodeBackend(Backend):
 
     def supports_decode(self, spec) -> str | None:
         """Why ``decode_attention`` cannot run ``spec`` (an decode ``Call``) here, or None."""
-        why = _common(spec.problem)
-        if why:
-            return why
-        if not spec.scale_is_static:
-            return "scale is traced: the kernel compiles the scale in (pass a Python float)"
-        ps = spec.page_size
-        if ps is not None and ps & (ps - 1):
-            return f"page size {ps} is not a power of two (the kernel loads whole pages or power-of-two parts)"
-        return None
+        return _common(spec.problem) or _static_scale_and_pages(spec)
 
     def auto_reason(self, spec) -> str | None:
         """The auto hook: None when ``decode_attention(implementation=None)`` should run this kernel."""
@@ -139,12 +141,7 @@ class AttnlabDecodeBackend(Backend):
             return f"dtype {p.dtype} not supported (float16, bfloat16 or float32)"
         if p.head_dim not in kd.HEAD_DIMS:
             return f"head dim {p.head_dim} not supported (one of {', '.join(map(str, kd.HEAD_DIMS))})"
-        if not spec.scale_is_static:
-            return "scale is traced: the kernel compiles the scale in (pass a Python float)"
-        ps = spec.page_size
-        if ps is not None and ps & (ps - 1):
-            return f"page size {ps} is not a power of two (the kernel loads whole pages or power-of-two parts)"
-        return None
+        return _static_scale_and_pages(spec)
 
     def auto_serving_reason(self, spec) -> str | None:
         """None when ``serving_attention(implementation=None)`` should run the serving kernel."""
