@@ -1,6 +1,6 @@
 """Check on a CPU how the paged decode kernel compiles for sm_90 (no GPU): cp.async, MMA kind, shared memory.
 
-    PYTHONPATH=src python3 benchmarks/decode/paged_ttir_cpu.py OUT_DIR --triton-python /path/to/venv/bin/python
+    PYTHONPATH=src python3 benchmarks/decode/paged_ttir_cpu.py OUT_DIR --triton-python /path/to/venv/bin/python  (without it: the lowering only)
 
 Lowers the kernel for B=8, S=32768, GQA 32/8, H=128, T=4 contiguous and paged at page sizes 16,
 64 and 128 (block_k 64: a per-key gather, one page, part of a page) and compiles each Triton IR
@@ -8,11 +8,9 @@ with pip's triton 3.6 (``benchmarks/decode/ttir_cpu.py``'s ``COMPILE``). A hint 
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -53,21 +51,13 @@ def dump(out_dir: str) -> list[str]:
     return tags
 
 
-def main(argv=None):
-    from ttir_cpu import COMPILE
+def main(argv=None) -> int:
+    from ttir_cpu import compile_main
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out_dir")
-    ap.add_argument("--triton-python", required=True)
-    a = ap.parse_args(argv)
-    os.makedirs(a.out_dir, exist_ok=True)
-    tags = dump(a.out_dir)
-    subprocess.run([a.triton_python, "-c", COMPILE, a.out_dir], check=True)
-    with open(os.path.join(a.out_dir, "compiled.json")) as fh:
-        compiled = json.load(fh)
-    for tag in tags:
-        print(tag, json.dumps(compiled.get(tag)))
+    return compile_main(argv, dump, description=__doc__.splitlines()[0], cp_async=True,
+                        title="The paged decode kernel compiled for sm_90 on a CPU",
+                        script="benchmarks/decode/paged_ttir_cpu.py")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
