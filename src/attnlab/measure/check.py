@@ -3,15 +3,16 @@
 The errors come from the reference side in one call each (``attnlab.reference.output_errors``): the *whole*
 output (and for fwd+bwd / bwd cells the whole dq, dk and dv) against attnlab's blockwise float32 reference on
 the device, and sampled rows against NumPy float64, references shared by every backend and mode measured on the
-same inputs (``ref_key``) and the seconds of those a cell made in its ``check_parts_s``. A quantized KV cache's
-check: ``kv_cells.check_output``. The policy (``attnlab.reference.tolerance.policy_limit``; in words, once:
+same inputs (``ref_key``) and the seconds of those a cell made in its ``check_parts_s``; a serving step's sampled
+requests against float64 (``attnlab.reference.serving64.serving_errors``). A quantized KV cache's check:
+``kv_cells.check_output``. The policy (``attnlab.reference.tolerance.policy_limit``; in words, once:
 docs/measuring.md "Tolerance policy") applies to each error: relative L2 over the whole tensor and, for outputs,
 the worst row's. Backends that compute in float8 set their own fixed limit.
 
 ``check_into`` checks every cell's run into its record, before it is timed: its output's dtype
 (``output_dtype``), then by the check of its kind (the whole output then its gradients; a quantized cache's; a
 serving step's sampled requests: ``check_serving``), the verdict's
-fields made as for every check of a cell (``verdict``, ``reference.tolerance.policy_verdict``).
+fields made as for every check of a cell (``outcome.judged``, ``reference.tolerance.policy_verdict``).
 """
 from __future__ import annotations
 
@@ -29,8 +30,7 @@ from ..reference.output_errors import (Semantics, clear_cache, grad_errors, outp
 from ..reference.serving64 import serving_errors
 from ..reference.tolerance import errors_text, policy_limit, policy_verdict, rule_text
 from . import kv_cells, serving_cell
-from .outcome import Skip, Status, classify
-from .verdict import judged
+from .outcome import Skip, Status, classify, judged
 
 
 # --- the whole output and every gradient against the references -----------------------------------------
