@@ -40,7 +40,7 @@ from ..core.problem import Problem
 from ..core.records import time_ms
 from ..kernels.pages import to_pages
 from ..reference.inputs import INPUTS_DRAW, random_qkv, random_sinks, seed_of
-from ..reference.serving64 import sampled
+from ..reference.serving64 import sampled_requests
 from . import memory, peaks
 from .budget import compile_within_budget
 from .jax_cell import time_program
@@ -106,8 +106,9 @@ def argument_sets(cell, p: Problem, nbytes: float, opts, phases, check_requests=
     reads the first. Timed sets are (q, k_cache, v_cache, q_starts, kv_lengths, page_table, k_scale, v_scale):
     pages of ``page_size`` tokens (``to_pages``; None: contiguous), the cache quantized (``quantize_kv_cache``)
     with ``kv_dtype`` (None: the scales are None), made before the timed call. With ``kv_dtype`` the first timed
-    set's cache, quantized once, also gives the check its values: (k, v) of the requests ``check_requests``,
-    each (len, S, K, H) float64 dequantized (``dequantized_sequences``); else None."""
+    set's cache, quantized once, also gives the check its values: (k, v) of the requests ``check_requests``
+    (``reference.serving64.sampled_requests``), each (len, S, K, H) float64 dequantized (``dequantized_sequences``);
+    else None."""
     sem = call_semantics(cell)
     sheet = peaks.peak_for_kind(device.current().kind)
     n = opts.input_sets(nbytes, sheet and sheet.l2_bytes)
@@ -168,7 +169,7 @@ def compile_run(backend, cell, opts, rec: dict, phases, cupti: bool) -> ServingR
     p = cell.workload     # the step's requests, drawn once (``requests``)
     q_lens, kv_lens = np.asarray(p.q_lengths, np.int32), np.asarray(p.kv_lengths, np.int32)
     seed = request_seed(cell)
-    checked = sorted({r for r, *_ in sampled(q_lens, kv_lens)}) if opts.check else []
+    checked = sampled_requests(q_lens, kv_lens) if opts.check else []
     contiguous, args, kw, dequantized = argument_sets(cell, p, rec["bytes"], opts, phases, checked)
     rec.update(request_lengths=p.lengths_record(seed), lengths_traced=True, inputs_draw=INPUTS_DRAW,
                input_sets=len(args))

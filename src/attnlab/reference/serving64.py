@@ -128,22 +128,27 @@ def sampled(q_lens, kv_lens) -> list[tuple[int, int, int, int]]:
     return out
 
 
+def sampled_requests(q_lens, kv_lens) -> list[int]:
+    """The requests ``sampled`` pieces come from, in order (a quantized cache's check dequantizes these)."""
+    return sorted({r for r, *_ in sampled(q_lens, kv_lens)})
+
+
 def serving_errors(out, q, k, v, q_lens, kv_lens, dtype: str, *, logits_soft_cap=None, local_window_size=None,
                    sinks=None, dequantized=None) -> dict:
     """The errors of a serving step's output ``out`` (T_total, N, H) on its ``sampled`` rows, of the contiguous
     inputs q (T_total, N, H), k, v (B, S_max, K, H) and lengths ``q_lens``, ``kv_lens`` (B,), against float64:
     {"rel_err", "row_err" (inf when ``out`` has NaN or Inf there), "baseline", "row_baseline" (the emulation in
-    ``dtype``, ``kernel_like_serving``, on the same rows), "max_abs_err", "requests" (sampled, sorted), "rows"
-    (sampled rows), "fraction" (of all rows), "kv_rel_err" (None unless ``dequantized``)}. ``dequantized``: a
-    quantized cache's (k, v) of the sampled requests in order (each (len, S_max, K, H) float64): the truth is
-    then computed on them, and ``kv_rel_err`` is the output's error against float64 of the unquantized k, v."""
+    ``dtype``, ``kernel_like_serving``, on the same rows), "max_abs_err", "requests" (``sampled_requests``),
+    "rows" (sampled rows), "fraction" (of all rows), "kv_rel_err" (None unless ``dequantized``)}. ``dequantized``:
+    a quantized cache's (k, v) of the ``sampled_requests`` in order (each (len, S_max, K, H) float64): the truth
+    is then computed on them, and ``kv_rel_err`` is the output's error against float64 of the unquantized k, v."""
     pieces = sampled(q_lens, kv_lens)
     rows = np.concatenate([np.arange(s0, s0 + t) for _, s0, t, _ in pieces])
     reqs, n_max = [r for r, *_ in pieces], max(n for *_, n in pieces)
     kv = [np.asarray(x[np.asarray(reqs), :n_max]).astype(np.float64) for x in (k, v)]
     unquantized = kv
     if dequantized is not None:   # each sampled request's dequantized once, then its sampled pieces'
-        back = np.unique(reqs, return_inverse=True)[1]
+        back = np.unique(reqs, return_inverse=True)[1]      # the index of each piece's request in sampled_requests
         kv = [x[:, :n_max][back] for x in dequantized]
     qs = np.asarray(q[rows])
     starts, lengths = rl.starts_of([t for _, _, t, _ in pieces]).astype(np.int64), np.asarray([n for *_, n in pieces])
