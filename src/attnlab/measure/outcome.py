@@ -3,10 +3,10 @@
 ``Skip(status, reason, fields)`` ends a cell early with a ``Status`` (and the fields measured before it
 stopped, e.g. the check's errors of an incorrect cell); ``judged`` turns a check's verdict (the tolerance
 policy's, ``reference.tolerance.policy_verdict``) into its record fields, or a ``Skip('incorrect')`` carrying
-them: every check against float64 of sampled rows (a serving step's, a quantized cache's); ``classify`` maps an exception raised while
-compiling or running to (status, reason); ``rates`` turns the headline time into TFLOP/s, GB/s and
-percentages of peak; ``finish`` clears the timing fields of a cell that was not timed, stamps the
-fields and builds the typed record (``attnlab.core.record_model.CellRecord``: its validator holds the
+them: every check against float64 of sampled rows (a serving step's, a quantized cache's); ``classify`` maps
+an exception raised while compiling or running to (status, reason); ``rates`` turns the headline time into
+TFLOP/s, GB/s and percentages of peak; ``finish`` clears the timing fields of a cell that was not timed, stamps
+the fields and builds the typed record (``attnlab.core.record_model.CellRecord``: its validator holds the
 status rules, so a cell whose fields break one raises ``RecordError`` here, an error of attnlab).
 """
 from __future__ import annotations

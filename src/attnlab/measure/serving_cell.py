@@ -136,9 +136,9 @@ def argument_sets(cell, p: Problem, nbytes: float, opts, phases, check_requests=
 
 @dataclasses.dataclass(frozen=True)
 class ServingRun:
-    """A serving cell compiled (``compile_run``): ``compiled`` the jitted step on each timed set of ``args``; what its
-    check reads (``check.check_into`` passes them to ``check.check_serving``): ``contiguous``, the first set's contiguous
-    (q, k, v, q_starts, kv_lengths), the step's ``q_lens`` and ``kv_lens``, the call's semantics ``sem``
+    """A serving cell compiled (``compile_run``): ``compiled`` the jitted step on each timed set of ``args``; what
+    its check reads (``check.check_into`` passes them to ``check.check_serving``): ``contiguous``, the first set's
+    contiguous (q, k, v, q_starts, kv_lengths), the step's ``q_lens`` and ``kv_lens``, the call's semantics ``sem``
     (``call_semantics``) and, with ``kv_dtype``, the sampled requests' ``dequantized`` (k, v)."""
 
     p: Problem
