@@ -105,8 +105,8 @@ def test_advise_memory_table_per_cache_dtype():
 
 
 def test_the_quantized_check_gives_its_verdict_through_the_shared_helper():
-    """kv_cells.check_output (as serving_cell.check_into and check.check_output) records and refuses through
-    verdict.judged, after check.check_into's output_dtype: the fields ride on the Skip, the reason names
+    """kv_cells.check_output (as check.check_serving and check.check_output) records and refuses through
+    outcome.judged, after check.check_into's output_dtype: the fields ride on the Skip, the reason names
     the error and its limit."""
     import types
 

@@ -18,12 +18,10 @@ def brute(T, S, B, causal=False, window=None, q_lengths=None, kv_lengths=None, d
     pos = None
     if decode:
         pos = np.asarray(kv_lengths)[:, None] - T + np.arange(T)[None, :]
-    vis = _visible(T, S, B, causal, window, None, kv_lengths, 0, pos)[:, 0]
+    vis = _visible(T, S, B, causal, window, None, kv_lengths, 0, pos, ids, kv_ids)[:, 0]
     vis = np.broadcast_to(vis, (B, T, S)).copy()
     if q_lengths is not None:
         vis &= (np.arange(T)[None, :] < np.asarray(q_lengths)[:, None])[:, :, None]
-    if ids is not None:
-        vis &= segments.visible_np(ids, kv_ids)[:, 0]
     return Counts(int(vis.sum()), int(vis.any(-1).sum()), int(vis.any(-2).sum()))
 
 

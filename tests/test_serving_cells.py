@@ -5,10 +5,11 @@ import pytest
 
 from attnlab import Problem
 from attnlab.core import request_lengths as rl
-from attnlab.measure import Options, ahead, serving_cell
+from attnlab.measure import Options, ahead, check, serving_cell
 from attnlab.measure.cell import Cell, measure_cell
 from attnlab.measure.outcome import Skip
 from attnlab.measure.recount import recount
+from attnlab.reference.serving64 import sampled
 from attnlab.sweep.spec import SweepError, build
 
 
@@ -74,7 +75,7 @@ def test_the_check_samples_the_longest_and_shortest_requests_and_catches_a_wrong
     import jax.numpy as jnp
 
     q_lens, kv_lens = np.array([40, 1, 1, 3]), np.array([100, 7, 300, 3])
-    pieces = serving_cell.sampled(q_lens, kv_lens)
+    pieces = sampled(q_lens, kv_lens)
     assert pieces == [(0, 0, 8, 68), (0, 32, 8, 100), (1, 40, 1, 7), (2, 41, 1, 300), (3, 42, 3, 3)]
     cell = Cell("xla", 4, 1, 300, 4, 2, 16, "float32", True, lengths="spread")
     starts = rl.starts_of(q_lens)
@@ -85,14 +86,13 @@ def test_the_check_samples_the_longest_and_shortest_requests_and_catches_a_wrong
     good = reference_serving_attention(qa, k, v, starts, kv_lens).astype(np.float32)
     args = (jnp.asarray(qa), jnp.asarray(k), jnp.asarray(v), starts, kv_lens)
     backend = type("B", (), {"rel_l2_limit": None, "rel_l2_rule": None})
-    rec = {}
     sem = serving_cell.call_semantics(cell)
-    serving_cell.check_into(rec, jnp.asarray(good), args, q_lens, kv_lens, cell, backend, sem)
+    rec = check.check_serving(jnp.asarray(good), args, q_lens, kv_lens, cell, backend, sem)
     assert rec["rel_err"] < 1e-6 and rec["checked_rows"] == 21
     bad = good.copy()
     bad[41] *= 1.01                     # the longest cache's one decode token, a 1% error
     with pytest.raises(Skip, match=r"requests \[0, 1, 2, 3\]"):
-        serving_cell.check_into({}, jnp.asarray(bad), args, q_lens, kv_lens, cell, backend, sem)
+        check.check_serving(jnp.asarray(bad), args, q_lens, kv_lens, cell, backend, sem)
 
 
 @pytest.mark.parametrize("backend,page_size,kv", [("xla", None, ("int8", "head")),
@@ -132,10 +132,10 @@ def test_the_serving_check_judges_the_window_and_the_sinks():
     for drop in (None, "sinks", "local_window_size"):
         out = reference_serving_attention(qa, k, v, starts, kv_lens, **{**sem, **({drop: None} if drop else {})})
         if drop is None:
-            serving_cell.check_into({}, jnp.asarray(out, jnp.float32), args, q_lens, kv_lens, cell, backend, sem)
+            check.check_serving(jnp.asarray(out, jnp.float32), args, q_lens, kv_lens, cell, backend, sem)
         else:
             with pytest.raises(Skip, match="output wrong on requests"):
-                serving_cell.check_into({}, jnp.asarray(out, jnp.float32), args, q_lens, kv_lens, cell, backend, sem)
+                check.check_serving(jnp.asarray(out, jnp.float32), args, q_lens, kv_lens, cell, backend, sem)
 
 
 def test_a_backend_without_a_serving_path_is_unsupported_before_compiling():

@@ -7,7 +7,8 @@ windows, lengths and masks. A query row whose id is negative is padding: its out
 past ``query_seq_lengths``); a key whose id is negative is never seen.
 
 - ``check_segment_ids`` validates them up front (shape, integer dtype, both or neither).
-- ``visible(q_ids, kv_ids)``: the (B, 1, T, S) bool mask the dense paths (naive, xla, tokamax) use.
+- ``visible(q_ids, kv_ids)``: the (B, 1, T, S) bool mask the dense paths (naive, xla, tokamax) use (the float64
+  reference states the rule apart: ``attnlab.reference.float64``).
 - ``host_layout(ids)``: on concrete ids, the most segments of a row and whether every row's
   segments are contiguous (an id never returns after another one started).
 - ``docs(B, T, n, seed)``: ``n`` documents of random lengths per row, the sweeps' ``docs:n`` packing.
@@ -43,13 +44,6 @@ def visible(q_ids, kv_ids):
 
     q = jnp.asarray(q_ids, jnp.int32)[:, :, None]
     kv = jnp.asarray(kv_ids, jnp.int32)[:, None, :]
-    return ((q == kv) & (q >= 0) & (kv >= 0))[:, None]
-
-
-def visible_np(q_ids, kv_ids) -> np.ndarray:
-    """``visible`` in NumPy (the float64 reference)."""
-    q = np.asarray(q_ids).astype(np.int64)[:, :, None]
-    kv = np.asarray(kv_ids).astype(np.int64)[:, None, :]
     return ((q == kv) & (q >= 0) & (kv >= 0))[:, None]
 
 

@@ -3,15 +3,16 @@
 The errors come from the reference side in one call each (``attnlab.reference.output_errors``): the *whole*
 output (and for fwd+bwd / bwd cells the whole dq, dk and dv) against attnlab's blockwise float32 reference on
 the device, and sampled rows against NumPy float64, references shared by every backend and mode measured on the
-same inputs (``ref_key``) and the seconds of those a cell made in its ``check_parts_s``. A quantized KV cache's
-check: ``kv_cells.check_output``. The policy (``attnlab.reference.tolerance.policy_limit``; in words, once:
+same inputs (``ref_key``) and the seconds of those a cell made in its ``check_parts_s``; a serving step's sampled
+requests against float64 (``attnlab.reference.serving64.serving_errors``). A quantized KV cache's check:
+``kv_cells.check_output``. The policy (``attnlab.reference.tolerance.policy_limit``; in words, once:
 docs/measuring.md "Tolerance policy") applies to each error: relative L2 over the whole tensor and, for outputs,
 the worst row's. Backends that compute in float8 set their own fixed limit.
 
 ``check_into`` checks every cell's run into its record, before it is timed: its output's dtype
 (``output_dtype``), then by the check of its kind (the whole output then its gradients; a quantized cache's; a
-serving step's: ``serving_cell.check_into``), the verdict's
-fields made as for every check of a cell (``verdict``, ``reference.tolerance.policy_verdict``).
+serving step's sampled requests: ``check_serving``), the verdict's
+fields made as for every check of a cell (``outcome.judged``, ``reference.tolerance.policy_verdict``).
 """
 from __future__ import annotations
 
@@ -26,9 +27,10 @@ from ..core.errors import OutputMismatchError
 from ..reference.inputs import seed_of  # noqa: F401  (re-exported)
 from ..reference.output_errors import (Semantics, clear_cache, grad_errors, output_errors,  # noqa: F401
                                        sample_rows)  # (clear_cache and sample_rows re-exported)
+from ..reference.serving64 import serving_errors
 from ..reference.tolerance import errors_text, policy_limit, policy_verdict, rule_text
 from . import kv_cells, serving_cell
-from .outcome import Skip, Status, classify
+from .outcome import Skip, Status, classify, judged
 
 
 # --- the whole output and every gradient against the references -----------------------------------------
@@ -109,7 +111,7 @@ def check_into(rec: dict, run, cell, backend, opts) -> None:
     """Check a cell's ``run`` (``jax_cell.JaxRun``, ``native.NativeRun`` or ``serving_cell.ServingRun``) into ``rec``
     before it is timed: its output on the first input set (``run.output()``), first its dtype (``output_dtype``;
     a serving step's shape too), then by the check of the cell's kind. A serving step: its sampled requests
-    (``serving_cell.check_into``). Any other cell: a quantized cache's check
+    (``check_serving``). Any other cell: a quantized cache's check
     (``kv_cells.check_output``, on the timed caches ``run.caches``), else the whole output (``check_output``)
     and, for fwd+bwd / bwd cells, every gradient (``check_gradients``: ``run.grads()`` makes them once the output
     passed, ``run.ct`` the output's cotangent). ``Skip('incorrect')`` carrying the fields of the check that
@@ -120,8 +122,8 @@ def check_into(rec: dict, run, cell, backend, opts) -> None:
         # a serving step's output has q's packed rows: its shape is checked too
         rec.update(output_dtype(out, cell, run.contiguous[0].shape if serving else None))
         if serving:
-            serving_cell.check_into(rec, out, run.contiguous, run.q_lens, run.kv_lens, cell, backend, run.sem,
-                                    run.dequantized)
+            rec.update(check_serving(out, run.contiguous, run.q_lens, run.kv_lens, cell, backend, run.sem,
+                                     run.dequantized))
             return
         inputs, extras = run.ins.sets[0], run.ins.extras
         if cell.kv_dtype:
@@ -172,3 +174,27 @@ def check_gradients(grads, inputs, ct, sem: Semantics, key: str) -> dict:
     if (why := chk.pop("grad_reason")) is not None:
         raise Skip(Status.INCORRECT, why, chk)
     return chk
+
+
+def check_serving(out, contiguous, q_lens, kv_lens, cell, backend, sem: dict, dequantized=None) -> dict:
+    """The record fields of a serving step's check: its output ``out``'s sampled rows against float64
+    (``reference.serving64.serving_errors``) on the step's ``contiguous`` (q, k, v, ...) and lengths ``q_lens``,
+    ``kv_lens``, with the call's soft cap, window and sinks ``sem`` (``serving_cell.call_semantics``); a
+    quantized cache's against its ``dequantized`` values, (k, v) of the sampled requests in order
+    (``serving_cell.argument_sets``), with ``kv_rel_err``. ``Skip('incorrect')`` carrying them when it fails."""
+    if cell.kv_dtype and dequantized is None:
+        raise ValueError("dequantized: a quantized-cache cell's check needs the dequantized K/V of its sampled "
+                         "requests (argument_sets makes them)")
+    e = serving_errors(out, *contiguous[:3], q_lens, kv_lens, cell.dtype, **sem,
+                       dequantized=dequantized if cell.kv_dtype else None)
+    fields = dict(checked_fraction=e["fraction"], checked_rows=e["rows"], row_err=e["row_err"],
+                  max_abs_err=e["max_abs_err"])
+    if cell.kv_dtype:
+        fields["kv_rel_err"] = e["kv_rel_err"]
+    verdict = policy_verdict(e["rel_err"], e["row_err"], e["baseline"], e["row_baseline"], cell.dtype,
+                             backend.rel_l2_limit)
+    verdict.update(reference="NumPy float64 (reference.serving64) on the first and last tokens of the longest "
+                             "and shortest requests" + (" (the dequantized cache)" if cell.kv_dtype else ""),
+                   requests=e["requests"], rows=e["rows"])
+    rule = rule_text(cell.dtype, backend.rel_l2_limit, backend.rel_l2_rule)
+    return judged(fields, "float64_requests", verdict, rule, where=f" on requests {verdict['requests']}")

@@ -24,7 +24,7 @@ from ..kernels.pages import to_pages
 from ..reference.decode64 import dequantized_errors, reference_decode_attention
 from ..reference.inputs import make_qkv
 from ..reference.tolerance import rel_l2
-from .verdict import judged
+from .outcome import judged
 
 
 def cell_fields(kv_dtype, kv_scale) -> tuple:

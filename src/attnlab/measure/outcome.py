@@ -1,10 +1,12 @@
 """A cell's outcome: how failures are classified, the rates of a timed cell, and the one place its record is built.
 
 ``Skip(status, reason, fields)`` ends a cell early with a ``Status`` (and the fields measured before it
-stopped, e.g. the check's errors of an incorrect cell); ``classify`` maps an exception raised while
-compiling or running to (status, reason); ``rates`` turns the headline time into TFLOP/s, GB/s and
-percentages of peak; ``finish`` clears the timing fields of a cell that was not timed, stamps the
-fields and builds the typed record (``attnlab.core.record_model.CellRecord``: its validator holds the
+stopped, e.g. the check's errors of an incorrect cell); ``judged`` turns a check's verdict (the tolerance
+policy's, ``reference.tolerance.policy_verdict``) into its record fields, or a ``Skip('incorrect')`` carrying
+them: every check against float64 of sampled rows (a serving step's, a quantized cache's); ``classify`` maps
+an exception raised while compiling or running to (status, reason); ``rates`` turns the headline time into
+TFLOP/s, GB/s and percentages of peak; ``finish`` clears the timing fields of a cell that was not timed, stamps
+the fields and builds the typed record (``attnlab.core.record_model.CellRecord``: its validator holds the
 status rules, so a cell whose fields break one raises ``RecordError`` here, an error of attnlab).
 """
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 
 from ..core.errors import UnsupportedError
 from ..reference.float64 import default_matmul_is_tf32
+from ..reference.tolerance import errors_text
 from ..core.record_model import CellRecord, fields_where
 from ..core.records import STATUSES, Status, time_ms  # noqa: F401  (STATUSES re-exported)
 from . import peaks
@@ -29,6 +32,17 @@ class Skip(Exception):
     def __init__(self, status: Status | str, reason: str, fields: dict | None = None):
         super().__init__(reason)
         self.status, self.reason, self.fields = Status(status), reason, fields or {}
+
+
+def judged(fields: dict, name: str, verdict: dict, tolerance: str, where: str = "") -> dict:
+    """The record fields of a check against float64 with one verdict (``policy_verdict``'s dict, or one with
+    ok, rel_err, limit and margin): ``fields`` + rel_err, rel_err_f64, margin, tolerance and checks {name:
+    verdict}. ``Skip('incorrect')`` carrying them when it fails, naming the errors, their limits and ``where``."""
+    fields = {**fields, "rel_err": verdict["rel_err"], "rel_err_f64": verdict["rel_err"],
+              "margin": verdict["margin"], "tolerance": tolerance, "checks": {name: verdict}}
+    if not verdict["ok"]:
+        raise Skip(Status.INCORRECT, f"output wrong{where}: {errors_text(verdict)} ({tolerance})", fields)
+    return fields
 
 
 def classify(exc: BaseException, phase: str) -> tuple[Status, str]:

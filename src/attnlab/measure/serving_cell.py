@@ -8,11 +8,12 @@ their KV lengths drawn from it with a seed fixed by the shape (every backend and
 
 Measured as a JAX server calls it: ``jax.jit`` of ``serving_attention(q, k, v, q_starts, kv_lengths)``, the
 lengths *traced* arguments (the record's ``lengths_traced``; the kernel's plan is made inside the call from
-them; ``compile_run``, then ``ServingRun.time``). The check runs first (``check_into``, as ``check.check_into``
-calls every cell's check): the first and last ``EDGE`` tokens of the longest and the shortest requests (by
-KV length and by query length) against NumPy float64 (``attnlab.reference.serving64``), each error within the
-tolerance policy's limit from a kernel-like emulation of the same rows
-(``reference.serving64.kernel_like_serving``: scores in float32, P rounded to the cell's dtype). The record
+them; ``compile_run``, then ``ServingRun.time``). The check runs first (``check.check_serving``, from
+``check.check_into`` as every cell's check): the first and last ``EDGE`` tokens of the longest and the shortest
+requests (by KV length and by query length, ``reference.serving64.sampled``) against NumPy float64
+(``reference.serving64.serving_errors``), each error within the tolerance policy's limit from a kernel-like
+emulation of the same rows (``reference.serving64.kernel_like_serving``: scores in float32, P rounded to the
+cell's dtype). The record
 adds ``request_lengths`` (``Problem.lengths_record``) and ``tokens_per_s`` (the
 step's new tokens / its time). With ``page_size`` the caches are pages of that many tokens in a shuffled
 order, found through a page table (vLLM's layout, ``kernels.pages.to_pages``, made before the timed call);
@@ -20,18 +21,16 @@ the check reads the contiguous caches they were made from. The cell's ``window``
 causal), ``sinks`` (``reference.inputs.random_sinks``) and soft cap go to the call, the reference and the
 emulation alike; with ``kv_dtype`` the cache is quantized before timing (``quantize_kv_cache``, per page with
 ``page``), the check reads the sampled requests' *dequantized* cache (that quantized cache's codes and scales,
-``kv_quant.dequantized_sequences``) and ``kv_rel_err`` is the same rows' error against float64 of the unquantized
-K/V. The verdict goes through ``verdict.judged``.
+``kv_quant.dequantized_sequences``, made here with the timed cache) and ``kv_rel_err`` is the same rows' error
+against float64 of the unquantized K/V.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes  # noqa: F401  (bfloat16 for NumPy)
 import numpy as np
 
 from ..api.serving import prepare_serving, serving_attention
@@ -41,18 +40,14 @@ from ..core.problem import Problem
 from ..core.records import time_ms
 from ..kernels.pages import to_pages
 from ..reference.inputs import INPUTS_DRAW, random_qkv, random_sinks, seed_of
-from ..reference.serving64 import kernel_like_serving, reference_serving_attention
-from ..reference.tolerance import rel_l2, row_rel_err
+from ..reference.serving64 import sampled_requests
 from . import memory, peaks
 from .budget import compile_within_budget
 from .jax_cell import time_program
 from .outcome import Skip, classify
-from .verdict import judged, policy_verdict, rule_text
 
 #: The request-length distributions a serving cell's ``lengths`` names (or ``file:PATH``).
 LENGTHS = rl.DISTRIBUTIONS
-#: Tokens checked at each end of a sampled request (all of a request of at most 2 * EDGE tokens).
-EDGE = 8
 
 
 def is_serving(cell) -> bool:
@@ -111,8 +106,9 @@ def argument_sets(cell, p: Problem, nbytes: float, opts, phases, check_requests=
     reads the first. Timed sets are (q, k_cache, v_cache, q_starts, kv_lengths, page_table, k_scale, v_scale):
     pages of ``page_size`` tokens (``to_pages``; None: contiguous), the cache quantized (``quantize_kv_cache``)
     with ``kv_dtype`` (None: the scales are None), made before the timed call. With ``kv_dtype`` the first timed
-    set's cache, quantized once, also gives the check its values: (k, v) of the requests ``check_requests``,
-    each (len, S, K, H) float64 dequantized (``dequantized_sequences``); else None."""
+    set's cache, quantized once, also gives the check its values: (k, v) of the requests ``check_requests``
+    (``reference.serving64.sampled_requests``), each (len, S, K, H) float64 dequantized (``dequantized_sequences``);
+    else None."""
     sem = call_semantics(cell)
     sheet = peaks.peak_for_kind(device.current().kind)
     n = opts.input_sets(nbytes, sheet and sheet.l2_bytes)
@@ -140,9 +136,9 @@ def argument_sets(cell, p: Problem, nbytes: float, opts, phases, check_requests=
 
 @dataclasses.dataclass(frozen=True)
 class ServingRun:
-    """A serving cell compiled (``compile_run``): ``compiled`` the jitted step on each timed set of ``args``; what its
-    check reads (``check.check_into`` passes them to ``check_into``): ``contiguous``, the first set's contiguous
-    (q, k, v, q_starts, kv_lengths), the step's ``q_lens`` and ``kv_lens``, the call's semantics ``sem``
+    """A serving cell compiled (``compile_run``): ``compiled`` the jitted step on each timed set of ``args``; what
+    its check reads (``check.check_into`` passes them to ``check.check_serving``): ``contiguous``, the first set's
+    contiguous (q, k, v, q_starts, kv_lengths), the step's ``q_lens`` and ``kv_lens``, the call's semantics ``sem``
     (``call_semantics``) and, with ``kv_dtype``, the sampled requests' ``dequantized`` (k, v)."""
 
     p: Problem
@@ -173,7 +169,7 @@ def compile_run(backend, cell, opts, rec: dict, phases, cupti: bool) -> ServingR
     p = cell.workload     # the step's requests, drawn once (``requests``)
     q_lens, kv_lens = np.asarray(p.q_lengths, np.int32), np.asarray(p.kv_lengths, np.int32)
     seed = request_seed(cell)
-    checked = sorted({r for r, *_ in sampled(q_lens, kv_lens)}) if opts.check else []
+    checked = sampled_requests(q_lens, kv_lens) if opts.check else []
     contiguous, args, kw, dequantized = argument_sets(cell, p, rec["bytes"], opts, phases, checked)
     rec.update(request_lengths=p.lengths_record(seed), lengths_traced=True, inputs_draw=INPUTS_DRAW,
                input_sets=len(args))
@@ -198,57 +194,3 @@ def call_semantics(cell) -> dict:
     """The serving call's soft cap, window and sinks (one standard normal logit per query head, NumPy)."""
     return dict(logits_soft_cap=cell.soft_cap, local_window_size=cell.window,
                 sinks=random_sinks(cell.heads) if cell.sinks else None)
-
-
-def sampled(q_lens, kv_lens) -> list[tuple[int, int, int, int]]:
-    """(request, first query row in the packed q, tokens, KV length) of each sampled piece: the first and last
-    ``EDGE`` tokens of the longest and shortest requests by KV and by query length (the first tokens of a
-    request see the keys before them: a request of their own with a shorter KV length)."""
-    starts = rl.starts_of(q_lens)
-    picks = sorted({int(np.argmax(kv_lens)), int(np.argmin(kv_lens)), int(np.argmax(q_lens)), int(np.argmin(q_lens))})
-    out = []
-    for r in picks:
-        t, n, s0 = int(q_lens[r]), int(kv_lens[r]), int(starts[r])
-        if t <= 2 * EDGE:
-            out.append((r, s0, t, n))
-        else:
-            out += [(r, s0, EDGE, n - t + EDGE), (r, s0 + t - EDGE, EDGE, n)]
-    return out
-
-
-def check_into(rec: dict, out, args, q_lens, kv_lens, cell, backend, sem: dict, dequantized=None) -> None:
-    """Check the sampled rows (``sampled``) of ``out`` against float64 (a quantized cache: of its dequantized
-    values ``dequantized``, (k, v) of the sampled requests in order, from ``argument_sets``; with ``kv_rel_err``
-    against the unquantized ones); record it; Skip('incorrect') when wrong. ``sem``: the call's soft cap, window
-    and sinks (``call_semantics``). The output's dtype and shape are ``check.check_into``'s, as every cell's."""
-
-    q, k, v = args[:3]
-    pieces = sampled(q_lens, kv_lens)
-    rows = jnp.asarray(np.concatenate([np.arange(s0, s0 + t) for _, s0, t, _ in pieces]))
-    reqs, n_max = [r for r, *_ in pieces], max(n for *_, n in pieces)
-    kv = [np.asarray(x[jnp.asarray(reqs), :n_max]) for x in (k, v)]
-    unquantized = kv
-    if cell.kv_dtype:   # the timed cache's codes, each sampled request's once, then its sampled pieces'
-        if dequantized is None:
-            raise ValueError("dequantized: a quantized-cache cell's check needs the dequantized K/V of its sampled "
-                             "requests (argument_sets makes them)")
-        back = np.unique(reqs, return_inverse=True)[1]
-        kv = [x[:, :n_max][back] for x in dequantized]
-    head = (np.asarray(q[rows]), *kv, rl.starts_of([t for _, _, t, _ in pieces]), np.asarray([n for *_, n in pieces]))
-    ref = reference_serving_attention(*head, **sem)
-    ref_unquantized = (reference_serving_attention(head[0], *unquantized, *head[3:], **sem) if cell.kv_dtype
-                       else None)
-    emul = kernel_like_serving(*head, cell.dtype, cell.soft_cap, cell.window, sem["sinks"])
-    got = np.asarray(out[rows]).astype(np.float64)
-    err, row = rel_l2(got, ref), (row_rel_err(got, ref, 1) if np.all(np.isfinite(got)) else math.inf)
-    fields = dict(checked_fraction=int(rows.size) / int(np.sum(q_lens)), checked_rows=int(rows.size), row_err=row,
-                  max_abs_err=float(np.max(np.abs(got - ref))))
-    if cell.kv_dtype:
-        fields["kv_rel_err"] = rel_l2(got, ref_unquantized)
-    verdict = policy_verdict(err, row, rel_l2(emul, ref), row_rel_err(emul, ref, 1), cell.dtype,
-                             backend.rel_l2_limit)
-    verdict.update(reference="NumPy float64 (reference.serving64) on the first and last tokens of the longest "
-                             "and shortest requests" + (" (the dequantized cache)" if cell.kv_dtype else ""),
-                   requests=sorted(set(reqs)), rows=int(rows.size))
-    rule = rule_text(cell.dtype, backend.rel_l2_limit, backend.rel_l2_rule)
-    rec.update(judged(fields, "float64_requests", verdict, rule, where=f" on requests {verdict['requests']}"))

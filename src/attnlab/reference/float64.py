@@ -19,7 +19,6 @@ import dataclasses
 import ml_dtypes
 import numpy as np
 
-from ..core import segments
 from ..core.prepare import prepare
 from . import rules
 from .keyblocks import KEY_BLOCK, _pv, _rows, _scores, _unrows  # noqa: F401 (KEY_BLOCK re-exported)
@@ -47,7 +46,8 @@ def _positions(T, B, offset=0, query_positions=None):
 
 def _visible(T, S, B, is_causal, window, mask, kv_lengths, offset=0, query_positions=None, q_ids=None, kv_ids=None):
     """Bool (B or 1, N or 1, T, S): True where query t (at its position) may attend key s (of its segment, given
-    segment ids ``q_ids`` (B, T) and ``kv_ids`` (B, S))."""
+    segment ids ``q_ids`` (B, T) and ``kv_ids`` (B, S): ids equal and both >= 0, ``attnlab.core.segments``'
+    rule, written here apart from the kernels' masks)."""
     t = _positions(T, B, offset, query_positions)[:, :, None]    # (B or 1, T, 1)
     s = np.arange(S)[None, None, :]
     vis = np.ones((t.shape[0], T, S), bool)
@@ -62,7 +62,8 @@ def _visible(T, S, B, is_causal, window, mask, kv_lengths, offset=0, query_posit
         kv = np.asarray(kv_lengths).reshape(B, 1, 1, 1)
         vis = vis & (np.arange(S).reshape(1, 1, 1, S) < kv)
     if q_ids is not None:
-        vis = vis & segments.visible_np(q_ids, kv_ids)
+        q, kv = np.asarray(q_ids).astype(np.int64)[:, None, :, None], np.asarray(kv_ids).astype(np.int64)[:, None, None]
+        vis = vis & (q == kv) & (q >= 0) & (kv >= 0)
     return vis
 
 

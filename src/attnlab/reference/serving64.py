@@ -7,6 +7,10 @@ Query i of request b sits at position kv_lengths[b] - q_len[b] + i and sees the 
 <= its own; with ``local_window_size`` (w, read as (w, w), or (left, right)) only those >= its position
 - left (the call is causal: right changes nothing). Tokens at >= q_starts[B] are padding: their output rows are 0.
 ``kernel_like_serving`` is the same call as a kernel computes it in a low-precision dtype (the check's emulation).
+
+``serving_errors`` is the reference side of a serving cell's check (``attnlab.measure.check``): the first and last
+``EDGE`` tokens of the longest and shortest requests (``sampled``) against float64 and the emulation's errors on the
+same rows (the tolerance policy's baselines).
 """
 from __future__ import annotations
 
@@ -14,8 +18,13 @@ import math
 
 import numpy as np
 
+from ..core import request_lengths as rl
 from ..core.checks import check_soft_cap
 from .decode64 import dequantized64
+from .tolerance import rel_l2, row_rel_err
+
+#: Tokens checked at each end of a sampled request (all of a request of at most 2 * EDGE tokens).
+EDGE = 8
 
 
 def reference_serving_attention(q, k_cache, v_cache, q_starts, kv_lengths, *, scale=None, logits_soft_cap=None,
@@ -28,15 +37,23 @@ def reference_serving_attention(q, k_cache, v_cache, q_starts, kv_lengths, *, sc
 
     ``requests``: the request indices to compute (default all); the rows of the others stay 0, so
     a check of a long batch can sample its longest and shortest requests only."""
-    q = np.asarray(q).astype(np.float64)
     k, v = dequantized64(k_cache, v_cache, k_scale, v_scale)
+    B = k.shape[0]
     starts = np.asarray(q_starts).astype(np.int64)
     lengths = np.asarray(kv_lengths).astype(np.int64)
-    T_total, N, H = q.shape
-    B, S, K, _ = k.shape
     if starts.shape != (B + 1,) or lengths.shape != (B,):
         raise ValueError(f"q_starts must be (B+1,)=({B + 1},) and kv_lengths (B,)=({B},), "
                          f"got {starts.shape} and {lengths.shape}")
+    return _attention64(q, k, v, starts, lengths, scale=scale, logits_soft_cap=logits_soft_cap, requests=requests,
+                        sinks=sinks, local_window_size=local_window_size)
+
+
+def _attention64(q, k, v, starts, lengths, *, scale=None, logits_soft_cap=None, requests=None, sinks=None,
+                 local_window_size=None) -> np.ndarray:
+    """``reference_serving_attention`` of float64 caches k, v (B, S_max, K, H) and int64 ``starts``/``lengths``."""
+    q = np.asarray(q).astype(np.float64)
+    T_total, N, H = q.shape
+    B, S, K, _ = k.shape
     G = N // K
     sc = 1.0 / math.sqrt(H) if scale is None else float(scale)
     cap = check_soft_cap(logits_soft_cap)
@@ -93,3 +110,56 @@ def kernel_like_serving(q, k, v, q_starts, kv_lengths, dtype: str, soft_cap=None
         pv = np.einsum("kgts,skh->tkgh", w.astype(dtype).astype(np.float32), v[b, :n])
         out[lo:hi] = (pv / np.moveaxis(denom, -1, 0)[..., None]).reshape(hi - lo, N, H)
     return out.astype(dtype).astype(np.float64)
+
+
+def sampled(q_lens, kv_lens) -> list[tuple[int, int, int, int]]:
+    """(request, first query row in the packed q, tokens, KV length) of each sampled piece: the first and last
+    ``EDGE`` tokens of the longest and shortest requests by KV and by query length (the first tokens of a
+    request see the keys before them: a request of their own with a shorter KV length)."""
+    starts = rl.starts_of(q_lens)
+    picks = sorted({int(np.argmax(kv_lens)), int(np.argmin(kv_lens)), int(np.argmax(q_lens)), int(np.argmin(q_lens))})
+    out = []
+    for r in picks:
+        t, n, s0 = int(q_lens[r]), int(kv_lens[r]), int(starts[r])
+        if t <= 2 * EDGE:
+            out.append((r, s0, t, n))
+        else:
+            out += [(r, s0, EDGE, n - t + EDGE), (r, s0 + t - EDGE, EDGE, n)]
+    return out
+
+
+def sampled_requests(q_lens, kv_lens) -> list[int]:
+    """The requests ``sampled`` pieces come from, in order (a quantized cache's check dequantizes these)."""
+    return sorted({r for r, *_ in sampled(q_lens, kv_lens)})
+
+
+def serving_errors(out, q, k, v, q_lens, kv_lens, dtype: str, *, logits_soft_cap=None, local_window_size=None,
+                   sinks=None, dequantized=None) -> dict:
+    """The errors of a serving step's output ``out`` (T_total, N, H) on its ``sampled`` rows, of the contiguous
+    inputs q (T_total, N, H), k, v (B, S_max, K, H) and lengths ``q_lens``, ``kv_lens`` (B,), against float64:
+    {"rel_err", "row_err" (inf when ``out`` has NaN or Inf there), "baseline", "row_baseline" (the emulation in
+    ``dtype``, ``kernel_like_serving``, on the same rows), "max_abs_err", "requests" (``sampled_requests``),
+    "rows" (sampled rows), "fraction" (of all rows), "kv_rel_err" (None unless ``dequantized``)}. ``dequantized``:
+    a quantized cache's (k, v) of the ``sampled_requests`` in order (each (len, S_max, K, H) float64): the truth
+    is then computed on them, and ``kv_rel_err`` is the output's error against float64 of the unquantized k, v."""
+    pieces = sampled(q_lens, kv_lens)
+    rows = np.concatenate([np.arange(s0, s0 + t) for _, s0, t, _ in pieces])
+    reqs, n_max = [r for r, *_ in pieces], max(n for *_, n in pieces)
+    kv = [np.asarray(x[np.asarray(reqs), :n_max]).astype(np.float64) for x in (k, v)]
+    unquantized = kv
+    if dequantized is not None:   # each sampled request's dequantized once, then its sampled pieces'
+        back = np.unique(reqs, return_inverse=True)[1]      # the index of each piece's request in sampled_requests
+        kv = [x[:, :n_max][back] for x in dequantized]
+    qs = np.asarray(q[rows])
+    starts, lengths = rl.starts_of([t for _, _, t, _ in pieces]).astype(np.int64), np.asarray([n for *_, n in pieces])
+    sem = dict(logits_soft_cap=logits_soft_cap, sinks=sinks, local_window_size=local_window_size)
+    ref = _attention64(qs, *kv, starts, lengths, **sem)
+    emul = kernel_like_serving(qs, *kv, starts, lengths, dtype, logits_soft_cap, local_window_size, sinks)
+    got = np.asarray(out[rows]).astype(np.float64)
+    finite = np.all(np.isfinite(got))
+    return {"rel_err": rel_l2(got, ref), "row_err": row_rel_err(got, ref, 1) if finite else math.inf,
+            "baseline": rel_l2(emul, ref), "row_baseline": row_rel_err(emul, ref, 1),
+            "max_abs_err": float(np.max(np.abs(got - ref))), "requests": sorted(set(reqs)), "rows": int(rows.size),
+            "fraction": int(rows.size) / int(np.sum(q_lens)),
+            "kv_rel_err": None if dequantized is None else rel_l2(got, _attention64(qs, *unquantized, starts, lengths,
+                                                                                     **sem))}
