@@ -42,7 +42,8 @@ def test_serving_merge_with_sinks_lowers_to_triton_for_sm90():
 
     def merge_loads(*sinks):
         def f(q, k, v, a, b, *sk):
-            plan = sp.make_serving_plan(a, b, total_tokens=B, kv_len_max=S, heads=N, kv_heads=K, head_dim=H, sms=132)
+            plan = sp.make_serving_plan(a, b, total_tokens=B, kv_len_max=S, heads=N, kv_heads=K, head_dim=H, sms=132,
+                                        config=sp.ServingConfig(merge="kernel"))
             return ks.serving_attention_pallas(q, k, v, a, b, plan=plan, interpret=False, sinks=sk[0] if sk else None)
 
         captured, orig = [], reg.lowering.lower_jaxpr_to_triton_module

@@ -87,10 +87,11 @@ class ServingConfig:
     #: partial store (a fit of the H200's times: ~5.8 us a piece against 1.4 us a block at 128 rows,
     #: results/cpu-2026-12-05-serving-sass), so about 4 is predicted to help there (``serving/gpu.py --wide-rows``)
     piece_blocks: int = 0
-    #: where a unit's pieces are merged (``kernels.serving_merge``): "kernel" (a merge kernel per class after its pieces
-    #: kernel) or "fused" (the piece that finishes a unit last merges it; a one-piece unit stores its rows: one launch
-    #: per class). "kernel" until a GPU run measures ``serving/gpu.py --fused-merge``
-    merge: str = "kernel"
+    #: where a unit's pieces are merged (``kernels.serving_merge``): "fused" (the piece that finishes a unit last merges
+    #: it; a one-piece unit stores its rows: one launch per class) or "kernel" (a merge kernel per class after its
+    #: pieces kernel). "fused": 1.04-1.17x on one-long batches, ties elsewhere (0.99-1.08x) on an H100
+    #: (results/gpu-2026-12-05d-h100-merge-direct)
+    merge: str = "fused"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +126,7 @@ class ServingPlan:
     sizes: tuple = dataclasses.field(metadata=dict(static=True))    # (T_total, B, N, K, H)
     window_left: int | None = dataclasses.field(default=None, metadata=dict(static=True))   # None: no window
     kv_mma: str | None = dataclasses.field(default=None, metadata=dict(static=True))
-    merge: str = dataclasses.field(default="kernel", metadata=dict(static=True))
+    merge: str = dataclasses.field(default="fused", metadata=dict(static=True))
 
 
 def _register():
