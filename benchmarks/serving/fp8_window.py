@@ -87,17 +87,25 @@ def _caches(key, shape, s, page, fp8):
     return k, v, table, ks, vs, truth
 
 
-def _run(out_f, rec, fn, args, refs, roof_ms, dry):
+def _run(out_f, rec, fn, args, refs, roof_ms, dry, kernels=False,
+         keys=("kind", "batch", "T", "layout", "kv_mma", "W", "from_key")):
+    """Check ``fn(*args)`` against ``refs``, then time it (CUPTI; ``dry``: wall clock) and, with ``kernels``, each of
+    its kernels; write ``rec`` to ``out_f`` (an error is a result) and print its ``keys``."""
     try:
         rec["check"] = g.check(fn(*args), refs)
         if not all(c["ok"] for c in rec["check"]):
             rec["error"] = "check failed"
         else:
             rec["ms"] = _time(fn, args, dry)
+            if kernels and not dry:
+                try:
+                    rec["kernels"] = g.kernels_ms(fn, args)
+                except Exception as e:  # noqa: BLE001 - the breakdown is extra
+                    rec["kernels"], rec["kernels_error"] = [], f"{type(e).__name__}: {str(e)[:200]}"
             rec["pct_roofline"] = 100 * roof_ms / rec["ms"]
     except Exception as e:  # noqa: BLE001 - a cell that fails is a result
         rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-    print(" ".join(f"{k}={rec.get(k)}" for k in ("kind", "batch", "T", "layout", "kv_mma", "W", "from_key")),
+    print(" ".join(f"{k}={rec.get(k)}" for k in keys),
           f"{rec.get('ms') or 0:.4f} ms {rec.get('pct_roofline') or 0:.0f}% {rec.get('error') or ''}"[:200], flush=True)
     out_f.write(json.dumps(rec) + "\n")
     out_f.flush()

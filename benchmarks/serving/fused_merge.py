@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from benchmarks.serving import gpu as g
-from benchmarks.serving.fp8_window import DRY, FULL, _batches, _caches, _step
+from benchmarks.serving.fp8_window import DRY, FULL, _batches, _caches, _run, _step
 
 MERGES = ("kernel", "fused")
 DISTS = ("uniform", "spread", "lognormal", "one-long")
@@ -72,38 +72,11 @@ def run(out_f, dev, t0, max_seconds, dry=False):
                                     merge=merge)
                 plan, step = _step(b_shape, page, T_total, cfg, None)
                 rec = dict(kind="fused-merge", device=dev, batch=dist, G=N // K, T=T, merge=merge, roofline_ms=roof_ms,
+                           lengths_traced=True,
                            layout=f"paged{page}" if page else "contig", dry_run=dry, **{x: b_shape[x] for x in "BSNKH"})
                 args = (q, k, v, a, b, table, None, None, plan(a, b))
-                _measure(out_f, rec, step, args, refs, roof_ms, dry)
+                _run(out_f, rec, step, args, refs, roof_ms, dry, kernels=True, keys=("batch", "G", "T", "layout", "merge"))
         caches.clear()
-
-
-def _measure(out_f, rec, fn, args, refs, roof_ms, dry):
-    import jax
-
-    try:
-        rec["check"] = g.check(fn(*args), refs)
-        if not all(c["ok"] for c in rec["check"]):
-            rec["error"] = "check failed"
-        else:
-            if dry:
-                jax.block_until_ready(fn(*args))
-                t = time.perf_counter()
-                jax.block_until_ready(fn(*args))
-                rec["ms"] = (time.perf_counter() - t) * 1e3
-            else:
-                rec["ms"] = g.time_ms(fn, args)
-                try:
-                    rec["kernels"] = g.kernels_ms(fn, args)
-                except Exception as e:  # noqa: BLE001 - the breakdown is extra
-                    rec["kernels"], rec["kernels_error"] = [], f"{type(e).__name__}: {str(e)[:200]}"
-            rec["pct_roofline"] = 100 * roof_ms / rec["ms"]
-    except Exception as e:  # noqa: BLE001 - a cell that fails is a result
-        rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-    print(" ".join(f"{k}={rec.get(k)}" for k in ("batch", "G", "T", "layout", "merge")),
-          f"{rec.get('ms') or 0:.4f} ms {rec.get('pct_roofline') or 0:.0f}% {rec.get('error') or ''}"[:200], flush=True)
-    out_f.write(json.dumps(rec) + "\n")
-    out_f.flush()
 
 
 def _kernels(r) -> str:
