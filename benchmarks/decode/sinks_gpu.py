@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))   # the repository root: benchmarks.serving
 
 from benchmarks.results_folder import ResultsFolder  # noqa: E402 (after sys.path)
-from benchmarks.serving.gpu import kernels_ms  # noqa: E402 (after sys.path)
+from benchmarks.serving.batches import kernels_ms  # noqa: E402 (after sys.path)
 
 GOAL_PCT = 3.0
 ROUNDS = 3

@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from benchmarks.serving import gpu as g
+from benchmarks.serving import batches as g
 
 FULL = dict(B=32, S=32768, N=32, K=8, H=128, S_mix=16384, mixed=(2, 2048, 126))
 DRY = dict(B=4, S=256, N=8, K=2, H=16, S_mix=256, mixed=(1, 40, 3))

@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from benchmarks.serving import gpu as g
+from benchmarks.serving import batches as g
 from benchmarks.serving.fp8_window import DRY, FULL, _batches, _caches, _run, _step
 
 MERGES = ("kernel", "fused")

@@ -30,56 +30,12 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))   # the repository root: benchmarks.serving
 
-B, S, H = 32, 32768, 128
 PAIRS = ((32, 8), (56, 8))
 GOAL_DECODE, GOAL_MIXED = 85, 75
 
-
-from attnlab.core.request_lengths import draw, mixed_batch, starts_of  # noqa: E402,F401 (mixed_batch, starts_of: used here and by variants.py)
-
-
-def lengths_of(dist: str, T: int, rng) -> np.ndarray:
-    """This benchmark's batch (B requests, caches of at most S) drawn from ``attnlab.core.request_lengths``."""
-    return draw(dist, B, T, S, rng)
-
-
 from benchmarks.results_folder import ResultsFolder, roofline_peaks  # noqa: E402,I001 (after sys.path)
-from benchmarks.serving.checks import check, references  # noqa: E402,I001 (after sys.path)
-
-def time_ms(fn, args, repeats=10):
-    from attnlab.measure import timers
-
-    return timers.kernel_per_call(fn, [args], repeats).median
-
-
-def kernels_ms(fn, args, iterations=5):
-    """[(kernel name, median ms)] of one call, every kernel it launches (CUPTI)."""
-    from jax.experimental.mosaic.gpu import profiler
-
-    _, per_iter = profiler.measure(fn, aggregate=False, iterations=iterations)(*args)
-    names = [n for n, _ in per_iter[0]]
-    return [(n, float(np.median([it[i][1] for it in per_iter]))) for i, n in enumerate(names)]
-
-
-def class_rooflines(q_len, kv, N, K, decode_max_q=16):
-    """(decode class, prefill class) rooflines in ms: the two launches run one after the other, so a
-    mixed batch's best is their sum, not the combined max(FLOPs, bytes) roofline."""
-    from attnlab.core.serving_cost import serving_roofline_s
-
-    out = []
-    for sel in (q_len <= decode_max_q, q_len > decode_max_q):
-        out.append(serving_roofline_s(starts_of(q_len[sel]), kv[sel], N, K, H, 2, **roofline_peaks()) * 1e3 if sel.any() else 0.0)
-    return out
-
-
-_JIT = {}
-
-
-def jitted(key, make):
-    """One jitted function per static key: cells that differ only in their (traced) lengths share it."""
-    if key not in _JIT:
-        _JIT[key] = make()
-    return _JIT[key]
+from benchmarks.serving.batches import (B, H, S, caches, check, class_rooflines, jitted, kernels_ms,  # noqa: E402,I001
+                                        lengths_of, mixed_batch, references, starts_of, time_ms)
 
 
 def run_cell(rec, q, k, v, q_len, kv, table, T, N, K, out_f, peers=True):
@@ -149,21 +105,6 @@ def run_cell(rec, q, k, v, q_len, kv, table, T, N, K, out_f, peers=True):
               f"{r.get('pct_roofline', 0):5.1f}% {r.get('error', '')[:80]}", flush=True)
         out_f.write(json.dumps(r) + "\n")
         out_f.flush()
-
-
-def caches(key, b, s, K, layout):
-    import jax
-    import jax.numpy as jnp
-
-    from attnlab.kernels.pages import to_pages
-
-    k1, k2 = jax.random.split(key)
-    k = jax.random.normal(k1, (b, s, K, H), jnp.bfloat16)
-    v = jax.random.normal(k2, (b, s, K, H), jnp.bfloat16)
-    if layout == "contig":
-        return k, v, None
-    kp, vp, table = to_pages(k, v, int(layout[5:]), seed=0)
-    return kp, vp, jnp.asarray(table)
 
 
 def table_md(path) -> str:

@@ -8,7 +8,7 @@
 Each cell: its lengths drawn with a fixed seed and passed *traced* to ``jax.jit`` (``lengths_traced``); the plan
 made by its own jitted function from them (``plan_ms``, set against a 32-layer step) and passed to the call;
 the last <= 8 tokens of the longest and shortest request checked against float64 (``checks.py``) before any
-path is timed (CUPTI, ``gpu.time_ms``); % of the roofline of the valid work (``core.serving_cost``) and
+path is timed (CUPTI, ``batches.time_ms``); % of the roofline of the valid work (``core.serving_cost``) and
 tokens/s. Peers on the same batch: cuDNN on the padded decode batch (contiguous) or cuDNN's paged attention
 (paged), JAX's Pallas paged decode kernel (paged, T = 1, on its own page layout made beforehand), the masked
 xla path where its gathered K/V fit, and ``decode_attention``'s kernel on uniform batches (today's path).
@@ -35,7 +35,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-from benchmarks.serving import gpu as g  # noqa: E402
+from benchmarks.serving import batches as g  # noqa: E402
 from benchmarks.serving import grid_cells as gc  # noqa: E402
 from benchmarks.results_folder import roofline_peaks  # noqa: E402
 from benchmarks.serving.grid_table import verdicts, write_table  # noqa: E402

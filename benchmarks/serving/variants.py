@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from benchmarks.serving import gpu as g
+from benchmarks.serving import batches as g
 from benchmarks.results_folder import roofline_peaks
 
 

@@ -19,11 +19,10 @@ from ..reference.float64 import check_close, default_matmul_is_tf32, reference_a
 from ..reference.inputs import random_qkv
 from ..sweep.spec import Sweep
 from .memory_probe import compiled_temp
-from .step_types import LabConfig
 
 
-def qkv_inputs(cfg: LabConfig, dtype: str = "float32", seed: int = 0):
-    """(q, k, v) of the config's default shape: q (B, T, N, H), k and v (B, S, N, H), T = S, standard normal."""
+def qkv_inputs(cfg, dtype: str = "float32", seed: int = 0):
+    """(q, k, v) of the lab config's (``step_types.LabConfig``, which imports this module) default shape: q (B, T, N, H), k and v (B, S, N, H), T = S, standard normal."""
     return random_qkv(cfg.batch, cfg.q_len, cfg.q_len, cfg.heads, cfg.heads, cfg.head_dim, dtype, seed)
 
 
