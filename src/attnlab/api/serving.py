@@ -43,7 +43,7 @@ import numpy as np
 
 from .. import backends
 from ..core.call import Call
-from ..core.checks import _shape, length_values, normalise_window
+from ..core.checks import _shape, length_values, normalise_window, within_reach
 from ..core.errors import UnsupportedError
 from ..kernels.serving_plan import ServingPlan, make_serving_plan, page_mismatch
 from .decode import CallExplanation, cache_call, cache_problem
@@ -123,7 +123,7 @@ def serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: int, he
     (``page_size``: the paged cache's, None: contiguous; a windowed plan for pages of >= block_k keys starts
     its blocks at page-aligned keys). ``config``: a ``ServingConfig`` (tiles, and ``kv_mma``: a quantized
     cache's products)."""
-    window = normalise_window(local_window_size)
+    window = within_reach(normalise_window(local_window_size), total_tokens + kv_len_max)   # as the call's Problem
     return make_serving_plan(q_starts, kv_lengths, total_tokens=total_tokens, kv_len_max=kv_len_max, heads=heads,
                              kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, config=config,
                              window_left=None if window is None else window[0], page_size=page_size)

@@ -57,6 +57,7 @@ def call_problem(names: Mapping[str, str], sizes: Sequence[int], dtype: str, cau
     jax.nn). When one is 0 the other rules are checked with it at 1 (heads: at K) and None is returned:
     an empty call has no Problem (the counts of one divide by its sizes); it runs no kernel."""
     got = dict(zip(SIZES, sizes))
+    window = within_reach(window, got["q_len"] + got["kv_len"])
     empty = [f for f in may_be_empty if got[f] == 0]
     stand_in = {f: got["kv_heads"] if f == "heads" else 1 for f in empty}   # N = 0 is a multiple of any K
     try:
@@ -195,6 +196,13 @@ def check_sinks(sinks, heads: int, name: str = "sinks"):
     if np.dtype(sinks.dtype).name not in FLOAT_DTYPES:
         raise TypeError(f"{name} must have a floating dtype ({', '.join(FLOAT_DTYPES)}), got {np.dtype(sinks.dtype).name}")
     return sinks
+
+
+def within_reach(window: tuple[int, int] | None, reach: int) -> tuple[int, int] | None:
+    """``window`` (left, right) with each side capped at ``reach`` (T + S_max): no key lies farther than that from
+    any query, so the cap changes no output, while a side near 2**31 (jax.nn's "no limit" idiom) would overflow
+    the int32 positions every path adds it to and silently mask the wrong keys."""
+    return None if window is None else (min(window[0], reach), min(window[1], reach))
 
 
 def normalise_window(local_window_size) -> tuple[int, int] | None:
