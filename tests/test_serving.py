@@ -193,7 +193,9 @@ def _call(**over):
 
 @pytest.mark.parametrize("over,err,words", [
     (dict(q=np.zeros((4, 8), np.float32)), ValueError, "q must have rank 3"),
-    (dict(q_starts=np.array([0, 1, 13, 16, 17], np.int32)), ValueError, "q_starts must have shape (B,)=(6,)"),
+    (dict(q_starts=np.array([0, 1, 13, 16, 17], np.int32)), ValueError, "q_starts must have shape (B+1,)=(6,)"),
+    (dict(q_starts=np.array([0, 1, 13, 16, 17], np.int32), kv_lengths=np.array([7, 40, 3, 64], np.int32)),
+     ValueError, "k_cache batch size 5 must equal kv_lengths size B=4"),
     (dict(q_starts=np.array([1, 2, 14, 17, 18, 38], np.int32)), ValueError, "q_starts[0]=1 must be 0"),
     (dict(q_starts=np.array([0, 1, 1, 17, 18, 38], np.int32)), ValueError, "request 1 has"),
     (dict(kv_lengths=np.array([7, 11, 3, 64, 33], np.int32)), ValueError, "kv_lengths[1]=11 must lie in [q_len, S_max]=[12, 160]"),

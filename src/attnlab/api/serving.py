@@ -88,10 +88,13 @@ def prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=Non
         raise ValueError(f"kv_lengths must have shape (B,), got {tuple(kv_lengths.shape)}")
     B = int(kv_lengths.shape[0])
     T_total, N, H = qs
+    starts = length_values("q_starts", q_starts, B + 1, "B+1",
+                           f": each of the B={B} requests of kv_lengths starts its tokens, then they end")
+    lengths = length_values("kv_lengths", kv_lengths, B)
+    if page_table is None and len(ks) == 4 and ks[0] != B:
+        raise ValueError(f"k_cache batch size {ks[0]} must equal kv_lengths size B={B} (one cache row per request)")
     problem, S = cache_problem(ARGUMENT_NAMES, (B, T_total, N, H), (ks, vs), q, k_cache, v_cache, kv_lengths,
                                page_table, k_scale, v_scale, True, local_window_size, paged_q_len=1)
-    starts = length_values("q_starts", q_starts, B + 1)
-    lengths = length_values("kv_lengths", kv_lengths, B)
     if starts is not None and lengths is not None:
         _check_values(starts.astype(np.int64), lengths.astype(np.int64), T_total, S)
     if plan is not None:

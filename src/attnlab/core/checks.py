@@ -142,11 +142,12 @@ def as_lengths(x):
     return arr.astype(np.int32) if arr.size == 0 else arr
 
 
-def length_values(name: str, x, batch: int):
-    """Check a (B,) integer lengths array; its values (a NumPy array), or None when ``x`` is traced."""
+def length_values(name: str, x, batch: int, size: str = "B", why: str = ""):
+    """Check a (B,) integer lengths array (``size``: its size's letters when not B, ``why``: what they count); its
+    values (a NumPy array), or None when ``x`` is traced."""
     shape = _shape(name, x)
     if shape != (batch,):
-        raise ValueError(f"{name} must have shape (B,)=({batch},), got {shape}")
+        raise ValueError(f"{name} must have shape ({size},)=({batch},), got {shape}{why}")
     if np.dtype(x.dtype).kind not in "iu":
         raise TypeError(f"{name} must be an integer array, got dtype {np.dtype(x.dtype).name}")
     return None if _is_tracer(x) else np.asarray(x)
