@@ -98,6 +98,8 @@ def test_serving_xla_path_matches_float64():
     (jnp.zeros((1, 4), jnp.float32), ValueError, r"sinks must have shape \(N,\)"),
     (jnp.zeros((4,), jnp.int32), TypeError, "sinks must have a floating dtype"),
     ([0.0] * 4, TypeError, "sinks must be an array"),
+    (jnp.array([0.0, jnp.nan, 0.0, 0.0]), ValueError, r"sinks must be finite logits \(or -inf: no sink\), got nan at head 1"),
+    (jnp.array([0.0, 0.0, 0.0, jnp.inf]), ValueError, "got inf at head 3"),
 ])
 def test_bad_sinks_raise_named_errors(bad, err, words):
     q, k, v = _inputs()
@@ -107,6 +109,13 @@ def test_bad_sinks_raise_named_errors(bad, err, words):
                  lambda: attnlab.serving_attention(q[0], k, v, jnp.array([0, 3, 5]), L, sinks=bad)):
         with pytest.raises(err, match=words):
             call()
+
+
+def test_a_minus_infinite_sink_is_no_sink():
+    q, k, v = _inputs()
+    none = jnp.full((4,), -jnp.inf, jnp.float32)
+    np.testing.assert_allclose(np.asarray(attnlab.attention(q, k, v, sinks=none)),
+                               np.asarray(attnlab.attention(q, k, v)), rtol=1e-6, atol=1e-6)
 
 
 def test_sweep_cells_carry_sinks_to_the_call_and_both_references(monkeypatch):

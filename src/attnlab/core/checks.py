@@ -196,6 +196,11 @@ def check_sinks(sinks, heads: int, name: str = "sinks"):
         raise ValueError(f"{name} must have shape (N,)=({heads},), one logit per query head, got {shape}")
     if np.dtype(sinks.dtype).name not in FLOAT_DTYPES:
         raise TypeError(f"{name} must have a floating dtype ({', '.join(FLOAT_DTYPES)}), got {np.dtype(sinks.dtype).name}")
+    if not _is_tracer(sinks):   # a NaN or +inf logit makes every row of its head NaN; -inf is no sink
+        bad = np.flatnonzero(np.isnan(values := np.asarray(sinks, np.float64)) | (values == np.inf))
+        if bad.size:
+            raise ValueError(f"{name} must be finite logits (or -inf: no sink), got {values[bad[0]]} at head "
+                             f"{int(bad[0])}")
     return sinks
 
 
