@@ -1,5 +1,5 @@
 """The serving benchmark's checks: float64 truth of the last <= 8 tokens of a batch's longest and shortest
-request, judged by the decode tolerance policy (``reference.decode64``)."""
+request, judged by the decode tolerance policy (``reference.decode64``), and every row of the output finite."""
 from __future__ import annotations
 
 import numpy as np
@@ -38,7 +38,10 @@ def references(q, k, v, starts, kv, table, sinks=None, window_left=None, token_s
 
 
 def check(out, refs):
+    """One verdict per reference (``references``), then one that every row of ``out`` is finite (NaN never passes,
+    wherever it is: the sampled requests are two of many)."""
     from attnlab.reference.tolerance import rel_l2
 
+    finite = bool(np.isfinite(np.asarray(out, np.float32)).all())
     return [dict(request=b, rel_err=(e := rel_l2(np.asarray(out[sl])[None], ref)), limit=limit, ok=bool(e <= limit))
-            for b, sl, ref, limit in refs]
+            for b, sl, ref, limit in refs] + [dict(request="every row", finite=finite, ok=finite)]
