@@ -1,7 +1,9 @@
 """Quantized KV caches in the cost model, the sweeps, the records, the error report and advise (cheap: no kernel)."""
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from attnlab import backends
 from attnlab.core.record_model import CellRecord
 from attnlab.core.serving_cost import serving_bytes
 from attnlab.core.workload import Workload, kv_cache_bytes
@@ -137,3 +139,21 @@ def test_the_quantized_check_gives_its_verdict_through_the_shared_helper():
                                 extras={}), caches=caches)
     with pytest.raises(Skip, match="output bfloat16 is not the cell's float32"):   # the check of every cell, first
         check_into({}, run, cell, backends.get("xla"), Options())
+
+
+def test_a_nan_in_a_sequence_the_check_does_not_sample_is_incorrect():
+    """The quantized cache's check samples the first and last sequences; a NaN in the middle one still fails the
+    cell (every value of the output must be finite)."""
+    class MiddleNaN(type(backends.get("xla"))):
+        name = "fake-middle-nan"
+
+        def run_decode(self, d):
+            return super().run_decode(d).at[1, 0, 0, 0].set(jnp.nan)
+
+    backends.register(MiddleNaN())
+    try:
+        cell = Cell("fake-middle-nan", 3, 1, 32, 2, 1, 16, "float32", True, lengths="ragged", kv_dtype="int8")
+        rec = measure_cell(cell, Options(repeats=1, warmup=0, min_time_s=0.0))
+    finally:
+        backends.unregister("fake-middle-nan")
+    assert rec["status"] == "incorrect" and "1 values are NaN or Inf" in rec["reason"], rec["reason"]

@@ -95,6 +95,32 @@ def test_the_check_samples_the_longest_and_shortest_requests_and_catches_a_wrong
         check.check_serving(jnp.asarray(bad), args, q_lens, kv_lens, cell, backend, sem)
 
 
+def test_the_check_judges_every_request_not_only_the_sampled_ones():
+    """A wrong row of a request that no sample reads, or a padding row that is not 0, is caught: every request's
+    last token is judged (float32 on the device, float64 rows)."""
+    import jax.numpy as jnp
+
+    from attnlab.reference.serving64 import reference_serving_attention, sampled_requests
+
+    q_lens, kv_lens = np.array([40, 1, 1, 3, 1]), np.array([100, 7, 300, 3, 50])
+    assert 4 not in sampled_requests(q_lens, kv_lens)
+    cell = Cell("xla", 5, 1, 300, 4, 2, 16, "float32", True, lengths="spread")
+    starts = rl.starts_of(q_lens)
+    qa, k, v = (np.random.default_rng(i).normal(size=s).astype(np.float32)
+                for i, s in enumerate(((50, 4, 16), (5, 300, 2, 16), (5, 300, 2, 16))))
+    good = reference_serving_attention(qa, k, v, starts, kv_lens).astype(np.float32)
+    args = (jnp.asarray(qa), jnp.asarray(k), jnp.asarray(v), starts, kv_lens)
+    backend = type("B", (), {"rel_l2_limit": None, "rel_l2_rule": None})
+    sem = serving_cell.call_semantics(cell)
+    rec = check.check_serving(jnp.asarray(good), args, q_lens, kv_lens, cell, backend, sem, seed=3)
+    assert {"float64_requests", "last_tokens_float32_device", "last_tokens_float64_rows"} <= set(rec["checks"])
+    for row, value, words in ((45, 1.05, "every request's last token"), (48, 1.0, "padding rows from 46 are not 0")):
+        bad = good.copy()
+        bad[row, 0, 0] = value if row == 48 or np.isnan(value) else bad[row, 0, 0] * value + 0.5
+        with pytest.raises(Skip, match=words):
+            check.check_serving(jnp.asarray(bad), args, q_lens, kv_lens, cell, backend, sem, seed=3)
+
+
 @pytest.mark.parametrize("backend,page_size,kv", [("xla", None, ("int8", "head")),
                                                   ("attnlab-decode", 16, ("float8_e4m3fn", "page"))])
 def test_a_serving_cell_with_a_window_sinks_and_a_quantized_cache(backend, page_size, kv):

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..core import request_lengths as rl
 from ..core.errors import OutputMismatchError
 from ..reference.inputs import seed_of  # noqa: F401  (re-exported)
 from ..reference.output_errors import (Semantics, clear_cache, grad_errors, output_errors,  # noqa: F401
@@ -121,9 +122,10 @@ def check_into(rec: dict, run, cell, backend, opts) -> None:
         serving = serving_cell.is_serving(cell)
         # a serving step's output has q's packed rows: its shape is checked too
         rec.update(output_dtype(out, cell, run.contiguous[0].shape if serving else None))
+        finite_output(out)
         if serving:
             rec.update(check_serving(out, run.contiguous, run.q_lens, run.kv_lens, cell, backend, run.sem,
-                                     run.dequantized))
+                                     run.dequantized, opts.seed))
             return
         inputs, extras = run.ins.sets[0], run.ins.extras
         if cell.kv_dtype:
@@ -148,6 +150,13 @@ def output_dtype(out, cell, shape=None) -> dict:
             f"{fields['out_dtype']} {tuple(out.shape)}", f"{cell.dtype} {tuple(shape)}")
         raise Skip(Status.INCORRECT, f"output {got} is not the cell's {want}", fields)
     return fields
+
+
+def finite_output(out) -> None:
+    """``Skip('incorrect')`` when any value of ``out`` is NaN or Inf: NaN never passes, even where a check
+    samples (a serving step's requests, a quantized cache's sequences) would not look."""
+    if bad := int(jnp.sum(~jnp.isfinite(device_array(out)))):
+        raise Skip(Status.INCORRECT, f"output wrong: {bad} values are NaN or Inf")
 
 
 def check_output(out, inputs, backend, sem: Semantics, key: str) -> dict:
@@ -176,12 +185,13 @@ def check_gradients(grads, inputs, ct, sem: Semantics, key: str) -> dict:
     return chk
 
 
-def check_serving(out, contiguous, q_lens, kv_lens, cell, backend, sem: dict, dequantized=None) -> dict:
+def check_serving(out, contiguous, q_lens, kv_lens, cell, backend, sem: dict, dequantized=None, seed: int = 0) -> dict:
     """The record fields of a serving step's check: its output ``out``'s sampled rows against float64
     (``reference.serving64.serving_errors``) on the step's ``contiguous`` (q, k, v, ...) and lengths ``q_lens``,
     ``kv_lens``, with the call's soft cap, window and sinks ``sem`` (``serving_cell.call_semantics``); a
     quantized cache's against its ``dequantized`` values, (k, v) of the sampled requests in order
-    (``serving_cell.argument_sets``), with ``kv_rel_err``. ``Skip('incorrect')`` carrying them when it fails."""
+    (``serving_cell.argument_sets``), with ``kv_rel_err``. Then every request, not only the sampled ones
+    (``check_every_request``). ``Skip('incorrect')`` carrying them when it fails."""
     if cell.kv_dtype and dequantized is None:
         raise ValueError("dequantized: a quantized-cache cell's check needs the dequantized K/V of its sampled "
                          "requests (argument_sets makes them)")
@@ -197,4 +207,31 @@ def check_serving(out, contiguous, q_lens, kv_lens, cell, backend, sem: dict, de
                              "and shortest requests" + (" (the dequantized cache)" if cell.kv_dtype else ""),
                    requests=e["requests"], rows=e["rows"])
     rule = rule_text(cell.dtype, backend.rel_l2_limit, backend.rel_l2_rule)
-    return judged(fields, "float64_requests", verdict, rule, where=f" on requests {verdict['requests']}")
+    fields = judged(fields, "float64_requests", verdict, rule, where=f" on requests {verdict['requests']}")
+    return check_every_request(fields, out, contiguous, q_lens, kv_lens, cell, backend, sem, seed)
+
+
+def check_every_request(fields: dict, out, contiguous, q_lens, kv_lens, cell, backend, sem: dict, seed: int) -> dict:
+    """``fields`` (a serving step's sampled check, passed) with the whole step's: the
+    padding rows past the last request 0, and (a cache in q's dtype) every request's last token against the float32
+    device reference and sampled float64 rows (``check_forward`` on them as a decode batch of one token each,
+    position kv_len - 1): a request the sampled ones miss is judged too. ``Skip('incorrect')`` when one fails."""
+    starts = rl.starts_of(q_lens)
+    if not bool(jnp.all(out[int(starts[-1]):] == 0)):
+        raise Skip(Status.INCORRECT, f"output wrong: the padding rows from {int(starts[-1])} are not 0", fields)
+    if cell.kv_dtype:      # the sampled requests were judged on the dequantized cache; the whole one is not made
+        return fields
+    last = jnp.asarray(starts[1:] - 1)
+    kv = tuple(int(n) for n in kv_lens)
+    key = ref_key(cell, seed) + "|last tokens"
+    rules = Semantics(causal=True, window=cell.window, kv_lengths=kv, q_offsets=tuple(n - 1 for n in kv),
+                      soft_cap=cell.soft_cap, sinks=None if sem.get("sinks") is None else np.asarray(sem["sinks"]))
+    q, k, v = contiguous[:3]
+    chk = check_forward(out[last][:, None], q[last][:, None], k, v, rules, ref_key=key,
+                        fixed_limit=backend.rel_l2_limit, fixed_rule=backend.rel_l2_rule)
+    verdicts = {f"last_tokens_{name}": c for name, c in chk["checks"].items()}
+    fields = {**fields, "checks": {**fields["checks"], **verdicts},
+              "margin": min(fields["margin"], chk["margin"])}
+    if not chk["ok"]:
+        raise Skip(Status.INCORRECT, f"output wrong on every request's last token: {chk['reason']}", fields)
+    return fields
