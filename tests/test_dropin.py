@@ -13,6 +13,7 @@ import attnlab
 from _dtypes import dtype_context, skip_xla_float64
 import attnlab.reference.inputs
 from attnlab.reference import cases
+from attnlab.reference.decode64 import reference_decode_attention
 
 
 def test_sharded_attention_is_top_level_and_lazy():
@@ -200,6 +201,30 @@ def test_python_list_lengths_match_jax_nn(impl):
     assert attnlab.check_close(out, q, k, v, **kw).ok
     with pytest.raises(TypeError, match=r"^key_value_seq_lengths must be an integer array, got dtype float64$"):
         attnlab.attention(q, k, v, key_value_seq_lengths=[64.0, 20.0])
+
+
+@pytest.mark.parametrize("impl", ["naive", "xla"])
+@pytest.mark.parametrize("scale", [0.0, -0.5])
+def test_a_zero_or_negative_scale_runs_as_in_jax_nn(impl, scale):
+    """jax.nn runs any finite scale (0: every visible key weighs alike); so does attention, on every path,
+    against jax.nn and the float64 reference, and decode_attention's kernel too."""
+    q, k, v = attnlab.reference.inputs.random_qkv(2, 16, 16, 4, 2, 16, "float32", seed=7)
+    kw = dict(scale=scale, is_causal=True, key_value_seq_lengths=jnp.array([16, 9]))
+    out = attnlab.attention(q, k, v, implementation=impl, **kw)
+    np.testing.assert_allclose(out, jax.nn.dot_product_attention(q, k, v, **kw), rtol=1e-5, atol=1e-5)
+    assert attnlab.check_close(out, q, k, v, **kw).ok
+    lengths = np.array([16, 9], np.int32)
+    dec = attnlab.decode_attention(q[:, :2], k, v, lengths, scale=scale, implementation="attnlab-decode")
+    want = reference_decode_attention(q[:, :2], k, v, lengths, scale=scale)
+    np.testing.assert_allclose(dec, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_backend_not_checked_with_a_zero_scale_refuses_it(fake_backend):
+    name = fake_backend("fake-positive-scale", lambda p: attnlab.backends.get("naive").run(p))
+    q, k, v = attnlab.reference.inputs.random_qkv(1, 8, 8, 2, 2, 16, "float32", seed=8)
+    assert attnlab.attention(q, k, v, scale=0.5, implementation=name).shape == q.shape
+    with pytest.raises(attnlab.UnsupportedError, match=r"fake-positive-scale: scale <= 0: this path runs only"):
+        attnlab.attention(q, k, v, scale=0.0, implementation=name)
 
 
 @pytest.mark.parametrize("impl", [None, "attnlab-decode", "naive"])

@@ -68,6 +68,7 @@ class AttnlabDecodeBackend(Backend):
                    "GQA-packed rows, split KV, valid lengths only")
     forward_only = True
     takes_soft_cap = True   # one tanh on the kernel's scores
+    takes_any_scale = True
     paged = True            # run_decode reads the pages through the table
     takes_decode_window = True   # the kernels load only the window's KV blocks
     takes_kv_scales = True  # a quantized cache (FP8/int8 + scales) dequantized in registers, decode and serving

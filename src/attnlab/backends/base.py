@@ -95,6 +95,10 @@ class Backend:
     #: True when ``run`` applies ``sinks`` (one extra logit per query head in the softmax denominator) exactly.
     takes_sinks: bool = False
     sinks_reason: str = "sinks: no attention sinks (an extra per-head logit in the softmax denominator) in this path"
+    #: True when ``run`` has been checked with a zero or negative ``scale`` (jax.nn runs any finite one): the
+    #: generic paths (naive, xla) and attnlab's kernels. Any other refuses one rather than run it unchecked.
+    takes_any_scale: bool = False
+    scale_reason: str = "scale <= 0: this path runs only a positive scale (naive, xla and attnlab-decode run any)"
     #: True when ``run_decode`` applies a decode call's ``local_window_size`` (a sliding window around each
     #: query's absolute position in the cache) exactly: the generic masked path (naive, xla) and attnlab-decode.
     takes_decode_window: bool = False
@@ -161,7 +165,7 @@ class Backend:
         raise ValueError(f"fp8_recipe: backend {self.name!r} takes no FP8 recipe")
 
     def why_not(self, spec: Call) -> str | None:
-        """``available()``, the residual, the soft cap, segment ids, sinks, then ``supports(spec)``: the first reason
+        """``available()``, the residual, the soft cap, segment ids, sinks, a scale <= 0, then ``supports(spec)``: the first reason
         this backend cannot run."""
         why = self.available()
         if why is None and spec.return_residual and not self.residual:
@@ -172,6 +176,9 @@ class Backend:
             why = self.segment_reason
         if why is None and spec.has_sinks and not self.takes_sinks:
             why = self.sinks_reason
+        if why is None and not self.takes_any_scale and spec.scale_is_static and spec.scale is not None \
+                and spec.scale <= 0:
+            why = self.scale_reason
         return why or self.supports(spec)
 
     def mode_reason(self, spec: Call, mode: str) -> str | None:

@@ -78,6 +78,7 @@ class NaiveBackend(Backend):
     takes_soft_cap = True
     takes_segment_ids = True
     takes_sinks = True
+    takes_any_scale = True
     takes_decode_window = True     # the masked decode path folds the window into its mask
     takes_kv_scales = True      # decode / serving: the masked path dequantizes the cache in float32
 

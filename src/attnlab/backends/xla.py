@@ -65,6 +65,7 @@ class XlaBackend(Backend):
     residual = True
     takes_segment_ids = True
     takes_sinks = True
+    takes_any_scale = True
     takes_decode_window = True     # the masked decode path folds the window into its mask
     takes_kv_scales = True      # decode / serving: the masked path dequantizes the cache in float32
     soft_cap_reason = ("logits_soft_cap: jax.nn.dot_product_attention has no soft cap, and its fused softmax "

@@ -161,16 +161,17 @@ def _check_lengths(name: str, x, batch: int, limit: int, letter: str):
 
 
 def check_scale(scale):
-    """None, a positive finite float (a Python float from any real), or a traced scalar as given."""
+    """None, a finite float (a Python float from any real; 0 and negative ones too, as jax.nn runs them), or a
+    traced scalar as given. A NaN or infinite scale is refused: every logit, hence every row, would be NaN."""
     if scale is None:
         return None
     if isinstance(scale, bool) or not (isinstance(scale, numbers.Real) or hasattr(scale, "dtype")):
-        raise TypeError(f"scale must be a positive finite float or None, got {scale!r}")
+        raise TypeError(f"scale must be a finite float or None, got {scale!r}")
     if _is_tracer(scale):
         return scale
     s = float(scale)
-    if not (math.isfinite(s) and s > 0):
-        raise ValueError(f"scale must be positive and finite, got {s}")
+    if not math.isfinite(s):
+        raise ValueError(f"scale must be finite, got {s}")
     return s
 
 
@@ -196,7 +197,8 @@ def check_sinks(sinks, heads: int, name: str = "sinks"):
         raise ValueError(f"{name} must have shape (N,)=({heads},), one logit per query head, got {shape}")
     if np.dtype(sinks.dtype).name not in FLOAT_DTYPES:
         raise TypeError(f"{name} must have a floating dtype ({', '.join(FLOAT_DTYPES)}), got {np.dtype(sinks.dtype).name}")
-    if not _is_tracer(sinks):   # a NaN or +inf logit makes every row of its head NaN; -inf is no sink
+    if hasattr(sinks, "__array__") and not _is_tracer(sinks):   # concrete: a NaN or +inf logit makes every row
+        # of its head NaN; -inf is no sink (a ShapeDtypeStruct, as ``explain`` takes, has no values)
         bad = np.flatnonzero(np.isnan(values := np.asarray(sinks, np.float64)) | (values == np.inf))
         if bad.size:
             raise ValueError(f"{name} must be finite logits (or -inf: no sink), got {values[bad[0]]} at head "
