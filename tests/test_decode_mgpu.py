@@ -38,6 +38,9 @@ def with_a_nan_page(k_pages, v_pages, table):
     (3, 7, 1, 64, [256, 70], True, 2, (150, 0), 128),
     # without the causal rule: a split of two unmasked steps, a masked tail, an empty split (4 programs, not 6)
     (5, 4, 1, 64, [192, 5], False, 2, None, 64),
+    # a prefill chunk: T=200, G=1, two row tiles, each reading only up to its last token's key (the first tile,
+    # tokens 0-127 at positions 56-183 of the long sequence, skips its last block: only the second tile's rows see it)
+    (200, 1, 1, 64, [256, 230], True, 1, None, 64),
 ])
 def test_interpreter_matches_float64(T, N, K, H, lengths, causal, splits, window, block_kv):
     q, k, v = random_qkv(2, T, 256, N, K, H, "bfloat16", seed=T)
@@ -69,25 +72,31 @@ def test_interpreter_paged_matches_its_contiguous_twin(page_size, window, causal
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_program_blocks_read_the_window_and_leave_unmasked_only_what_every_row_sees(causal):
-    """The grid model on Python ints: the splits' blocks are exactly the window's first block to the last valid
-    key's, once each; a step without a mask holds only keys every query row sees (brute force)."""
+    """The grid model on Python ints: the splits' blocks are exactly the window's first block to the last key any
+    row of the tile sees (the causal rule: its last token's position; else the last valid key), once each; a step
+    without a mask holds only keys every row of the tile sees (brute force), over whole T and over row tiles of
+    some of its tokens (a prefill chunk's tiles)."""
     bk = 16
     for n, T, window, splits in [(200, 1, (37, 0), 3), (192, 4, (16, 1), 2), (64, 3, (100, 5), 4), (9, 2, None, 2),
-                                 (161, 5, (0, 0), 1), (200, 4, (33, 40), 5)]:
+                                 (161, 5, (0, 0), 1), (200, 4, (33, 40), 5), (200, 90, None, 2), (150, 64, None, 1),
+                                 (300, 80, (60, 0), 3)]:
         lo = 0 if window is None else max(0, n - T - window[0])
-        read = []
-        for j in range(splits):
-            first, count, lead, free = dm.program_blocks(n, j, q_len=T, block_kv=bk, num_splits=splits,
-                                                         causal=causal and T > 1, window=window)
-            assert 0 <= lead <= free <= count
-            read += range(first, first + count)
-            for b in range(first + lead, first + free):
-                for s in range(b * bk, (b + 1) * bk):
-                    for t in range(T):
-                        p = n - T + t
-                        seen = s < n and (s <= p if causal else window is None or s <= p + window[1])
-                        assert seen and (window is None or s >= p - window[0]), (n, T, window, j, b, s, t)
-        assert read == list(range(lo // bk, -(-n // bk))), (n, T, window)
+        for tokens in [None, (0, 0), (0, T // 3), (T // 3, T // 2), (T // 2, T - 1)]:
+            t0, t1 = (0, T - 1) if tokens is None else tokens
+            end = n - T + t1 + 1 if causal and T > 1 else n
+            read = []
+            for j in range(splits):
+                first, count, lead, free = dm.program_blocks(n, j, q_len=T, block_kv=bk, num_splits=splits,
+                                                             causal=causal and T > 1, window=window, tokens=tokens)
+                assert 0 <= lead <= free <= count
+                read += range(first, first + count)
+                for b in range(first + lead, first + free):
+                    for s in range(b * bk, (b + 1) * bk):
+                        for t in range(t0, t1 + 1):
+                            p = n - T + t
+                            seen = s < n and (s <= p if causal else window is None or s <= p + window[1])
+                            assert seen and (window is None or s >= p - window[0]), (n, T, window, j, b, s, t)
+            assert read == list(range(lo // bk, -(-end // bk))), (n, T, window, tokens)
 
 
 def test_the_plan_picks_mosaic_above_64_rows_on_hopper_only():

@@ -59,9 +59,12 @@ def _kernel(len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped
     wg = lax.axis_index("wg")
     length = jnp.minimum(jnp.maximum(len_ref[batch], 0), kv_len)
     # steps [lead, free) are visible to every row (no mask); a window's blocks only (``program_blocks``)
+    # the tile's first and last query tokens (row r = t * G + g; rows past T * G are padding)
+    tokens = (lax.div(tile * TILE_ROWS, groups),
+              lax.div(jnp.minimum(tile * TILE_ROWS + TILE_ROWS - 1, q_len * groups - 1), groups))
     first, count, lead, free = program_blocks(length, split, q_len=q_len, block_kv=block_kv, causal=causal,
-                                              num_splits=plan.num_splits, window=window, div=lax.div,
-                                              minimum=jnp.minimum, maximum=jnp.maximum)
+                                              num_splits=plan.num_splits, window=window, tokens=tokens,
+                                              div=lax.div, minimum=jnp.minimum, maximum=jnp.maximum)
     lo = 0 if window is None else jnp.maximum(length - q_len - window[0], 0)     # the first key any row sees
 
     layout_cast, iota, load = register_ops(interpret)

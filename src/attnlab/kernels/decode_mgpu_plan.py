@@ -96,16 +96,22 @@ def make_mgpu_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: in
 
 
 def program_blocks(length, split, *, q_len: int, block_kv: int, num_splits: int, causal: bool, window=None,
-                   div=operator.floordiv, minimum=min, maximum=max):
+                   tokens=None, div=operator.floordiv, minimum=min, maximum=max):
     """(first block, count, lead, free) of one program: it reads blocks first .. first + count - 1 of a
     sequence of ``length`` valid keys (with a ``window`` (left, right), only from the block of the window's
     first key, max(0, length - T - left), on); its steps [lead, free) are visible to every row and need no
     mask, those before (keys before some row's window) and after (the causal or valid-length edge) do.
+    ``tokens`` (first, last): the query tokens of the program's row tile (None: all T). Under the causal rule
+    its blocks end at its last token's position and its unmasked ones at its first token's, so the row tiles
+    of a long T (a prefill chunk) read the causal triangle, not the whole square.
     Python ints (the tests) or, with ``div=lax.div`` etc., traced int32 scalars (the kernel)."""
+    t_first, t_last = (0, q_len - 1) if tokens is None else tokens
     lo = None if window is None else maximum(length - q_len - int(window[0]), 0)
-    first, count = split_range(length, split, num_splits=num_splits, block_k=block_kv, div=div, minimum=minimum,
+    end = maximum(minimum(length, length - q_len + t_last + 1), 0) if causal else length
+    first, count = split_range(end, split, num_splits=num_splits, block_k=block_kv, div=div, minimum=minimum,
                                maximum=maximum, lo=lo)
-    limit = length - q_len + 1 if causal else length       # keys below it: visible to every row's right edge
+    # keys below ``limit``: visible to the right edge of every row of the tile
+    limit = length - q_len + t_first + 1 if causal else length
     if window is not None and not causal:
         limit = minimum(limit, length - q_len + 1 + int(window[1]))
     lead = 0
