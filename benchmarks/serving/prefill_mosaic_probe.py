@@ -31,6 +31,7 @@ def main(out):
     import attnlab
     from attnlab.core.serving_cost import serving_flops
     from attnlab.kernels.decode_mgpu import decode_attention_mgpu
+    from attnlab.kernels.serving_plan import ServingConfig
 
     os.makedirs(out, exist_ok=True)
     N, K, S = 32, 8, 16384
@@ -54,7 +55,17 @@ def main(out):
         err = float(jnp.max(jnp.abs(got.astype(jnp.float32) - want.astype(jnp.float32))))
         mks = g.kernels_ms(mg, margs)
         mg_ms = sum(t for _, t in mks)
-        r = dict(batch=f"mixed {chunks}x{chunk}+{decodes}", step_ms=sum(t for _, t in ks), step_kernels=ks,
+        try:        # the whole step with the chunks in Mosaic GPU prefill slots (ServingConfig.prefill_slots)
+            cfg = ServingConfig(prefill_slots=chunks, prefill_chunk=chunk)
+            slot_step = jax.jit(lambda q, k, v, a, b: attnlab.serving_attention(
+                q, k, v, a, b, implementation="attnlab-decode", plan=attnlab.serving_plan(
+                    a, b, total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K, head_dim=g.H, config=cfg)))
+            slot_err = float(jnp.max(jnp.abs(slot_step(*args).astype(jnp.float32) - step(*args).astype(jnp.float32))))
+            sks = g.kernels_ms(slot_step, args)
+            slot = dict(slots_step_ms=sum(t for _, t in sks), slots_kernels=sks, slots_max_abs_diff=slot_err)
+        except Exception as e:  # noqa: BLE001 - a probe reports what failed
+            slot = dict(slots_error=f"{type(e).__name__}: {str(e)[:400]}")
+        r = dict(batch=f"mixed {chunks}x{chunk}+{decodes}", **slot, step_ms=sum(t for _, t in ks), step_kernels=ks,
                  triton_prefill_ms=prefill_ms, triton_prefill_tflops=flops / (prefill_ms * 1e-3) / 1e12,
                  mosaic_ms=mg_ms, mosaic_kernels=mks, mosaic_tflops=flops / (mg_ms * 1e-3) / 1e12,
                  max_abs_diff=err, kv_lengths=[int(x) for x in kv[:chunks]], device=str(jax.devices()[0].device_kind))

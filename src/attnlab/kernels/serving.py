@@ -43,7 +43,9 @@ from .kv_dequant import dequantized_pv, dequantized_scores, load_scale_block, mm
 from .paged_load import load_kv_block
 from .serving_merge import (NU, fused_finish, merge_call, merge_name, merge_pieces_per_trip,  # noqa: F401
                             merge_static, row_index, store_partial)
+from . import serving_prefill_mgpu as prefill_mgpu
 from .serving_plan import FIELDS, ServingPlan, page_mismatch
+from .serving_slots import unsupported as prefill_unsupported
 
 NF = len(FIELDS)
 
@@ -231,6 +233,7 @@ def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan
     is a ValueError (``serving_plan.page_mismatch``). Returns (T_total, N, H) in q's dtype."""
     del q_starts, kv_lengths
     T_total, N, H = (int(d) for d in q.shape)
+    k4, v4, sinks4 = k, v, sinks         # as given: for the Mosaic GPU prefill (``plan.prefill``)
     if page_table is None:
         B, S, K, _ = (int(d) for d in k.shape)
         page_size = None
@@ -243,10 +246,14 @@ def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan
         table = jnp.asarray(page_table).astype(jnp.int32).reshape(-1)
     if why := page_mismatch(plan, page_size):
         raise ValueError(why)
-    G = N // K
-    scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
     if interpret is None:
         interpret = jax.default_backend() != "gpu"
+    if plan.prefill is not None and (why := prefill_unsupported(
+            plan.prefill, kv_len_max=S, heads=N, kv_heads=K, head_dim=H, dtype=q.dtype, page_size=page_size,
+            soft_cap=soft_cap, quantized=bool(kv_scale), interpret=interpret)):
+        raise ValueError(why)
+    G = N // K
+    scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
     mma = kv_products(plan.kv_mma, str(k.dtype) if kv_scale else None, str(q.dtype))
     # padding tokens' rows stay 0; interpret mode needs a spare row past the end (``serving_merge.store_rows``)
     out = jnp.zeros((T_total * N + (1 if interpret else 0), H), q.dtype)
@@ -266,4 +273,8 @@ def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan
         partials = [call(cp, static=st) for cp, st in zip(plan.classes, statics)]
         for cp, parts in zip(plan.classes, partials):
             out = merge_call(cp, parts, out, K=K, G=G, N=N, H=H, interpret=interpret, sinks=sinks)
-    return out[:T_total * N].reshape(T_total, N, H) if interpret else out.reshape(T_total, N, H)
+    out = out[:T_total * N].reshape(T_total, N, H) if interpret else out.reshape(T_total, N, H)
+    if plan.prefill is not None:
+        out = prefill_mgpu.run(out, q, k4, v4, page_table, plan.prefill, scale=scale, sinks=sinks4,
+                               window_left=plan.window_left, interpret=interpret)
+    return out

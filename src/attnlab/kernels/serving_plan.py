@@ -45,6 +45,7 @@ import numpy as np
 from .decode_plan import default_block_k, kv_products, next_pow2
 from .decode_resources import programs_per_sm, sm_count
 from .decode_splits import cdiv
+from .serving_slots import take_slots
 
 #: Fields of one piece, in the order of a row of ``ClassPlan.pieces`` (``kv_start``: the key its unit's blocks
 #: count from, ``first_block`` and ``blocks`` its run of them).
@@ -92,6 +93,10 @@ class ServingConfig:
     #: pieces kernel). "fused": 1.04-1.17x on one-long batches, ties elsewhere (0.99-1.08x) on an H100
     #: (results/gpu-2026-12-05d-h100-merge-direct)
     merge: str = "fused"
+    #: P > 0: up to P requests with decode_max_q < q_len <= ``prefill_chunk`` run on the Mosaic GPU kernel
+    #: (``kernels.serving_prefill_mgpu``) instead of the prefill class; 0: none
+    prefill_slots: int = 0
+    prefill_chunk: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,10 +132,12 @@ class ServingPlan:
     window_left: int | None = dataclasses.field(default=None, metadata=dict(static=True))   # None: no window
     kv_mma: str | None = dataclasses.field(default=None, metadata=dict(static=True))
     merge: str = dataclasses.field(default="fused", metadata=dict(static=True))
+    #: the requests run on the Mosaic GPU prefill (``serving_prefill_mgpu.PrefillSlots``), or None
+    prefill: object = None
 
 
 def _register():
-    for cls, data in ((ClassPlan, ["pieces", "starts", "units", "piece_units"]), (ServingPlan, ["classes"])):
+    for cls, data in ((ClassPlan, ["pieces", "starts", "units", "piece_units"]), (ServingPlan, ["classes", "prefill"])):
         meta = [f.name for f in dataclasses.fields(cls) if f.name not in data]
         jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=meta)
 
@@ -226,6 +233,11 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
         raise ValueError(f"ServingConfig.piece_blocks must be an int >= 0, got {cfg.piece_blocks!r}")
     if cfg.merge not in ("kernel", "fused"):
         raise ValueError(f"ServingConfig.merge must be 'kernel' or 'fused', got {cfg.merge!r}")
+    if not isinstance(cfg.prefill_slots, int) or cfg.prefill_slots < 0:
+        raise ValueError(f"ServingConfig.prefill_slots must be an int >= 0, got {cfg.prefill_slots!r}")
+    if cfg.prefill_slots and not (isinstance(cfg.prefill_chunk, int) and cfg.prefill_chunk > cfg.decode_max_q):
+        raise ValueError(f"ServingConfig.prefill_chunk must be an int > decode_max_q={cfg.decode_max_q} with "
+                         f"prefill_slots, got {cfg.prefill_chunk!r}")
     traced = any(isinstance(x, jax.core.Tracer) for x in (q_starts, kv_lengths))
     xp = jax.numpy if traced else np
     B = int(np.shape(kv_lengths)[0])
@@ -238,6 +250,12 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
     dec_q = cfg.decode_q_len or (int(q_len[q_len <= cfg.decode_max_q].max(initial=1)) if q_len is not None
                                  else min(cfg.max_q_len or 1, cfg.decode_max_q))
     itemsize = np.dtype(dtype).itemsize
+    q_len_x = (np.diff(np.asarray(q_starts).astype(np.int32)) if xp is np
+               else jax.numpy.diff(jax.numpy.asarray(q_starts).astype(jax.numpy.int32)))
+    prefill, taken = None, None
+    if cfg.prefill_slots and max_q > cfg.decode_max_q:
+        prefill, taken = take_slots(xp, q_len_x, kv_lengths, q_starts, slots=cfg.prefill_slots,
+                                    chunk=cfg.prefill_chunk, decode_max_q=cfg.decode_max_q)
     classes = []
     for decode in (True, False):
         if decode and max_q < 1 or not decode and max_q <= cfg.decode_max_q:
@@ -259,11 +277,9 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
         programs = cfg.programs or max(1, (sms or sm_count()) * occ // kv_heads)
         top = min(max_q, cfg.decode_max_q) if decode else max_q
         units = num_units(total_tokens, B, G, br, top)
-        if xp is np:
-            q_len_x = np.diff(np.asarray(q_starts).astype(np.int32))
-        else:
-            q_len_x = jax.numpy.diff(jax.numpy.asarray(q_starts).astype(jax.numpy.int32))
         in_class = (q_len_x <= cfg.decode_max_q) if decode else (q_len_x > cfg.decode_max_q)
+        if not decode and taken is not None:      # the Mosaic GPU prefill's requests
+            in_class = in_class & ~taken
         from_key = cfg.window_from_key and (page_size is None or page_size < block_k)
         pieces, starts, unit_list, piece_units = _pieces(xp, q_starts, kv_lengths, in_class=in_class, groups=G, block_r=br,
                                             block_k=block_k, kv_len_max=kv_len_max, num_units=units, programs=programs,
@@ -274,7 +290,7 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
                                  window_from_key=window_left is not None and from_key))
     return ServingPlan(tuple(classes), sizes=(total_tokens, B, heads, kv_heads, head_dim),
                        window_left=None if window_left is None else int(window_left), kv_mma=cfg.kv_mma,
-                       merge=cfg.merge)
+                       merge=cfg.merge, prefill=prefill)
 
 
 def page_mismatch(plan: ServingPlan, page_size: int | None) -> str | None:

@@ -1,0 +1,63 @@
+"""The serving plan's Mosaic GPU prefill slots (``ServingConfig(prefill_slots=P, prefill_chunk=C)``): which requests
+take one, and why a call cannot run them. The run itself: ``kernels.serving_prefill_mgpu`` (read its docstring)."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..core import device
+from . import decode_mgpu_plan as mp
+
+#: Fields of one slot, in the order of a row of ``PrefillSlots.slots`` (request B: an empty slot).
+SLOT_FIELDS = ("request", "q_start", "q_len", "kv_len")
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillSlots:
+    """The requests the Mosaic GPU prefill runs: ``slots`` (P, 4) int32 (``SLOT_FIELDS``), ``chunk`` C."""
+
+    slots: object
+    chunk: int = dataclasses.field(metadata=dict(static=True))
+
+
+try:
+    jax.tree_util.register_dataclass(PrefillSlots, data_fields=["slots"], meta_fields=["chunk"])
+except ImportError:  # pragma: no cover - jax is a dependency
+    pass
+
+
+def take_slots(xp, q_len, kv_lengths, q_starts, *, slots: int, chunk: int, decode_max_q: int):
+    """(``PrefillSlots``, taken (B,) bool): the first ``slots`` requests with decode_max_q < q_len <= chunk;
+    ``xp`` numpy or jax.numpy (traced lengths)."""
+    i32 = xp.int32
+    B = q_len.shape[0]
+    cand = (q_len > decode_max_q) & (q_len <= chunk)
+    rank = xp.cumsum(cand.astype(i32)) - 1
+    taken = cand & (rank < slots)
+    at = xp.where(taken, rank, slots)                      # slot of each request, ``slots``: none
+    if xp is np:
+        req = np.full(slots + 1, B, np.int32)
+        req[at] = np.arange(B, dtype=np.int32)
+        req = req[:slots]
+    else:
+        req = jnp.full((slots,), B, i32).at[at].set(jnp.arange(B, dtype=i32), mode="drop")
+    ok = req < B
+    r = xp.minimum(req, B - 1)
+    fields = (req, xp.where(ok, xp.asarray(q_starts)[r], 0), xp.where(ok, q_len[r], 0),
+              xp.where(ok, xp.asarray(kv_lengths)[r], 0))
+    return PrefillSlots(xp.stack([xp.asarray(f).astype(i32) for f in fields], axis=1), chunk=chunk), taken
+
+
+def unsupported(ps: PrefillSlots, *, kv_len_max: int, heads: int, kv_heads: int, head_dim: int, dtype,
+                page_size, soft_cap, quantized: bool, interpret: bool) -> str | None:
+    """Why the Mosaic GPU prefill cannot run this call, or None."""
+    if quantized:
+        return "Mosaic GPU prefill (ServingConfig.prefill_slots): a quantized cache runs on the Triton prefill class"
+    why = mp.unsupported(ps.chunk, kv_len_max, heads, kv_heads, head_dim, str(dtype),
+                         block_kv=mp.default_block_kv(kv_len_max),
+                         compute_capability=None if interpret else device.current().compute_capability,
+                         page_size=page_size, soft_cap=soft_cap)
+    return None if why is None else f"Mosaic GPU prefill (ServingConfig.prefill_slots): {why}"
