@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 
-def references(q, k, v, starts, kv, table, sinks=None, window_left=None, token_scales=None):
-    """float64 truth of the last <= 8 tokens of the longest and the shortest request, with the decode
+def references(q, k, v, starts, kv, table, sinks=None, window_left=None, token_scales=None, requests=()):
+    """float64 truth of the last <= 8 tokens of the longest and the shortest request (and of ``requests``), with the decode
     tolerance policy's limit for each (computed once per cell, shared by every path); ``sinks`` (N,): the
     call's attention sinks; ``window_left``: the call's sliding window (its left size; None: none);
     ``token_scales`` (k_scale, v_scale) (B, S, K): k, v are a contiguous quantized cache with per-token scales
@@ -18,7 +18,7 @@ def references(q, k, v, starts, kv, table, sinks=None, window_left=None, token_s
     from attnlab.reference.tolerance import rel_l2
 
     res = []
-    for b in sorted({int(np.argmax(kv)), int(np.argmin(kv))}):
+    for b in sorted({int(np.argmax(kv)), int(np.argmin(kv)), *requests}):
         hi = int(starts[b + 1])
         t = min(8, hi - int(starts[b]))
         n = int(kv[b])

@@ -164,13 +164,24 @@ def main(argv=None):
                     "its block (fp8_window.py)")
     ap.add_argument("--fused-merge", action="store_true", help="the merge in its own kernel against fused into the "
                     "pieces kernel (ServingConfig.merge; fused_merge.py)")
-    ap.add_argument("--dry-run", action="store_true", help="with --kv-products / --window / --fused-merge: tiny, "
-                    "interpret mode")
+    ap.add_argument("--prefill-slots", action="store_true", help="mixed batches: the prefill chunks on the Triton "
+                    "prefill class against the Mosaic GPU slots (ServingConfig.prefill_slots; prefill_slots.py)")
+    ap.add_argument("--dry-run", action="store_true", help="with --kv-products / --window / --fused-merge / "
+                    "--prefill-slots: tiny, interpret mode")
     a = ap.parse_args(argv)
     import jax
 
     out = ResultsFolder(a.out)
     path, t0, dev = out.path, out.t0, out.device
+    if a.prefill_slots:
+        from benchmarks.serving import prefill_slots as ps
+
+        with open(path, "w") as f:
+            ps.run(f, dev, t0, a.max_seconds, a.dry_run)
+        out.finish("serving_attention: prefill chunks on the Mosaic GPU kernel",
+                   f"python benchmarks/serving/gpu.py --out {a.out} --max-seconds {a.max_seconds:g} --prefill-slots",
+                   ps.tables_md(path))
+        return
     if a.kv_products or a.window or a.fused_merge:
         from benchmarks.serving import fp8_window as fw
         from benchmarks.serving import fused_merge as fm

@@ -233,11 +233,6 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
         raise ValueError(f"ServingConfig.piece_blocks must be an int >= 0, got {cfg.piece_blocks!r}")
     if cfg.merge not in ("kernel", "fused"):
         raise ValueError(f"ServingConfig.merge must be 'kernel' or 'fused', got {cfg.merge!r}")
-    if not isinstance(cfg.prefill_slots, int) or cfg.prefill_slots < 0:
-        raise ValueError(f"ServingConfig.prefill_slots must be an int >= 0, got {cfg.prefill_slots!r}")
-    if cfg.prefill_slots and not (isinstance(cfg.prefill_chunk, int) and cfg.prefill_chunk > cfg.decode_max_q):
-        raise ValueError(f"ServingConfig.prefill_chunk must be an int > decode_max_q={cfg.decode_max_q} with "
-                         f"prefill_slots, got {cfg.prefill_chunk!r}")
     traced = any(isinstance(x, jax.core.Tracer) for x in (q_starts, kv_lengths))
     xp = jax.numpy if traced else np
     B = int(np.shape(kv_lengths)[0])
@@ -252,10 +247,7 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
     itemsize = np.dtype(dtype).itemsize
     q_len_x = (np.diff(np.asarray(q_starts).astype(np.int32)) if xp is np
                else jax.numpy.diff(jax.numpy.asarray(q_starts).astype(jax.numpy.int32)))
-    prefill, taken = None, None
-    if cfg.prefill_slots and max_q > cfg.decode_max_q:
-        prefill, taken = take_slots(xp, q_len_x, kv_lengths, q_starts, slots=cfg.prefill_slots,
-                                    chunk=cfg.prefill_chunk, decode_max_q=cfg.decode_max_q)
+    prefill, taken = take_slots(xp, q_len_x, kv_lengths, q_starts, cfg, max_q)
     classes = []
     for decode in (True, False):
         if decode and max_q < 1 or not decode and max_q <= cfg.decode_max_q:

@@ -29,12 +29,21 @@ except ImportError:  # pragma: no cover - jax is a dependency
     pass
 
 
-def take_slots(xp, q_len, kv_lengths, q_starts, *, slots: int, chunk: int, decode_max_q: int):
-    """(``PrefillSlots``, taken (B,) bool): the first ``slots`` requests with decode_max_q < q_len <= chunk;
-    ``xp`` numpy or jax.numpy (traced lengths)."""
+def take_slots(xp, q_len, kv_lengths, q_starts, cfg, max_q: int):
+    """(``PrefillSlots``, taken (B,) bool) of ``cfg`` (a ``ServingConfig``): the first ``prefill_slots`` requests
+    with decode_max_q < q_len <= ``prefill_chunk``; (None, None) without slots or where no request can prefill
+    (``max_q``, a static bound on q_len). ``xp`` numpy or jax.numpy (traced lengths)."""
+    slots, chunk = cfg.prefill_slots, cfg.prefill_chunk
+    if not isinstance(slots, int) or slots < 0:
+        raise ValueError(f"ServingConfig.prefill_slots must be an int >= 0, got {slots!r}")
+    if slots and not (isinstance(chunk, int) and chunk > cfg.decode_max_q):
+        raise ValueError(f"ServingConfig.prefill_chunk must be an int > decode_max_q={cfg.decode_max_q} with "
+                         f"prefill_slots, got {chunk!r}")
+    if not slots or max_q <= cfg.decode_max_q:
+        return None, None
     i32 = xp.int32
     B = q_len.shape[0]
-    cand = (q_len > decode_max_q) & (q_len <= chunk)
+    cand = (q_len > cfg.decode_max_q) & (q_len <= chunk)
     rank = xp.cumsum(cand.astype(i32)) - 1
     taken = cand & (rank < slots)
     at = xp.where(taken, rank, slots)                      # slot of each request, ``slots``: none

@@ -1,0 +1,86 @@
+"""An A/B run of the serving step for ``benchmarks/serving/gpu.py``: mixed batches with their prefill chunks on the
+serving kernel's Triton prefill class (the default) against the Mosaic GPU kernel's slots
+(``ServingConfig(prefill_slots=chunks, prefill_chunk=chunk)``, ``kernels.serving_prefill_mgpu``).
+
+    PYTHONPATH=src python benchmarks/serving/gpu.py --out OUT --prefill-slots [--max-seconds 200]
+
+Mixed batches as gpu.py's (2 chunks of 2048 + 126 decodes and 8 chunks of 512 + 248; S=16384, K=8, H=128, bf16,
+lengths seed 3) at G=4 and 7, contiguous and pages of 16. Each call is checked against float64 first (the last
+<= 8 tokens of the longest and shortest request and of the first and last chunk; every row finite), then timed
+(CUPTI, every kernel of the call), against the combined roofline of the valid work (``core.serving_cost``:
+max(FLOPs / peak, bytes / bandwidth)). Lengths are traced, the plan made by its own jitted function.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+
+from benchmarks.serving import batches as g
+from benchmarks.serving.fp8_window import DRY, FULL, _caches, _run, _step
+
+MIXED = ((2, 2048, 126), (8, 512, 248))
+
+
+def run(out_f, dev, t0, max_seconds, dry=False):
+    """``--prefill-slots`` (module docstring): one record per cell and variant into ``out_f``. ``dry``: tiny sizes on
+    the CPU, the Triton class only (JAX's GPU interpreter, which runs the slots there, hangs under jit)."""
+    import jax
+    import jax.numpy as jnp
+
+    from attnlab.core.serving_cost import serving_roofline_s
+    from attnlab.kernels.serving_plan import ServingConfig
+
+    shape0 = DRY if dry else FULL
+    K, H, s = shape0["K"], shape0["H"], shape0["S_mix"]
+    peaks = g.roofline_peaks()
+    for page in (None, 16):
+        for chunks, chunk, decodes in ((1, 40, 3),) if dry else MIXED:
+            q_len, kv = g.mixed_batch(chunks, chunk, decodes, s, np.random.default_rng(3))
+            k, v, table, _, _, (tk, tv, _) = _caches(jax.random.PRNGKey(0), dict(shape0, B=len(kv)), s, page, False)
+            starts = g.starts_of(q_len)
+            T_total = int(starts[-1]) + 64
+            for N in (shape0["N"],) if dry else (32, 56):
+                shape = dict(shape0, S=s, B=len(kv), N=N)
+                q = jax.random.normal(jax.random.PRNGKey(5), (T_total, N, H), jnp.bfloat16)
+                a, b = jnp.asarray(starts), jnp.asarray(kv)
+                refs = g.references(q, tk, tv, starts, kv, None, requests=(0, chunks - 1))
+                roof_ms = serving_roofline_s(starts, kv, N, K, H, 2, **peaks) * 1e3
+                for slots in (0,) if dry else (0, chunks):
+                    if time.perf_counter() - t0 > max_seconds:
+                        return
+                    cfg = ServingConfig(prefill_slots=slots, prefill_chunk=chunk if slots else None)
+                    plan, step = _step(shape, page, T_total, cfg, None)
+                    rec = dict(kind="prefill-slots", device=dev, batch=f"mixed {chunks}x{chunk}+{decodes}", G=N // K,
+                               T=1, prefill="mosaic slots" if slots else "triton class", roofline_ms=roof_ms,
+                               lengths_traced=True, layout=f"paged{page}" if page else "contig",
+                               **{x: shape[x] for x in "BSNKH"})
+                    _run(out_f, rec, step, (q, k, v, a, b, table, None, None, plan(a, b)), refs, roof_ms, dry,
+                         kernels=True, keys=("batch", "G", "layout", "prefill"))
+            del k, v, table, tk, tv
+
+
+def tables_md(path) -> str:
+    """The A/B table (markdown) of the records in ``path``."""
+    recs = [json.loads(x) for x in open(path, encoding="utf-8") if x.strip()]
+    cells = {(r["batch"], r["G"], r["layout"], r["prefill"]): r for r in recs if r.get("kind") == "prefill-slots"}
+
+    def ms(r):
+        if not r:
+            return "–"
+        return f"{r['ms']:.4f} ({r['pct_roofline']:.0f}%)" if r.get("ms") else f"✗ {(r.get('error') or '')[:60]}"
+
+    def kernels(r):
+        return ", ".join(f"{n[:30]} {t * 1e3:.0f}us" for n, t in (r or {}).get("kernels") or [])
+
+    lines = ["Mixed serving steps (bf16, lengths traced): ms (% of the combined roofline of the valid work), the "
+             "prefill chunks on the Triton prefill class against the Mosaic GPU slots; each call's kernels", "",
+             "| batch | G | cache | Triton class | Mosaic slots | speed-up | slots: kernels | Triton: kernels |",
+             "| --- " * 8 + "|"]
+    for key in dict.fromkeys(x[:3] for x in cells):
+        old, new = (cells.get((*key, p)) for p in ("triton class", "mosaic slots"))
+        ratio = f"{old['ms'] / new['ms']:.2f}x" if old and new and old.get("ms") and new.get("ms") else "–"
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {ms(old)} | {ms(new)} | {ratio} | {kernels(new)} | "
+                     f"{kernels(old)} |")
+    return "\n".join(lines) + "\n"
