@@ -13,7 +13,7 @@ warpgroups of 64 rows each issue ``wgmma`` on K/V blocks that a third warpgroup 
 into shared memory with TMA (``max_steps`` blocks in flight), with the valid lengths, the
 speculative-token causal rule and flash-decoding's splits of ``kernels.decode_plan``.
 
-Grid (row_tiles, num_splits, B*K), row tiles fastest: the tiles of one KV chunk run together,
+Grid (row_tiles, num_splits, B*K), row tiles fastest (the last first): the tiles of one KV chunk run together,
 so a second tile finds the chunk in L2. Rows past T*G are zero rows of a padded copy of q and
 of the partial outputs (at most 127 rows of H per KV head, whole 64-row TMA tiles; K and V are
 never copied), dropped after the combine. Blocks wholly visible to every row take the unmasked
@@ -54,7 +54,10 @@ def _kernel(len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped
             page_size: int | None = None, num_pages: int = 0, window: tuple[int, int] | None = None):
     block_kv, max_steps, H = plan.block_kv, plan.max_steps, q_ref.shape[-1]
     (q_smem2, k_smem, v_smem, m_smem2, l_smem2, *o_smem2), (k_bar, v_bar, q_bar), (k_done, v_done), sched = scoped
-    tile, split, bk = lax.axis_index("tile"), lax.axis_index("split"), lax.axis_index("bk")
+    # the last row tile first: under the causal rule it reads the most keys (a prefill chunk's tiles: the longest
+    # first, so the grid's tail holds the short ones)
+    tile = plan.row_tiles - 1 - lax.axis_index("tile")
+    split, bk = lax.axis_index("split"), lax.axis_index("bk")
     batch, head = lax.div(bk, kv_heads), lax.rem(bk, kv_heads)
     wg = lax.axis_index("wg")
     length = jnp.minimum(jnp.maximum(len_ref[batch], 0), kv_len)
