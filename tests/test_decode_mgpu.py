@@ -80,9 +80,9 @@ def test_program_blocks_read_the_window_and_leave_unmasked_only_what_every_row_s
     for n, T, window, splits in [(200, 1, (37, 0), 3), (192, 4, (16, 1), 2), (64, 3, (100, 5), 4), (9, 2, None, 2),
                                  (161, 5, (0, 0), 1), (200, 4, (33, 40), 5), (200, 90, None, 2), (150, 64, None, 1),
                                  (300, 80, (60, 0), 3)]:
-        lo = 0 if window is None else max(0, n - T - window[0])
         for tokens in [None, (0, 0), (0, T // 3), (T // 3, T // 2), (T // 2, T - 1)]:
             t0, t1 = (0, T - 1) if tokens is None else tokens
+            lo = 0 if window is None else max(0, n - T + t0 - window[0])
             end = n - T + t1 + 1 if causal and T > 1 else n
             read = []
             for j in range(splits):

@@ -11,6 +11,7 @@ import pytest
 import attnlab
 from attnlab.core import device
 from attnlab.kernels.serving_plan import ServingConfig
+from attnlab.reference.decode64 import check_decode_close
 
 from test_serving_gpu import H, S, _need, batch, check_rows   # the serving kernel's GPU cases and checks
 
@@ -43,3 +44,7 @@ def test_prefill_slots_match_float64(page, window, sinks):
     assert np.isfinite(np.asarray(out, np.float32)).all()
     rules = dict(local_window_size=None if window is None else (window, 0), sinks=None if sk is None else SINKS)
     check_rows(out, q, k, v, starts, kv, **rules)
+    lo, hi, n = int(starts[1]), int(starts[2]), int(kv[1])     # every row of the slot's chunk (all its row tiles)
+    verdict = check_decode_close(np.asarray(out[lo:hi])[None], np.asarray(q[lo:hi])[None], np.asarray(k[1:2, :n]),
+                                 np.asarray(v[1:2, :n]), [n], **rules)
+    assert verdict.ok, verdict

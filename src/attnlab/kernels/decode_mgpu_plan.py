@@ -103,11 +103,12 @@ def program_blocks(length, split, *, q_len: int, block_kv: int, num_splits: int,
     mask, those before (keys before some row's window) and after (the causal or valid-length edge) do.
     ``tokens`` (first, last): the query tokens of the program's row tile (None: all T). Under the causal rule
     its blocks end at its last token's position and its unmasked ones at its first token's, so the row tiles
-    of a long T (a prefill chunk) read the causal triangle, not the whole square.
+    of a long T (a prefill chunk) read the causal triangle, not the whole square; a window starts at its first
+    token's window.
     Python ints (the tests) or, with ``div=lax.div`` etc., traced int32 scalars (the kernel)."""
     t_first, t_last = (0, q_len - 1) if tokens is None else tokens
-    lo = None if window is None else maximum(length - q_len - int(window[0]), 0)
-    end = maximum(minimum(length, length - q_len + t_last + 1), 0) if causal else length
+    lo = None if window is None else maximum(length - q_len + t_first - int(window[0]), 0)
+    end = maximum(length - q_len + t_last + 1, 0) if causal else length
     first, count = split_range(end, split, num_splits=num_splits, block_k=block_kv, div=div, minimum=minimum,
                                maximum=maximum, lo=lo)
     # keys below ``limit``: visible to the right edge of every row of the tile
@@ -115,8 +116,8 @@ def program_blocks(length, split, *, q_len: int, block_kv: int, num_splits: int,
     if window is not None and not causal:
         limit = minimum(limit, length - q_len + 1 + int(window[1]))
     lead = 0
-    if window is not None:    # the last row's window starts at length - 1 - left: blocks before it are masked
-        seen_by_all = div(maximum(length - 1 - int(window[0]), 0) + block_kv - 1, block_kv)
+    if window is not None:    # the tile's last row's window starts at its position - left: blocks before it are masked
+        seen_by_all = div(maximum(length - q_len + t_last - int(window[0]), 0) + block_kv - 1, block_kv)
         lead = minimum(maximum(seen_by_all - first, 0), count)
     free = minimum(maximum(div(maximum(limit - first * block_kv, 0), block_kv), lead), count)
     return first, count, lead, free

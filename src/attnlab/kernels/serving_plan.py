@@ -272,6 +272,8 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
         in_class = (q_len_x <= cfg.decode_max_q) if decode else (q_len_x > cfg.decode_max_q)
         if not decode and taken is not None:      # the Mosaic GPU prefill's requests
             in_class = in_class & ~taken
+            if xp is np and not in_class.any():   # every one in a slot: no launch
+                continue
         from_key = cfg.window_from_key and (page_size is None or page_size < block_k)
         pieces, starts, unit_list, piece_units = _pieces(xp, q_starts, kv_lengths, in_class=in_class, groups=G, block_r=br,
                                             block_k=block_k, kv_len_max=kv_len_max, num_units=units, programs=programs,

@@ -19,6 +19,7 @@ H in {64, 128}, no soft cap) on caches in q's dtype; otherwise the call raises, 
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from . import decode_mgpu as dm
@@ -29,6 +30,9 @@ from .serving_slots import PrefillSlots
 def run(out, q, k, v, page_table, ps: PrefillSlots, *, scale: float, sinks, window_left, interpret: bool):
     """``out`` (T_total, N, H) with the slots' rows written: q (T_total, N, H); k, v (B, S, K, H), or pages
     (n_pages, page_size, K, H) with ``page_table`` (B, pages); ``sinks`` (N,) natural-log logits or None."""
+    if interpret and isinstance(q, jax.core.Tracer):
+        raise NotImplementedError("Mosaic GPU prefill slots in JAX's GPU interpreter (no GPU) run eagerly only: "
+                                  "the interpreter hangs under jax.jit")
     T_total, N, H = (int(d) for d in q.shape)
     C, P = ps.chunk, int(ps.slots.shape[0])
     req, q_start, q_len, kv_len = (ps.slots[:, i] for i in range(4))

@@ -11,22 +11,16 @@ import numpy as np
 from ..core import device
 from . import decode_mgpu_plan as mp
 
-#: Fields of one slot, in the order of a row of ``PrefillSlots.slots`` (request B: an empty slot).
-SLOT_FIELDS = ("request", "q_start", "q_len", "kv_len")
-
-
 @dataclasses.dataclass(frozen=True)
 class PrefillSlots:
-    """The requests the Mosaic GPU prefill runs: ``slots`` (P, 4) int32 (``SLOT_FIELDS``), ``chunk`` C."""
+    """The requests the Mosaic GPU prefill runs: ``slots`` (P, 4) int32, a row (request, q_start, q_len, kv_len) per
+    slot (request B, lengths 0: an empty slot), ``chunk`` C."""
 
     slots: object
-    chunk: int = dataclasses.field(metadata=dict(static=True))
+    chunk: int
 
 
-try:
-    jax.tree_util.register_dataclass(PrefillSlots, data_fields=["slots"], meta_fields=["chunk"])
-except ImportError:  # pragma: no cover - jax is a dependency
-    pass
+jax.tree_util.register_dataclass(PrefillSlots, data_fields=["slots"], meta_fields=["chunk"])
 
 
 def take_slots(xp, q_len, kv_lengths, q_starts, cfg, max_q: int):
@@ -47,6 +41,8 @@ def take_slots(xp, q_len, kv_lengths, q_starts, cfg, max_q: int):
     rank = xp.cumsum(cand.astype(i32)) - 1
     taken = cand & (rank < slots)
     at = xp.where(taken, rank, slots)                      # slot of each request, ``slots``: none
+    if xp is np and not taken.any():                        # concrete lengths: no launch for no request
+        return None, None
     if xp is np:
         req = np.full(slots + 1, B, np.int32)
         req[at] = np.arange(B, dtype=np.int32)
