@@ -58,10 +58,10 @@ def test_mixed_step_with_mosaic_prefill_matches_float64(paged, window, sinks, N,
     qb, kb, vb = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v))
     table = None
     if paged:
-        kb, vb, table = to_pages(kb, vb, 16)
+        kb, vb, table = to_pages(kb, vb, 64)
     cfg = sp.ServingConfig(decode_max_q=4, prefill_slots=2, prefill_chunk=24, block_k=32)
     mk = dict(total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K, head_dim=H, config=cfg,
-              window_left=window, page_size=16 if paged else None)
+              window_left=window, page_size=64 if paged else None)
 
     plan = sp.make_serving_plan(starts, kv, **mk)
     out = ks.serving_attention_pallas(qb, kb, vb, starts, kv, plan=plan, page_table=table,
