@@ -11,6 +11,7 @@ import numpy as np
 from ..core import device
 from . import decode_mgpu_plan as mp
 
+
 @dataclasses.dataclass(frozen=True)
 class PrefillSlots:
     """The requests the Mosaic GPU prefill runs: ``slots`` (P, 4) int32, a row (request, q_start, q_len, kv_len) per
