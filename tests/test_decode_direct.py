@@ -86,7 +86,10 @@ def test_the_plan_takes_one_split_where_the_waves_allow_and_the_switch_turns_it_
         plan = kd.make_plan(B, 1, S, 64, 8, 64, jnp.bfloat16, kd.DecodeConfig(direct_output=True), window=(W, 0),
                             **h200)
         assert plan.num_splits == 1 and plan.direct
-    off = kd.make_plan(256, 1, 32768, 64, 8, 64, jnp.bfloat16, window=(128, 0), **h200)   # the default: off
+    default = kd.make_plan(256, 1, 32768, 64, 8, 64, jnp.bfloat16, window=(128, 0), **h200)   # the default: on
+    assert default.num_splits == 1 and default.direct
+    off = kd.make_plan(256, 1, 32768, 64, 8, 64, jnp.bfloat16, kd.DecodeConfig(direct_output=False), window=(128, 0),
+                       **h200)
     assert off.num_splits == 1 and not off.direct
     grid = kd.make_plan(8, 1, 32768, 32, 8, 128, jnp.bfloat16, kd.DecodeConfig(direct_output=True),
                         **h200)      # B*K = 64 programs: split to fill

@@ -51,7 +51,7 @@ def test_one_split_call_matches_float64_and_the_combine_in_one_kernel(T, case):
         kw = dict(k_scale=ks, v_scale=vs, kv_scale="token")
     plan = kd.make_plan(B, T, S, N, K, H, jnp.bfloat16, kd.DecodeConfig(direct_output=True), window=(128, 0),
                         kv_dtype=str(k.dtype) if kw else None)
-    assert plan.direct, plan      # the one-split store is opt-in (``DecodeConfig.direct_output``)
+    assert plan.direct, plan      # the one-split store (``DecodeConfig.direct_output``, the default)
 
     def call(direct_output):
         f = functools.partial(kd.decode_attention_pallas, window=(128, 0), sinks=sinks, page_table=table,

@@ -227,7 +227,7 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
         cc = device.current().compute_capability
         # a config that tunes the Triton kernel (block_r, ...) keeps it unless it names the kernel
         requested = None if config is None else config.kernel or (
-            "triton" if dataclasses.replace(config, kernel=None, direct_output=False) != DecodeConfig() else None)
+            "triton" if dataclasses.replace(config, kernel=None, direct_output=True) != DecodeConfig() else None)
         # T*G > 64 rows on Hopper, or a window with kernel="mosaic": the wgmma kernel (decode_mgpu_plan.pick_kernel)
         if decode_mgpu.pick_kernel(T, S, N, K, H, str(q.dtype), compute_capability=None if interpret else cc,
                                    page_size=page_size, soft_cap=soft_cap, window=window,

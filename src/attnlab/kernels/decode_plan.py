@@ -17,9 +17,8 @@ Tuning parameters (``DecodeConfig``; None = the default)
                simulated with each sequence's own length; modelled, not yet measured). With a
                sliding window (``window``) both count only the window's blocks (``window_span``).
                One split stored directly (``direct_output``) pays no partials and no combine.
-    direct_output  True: a one-split launch stores O itself, one kernel (``Plan.direct``,
-               ``kernels.decode_direct``); False (the default until its GPU test has passed):
-               partials + combine always
+    direct_output  True (the default): a one-split launch stores O itself, one kernel (``Plan.direct``,
+               ``kernels.decode_direct``); False: partials + combine always
 """
 from __future__ import annotations
 
@@ -52,9 +51,9 @@ class DecodeConfig:
     kv_mma: str | None = None
     #: True: a launch with one split normalises O in registers and stores it in q's dtype, one kernel
     #: (``kernels.decode_direct``); False: every launch writes float32 partials and XLA combines them. 1.04-1.23x
-    #: on an H100's one-split windows (results/gpu-2026-12-05d-h100-merge-direct); False by default until its GPU
-    #: test (sinks, FP8, T > 1: tests/gpu/test_decode_direct_gpu.py) has passed
-    direct_output: bool = False
+    #: on an H100's one-split windows (results/gpu-2026-12-05d-h100-merge-direct); its GPU test (sinks, FP8, T > 1:
+    #: tests/gpu/test_decode_direct_gpu.py) passed on the H200 (results/gpu-2026-12-06-prefill-slots)
+    direct_output: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
