@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from benchmarks.serving import ab_table as ab
 from benchmarks.serving import batches as g
 
 FULL = dict(B=32, S=32768, N=32, K=8, H=128, S_mix=16384, mixed=(2, 2048, 126))
@@ -207,31 +208,17 @@ def window(out_f, dev, t0, max_seconds, dry=False):
 
 def tables_md(path) -> str:
     """The A/B tables (markdown) of the records in ``path``."""
-    recs = [json.loads(x) for x in open(path, encoding="utf-8") if x.strip()]
-    def ms(r):
-        return f"{r['ms']:.4f} ({r['pct_roofline']:.0f}%)" if r.get("ms") else f"✗ {(r.get('error') or '')[:40]}"
-
-    def ratio(a, b):
-        return f"{a['ms'] / b['ms']:.2f}x" if a and b and a.get("ms") and b.get("ms") else "–"
-
-    lines = []
-    prod = {(r["batch"], r["T"], r["layout"], r["kv_mma"]): r for r in recs if r["kind"] == "kv-products"}
-    if prod:
-        lines += ["FP8 (e4m3, per-token scales) serving decode: ms (% of the roofline of the cell's own bytes); speed-ups "
-                  "of the float16 products over q's dtype and over the bf16 cache", "",
-                  "| batch | T | cache | bf16 cache | fp8, products in bf16 | fp8, float16 | float16 / bf16 products "
-                  "| fp8 float16 / bf16 cache |", "| --- " * 8 + "|"]
-        for key in dict.fromkeys(x[:3] for x in prod):
-            bf, q_, f16 = (prod.get((*key, m)) for m in PRODUCTS)
-            lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(ms(r) if r else "–" for r in (bf, q_, f16))
-                         + f" | {ratio(q_, f16)} | {ratio(bf, f16)} |")
-    win = {(r["batch"], r["T"], r["W"], r["layout"], r["from_key"]): r for r in recs if r["kind"] == "window"}
-    if win:
-        lines += ["", "Windowed serving steps (bf16): ms (% of the roofline of the window's bytes), each unit's blocks "
-                  "from the block boundary before its first key and from that key", "",
-                  "| batch | T | W | cache | from its block | from its first key | speed-up |", "| --- " * 7 + "|"]
-        for key in dict.fromkeys(x[:4] for x in win):
-            old, new = win.get((*key, False)), win.get((*key, True))
-            lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {ms(old) if old else '–'} | "
-                         f"{ms(new) if new else '–'} | {ratio(old, new)} |")
-    return "\n".join(lines) + "\n"
+    recs = ab.read(path)
+    prod = ab.ab_table(
+        recs, kind="kv-products", cell=("batch", "T", "layout"), variant="kv_mma", variants=PRODUCTS,
+        ratios=((1, 2), (0, 2)),
+        title="FP8 (e4m3, per-token scales) serving decode: ms (% of the roofline of the cell's own bytes); speed-ups "
+              "of the float16 products over q's dtype and over the bf16 cache",
+        headers=("batch", "T", "cache", "bf16 cache", "fp8, products in bf16", "fp8, float16",
+                 "float16 / bf16 products", "fp8 float16 / bf16 cache"))
+    win = ab.ab_table(
+        recs, kind="window", cell=("batch", "T", "W", "layout"), variant="from_key", variants=(False, True),
+        title="Windowed serving steps (bf16): ms (% of the roofline of the window's bytes), each unit's blocks "
+              "from the block boundary before its first key and from that key",
+        headers=("batch", "T", "W", "cache", "from its block", "from its first key", "speed-up"))
+    return "\n".join(prod + ([""] if prod and win else []) + win) + "\n"

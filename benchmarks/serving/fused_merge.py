@@ -16,11 +16,11 @@ cell is checked against float64 first (the last <= 8 tokens of its longest and s
 """
 from __future__ import annotations
 
-import json
 import time
 
 import numpy as np
 
+from benchmarks.serving import ab_table as ab
 from benchmarks.serving import batches as g
 from benchmarks.serving.fp8_window import DRY, FULL, _batches, _caches, _run, _step
 
@@ -79,28 +79,11 @@ def run(out_f, dev, t0, max_seconds, dry=False):
         caches.clear()
 
 
-def _kernels(r) -> str:
-    """A call's kernels, short: "name-tail ms" each (the zero fill and XLA's own kernels under their names)."""
-    return ", ".join(f"{n.replace('attnlab_serving_', '')[:28]} {ms * 1e3:.1f}us" for n, ms in r.get("kernels") or [])
-
-
 def tables_md(path) -> str:
     """The A/B table (markdown) of the records in ``path``."""
-    recs = [json.loads(x) for x in open(path, encoding="utf-8") if x.strip()]
-    cells = {(r["batch"], r["G"], r["T"], r["layout"], r["merge"]): r for r in recs if r["kind"] == "fused-merge"}
-
-    def ms(r):
-        if not r:
-            return "–"
-        return f"{r['ms']:.4f} ({r['pct_roofline']:.0f}%)" if r.get("ms") else f"✗ {(r.get('error') or '')[:40]}"
-
-    lines = ["Serving steps (bf16): ms (% of the roofline of the valid bytes), the merge in its own kernel against "
-             "fused into the pieces kernel; the fused call's kernels and the merge kernel's", "",
-             "| batch | G | T | cache | merge kernel | fused | speed-up | fused: kernels | merge kernel: kernels |",
-             "| --- " * 9 + "|"]
-    for key in dict.fromkeys(x[:4] for x in cells):
-        old, new = (cells.get((*key, m)) for m in MERGES)
-        ratio = f"{old['ms'] / new['ms']:.2f}x" if old and new and old.get("ms") and new.get("ms") else "–"
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {ms(old)} | {ms(new)} | {ratio} | "
-                     f"{_kernels(new or {})} | {_kernels(old or {})} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(ab.ab_table(
+        ab.read(path), kind="fused-merge", cell=("batch", "G", "T", "layout"), variant="merge", variants=MERGES,
+        title="Serving steps (bf16): ms (% of the roofline of the valid bytes), the merge in its own kernel against "
+              "fused into the pieces kernel; the fused call's kernels and the merge kernel's",
+        headers=("batch", "G", "T", "cache", "merge kernel", "fused", "speed-up", "fused: kernels",
+                 "merge kernel: kernels"), kernels_of=(1, 0))) + "\n"

@@ -12,11 +12,11 @@ max(FLOPs / peak, bytes / bandwidth)). Lengths are traced, the plan made by its 
 """
 from __future__ import annotations
 
-import json
 import time
 
 import numpy as np
 
+from benchmarks.serving import ab_table as ab
 from benchmarks.serving import batches as g
 from benchmarks.serving.fp8_window import DRY, FULL, _caches, _run, _step
 
@@ -63,24 +63,10 @@ def run(out_f, dev, t0, max_seconds, dry=False):
 
 def tables_md(path) -> str:
     """The A/B table (markdown) of the records in ``path``."""
-    recs = [json.loads(x) for x in open(path, encoding="utf-8") if x.strip()]
-    cells = {(r["batch"], r["G"], r["layout"], r["prefill"]): r for r in recs if r.get("kind") == "prefill-slots"}
-
-    def ms(r):
-        if not r:
-            return "–"
-        return f"{r['ms']:.4f} ({r['pct_roofline']:.0f}%)" if r.get("ms") else f"✗ {(r.get('error') or '')[:60]}"
-
-    def kernels(r):
-        return ", ".join(f"{n[:30]} {t * 1e3:.0f}us" for n, t in (r or {}).get("kernels") or [])
-
-    lines = ["Mixed serving steps (bf16, lengths traced): ms (% of the combined roofline of the valid work), the "
-             "prefill chunks on the Triton prefill class against the Mosaic GPU slots; each call's kernels", "",
-             "| batch | G | cache | Triton class | Mosaic slots | speed-up | slots: kernels | Triton: kernels |",
-             "| --- " * 8 + "|"]
-    for key in dict.fromkeys(x[:3] for x in cells):
-        old, new = (cells.get((*key, p)) for p in ("triton class", "mosaic slots"))
-        ratio = f"{old['ms'] / new['ms']:.2f}x" if old and new and old.get("ms") and new.get("ms") else "–"
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {ms(old)} | {ms(new)} | {ratio} | {kernels(new)} | "
-                     f"{kernels(old)} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(ab.ab_table(
+        ab.read(path), kind="prefill-slots", cell=("batch", "G", "layout"), variant="prefill",
+        variants=("triton class", "mosaic slots"), error_chars=60,
+        title="Mixed serving steps (bf16, lengths traced): ms (% of the combined roofline of the valid work), the "
+              "prefill chunks on the Triton prefill class against the Mosaic GPU slots; each call's kernels",
+        headers=("batch", "G", "cache", "Triton class", "Mosaic slots", "speed-up", "slots: kernels",
+                 "Triton: kernels"), kernels_of=(1, 0))) + "\n"
