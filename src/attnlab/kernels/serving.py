@@ -233,7 +233,7 @@ def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan
     is a ValueError (``serving_plan.page_mismatch``). Returns (T_total, N, H) in q's dtype."""
     del q_starts, kv_lengths
     T_total, N, H = (int(d) for d in q.shape)
-    k4, v4, sinks4 = k, v, sinks         # as given: for the Mosaic GPU prefill (``plan.prefill``)
+    k4, v4 = k, v         # as given: for the Mosaic GPU prefill (``plan.prefill``)
     if page_table is None:
         B, S, K, _ = (int(d) for d in k.shape)
         page_size = None
@@ -255,8 +255,12 @@ def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan
     G = N // K
     scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
     mma = kv_products(plan.kv_mma, str(k.dtype) if kv_scale else None, str(q.dtype))
-    # padding tokens' rows stay 0; interpret mode needs a spare row past the end (``serving_merge.store_rows``)
-    out = jnp.zeros((T_total * N + (1 if interpret else 0), H), q.dtype)
+    # padding tokens' rows stay 0, the Mosaic GPU prefill's tokens' rows are its output (``serving_prefill_mgpu``);
+    # interpret mode needs a spare row past the end (``serving_merge.store_rows``)
+    out = jnp.zeros((T_total * N, H), q.dtype) if plan.prefill is None else prefill_mgpu.run(
+        q, k4, v4, page_table, plan.prefill, scale=scale, sinks=sinks, window_left=plan.window_left,
+        interpret=interpret).reshape(T_total * N, H)
+    out = jnp.concatenate([out, jnp.zeros((1, H), q.dtype)]) if interpret else out
     q_flat = q.reshape(T_total * N, H)
     statics = [class_static(cp, G=G, N=N, S=S, qk_scale=scale * LOG2E, page_size=page_size,
                             soft_cap=None if soft_cap is None else float(soft_cap) * LOG2E,
@@ -273,8 +277,4 @@ def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan
         partials = [call(cp, static=st) for cp, st in zip(plan.classes, statics)]
         for cp, parts in zip(plan.classes, partials):
             out = merge_call(cp, parts, out, K=K, G=G, N=N, H=H, interpret=interpret, sinks=sinks)
-    out = out[:T_total * N].reshape(T_total, N, H) if interpret else out.reshape(T_total, N, H)
-    if plan.prefill is not None:
-        out = prefill_mgpu.run(out, q, k4, v4, page_table, plan.prefill, scale=scale, sinks=sinks4,
-                               window_left=plan.window_left, interpret=interpret)
-    return out
+    return out[:T_total * N].reshape(T_total, N, H) if interpret else out.reshape(T_total, N, H)

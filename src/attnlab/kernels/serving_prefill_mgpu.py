@@ -10,8 +10,10 @@ stay there: nothing is dropped). The slots run as one padded call of ``decode_at
 q (P, C, N, H) with request b's q_len tokens at the end of its slot, so query t sits at position kv_len - C + t
 (the kernel's causal rule; its row tiles read only up to their last token's key, ``program_blocks``), the
 caches read through a page table (a contiguous cache viewed as pages of block_kv keys: a reshape, no copy; a
-paged cache's own table rows). The rows of each slot's q_len tokens are scattered into the step's output;
-the slot's padding rows and empty slots (request index B, lengths 0) are dropped.
+paged cache's own table rows). The step's output starts as these rows: each token of a slot's q_len reads its
+row, every other token is 0 (a gather through a (T_total,) index: an XLA scatter of the rows cost 0.14-0.24 ms on
+the H200, results/gpu-2026-12-06-prefill-slots); the slot's padding rows and empty slots (request index B,
+lengths 0) are read by no token. The Triton classes then write their own requests' rows into it.
 
 Static sizes: P and C (the caller's promise on the chunk size, e.g. a server's chunked-prefill budget), so
 the traced lengths only fill the slots. Runs what ``decode_mgpu_plan.unsupported`` allows (sm_90, bf16/fp16,
@@ -27,9 +29,9 @@ from .decode_mgpu_plan import default_block_kv
 from .serving_slots import PrefillSlots
 
 
-def run(out, q, k, v, page_table, ps: PrefillSlots, *, scale: float, sinks, window_left, interpret: bool):
-    """``out`` (T_total, N, H) with the slots' rows written: q (T_total, N, H); k, v (B, S, K, H), or pages
-    (n_pages, page_size, K, H) with ``page_table`` (B, pages); ``sinks`` (N,) natural-log logits or None."""
+def run(q, k, v, page_table, ps: PrefillSlots, *, scale: float, sinks, window_left, interpret: bool):
+    """(T_total, N, H) in q's dtype: the slots' tokens' rows, 0 elsewhere. q (T_total, N, H); k, v (B, S, K, H), or
+    pages (n_pages, page_size, K, H) with ``page_table`` (B, pages); ``sinks`` (N,) natural-log logits or None."""
     if interpret and isinstance(q, jax.core.Tracer):
         raise NotImplementedError("Mosaic GPU prefill slots in JAX's GPU interpreter (no GPU) run eagerly only: "
                                   "the interpreter hangs under jax.jit")
@@ -53,5 +55,8 @@ def run(out, q, k, v, page_table, ps: PrefillSlots, *, scale: float, sinks, wind
     window = None if window_left is None else (int(window_left), 0)
     rows = dm.decode_attention_mgpu(qs, k, v, kv_len, causal=True, scale=scale, page_table=table, sinks=sinks,
                                     window=window, interpret=dm.gpu_interpreter() if interpret else False)
-    dest = jnp.where(valid, q_start[:, None] + t - pad, T_total)               # padding rows: dropped
-    return out.at[dest.reshape(P * C)].set(rows.reshape(P * C, N, H), mode="drop")
+    dest = jnp.where(valid, q_start[:, None] + t - pad, T_total)               # padding rows: no token
+    row_of = jnp.full((T_total + 1,), -1, jnp.int32).at[dest.reshape(P * C)].set(
+        jnp.arange(P * C, dtype=jnp.int32))[:T_total]                         # each token's slot row, or -1
+    gathered = rows.reshape(P * C, N, H)[jnp.maximum(row_of, 0)]
+    return jnp.where((row_of >= 0)[:, None, None], gathered, 0).astype(q.dtype)
