@@ -51,6 +51,19 @@ def test_interpreter_matches_float64(T, N, K, H, lengths, causal, splits, window
     assert verdict.ok, verdict
 
 
+def test_a_row_tile_of_padding_tokens_reads_no_key():
+    """``q_first``: T=200 (two row tiles of 128), the first 150 tokens padding and NaN: the first tile (tokens
+    0-127) reads no key, so its rows are 0 (not NaN); the second runs whole (its padding rows too), its real rows
+    against float64."""
+    q, k, v = random_qkv(1, 200, 256, 1, 1, 64, "bfloat16", seed=5)
+    q_nan = jnp.where(jnp.arange(200)[None, :, None, None] < 150, jnp.nan, q).astype(q.dtype)
+    plan = dm.make_mgpu_plan(1, 200, 256, 1, 1, 64, block_kv=64, num_splits=1)
+    out = dm.decode_attention_mgpu(q_nan, k, v, jnp.array([256]), plan=plan, interpret=True, q_first=jnp.array([150]))
+    assert not np.asarray(out[:, :128], np.float32).any()
+    verdict = check_decode_close(out[:, 150:], q[:, 150:], k, v, [256])
+    assert verdict.ok, verdict
+
+
 @pytest.mark.parametrize("page_size, window, causal, splits", [(16, (40, 2), False, 1), (128, None, True, 2)])
 def test_interpreter_paged_matches_its_contiguous_twin(page_size, window, causal, splits):
     """One TMA copy per page of 16 (four a 64-key step), or a 64-key step inside a page of 128; table

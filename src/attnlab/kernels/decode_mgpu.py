@@ -60,11 +60,12 @@ def _kernel(len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped
     split, bk = lax.axis_index("split"), lax.axis_index("bk")
     batch, head = lax.div(bk, kv_heads), lax.rem(bk, kv_heads)
     wg = lax.axis_index("wg")
-    length = jnp.minimum(jnp.maximum(len_ref[batch], 0), kv_len)
     # steps [lead, free) are visible to every row (no mask); a window's blocks only (``program_blocks``)
     # the tile's first and last query tokens (row r = t * G + g; rows past T * G are padding)
     tokens = (lax.div(tile * TILE_ROWS, groups),
               lax.div(jnp.minimum(tile * TILE_ROWS + TILE_ROWS - 1, q_len * groups - 1), groups))
+    # a tile whose tokens all lie before the sequence's first query token (``q_first``) reads no key
+    length = jnp.where(tokens[1] < len_ref[1, batch], 0, jnp.minimum(jnp.maximum(len_ref[0, batch], 0), kv_len))
     first, count, lead, free = program_blocks(length, split, q_len=q_len, block_kv=block_kv, causal=causal,
                                               num_splits=plan.num_splits, window=window, tokens=tokens,
                                               div=lax.div, minimum=jnp.minimum, maximum=jnp.maximum)
@@ -214,8 +215,11 @@ def _kernel(len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped
 
 
 def decode_attention_mgpu(q, k, v, lengths, *, causal: bool = True, scale: float | None = None,
-                          plan: MgpuPlan | None = None, interpret=False, page_table=None, sinks=None, window=None):
+                          plan: MgpuPlan | None = None, interpret=False, page_table=None, sinks=None, window=None,
+                          q_first=None):
     """The Mosaic GPU kernel on already validated inputs: q (B, T, N, H), k, v (B, S, K, H), lengths (B,).
+    ``q_first``: None, or (B,) int32: sequence b's query tokens before q_first[b] are padding (a serving step's
+    prefill chunk at the end of its slot); a row tile of padding tokens only reads no key and its rows are 0.
 
     With ``page_table`` (B, pages_per_seq) int32, k and v are pages (P, page_size, K, H) (vLLM's
     layout, page_size a power of two >= 16) and S = pages_per_seq * page_size.
@@ -286,6 +290,8 @@ def decode_attention_mgpu(q, k, v, lengths, *, causal: bool = True, scale: float
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
         interpret=interpret,
-    )(jnp.asarray(lengths).astype(jnp.int32), *([] if page_table is None else [jnp.asarray(page_table, jnp.int32)]),
+    )(jnp.stack([jnp.asarray(lengths).astype(jnp.int32),
+                 jnp.zeros((B,), jnp.int32) if q_first is None else jnp.asarray(q_first).astype(jnp.int32)]),
+      *([] if page_table is None else [jnp.asarray(page_table, jnp.int32)]),
       qp, k, v)
     return combined_queries(o, m, l, q_len=T, groups=G, dtype=dtype, sinks=sinks)

@@ -8,7 +8,8 @@ What: the plan (``serving_plan.make_serving_plan``) gives up to P requests with 
 first P in request order) a *slot*; its prefill class leaves them out (requests longer than C, or past the P-th,
 stay there: nothing is dropped). The slots run as one padded call of ``decode_attention_mgpu``:
 q (P, C, N, H) with request b's q_len tokens at the end of its slot, so query t sits at position kv_len - C + t
-(the kernel's causal rule; its row tiles read only up to their last token's key, ``program_blocks``), the
+(the kernel's causal rule; its row tiles read only up to their last token's key, ``program_blocks``, and a tile
+of the slot's padding only reads no key: ``q_first``), the
 caches read through a page table (a contiguous cache viewed as pages of block_kv keys: a reshape, no copy; a
 paged cache's own table rows). The step's output starts as these rows: each token of a slot's q_len reads its
 row, every other token is 0 (a gather through a (T_total,) index: an XLA scatter of the rows cost 0.14-0.24 ms on
@@ -54,7 +55,8 @@ def run(q, k, v, page_table, ps: PrefillSlots, *, scale: float, sinks, window_le
     qs = jnp.where(valid[..., None, None], q[src], 0).astype(q.dtype)          # (P, C, N, H)
     window = None if window_left is None else (int(window_left), 0)
     rows = dm.decode_attention_mgpu(qs, k, v, kv_len, causal=True, scale=scale, page_table=table, sinks=sinks,
-                                    window=window, interpret=dm.gpu_interpreter() if interpret else False)
+                                    window=window, q_first=pad[:, 0],
+                                    interpret=dm.gpu_interpreter() if interpret else False)
     dest = jnp.where(valid, q_start[:, None] + t - pad, T_total)               # padding rows: no token
     row_of = jnp.full((T_total + 1,), -1, jnp.int32).at[dest.reshape(P * C)].set(
         jnp.arange(P * C, dtype=jnp.int32))[:T_total]                         # each token's slot row, or -1
