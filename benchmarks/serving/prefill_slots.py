@@ -5,7 +5,8 @@ serving kernel's Triton prefill class (the default) against the Mosaic GPU kerne
     PYTHONPATH=src python benchmarks/serving/gpu.py --out OUT --prefill-slots [--max-seconds 200]
 
 Mixed batches as gpu.py's (2 chunks of 2048 + 126 decodes and 8 chunks of 512 + 248; S=16384, K=8, H=128, bf16,
-lengths seed 3) at G=4 and 7, contiguous and pages of 16. Each call is checked against float64 first (the last
+lengths seed 3) at G=4 and 7, contiguous and pages of 16; the 512-token chunks also in slots of 2048 (their padding
+tiles read no key). Each call is checked against float64 first (the last
 <= 8 tokens of the longest and shortest request and of the first and last chunk; every row finite), then timed
 (CUPTI, every kernel of the call), against the combined roofline of the valid work (``core.serving_cost``:
 max(FLOPs / peak, bytes / bandwidth)). Lengths are traced, the plan made by its own jitted function.
@@ -21,6 +22,16 @@ from benchmarks.serving import batches as g
 from benchmarks.serving.fp8_window import DRY, FULL, _caches, _run, _step
 
 MIXED = ((2, 2048, 126), (8, 512, 248))
+#: (slots, chunk, label) of the variants: the Triton class; the slots sized to the chunks; slots of 2048 tokens (a
+#: server's static chunk bound) holding shorter chunks, whose padding tiles read no key (``decode_mgpu``'s q_first)
+VARIANTS = ((0, None, "triton class"), (None, None, "mosaic slots"), (None, 2048, "mosaic slots of 2048"))
+
+
+def _variants(chunks: int, chunk: int):
+    """The (slots, chunk, label) of a batch of ``chunks`` chunks of ``chunk`` tokens: ``VARIANTS``, the last only where
+    the chunks are shorter than its slots."""
+    return [(0 if s == 0 else chunks, None if s == 0 else size or chunk, label) for s, size, label in VARIANTS
+            if size is None or size > chunk]
 
 
 def run(out_f, dev, t0, max_seconds, dry=False):
@@ -47,13 +58,13 @@ def run(out_f, dev, t0, max_seconds, dry=False):
                 a, b = jnp.asarray(starts), jnp.asarray(kv)
                 refs = g.references(q, tk, tv, starts, kv, None, requests=(0, chunks - 1))
                 roof_ms = serving_roofline_s(starts, kv, N, K, H, 2, **peaks) * 1e3
-                for slots in (0,) if dry else (0, chunks):
+                for slots, size, label in VARIANTS[:1] if dry else _variants(chunks, chunk):
                     if time.perf_counter() - t0 > max_seconds:
                         return
-                    cfg = ServingConfig(prefill_slots=slots, prefill_chunk=chunk if slots else None)
+                    cfg = ServingConfig(prefill_slots=slots, prefill_chunk=size)
                     plan, step = _step(shape, page, T_total, cfg, None)
                     rec = dict(kind="prefill-slots", device=dev, batch=f"mixed {chunks}x{chunk}+{decodes}", G=N // K,
-                               T=1, prefill="mosaic slots" if slots else "triton class", roofline_ms=roof_ms,
+                               T=1, prefill=label, roofline_ms=roof_ms,
                                lengths_traced=True, layout=f"paged{page}" if page else "contig",
                                **{x: shape[x] for x in "BSNKH"})
                     _run(out_f, rec, step, (q, k, v, a, b, table, None, None, plan(a, b)), refs, roof_ms, dry,
@@ -65,8 +76,8 @@ def tables_md(path) -> str:
     """The A/B table (markdown) of the records in ``path``."""
     return "\n".join(ab.ab_table(
         ab.read(path), kind="prefill-slots", cell=("batch", "G", "layout"), variant="prefill",
-        variants=("triton class", "mosaic slots"), error_chars=60,
+        variants=tuple(v[2] for v in VARIANTS), ratios=((0, 1), (0, 2)), error_chars=60,
         title="Mixed serving steps (bf16, lengths traced): ms (% of the combined roofline of the valid work), the "
               "prefill chunks on the Triton prefill class against the Mosaic GPU slots; each call's kernels",
-        headers=("batch", "G", "cache", "Triton class", "Mosaic slots", "speed-up", "slots: kernels",
-                 "Triton: kernels"), kernels_of=(1, 0))) + "\n"
+        headers=("batch", "G", "cache", "Triton class", "Mosaic slots", "slots of 2048", "speed-up",
+                 "speed-up, slots of 2048", "slots: kernels", "Triton: kernels"), kernels_of=(1, 0))) + "\n"
