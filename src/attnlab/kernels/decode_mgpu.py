@@ -51,7 +51,8 @@ NEG = large_negative_value("float32")
 
 def _kernel(len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped, *, q_len: int, groups: int,
             kv_len: int, kv_heads: int, plan: MgpuPlan, causal: bool, qk_scale: float, dtype, interpret: bool,
-            page_size: int | None = None, num_pages: int = 0, window: tuple[int, int] | None = None):
+            page_size: int | None = None, num_pages: int = 0, window: tuple[int, int] | None = None,
+            q_first: bool = False):
     block_kv, max_steps, H = plan.block_kv, plan.max_steps, q_ref.shape[-1]
     (q_smem2, k_smem, v_smem, m_smem2, l_smem2, *o_smem2), (k_bar, v_bar, q_bar), (k_done, v_done), sched = scoped
     # the last row tile first: under the causal rule it reads the most keys (a prefill chunk's tiles: the longest
@@ -64,8 +65,9 @@ def _kernel(len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, scoped
     # the tile's first and last query tokens (row r = t * G + g; rows past T * G are padding)
     tokens = (lax.div(tile * TILE_ROWS, groups),
               lax.div(jnp.minimum(tile * TILE_ROWS + TILE_ROWS - 1, q_len * groups - 1), groups))
-    # a tile whose tokens all lie before the sequence's first query token (``q_first``) reads no key
-    length = jnp.where(tokens[1] < len_ref[1, batch], 0, jnp.minimum(jnp.maximum(len_ref[0, batch], 0), kv_len))
+    length = jnp.minimum(jnp.maximum(len_ref[0, batch] if q_first else len_ref[batch], 0), kv_len)
+    if q_first:   # len_ref (2, B): a tile whose tokens all lie before the sequence's first query token reads no key
+        length = jnp.where(tokens[1] < len_ref[1, batch], 0, length)
     first, count, lead, free = program_blocks(length, split, q_len=q_len, block_kv=block_kv, causal=causal,
                                               num_splits=plan.num_splits, window=window, tokens=tokens,
                                               div=lax.div, minimum=jnp.minimum, maximum=jnp.maximum)
@@ -266,7 +268,8 @@ def decode_attention_mgpu(q, k, v, lengths, *, causal: bool = True, scale: float
         body = functools.partial(_kernel, len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, q_len=T,
                                  groups=G, kv_len=S, kv_heads=K, plan=plan, causal=bool(causal) and T > 1,
                                  qk_scale=scale * LOG2E, dtype=dtype, interpret=bool(interpret),
-                                 page_size=page_size, num_pages=num_pages or 0, window=window)
+                                 page_size=page_size, num_pages=num_pages or 0, window=window,
+                                 q_first=q_first is not None)
         copies = max(1, plan.block_kv // page_size) if page_size else 1
         pl.run_scoped(
             lambda *a: body(a),
@@ -290,8 +293,8 @@ def decode_attention_mgpu(q, k, v, lengths, *, causal: bool = True, scale: float
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
         interpret=interpret,
-    )(jnp.stack([jnp.asarray(lengths).astype(jnp.int32),
-                 jnp.zeros((B,), jnp.int32) if q_first is None else jnp.asarray(q_first).astype(jnp.int32)]),
+    )(jnp.asarray(lengths).astype(jnp.int32) if q_first is None else
+      jnp.stack([jnp.asarray(lengths).astype(jnp.int32), jnp.asarray(q_first).astype(jnp.int32)]),
       *([] if page_table is None else [jnp.asarray(page_table, jnp.int32)]),
       qp, k, v)
     return combined_queries(o, m, l, q_len=T, groups=G, dtype=dtype, sinks=sinks)
