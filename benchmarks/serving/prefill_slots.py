@@ -22,16 +22,16 @@ from benchmarks.serving import batches as g
 from benchmarks.serving.fp8_window import DRY, FULL, _caches, _run, _step
 
 MIXED = ((2, 2048, 126), (8, 512, 248))
-#: (slots, chunk, label) of the variants: the Triton class; the slots sized to the chunks; slots of 2048 tokens (a
-#: server's static chunk bound) holding shorter chunks, whose padding tiles read no key (``decode_mgpu``'s q_first)
-VARIANTS = ((0, None, "triton class"), (None, None, "mosaic slots"), (None, 2048, "mosaic slots of 2048"))
+#: the variants' labels: the Triton class; the slots sized to the chunks; slots of ``BOUND`` tokens (a server's static
+#: chunk bound) holding shorter chunks, whose padding tiles read no key (``decode_mgpu``'s q_first)
+LABELS = ("triton class", "mosaic slots", "mosaic slots of 2048")
+BOUND = 2048
 
 
-def _variants(chunks: int, chunk: int):
-    """The (slots, chunk, label) of a batch of ``chunks`` chunks of ``chunk`` tokens: ``VARIANTS``, the last only where
-    the chunks are shorter than its slots."""
-    return [(0 if s == 0 else chunks, None if s == 0 else size or chunk, label) for s, size, label in VARIANTS
-            if size is None or size > chunk]
+def _variants(chunks: int, chunk: int) -> list[tuple]:
+    """(slots, chunk, label) of each variant of a batch of ``chunks`` chunks of ``chunk`` tokens (``LABELS``; the
+    last only where the chunks are shorter than ``BOUND``)."""
+    return [(0, None, LABELS[0]), (chunks, chunk, LABELS[1])] + ([(chunks, BOUND, LABELS[2])] if chunk < BOUND else [])
 
 
 def run(out_f, dev, t0, max_seconds, dry=False):
@@ -58,7 +58,7 @@ def run(out_f, dev, t0, max_seconds, dry=False):
                 a, b = jnp.asarray(starts), jnp.asarray(kv)
                 refs = g.references(q, tk, tv, starts, kv, None, requests=(0, chunks - 1))
                 roof_ms = serving_roofline_s(starts, kv, N, K, H, 2, **peaks) * 1e3
-                for slots, size, label in VARIANTS[:1] if dry else _variants(chunks, chunk):
+                for slots, size, label in _variants(chunks, chunk)[:1 if dry else None]:
                     if time.perf_counter() - t0 > max_seconds:
                         return
                     cfg = ServingConfig(prefill_slots=slots, prefill_chunk=size)
@@ -76,7 +76,7 @@ def tables_md(path) -> str:
     """The A/B table (markdown) of the records in ``path``."""
     return "\n".join(ab.ab_table(
         ab.read(path), kind="prefill-slots", cell=("batch", "G", "layout"), variant="prefill",
-        variants=tuple(v[2] for v in VARIANTS), ratios=((0, 1), (0, 2)), error_chars=60,
+        variants=LABELS, ratios=((0, 1), (0, 2)), error_chars=60,
         title="Mixed serving steps (bf16, lengths traced): ms (% of the combined roofline of the valid work), the "
               "prefill chunks on the Triton prefill class against the Mosaic GPU slots; each call's kernels",
         headers=("batch", "G", "cache", "Triton class", "Mosaic slots", "slots of 2048", "speed-up",
