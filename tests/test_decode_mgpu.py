@@ -32,36 +32,35 @@ def with_a_nan_page(k_pages, v_pages, table):
 
 # The GPU interpreter takes ~3 s a (batch, kv head, split) program: its cases are few, and windowed ones are the
 # cheap ones (fewer blocks). It also wants every barrier phase seen: at most max_steps blocks a program.
-@pytest.mark.parametrize("T, N, K, H, lengths, causal, splits, window, block_kv", [
+@pytest.mark.parametrize("T, N, K, H, lengths, causal, splits, window, block_kv, pad", [
     # G = 7, a short sequence's masked tail (its second 64-row piece zeroed); the window's 2 blocks of 128 keys in
     # 2 splits, its first one masked per row (each row's window starts one key later), 103 keys before the window
-    (3, 7, 1, 64, [256, 70], True, 2, (150, 0), 128),
+    (3, 7, 1, 64, [256, 70], True, 2, (150, 0), 128, None),
     # without the causal rule: a split of two unmasked steps, a masked tail, an empty split (4 programs, not 6)
-    (5, 4, 1, 64, [192, 5], False, 2, None, 64),
-    # a prefill chunk: T=200, G=1, two row tiles, each reading only up to its last token's key (the first tile,
-    # tokens 0-127 at positions 56-183 of the long sequence, skips its last block: only the second tile's rows see it)
-    (200, 1, 1, 64, [256, 230], True, 1, None, 64),
+    (5, 4, 1, 64, [192, 5], False, 2, None, 64, None),
+    # a prefill chunk: T=200, G=1, two row tiles, each reading only up to its last token's key (the second
+    # sequence's first tile, tokens 0-127 at positions 30-157, skips its last block). ``q_first``: the first
+    # sequence's first 150 tokens are padding and NaN, so its first tile (tokens 0-127) reads no key and its rows
+    # are 0, not NaN; its second tile runs whole, its real rows against float64
+    (200, 1, 1, 64, [256, 230], True, 1, None, 64, 150),
 ])
-def test_interpreter_matches_float64(T, N, K, H, lengths, causal, splits, window, block_kv):
+def test_interpreter_matches_float64(T, N, K, H, lengths, causal, splits, window, block_kv, pad):
     q, k, v = random_qkv(2, T, 256, N, K, H, "bfloat16", seed=T)
     plan = dm.make_mgpu_plan(2, T, 256, N, K, H, block_kv=block_kv, num_splits=splits, window=window)
     kw = dict(causal=causal, plan=plan, interpret=True, window=window)
-    out = dm.decode_attention_mgpu(q, *poisoned(k, v, lengths, T, window), jnp.asarray(lengths), **kw)
-    verdict = check_decode_close(out, q, k, v, lengths, causal=causal, local_window_size=window)
-    assert verdict.ok, verdict
-
-
-def test_a_row_tile_of_padding_tokens_reads_no_key():
-    """``q_first``: T=200 (two row tiles of 128), the first 150 tokens padding and NaN: the first tile (tokens
-    0-127) reads no key, so its rows are 0 (not NaN); the second runs whole (its padding rows too), its real rows
-    against float64."""
-    q, k, v = random_qkv(1, 200, 256, 1, 1, 64, "bfloat16", seed=5)
-    q_nan = jnp.where(jnp.arange(200)[None, :, None, None] < 150, jnp.nan, q).astype(q.dtype)
-    plan = dm.make_mgpu_plan(1, 200, 256, 1, 1, 64, block_kv=64, num_splits=1)
-    out = dm.decode_attention_mgpu(q_nan, k, v, jnp.array([256]), plan=plan, interpret=True, q_first=jnp.array([150]))
-    assert not np.asarray(out[:, :128], np.float32).any()
-    verdict = check_decode_close(out[:, 150:], q[:, 150:], k, v, [256])
-    assert verdict.ok, verdict
+    if pad is None:
+        out = dm.decode_attention_mgpu(q, *poisoned(k, v, lengths, T, window), jnp.asarray(lengths), **kw)
+        verdict = check_decode_close(out, q, k, v, lengths, causal=causal, local_window_size=window)
+        assert verdict.ok, verdict
+        return
+    q_nan = q.at[0, :pad].set(jnp.nan)
+    out = dm.decode_attention_mgpu(q_nan, *poisoned(k, v, lengths, T, window), jnp.asarray(lengths),
+                                   q_first=jnp.array([pad, 0]), **kw)
+    assert not np.asarray(out[0, :128], np.float32).any()
+    for b, rows in ((0, slice(pad, T)), (1, slice(0, T))):
+        one = lambda x: x[b:b + 1, rows]  # noqa: E731
+        verdict = check_decode_close(one(out), one(q), k[b:b + 1], v[b:b + 1], lengths[b:b + 1], causal=causal)
+        assert verdict.ok, (b, verdict)
 
 
 @pytest.mark.parametrize("page_size, window, causal, splits", [(16, (40, 2), False, 1), (128, None, True, 2)])
