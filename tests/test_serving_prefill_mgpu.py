@@ -9,7 +9,6 @@ import pytest
 import attnlab
 from attnlab.kernels import serving as ks
 from attnlab.kernels import serving_plan as sp
-from attnlab.kernels.pages import to_pages
 from attnlab.reference.serving64 import reference_serving_attention
 from attnlab.reference.tolerance import rel_l2
 
@@ -38,38 +37,31 @@ def test_the_first_slots_take_the_prefill_requests_that_fit_the_chunk():
         sp.make_serving_plan(starts, kv, **{**kw, "config": sp.ServingConfig(prefill_slots=1)})
 
 
-@pytest.mark.parametrize("paged, window, sinks, N, K", [(False, None, False, 8, 1), (True, 24, True, 4, 2)])
-def test_mixed_step_with_mosaic_prefill_matches_float64(paged, window, sinks, N, K):
+def test_mixed_step_with_mosaic_prefill_matches_float64():
     """Two prefill chunks in the slots (one shorter than the chunk: its slot's first rows are padding), one longer
-    than the chunk on the Triton prefill class, two decodes and a padding token. Contiguous: G=8, so a slot is two
-    row tiles, and the cache NaN past every length (its pages view reads whole blocks). Eager: JAX's GPU
-    interpreter hangs under jit on the CPU, where the call raises (the traced plan is the concrete one: above)."""
-    H, S = 64, 128
+    than the chunk on the Triton prefill class, two decodes and a padding token, with a window and sinks. G=8, so a
+    slot is two row tiles; the cache NaN past every length (its pages view reads whole blocks; a paged cache's
+    table: tests/gpu/test_serving_prefill_mgpu_gpu.py). Eager: JAX's GPU interpreter hangs under jit on the CPU,
+    where the call raises (the traced plan is the concrete one: above)."""
+    window, N, K, H, S = 24, 8, 1, 64, 128
     q_len, kv = np.array([1, 20, 40, 24, 1], np.int32), np.array([50, 100, 128, 24, 9], np.int32)
     starts = np.concatenate([[0], np.cumsum(q_len)]).astype(np.int32)
     rng = np.random.default_rng(3)
     q = rng.standard_normal((int(starts[-1]) + 1, N, H)).astype(np.float32)
     k, v = (rng.standard_normal((len(kv), S, K, H)).astype(np.float32) for _ in range(2))
-    sk = np.array([1.0, -0.5, 2.0, 0.0], np.float32) if sinks else None
+    sk = np.linspace(-1.0, 2.0, N).astype(np.float32)
     ref = reference_serving_attention(q, k, v, starts, kv, sinks=sk, local_window_size=window)
-    if not paged:
-        past = np.arange(S)[None, :, None, None] >= kv[:, None, None, None]
-        k, v = np.where(past, np.nan, k), np.where(past, np.nan, v)
+    past = np.arange(S)[None, :, None, None] >= kv[:, None, None, None]
+    k, v = np.where(past, np.nan, k), np.where(past, np.nan, v)
     qb, kb, vb = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v))
-    table = None
-    if paged:
-        kb, vb, table = to_pages(kb, vb, 64)
     cfg = sp.ServingConfig(decode_max_q=4, prefill_slots=2, prefill_chunk=24, block_k=32)
     mk = dict(total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K, head_dim=H, config=cfg,
-              window_left=window, page_size=64 if paged else None)
+              window_left=window)
 
     plan = sp.make_serving_plan(starts, kv, **mk)
-    out = ks.serving_attention_pallas(qb, kb, vb, starts, kv, plan=plan, page_table=table,
-                                      sinks=None if sk is None else jnp.asarray(sk))
-    out = np.asarray(out, np.float32)
-    if not paged:
-        with pytest.raises(NotImplementedError, match="hangs under jax.jit"):
-            jax.jit(lambda q: ks.serving_attention_pallas(q, kb, vb, starts, kv, plan=plan))(qb)
+    out = np.asarray(ks.serving_attention_pallas(qb, kb, vb, starts, kv, plan=plan, sinks=jnp.asarray(sk)), np.float32)
+    with pytest.raises(NotImplementedError, match="hangs under jax.jit"):
+        jax.jit(lambda q: ks.serving_attention_pallas(q, kb, vb, starts, kv, plan=plan))(qb)
     assert np.isfinite(out).all() and not out[starts[-1]:].any()
     for b in range(len(kv)):
         rows = slice(starts[b], starts[b + 1])
