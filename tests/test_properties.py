@@ -21,7 +21,7 @@ def problems(draw):
     return B, T, S, K * G, K, H, causal, window, dtype
 
 
-@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(), st.sampled_from(["naive", "xla"]))
 def test_random_problem_matches_reference(problem, impl):
     B, T, S, N, K, H, causal, window, dtype = problem
