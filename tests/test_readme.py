@@ -40,7 +40,8 @@ def test_install_hints_have_one_form():
 
 def test_fresh_machine_commands_unchanged():
     assert "python3 -m venv .venv && . .venv/bin/activate && pip install -e . && attnlab run" in README
-    assert "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[test]' && python -m pytest -q" in README
+    assert ("python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[test]' && "
+            "python -m pytest -q -n 2 --dist loadfile") in README
 
 
 def headline_rows(readme: str) -> list[tuple[str, str, str]]:
