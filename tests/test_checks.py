@@ -22,6 +22,9 @@ from attnlab.measure import check
 from attnlab.core.records import RecordError, upgrade, validate
 from attnlab.reference.float64 import reference_attention, reference_attention_grads, rel_l2
 from attnlab.reference.blockwise import blockwise_attention, blockwise_grads, tile_rows
+from attnlab.reference import compiled
+from attnlab.reference.inputs import seed_of
+from attnlab.reference.output_errors import sample_rows
 from attnlab.core.store import ResultStore, read_records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -82,11 +85,11 @@ def test_tile_rows_respects_the_memory_budget():
 
 
 def test_sample_rows_are_seeded_by_the_problem_not_by_python_hash():
-    assert check.seed_of("problem") == check.seed_of("problem") == 1201967958
-    b, rows = check.sample_rows(check.seed_of("x"), 8, 1000)
+    assert seed_of("problem") == seed_of("problem") == 1201967958
+    b, rows = sample_rows(seed_of("x"), 8, 1000)
     assert b[0] == 0 and b[-1] == 7 and len(b) == 3
     assert {0, 63, 936, 999} <= set(rows.tolist()) and 128 < rows.size <= 256
-    assert check.sample_rows(check.seed_of("x"), 8, 1000)[1].tolist() == rows.tolist()
+    assert sample_rows(seed_of("x"), 8, 1000)[1].tolist() == rows.tolist()
 
 
 # --- mutants: each one is caught as incorrect and never timed -------------------------------
@@ -200,7 +203,7 @@ def _programs_run(monkeypatch) -> Counter:
 
 def test_references_are_shared_by_backends_of_one_problem(monkeypatch):
     runs = _programs_run(monkeypatch)
-    check.clear_cache()
+    compiled.clear_results()
     for b in ("naive", "xla"):
         assert measure_cell(Cell(b, 1, 64, 64, 2, 2, 16, "float32", True), FAST)["status"] == "ok"
     # the reference and its emulation (one program), once for both backends; judged: the emulation, each output
@@ -211,7 +214,7 @@ def test_fwd_bwd_cells_of_one_problem_share_forward_rows_and_grad_references(mon
     """A fwd+bwd cell needs three references (forward, float64 rows, gradients): all three stay cached
     for the next backend (a 2-entry cache of single references used to evict each one before its reuse)."""
     runs = _programs_run(monkeypatch)
-    check.clear_cache()
+    compiled.clear_results()
     for b in ("naive", "xla", "naive"):
         r = measure_cell(Cell(b, 1, 64, 64, 2, 2, 16, "float32", True, mode="fwd+bwd"), FAST)
         assert r["status"] == "ok" and r["check_s"] > 0
@@ -319,18 +322,16 @@ def test_a_results_file_line_breaking_the_schema_names_line_and_field(tmp_path):
 def test_reference_cache_keeps_recent_inputs_within_its_byte_cap(monkeypatch):
     import numpy as np
 
-    from attnlab.reference import output_errors as oe
-
-    oe.clear_cache()
-    monkeypatch.setattr(oe, "_CACHE_BYTES", 2500)
+    compiled.clear_results()
+    monkeypatch.setattr(compiled, "RESULTS_BYTES", 2500)
     for i in range(4):   # 1 KB each: the cap keeps the newest 2 (3 would pass it)
-        oe._cached(("fwd", f"k{i}"), lambda: np.zeros(125))
-        oe._cached(("f64", f"k{i}"), lambda: np.zeros(0))
-    assert list(oe._CACHE) == ["k2", "k3"] and set(oe._CACHE["k3"]) == {"fwd", "f64"}
-    monkeypatch.setattr(oe, "_CACHE_BYTES", 10)
-    oe._cached(("fwd", "big"), lambda: np.zeros(1000))   # over the cap alone: still kept (the cell needs it)
-    assert list(oe._CACHE) == ["big"]
-    oe.clear_cache()
+        compiled.computed_once(("fwd", f"k{i}"), lambda: np.zeros(125))
+        compiled.computed_once(("f64", f"k{i}"), lambda: np.zeros(0))
+    assert list(compiled._RESULTS) == ["k2", "k3"] and set(compiled._RESULTS["k3"]) == {"fwd", "f64"}
+    monkeypatch.setattr(compiled, "RESULTS_BYTES", 10)
+    compiled.computed_once(("fwd", "big"), lambda: np.zeros(1000))   # over the cap alone: still kept
+    assert list(compiled._RESULTS) == ["big"]
+    compiled.clear_results()
 
 
 def test_reference_programs_are_compiled_once_per_shape_without_autotuning(monkeypatch):
@@ -383,7 +384,7 @@ def test_a_cell_records_what_its_references_cost():
     from attnlab.measure import check as chk
     from attnlab.measure.cell import Cell, Options, measure_cell
 
-    chk.clear_cache()
+    compiled.clear_results()
     fast = Options(repeats=1, warmup=0, min_time_s=0.0)
     first, second = (measure_cell(Cell(b, 1, 64, 64, 2, 2, 16, "float32", True), fast) for b in ("naive", "xla"))
     assert first["status"] == second["status"] == "ok"

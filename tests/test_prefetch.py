@@ -1,7 +1,7 @@
 """The check's reference programs compiled ahead (``attnlab.measure.prefetch``) are the ones it runs."""
 import pytest
 
-from attnlab.measure import check, prefetch
+from attnlab.measure import prefetch
 from attnlab.measure.cell import Cell, Options, measure_cell
 from attnlab.reference import check_programs, compiled
 from benchmarks.engine.cost import _overhead
@@ -17,7 +17,7 @@ CELLS = [
 @pytest.mark.parametrize("cell", CELLS, ids=["decode", "fwd+bwd"])
 def test_the_check_runs_the_programs_compiled_ahead(cell):
     compiled._PROGRAMS.clear()
-    check.clear_cache()
+    compiled.clear_results()
     q, k, v, grads, kw = prefetch.check_shapes(cell)
     check_programs.precompile_check(q, k, v, grads=grads, **kw)
     ahead = set(compiled._PROGRAMS)

@@ -26,6 +26,7 @@ from attnlab import Problem
 from attnlab.core.workload import with_segment_ids
 from attnlab.core import segments
 from attnlab.measure import check, peaks, timers
+from attnlab.reference.compiled import clear_results
 
 
 def variants(ids, mask):
@@ -134,7 +135,7 @@ def main():
                 print(json.dumps(row), flush=True)
                 with open(path, "a") as f:
                     f.write(json.dumps(row) + "\n")
-        check.clear_cache()
+        clear_results()
     with open(path, "a") as f:
         f.write(json.dumps(rows[0]) + "\n")
 

@@ -25,9 +25,7 @@ import numpy as np
 
 from ..core import request_lengths as rl
 from ..core.errors import OutputMismatchError
-from ..reference.inputs import seed_of  # noqa: F401  (re-exported)
-from ..reference.output_errors import (Semantics, clear_cache, grad_errors, output_errors,  # noqa: F401
-                                       sample_rows)  # (clear_cache and sample_rows re-exported)
+from ..reference.output_errors import Semantics, grad_errors, output_errors
 from ..reference.serving64 import serving_errors
 from ..reference.tolerance import errors_text, policy_limit, policy_verdict, rule_text
 from . import kv_cells, serving_cell
@@ -128,13 +126,13 @@ def check_into(rec: dict, run, cell, backend, opts) -> None:
                                      run.dequantized, opts.seed))
             return
         inputs, extras = run.ins.sets[0], run.ins.extras
-        if cell.kv_dtype:
+        if not cell.kv_dtype:
+            sem, key = semantics(cell, extras), ref_key(cell, opts.seed)
+            rec.update(check_output(out, inputs, backend, sem, key))
+            if run.grads is not None:
+                rec.update(check_gradients(run.grads(), inputs, run.ct, sem, key))
+        else:
             rec.update(kv_cells.check_output(out, inputs, run.caches, cell, extras))
-            return
-        sem, key = semantics(cell, extras), ref_key(cell, opts.seed)
-        rec.update(check_output(out, inputs, backend, sem, key))
-        if run.grads is not None:
-            rec.update(check_gradients(run.grads(), inputs, run.ct, sem, key))
     except Skip:
         raise
     except Exception as e:  # noqa: BLE001

@@ -15,15 +15,13 @@ The output's structure, shape and dtype and the rows that see no key follow ``at
 empty row is never a false ``incorrect``). Each device step is one program compiled once per shape without GPU
 autotuning (``attnlab.reference.compiled``; on a GPU compiled ahead by ``precompile_check``): the reference with
 its emulation and the rows that see no key; an output's errors under the empty-row rule (the emulation's, the
-baselines, by the same program); the gradients' likewise. The references are shared by every backend and mode measured on the same inputs: those of the
-last ``_CACHE_SIZE`` keys are kept (``_CACHE_BYTES`` at most, the newest always), so a cell pays one comparison
-of its own output; the seconds of the references it made are returned (``parts``).
+baselines, by the same program); the gradients' likewise. The references are shared by every backend and mode
+measured on the same inputs (``compiled.computed_once``), so a cell pays one comparison of its own output; the
+seconds of the references it made are returned (``parts``).
 """
 from __future__ import annotations
 
 import dataclasses
-import time
-from collections import OrderedDict
 
 import jax
 import jax.numpy as jnp
@@ -31,15 +29,12 @@ import numpy as np
 
 from . import rules
 from .check_programs import batch_rows, grad_references, judge_grads, judge_output, references
-from .compiled import compiled_once
+from .compiled import compiled_once, computed_once
 from .float64 import reference_attention
 from .inputs import seed_of
 
 TILE = 64
 INTERIOR_TILES = 2
-_CACHE: OrderedDict = OrderedDict()   # key -> {"fwd": ..., "f64": ..., "grad": ...}
-_CACHE_SIZE = 8
-_CACHE_BYTES = 2 * 2**30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,30 +113,6 @@ def sample_rows(seed: int, B: int, T: int, tile: int = TILE, interior: int = INT
     return sorted(batch), np.asarray(rows, np.int64)
 
 
-def _nbytes(x) -> int:
-    return sum(int(getattr(a, "nbytes", 0)) for a in jax.tree_util.tree_leaves(x))
-
-
-def _cached(key, make, parts: dict | None = None, name: str = ""):
-    """``make()`` of ``key`` = (kind, inputs key), kept with the other kinds of the same inputs key; its wall
-    seconds go to ``parts[name]`` when it runs (a reference found cached is not made)."""
-    kind, rk = key
-    entry = _CACHE.setdefault(rk, {})
-    _CACHE.move_to_end(rk)
-    if kind not in entry:
-        t0 = time.perf_counter()
-        entry[kind] = make()
-        if parts is not None:
-            parts[name] = round(time.perf_counter() - t0, 4)
-        while len(_CACHE) > 1 and (len(_CACHE) > _CACHE_SIZE or sum(map(_nbytes, _CACHE.values())) > _CACHE_BYTES):
-            _CACHE.popitem(last=False)
-    return entry[kind]
-
-
-def clear_cache() -> None:
-    _CACHE.clear()
-
-
 def output_errors(out, q, k, v, sem: Semantics, key: str) -> dict:
     """The errors of the forward output ``out`` (B, T, N, H) of inputs q (B, T, N, H), k, v (B, S, K, H):
     {"float32_device": Errors of the whole output, "float64_rows": Errors of the sampled rows, "max_abs_err"
@@ -159,7 +130,7 @@ def output_errors(out, q, k, v, sem: Semantics, key: str) -> dict:
         (b_err, b_row, _), _ = jax.device_get(compiled_once(judge_output, emul, ref32, v, empty))
         return ref32, (float(b_err), float(b_row)), take(emul), np.asarray(empty)
 
-    ref32, (b_err, b_row), e64, empty = _cached(("fwd", key), reference, parts, "reference_s")
+    ref32, (b_err, b_row), e64, empty = computed_once(("fwd", key), reference, parts, "reference_s")
     (err, row, mx), as_zero = jax.device_get(compiled_once(judge_output, out, ref32, v, jnp.asarray(empty)))
     n_empty, as_zero = int(np.sum(empty)), int(as_zero)
     dev = Errors(float(err), float(row), b_err, b_row,
@@ -173,7 +144,7 @@ def output_errors(out, q, k, v, sem: Semantics, key: str) -> dict:
         ref64 = reference_attention(np.asarray(q)[bi][:, rows].astype(kb.dtype), kb, vb, **nkw)
         return ref64, rules.errors_past_empty_rows(e64, ref64, empty64)[:2]
 
-    ref64, (e_l2, e_row) = _cached(("f64", key), rows64, parts, "float64_rows_s")
+    ref64, (e_l2, e_row) = computed_once(("f64", key), rows64, parts, "float64_rows_s")
     o_l2, o_row, t64 = rules.errors_past_empty_rows(take(out), ref64, empty64)
     sampled = Errors(o_l2, o_row, e_l2, e_row, dataclasses.replace(t64, target=None))
     return {"float32_device": dev, "float64_rows": sampled, "max_abs_err": float(mx), "batch": batch_idx,
@@ -192,6 +163,6 @@ def grad_errors(grads, q, k, v, cotangent, sem: Semantics, key: str) -> dict:
         refs, emuls, empty = compiled_once(grad_references, q, k, v, ct, **dkw)
         return refs, jax.device_get(compiled_once(judge_grads, *emuls, *refs, ct, empty)), empty
 
-    refs, bases, empty = _cached(("grad", key), reference)
+    refs, bases, empty = computed_once(("grad", key), reference)
     errs = jax.device_get(compiled_once(judge_grads, *grads, *refs, ct, empty))
     return {name: (float(e), float(b)) for name, e, b in zip(("dq", "dk", "dv"), errs, bases)}
