@@ -366,13 +366,14 @@ def test_float64_reference_is_the_same_over_blocks_of_keys(monkeypatch):
     """K and V are made float64 a block of keys at a time (a long cache is never whole in float64):
     with blocks of 16 keys the reference and its bf16 emulation equal the one-block result."""
     from attnlab.reference import float64 as f64
+    from attnlab.reference import keyblocks
 
     rng = np.random.default_rng(3)
     q = rng.standard_normal((2, 5, 4, 8)).astype(np.float32)
     k, v = (rng.standard_normal((2, 70, 2, 8)).astype(np.float32) for _ in range(2))
     kw = dict(is_causal=True, query_positions=np.arange(65, 70), logits_soft_cap=5.0)
     whole = [f64.reference_attention(q, k, v, **kw), f64.reference_attention(q, k, v, emulate="bfloat16", **kw)]
-    monkeypatch.setattr(f64, "KEY_BLOCK", 16)
+    monkeypatch.setattr(keyblocks, "KEY_BLOCK", 16)    # 70 keys: five blocks, the last one short
     blocks = [f64.reference_attention(q, k, v, **kw), f64.reference_attention(q, k, v, emulate="bfloat16", **kw)]
     for a, b in zip(whole, blocks):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
@@ -381,7 +382,6 @@ def test_float64_reference_is_the_same_over_blocks_of_keys(monkeypatch):
 def test_a_cell_records_what_its_references_cost():
     """``check_parts_s``: the first backend of a problem pays the float32 reference and the float64 rows;
     the next one on the same inputs finds both made."""
-    from attnlab.measure import check as chk
     from attnlab.measure.cell import Cell, Options, measure_cell
 
     compiled.clear_results()

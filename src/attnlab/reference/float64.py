@@ -21,7 +21,7 @@ import numpy as np
 
 from ..core.prepare import prepare
 from . import rules
-from .keyblocks import KEY_BLOCK, _pv, _rows, _scores, _unrows  # noqa: F401 (KEY_BLOCK re-exported)
+from .keyblocks import _pv, _rows, _scores, _unrows
 from .tolerance import (FLOORS, LIMIT_FACTOR, TF32_LIMIT, Verdict, default_matmul_is_tf32,  # noqa: F401 (re-exported)
                         policy_limit, rel_l2, row_rel_err, tolerance)
 
