@@ -1,7 +1,7 @@
 """Sliding-window decode on the GPU: attnlab-decode against the roofline of the window's bytes.
 
     PYTHONPATH=src python benchmarks/decode/window_gpu.py --out OUT [--quick] [--max-seconds 200] [--q-lens 4]
-        [--kernels triton,mosaic,mosaic64] [--direct]
+        [--windows 128] [--kernels triton,mosaic,mosaic64,triton:num_warps=2] [--direct]
     PYTHONPATH=src JAX_PLATFORMS=cpu python benchmarks/decode/window_gpu.py --out OUT --dry-run [--kernels ...]
 
 Cells: ``decode_attention(..., local_window_size=(W, 0))`` (causal: each new token reads the W keys before
@@ -25,11 +25,11 @@ take it; its blocks start at the window's first block, not key), "mosaic64" (the
 the plan's 128: less over-read at the window's start), "direct" and "combine": the Triton kernel called as
 ``decode_attention_pallas`` with its default config (a one-split plan stores O itself, one kernel:
 ``kernels.decode_direct``) and with ``DecodeConfig(direct_output=False)`` (float32 partials, then XLA's combine:
-the path before). ``--direct`` is ``--kernels direct,combine``. Each record carries its plan's split count and
+the path before); "triton:num_warps=2:block_k=64": the Triton kernel with those ``DecodeConfig`` parameters (a
+tuning variant). ``--direct`` is ``--kernels direct,combine``; ``--windows 128``: only those W. Each record carries its plan's split count and
 whether it stored directly (``num_splits``, ``direct``) and CUPTI's kernels of the call (``kernels``). A kernel
-that cannot run a cell records why.
-Writes ``results.jsonl`` and ``README.md`` (a table) to --out. ``--dry-run``: tiny sizes in Pallas interpret
-mode on the CPU: the cell list and the reference checks, nothing timed.
+that cannot run a cell records why. Writes ``results.jsonl`` and ``README.md`` (a table) to --out. ``--dry-run``:
+tiny sizes in Pallas interpret mode on the CPU: the cell list and the reference checks, nothing timed.
 """
 from __future__ import annotations
 
@@ -47,12 +47,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from benchmarks.results_folder import roofline_peaks  # noqa: E402 (after sys.path)
 
-WINDOWS = (128, 512, 1024, 4096)
-LENGTHS = (8192, 32768, 131072)
+WINDOWS, LENGTHS, PAGE = (128, 512, 1024, 4096), (8192, 32768, 131072), 16
 HEADS = (64, 8, 64)            # gpt-oss: N, K, H
-CACHE_BYTES = 40e9
-GOAL_PCT = 100 / 1.15
-PAGE = 16
+CACHE_BYTES, GOAL_PCT = 40e9, 100 / 1.15
 
 
 def batch_for(S: int, K: int, H: int, itemsize: int = 2, copies: int = 1) -> int:
@@ -64,7 +61,7 @@ def batch_for(S: int, K: int, H: int, itemsize: int = 2, copies: int = 1) -> int
     return b
 
 
-def cells(quick: bool, dry_run: bool, q_lens=None) -> list[dict]:
+def cells(quick: bool, dry_run: bool, q_lens=None, windows=None) -> list[dict]:
     """Every cell of the run, in order (grouped by cache: one cache per (S, layout))."""
     if dry_run:
         return [dict(S=256, W=w, T=t, layout=lay, B=2, N=8, K=1, H=64)   # H = 64: the Mosaic GPU kernel's least
@@ -74,7 +71,7 @@ def cells(quick: bool, dry_run: bool, q_lens=None) -> list[dict]:
     for S in sorted(LENGTHS, reverse=True):      # the longest caches first: the goal's hardest case
         for lay in ("contig", f"paged{PAGE}"):
             for T in (q_lens or ((1,) if quick else (1, 4))):
-                for W in ((128, 1024) if quick else WINDOWS):
+                for W in (windows or ((128, 1024) if quick else WINDOWS)):
                     out.append(dict(S=S, W=W, T=T, layout=lay, B=batch_for(S, K, H, copies=1 if lay == "contig" else 2),
                                     N=N, K=K, H=H))
     return out
@@ -115,9 +112,12 @@ KERNELS = ("triton", "mosaic", "mosaic64", "direct", "combine")
 
 
 def config_of(kernel: str):
-    """The ``DecodeConfig`` a Triton kernel name calls with: "combine" forces partials + combine; else None."""
+    """The ``DecodeConfig`` a Triton kernel name calls with: "combine" forces partials + combine, a tuning variant
+    "triton:num_warps=2:block_k=64" sets those parameters; else None (the plan's)."""
     from attnlab.kernels import decode as kd
 
+    if kernel.startswith("triton:"):
+        return kd.DecodeConfig(**{k: int(v) for k, v in (p.split("=") for p in kernel.split(":")[1:])})
     return {"combine": kd.DecodeConfig(direct_output=False), "direct": kd.DecodeConfig(direct_output=True)}.get(kernel)
 
 
@@ -130,7 +130,7 @@ def call(window, paged: bool, interpret: bool, kernel: str = "triton"):
     import attnlab
     from attnlab.kernels import decode as kd
 
-    if kernel in ("direct", "combine"):    # the Triton kernel itself: one-split store vs partials + combine
+    if kernel in ("direct", "combine") or kernel.startswith("triton:"):    # the Triton kernel itself, configured
         def f(q, k, v, lengths, table=None):
             return kd.decode_attention_pallas(q, k, v, lengths, interpret=interpret, page_table=table, window=window,
                                               config=config_of(kernel))
@@ -254,20 +254,23 @@ def main(argv=None):
     ap.add_argument("--q-lens", help="comma-separated T values instead (e.g. 4: --quick's windows at T=4)")
     ap.add_argument("--max-seconds", type=float, default=200.0, help="no new cell starts past this")
     ap.add_argument("--dry-run", action="store_true", help="tiny sizes, interpret mode: cells and checks only")
-    ap.add_argument("--kernels", default="triton", help=f"comma-separated: {', '.join(KERNELS)} (each cell on each)")
+    ap.add_argument("--windows", help="comma-separated W values instead (e.g. 128)")
+    ap.add_argument("--kernels", default="triton", help=f"comma-separated: {', '.join(KERNELS)} or a tuning variant "
+                    "triton:PARAM=N[:PARAM=N] (DecodeConfig's; each cell on each)")
     ap.add_argument("--direct", action="store_true", help="--kernels direct,combine: one-split store vs the combine")
     a = ap.parse_args(argv)
     if a.direct:
         a.kernels = "direct,combine"
     kernels = a.kernels.split(",")
-    if not kernels or set(kernels) - set(KERNELS):
+    if not kernels or {k for k in kernels if not k.startswith("triton:")} - set(KERNELS):
         ap.error(f"--kernels must list some of {', '.join(KERNELS)}, got {a.kernels!r}")
     import jax
 
     os.makedirs(a.out, exist_ok=True)
     t0 = time.perf_counter()
     dev = str(jax.devices()[0].device_kind)
-    todo = cells(a.quick, a.dry_run, a.q_lens and tuple(int(t) for t in a.q_lens.split(",")))
+    ints = lambda s: s and tuple(int(x) for x in s.split(","))  # noqa: E731
+    todo = cells(a.quick, a.dry_run, ints(a.q_lens), ints(a.windows))
     recs, held = [], (None, None)
     with open(os.path.join(a.out, "results.jsonl"), "w") as f:
         for c, kernel in ((c, kernel) for c in todo for kernel in kernels):
