@@ -26,9 +26,9 @@ import threading
 import jax
 
 from ..reference import check_programs
+from ..reference.output_errors import sample_rows
 from . import threads
 from .ahead import over_budget, shapes
-from ..reference.output_errors import sample_rows
 from .check import semantics
 from .inputs import call_extras
 
