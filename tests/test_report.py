@@ -97,7 +97,7 @@ def test_report_on_cpu(quick_report):
             assert any(r[i].strip() not in ("", "–") for r in rows), (cap, c)
     seq = next(v for k, v in tabs.items() if k.startswith("Sequence sweep"))
     # spread, and units that fit a CPU (MFLOP/s when a loaded runner takes over 1 ms a call)
-    assert all("[" in r[1] and "FLOP/s" in r[1] and "TFLOP/s" not in r[1] for r in seq[1])
+    assert all("[" in r[1] and "FLOP/s" in r[1] and "TFLOP/s" not in r[1] for r in seq[1]), seq[1]
     fp8 = next(v for k, v in tabs.items() if k.startswith("FP8 attention"))
     if "shape" in fp8[0]:
         assert not any("skip" in r[fp8[0].index("shape")] for r in fp8[1])
