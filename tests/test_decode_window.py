@@ -129,6 +129,22 @@ def test_plan_splits_only_the_windows_blocks():
         assert blocks == list(range(lo // 64, -(-n // 64)))
 
 
+def test_a_short_windows_plan_takes_blocks_of_16_one_warp_and_one_split():
+    """gpt-oss's heads, B = 128, W = 128 (results/gpu-2026-12-06b-window-tuning): the defaults' 128-key blocks and 4
+    warps ran at 42%; blocks of 16 and one warp at 84% in one split and 58% split in two (the start-up counted
+    per block of 16 picked two)."""
+    gpt_oss = dict(sms=132, compute_capability=(9, 0), window=(128, 0))
+    plan = kd.make_plan(128, 1, 131072, 64, 8, 64, "bfloat16", **gpt_oss)
+    assert (plan.block_k, plan.num_warps, plan.num_stages, plan.num_splits) == (16, 1, 3, 1) and plan.direct
+    for other in (dict(window=None), dict(window=(8192, 0))):                   # no window, a longer one
+        p = kd.make_plan(128, 1, 131072, 64, 8, 64, "bfloat16", **{**gpt_oss, **other})
+        assert (p.block_k, p.num_warps) == (128, 4)
+    assert kd.make_plan(128, 1, 131072, 32, 8, 128, "bfloat16", **gpt_oss).block_k == 64   # H = 128: not measured
+    assert kd.make_plan(128, 4, 131072, 64, 8, 64, "bfloat16", **gpt_oss).block_k == 128   # 32 rows: two tiles' worth
+    given = kd.make_plan(128, 1, 131072, 64, 8, 64, "bfloat16", kd.DecodeConfig(block_k=64, num_warps=2), **gpt_oss)
+    assert (given.block_k, given.num_warps) == (64, 2)
+
+
 # ---------------------------------------------------------------- the serving kernel and its plan
 
 # request 3 (6 new tokens at 58..63 of 64) under a window of 40: its prefill tile runs block 1 masked (the

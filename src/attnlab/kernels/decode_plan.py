@@ -1,11 +1,13 @@
 """The decode kernel's launch plan: tuning parameters, the split count, what the kernel supports.
 
 Tuning parameters (``DecodeConfig``; None = the default)
-    block_k    keys per loop step: 128 for H <= 64, 64 for H = 128, 32 for H = 256
+    block_k    keys per loop step: 128 for H <= 64, 64 for H = 128, 32 for H = 256; 16 for a short window
+               (``short_window``)
     block_r    query rows per tile: next power of two >= max(T*G, 16), at most 128 (64 at H = 256);
                one 256-row tile (8 warps) measured slower than two 128-row tiles on the H200 at
                T*G = 256 (0.78 vs 0.72 ms, results/gpu-2026-12-04-decode), so it is not the default
-    num_warps  4, or 8 when block_r * (H + block_k) > 12288 (float32 acc + scores past ~96 registers)
+    num_warps  4, or 8 when block_r * (H + block_k) > 12288 (float32 acc + scores past ~96 registers);
+               1 for a short window
     num_stages 3 (software pipeline depth of the K/V loads; 2 before Hopper), given or default
                clamped to what fits one program's shared memory (``fit_stages``: 227 KB on
                Hopper, with ``SMEM_SLACK`` for Triton's allocation beyond the estimate)
@@ -32,6 +34,8 @@ HEAD_DIMS = (16, 32, 64, 128, 256)
 DTYPES = ("float16", "bfloat16", "float32")
 MAX_ROWS = 512          # T * G beyond this is prefill, not decode: use a flash-attention kernel
 MIN_ROWS = 16           # the MMA's minimum M
+#: The longest sliding window (left keys) ``short_window`` tunes for: the longest measured
+SHORT_WINDOW_MAX = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +126,16 @@ def default_block_k(head_dim: int) -> int:
     return 128 if head_dim <= 64 else 64 if head_dim <= 128 else 32
 
 
+def short_window(window, head_dim: int, block_r: int) -> bool:
+    """Whether a launch is a window of <= ``SHORT_WINDOW_MAX`` keys at H <= 64 in one 16-row tile: blocks of 16 keys
+    and one warp then. A window's program loops over few blocks, so the default's 128-key blocks and 4 warps left
+    3 programs a SM doing almost no pipelining; 16-key blocks and 1 warp ran gpt-oss's heads (B = 128-256, T = 1)
+    1.5-2.0x faster at W = 128 (42-43% -> 68-84% of the roofline, contiguous) and 1.0-1.1x at W = 1024-4096 (0.96x
+    at worst, within the spread), paged or not (results/gpu-2026-12-06b-window-tuning)."""
+    return (window is not None and int(window[0]) <= SHORT_WINDOW_MAX and head_dim <= 64
+            and block_r == MIN_ROWS)
+
+
 def make_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: int, dtype="bfloat16",
               config: DecodeConfig | None = None, *, sms: int | None = None, compute_capability=None,
               lengths=None, window=None, kv_dtype: str | None = None) -> Plan:
@@ -136,14 +150,15 @@ def make_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, he
     block_r = cfg.block_r or min(next_pow2(max(rows, MIN_ROWS)), 64 if head_dim > 128 else 128)
     if block_r < MIN_ROWS or block_r & (block_r - 1):
         raise ValueError(f"block_r must be a power of two >= {MIN_ROWS}, got {block_r}")
-    block_k = cfg.block_k or default_block_k(head_dim)
+    short = short_window(window, head_dim, block_r)
+    block_k = cfg.block_k or (16 if short else default_block_k(head_dim))
     block_k = min(block_k, max(MIN_ROWS, next_pow2(kv_len)))
     if block_k < 16 or block_k & (block_k - 1):
         raise ValueError(f"block_k must be a power of two >= 16, got {block_k}")
     row_tiles = cdiv(rows, block_r)
     # acc (block_r x H) and scores (block_r x block_k) in float32 registers: 8 warps once they pass
     # ~96 registers a thread at 4 warps (ptxas spilled at block_r=64, H=256 with 4 warps).
-    num_warps = cfg.num_warps or (8 if block_r * (head_dim + block_k) > 12288 else 4)
+    num_warps = cfg.num_warps or (1 if short else 8 if block_r * (head_dim + block_k) > 12288 else 4)
     stages = cfg.num_stages or (2 if compute_capability is not None and compute_capability < (9, 0) else 3)
     itemsize = np.dtype(dtype).itemsize
     # a deeper pipeline than shared memory holds fails at launch (RESOURCE_EXHAUSTED): clamp it

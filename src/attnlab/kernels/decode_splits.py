@@ -7,11 +7,11 @@ critical path. When the lengths are known when the kernel is traced (concrete, n
 closed-over lengths, an eager call), ``choose_num_splits_ragged`` picks the split count whose
 simulated makespan is shortest: the grid's programs in launch order (kv head, batch outer; split;
 row tile inner) go to the first free of ``sm_count x occupancy`` program slots, each costing its
-blocks plus ``FILL_BLOCKS``, times the partial outputs' extra traffic (as the uniform rule).
+blocks plus ``fill_blocks``, times the partial outputs' extra traffic (as the uniform rule).
 A uniform batch gets exactly ``choose_num_splits``'s count. Traced lengths keep the S_max rule.
 With ``direct_output`` (the Triton kernel's one-split launch, ``kernels.decode_direct``) one split costs its
 waves alone: no partials and no second kernel; more splits pay the partials' traffic and the combine's start-up
-(``COMBINE_BLOCKS``). Without it (the Mosaic GPU kernel, or the path forced off) every count pays the partials.
+(one more ``fill_blocks``). Without it (the Mosaic GPU kernel, or the path forced off) every count pays the partials.
 ``kernels.decode_plan`` calls both when it makes a launch plan.
 """
 from __future__ import annotations
@@ -19,29 +19,37 @@ from __future__ import annotations
 import heapq
 import operator
 
-FILL_BLOCKS = 2         # a program's pipeline start-up, counted in blocks of work
-#: The combine, a second kernel, counted as one more start-up (its bytes are the partials' traffic, counted
-#: apart): a lower bound that costs a split launch something over a one-split one with the same waves
-COMBINE_BLOCKS = FILL_BLOCKS
+FILL_BLOCKS = 2         # a program's pipeline start-up, counted in blocks of work (of 32 keys or more)
+#: The start-up is latency, not bytes: blocks shorter than 32 keys count more of them, FILL_KEYS // block_k. The
+#: combine, a second kernel, counts as one more start-up (its bytes are the partials' traffic, counted apart).
+#: With 2 at any block size a 128-key window in blocks of 16 split in two, 3 kernels where one ran 1.45x faster
+#: (0.0084 vs 0.0122 ms, gpt-oss heads, B = 128; results/gpu-2026-12-06b-window-tuning)
+FILL_KEYS = 64
 
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def wave_cost(splits: int, n_blocks: int, programs_per_split: int, slots: int) -> int:
+def fill_blocks(block_k: int) -> int:
+    """A program's start-up (and the combine's), in blocks of ``block_k`` keys: ``FILL_BLOCKS`` at 32 keys or more."""
+    return max(FILL_BLOCKS, FILL_KEYS // block_k)
+
+
+def wave_cost(splits: int, n_blocks: int, programs_per_split: int, slots: int, fill: int = FILL_BLOCKS) -> int:
     """Model of the kernel's time in block-loads of one program: the programs run in
-    ceil(P / slots) waves, each as long as one program (its blocks plus pipeline fill)."""
+    ceil(P / slots) waves, each as long as one program (its blocks plus ``fill``, the pipeline's start-up)."""
     waves = cdiv(programs_per_split * splits, slots)
-    return waves * (cdiv(n_blocks, splits) + FILL_BLOCKS)
+    return waves * (cdiv(n_blocks, splits) + fill)
 
 
-def split_factor(splits: int, partial: float, kv_bytes: float, direct_output: bool) -> tuple[float, int]:
+def split_factor(splits: int, partial: float, kv_bytes: float, direct_output: bool,
+                 fill: int = FILL_BLOCKS) -> tuple[float, int]:
     """(traffic factor, added blocks) of a launch with ``splits``: 1 + the partials' bytes over the KV bytes and
-    the combine's start-up; (1, 0) for one split stored directly (``direct_output``)."""
+    the combine's start-up (``fill``); (1, 0) for one split stored directly (``direct_output``)."""
     if direct_output and splits == 1:
         return 1.0, 0
-    return 1 + splits * partial / kv_bytes, COMBINE_BLOCKS
+    return 1 + splits * partial / kv_bytes, fill
 
 
 def choose_num_splits(kv_len: int, batch_kv_heads: int, *, rows: int, block_k: int, head_dim: int,
@@ -69,9 +77,11 @@ def choose_num_splits(kv_len: int, batch_kv_heads: int, *, rows: int, block_k: i
     partial = 2 * rows * (head_dim + 2) * 4                 # partials written + read, per split
     by_traffic = max(1, int(max_partial_fraction * kv_bytes // partial))
     cap = max(1, min(by_blocks, by_traffic, max_splits, n_blocks))
+    fill = fill_blocks(block_k)
+
     def cost(s):
-        factor, combine = split_factor(s, partial, kv_bytes, direct_output)
-        return wave_cost(s, n_blocks, per_split, slots) * factor + combine
+        factor, combine = split_factor(s, partial, kv_bytes, direct_output, fill)
+        return wave_cost(s, n_blocks, per_split, slots, fill) * factor + combine
 
     best = min(range(1, cap + 1), key=lambda s: (round(cost(s), 6), s))
     return cdiv(n_blocks, cdiv(n_blocks, best))
@@ -130,10 +140,11 @@ def choose_num_splits_ragged(lengths, kv_heads: int, *, uniform_choice: int, row
     cap = max(1, min(by_blocks, by_traffic, max_splits, n_blocks))
     slots = max(1, sm_count * occupancy)
 
+    fill = fill_blocks(block_k)
+
     def cost(s):
-        span = makespan(lengths, kv_heads, s, block_k=block_k, row_tiles=row_tiles, slots=slots,
-                        fill_blocks=FILL_BLOCKS)
-        factor, combine = split_factor(s, partial, kv_bytes, direct_output)
+        span = makespan(lengths, kv_heads, s, block_k=block_k, row_tiles=row_tiles, slots=slots, fill_blocks=fill)
+        factor, combine = split_factor(s, partial, kv_bytes, direct_output, fill)
         return span * factor + combine
 
     tried = sorted({s for s in CANDIDATES if s <= cap} | {min(uniform_choice, cap)})
