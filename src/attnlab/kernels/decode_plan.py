@@ -129,9 +129,9 @@ def default_block_k(head_dim: int) -> int:
 def short_window(window, head_dim: int, block_r: int) -> bool:
     """Whether a launch is a window of <= ``SHORT_WINDOW_MAX`` keys at H <= 64 in one 16-row tile: blocks of 16 keys
     and one warp then. A window's program loops over few blocks, so the default's 128-key blocks and 4 warps left
-    3 programs a SM doing almost no pipelining; 16-key blocks and 1 warp ran gpt-oss's heads (B = 128-256, T = 1)
-    1.5-2.0x faster at W = 128 (42-43% -> 68-84% of the roofline, contiguous) and 1.0-1.1x at W = 1024-4096 (0.96x
-    at worst, within the spread), paged or not (results/gpu-2026-12-06b-window-tuning)."""
+    3 programs a SM doing almost no pipelining. Measured on the H200, gpt-oss's heads, T = 1, exactly this plan
+    against the old one (results/gpu-2026-12-06b-window-tuning): B = 256, W = 128 1.55-1.61x (43% -> 68-70% of
+    the roofline contiguous, 39-40% -> 61-63% paged); W = 1024-4096 0.99-1.07x at B = 64-256."""
     return (window is not None and int(window[0]) <= SHORT_WINDOW_MAX and head_dim <= 64
             and block_r == MIN_ROWS)
 
