@@ -126,14 +126,16 @@ def default_block_k(head_dim: int) -> int:
     return 128 if head_dim <= 64 else 64 if head_dim <= 128 else 32
 
 
-def short_window(window, head_dim: int, block_r: int) -> bool:
-    """Whether a launch is a window of <= ``SHORT_WINDOW_MAX`` keys at H <= 64 in one 16-row tile: blocks of 16 keys
-    and one warp then. A window's program loops over few blocks, so the default's 128-key blocks and 4 warps left
-    3 programs a SM doing almost no pipelining. Measured on the H200, gpt-oss's heads, T = 1, exactly this plan
-    against the old one (results/gpu-2026-12-06b-window-tuning): B = 256, W = 128 1.55-1.61x (43% -> 68-70% of
-    the roofline contiguous, 39-40% -> 61-63% paged); W = 1024-4096 0.99-1.07x at B = 64-256."""
+def short_window(window, head_dim: int, block_r: int, compute_capability=None) -> bool:
+    """Whether a launch is a window of <= ``SHORT_WINDOW_MAX`` keys at H <= 64 in one 16-row tile on Hopper (or a
+    GPU not named, as elsewhere in the plan): blocks of 16 keys and one warp then. A window's program loops over few
+    blocks, so the default's 128-key blocks and 4 warps left 3 programs a SM doing almost no pipelining. Measured
+    on the H200, gpt-oss's heads, T = 1, exactly this plan against the old one
+    (results/gpu-2026-12-06b-window-tuning): B = 256, W = 128 1.55-1.61x (43% -> 68-70% of the roofline
+    contiguous, 39-40% -> 61-63% paged); W = 1024-4096 0.99-1.07x at B = 64-256."""
+    hopper = compute_capability is None or tuple(compute_capability) >= (9, 0)    # where it was measured
     return (window is not None and int(window[0]) <= SHORT_WINDOW_MAX and head_dim <= 64
-            and block_r == MIN_ROWS)
+            and block_r == MIN_ROWS and hopper)
 
 
 def make_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: int, dtype="bfloat16",
@@ -150,7 +152,7 @@ def make_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, he
     block_r = cfg.block_r or min(next_pow2(max(rows, MIN_ROWS)), 64 if head_dim > 128 else 128)
     if block_r < MIN_ROWS or block_r & (block_r - 1):
         raise ValueError(f"block_r must be a power of two >= {MIN_ROWS}, got {block_r}")
-    short = short_window(window, head_dim, block_r)
+    short = short_window(window, head_dim, block_r, compute_capability)
     block_k = cfg.block_k or (16 if short else default_block_k(head_dim))
     block_k = min(block_k, max(MIN_ROWS, next_pow2(kv_len)))
     if block_k < 16 or block_k & (block_k - 1):
