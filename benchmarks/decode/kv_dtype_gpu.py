@@ -161,11 +161,11 @@ def run_cells(f, shape, Ts, caches, layouts, dev, t0, max_s, dry):
 
 #: Tile variants timed beside the default on the fp8 cache (the plan sizes shared memory by q's dtype, so a
 #: 1-byte cache may want longer key blocks or deeper pipelines): DecodeConfig fields; absent = the plan's.
-#: ``PROBE`` (``--probe``): shorter blocks, pipeline depths and warps at T=1 (the 2026-12-05 run: fp8 took about
-#: the bf16 cache's time and block_k 128 was slower than the plan's 64). ``MMA`` (``--mma``): the products in q's
-#: dtype (bfloat16: FP8 converted through float32) or in float16 (one conversion instruction per pair).
+#: ``PROBE`` (``--probe``): block sizes, pipeline depths and fewer warps at T=1 (2026-12-05, 4 and 8 warps: fp8 about
+#: the bf16 cache's time; a short window ran 1.6x faster in one warp, results/gpu-2026-12-06b-window-tuning).
+#: ``MMA`` (``--mma``): the products in q's dtype (bfloat16: FP8 converted through float32) or in float16 (one conversion instruction per pair).
 VARIANTS = tuple(dict(block_k=bk, num_stages=st) for bk, st in ((128, None), (128, 4), (256, None), (256, 3)))
-PROBE = tuple(dict(block_k=bk, num_stages=st, num_warps=w) for bk in (16, 32, 64) for st in (2, 3, 4) for w in (4, 8))
+PROBE = tuple(dict(block_k=bk, num_stages=st, num_warps=w) for bk in (32, 64, 128) for st in (2, 3) for w in (1, 2, 4))
 MMA = (dict(kv_mma="q"), dict(kv_mma="float16"))
 #: ``ROWS`` (``--rows``): warps and row tiles at T=8, float16 products: the kernel is bound by the instructions it
 #: issues (results/cpu-2026-12-05-fp8-sass), and 2 warps a 32-row tile issue 14% less than the plan's 4.
