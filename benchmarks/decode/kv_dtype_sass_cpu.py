@@ -39,6 +39,10 @@ CASES = [(f"T{T}_{name}{suffix}", T, kvd, mma, extra)
                                 ("e4m3_q", "float8_e4m3fn", "q"))
          for suffix, extra in (("", {}), ("_br16", {"block_r": 16}), ("_w2", {"num_warps": 2}))
          if T == 8 or not extra]
+#: T=1 in fewer warps (a warp then issues more of a block, the SMs fewer in all) and longer key blocks
+CASES += [(f"T1_{name}_w{w}{f'_k{bk}' if bk else ''}", 1, kvd, mma, dict(num_warps=w, **({"block_k": bk} if bk else {})))
+          for name, kvd, mma in (("bf16", "bfloat16", None), ("e4m3_f16", "float8_e4m3fn", "float16"))
+          for w in (1, 2) for bk in (None, 128)]
 
 SASS = r'''
 import glob, json, os, subprocess, sys
