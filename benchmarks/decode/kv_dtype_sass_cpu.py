@@ -4,8 +4,8 @@
 
 Lowers attnlab's Triton decode kernel (``kernels.decode``) under an abstract H200 for B=8, S=32768, N/K=32/8,
 H=128, q bfloat16 (``kv_dtype_gpu.py``'s shape): the bf16 cache, and e4m3 with per-token scales, products in
-float16 and in q's dtype, at T=1 and T=8 (plus T=8 with 16-row tiles and with 2 warps). Compiles each Triton IR
-for sm_90 with pip's triton 3.6.0 (``ttir_cpu.COMPILE``'s way: XLA compiles the same IR with jaxlib's Triton, so
+float16 and in q's dtype, at T=1 and T=8 (plus T=8 with 16-row tiles and 2 warps, T=1 in 1 and 2 warps).
+Compiles each Triton IR for sm_90 with pip's triton 3.6.0 (``ttir_cpu.COMPILE``'s way: XLA compiles the same IR with jaxlib's Triton, so
 a strong hint, not a proof), disassembles it (cuobjdump) and counts the instructions of the KV loop (the
 longest backward branch: one block of block_k keys per iteration, per warp) by opcode. ``issue_ms``: the time
 the SMs need only to issue those instructions, blocks x row tiles x warps x loop / (4 per clock x 1.98 GHz x 132
