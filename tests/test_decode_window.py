@@ -131,8 +131,8 @@ def test_plan_splits_only_the_windows_blocks():
 
 def test_a_short_windows_plan_takes_blocks_of_16_one_warp_and_one_split():
     """gpt-oss's heads, B = 128, W = 128 (results/gpu-2026-12-06b-window-tuning): the defaults' 128-key blocks and 4
-    warps ran at 42%; blocks of 16 and one warp at 84% in one split and 58% split in two (the start-up counted
-    per block of 16 picked two)."""
+    warps ran at 42%; blocks of 16 and one warp at 84% in one split (4 stages) and 58% in two (2 or 3 stages: two
+    blocks of start-up at any block size picked two)."""
     gpt_oss = dict(sms=132, compute_capability=(9, 0), window=(128, 0))
     plan = kd.make_plan(128, 1, 131072, 64, 8, 64, "bfloat16", **gpt_oss)
     assert (plan.block_k, plan.num_warps, plan.num_stages, plan.num_splits) == (16, 1, 3, 1) and plan.direct

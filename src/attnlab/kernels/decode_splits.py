@@ -22,8 +22,8 @@ import operator
 FILL_BLOCKS = 2         # a program's pipeline start-up, counted in blocks of work (of 32 keys or more)
 #: The start-up is latency, not bytes: blocks shorter than 32 keys count more of them, FILL_KEYS // block_k. The
 #: combine, a second kernel, counts as one more start-up (its bytes are the partials' traffic, counted apart).
-#: With 2 at any block size a 128-key window in blocks of 16 split in two, 3 kernels where one ran 1.45x faster
-#: (0.0084 vs 0.0122 ms, gpt-oss heads, B = 128; results/gpu-2026-12-06b-window-tuning)
+#: With 2 at any block size a 128-key window in blocks of 16 split in two, 3 kernels at 0.0121-0.0122 ms where one
+#: split (4 stages) ran in 0.0084 ms (gpt-oss heads, B = 128; results/gpu-2026-12-06b-window-tuning)
 FILL_KEYS = 64
 
 
