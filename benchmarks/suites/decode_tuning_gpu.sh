@@ -10,9 +10,7 @@ out=${1:?OUT dir}
 mkdir -p "$out"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 t0=$(date +%s)
-{ git log -1 --format='commit %H %cd' 2>/dev/null; git status --short 2>/dev/null; date -u
-  python3 -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, jax.devices())"
-  nvidia-smi; } > "$out/versions.txt" 2>&1
+bash benchmarks/suites/versions.sh "$out"
 bash benchmarks/suites/gpu_tests_parallel.sh "$out/tests" 3 "${TEST_SECONDS:-120}" tests/gpu/test_window_gpu.py \
   tests/gpu/test_decode_gpu.py tests/gpu/test_decode_direct_gpu.py tests/gpu/test_kvquant_gpu.py
 timeout 90 python3 benchmarks/decode/window_gpu.py --out "$out/window" --quick --windows 128,1024,4096 \

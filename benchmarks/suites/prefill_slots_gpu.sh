@@ -9,9 +9,7 @@ out=${1:?OUT dir}
 mkdir -p "$out"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 t0=$(date +%s)
-{ git log -1 --format='commit %H %cd' 2>/dev/null; git status --short 2>/dev/null; date -u
-  python3 -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, jax.devices())"
-  nvidia-smi; } > "$out/versions.txt" 2>&1
+bash benchmarks/suites/versions.sh "$out"
 first=(tests/gpu/test_serving_prefill_mgpu_gpu.py tests/gpu/test_decode_mgpu_gpu.py tests/gpu/test_serving_gpu.py
        tests/gpu/test_serving_fused_gpu.py tests/gpu/test_decode_direct_gpu.py)
 bash benchmarks/suites/gpu_tests_parallel.sh "$out/tests-first" 4 "${FIRST_SECONDS:-190}" "${first[@]}"
