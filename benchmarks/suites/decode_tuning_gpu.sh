@@ -7,7 +7,6 @@
 # (kv_dtype_gpu.py --probe, --rows), each with its log.
 set -u
 out=${1:?OUT dir}
-mkdir -p "$out"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 t0=$(date +%s)
 bash benchmarks/suites/versions.sh "$out"

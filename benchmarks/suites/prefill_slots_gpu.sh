@@ -6,7 +6,6 @@
 # (benchmarks/serving/gpu.py --prefill-slots: results.jsonl, README.md) and OUT/slots.log.
 set -u
 out=${1:?OUT dir}
-mkdir -p "$out"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 t0=$(date +%s)
 bash benchmarks/suites/versions.sh "$out"
