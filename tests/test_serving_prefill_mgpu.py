@@ -9,6 +9,7 @@ import pytest
 import attnlab
 from attnlab.kernels import serving as ks
 from attnlab.kernels import serving_plan as sp
+from attnlab.kernels import serving_prefill_mgpu as prefill_mgpu
 from attnlab.reference.serving64 import reference_serving_attention
 from attnlab.reference.tolerance import rel_l2
 
@@ -35,6 +36,22 @@ def test_the_first_slots_take_the_prefill_requests_that_fit_the_chunk():
     assert np.asarray(empty.prefill.slots).tolist() == [[2, 0, 0, 0]] * 2      # request B: an empty slot
     with pytest.raises(ValueError, match="prefill_chunk must be an int > decode_max_q=16"):
         sp.make_serving_plan(starts, kv, **{**kw, "config": sp.ServingConfig(prefill_slots=1)})
+
+
+def test_slots_on_their_own_stream_lower_as_an_annotated_call():
+    """``ServingConfig(prefill_stream=n)`` reaches the plan's slots, and ``on_stream`` lowers its function as a call
+    XLA runs on CUDA stream n (the step on the H200: tests/gpu/test_serving_prefill_mgpu_gpu.py); n < 0 is refused."""
+    starts, kv = np.array([0, 1, 21], np.int32), np.array([50, 64], np.int32)
+    kw = dict(total_tokens=21, kv_len_max=128, heads=4, kv_heads=2, head_dim=64)
+    cfg = sp.ServingConfig(prefill_slots=1, prefill_chunk=32, prefill_stream=2)
+    assert sp.make_serving_plan(starts, kv, config=cfg, **kw).prefill.stream == 2
+    with pytest.raises(ValueError, match="prefill_stream must be an int >= 0, got -1"):
+        sp.make_serving_plan(starts, kv, config=sp.ServingConfig(prefill_slots=1, prefill_chunk=32,
+                                                                 prefill_stream=-1), **kw)
+    step = jax.jit(lambda x: prefill_mgpu.on_stream(lambda y: y * 2, 2)(x) + 1)
+    x = jnp.arange(4.0)
+    assert '_xla_stream_annotation = "2"' in step.lower(x).as_text()
+    assert np.asarray(step(x)).tolist() == [1.0, 3.0, 5.0, 7.0]
 
 
 def test_mixed_step_with_mosaic_prefill_matches_float64():

@@ -6,13 +6,16 @@ serving kernel's Triton prefill class (the default) against the Mosaic GPU kerne
 
 Mixed batches as gpu.py's (2 chunks of 2048 + 126 decodes and 8 chunks of 512 + 248; S=16384, K=8, H=128, bf16,
 lengths seed 3) at G=4 and 7, contiguous and pages of 16; the 512-token chunks also in slots of 2048 (their padding
-tiles read no key). Each call is checked against float64 first (the last
+tiles read no key), and the slots on their own CUDA stream beside the Triton classes (``prefill_stream=1``: CUPTI
+sums the kernels, so these steps are also timed by the host clock around 20 queued calls, kind
+"prefill-slots-wall", every variant). Each call is checked against float64 first (the last
 <= 8 tokens of the longest and shortest request and of the first and last chunk; every row finite), then timed
 (CUPTI, every kernel of the call), against the combined roofline of the valid work (``core.serving_cost``:
 max(FLOPs / peak, bytes / bandwidth)). Lengths are traced, the plan made by its own jitted function.
 """
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -24,14 +27,15 @@ from benchmarks.serving.fp8_window import DRY, FULL, _caches, _run, _step
 MIXED = ((2, 2048, 126), (8, 512, 248))
 #: the variants' labels: the Triton class; the slots sized to the chunks; slots of ``BOUND`` tokens (a server's static
 #: chunk bound) holding shorter chunks, whose padding tiles read no key (``decode_mgpu``'s q_first)
-LABELS = ("triton class", "mosaic slots", "mosaic slots of 2048")
+LABELS = ("triton class", "mosaic slots", "mosaic slots of 2048", "mosaic slots, own stream")
 BOUND = 2048
 
 
 def _variants(chunks: int, chunk: int) -> list[tuple]:
-    """(slots, chunk, label) of each variant of a batch of ``chunks`` chunks of ``chunk`` tokens (``LABELS``; the
-    last only where the chunks are shorter than ``BOUND``)."""
-    return [(0, None, LABELS[0]), (chunks, chunk, LABELS[1])] + ([(chunks, BOUND, LABELS[2])] if chunk < BOUND else [])
+    """(slots, chunk, stream, label) of each variant of a batch of ``chunks`` chunks of ``chunk`` tokens (``LABELS``;
+    the third only where the chunks are shorter than ``BOUND``)."""
+    return [(0, None, 0, LABELS[0]), (chunks, chunk, 0, LABELS[1]), (chunks, chunk, 1, LABELS[3])] + (
+        [(chunks, BOUND, 0, LABELS[2])] if chunk < BOUND else [])
 
 
 def run(out_f, dev, t0, max_seconds, dry=False):
@@ -58,26 +62,48 @@ def run(out_f, dev, t0, max_seconds, dry=False):
                 a, b = jnp.asarray(starts), jnp.asarray(kv)
                 refs = g.references(q, tk, tv, starts, kv, None, requests=(0, chunks - 1))
                 roof_ms = serving_roofline_s(starts, kv, N, K, H, 2, **peaks) * 1e3
-                for slots, size, label in _variants(chunks, chunk)[:1 if dry else None]:
+                for slots, size, stream, label in _variants(chunks, chunk)[:1 if dry else None]:
                     if time.perf_counter() - t0 > max_seconds:
                         return
-                    cfg = ServingConfig(prefill_slots=slots, prefill_chunk=size)
+                    cfg = ServingConfig(prefill_slots=slots, prefill_chunk=size, prefill_stream=stream)
                     plan, step = _step(shape, page, T_total, cfg, None)
                     rec = dict(kind="prefill-slots", device=dev, batch=f"mixed {chunks}x{chunk}+{decodes}", G=N // K,
                                T=1, prefill=label, roofline_ms=roof_ms,
                                lengths_traced=True, layout=f"paged{page}" if page else "contig",
                                **{x: shape[x] for x in "BSNKH"})
-                    _run(out_f, rec, step, (q, k, v, a, b, table, None, None, plan(a, b)), refs, roof_ms, dry,
-                         kernels=True, keys=("batch", "G", "layout", "prefill"))
+                    args = (q, k, v, a, b, table, None, None, plan(a, b))
+                    _run(out_f, rec, step, args, refs, roof_ms, dry, kernels=True,
+                         keys=("batch", "G", "layout", "prefill"))
+                    if rec.get("ms") and not dry:
+                        _wall(out_f, rec, step, args)
             del k, v, table, tk, tv
+
+
+def _wall(out_f, rec, step, args):
+    """A "prefill-slots-wall" record of ``rec``'s cell: the host clock around 20 calls queued back to back, ms per
+    call (the median of 5 rounds): what overlapping kernels take, which CUPTI's sum of kernels cannot show."""
+    from attnlab.measure import timers
+
+    ms = timers.wall_pipelined(step, [args], calls=20, rounds=5).median
+    wall = {k: x for k, x in rec.items() if k not in ("check", "kernels", "ms", "pct_roofline")}
+    wall.update(kind="prefill-slots-wall", ms=ms, pct_roofline=100 * rec["roofline_ms"] / ms, cupti_ms=rec["ms"])
+    out_f.write(json.dumps(wall) + "\n")
+    out_f.flush()
 
 
 def tables_md(path) -> str:
     """The A/B table (markdown) of the records in ``path``."""
+    recs = ab.read(path)
     return "\n".join(ab.ab_table(
-        ab.read(path), kind="prefill-slots", cell=("batch", "G", "layout"), variant="prefill",
-        variants=LABELS, ratios=((0, 1), (0, 2)), error_chars=60,
+        recs, kind="prefill-slots", cell=("batch", "G", "layout"), variant="prefill",
+        variants=LABELS[:3], ratios=((0, 1), (0, 2)), error_chars=60,
         title="Mixed serving steps (bf16, lengths traced): ms (% of the combined roofline of the valid work), the "
               "prefill chunks on the Triton prefill class against the Mosaic GPU slots; each call's kernels",
         headers=("batch", "G", "cache", "Triton class", "Mosaic slots", "slots of 2048", "speed-up",
-                 "speed-up, slots of 2048", "slots: kernels", "Triton: kernels"), kernels_of=(1, 0))) + "\n"
+                 "speed-up, slots of 2048", "slots: kernels", "Triton: kernels"), kernels_of=(1, 0)) + [""] + ab.ab_table(
+        recs, kind="prefill-slots-wall", cell=("batch", "G", "layout"), variant="prefill",
+        variants=(LABELS[0], LABELS[1], LABELS[3]), ratios=((0, 1), (1, 2)), error_chars=60,
+        title="The same steps by the host clock (20 calls queued, ms per call, % of the combined roofline): the slots "
+              "before the Triton classes against the slots on their own CUDA stream beside them",
+        headers=("batch", "G", "cache", "Triton class", "Mosaic slots", "slots, own stream", "slots / Triton",
+                 "own stream / slots"))) + "\n"

@@ -19,17 +19,19 @@ pytestmark = pytest.mark.gpu
 SINKS = np.linspace(-2.0, 3.0, 32).astype(np.float32)
 
 
-@pytest.mark.parametrize("page, window, sinks", [(None, None, False), (16, None, True), (64, 100, False)])
-def test_prefill_slots_match_float64(page, window, sinks):
+@pytest.mark.parametrize("page, window, sinks, stream", [(None, None, False, 0), (16, None, True, 0),
+                                                         (64, 100, False, 0), (16, None, True, 1)])
+def test_prefill_slots_match_float64(page, window, sinks, stream):
     """The "mixed" case (a 300-token and a 64-token chunk among decodes): the 300-token chunk in the single slot
-    of 320 tokens (its first 20 rows padding), the 64-token one on the Triton prefill class (past the slot)."""
+    of 320 tokens (its first 20 rows padding), the 64-token one on the Triton prefill class (past the slot); with
+    ``stream`` the slots on their own CUDA stream (an async call in the compiled step)."""
     _need()
     if device.current().compute_capability != (9, 0):
         pytest.skip("the Mosaic GPU kernel needs sm_90")
     N, K = 32, 8
     (q_len, kv, starts), (q, k, v), (kc, vc, table) = batch("mixed", N, K, page)
     T = q.shape[0]
-    cfg = ServingConfig(prefill_slots=1, prefill_chunk=320)
+    cfg = ServingConfig(prefill_slots=1, prefill_chunk=320, prefill_stream=stream)
     sk = jnp.asarray(SINKS) if sinks else None
 
     @jax.jit
@@ -40,7 +42,10 @@ def test_prefill_slots_match_float64(page, window, sinks):
         return attnlab.serving_attention(q, k, v, a, b, page_table=t, implementation="attnlab-decode", plan=plan,
                                          sinks=sk, local_window_size=window)
 
-    out = step(q, kc, vc, jnp.asarray(starts), jnp.asarray(kv), table)
+    args = (q, kc, vc, jnp.asarray(starts), jnp.asarray(kv), table)
+    if stream:
+        assert "call-start" in step.lower(*args).compile().as_text()
+    out = step(*args)
     assert np.isfinite(np.asarray(out, np.float32)).all()
     rules = dict(local_window_size=None if window is None else (window, 0), sinks=None if sk is None else SINKS)
     check_rows(out, q, k, v, starts, kv, **rules)

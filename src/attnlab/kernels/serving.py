@@ -255,11 +255,14 @@ def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan
     G = N // K
     scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
     mma = kv_products(plan.kv_mma, str(k.dtype) if kv_scale else None, str(q.dtype))
-    # padding tokens' rows stay 0, the Mosaic GPU prefill's tokens' rows are its output (``serving_prefill_mgpu``);
-    # interpret mode needs a spare row past the end (``serving_merge.store_rows``)
-    out = jnp.zeros((T_total * N, H), q.dtype) if plan.prefill is None else prefill_mgpu.run(
-        q, k4, v4, page_table, plan.prefill, scale=scale, sinks=sinks, window_left=plan.window_left,
-        interpret=interpret).reshape(T_total * N, H)
+    # padding tokens' rows stay 0, the Mosaic GPU prefill's tokens' rows are its output (``serving_prefill_mgpu``),
+    # or with its own stream added at the end; interpret mode needs a spare row past the end (``store_rows``)
+    slots = None if plan.prefill is None else functools.partial(
+        prefill_mgpu.run, scale=scale, window_left=plan.window_left, interpret=interpret)
+    beside = None if slots is None or interpret or not plan.prefill.stream else prefill_mgpu.on_stream(
+        lambda *a: slots(*a[:5], sinks=a[5]), plan.prefill.stream)(q, k4, v4, page_table, plan.prefill, sinks)
+    out = jnp.zeros((T_total * N, H), q.dtype) if slots is None or beside is not None else slots(
+        q, k4, v4, page_table, plan.prefill, sinks=sinks).reshape(T_total * N, H)
     out = jnp.concatenate([out, jnp.zeros((1, H), q.dtype)]) if interpret else out
     q_flat = q.reshape(T_total * N, H)
     statics = [class_static(cp, G=G, N=N, S=S, qk_scale=scale * LOG2E, page_size=page_size,
@@ -277,4 +280,5 @@ def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan
         partials = [call(cp, static=st) for cp, st in zip(plan.classes, statics)]
         for cp, parts in zip(plan.classes, partials):
             out = merge_call(cp, parts, out, K=K, G=G, N=N, H=H, interpret=interpret, sinks=sinks)
-    return out[:T_total * N].reshape(T_total, N, H) if interpret else out.reshape(T_total, N, H)
+    out = out[:T_total * N].reshape(T_total, N, H) if interpret else out.reshape(T_total, N, H)
+    return out if beside is None else out + beside

@@ -97,6 +97,8 @@ class ServingConfig:
     #: (``kernels.serving_prefill_mgpu``) instead of the prefill class; 0: none
     prefill_slots: int = 0
     prefill_chunk: int | None = None
+    #: n > 0: the slots run on CUDA stream n (XLA's stream annotation), beside the Triton classes; 0: before them
+    prefill_stream: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

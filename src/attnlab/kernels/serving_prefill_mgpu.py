@@ -16,11 +16,17 @@ row, every other token is 0 (a gather through a (T_total,) index: an XLA scatter
 the H200, results/gpu-2026-12-06-prefill-slots); the slot's padding rows and empty slots (request index B,
 lengths 0) are read by no token. The Triton classes then write their own requests' rows into it.
 
+With ``ServingConfig(prefill_stream=n)`` the slots run on CUDA stream n (``on_stream``: XLA's stream annotation, an
+async call the step waits for) into their own zeros, and the Triton classes write theirs into another on the step's
+stream at the same time; the two are added (each row is 0 in one of them).
+
 Static sizes: P and C (the caller's promise on the chunk size, e.g. a server's chunked-prefill budget), so
 the traced lengths only fill the slots. Runs what ``decode_mgpu_plan.unsupported`` allows (sm_90, bf16/fp16,
 H in {64, 128}, no soft cap) on caches in q's dtype; otherwise the call raises, naming the reason.
 """
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -62,3 +68,18 @@ def run(q, k, v, page_table, ps: PrefillSlots, *, scale: float, sinks, window_le
         jnp.arange(P * C, dtype=jnp.int32))[:T_total]                         # each token's slot row, or -1
     gathered = rows.reshape(P * C, N, H)[jnp.maximum(row_of, 0)]
     return jnp.where((row_of >= 0)[:, None, None], gathered, 0).astype(q.dtype)
+
+
+def on_stream(fn, stream: int):
+    """``fn`` jitted to run on CUDA stream ``stream`` (> 0) when called inside a jitted step: XLA wraps the call in an
+    async call-start/call-done pair, so the step's other kernels can run while it does (``compute_on``'s
+    ``gpu_stream:n``; other platforms lower the annotation and ignore it)."""
+    from jax.experimental.compute_on import compute_on
+
+    jitted = jax.jit(fn)
+
+    @functools.wraps(fn)
+    def call(*args):
+        with compute_on(f"gpu_stream:{int(stream)}"):
+            return jitted(*args)
+    return call

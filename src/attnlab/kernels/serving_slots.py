@@ -19,9 +19,10 @@ class PrefillSlots:
 
     slots: object
     chunk: int
+    stream: int = 0          # ``ServingConfig.prefill_stream``: the CUDA stream they run on (0: the step's)
 
 
-jax.tree_util.register_dataclass(PrefillSlots, data_fields=["slots"], meta_fields=["chunk"])
+jax.tree_util.register_dataclass(PrefillSlots, data_fields=["slots"], meta_fields=["chunk", "stream"])
 
 
 def take_slots(xp, q_len, kv_lengths, q_starts, cfg, max_q: int):
@@ -34,6 +35,8 @@ def take_slots(xp, q_len, kv_lengths, q_starts, cfg, max_q: int):
     if slots and not (isinstance(chunk, int) and chunk > cfg.decode_max_q):
         raise ValueError(f"ServingConfig.prefill_chunk must be an int > decode_max_q={cfg.decode_max_q} with "
                          f"prefill_slots, got {chunk!r}")
+    if not isinstance(cfg.prefill_stream, int) or cfg.prefill_stream < 0:
+        raise ValueError(f"ServingConfig.prefill_stream must be an int >= 0, got {cfg.prefill_stream!r}")
     if not slots or max_q <= cfg.decode_max_q:
         return None, None
     i32 = xp.int32
@@ -54,7 +57,8 @@ def take_slots(xp, q_len, kv_lengths, q_starts, cfg, max_q: int):
     r = xp.minimum(req, B - 1)
     fields = (req, xp.where(ok, xp.asarray(q_starts)[r], 0), xp.where(ok, q_len[r], 0),
               xp.where(ok, xp.asarray(kv_lengths)[r], 0))
-    return PrefillSlots(xp.stack([xp.asarray(f).astype(i32) for f in fields], axis=1), chunk=chunk), taken
+    return PrefillSlots(xp.stack([xp.asarray(f).astype(i32) for f in fields], axis=1), chunk=chunk,
+                        stream=cfg.prefill_stream), taken
 
 
 def unsupported(ps: PrefillSlots, *, kv_len_max: int, heads: int, kv_heads: int, head_dim: int, dtype,
