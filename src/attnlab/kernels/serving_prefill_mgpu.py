@@ -30,6 +30,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.compute_on import compute_on
 
 from . import decode_mgpu as dm
 from .decode_mgpu_plan import default_block_kv
@@ -74,8 +75,6 @@ def on_stream(fn, stream: int):
     """``fn`` jitted to run on CUDA stream ``stream`` (> 0) when called inside a jitted step: XLA wraps the call in an
     async call-start/call-done pair, so the step's other kernels can run while it does (``compute_on``'s
     ``gpu_stream:n``; other platforms lower the annotation and ignore it)."""
-    from jax.experimental.compute_on import compute_on
-
     jitted = jax.jit(fn)
 
     @functools.wraps(fn)
