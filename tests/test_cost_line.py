@@ -32,12 +32,15 @@ def test_the_parts_add_up_and_background_compiles_stand_apart():
              "next_compile_wait_s": 0.3},
             {"cell_s": 1.0, "inputs_s": 0.01, "compile_s": 0.9, "compile_wait_s": 0.1, "check_s": 0.05, "timing_s": 0.4,
              "compiled_ahead": True},
-            {"cell_s": 0.04, "compile_s": None, "check_s": None, "timing_s": None, "status": "unsupported"}]
+            {"cell_s": 0.04, "compile_s": None, "check_s": None, "timing_s": None, "status": "unsupported"},
+            # a serving cell running the program an earlier cell compiled (2 s): no compiler ran beside it
+            {"cell_s": 0.5, "compile_s": 2.0, "compile_wait_s": 0.0, "check_s": 0.3, "timing_s": 0.1,
+             "program_reused": True}]
     c = cost_split(recs)
     assert c["compile"] == pytest.approx(1.02) and c["background"] == pytest.approx(0.48)
     assert c["compile"] + c["check"] + c["timing"] + c["other"] == pytest.approx(c["total"])
     m = _adds_up(cost_summary(recs))
-    assert m.group(1) == "3" and float(m.group(7)) == 0.5
+    assert m.group(1) == "4" and float(m.group(7)) == 0.5
     # no overlap: the plain line
     assert cost_summary([{"cell_s": 2.0, "compile_s": 0.5, "check_s": 1.0, "timing_s": 0.2}]) == \
         "1 cells in 2.0 s: compile 0.5 s, check 1.0 s, timing 0.2 s, other 0.3 s"

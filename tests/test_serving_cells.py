@@ -58,7 +58,9 @@ def test_a_serving_cell_runs_traced_checked_and_counts_the_valid_work(monkeypatc
     compiled_on = []
     real = serving_cell.compile_within_budget
     monkeypatch.setattr(serving_cell, "compile_within_budget", lambda f, a, b: compiled_on.append(a) or real(f, a, b))
-    r = measure_cell(cell, Options(repeats=1, warmup=0, min_time_s=0, pipelined_calls=2, compile_ahead=False))
+    monkeypatch.setattr(serving_cell, "_PROGRAMS", type(serving_cell._PROGRAMS)())
+    opts = Options(repeats=1, warmup=0, min_time_s=0, pipelined_calls=2, compile_ahead=False)
+    r = measure_cell(cell, opts)
     assert r["status"] == "ok", r["reason"]
     want = Problem.serving(q, kv, 4, 2, 16, "float32", kv_len_max=64)
     assert (r["flops"], r["bytes"]) == (want.flops(), want.bytes()) and r["lengths_traced"] is True
@@ -69,6 +71,13 @@ def test_a_serving_cell_runs_traced_checked_and_counts_the_valid_work(monkeypatc
     # the lengths are arguments of the jitted step (traced, as a server passes them), not constants in it
     assert [np.asarray(x).tolist() for x in compiled_on[0][3:5]] == [[0, 8, 10, 12, 14], kv.tolist()]
     assert compiled_on[0][1].shape == ((4 * 64 // 16, 16, 2, 16) if page_size else (4, 64, 2, 16))   # pages
+    assert not r["compiled_ahead"] and not r["program_reused"]
+    # another distribution of the same shape runs the same program (compiled once), checked on its own lengths
+    again = measure_cell(Cell(backend, 3, 2, 64, 4, 2, 16, "float32", True, lengths="spread", page_size=page_size,
+                              prefill_chunks="1x8"), opts)
+    assert again["status"] == "ok", again["reason"]
+    assert len(compiled_on) == 1 and again["program_reused"] is True and again["compile_s"] == r["compile_s"]
+    assert again["request_lengths"]["kv"] != r["request_lengths"]["kv"] and again["compile_wait_s"] < 0.1
 
 
 def test_the_check_samples_the_longest_and_shortest_requests_and_catches_a_wrong_row():

@@ -141,6 +141,7 @@ class Cost(_Part):
     check_parts_s: Optional[dict] = None   # of check_s: references made for this cell (reference_s, float64_rows_s)
     next_compile_wait_s: Num = None   # of cell_s: waiting for the next cell's ahead compile (its compile)
     compiled_ahead: Optional[bool] = None
+    program_reused: Optional[bool] = None   # its program compiled by an earlier cell (compile_s: that compile)
     estimate_s: Num = None
 
 

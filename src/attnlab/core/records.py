@@ -107,12 +107,13 @@ def cost_split(records) -> dict:
     ``compile`` (the seconds a cell waited for its compile: ``compile_wait_s``, else ``compile_s``, plus
     ``next_compile_wait_s``, its wait for the next cell's), ``check``, ``timing`` and ``other`` (inputs
     and the rest); beside them ``background``: the compiler's seconds (``compile_s``) that ran in a
-    background thread while other cells were measured (``attnlab.measure.ahead``), in none of the parts."""
+    background thread while other cells were measured (``attnlab.measure.ahead``), in none of the parts (a
+    cell that ran a program an earlier cell compiled, ``program_reused``, adds none)."""
     cells = [r for r in records if r.get("kind", "cell") == "cell"]
     total = sum(r.get("cell_s") or 0.0 for r in cells)
     waited = sum((r["compile_wait_s"] if r.get("compile_wait_s") is not None else r.get("compile_s") or 0.0)
                  + (r.get("next_compile_wait_s") or 0.0) for r in cells)
-    compiler = sum(r.get("compile_s") or 0.0 for r in cells)
+    compiler = sum(r.get("compile_s") or 0.0 for r in cells if not r.get("program_reused"))
     parts = {"compile": waited, "check": sum(r.get("check_s") or 0.0 for r in cells),
              "timing": sum(r.get("timing_s") or 0.0 for r in cells)}
     return {"cells": len(cells), "total": total, **parts, "other": max(0.0, total - sum(parts.values())),

@@ -8,7 +8,8 @@ their KV lengths drawn from it with a seed fixed by the shape (every backend and
 
 Measured as a JAX server calls it: ``jax.jit`` of ``serving_attention(q, k, v, q_starts, kv_lengths)``, the
 lengths *traced* arguments (the record's ``lengths_traced``; the kernel's plan is made inside the call from
-them; ``compile_run``, then ``ServingRun.time``). The check runs first (``check.check_serving``, from
+them; ``compile_run``, then ``ServingRun.time``): cells of one shape, call and backend share one compiled step
+(``program_key``), whatever their lengths. The check runs first (``check.check_serving``, from
 ``check.check_into`` as every cell's check): the first and last ``EDGE`` tokens of the longest and the shortest
 requests (by KV length and by query length, ``reference.serving64.sampled``) against NumPy float64
 (``reference.serving64.serving_errors``), each error within the tolerance policy's limit from a kernel-like
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections import OrderedDict
 
 import jax
 import jax.numpy as jnp
@@ -48,6 +50,10 @@ from .outcome import Skip, classify
 
 #: The request-length distributions a serving cell's ``lengths`` names (or ``file:PATH``).
 LENGTHS = rl.DISTRIBUTIONS
+#: Compiled serving steps, (compiled, lower_s, compile_s) by ``program_key``: the lengths are traced, so every cell
+#: of one shape, call and backend runs one program (a sweep over distributions compiles it once).
+_PROGRAMS: OrderedDict = OrderedDict()
+PROGRAMS_KEPT = 8
 
 
 def is_serving(cell) -> bool:
@@ -176,18 +182,36 @@ def compile_run(backend, cell, opts, rec: dict, phases, cupti: bool) -> ServingR
     first = prepare_serving(*args[0][:5], page_table=args[0][5], k_scale=args[0][6], v_scale=args[0][7], **kw)
     if why := backend.supports_serving(first):   # the backend in hand (measure_cell found it available)
         raise Skip("unsupported", f"{backend.name}: {why}")
-    call = functools.partial(serving_attention, implementation=cell.backend, **kw)
-    step = jax.jit(lambda q, k, v, starts, kv, table, ks, vs: call(q, k, v, starts, kv, page_table=table,
-                                                                   k_scale=ks, v_scale=vs))
+    key = program_key(backend, args[0], kw)
+    reused = key in _PROGRAMS      # compiled by an earlier cell: its record says so
     with phases("compile", key="compile_wait_s"):
-        try:
-            compiled, lower_s, compile_s, *_ = compile_within_budget(step, args[0], opts.compile_budget_s)
-        except Skip:
-            raise
-        except Exception as e:  # noqa: BLE001
-            raise Skip(*classify(e, "compile")) from None
-    rec.update(lower_s=lower_s, compile_s=lower_s + compile_s, compiled_ahead=False, **memory.compiled_memory(compiled))
+        if (program := _PROGRAMS.get(key)) is None:
+            call = functools.partial(serving_attention, implementation=cell.backend, **kw)
+            step = jax.jit(lambda q, k, v, starts, kv, table, ks, vs: call(q, k, v, starts, kv, page_table=table,
+                                                                           k_scale=ks, v_scale=vs))
+            try:
+                program = tuple(compile_within_budget(step, args[0], opts.compile_budget_s)[:3])
+            except Skip:
+                raise
+            except Exception as e:  # noqa: BLE001
+                raise Skip(*classify(e, "compile")) from None
+            _PROGRAMS[key] = program
+            while len(_PROGRAMS) > PROGRAMS_KEPT:
+                _PROGRAMS.popitem(last=False)
+        _PROGRAMS.move_to_end(key)
+    compiled, lower_s, compile_s = program
+    rec.update(lower_s=lower_s, compile_s=lower_s + compile_s, compiled_ahead=False, program_reused=reused,
+               **memory.compiled_memory(compiled))
     return ServingRun(p, compiled, args, contiguous, q_lens, kv_lens, kw, dequantized, cupti)
+
+
+def program_key(backend, args, kw: dict) -> tuple:
+    """What a serving step's compiled program depends on: the backend, its arguments' shapes and dtypes and the
+    call's semantics (soft cap, window, the sinks' values), the x64 setting. Not the lengths: they are traced."""
+    shape = lambda x: None if x is None else (tuple(x.shape), str(x.dtype))  # noqa: E731
+    sinks = kw.get("sinks")
+    return (backend.name, id(backend), tuple(map(shape, args)), kw.get("logits_soft_cap"), kw.get("local_window_size"),
+            None if sinks is None else np.asarray(sinks, np.float32).tobytes(), jax.config.jax_enable_x64)
 
 
 def call_semantics(cell) -> dict:
