@@ -367,7 +367,7 @@ def test_the_roofline_draws_its_roof_and_labels_several_ticks(monkeypatch):
     from attnlab.lab import plots
 
     figs = []
-    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig) or path)
+    monkeypatch.setattr(plots, "save", lambda fig, path: figs.append(fig) or path)
     recs = [{"backend": b, "status": "ok", "wall_ms": 1.0, "intensity": x, "tflops": t, "step": "seq_sweep"}
             for b, pts in (("naive", ((8, 0.029), (16, 0.051), (64, 0.032))), ("xla", ((8, 0.026), (32, 0.068))))
             for x, t in pts]

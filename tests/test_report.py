@@ -118,7 +118,7 @@ def _capture(monkeypatch):
         figs.append(fig)
         return path
 
-    monkeypatch.setattr(plots, "_save", keep)
+    monkeypatch.setattr(plots, "save", keep)
     return figs
 
 

@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ...core.records import time_ms  # noqa: E402
 from ..step_types import LabConfig, Section, Step, Table, jax_side  # noqa: E402
-from ..plots import log_ticks  # noqa: E402
+from ..plots import log_ticks, save  # noqa: E402
 from ..render_common import cells  # noqa: E402
 from . import decode_features, ragged_serving  # noqa: E402
 
@@ -226,10 +226,7 @@ def latency_plot(records, path: str, *, unit: str) -> str | None:
     ax.set_title(f"decode latency against T ({unit})", fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def cells_note(cfg: LabConfig) -> str:
