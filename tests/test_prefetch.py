@@ -1,9 +1,13 @@
 """The check's reference programs compiled ahead (``attnlab.measure.prefetch``) are the ones it runs."""
+import time
+
 import pytest
 
 from attnlab.measure import prefetch
 from attnlab.measure.cell import Cell, Options, measure_cell
 from attnlab.reference import check_programs, compiled
+from attnlab.sweep.engine import run_sweep
+from attnlab.sweep.spec import Sweep
 from benchmarks.engine.cost import _overhead
 
 CELLS = [
@@ -26,8 +30,30 @@ def test_the_check_runs_the_programs_compiled_ahead(cell):
     assert set(compiled._PROGRAMS) == ahead          # the check compiled nothing of its own
 
 
-def test_nothing_is_queued_on_a_cpu():
-    assert prefetch.start(CELLS) == 0
+def test_a_cpu_compiles_ahead_but_never_beside_a_timed_cell(tmp_path, monkeypatch):
+    """On a CPU the references are queued too (not a backend that is not available: never checked), and a
+    held thread (a cell being timed) starts no compile until released; the engine holds around each timing."""
+    assert prefetch.why_not(Cell("cudnn", 2, 4, 4, 2, 2, 16)).startswith("never checked: cudnn")
+    cell = Cell("xla", batch=3, q_len=5, kv_len=7, heads=2, kv_heads=1, head_dim=16, dtype="float32")
+    compiled._PROGRAMS.clear()
+    assert prefetch.hold()
+    try:
+        assert prefetch.start([cell]) == 1
+        time.sleep(0.5)
+        assert not compiled._PROGRAMS            # held: nothing compiled beside the timer
+    finally:
+        prefetch.release()
+    for _ in range(600):
+        if not prefetch._THREAD:
+            break
+        time.sleep(0.05)
+    assert compiled._PROGRAMS                    # released: compiled
+    calls = []
+    monkeypatch.setattr(prefetch, "hold", lambda: calls.append("hold") or True)
+    monkeypatch.setattr(prefetch, "release", lambda: calls.append("release"))
+    run_sweep(Sweep(["naive", "xla"], batch=[1], q_len=[8], kv_len=[8], heads=[2], kv_heads=[1], head_dim=[8],
+                    dtype=["float32"]), str(tmp_path), options=Options(repeats=1, warmup=0, min_time_s=0))
+    assert calls == ["hold", "release"] * 2
 
 
 def test_the_wait_for_the_next_compile_is_not_overhead():

@@ -53,7 +53,7 @@ def run_sweep(ctx: LabContext, sweep: Sweep) -> list[CellRecord]:
 
 def _prefetch(cfg: LabConfig, chosen: list[str]) -> None:
     """Every chosen step's cells are known before the first runs: their references compile in the
-    background (``attnlab.measure.prefetch``, GPU only). A step whose plan fails says so when it runs."""
+    background (``attnlab.measure.prefetch``). A step whose plan fails says so when it runs."""
     cells = []
     for sid in chosen:
         try:

@@ -1,22 +1,23 @@
-"""Compile the check's reference programs of the coming cells in a background thread, on a GPU.
+"""Compile the check's reference programs of the coming cells in a background thread.
 
 The first cell of each new shape used to pay for compiling its references (``attnlab.measure.check``:
 the blockwise float32 reference with its kernel-like emulation, their gradients for fwd+bwd / bwd
-cells, and the error reduction), about 1-2 s of XLA compile a shape on the H200. Those programs
-depend only on the cell's shapes and mask rules, so ``start(cells)`` queues them for one daemon
-thread that compiles them (``attnlab.reference.check_programs.precompile_check``) while earlier cells are
-measured; the check then finds them compiled, or waits for the compile already under way (never a
-second compile). They are compiled without XLA's GPU autotuner, so the compile runs no kernel on the
-device and may run beside a timed cell (CUPTI counts only what runs on the device).
+cells, and the error reduction), about 1-2 s of XLA compile a shape on the H200 and 0.5 s on a laptop's
+CPU. Those programs depend only on the cell's shapes and mask rules, so ``start(cells)`` queues them for one
+daemon thread that compiles them one at a time (``attnlab.reference.check_programs.check_compiles``) while earlier cells
+are measured; the check then finds them compiled, or waits for the compile already under way (never a
+second compile). They are compiled without XLA's GPU autotuner, so on a GPU the compile runs no kernel on
+the device and may run beside a timed cell (CUPTI counts only what runs on the device). On a CPU the compile
+would share the cores with the timed kernels, so a timed CPU cell first ``hold``s the thread (waiting for the
+compile under way, starting none) until it is ``release``d: the sweep engine does so around each cell's timing.
 
-Nothing is queued on a CPU: there the compile would share the cores with the timed kernels. Cells
-skipped here (float64: x64 is set per thread; sharded: their placement is part of the program)
-compile their references in their own check, as before. A failed compile here is not reported
-here: a check already waiting for it gets its error, a later check compiles again and reports it.
-A cell over its cell budget (``ahead.why_not``) queues nothing: it will not run. The thread ends
-when the queue is empty (a later ``start`` starts another) and is registered with
-``attnlab.measure.threads``, whose cancel drops the queued compiles not begun, so no compile is
-left inside XLA when the process ends.
+Cells skipped here (float64: x64 is set per thread; sharded: their placement is part of the program; a
+backend that is not available: the cell is never checked) compile their references in their own check, as
+before. A failed compile here is not reported here: a check already waiting for it gets its error, a later
+check compiles again and reports it. A cell over its cell budget (``ahead.over_budget``) queues nothing: it
+will not run. The thread ends when the queue is empty (a later ``start`` starts another) and is registered
+with ``attnlab.measure.threads``, whose cancel drops the queued compiles not begun, so no compile is left
+inside XLA when the process ends.
 """
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ import threading
 
 import jax
 
+from .. import backends
 from ..reference import check_programs
+from ..reference.compiled import precompile
 from ..reference.output_errors import sample_rows
 from . import threads
 from .ahead import over_budget, shapes
@@ -36,6 +39,8 @@ _QUEUE: queue.Queue = queue.Queue()
 _QUEUED: set = set()
 _THREAD: list[threading.Thread] = []
 _LOCK = threading.Lock()
+#: Held by the thread while it compiles, and by a timed CPU cell (``hold``) while it is timed.
+_COMPILING = threading.Lock()
 
 
 def check_shapes(cell) -> tuple:
@@ -52,7 +57,11 @@ def why_not(cell, opts=None) -> str | None:
         return "float64: x64 is set per thread"
     if cell.strategy is not None:
         return "sharded: the placement of its inputs is part of its programs"
-    return over_budget(cell, opts)
+    try:
+        why = backends.get(cell.backend).available()
+    except ValueError as e:
+        why = str(e)
+    return f"never checked: {cell.backend}: {why}" if why else over_budget(cell, opts)
 
 
 def _work() -> None:
@@ -62,10 +71,26 @@ def _work() -> None:
                 _THREAD.clear()
                 return
             q, k, v, grads, kw = _QUEUE.get()
-        try:
-            check_programs.precompile_check(q, k, v, grads=grads, **kw)
-        except Exception:  # noqa: BLE001 - the cell's own check compiles again and reports it
-            pass
+        for program, args, options in check_programs.check_compiles(q, k, v, grads=grads, **kw):
+            try:
+                with _COMPILING:      # one program at a time: a timed CPU cell waits for one at most
+                    precompile(program, *args, **options)
+            except Exception:  # noqa: BLE001 - the cell's own check compiles again and reports it
+                pass
+
+
+def hold() -> bool:
+    """On a CPU: wait for the compile under way and start none until ``release()`` (a cell is about to be timed
+    on the cores the compile would share); returns whether it holds (nothing to hold on a GPU)."""
+    if jax.default_backend() != "cpu":
+        return False
+    _COMPILING.acquire()
+    return True
+
+
+def release() -> None:
+    """Let the thread compile again after ``hold()`` (from any thread)."""
+    _COMPILING.release()
 
 
 def cancel() -> int:
@@ -80,9 +105,9 @@ def cancel() -> int:
 
 
 def start(cells, check: bool = True, opts=None) -> int:
-    """Queue the reference programs of ``cells`` not queued before (GPU only; ``opts``: none of a
-    cell over its cell budget); returns how many cells'."""
-    if not check or jax.default_backend() != "gpu":
+    """Queue the reference programs of ``cells`` not queued before (``opts``: none of a cell over its cell
+    budget); returns how many cells'."""
+    if not check:
         return 0
     n = 0
     for cell in cells:

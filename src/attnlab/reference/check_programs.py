@@ -12,6 +12,7 @@ is judged by the same program as the output (its errors are the policy's baselin
 - ``judge_grads(dq, dk, dv, *refs, cotangent, empty)`` -> (3,) rel L2 errors of dq, dk, dv; dv against the nearer of
   the 0 convention's and jax.nn's (a row that sees no key weighs every key 1/S; dq and dk are the same under both).
 - ``batch_rows(x, idx)``: the sampled batch elements of K or V for the float64 rows.
+- ``check_compiles(q, k, v, ...)``: those a check of these shapes runs; ``precompile_check`` compiles them.
 """
 from __future__ import annotations
 
@@ -91,17 +92,23 @@ def batch_rows(x, idx):
     return y.astype(jnp.promote_types(y.dtype, jnp.float32))
 
 
-def precompile_check(q, k, v, *, grads: bool = False, n_batch: int | None = None, **kw) -> None:
-    """Compile what a check of these shapes runs (``jax.ShapeDtypeStruct`` q, k, v and keyword arguments):
-    ``references``, ``judge_output`` of an output against it, ``batch_rows`` of K for ``n_batch`` sampled batch
-    elements; with ``grads`` also ``grad_references`` and ``judge_grads`` (cotangent in q's dtype)."""
+def check_compiles(q, k, v, *, grads: bool = False, n_batch: int | None = None, **kw) -> list:
+    """What a check of these shapes runs (``jax.ShapeDtypeStruct`` q, k, v and keyword arguments), as
+    (program, argument shapes, keyword arguments) for ``precompile``: ``references``, ``judge_output`` of an output
+    against it, ``batch_rows`` of K for ``n_batch`` sampled batch elements; with ``grads`` also
+    ``grad_references`` and ``judge_grads`` (cotangent in q's dtype)."""
     acc = jax.ShapeDtypeStruct(q.shape, _acc(q.dtype))
     empty = jax.ShapeDtypeStruct(q.shape[:2], jnp.bool_)
-    precompile(references, q, k, v, **kw)
-    precompile(judge_output, q, acc, v, empty)
+    out = [(references, (q, k, v), kw), (judge_output, (q, acc, v, empty), {})]
     if n_batch:
-        precompile(batch_rows, k, jax.ShapeDtypeStruct((n_batch,), jnp.int32))
+        out.append((batch_rows, (k, jax.ShapeDtypeStruct((n_batch,), jnp.int32)), {}))
     if grads:
-        precompile(grad_references, q, k, v, q, **kw)
         accs = tuple(jax.ShapeDtypeStruct(x.shape, _acc(x.dtype)) for x in (q, k, v))
-        precompile(judge_grads, q, k, v, *accs, q, empty)
+        out += [(grad_references, (q, k, v, q), kw), (judge_grads, (q, k, v, *accs, q, empty), {})]
+    return out
+
+
+def precompile_check(q, k, v, **kw) -> None:
+    """Compile what a check of these shapes runs (``check_compiles``'s arguments)."""
+    for program, args, options in check_compiles(q, k, v, **kw):
+        precompile(program, *args, **options)

@@ -22,8 +22,8 @@ from .worker import Abandoned, call_interruptibly
 #: The record's identity (the Cell's fields, derived from the dataclasses), then what was measured.
 #: The CSV columns, derived from the typed record (``attnlab.core.record_model.csv_columns``).
 CSV_COLUMNS = csv_columns(IDENTITY)
-#: The check's reference programs of this many coming cells are compiled in the background (GPU:
-#: ``attnlab.measure.prefetch``), so the first backend of a new shape finds them ready.
+#: The check's reference programs of this many coming cells are compiled in the background
+#: (``attnlab.measure.prefetch``), so the first backend of a new shape finds them ready.
 PREFETCH_CELLS = 8
 
 
@@ -143,6 +143,7 @@ def _measure(cell: Cell, todo: list[Cell], pending: dict, opts: Options, on_phas
                 pending[todo[i + 1].key()] = nxt
 
     stamp = dict(stamp)   # read by measure_cell when it builds the record, after the timing phase
+    held = []
 
     def phase(name: str) -> None:
         if name == "timing" and nxt is not None:
@@ -150,7 +151,13 @@ def _measure(cell: Cell, todo: list[Cell], pending: dict, opts: Options, on_phas
             wait([nxt], timeout=opts.compile_budget_s)   # the next compile must not run beside the timer
             # part of this cell's wall seconds, spent on the next cell's compile
             stamp["next_compile_wait_s"] = time.perf_counter() - t0
+        if name == "timing" and not held:
+            held.append(prefetch.hold())     # nor, on a CPU, a reference's compile (until the cell ends)
         if on_phase:
             on_phase(cell, name)
 
-    return call_interruptibly(lambda: measure_cell(cell, opts, on_phase=phase, compiled=compiled, stamp=stamp))
+    try:
+        return call_interruptibly(lambda: measure_cell(cell, opts, on_phase=phase, compiled=compiled, stamp=stamp))
+    finally:
+        if any(held):
+            prefetch.release()
