@@ -23,7 +23,8 @@ def test_the_check_runs_the_programs_compiled_ahead(cell):
     compiled._PROGRAMS.clear()
     compiled.clear_results()
     q, k, v, grads, kw = prefetch.check_shapes(cell)
-    check_programs.precompile_check(q, k, v, grads=grads, **kw)
+    for program, args, options in check_programs.check_compiles(q, k, v, grads=grads, **kw):
+        compiled.precompile(program, *args, **options)
     ahead = set(compiled._PROGRAMS)
     rec = measure_cell(cell, Options(repeats=2, warmup=1))
     assert rec["status"] == "ok", rec["reason"]

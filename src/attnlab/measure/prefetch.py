@@ -4,10 +4,10 @@ The first cell of each new shape used to pay for compiling its references (``att
 the blockwise float32 reference with its kernel-like emulation, their gradients for fwd+bwd / bwd
 cells, and the error reduction), about 1-2 s of XLA compile a shape on the H200 and 0.5 s on a laptop's
 CPU. Those programs depend only on the cell's shapes and mask rules, so ``start(cells)`` queues them for one
-daemon thread that compiles them one at a time (``attnlab.reference.check_programs.check_compiles``) while earlier cells
-are measured; the check then finds them compiled, or waits for the compile already under way (never a
-second compile). They are compiled without XLA's GPU autotuner, so on a GPU the compile runs no kernel on
-the device and may run beside a timed cell (CUPTI counts only what runs on the device). On a CPU the compile
+daemon thread that compiles them one at a time (``attnlab.reference.check_programs.check_compiles``) while
+earlier cells are measured; the check then finds them compiled, or waits for the compile already under way
+(never a second compile). They are compiled without XLA's GPU autotuner, so on a GPU the compile runs no kernel
+on the device and may run beside a timed cell (CUPTI counts only what runs on the device). On a CPU the compile
 would share the cores with the timed kernels, so a timed CPU cell first ``hold``s the thread (waiting for the
 compile under way, starting none) until it is ``release``d: the sweep engine does so around each cell's timing.
 
@@ -44,7 +44,7 @@ _COMPILING = threading.Lock()
 
 
 def check_shapes(cell) -> tuple:
-    """(q, k, v, grads, keyword arguments) of ``check_programs.precompile_check`` for ``cell``'s check."""
+    """(q, k, v, grads, keyword arguments) of ``check_programs.check_compiles`` for ``cell``'s check."""
     q, k, v = shapes(cell)[:3]
     n_batch = len(sample_rows(0, cell.batch, cell.q_len)[0])
     return q, k, v, cell.mode != "fwd", {**semantics(cell, call_extras(cell)).device_shapes(cell.q_len), "n_batch": n_batch}

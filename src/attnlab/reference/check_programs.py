@@ -1,7 +1,7 @@
 """The check's programs on the device: the float32 reference with its emulation, and an output's (or the
 gradients') errors against it under the empty-row rule (``attnlab.reference.rules``), in float32.
 
-Each is one ``jax.jit`` program (run by ``compiled_once``, compiled ahead by ``precompile_check``); the emulation
+Each is one ``jax.jit`` program (run by ``compiled_once``, compiled ahead from ``check_compiles``); the emulation
 is judged by the same program as the output (its errors are the policy's baselines), so one compile serves both.
 
 - ``references(q, k, v, **rules)`` -> (reference, emulation, empty (B, T) bool: the rows that see no key).
@@ -12,7 +12,7 @@ is judged by the same program as the output (its errors are the policy's baselin
 - ``judge_grads(dq, dk, dv, *refs, cotangent, empty)`` -> (3,) rel L2 errors of dq, dk, dv; dv against the nearer of
   the 0 convention's and jax.nn's (a row that sees no key weighs every key 1/S; dq and dk are the same under both).
 - ``batch_rows(x, idx)``: the sampled batch elements of K or V for the float64 rows.
-- ``check_compiles(q, k, v, ...)``: those a check of these shapes runs; ``precompile_check`` compiles them.
+- ``check_compiles(q, k, v, ...)``: those a check of these shapes runs, for ``compiled.precompile``.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from .blockwise import _acc, blockwise_attention, blockwise_grads, empty_rows
-from .compiled import STATIC, precompile
+from .compiled import STATIC
 
 
 @jax.jit
@@ -106,9 +106,3 @@ def check_compiles(q, k, v, *, grads: bool = False, n_batch: int | None = None, 
         accs = tuple(jax.ShapeDtypeStruct(x.shape, _acc(x.dtype)) for x in (q, k, v))
         out += [(grad_references, (q, k, v, q), kw), (judge_grads, (q, k, v, *accs, q, empty), {})]
     return out
-
-
-def precompile_check(q, k, v, **kw) -> None:
-    """Compile what a check of these shapes runs (``check_compiles``'s arguments)."""
-    for program, args, options in check_compiles(q, k, v, **kw):
-        precompile(program, *args, **options)

@@ -11,13 +11,13 @@ and return the errors that ``attnlab.measure.check`` judges by the tolerance pol
   at random), drawn from a seed derived from ``key`` (not from Python's ``hash``), so every backend of one
   problem is checked on the same rows.
 
-The output's structure, shape and dtype and the rows that see no key follow ``attnlab.reference.rules`` (an
-empty row is never a false ``incorrect``). Each device step is one program compiled once per shape without GPU
-autotuning (``attnlab.reference.compiled``; on a GPU compiled ahead by ``precompile_check``): the reference with
-its emulation and the rows that see no key; an output's errors under the empty-row rule (the emulation's, the
-baselines, by the same program); the gradients' likewise. The references are shared by every backend and mode
-measured on the same inputs (``compiled.computed_once``), so a cell pays one comparison of its own output; the
-seconds of the references it made are returned (``parts``).
+The output's structure, shape and dtype and the rows that see no key follow ``attnlab.reference.rules`` (an empty
+row is never a false ``incorrect``). Each device step is one program compiled once per shape without GPU autotuning
+(``attnlab.reference.compiled``; compiled ahead from ``check_programs.check_compiles``): the reference with its
+emulation and the rows that see no key; an output's errors under the empty-row rule (the emulation's, the baselines,
+by the same program); the gradients' likewise. The references are shared by every backend and mode measured on the
+same inputs (``compiled.computed_once``), so a cell pays one comparison of its own output; the seconds of the
+references it made are returned (``parts``).
 """
 from __future__ import annotations
 
