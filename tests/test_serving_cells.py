@@ -57,7 +57,7 @@ def test_a_serving_cell_runs_traced_checked_and_counts_the_valid_work(monkeypatc
     assert q.tolist() == [8, 2, 2, 2] and kv[1:].tolist() == [64, 2, 2] and cell.kv_lengths() == tuple(kv.tolist())
     compiled_on = []
     real = serving_cell.compile_within_budget
-    monkeypatch.setattr(serving_cell, "compile_within_budget", lambda f, a, b: compiled_on.append(a) or real(f, a, b))
+    monkeypatch.setattr(serving_cell, "compile_within_budget", lambda f, a, *b: compiled_on.append(a) or real(f, a, *b))
     monkeypatch.setattr(serving_cell, "_PROGRAMS", type(serving_cell._PROGRAMS)())
     opts = Options(repeats=1, warmup=0, min_time_s=0, pipelined_calls=2, compile_ahead=False)
     r = measure_cell(cell, opts)
@@ -72,12 +72,32 @@ def test_a_serving_cell_runs_traced_checked_and_counts_the_valid_work(monkeypatc
     assert [np.asarray(x).tolist() for x in compiled_on[0][3:5]] == [[0, 8, 10, 12, 14], kv.tolist()]
     assert compiled_on[0][1].shape == ((4 * 64 // 16, 16, 2, 16) if page_size else (4, 64, 2, 16))   # pages
     assert not r["compiled_ahead"] and not r["program_reused"]
+    if page_size is None:      # compiled ahead from its shapes (the engine does so): those of its first timed set
+        shape = lambda x: None if x is None else (x.shape, x.dtype)  # noqa: E731
+        assert list(map(shape, serving_cell.step_shapes(cell))) == list(map(shape, compiled_on[0]))
     # another distribution of the same shape runs the same program (compiled once), checked on its own lengths
     again = measure_cell(Cell(backend, 3, 2, 64, 4, 2, 16, "float32", True, lengths="spread", page_size=page_size,
                               prefill_chunks="1x8"), opts)
     assert again["status"] == "ok", again["reason"]
     assert len(compiled_on) == 1 and again["program_reused"] is True and again["compile_s"] == r["compile_s"]
     assert again["request_lengths"]["kv"] != r["request_lengths"]["kv"] and again["compile_wait_s"] < 0.1
+
+
+def test_a_sweep_compiles_the_next_serving_step_ahead_and_reuses_one_program(tmp_path):
+    """B = 2 then 3 (two programs: the second compiled ahead while the first is measured), then another
+    distribution at B = 3 (its program reused, so not compiled ahead); each checked on its own lengths."""
+    from attnlab.sweep.engine import run_sweep
+    from attnlab.sweep.spec import Sweep
+
+    serving_cell._PROGRAMS.clear()
+    sweep = Sweep(["xla"], batch=[2, 3], q_len=[1], kv_len=[32], heads=[2], kv_heads=[1], head_dim=[8],
+                  dtype=["float32"], causal=[True], lengths=["uniform", "spread"])
+    recs = {(r["batch"], r["lengths"]): r for r in run_sweep(sweep, str(tmp_path), options=Options(repeats=1, warmup=0))}
+    assert all(r["status"] == "ok" for r in recs.values()), [r["reason"] for r in recs.values()]
+    got = {k: (r["compiled_ahead"], r["program_reused"]) for k, r in recs.items()}
+    assert got == {(2, "uniform"): (False, False), (2, "spread"): (False, True),
+                   (3, "uniform"): (True, False), (3, "spread"): (False, True)}, got
+    assert "program_reused" in ahead.why_not(Cell("xla", 3, 1, 32, 2, 1, 8, "float32", True, lengths="one-long"))
 
 
 def test_the_check_samples_the_longest_and_shortest_requests_and_catches_a_wrong_row():

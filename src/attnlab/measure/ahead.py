@@ -8,7 +8,9 @@ arrays do not exist yet) and compiled AOT, or None where the cell is not compile
   program), a ``bwd`` cell (its inputs are the forward pass's residuals), a float64 cell (x64 is a
   per-thread setting), or a cell its backend refuses (``why_not`` / ``mode_reason``: it is never
   compiled, so it is not compiled ahead either), or a paged decode cell (its arguments are the pages
-  and page table made from its inputs, not q, k, v).
+  and page table made from its inputs, not q, k, v), or a serving cell on a paged or quantized cache
+  or whose program an earlier cell compiled (``serving_cell.why_not_ahead``; a serving cell's step is
+  compiled from ``serving_cell.step_shapes``).
 
 For a fwd+bwd cell the future's result has a 4th element where it compiles: the forward program
 the check runs, compiled beside it. ``measure_cell(cell, compiled=future)`` takes the result; a failure in the ahead compile is that
@@ -71,10 +73,13 @@ def why_not(cell, opts=None) -> str | None:
         return "paged: its arguments are the pages and the page table made from its inputs"
     if cell.kv_dtype:
         return "quantized KV cache: its arguments are the cache and the scales made from its inputs"
-    if serving_cell.is_serving(cell):
-        return "serving: its arguments are the packed requests and their lengths (measure.serving_cell)"
     if cell.dtype == "float64":
         return "float64: x64 is set per thread"
+    if serving_cell.is_serving(cell):
+        try:
+            return serving_cell.why_not_ahead(cell) or over_budget(cell, opts)
+        except ValueError as e:
+            return str(e)
     try:
         backend = backends.get(cell.backend)
     except ValueError as e:
@@ -119,10 +124,15 @@ def start(cell, opts=None) -> AheadCompile | None:
     def run():
         try:
             fut.checkpoint()
-            fwd, timed, _ = functions(cell, backends.get(cell.backend), call_extras(cell))
+            if serving_cell.is_serving(cell):   # the step on its shapes; its check reads the step's output
+                fwd, timed, args = None, serving_cell.step(cell, serving_cell.call_semantics(cell)), \
+                    serving_cell.step_shapes(cell)
+            else:
+                fwd, timed, _ = functions(cell, backends.get(cell.backend), call_extras(cell))
+                args = shapes(cell)
             fut.checkpoint()
             t0 = time.perf_counter()
-            lowered = jax.jit(timed).lower(*shapes(cell))
+            lowered = jax.jit(timed).lower(*args)
             t1 = time.perf_counter()
             fut.checkpoint()
             result = (lowered.compile(), t1 - t0, time.perf_counter() - t1)   # as timers.compile_seconds

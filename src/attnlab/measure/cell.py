@@ -85,7 +85,7 @@ def _measure_cell(cell: Cell, opts: Options | None, on_phase, ahead, stamp: dict
                 raise _Skip(Status.OVER_BUDGET, f"estimated {est.text()} on {info.kind or info.platform}: more "
                                                 f"than the cell budget of {opts.cell_budget_s:g} s (--cell-budget); not run")
         if serving_cell.is_serving(cell):   # serving_attention on packed requests, lengths traced
-            run = serving_cell.compile_run(backend, cell, opts, rec, phases, cupti=no_cupti is None)
+            run = serving_cell.compile_run(backend, cell, opts, rec, phases, cupti=no_cupti is None, ahead=ahead)
         else:
             ins = cell_inputs(cell, backend, opts, rec, phases)
             if backend.native:      # asked by cell_inputs already: the run is the call itself

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import backends
 from ..api.serving import prepare_serving, serving_attention
 from ..core import device, request_lengths as rl
 from ..core.kv_quant import dequantized_sequences, quantize_kv_cache
@@ -168,10 +169,11 @@ class ServingRun:
         rec["tokens_per_s"] = self.p.new_tokens() / (time_ms(rec) * 1e-3)
 
 
-def compile_run(backend, cell, opts, rec: dict, phases, cupti: bool) -> ServingRun:
+def compile_run(backend, cell, opts, rec: dict, phases, cupti: bool, ahead=None) -> ServingRun:
     """A serving cell's inputs made (``argument_sets``; with ``opts.check`` the dequantized K/V its check reads), the
-    backend asked about its first call and the step compiled, into ``rec``; raises ``Skip`` (refused, a compile
-    failure). Checked (``check.check_into``) and timed (``ServingRun.time``) as every cell is."""
+    backend asked about its first call and its ``step`` compiled (or the one compiled ``ahead`` taken, or the one an
+    earlier cell compiled reused), into ``rec``; raises ``Skip`` (refused, a compile failure). Checked
+    (``check.check_into``) and timed (``ServingRun.time``) as every cell is."""
     p = cell.workload     # the step's requests, drawn once (``requests``)
     q_lens, kv_lens = np.asarray(p.q_lengths, np.int32), np.asarray(p.kv_lengths, np.int32)
     seed = request_seed(cell)
@@ -186,11 +188,8 @@ def compile_run(backend, cell, opts, rec: dict, phases, cupti: bool) -> ServingR
     reused = key in _PROGRAMS      # compiled by an earlier cell: its record says so
     with phases("compile", key="compile_wait_s"):
         if (program := _PROGRAMS.get(key)) is None:
-            call = functools.partial(serving_attention, implementation=cell.backend, **kw)
-            step = jax.jit(lambda q, k, v, starts, kv, table, ks, vs: call(q, k, v, starts, kv, page_table=table,
-                                                                           k_scale=ks, v_scale=vs))
             try:
-                program = tuple(compile_within_budget(step, args[0], opts.compile_budget_s)[:3])
+                program = tuple(compile_within_budget(step(cell, kw), args[0], opts.compile_budget_s, ahead)[:3])
             except Skip:
                 raise
             except Exception as e:  # noqa: BLE001
@@ -200,9 +199,38 @@ def compile_run(backend, cell, opts, rec: dict, phases, cupti: bool) -> ServingR
                 _PROGRAMS.popitem(last=False)
         _PROGRAMS.move_to_end(key)
     compiled, lower_s, compile_s = program
-    rec.update(lower_s=lower_s, compile_s=lower_s + compile_s, compiled_ahead=False, program_reused=reused,
-               **memory.compiled_memory(compiled))
+    rec.update(lower_s=lower_s, compile_s=lower_s + compile_s, compiled_ahead=ahead is not None and not reused,
+               program_reused=reused, **memory.compiled_memory(compiled))
     return ServingRun(p, compiled, args, contiguous, q_lens, kv_lens, kw, dequantized, cupti)
+
+
+def step(cell, kw: dict):
+    """The cell's jitted step: ``serving_attention`` with the call's semantics ``kw`` (``call_semantics``), every
+    array an argument: (q, k, v, q_starts, kv_lengths, page_table, k_scale, v_scale), a timed set's order."""
+    call = functools.partial(serving_attention, implementation=cell.backend, **kw)
+    return jax.jit(lambda q, k, v, starts, kv, table, ks, vs: call(q, k, v, starts, kv, page_table=table,
+                                                                   k_scale=ks, v_scale=vs))
+
+
+def why_not_ahead(cell) -> str | None:
+    """Why ``step`` of the cell is not compiled ahead from ``step_shapes`` (``attnlab.measure.ahead``; None: it
+    is): paged or quantized caches are made from its inputs, and a program compiled already is reused."""
+    if cell.page_size or cell.kv_dtype:
+        return "serving on a paged or quantized cache: its arguments are made from its inputs"
+    backend = backends.get(cell.backend)
+    if program_key(backend, step_shapes(cell), call_semantics(cell)) in _PROGRAMS:
+        return "serving: an earlier cell compiled its program (program_reused)"
+    return backend.available()
+
+
+def step_shapes(cell) -> tuple:
+    """A contiguous cache's timed set as ``jax.ShapeDtypeStruct`` (``step``'s arguments): q (tokens, N, H), k, v
+    (B, S, K, H), q_starts (B + 1,), kv_lengths (B,), no page table or scales."""
+    p = cell.workload
+    dt, i32 = jnp.dtype(p.dtype), jnp.dtype(jnp.int32)
+    kv = jax.ShapeDtypeStruct((p.batch, p.kv_len, p.kv_heads, p.head_dim), dt)
+    return (jax.ShapeDtypeStruct((p.q_len, p.heads, p.head_dim), dt), kv, kv, jax.ShapeDtypeStruct((p.batch + 1,), i32),
+            jax.ShapeDtypeStruct((p.batch,), i32), None, None, None)
 
 
 def program_key(backend, args, kw: dict) -> tuple:
