@@ -186,19 +186,19 @@ def compile_run(backend, cell, opts, rec: dict, phases, cupti: bool, ahead=None)
         raise Skip("unsupported", f"{backend.name}: {why}")
     key = program_key(backend, args[0], kw)
     reused = key in _PROGRAMS      # compiled by an earlier cell: its record says so
+    fn = None if reused else step(cell, kw)
     with phases("compile", key="compile_wait_s"):
-        if (program := _PROGRAMS.get(key)) is None:
+        if not reused:
             try:
-                program = tuple(compile_within_budget(step(cell, kw), args[0], opts.compile_budget_s, ahead)[:3])
+                _PROGRAMS[key] = tuple(compile_within_budget(fn, args[0], opts.compile_budget_s, ahead)[:3])
             except Skip:
                 raise
             except Exception as e:  # noqa: BLE001
                 raise Skip(*classify(e, "compile")) from None
-            _PROGRAMS[key] = program
             while len(_PROGRAMS) > PROGRAMS_KEPT:
                 _PROGRAMS.popitem(last=False)
         _PROGRAMS.move_to_end(key)
-    compiled, lower_s, compile_s = program
+    compiled, lower_s, compile_s = _PROGRAMS[key]
     rec.update(lower_s=lower_s, compile_s=lower_s + compile_s, compiled_ahead=ahead is not None and not reused,
                program_reused=reused, **memory.compiled_memory(compiled))
     return ServingRun(p, compiled, args, contiguous, q_lens, kv_lens, kw, dequantized, cupti)
