@@ -83,13 +83,17 @@ def test_a_serving_cell_runs_traced_checked_and_counts_the_valid_work(monkeypatc
     assert again["request_lengths"]["kv"] != r["request_lengths"]["kv"] and again["compile_wait_s"] < 0.1
 
 
-def test_a_sweep_compiles_the_next_serving_step_ahead_and_reuses_one_program(tmp_path):
+def test_a_sweep_compiles_the_next_serving_step_ahead_and_reuses_one_program(tmp_path, monkeypatch):
     """B = 2 then 3 (two programs: the second compiled ahead while the first is measured), then another
-    distribution at B = 3 (its program reused, so not compiled ahead); each checked on its own lengths."""
+    distribution at B = 2 and 3 (their programs reused, so not compiled ahead), then two distributions in a row at
+    B = 4 (one compile); each checked on its own lengths."""
     from attnlab.sweep.engine import run_sweep
     from attnlab.sweep.spec import Sweep
 
     serving_cell._PROGRAMS.clear()
+    steps = []
+    real = serving_cell.step
+    monkeypatch.setattr(serving_cell, "step", lambda cell, kw: steps.append(cell.batch) or real(cell, kw))
     sweep = Sweep(["xla"], batch=[2, 3], q_len=[1], kv_len=[32], heads=[2], kv_heads=[1], head_dim=[8],
                   dtype=["float32"], causal=[True], lengths=["uniform", "spread"])
     recs = {(r["batch"], r["lengths"]): r for r in run_sweep(sweep, str(tmp_path), options=Options(repeats=1, warmup=0))}
@@ -97,6 +101,13 @@ def test_a_sweep_compiles_the_next_serving_step_ahead_and_reuses_one_program(tmp
     got = {k: (r["compiled_ahead"], r["program_reused"]) for k, r in recs.items()}
     assert got == {(2, "uniform"): (False, False), (2, "spread"): (False, True),
                    (3, "uniform"): (True, False), (3, "spread"): (False, True)}, got
+    assert sorted(steps) == [2, 3]      # one compile a program: none for the spread cells, ahead or not
+    # two cells of one program in a row: the second is not compiled ahead while the first compiles it
+    again = run_sweep(Sweep(["xla"], batch=[4], q_len=[1], kv_len=[32], heads=[2], kv_heads=[1], head_dim=[8],
+                            dtype=["float32"], causal=[True], lengths=["uniform", "spread"]), str(tmp_path / "b"),
+                      options=Options(repeats=1, warmup=0))
+    assert [(r["status"], r["program_reused"]) for r in again] == [("ok", False), ("ok", True)]
+    assert sorted(steps) == [2, 3, 4]
     assert "program_reused" in ahead.why_not(Cell("xla", 3, 1, 32, 2, 1, 8, "float32", True, lengths="one-long"))
 
 

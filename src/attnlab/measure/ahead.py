@@ -62,9 +62,10 @@ class AheadCompile(Future):
             raise CancelledError("ahead compile cancelled: its cell will not run")
 
 
-def why_not(cell, opts=None) -> str | None:
-    """Why ``cell`` is not compiled ahead (None: it can be); with ``opts``, a cell whose estimate is
-    above ``opts.cell_budget_s`` is not (it is recorded over_budget, never compiled)."""
+def why_not(cell, opts=None, after=None) -> str | None:
+    """Why ``cell`` is not compiled ahead (None: it can be) while the cell ``after`` which it runs is measured;
+    with ``opts``, a cell whose estimate is above ``opts.cell_budget_s`` is not (it is recorded over_budget,
+    never compiled)."""
     if cell.strategy is not None:
         return "sharded: the placement of its inputs is part of its program"
     if cell.mode == "bwd":
@@ -77,7 +78,7 @@ def why_not(cell, opts=None) -> str | None:
         return "float64: x64 is set per thread"
     if serving_cell.is_serving(cell):
         try:
-            return serving_cell.why_not_ahead(cell) or over_budget(cell, opts)
+            return serving_cell.why_not_ahead(cell, after) or over_budget(cell, opts)
         except ValueError as e:
             return str(e)
     try:
@@ -110,11 +111,11 @@ def shapes(cell) -> tuple:
     return (q, kv, kv) if cell.mode == "fwd" else (q, kv, kv, jax.ShapeDtypeStruct((B, T, N, H), jnp.float32))
 
 
-def start(cell, opts=None) -> AheadCompile | None:
-    """Begin compiling ``cell``'s timed program in a registered daemon thread (see module doc); None:
-    not this cell (``why_not(cell, opts)``)."""
+def start(cell, opts=None, after=None) -> AheadCompile | None:
+    """Begin compiling ``cell``'s timed program in a registered daemon thread (see module doc) while the cell
+    ``after`` is measured; None: not this cell (``why_not(cell, opts, after)``)."""
     try:
-        if why_not(cell, opts):
+        if why_not(cell, opts, after):
             return None
     except Exception:  # noqa: BLE001 - the cell itself will say what is wrong with it
         return None

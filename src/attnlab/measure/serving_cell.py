@@ -186,7 +186,7 @@ def compile_run(backend, cell, opts, rec: dict, phases, cupti: bool, ahead=None)
         raise Skip("unsupported", f"{backend.name}: {why}")
     key = program_key(backend, args[0], kw)
     reused = key in _PROGRAMS      # compiled by an earlier cell: its record says so
-    fn = None if reused else step(cell, kw)
+    fn = None if reused or ahead is not None else step(cell, kw)
     with phases("compile", key="compile_wait_s"):
         if not reused:
             try:
@@ -212,15 +212,21 @@ def step(cell, kw: dict):
                                                                    k_scale=ks, v_scale=vs))
 
 
-def why_not_ahead(cell) -> str | None:
+def why_not_ahead(cell, after=None) -> str | None:
     """Why ``step`` of the cell is not compiled ahead from ``step_shapes`` (``attnlab.measure.ahead``; None: it
-    is): paged or quantized caches are made from its inputs, and a program compiled already is reused."""
+    is) while the cell ``after`` which it runs is measured: paged or quantized caches are made from its inputs,
+    and a program compiled already, or by ``after``, is reused."""
     if cell.page_size or cell.kv_dtype:
         return "serving on a paged or quantized cache: its arguments are made from its inputs"
-    backend = backends.get(cell.backend)
-    if program_key(backend, step_shapes(cell), call_semantics(cell)) in _PROGRAMS:
-        return "serving: an earlier cell compiled its program (program_reused)"
-    return backend.available()
+    key = _ahead_key(cell)
+    if key in _PROGRAMS or (after is not None and is_serving(after) and not (after.page_size or after.kv_dtype)
+                            and _ahead_key(after) == key):
+        return "serving: its program is compiled by an earlier cell (program_reused)"
+    return backends.get(cell.backend).available()
+
+
+def _ahead_key(cell) -> tuple:
+    return program_key(backends.get(cell.backend), step_shapes(cell), call_semantics(cell))
 
 
 def step_shapes(cell) -> tuple:

@@ -138,7 +138,7 @@ def _measure(cell: Cell, todo: list[Cell], pending: dict, opts: Options, on_phas
     nxt = None
     if opts.compile_ahead:
         if i + 1 < len(todo) and todo[i + 1].key() not in pending:
-            nxt = ahead_compile.start(todo[i + 1], opts)   # None for a cell that will not run (over budget, ...)
+            nxt = ahead_compile.start(todo[i + 1], opts, after=cell)   # None: not compiled ahead (over budget, ...)
             if nxt is not None:
                 pending[todo[i + 1].key()] = nxt
 
