@@ -121,7 +121,7 @@ def test_the_next_compile_finishes_before_this_cells_timing(tmp_path, monkeypatc
         reached.set()
         return real_wait(fs, timeout=timeout)
 
-    def slow_start(cell, opts=None):
+    def slow_start(cell, opts=None, after=None):
         fut = Future()
 
         def finish():
