@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from attnlab.measure import prefetch
+from attnlab.measure import calibration, prefetch
 from attnlab.measure.cell import Cell, Options, measure_cell
 from attnlab.reference import check_programs, compiled
 from attnlab.sweep.engine import run_sweep
@@ -33,7 +33,8 @@ def test_the_check_runs_the_programs_compiled_ahead(cell):
 
 def test_a_cpu_compiles_ahead_but_never_beside_a_timed_cell(tmp_path, monkeypatch):
     """On a CPU the references are queued too (not a backend that is not available: never checked), and a
-    held thread (a cell being timed) starts no compile until released; the engine holds around each timing."""
+    held thread (a cell being timed) starts no compile until released; the engine holds around each timing and
+    around the calibration's probe (whose CPU time a background compile would inflate)."""
     assert prefetch.why_not(Cell("cudnn", 2, 4, 4, 2, 2, 16)).startswith("never checked: cudnn")
     cell = Cell("xla", batch=3, q_len=5, kv_len=7, heads=2, kv_heads=1, head_dim=16, dtype="float32")
     compiled._PROGRAMS.clear()
@@ -52,9 +53,12 @@ def test_a_cpu_compiles_ahead_but_never_beside_a_timed_cell(tmp_path, monkeypatc
     calls = []
     monkeypatch.setattr(prefetch, "hold", lambda: calls.append("hold") or True)
     monkeypatch.setattr(prefetch, "release", lambda: calls.append("release"))
+    monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path / "cache"))   # nothing learnt: the sweep probes first
+    calibration.forget()
     run_sweep(Sweep(["naive", "xla"], batch=[1], q_len=[8], kv_len=[8], heads=[2], kv_heads=[1], head_dim=[8],
-                    dtype=["float32"]), str(tmp_path), options=Options(repeats=1, warmup=0, min_time_s=0))
-    assert calls == ["hold", "release"] * 2
+                    dtype=["float32"]), str(tmp_path / "o"), options=Options(repeats=1, warmup=0, min_time_s=0))
+    assert calls == ["hold", "release"] * 3      # the calibration's probe, then each cell's timing
+    calibration.forget()
 
 
 def test_the_wait_for_the_next_compile_is_not_overhead():

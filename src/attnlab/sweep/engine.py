@@ -93,7 +93,14 @@ def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, overwrite: bo
     todo = [c for c in cells if c.key() not in done]
     pending: dict = {}
     if todo and opts.check and not calibration.learnt(device.current()):
-        calibration.probe_s()   # what the first cell calibrates is scaled by it: taken before any background compile
+        # what the first cell calibrates is scaled by it: taken with no background compile running (on a CPU the
+        # references' thread, started by an earlier sweep or the lab, is held: its CPU time would count too)
+        held = prefetch.hold()
+        try:
+            calibration.probe_s()
+        finally:
+            if held:
+                prefetch.release()
     try:
         for i, cell in enumerate(cells):
             if cell.key() in done:
