@@ -119,6 +119,10 @@ DECODE_CASES = {
     "e5m2-page-f16-ps8-gather": ("e5m2", "page", "float16", 2, 8),
     "int8-token-f32-T1-ps32": ("int8", "token", "float32", 1, 32),
     "fp8-token-bf16-mma16-ps16": ("fp8", "token", "bfloat16", 2, 16),      # float16 products, q scaled per row
+    # read as int16 pairs of bytes (``DecodeConfig.kv_pairs``): contiguous, paged, one split stored directly
+    "fp8-token-bf16-mma16-pairs-cap": ("fp8", "token", "bfloat16", 3, None),
+    "fp8-tensor-bf16-mma16-pairs-ps8-direct": ("fp8", "tensor", "bfloat16", 1, 8),
+    "e5m2-head-f16-pairs-ps4-gather": ("e5m2", "head", "float16", 2, 4),
 }
 
 
@@ -134,7 +138,8 @@ def test_decode_kernel_dequantizes_in_registers(case):
         k, v, table = to_pages(k, v, ps)
     (kc, ks), (vc, vs) = (attnlab.quantize_kv_cache(x, name, layout) for x in (k, v))
     call = functools.partial(kd.decode_attention_pallas, causal=True, interpret=True, soft_cap=cap, kv_scale=layout,
-                             config=kd.DecodeConfig(block_k=16, num_splits=2, kv_mma="float16" if "mma16" in case else "q"),
+                             config=kd.DecodeConfig(block_k=16, num_splits=1 if "direct" in case else 2,
+                                                    kv_mma="float16" if "mma16" in case else "q", kv_pairs="pairs" in case),
                              page_table=table)
     if "mma16" in case:   # rows of very different magnitudes: the per-row power of two keeps each in float16's range
         q = q * jnp.asarray([1e-6, 1.0, 3e4, 0.5, 1e-3, 2.0, 7e3, 1.0], q.dtype)[None, None, :, None]
@@ -202,11 +207,14 @@ def test_quantized_decode_lowers_to_triton_for_cuda_without_a_gpu():
     s = jax.ShapeDtypeStruct
     B, T, S, N, K, H = 4, 4, 8192, 32, 8, 128
     f8 = jnp.float8_e4m3fn
-    for ps, layout, scale_shape, f8, mma in ((None, "token", (B, S, K), f8, None), (16, "page", (B * S // 16, K), f8, "q"),
-                                             (None, "head", (K,), jnp.int8, None)):
-        plan = kd.make_plan(B, T, S, N, K, H, "bfloat16", kd.DecodeConfig(kv_mma=mma), sms=132, compute_capability=(9, 0),
-                            kv_dtype=str(jnp.dtype(f8)))
+    for ps, layout, scale_shape, f8, mma, pairs in ((None, "token", (B, S, K), f8, None, False),
+                                                    (16, "page", (B * S // 16, K), f8, "q", True),
+                                                    (None, "head", (K,), jnp.int8, None, True),
+                                                    (None, "tensor", (K,), f8, None, True)):
+        plan = kd.make_plan(B, T, S, N, K, H, "bfloat16", kd.DecodeConfig(kv_mma=mma, kv_pairs=pairs), sms=132,
+                            compute_capability=(9, 0), kv_dtype=str(jnp.dtype(f8)))
         assert plan.kv_mma == ("float16" if mma is None and f8 != jnp.int8 else None)   # FP8: float16 products
+        assert plan.kv_pairs == (pairs and plan.kv_mma == "float16")   # FP8 with float16 products only
         f = jax.jit(functools.partial(kd.decode_attention_pallas, causal=True, interpret=False, plan=plan, kv_scale=layout))
         kv = (B, S, K, H) if ps is None else (B * S // ps, ps, K, H)
         kw = dict(k_scale=s(scale_shape, jnp.float32), v_scale=s(scale_shape, jnp.float32))

@@ -84,7 +84,8 @@ from .decode_resources import (CPU_SM_COUNT, DEFAULT_SM_COUNT, REGS_PER_SM, SM_C
                                SMEM_PER_BLOCK_OTHER_SM8X, SMEM_PER_SM, SMEM_SLACK, fit_stages, programs_per_sm,
                                sm_count, smem_bytes, smem_limit)
 from .decode_splits import FILL_BLOCKS, cdiv, choose_num_splits, split_range, wave_cost  # noqa: F401
-from .kv_dequant import dequantized_pv, dequantized_scores, load_scale_block, mma_query, scale_block_spec, scale_inputs
+from .kv_dequant import (dequantized_pv, dequantized_scores, load_scale_block, mma_query, paired_pv, paired_scores,
+                         pair_view, query_planes, scale_block_spec, scale_inputs)
 from .paged_load import load_kv_block
 from .split_combine import combine, combined_queries, sink_rows  # noqa: F401  (re-exported)
 
@@ -113,7 +114,7 @@ def cuda_lowering_context(device_kind: str = "NVIDIA H200", cores: int = 132):
 def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, block_r: int, block_k: int,
             num_splits: int, causal: bool, qk_scale: float, page_size: int | None = None,
             soft_cap: float | None = None, window: tuple[int, int] | None = None, kv_scale: str | None = None,
-            kv_mma: str | None = None, direct: bool = False, sinks: bool = False):
+            kv_mma: str | None = None, direct: bool = False, sinks: bool = False, kv_pairs=None, interpret=False):
 
     # paged: refs start with this sequence's page table row, and k_ref / v_ref are (P * page_size, H);
     # a quantized cache (kv_scale: its scale layout) adds the two scale refs after v_ref. ``direct`` (one split,
@@ -131,6 +132,7 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
     q = (direct_out.load_q(q_ref, row, row_ok, groups=groups) if direct
          else plgpu.load(q_ref, mask=jnp.broadcast_to(row_ok[:, None], (block_r, H)), other=0))
     q_mma, row_factor = mma_query(q, kv_mma) if kv_scale else (q, None)
+    q_mma = query_planes(q_mma) if kv_pairs else q_mma     # kv_pairs: the FP8 dtype of a ``pair_view`` cache
     base, aligned = window_base(window_start(length, q_len, window, maximum=jnp.maximum), block_k, page_size,
                                 div=lax.div)
     first, count = split_range(length - base, split, num_splits=num_splits, block_k=block_k,
@@ -151,7 +153,8 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
         if kv_scale:   # dequantized in registers (``dequantized_scores``)
             scales = functools.partial(load_scale_block, layout=kv_scale, start=start, kv_ok=kv_ok, block_k=block_k,
                                        page_size=page_size, table_ref=table_ref)
-            s = dequantized_scores(q_mma, k, scales(ks_ref), row_factor) * qk_scale
+            s = (paired_scores(q_mma, k, scales(ks_ref), kv_pairs, interpret, row_factor, qk_scale) if kv_pairs
+                 else dequantized_scores(q_mma, k, scales(ks_ref), row_factor) * qk_scale)
         else:
             s = plgpu.dot(q, k, trans_b=True) * qk_scale    # (block_r, block_k) float32, log2 units
         if soft_cap is not None:                             # cap * tanh(x / cap), cap in log2 units too
@@ -172,13 +175,15 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
         p = jnp.exp2(s - m_use[:, None])
         l = l * alpha + jnp.sum(p, axis=1)
         v = load(v_ref)
-        pv = dequantized_pv(p, v, scales(vs_ref), q_mma.dtype) if kv_scale else plgpu.dot(p.astype(v.dtype), v)
+        pv = (paired_pv(p, v, scales(vs_ref), kv_pairs, interpret) if kv_pairs else dequantized_pv(
+            p, v, scales(vs_ref), q_mma.dtype) if kv_scale else plgpu.dot(p.astype(v.dtype), v))
         acc = acc * alpha[:, None] + pv
         return acc, m_new, l
 
     init = (jnp.zeros((block_r, H), jnp.float32), jnp.full((block_r,), NEG, jnp.float32),
             jnp.zeros((block_r,), jnp.float32))
     acc, m, l = lax.fori_loop(0, count, body, init)
+    acc = acc * vs_ref[0] if kv_pairs and kv_scale in ("head", "tensor") else acc   # ``paired_pv`` left it
     if direct:
         sink = None if sinks_ref is None else direct_out.load_sinks(sinks_ref, row, row_ok, groups=groups)
         return direct_out.store_normalised(refs[0], acc, m, l, row, row_ok, groups=groups, sink=sink)
@@ -259,15 +264,17 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
     kernel = functools.partial(_kernel, q_len=T, groups=G, rows=R, kv_len=S, block_r=br, block_k=plan.block_k,
                                num_splits=P, causal=bool(causal) and T > 1, qk_scale=scale * LOG2E,
                                page_size=page_size, kv_scale=kv_scale, kv_mma=plan.kv_mma, direct=direct,
-                               sinks=direct and sinks is not None,
+                               sinks=direct and sinks is not None, interpret=interpret,
+                               kv_pairs=str(k.dtype) if plan.kv_pairs and kv_scale else None,
                                soft_cap=None if soft_cap is None else float(soft_cap) * LOG2E,
                                window=None if window is None else (int(window[0]), int(window[1])))
+    k, v = (pair_view(k), pair_view(v)) if plan.kv_pairs and kv_scale else (k, v)   # (..., H / 2) int16
     if page_table is None:
-        kv_spec = pl.BlockSpec((None, S, None, H), lambda r, j, x: (bk(x)[0], 0, bk(x)[1], 0))
+        kv_spec = pl.BlockSpec((None, S, None, k.shape[-1]), lambda r, j, x: (bk(x)[0], 0, bk(x)[1], 0))
         table_specs, tables = [], []
     else:   # one kv head's pages, all of them, as (P * page_size, H) rows; the sequence's row of the table
-        k, v = (x.reshape(n_pages * page_size, K, H) for x in (k, v))
-        kv_spec = pl.BlockSpec((n_pages * page_size, None, H), lambda r, j, x: (0, bk(x)[1], 0))
+        k, v = (x.reshape(n_pages * page_size, K, x.shape[-1]) for x in (k, v))
+        kv_spec = pl.BlockSpec((n_pages * page_size, None, k.shape[-1]), lambda r, j, x: (0, bk(x)[1], 0))
         table_specs = [pl.BlockSpec((None, S // page_size), lambda r, j, x: (bk(x)[0], 0))]
         tables = [jnp.asarray(page_table).astype(jnp.int32)]
     scales = scale_inputs(k_scale, v_scale, kv_scale, K=K)

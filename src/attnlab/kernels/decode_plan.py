@@ -58,6 +58,10 @@ class DecodeConfig:
     #: on an H100's one-split windows (results/gpu-2026-12-05d-h100-merge-direct); its GPU test (sinks, FP8, T > 1:
     #: tests/gpu/test_decode_direct_gpu.py) passed on the H200 (results/gpu-2026-12-06-prefill-slots)
     direct_output: bool = True
+    #: True: an FP8 cache with float16 products is read as 16-bit pairs of bytes along H, split into its even and
+    #: odd columns in registers (``kv_dequant.byte_planes``): 16-byte copies and ldmatrix for V, whose FP8 bytes
+    #: Triton otherwise gathers one by one (results/cpu-2026-12-06-fp8-ttgir). Unmeasured on a GPU: off by default
+    kv_pairs: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +77,7 @@ class Plan:
     num_stages: int
     kv_mma: str | None = None     # "float16", or None: q's dtype
     direct_output: bool = False   # ``DecodeConfig.direct_output``
+    kv_pairs: bool = False        # ``DecodeConfig.kv_pairs``, where it applies (FP8, float16 products)
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -178,9 +183,11 @@ def make_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, he
             splits = choose_num_splits_ragged(spans, kv_heads, uniform_choice=splits, **kw)
     if splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {splits}")
+    kv_mma = kv_products(cfg.kv_mma, kv_dtype, dtype)
     return Plan(rows=rows, block_r=block_r, row_tiles=row_tiles, block_k=block_k, num_splits=int(splits),
-                num_warps=num_warps, num_stages=stages, kv_mma=kv_products(cfg.kv_mma, kv_dtype, dtype),
-                direct_output=bool(cfg.direct_output))
+                num_warps=num_warps, num_stages=stages, kv_mma=kv_mma, direct_output=bool(cfg.direct_output),
+                kv_pairs=bool(cfg.kv_pairs) and str(kv_dtype).startswith("float8")
+                and (kv_mma == "float16" or str(dtype) == "float16"))
 
 
 def kv_products(kv_mma: str | None, kv_dtype: str | None, q_dtype="bfloat16") -> str | None:

@@ -11,10 +11,18 @@ their scales applied in float32 in registers:
   (``dequantized_pv``; float16 dequantizes the value rows instead, out of float16's subnormals); a
   per-head scale multiplies the product.
 
+FP8 read as pairs (``DecodeConfig.kv_pairs``): Triton gives an FP8 block's conversion the MMA operand's layout,
+which pairs keys along the contraction; V (S, H) stores them a row apart, and sm_90 has no 8-bit ldmatrix, so
+each value byte was read from shared memory alone, and the 8-bit operands' layout (kWidth 4) kept q and P from
+ldmatrix too. Read as int16 pairs of neighbouring columns (``pair_view``), each block converts in registers into
+its even and odd columns (``byte_planes``: one byte permute and two conversions per four values) and each product
+runs as two of half the width (``paired_scores``, ``paired_pv``), every operand 16-bit.
+
 The scales come in as refs beside K and V (``scale_inputs``, ``scale_block_spec``) and are loaded per block
 (``load_scale_block``) with the same rows, page table included, as ``paged_load.load_kv_block``.
 """
 from __future__ import annotations
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -60,6 +68,61 @@ def dequantized_pv(p, v, v_scale, dtype):
         top = jnp.maximum(jnp.max(v_scale), 1e-30)
         return plgpu.dot((p * (v_scale / top)[None, :]).astype(dtype), v.astype(dtype)) * top
     return plgpu.dot((p * v_scale[None, :]).astype(dtype), v.astype(dtype))
+
+
+#: 4 FP8 bytes (two int16 pairs: columns 2c, 2c+1 and 2c+2, 2c+3) -> f16x2 of the even (``e``) or odd (``o``)
+#: columns; both planes permute alike, so ptxas can keep one ``prmt`` for the two
+_PLANE_ASM = """{ .reg .b32 t; .reg .b16 e, o;
+prmt.b32 t, $1, 0, 0x3120;
+mov.b32 {e, o}, t;
+cvt.rn.f16x2.%s $0, %s; }"""
+
+
+def pair_view(x):
+    """An FP8 cache (..., H) as int16 (..., H / 2): each element the bytes of columns 2c (low) and 2c + 1."""
+    return lax.bitcast_convert_type(x.reshape(*x.shape[:-1], x.shape[-1] // 2, 2), jnp.int16)
+
+
+def byte_planes(w, fp8_dtype, interpret: bool):
+    """(even, odd) float16 (n, H/2) columns of an (n, H/2) int16 block of ``pair_view``'s. On the GPU inline PTX per
+    two pairs and plane (a byte permute, one ``cvt.f16x2``); the int16 load gives the product 16-bit operands."""
+    fp8 = jnp.dtype(fp8_dtype)
+    if interpret:
+        u = lax.bitcast_convert_type(w, jnp.uint16)
+        return tuple(lax.bitcast_convert_type(b.astype(jnp.uint8), fp8).astype(jnp.float16) for b in (u & 0xFF, u >> 8))
+    kind = "e4m3x2" if fp8 == jnp.float8_e4m3fn else "e5m2x2"
+    out = [jax.ShapeDtypeStruct(w.shape, jnp.float16)]
+    return tuple(plgpu.elementwise_inline_asm(_PLANE_ASM % (kind, half), args=[w], constraints="=r,r", pack=2,
+                                              result_shape_dtypes=out)[0] for half in "eo")
+
+
+def query_planes(q):
+    """q (block_r, H) as its (even, odd) columns, each (block_r, H / 2)."""
+    return lax.unstack(q.reshape(q.shape[0], q.shape[1] // 2, 2), axis=2)
+
+
+def paired_scores(q_planes, k_words, k_scale, fp8_dtype, interpret: bool, row_factor=None, qk_scale=1.0):
+    """``dequantized_scores`` of a ``pair_view`` key block times ``qk_scale``: q_even k_even^T + q_odd k_odd^T,
+    the factors of a row (``row_factor``, ``qk_scale``, a per-head key scale) multiplied once per row."""
+    ke, ko = byte_planes(k_words, fp8_dtype, interpret)
+    s = plgpu.dot(q_planes[0], ke, trans_b=True) + plgpu.dot(q_planes[1], ko, trans_b=True)
+    rows = qk_scale * (k_scale if not k_scale.ndim else 1.0)
+    rows = rows if row_factor is None else row_factor * rows
+    s = s * (rows[:, None] if jnp.ndim(rows) else rows)
+    return s * k_scale[None, :] if k_scale.ndim else s
+
+
+def paired_pv(p, v_words, v_scale, fp8_dtype, interpret: bool):
+    """``dequantized_pv`` (float16 products) of a ``pair_view`` value block: P V as (P v_even, P v_odd)
+    interleaved back into (block_r, H). A per-head scale is not applied: the caller multiplies the sum."""
+    ve, vo = byte_planes(v_words, fp8_dtype, interpret)
+    top = None
+    if v_scale.ndim:
+        top = jnp.maximum(jnp.max(v_scale), 1e-30)
+        p = p * (v_scale / top)[None, :]
+    p = p.astype(jnp.float16)
+    pv = jnp.stack([plgpu.dot(p, ve), plgpu.dot(p, vo)], axis=-1).reshape(p.shape[0], 2 * ve.shape[1])
+    return pv if top is None else pv * top
 
 
 def load_scale_block(ref, *, layout: str, start, kv_ok, block_k: int, page_size: int | None, table_ref=None):
