@@ -163,10 +163,11 @@ def run_cells(f, shape, Ts, caches, layouts, dev, t0, max_s, dry):
 #: 1-byte cache may want longer key blocks or deeper pipelines): DecodeConfig fields; absent = the plan's.
 #: ``PROBE`` (``--probe``): block sizes, pipeline depths and fewer warps at T=1 (2026-12-05, 4 and 8 warps: fp8 about
 #: the bf16 cache's time; a short window ran 1.6x faster in one warp, results/gpu-2026-12-06b-window-tuning).
-#: ``MMA`` (``--mma``): the products in q's dtype (bfloat16: FP8 converted through float32) or in float16 (one conversion instruction per pair).
+#: ``MMA`` (``--mma``): the products in q's dtype (bfloat16: FP8 converted through float32) or in float16 (one conversion
+#: instruction per pair), and float16 read as int16 pairs (``DecodeConfig.kv_pairs``, results/cpu-2026-12-06-fp8-ttgir).
 VARIANTS = tuple(dict(block_k=bk, num_stages=st) for bk, st in ((128, None), (128, 4), (256, None), (256, 3)))
 PROBE = tuple(dict(block_k=bk, num_stages=st, num_warps=w) for bk in (32, 64, 128) for st in (2, 3) for w in (1, 2, 4))
-MMA = (dict(kv_mma="q"), dict(kv_mma="float16"))
+MMA = (dict(kv_mma="q"), dict(kv_mma="float16"), dict(kv_mma="float16", kv_pairs=True))   # pairs: FP8 only
 #: ``ROWS`` (``--rows``): warps and row tiles at T=8, float16 products: the kernel is bound by the instructions it
 #: issues (results/cpu-2026-12-05-fp8-sass), and 2 warps a 32-row tile issue 14% less than the plan's 4.
 ROWS = tuple(dict(kv_mma="float16", num_warps=w, block_r=br) for br in (None, 16) for w in (2, 4, 8))
@@ -189,7 +190,7 @@ def run_variants(f, shape, dev, t0, max_s, dry, variants=VARIANTS, layouts=(None
                         return
                     rec = dict(kind="variant", device=dev, T=T, cache=cache_name(kv), layout=f"paged{page_size}"
                                if page_size else "contig", **{k: fields.get(k) for k in ("block_k", "block_r",
-                                                                                         "num_stages", "num_warps", "kv_mma")}, **shape)
+                                                                                         "num_stages", "num_warps", "kv_mma", "kv_pairs")}, **shape)
                     try:
                         fn, args, checker = make_cell(key, T, kv, page_size, shape, DecodeConfig(**fields))
                         rec["check"] = checker(fn(*args))
@@ -243,7 +244,7 @@ def table_md(path) -> str:
             got = (f"{r['ms']:.4f} | {r['pct_roofline']:.0f}% | {x}" if "ms" in r else
                    f"✗ {(r.get('error') or 'check failed')[:60]} | |")
             lines.append(f"| {r['T']} | {r['cache']} | {r['layout']} | {r['block_k'] or 'plan'} | "
-                         f"{r.get('block_r') or 'plan'} | {r['num_stages'] or 'plan'} | {r.get('num_warps') or 'plan'} | {r.get('kv_mma') or 'plan'} | {got} |")
+                         f"{r.get('block_r') or 'plan'} | {r['num_stages'] or 'plan'} | {r.get('num_warps') or 'plan'} | {r.get('kv_mma') or 'plan'}{' pairs' if r.get('kv_pairs') else ''} | {got} |")
     errs = [r for r in recs if r["kind"] == "error"]
     if errs:
         names = list(dict.fromkeys(r["kv_dtype"] for r in errs))
