@@ -5,7 +5,7 @@
 Lowers (abstract H200, ``kernels.decode.cuda_lowering_context``) attnlab's Triton decode kernel at
 ``kv_dtype_gpu.py``'s shape (B=8, S=32768, N/K=32/8, H=128, q bfloat16) at T=1 and T=8 (4 and 32 query rows a KV
 head): the bf16 cache, and the e4m3 cache with per-token and per-tensor scales, products in float16 (the plan's
-default) and in q's dtype, plus ``DecodeConfig.kv_load`` variants (``EXTRA``). Compiles each Triton IR for sm_90 with
+default) and in q's dtype, plus ``DecodeConfig(kv_pairs=True)`` (``EXTRA``). Compiles each Triton IR for sm_90 with
 pip's triton 3.6.0 (XLA compiles the same IR with jaxlib's Triton: a strong hint, not a proof) and keeps the TTGIR
 (after Triton's passes), PTX and SASS, then counts per kernel: shared memory, registers, spills (ptxas' stack),
 the TTGIR's ``ttg.convert_layout`` / ``ttg.local_alloc`` / ``local_load`` / ``local_store``, the PTX's
