@@ -59,6 +59,33 @@ def test_decode_kernel_against_float64(name, layout, page_size, T, N, K, H, cap)
     assert verdict.ok, verdict
 
 
+# ``DecodeConfig(kv_pairs=True)``: the FP8 cache read as int16 pairs, split by inline PTX (results/cpu-2026-12-06-fp8-ttgir)
+PAIR_CASES = [("float8_e4m3fn", "token", None, 1, 30.0), ("float8_e4m3fn", "tensor", None, 8, None),
+              ("float8_e4m3fn", "page", 16, 4, None), ("float8_e5m2", "head", 64, 1, None),
+              ("float8_e4m3fn", "token", 16, 8, 30.0)]
+
+
+@pytest.mark.parametrize("name, layout, page_size, T, cap", PAIR_CASES)
+def test_decode_kernel_reads_fp8_as_pairs_against_float64(name, layout, page_size, T, cap):
+    from attnlab.kernels import decode as kd
+
+    N, K, H = 32, 8, 128
+    q, k, v = random_qkv(4, T, S, N, K, H, "bfloat16", seed=T + 100)
+    lengths = [max(T, n) for n in LENGTHS]
+    table = None
+    if page_size:
+        k, v, table = kp.to_pages(k, v, page_size, seed=page_size)
+    (kc, ks), (vc, vs) = (attnlab.quantize_kv_cache(x, name, layout) for x in (k, v))
+    plan = kd.make_plan(4, T, S, N, K, H, "bfloat16", kd.DecodeConfig(kv_pairs=True), kv_dtype=name)
+    assert plan.kv_pairs
+    f = jax.jit(functools.partial(kd.decode_attention_pallas, causal=True, interpret=False, plan=plan,
+                                  kv_scale=layout, soft_cap=cap, page_table=table))
+    out = f(q, kc, vc, jnp.asarray(lengths, jnp.int32), k_scale=ks, v_scale=vs)
+    verdict = check_decode_close(out, q, _dequantized(kc, ks, layout, table), _dequantized(vc, vs, layout, table),
+                                 lengths, logits_soft_cap=cap)
+    assert verdict.ok, verdict
+
+
 @pytest.mark.parametrize("layout, page_size", [("token", None), ("head", None), ("token", 16), ("page", 64)])
 def test_serving_kernel_against_float64(layout, page_size):
     rng = np.random.default_rng(7)
