@@ -16,7 +16,8 @@ attnlab-decode): per input distribution, each cache's relative L2 error against 
 values, next to bf16 K/V's. Then (not ``--quick``) tile variants of the kernel on the fp8 cache (``VARIANTS``:
 longer key blocks, deeper pipelines; the plan sizes shared memory by q's dtype). ``--mma``: only the bf16 cells and
 every quantized cache with its products in q's dtype and in float16 (``DecodeConfig.kv_mma``), T in {1, 8},
-contiguous and paged 16. Writes ``results.jsonl`` and
+contiguous and paged 16; ``--pairs``: the FP8 caches in float16 products read as bytes and as int16 pairs
+(``DecodeConfig.kv_pairs``). Writes ``results.jsonl`` and
 ``README.md`` (the tables) to --out.
 ``--dry-run``: the same cells at B=2, S=256, H=64 in Pallas interpret mode with the wall clock (checks that
 every cell runs; the times mean nothing). Ran on the H200: results/gpu-2026-12-05-kv-dtype, -kv-probe, gpu-2026-12-05c-kv-products.
@@ -267,6 +268,8 @@ def main(argv=None):
     ap.add_argument("--variant-seconds", type=float, default=40.0, help="time for the tile variants past the limit")
     ap.add_argument("--mma", action="store_true", help="only: bf16 cells and every quantized cache with its "
                     "products in q's dtype and in float16 (MMA), T in {1, 8}, contiguous and paged 16")
+    ap.add_argument("--pairs", action="store_true", help="only: bf16 cells and FP8 (e4m3 per token and per tensor, "
+                    "e5m2 per token) in float16 products, read as bytes and as int16 pairs (kv_pairs), T in {1, 8}")
     ap.add_argument("--probe", action="store_true", help="only: T=1 contiguous bf16 and fp8 cells, the bf16 cache "
                     "at half the length (the fp8 cache's bytes) and the PROBE tile variants")
     ap.add_argument("--rows", action="store_true", help="only: T=8 contiguous bf16 and fp8 cells and the ROWS tile "
@@ -278,6 +281,10 @@ def main(argv=None):
         if a.mma:
             run_cells(f, shape, (1, 8), CACHES[:1], (None, 16), dev, t0, a.max_seconds, a.dry_run)
             run_variants(f, shape, dev, t0, a.max_seconds, a.dry_run, MMA, (None, 16), (1, 8), CACHES[1:])
+        elif a.pairs:
+            run_cells(f, shape, (1, 8), CACHES[:1], (None, 16), dev, t0, a.max_seconds, a.dry_run)
+            run_variants(f, shape, dev, t0, a.max_seconds, a.dry_run, MMA[1:], (None, 16), (1, 8),
+                         (("float8_e4m3fn", "token"), ("float8_e4m3fn", "tensor"), ("float8_e5m2", "token")))
         elif a.rows:
             run_cells(f, shape, (8,), CACHES[:1], (None,), dev, t0, a.max_seconds, a.dry_run)
             run_variants(f, shape, dev, t0, a.max_seconds, a.dry_run, ROWS, (None,), (8,),
@@ -292,7 +299,7 @@ def main(argv=None):
             run_errors(f, dev, a.dry_run)
             if not a.quick:
                 run_variants(f, shape, dev, t0, a.max_seconds + a.variant_seconds, a.dry_run)
-    flags = "".join(f" --{x.replace('_', '-')}" for x in ("mma", "rows", "probe", "quick", "dry_run") if getattr(a, x))
+    flags = "".join(f" --{x.replace('_', '-')}" for x in ("mma", "pairs", "rows", "probe", "quick", "dry_run") if getattr(a, x))
     out.finish("Quantized KV caches", f"python benchmarks/decode/kv_dtype_gpu.py --out {a.out}{flags}", table_md(out.path))
 
 
