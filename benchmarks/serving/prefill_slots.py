@@ -6,7 +6,8 @@ serving kernel's Triton prefill class (the default) against the Mosaic GPU kerne
 
 Mixed batches as gpu.py's (2 chunks of 2048 + 126 decodes and 8 chunks of 512 + 248; S=16384, K=8, H=128, bf16,
 lengths seed 3) at G=4 and 7, contiguous and pages of 16; the 512-token chunks also in slots of 2048 (their padding
-tiles read no key), and the slots on their own CUDA stream beside the Triton classes (``prefill_stream=1``: CUPTI
+tiles read no key), and the slots on their own CUDA stream beside the Triton classes (``prefill_stream=1``; and with
+the Triton classes on half their programs, ``programs``, so that the SMs can split between the two kernels: CUPTI
 sums the kernels, so these steps are also timed by the host clock around 20 queued calls, kind
 "prefill-slots-wall", every variant). Each call is checked against float64 first (the last
 <= 8 tokens of the longest and shortest request and of the first and last chunk; every row finite), then timed
@@ -27,15 +28,17 @@ from benchmarks.serving.fp8_window import DRY, FULL, _caches, _run, _step
 MIXED = ((2, 2048, 126), (8, 512, 248))
 #: the variants' labels: the Triton class; the slots sized to the chunks; slots of ``BOUND`` tokens (a server's static
 #: chunk bound) holding shorter chunks, whose padding tiles read no key (``decode_mgpu``'s q_first)
-LABELS = ("triton class", "mosaic slots", "mosaic slots of 2048", "mosaic slots, own stream")
+#: own stream, half: the Triton classes on half their default programs, so the slots' tiles keep the other SMs
+LABELS = ("triton class", "mosaic slots", "mosaic slots of 2048", "mosaic slots, own stream",
+          "mosaic slots, own stream, half programs")
 BOUND = 2048
 
 
 def _variants(chunks: int, chunk: int) -> list[tuple]:
     """(slots, chunk, stream, label) of each variant of a batch of ``chunks`` chunks of ``chunk`` tokens (``LABELS``;
     the third only where the chunks are shorter than ``BOUND``)."""
-    return [(0, None, 0, LABELS[0]), (chunks, chunk, 0, LABELS[1]), (chunks, chunk, 1, LABELS[3])] + (
-        [(chunks, BOUND, 0, LABELS[2])] if chunk < BOUND else [])
+    return [(0, None, 0, LABELS[0]), (chunks, chunk, 0, LABELS[1]), (chunks, chunk, 1, LABELS[3]),
+            (chunks, chunk, 1, LABELS[4])] + ([(chunks, BOUND, 0, LABELS[2])] if chunk < BOUND else [])
 
 
 def run(out_f, dev, t0, max_seconds, dry=False):
@@ -65,7 +68,8 @@ def run(out_f, dev, t0, max_seconds, dry=False):
                 for slots, size, stream, label in _variants(chunks, chunk)[:1 if dry else None]:
                     if time.perf_counter() - t0 > max_seconds:
                         return
-                    cfg = ServingConfig(prefill_slots=slots, prefill_chunk=size, prefill_stream=stream)
+                    half = _half_programs(K) if label == LABELS[4] else None
+                    cfg = ServingConfig(prefill_slots=slots, prefill_chunk=size, prefill_stream=stream, programs=half)
                     plan, step = _step(shape, page, T_total, cfg, None)
                     rec = dict(kind="prefill-slots", device=dev, batch=f"mixed {chunks}x{chunk}+{decodes}", G=N // K,
                                T=1, prefill=label, roofline_ms=roof_ms,
@@ -77,6 +81,13 @@ def run(out_f, dev, t0, max_seconds, dry=False):
                     if rec.get("ms") and not dry:
                         _wall(out_f, rec, step, args)
             del k, v, table, tk, tv
+
+
+def _half_programs(kv_heads: int) -> int:
+    """Half the Triton classes' default programs per KV head (2 per SM over the KV heads: ``serving_plan``)."""
+    from attnlab.kernels.decode_resources import sm_count
+
+    return max(1, sm_count() // kv_heads)
 
 
 def _wall(out_f, rec, step, args):
@@ -103,8 +114,8 @@ def tables_md(path) -> str:
         headers=("batch", "G", "cache", "Triton class", "Mosaic slots", "slots of 2048", "speed-up",
                  "speed-up, slots of 2048", "slots: kernels", "Triton: kernels"), kernels_of=(1, 0)) + [""] + ab.ab_table(
         recs, kind="prefill-slots-wall", cell=("batch", "G", "layout"), variant="prefill",
-        variants=(LABELS[0], LABELS[1], LABELS[3]), ratios=((0, 1), (1, 2)), error_chars=60,
+        variants=(LABELS[0], LABELS[1], LABELS[3], LABELS[4]), ratios=((0, 1), (1, 2), (1, 3)), error_chars=60,
         title="The same steps by the host clock (20 calls queued, ms per call, % of the combined roofline): the slots "
               "before the Triton classes against the slots on their own CUDA stream beside them",
-        headers=("batch", "G", "cache", "Triton class", "Mosaic slots", "slots, own stream", "slots / Triton",
-                 "own stream / slots"))) + "\n"
+        headers=("batch", "G", "cache", "Triton class", "Mosaic slots", "slots, own stream", "own stream, half",
+                 "slots / Triton", "own stream / slots", "half / slots"))) + "\n"
