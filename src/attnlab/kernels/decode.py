@@ -84,8 +84,8 @@ from .decode_resources import (CPU_SM_COUNT, DEFAULT_SM_COUNT, REGS_PER_SM, SM_C
                                SMEM_PER_BLOCK_OTHER_SM8X, SMEM_PER_SM, SMEM_SLACK, fit_stages, programs_per_sm,
                                sm_count, smem_bytes, smem_limit)
 from .decode_splits import FILL_BLOCKS, cdiv, choose_num_splits, split_range, wave_cost  # noqa: F401
-from .kv_dequant import (dequantized_pv, dequantized_scores, load_scale_block, mma_query, paired_pv, paired_scores,
-                         pair_view, query_planes, scale_block_spec, scale_inputs)
+from .kv_dequant import (load_scale_block, pair_view, paired_v_scale, quantized_pv, quantized_query, quantized_scores,
+                         scale_block_spec, scale_inputs)
 from .paged_load import load_kv_block
 from .split_combine import combine, combined_queries, sink_rows  # noqa: F401  (re-exported)
 
@@ -131,8 +131,8 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
     row_ok = row < rows
     q = (direct_out.load_q(q_ref, row, row_ok, groups=groups) if direct
          else plgpu.load(q_ref, mask=jnp.broadcast_to(row_ok[:, None], (block_r, H)), other=0))
-    q_mma, row_factor = mma_query(q, kv_mma) if kv_scale else (q, None)
-    q_mma = query_planes(q_mma) if kv_pairs else q_mma     # kv_pairs: the FP8 dtype of a ``pair_view`` cache
+    # kv_pairs: the FP8 dtype of a ``pair_view`` cache (q as its even and odd columns), or None
+    q_mma, row_factor = quantized_query(q, kv_mma, kv_pairs) if kv_scale else (q, None)
     base, aligned = window_base(window_start(length, q_len, window, maximum=jnp.maximum), block_k, page_size,
                                 div=lax.div)
     first, count = split_range(length - base, split, num_splits=num_splits, block_k=block_k,
@@ -153,8 +153,7 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
         if kv_scale:   # dequantized in registers (``dequantized_scores``)
             scales = functools.partial(load_scale_block, layout=kv_scale, start=start, kv_ok=kv_ok, block_k=block_k,
                                        page_size=page_size, table_ref=table_ref)
-            s = (paired_scores(q_mma, k, scales(ks_ref), kv_pairs, interpret, row_factor, qk_scale) if kv_pairs
-                 else dequantized_scores(q_mma, k, scales(ks_ref), row_factor) * qk_scale)
+            s = quantized_scores(q_mma, k, scales(ks_ref), row_factor, qk_scale, kv_pairs, interpret)
         else:
             s = plgpu.dot(q, k, trans_b=True) * qk_scale    # (block_r, block_k) float32, log2 units
         if soft_cap is not None:                             # cap * tanh(x / cap), cap in log2 units too
@@ -175,15 +174,15 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
         p = jnp.exp2(s - m_use[:, None])
         l = l * alpha + jnp.sum(p, axis=1)
         v = load(v_ref)
-        pv = (paired_pv(p, v, scales(vs_ref), kv_pairs, interpret) if kv_pairs else dequantized_pv(
-            p, v, scales(vs_ref), q_mma.dtype) if kv_scale else plgpu.dot(p.astype(v.dtype), v))
+        pv = (quantized_pv(p, v, scales(vs_ref), q_mma, kv_pairs, interpret) if kv_scale
+              else plgpu.dot(p.astype(v.dtype), v))
         acc = acc * alpha[:, None] + pv
         return acc, m_new, l
 
     init = (jnp.zeros((block_r, H), jnp.float32), jnp.full((block_r,), NEG, jnp.float32),
             jnp.zeros((block_r,), jnp.float32))
     acc, m, l = lax.fori_loop(0, count, body, init)
-    acc = acc * vs_ref[0] if kv_pairs and kv_scale in ("head", "tensor") else acc   # ``paired_pv`` left it
+    acc = paired_v_scale(acc, vs_ref, kv_scale, kv_pairs)   # the per-head scale ``paired_pv`` left
     if direct:
         sink = None if sinks_ref is None else direct_out.load_sinks(sinks_ref, row, row_ok, groups=groups)
         return direct_out.store_normalised(refs[0], acc, m, l, row, row_ok, groups=groups, sink=sink)

@@ -186,8 +186,7 @@ def make_plan(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, he
     kv_mma = kv_products(cfg.kv_mma, kv_dtype, dtype)
     return Plan(rows=rows, block_r=block_r, row_tiles=row_tiles, block_k=block_k, num_splits=int(splits),
                 num_warps=num_warps, num_stages=stages, kv_mma=kv_mma, direct_output=bool(cfg.direct_output),
-                kv_pairs=bool(cfg.kv_pairs) and str(kv_dtype).startswith("float8")
-                and (kv_mma == "float16" or str(dtype) == "float16"))
+                kv_pairs=kv_pairs_apply(cfg.kv_pairs, kv_dtype, kv_mma, dtype))
 
 
 def kv_products(kv_mma: str | None, kv_dtype: str | None, q_dtype="bfloat16") -> str | None:
@@ -199,6 +198,13 @@ def kv_products(kv_mma: str | None, kv_dtype: str | None, q_dtype="bfloat16") ->
         fp8 = kv_dtype is not None and str(kv_dtype).startswith("float8")
         kv_mma = "float16" if fp8 and str(q_dtype) == "bfloat16" else "q"
     return None if kv_mma == "q" or kv_dtype is None else kv_mma
+
+
+def kv_pairs_apply(kv_pairs: bool, kv_dtype: str | None, kv_mma: str | None, q_dtype) -> bool:
+    """Whether ``kv_pairs`` (``DecodeConfig``'s, ``ServingConfig``'s) applies: an FP8 cache whose products are float16
+    (``kv_mma``: ``kv_products``' for this cache; None: q's dtype)."""
+    return (bool(kv_pairs) and str(kv_dtype).startswith("float8")
+            and (kv_mma == "float16" or str(q_dtype) == "float16"))
 
 
 def compiled_stages(num_stages: int, indirection_levels: int = 0) -> int:

@@ -11,12 +11,14 @@ their scales applied in float32 in registers:
   (``dequantized_pv``; float16 dequantizes the value rows instead, out of float16's subnormals); a
   per-head scale multiplies the product.
 
-FP8 read as pairs (``DecodeConfig.kv_pairs``): Triton gives an FP8 block's conversion the MMA operand's layout,
+FP8 read as pairs (``DecodeConfig.kv_pairs``, ``ServingConfig.kv_pairs``): Triton gives an FP8 block's conversion the MMA operand's layout,
 which pairs keys along the contraction; V (S, H) stores them a row apart, and sm_90 has no 8-bit ldmatrix, so
 each value byte was read from shared memory alone, and the 8-bit operands' layout (kWidth 4) kept q and P from
 ldmatrix too. Read as int16 pairs of neighbouring columns (``pair_view``), each block converts in registers into
 its even and odd columns (``byte_planes``: one byte permute and two conversions per four values) and each product
-runs as two of half the width (``paired_scores``, ``paired_pv``), every operand 16-bit.
+runs as two of half the width (``paired_scores``, ``paired_pv``), every operand 16-bit. The kernels call
+``quantized_query``, ``quantized_scores``, ``quantized_pv`` and, after their loop, ``paired_v_scale``: one body for
+bytes and pairs.
 
 The scales come in as refs beside K and V (``scale_inputs``, ``scale_block_spec``) and are loaded per block
 (``load_scale_block``) with the same rows, page table included, as ``paged_load.load_kv_block``.
@@ -123,6 +125,34 @@ def paired_pv(p, v_words, v_scale, fp8_dtype, interpret: bool):
     p = p.astype(jnp.float16)
     pv = jnp.stack([plgpu.dot(p, ve), plgpu.dot(p, vo)], axis=-1).reshape(p.shape[0], 2 * ve.shape[1])
     return pv if top is None else pv * top
+
+
+def quantized_query(q, kv_mma, pairs=None):
+    """``mma_query``'s (q, row factor); q as its ``query_planes`` where ``pairs`` (the FP8 dtype of a ``pair_view``
+    cache, or None: read as bytes)."""
+    q_mma, row_factor = mma_query(q, kv_mma)
+    return (query_planes(q_mma) if pairs else q_mma), row_factor
+
+
+def quantized_scores(q_mma, k, k_scale, row_factor, qk_scale, pairs=None, interpret: bool = False):
+    """q k^T times ``qk_scale`` of a quantized key block (``quantized_query``'s q): ``paired_scores`` where ``pairs``,
+    else ``dequantized_scores``."""
+    if pairs:
+        return paired_scores(q_mma, k, k_scale, pairs, interpret, row_factor, qk_scale)
+    return dequantized_scores(q_mma, k, k_scale, row_factor) * qk_scale
+
+
+def quantized_pv(p, v, v_scale, q_mma, pairs=None, interpret: bool = False):
+    """P V of a quantized value block, the MMA in ``quantized_query``'s dtype: ``paired_pv`` where ``pairs`` (float16;
+    a per-head / per-tensor scale left to ``paired_v_scale``), else ``dequantized_pv``."""
+    return paired_pv(p, v, v_scale, pairs, interpret) if pairs else dequantized_pv(p, v, v_scale, q_mma.dtype)
+
+
+def paired_v_scale(acc, v_scale_ref, layout: str | None, pairs=None):
+    """The accumulator of ``quantized_pv`` blocks times the per-head / per-tensor value scale ``paired_pv`` left out
+    (one factor for every block of a KV head: once per row, after the loop, before anything reads acc: partials
+    carry the scaling of bytes' ones); acc unchanged otherwise."""
+    return acc * v_scale_ref[0] if pairs and layout in ("head", "tensor") else acc
 
 
 def load_scale_block(ref, *, layout: str, start, kv_ok, block_k: int, page_size: int | None, table_ref=None):
