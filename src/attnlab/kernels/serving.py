@@ -38,8 +38,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from .decode import LOG2E, NEG
-from .decode_plan import compiled_stages, kv_products
-from .kv_dequant import dequantized_pv, dequantized_scores, load_scale_block, mma_query, scale_block_spec, scale_inputs
+from .decode_plan import compiled_stages, kv_pairs_apply, kv_products
+from .kv_dequant import (load_scale_block, pair_view, paired_v_scale, quantized_pv, quantized_query, quantized_scores,
+                         scale_block_spec, scale_inputs)
 from .paged_load import load_kv_block
 from .serving_merge import (NU, fused_finish, merge_call, merge_name, merge_pieces_per_trip,  # noqa: F401
                             merge_static, row_index, store_partial)
@@ -74,11 +75,14 @@ def _kernel(starts_ref, pieces_ref, *refs, fused: dict | None = None, **static):
 def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, groups: int,
                heads: int, kv_len: int, block_r: int, block_k: int, qk_scale: float, page_size: int | None,
                soft_cap: float | None, split_mask: bool, window_left: int | None = None, kv_scale: str | None = None,
-               scale_refs=(None, None), kv_mma: str | None = None, from_key: bool = False, finish=None):
+               scale_refs=(None, None), kv_mma: str | None = None, from_key: bool = False, finish=None,
+               kv_pairs: str | None = None, interpret: bool = False):
     """Program p of KV head h: its run of pieces, each piece's partial (O, m, l) to its slot (module docstring),
     or ``finish(j, acc, m, l)`` instead (the fused merge). A quantized cache's products in ``kv_mma``
-    (``kv_dequant.mma_query``; None: q's dtype); ``from_key``: the pieces' blocks start at a window's first key,
-    not at multiples of block_k."""
+    (``kv_dequant.mma_query``; None: q's dtype), read as int16 pairs where ``kv_pairs`` (its FP8 dtype: a
+    ``kv_dequant.pair_view`` cache; a per-head V scale multiplies each piece's acc before ``finish`` or its
+    partial, as bytes' do); ``from_key``: the pieces' blocks start at a window's first key, not at multiples
+    of block_k."""
 
     H = q_ref.shape[-1]
     row, dims, cols = (lax.iota(jnp.int32, n) for n in (block_r, H, block_k))
@@ -90,7 +94,7 @@ def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_r
         rmask = jnp.broadcast_to(row_ok[:, None], (block_r, H))
         idx = jnp.where(row_ok, row_index(q_start, row_off, row, h, groups, heads), 0)
         q = plgpu.load(q_ref.at[idx[:, None], dims[None, :]], mask=rmask, other=0)
-        q_mma, row_factor = mma_query(q, kv_mma) if kv_scale else (q, None)
+        q_mma, row_factor = quantized_query(q, kv_mma, kv_pairs) if kv_scale else (q, None)
         q_pos = q_pos0 + lax.div(row_off + row, groups)
         base = b * kv_len
 
@@ -106,7 +110,7 @@ def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_r
             if kv_scale:
                 scales = functools.partial(load_scale_block, layout=kv_scale, start=pl.multiple_of(at, block_k) if aligned
                                            else at, kv_ok=kv_ok, block_k=block_k, page_size=page_size, table_ref=table_ref)
-                s = dequantized_scores(q_mma, load(k_ref), scales(scale_refs[0]), row_factor) * qk_scale
+                s = quantized_scores(q_mma, load(k_ref), scales(scale_refs[0]), row_factor, qk_scale, kv_pairs, interpret)
             else:
                 s = plgpu.dot(q, load(k_ref), trans_b=True) * qk_scale
             if soft_cap is not None:
@@ -123,7 +127,8 @@ def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_r
             pr = jnp.exp2(s - m_use[:, None])
             l = l * alpha + jnp.sum(pr, axis=1)
             v = load(v_ref)
-            pv = dequantized_pv(pr, v, scales(scale_refs[1]), q_mma.dtype) if kv_scale else plgpu.dot(pr.astype(v.dtype), v)
+            pv = (quantized_pv(pr, v, scales(scale_refs[1]), q_mma, kv_pairs, interpret) if kv_scale
+                  else plgpu.dot(pr.astype(v.dtype), v))
             acc = acc * alpha[:, None] + pv
             return acc, m_new, l
 
@@ -144,17 +149,19 @@ def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_r
             acc, m, l = lax.fori_loop(n_whole, count, body, init)
         else:
             acc, m, l = lax.fori_loop(0, count, body, init)
+        acc = paired_v_scale(acc, scale_refs[1], kv_scale, kv_pairs)     # every piece's, whichever merge
         (finish or functools.partial(store_partial, o_ref=o_ref, m_ref=m_ref, l_ref=l_ref))(j, acc, m, l)
         return carry
 
     lax.fori_loop(starts_ref[p], starts_ref[p + 1], piece, 0)
 
 
-def class_static(cp, *, G, N, S, qk_scale, page_size, soft_cap, window_left=None, kv_scale=None, kv_mma=None) -> dict:
+def class_static(cp, *, G, N, S, qk_scale, page_size, soft_cap, window_left=None, kv_scale=None, kv_mma=None,
+                 kv_pairs=None, interpret=False) -> dict:
     """The compiled-in parameters of one class's piece loop (``run_pieces``)."""
     return dict(groups=G, heads=N, kv_len=S, block_r=cp.block_r, block_k=cp.block_k, qk_scale=qk_scale,
                 page_size=page_size, soft_cap=soft_cap, split_mask=not cp.decode, window_left=window_left,
-                kv_scale=kv_scale, kv_mma=kv_mma, from_key=cp.window_from_key)
+                kv_scale=kv_scale, kv_mma=kv_mma, from_key=cp.window_from_key, kv_pairs=kv_pairs, interpret=interpret)
 
 
 def partial_shapes(cp, K: int, H: int):
@@ -180,7 +187,7 @@ def _pieces_call(cp, q_flat, k, v, table, *, K, H, static, interpret, scales=(),
     return it."""
     n_pieces, n_units = int(cp.pieces.shape[0]), int(cp.units.shape[0])
     full = lambda shape: pl.BlockSpec(shape, lambda p, h: (0,) * len(shape))   # noqa: E731
-    kv_spec = pl.BlockSpec((int(k.shape[0]), None, H), lambda p, h: (0, h, 0))
+    kv_spec = pl.BlockSpec((int(k.shape[0]), None, int(k.shape[-1])), lambda p, h: (0, h, 0))   # pairs: H / 2
     tables = [] if table is None else [table]
     slots = n_pieces * cp.block_r
     ins = [cp.starts, cp.pieces.reshape(-1), *tables, q_flat, k, v, *scales]
@@ -229,7 +236,7 @@ def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan
     ``sinks``: None or (N,) float logits (gpt-oss's attention sinks), added once per row by the merge.
     A quantized cache: ``k_scale``/``v_scale`` in the layout ``kv_scale``, dequantized in registers
     (``kernels.kv_dequant``), the products in the plan's ``kv_mma`` (``decode_plan.kv_products``: float16 for FP8
-    and a bfloat16 q). A windowed plan made for a contiguous cache or small pages on pages of >= block_k keys
+    and a bfloat16 q), read as int16 pairs where the plan's ``kv_pairs`` applies (``kv_pairs_apply``). A windowed plan made for a contiguous cache or small pages on pages of >= block_k keys
     is a ValueError (``serving_plan.page_mismatch``). Returns (T_total, N, H) in q's dtype."""
     del q_starts, kv_lengths
     T_total, N, H = (int(d) for d in q.shape)
@@ -255,6 +262,8 @@ def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan
     G = N // K
     scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
     mma = kv_products(plan.kv_mma, str(k.dtype) if kv_scale else None, str(q.dtype))
+    pairs = str(k.dtype) if kv_scale and kv_pairs_apply(plan.kv_pairs, str(k.dtype), mma, q.dtype) else None
+    k, v = (pair_view(k), pair_view(v)) if pairs else (k, v)      # (rows, K, H / 2) int16
     # padding tokens' rows stay 0, the Mosaic GPU prefill's tokens' rows are its output (``serving_prefill_mgpu``),
     # or with its own stream added at the end; interpret mode needs a spare row past the end (``store_rows``)
     slots = None if plan.prefill is None else functools.partial(
@@ -267,7 +276,8 @@ def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan
     q_flat = q.reshape(T_total * N, H)
     statics = [class_static(cp, G=G, N=N, S=S, qk_scale=scale * LOG2E, page_size=page_size,
                             soft_cap=None if soft_cap is None else float(soft_cap) * LOG2E,
-                            window_left=plan.window_left, kv_scale=kv_scale, kv_mma=mma) for cp in plan.classes]
+                            window_left=plan.window_left, kv_scale=kv_scale, kv_mma=mma, kv_pairs=pairs,
+                            interpret=interpret) for cp in plan.classes]
     scales = scale_inputs(k_scale, v_scale, kv_scale, K=K)
     sinks = None if sinks is None else jnp.asarray(sinks).astype(jnp.float32) * LOG2E
     call = functools.partial(_pieces_call, q_flat=q_flat, k=k, v=v, table=table, K=K, H=H, interpret=interpret,

@@ -99,6 +99,10 @@ class ServingConfig:
     prefill_chunk: int | None = None
     #: n > 0: the slots run on CUDA stream n (XLA's stream annotation), beside the Triton classes; 0: before them
     prefill_stream: int = 0
+    #: True: an FP8 cache with float16 products is read as int16 pairs of bytes along H, split into its even and odd
+    #: columns in registers, as ``DecodeConfig.kv_pairs`` (``kernels.kv_dequant``; resolved per call by the cache's
+    #: dtype, ``decode_plan.kv_pairs_apply``). Unmeasured on a GPU: off by default
+    kv_pairs: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,28 +130,22 @@ class ClassPlan:
 @dataclasses.dataclass(frozen=True)
 class ServingPlan:
     """The plan of one step: its tile classes and the sizes and window it was made for (checked on reuse), and
-    the products of a quantized cache (``ServingConfig.kv_mma``, resolved per call by the cache's dtype) and where
-    the pieces are merged (``ServingConfig.merge``)."""
+    the products of a quantized cache (``ServingConfig.kv_mma``, ``kv_pairs``: resolved per call by the cache's dtype)
+    and where the pieces are merged (``ServingConfig.merge``)."""
 
     classes: tuple
     sizes: tuple = dataclasses.field(metadata=dict(static=True))    # (T_total, B, N, K, H)
     window_left: int | None = dataclasses.field(default=None, metadata=dict(static=True))   # None: no window
     kv_mma: str | None = dataclasses.field(default=None, metadata=dict(static=True))
     merge: str = dataclasses.field(default="fused", metadata=dict(static=True))
+    kv_pairs: bool = dataclasses.field(default=False, metadata=dict(static=True))
     #: the requests run on the Mosaic GPU prefill (``serving_prefill_mgpu.PrefillSlots``), or None
     prefill: object = None
 
 
-def _register():
-    for cls, data in ((ClassPlan, ["pieces", "starts", "units", "piece_units"]), (ServingPlan, ["classes", "prefill"])):
-        meta = [f.name for f in dataclasses.fields(cls) if f.name not in data]
-        jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=meta)
-
-
-try:
-    _register()
-except ImportError:  # pragma: no cover - jax is a dependency
-    pass
+for _cls, _data in ((ClassPlan, ["pieces", "starts", "units", "piece_units"]), (ServingPlan, ["classes", "prefill"])):
+    jax.tree_util.register_dataclass(_cls, data_fields=_data,
+                                     meta_fields=[f.name for f in dataclasses.fields(_cls) if f.name not in _data])
 
 
 def _searchsorted(xp, a, v, side, method="compare_all"):
@@ -286,7 +284,7 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
                                  window_from_key=window_left is not None and from_key))
     return ServingPlan(tuple(classes), sizes=(total_tokens, B, heads, kv_heads, head_dim),
                        window_left=None if window_left is None else int(window_left), kv_mma=cfg.kv_mma,
-                       merge=cfg.merge, prefill=prefill)
+                       merge=cfg.merge, prefill=prefill, kv_pairs=bool(cfg.kv_pairs))
 
 
 def page_mismatch(plan: ServingPlan, page_size: int | None) -> str | None:
