@@ -153,33 +153,73 @@ def test_decode_kernel_dequantizes_in_registers(case):
     assert verdict.ok, verdict
 
 
+_ROWS = [1e-6, 1.0, 3e4, 0.5, 1e-3, 2.0, 7e3, 1.0]    # query heads' magnitudes: float16 products need the row scaling
+
+
+def _serving_fp8(name, layout, dtype, ps, q_len, kv, config, cap=2.5, scaled_rows=False, seed=3):
+    """The serving kernel (interpret mode) on a quantized cache: (out, float64 of the dequantized cache, the plan, its
+    traced body); N, K, H, S = 8, 2, 16, 48 and two padding tokens past the requests'."""
+    rng = np.random.default_rng(seed)
+    q_len, kv = np.asarray(q_len, np.int32), np.asarray(kv, np.int32)
+    starts = np.concatenate([[0], np.cumsum(q_len)]).astype(np.int32)
+    N, K, H, S = 8, 2, 16, 48
+    q = jnp.asarray(rng.standard_normal((int(starts[-1]) + 2, N, H)), dtype)
+    if scaled_rows:
+        q = q * jnp.asarray(_ROWS, q.dtype)[None, :, None]
+    k, v = (jnp.asarray(rng.standard_normal((len(kv), S, K, H)), jnp.bfloat16) for _ in range(2))
+    table = None
+    if ps:
+        k, v, table = to_pages(k, v, ps)
+    (kc, ks), (vc, vs) = (attnlab.quantize_kv_cache(x, name, layout) for x in (k, v))
+    kd64, vd64 = (kq.dequantize(np.asarray(c), np.asarray(s), layout, "float64") for c, s in ((kc, ks), (vc, vs)))
+    if ps:
+        kd64, vd64 = (gather_pages(x, np.asarray(table)) for x in (kd64, vd64))
+    ref = reference_serving_attention(q, kd64, vd64, starts, kv, logits_soft_cap=cap)
+    plan = attnlab.serving_plan(starts, kv, total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K, head_dim=H,
+                                config=config)
+    run = functools.partial(attnlab.serving_attention, page_table=table, logits_soft_cap=cap, k_scale=ks, v_scale=vs,
+                            implementation="attnlab-decode", plan=plan)
+    out = run(q, kc, vc, starts, kv)
+    assert out.dtype == q.dtype and not np.any(np.asarray(out)[int(starts[-1]):])    # padding rows stay 0
+    return np.asarray(out, np.float64), ref, plan, str(jax.make_jaxpr(lambda x: run(x, kc, vc, starts, kv))(q))
+
+
 @pytest.mark.parametrize("layout, ps, mma", [("head", None, None), ("token", 8, "q")],
                          ids=["fp8-head-contig-f16", "fp8-token-paged8-gather-q"])
 def test_serving_kernel_dequantizes_in_registers(layout, ps, mma):
     """``mma`` None: the default products for FP8 and a bfloat16 q, float16, on query rows 1e-6..3e4 apart (the
     per-row power of two keeps each in float16's range); "q": in q's dtype."""
-    rng = np.random.default_rng(3)
-    q_len, kv = np.array([1, 3, 2], np.int32), np.array([40, 48, 9], np.int32)   # decode tiles only: one class
-    starts = np.concatenate([[0], np.cumsum(q_len)]).astype(np.int32)
-    N, K, H, S = 8, 2, 16, 48
-    q = jnp.asarray(rng.standard_normal((int(starts[-1]) + 2, N, H)), jnp.bfloat16)
-    if mma is None:
-        q = q * jnp.asarray([1e-6, 1.0, 3e4, 0.5, 1e-3, 2.0, 7e3, 1.0], q.dtype)[None, :, None]
-    k, v = (jnp.asarray(rng.standard_normal((3, S, K, H)), jnp.bfloat16) for _ in range(2))
-    table = None
-    if ps:
-        k, v, table = to_pages(k, v, ps)
-    (kc, ks), (vc, vs) = (attnlab.quantize_kv_cache(x, "fp8", layout) for x in (k, v))
-    kd64, vd64 = (kq.dequantize(np.asarray(c), np.asarray(s), layout, "float64") for c, s in ((kc, ks), (vc, vs)))
-    if ps:
-        kd64, vd64 = (gather_pages(x, np.asarray(table)) for x in (kd64, vd64))
-    ref = reference_serving_attention(q, kd64, vd64, starts, kv, logits_soft_cap=2.5)
-    plan = attnlab.serving_plan(starts, kv, total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K, head_dim=H,
-                                config=sp.ServingConfig(block_k=16, decode_max_q=4, programs=3, kv_mma=mma))
-    out = attnlab.serving_attention(q, kc, vc, starts, kv, page_table=table, logits_soft_cap=2.5, k_scale=ks,
-                                    v_scale=vs, implementation="attnlab-decode", plan=plan)
-    assert out.dtype == q.dtype and rel_l2(np.asarray(out, np.float64), ref) < 8e-3   # bf16 P and output
-    assert not np.any(np.asarray(out)[int(starts[-1]):])
+    cfg = sp.ServingConfig(block_k=16, decode_max_q=4, programs=3, kv_mma=mma)     # decode tiles only: one class
+    out, ref, _, body = _serving_fp8("fp8", layout, jnp.bfloat16, ps, [1, 3, 2], [40, 48, 9], cfg,
+                                     scaled_rows=mma is None)
+    assert rel_l2(out, ref) < 8e-3 and "i16[" not in body   # bf16 P and output; read as bytes
+
+
+# ``ServingConfig(kv_pairs=True)``, FP8 read as int16 pairs: (dtype name, scale layout, q dtype, page size, merge,
+# q_len, soft cap); block_k 16, 3 programs: units of several pieces, merged by log-sum-exp
+SERVING_PAIR_CASES = {
+    "fp8-token-bf16-contig-cap-fused": ("fp8", "token", "bfloat16", None, "fused", [1, 3, 2], 2.5),
+    "fp8-tensor-bf16-ps8-kernel": ("fp8", "tensor", "bfloat16", 8, "kernel", [1, 3, 2], None),
+    "e5m2-head-f16-contig-fused": ("e5m2", "head", "float16", None, "fused", [2, 1, 3], None),
+    # a decode and a prefill class (the 7-token request: 2 tiles of 16 rows)
+    "fp8-head-bf16-mixed-ps4-kernel": ("fp8", "head", "bfloat16", 4, "kernel", [1, 7, 2, 1], 2.5),
+    "fp8-tensor-bf16-mixed-contig-fused": ("fp8", "tensor", "bfloat16", None, "fused", [1, 7, 2, 1], None),
+}
+
+
+@pytest.mark.parametrize("case", list(SERVING_PAIR_CASES))
+def test_serving_kernel_reads_fp8_as_pairs(case):
+    """The FP8 cache read as int16 pairs split into even and odd columns (``kv_dequant.byte_planes``), float16
+    products, a per-head / per-tensor V scale once per piece: against float64, both merges, both classes."""
+    name, layout, dtype, ps, merge, q_len, cap = SERVING_PAIR_CASES[case]
+    kv = [48, 30, 9, 40][:len(q_len)]
+    cfg = sp.ServingConfig(block_k=16, decode_max_q=4, programs=3, block_r_prefill=16, merge=merge, kv_pairs=True)
+    out, ref, plan, body = _serving_fp8(name, layout, dtype, ps, q_len, kv, cfg, cap=cap,
+                                        scaled_rows=dtype == "bfloat16", seed=len(case))
+    assert "i16[" in body       # the cache as int16 pairs (``kv_dequant.pair_view``)
+    assert plan.kv_pairs and plan.merge == merge and len(plan.classes) == (2 if "mixed" in case else 1)
+    assert any(np.any(np.diff(np.asarray(cp.units)[:, 3:5], axis=1) > 1) for cp in plan.classes)   # merged pieces
+    assert rel_l2(out, ref) < 8e-3, rel_l2(out, ref)
 
 
 @pytest.mark.parametrize("kv_dtype, q_dtype, mma, f16", [("fp8", "bfloat16", None, True), ("fp8", "bfloat16", "q", False),
@@ -195,9 +235,15 @@ def test_serving_products_follow_kv_products(kv_dtype, q_dtype, mma, f16):
     kc, sc = attnlab.quantize_kv_cache(jnp.ones((2, 16, 2, 16)), kv_dtype, "token")
     plan = sp.make_serving_plan(starts, kv, total_tokens=4, kv_len_max=16, heads=4, kv_heads=2, head_dim=16,
                                 config=sp.ServingConfig(kv_mma=mma))
-    body = jax.make_jaxpr(functools.partial(ks.serving_attention_pallas, plan=plan, interpret=True, kv_scale="token"))(
-        q, kc, kc, starts, kv, k_scale=sc, v_scale=sc)
-    assert bool(re.search(r"\bf16\[", str(body))) == f16
+    trace = functools.partial(jax.make_jaxpr(functools.partial(ks.serving_attention_pallas, interpret=True,
+                                                               kv_scale="token")), q, kc, kc, starts, kv, k_scale=sc,
+                              v_scale=sc)
+    body = str(trace(plan=plan))
+    assert bool(re.search(r"\bf16\[", body)) == f16 and "i16[" not in body
+    # ``kv_pairs`` (int16 pairs of bytes) where the products are float16 and the cache FP8: every f16 case here
+    pairs = sp.make_serving_plan(starts, kv, total_tokens=4, kv_len_max=16, heads=4, kv_heads=2, head_dim=16,
+                                 config=sp.ServingConfig(kv_mma=mma, kv_pairs=True))
+    assert pairs.kv_pairs and ("i16[" in str(trace(plan=pairs))) == f16
     with pytest.raises(ValueError, match="kv_mma must be None, 'q' or 'float16'"):
         sp.make_serving_plan(starts, kv, total_tokens=4, kv_len_max=16, heads=4, kv_heads=2, head_dim=16,
                              config=sp.ServingConfig(kv_mma="bfloat16"))
@@ -227,18 +273,23 @@ def test_quantized_decode_lowers_to_triton_for_cuda_without_a_gpu():
 
 
 def test_quantized_serving_lowers_to_triton_for_cuda_without_a_gpu():
+    """Paged e5m2 per token and, ``ServingConfig(kv_pairs=True)``, read as int16 pairs per token and per tensor (the V
+    scale after the pieces' loop): the pairs' inline PTX (``kv_dequant.byte_planes``) in the kernel, not without."""
     from attnlab.kernels import serving as ks
 
     s = jax.ShapeDtypeStruct
     B, S, N, K, H, ps, Ttot = 4, 4096, 32, 8, 128, 16, 512
+    for layout, pairs in (("token", False), ("token", True), ("tensor", True)):
+        def step(q, k, v, a, b, t, sk, sv):
+            plan = sp.make_serving_plan(a, b, total_tokens=Ttot, kv_len_max=S, heads=N, kv_heads=K, head_dim=H,
+                                        config=sp.ServingConfig(kv_pairs=pairs))
+            return ks.serving_attention_pallas(q, k, v, a, b, plan=plan, page_table=t, interpret=False, k_scale=sk,
+                                               v_scale=sv, kv_scale=layout)
 
-    def step(q, k, v, a, b, t, sk, sv):
-        plan = sp.make_serving_plan(a, b, total_tokens=Ttot, kv_len_max=S, heads=N, kv_heads=K, head_dim=H)
-        return ks.serving_attention_pallas(q, k, v, a, b, plan=plan, page_table=t, interpret=False, k_scale=sk,
-                                           v_scale=sv, kv_scale="token")
-
-    kv, sc = s((B * S // ps, ps, K, H), jnp.float8_e5m2), s((B * S // ps, ps, K), jnp.float32)
-    with kd.cuda_lowering_context():
-        text = jax.jit(step).trace(s((Ttot, N, H), jnp.bfloat16), kv, kv, s((B + 1,), jnp.int32), s((B,), jnp.int32),
-                                   s((B, S // ps), jnp.int32), sc, sc).lower(lowering_platforms=("cuda",)).as_text()
-    assert "triton" in text
+        kv = s((B * S // ps, ps, K, H), jnp.float8_e5m2)
+        sc = s((B * S // ps, ps, K) if layout == "token" else (K,), jnp.float32)
+        with kd.cuda_lowering_context():
+            text = jax.jit(step).trace(s((Ttot, N, H), jnp.bfloat16), kv, kv, s((B + 1,), jnp.int32),
+                                       s((B,), jnp.int32), s((B, S // ps), jnp.int32), sc,
+                                       sc).lower(lowering_platforms=("cuda",)).as_text()
+        assert "triton" in text and ("cvt.rn.f16x2.e5m2x2" in text) == pairs, (layout, pairs)
