@@ -236,8 +236,9 @@ def serving_attention_pallas(q, k, v, q_starts, kv_lengths, *, plan: ServingPlan
     ``sinks``: None or (N,) float logits (gpt-oss's attention sinks), added once per row by the merge.
     A quantized cache: ``k_scale``/``v_scale`` in the layout ``kv_scale``, dequantized in registers
     (``kernels.kv_dequant``), the products in the plan's ``kv_mma`` (``decode_plan.kv_products``: float16 for FP8
-    and a bfloat16 q), read as int16 pairs where the plan's ``kv_pairs`` applies (``kv_pairs_apply``). A windowed plan made for a contiguous cache or small pages on pages of >= block_k keys
-    is a ValueError (``serving_plan.page_mismatch``). Returns (T_total, N, H) in q's dtype."""
+    and a bfloat16 q), read as int16 pairs where the plan's ``kv_pairs`` applies (``kv_pairs_apply``). A windowed
+    plan made for a contiguous cache or small pages on pages of >= block_k keys is a ValueError
+    (``serving_plan.page_mismatch``). Returns (T_total, N, H) in q's dtype."""
     del q_starts, kv_lengths
     T_total, N, H = (int(d) for d in q.shape)
     k4, v4 = k, v         # as given: for the Mosaic GPU prefill (``plan.prefill``)
