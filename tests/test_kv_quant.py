@@ -151,6 +151,8 @@ def test_decode_kernel_dequantizes_in_registers(case):
         kd64, vd64 = (gather_pages(x, np.asarray(table)) for x in (kd64, vd64))
     verdict = check_decode_close(out, q, kd64, vd64, lens, logits_soft_cap=cap)
     assert verdict.ok, verdict
+    if "pairs" in case:    # the cache as int16 pairs (``kv_dequant.pair_view``), not silently read as bytes
+        assert "i16[" in str(jax.make_jaxpr(call)(q, kc, vc, jnp.asarray(lens), k_scale=ks, v_scale=vs))
 
 
 _ROWS = [1e-6, 1.0, 3e4, 0.5, 1e-3, 2.0, 7e3, 1.0]    # query heads' magnitudes: float16 products need the row scaling
