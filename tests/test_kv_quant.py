@@ -190,8 +190,9 @@ def _serving_fp8(name, layout, dtype, ps, q_len, kv, config, cap=2.5, scaled_row
                          ids=["fp8-head-contig-f16", "fp8-token-paged8-gather-q"])
 def test_serving_kernel_dequantizes_in_registers(layout, ps, mma):
     """``mma`` None: the default products for FP8 and a bfloat16 q, float16, on query rows 1e-6..3e4 apart (the
-    per-row power of two keeps each in float16's range); "q": in q's dtype."""
-    cfg = sp.ServingConfig(block_k=16, decode_max_q=4, programs=3, kv_mma=mma)     # decode tiles only: one class
+    per-row power of two keeps each in float16's range); "q": in q's dtype. The cache read as bytes (``kv_pairs``
+    off; ``test_serving_kernel_reads_fp8_as_pairs``: the default)."""
+    cfg = sp.ServingConfig(block_k=16, decode_max_q=4, programs=3, kv_mma=mma, kv_pairs=False)   # decode tiles only
     out, ref, _, body = _serving_fp8("fp8", layout, jnp.bfloat16, ps, [1, 3, 2], [40, 48, 9], cfg,
                                      scaled_rows=mma is None)
     assert rel_l2(out, ref) < 8e-3 and "i16[" not in body   # bf16 P and output; read as bytes
@@ -236,15 +237,16 @@ def test_serving_products_follow_kv_products(kv_dtype, q_dtype, mma, f16):
     q = jnp.zeros((4, 4, 16), q_dtype)
     kc, sc = attnlab.quantize_kv_cache(jnp.ones((2, 16, 2, 16)), kv_dtype, "token")
     plan = sp.make_serving_plan(starts, kv, total_tokens=4, kv_len_max=16, heads=4, kv_heads=2, head_dim=16,
-                                config=sp.ServingConfig(kv_mma=mma))
+                                config=sp.ServingConfig(kv_mma=mma, kv_pairs=False))
     trace = functools.partial(jax.make_jaxpr(functools.partial(ks.serving_attention_pallas, interpret=True,
                                                                kv_scale="token")), q, kc, kc, starts, kv, k_scale=sc,
                               v_scale=sc)
     body = str(trace(plan=plan))
     assert bool(re.search(r"\bf16\[", body)) == f16 and "i16[" not in body
-    # ``kv_pairs`` (int16 pairs of bytes) where the products are float16 and the cache FP8: every f16 case here
+    # ``kv_pairs`` (int16 pairs of bytes; the default) where the products are float16 and the cache FP8: every f16
+    # case here
     pairs = sp.make_serving_plan(starts, kv, total_tokens=4, kv_len_max=16, heads=4, kv_heads=2, head_dim=16,
-                                 config=sp.ServingConfig(kv_mma=mma, kv_pairs=True))
+                                 config=sp.ServingConfig(kv_mma=mma))
     assert pairs.kv_pairs and ("i16[" in str(trace(plan=pairs))) == f16
     with pytest.raises(ValueError, match="kv_mma must be None, 'q' or 'float16'"):
         sp.make_serving_plan(starts, kv, total_tokens=4, kv_len_max=16, heads=4, kv_heads=2, head_dim=16,

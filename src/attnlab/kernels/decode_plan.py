@@ -60,8 +60,9 @@ class DecodeConfig:
     direct_output: bool = True
     #: True: an FP8 cache with float16 products is read as 16-bit pairs of bytes along H, split into its even and
     #: odd columns in registers (``kv_dequant.byte_planes``): 16-byte copies and ldmatrix for V, whose FP8 bytes
-    #: Triton otherwise gathers one by one (results/cpu-2026-12-06-fp8-ttgir). Unmeasured on a GPU: off by default
-    kv_pairs: bool = False
+    #: Triton otherwise gathers one by one (results/cpu-2026-12-06-fp8-ttgir); 1.10-1.27x on every FP8 cell of the
+    #: H200 (results/gpu-2026-12-06c-fp8-pairs). False: the bytes as stored
+    kv_pairs: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -101,8 +101,8 @@ class ServingConfig:
     prefill_stream: int = 0
     #: True: an FP8 cache with float16 products is read as int16 pairs of bytes along H, split into its even and odd
     #: columns in registers, as ``DecodeConfig.kv_pairs`` (``kernels.kv_dequant``; resolved per call by the cache's
-    #: dtype, ``decode_plan.kv_pairs_apply``). Unmeasured on a GPU: off by default
-    kv_pairs: bool = False
+    #: dtype, ``decode_plan.kv_pairs_apply``); the decode kernel 1.10-1.27x on the H200 (gpu-2026-12-06c-fp8-pairs)
+    kv_pairs: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,6 +27,7 @@ H in {64, 128}, no soft cap) on caches in q's dtype; otherwise the call raises, 
 from __future__ import annotations
 
 import functools
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -72,13 +73,17 @@ def run(q, k, v, page_table, ps: PrefillSlots, *, scale: float, sinks, window_le
 
 
 def on_stream(fn, stream: int):
-    """``fn`` jitted to run on CUDA stream ``stream`` (> 0) when called inside a jitted step: XLA wraps the call in an
+    """``fn`` to run on CUDA stream ``stream`` (> 0) when called inside a jitted step: XLA wraps the call in an
     async call-start/call-done pair, so the step's other kernels can run while it does (``compute_on``'s
-    ``gpu_stream:n``; other platforms lower the annotation and ignore it)."""
+    ``gpu_stream:n``; other platforms lower the annotation and ignore it). JAX >= 0.11's ``compute_on`` transforms
+    a function (outputs in device memory); JAX 0.10's is a context manager around a jitted call."""
+    compute_type = f"gpu_stream:{int(stream)}"
+    if "out_memory_spaces" in inspect.signature(compute_on).parameters:
+        return compute_on(fn, compute_type=compute_type, out_memory_spaces=jax.memory.Space.Device)
     jitted = jax.jit(fn)
 
     @functools.wraps(fn)
     def call(*args):
-        with compute_on(f"gpu_stream:{int(stream)}"):
+        with compute_on(compute_type):
             return jitted(*args)
     return call
