@@ -107,50 +107,22 @@ def test_serving_kernel_against_float64(layout, page_size):
     assert rel_l2(np.asarray(out, np.float64), ref) < 8e-3
 
 
-@pytest.mark.parametrize("mma", ["q", "float16"])
-@pytest.mark.parametrize("page_size", [None, 16, 64], ids=["contig", "paged16", "paged64"])
-def test_serving_kernel_products_against_float64(page_size, mma):
-    """FP8 (e4m3) per token, the products in q's dtype and in float16 (``ServingConfig.kv_mma``; float16 is the
-    default here), query heads 1e-6..3e4 apart in magnitude, a decode and a prefill class, soft cap."""
+# (dtype, scale layout, page size, ServingConfig fields, soft cap); bfloat16 q: float16 products and the cache read as
+# int16 pairs by default (``kv_pairs``), or the products in q's dtype, or the bytes read as stored
+SERVING_CASES = [("fp8", "token", p, cfg, 30.0) for cfg in (dict(kv_mma="q"), dict(kv_pairs=False)) for p in (None, 16, 64)] + [
+    ("float8_e4m3fn", "token", None, dict(merge="fused"), 30.0), ("float8_e4m3fn", "tensor", 16, dict(merge="kernel"), None),
+    ("float8_e5m2", "head", 64, dict(merge="fused"), None), ("float8_e4m3fn", "page", 16, dict(merge="kernel"), 30.0)]
+
+
+@pytest.mark.parametrize("name, layout, page_size, fields, cap", SERVING_CASES)
+def test_serving_kernel_fp8_against_float64(name, layout, page_size, fields, cap):
+    """The serving step on an FP8 cache, a decode and a prefill class, query heads 1e-6..3e4 apart in magnitude, under
+    jit (lengths traced), against float64 of the dequantized cache: the products in q's dtype or in float16
+    (``ServingConfig.kv_mma``), the cache read as int16 pairs (the default: inline PTX splits them; a per-head /
+    per-tensor V scale on each piece's acc) or as bytes, both merges."""
     from attnlab.kernels.serving_plan import ServingConfig
 
     rng = np.random.default_rng(11)
-    q_len = np.array([1, 4, 300, 1, 8], np.int32)
-    kv = np.array([S, 900, 1500, 5, 2000], np.int32)
-    starts = np.concatenate([[0], np.cumsum(q_len)]).astype(np.int32)
-    N, K, H = 32, 8, 128
-    mag = np.tile([1e-6, 1.0, 3e4, 0.5, 1e-3, 2.0, 7e3, 1.0], N // 8)
-    q = jnp.asarray(rng.standard_normal((int(starts[-1]) + 3, N, H)) * mag[None, :, None], jnp.bfloat16)
-    k, v = (jnp.asarray(rng.standard_normal((len(kv), S, K, H)), jnp.bfloat16) for _ in range(2))
-    table = None
-    if page_size:
-        k, v, table = kp.to_pages(k, v, page_size)
-    (kc, ks), (vc, vs) = (attnlab.quantize_kv_cache(x, "fp8", "token") for x in (k, v))
-
-    def step(q, kc, vc, a, b, t, ks, vs):
-        plan = attnlab.serving_plan(a, b, total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K, head_dim=H,
-                                    config=ServingConfig(kv_mma=mma))
-        return attnlab.serving_attention(q, kc, vc, a, b, page_table=t, k_scale=ks, v_scale=vs, plan=plan,
-                                         logits_soft_cap=30.0, implementation="attnlab-decode")
-
-    out = jax.jit(step)(q, kc, vc, jnp.asarray(starts), jnp.asarray(kv), table, ks, vs)
-    ref = reference_serving_attention(q, _dequantized(kc, ks, "token", table), _dequantized(vc, vs, "token", table),
-                                      starts, kv, logits_soft_cap=30.0)
-    out = np.asarray(out, np.float64)
-    assert np.all(np.isfinite(out)) and rel_l2(out, ref) < 8e-3
-
-
-# ``ServingConfig(kv_pairs=True)``: (dtype, scale layout, page size, merge, soft cap); bfloat16 q: float16 products
-SERVING_PAIR_CASES = [("float8_e4m3fn", "token", None, "fused", 30.0), ("float8_e4m3fn", "tensor", 16, "kernel", None),
-                      ("float8_e5m2", "head", 64, "fused", None), ("float8_e4m3fn", "page", 16, "kernel", 30.0)]
-
-
-@pytest.mark.parametrize("name, layout, page_size, merge, cap", SERVING_PAIR_CASES)
-def test_serving_kernel_reads_fp8_as_pairs_against_float64(name, layout, page_size, merge, cap):
-    """The serving step with ``ServingConfig(kv_pairs=True)`` (the FP8 cache read as int16 pairs, split by inline PTX;
-    a per-head / per-tensor V scale on each piece's acc), a decode and a prefill class, query heads 1e-6..3e4 apart,
-    both merges, under jit (lengths traced): against float64 of the dequantized cache."""
-    rng = np.random.default_rng(13)
     q_len = np.array([1, 4, 300, 1, 8], np.int32)
     kv = np.array([S, 900, 1500, 5, 2000], np.int32)
     starts = np.concatenate([[0], np.cumsum(q_len)]).astype(np.int32)
@@ -165,8 +137,8 @@ def test_serving_kernel_reads_fp8_as_pairs_against_float64(name, layout, page_si
 
     def step(q, kc, vc, a, b, t, ks, vs):
         plan = attnlab.serving_plan(a, b, total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K, head_dim=H,
-                                    config=ServingConfig(kv_pairs=True, merge=merge))
-        assert plan.kv_pairs and plan.merge == merge
+                                    config=ServingConfig(**fields))
+        assert plan.kv_pairs == fields.get("kv_pairs", True)    # applied where the products are float16
         return attnlab.serving_attention(q, kc, vc, a, b, page_table=t, k_scale=ks, v_scale=vs, plan=plan,
                                          logits_soft_cap=cap, implementation="attnlab-decode")
 
