@@ -25,10 +25,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "src"))
 sys.path.insert(0, os.path.join(HERE, "..", ".."))   # the repository root: benchmarks.decode
 
-B, S, N, K, H = 8, 32768, 32, 8, 128
+from benchmarks.decode.kv_dtype_sass_cpu import B, H, K, N, S  # noqa: E402,F401 (after sys.path; the same shape)
 #: (tag suffix, cache dtype, scale layout, DecodeConfig fields)
 BASE = [("bf16", "bfloat16", None, {})] + [
-    (f"e4m3_{lay}_{prod}", "float8_e4m3fn", lay, dict(kv_mma=mma))
+    (f"e4m3_{lay}_{prod}", "float8_e4m3fn", lay, dict(kv_mma=mma, kv_pairs=False))   # read as bytes
     for lay in ("token", "tensor") for prod, mma in (("f16", "float16"), ("q", "q"))]
 #: prototype variants (``DecodeConfig`` fields), e4m3 with float16 products
 EXTRA = [(f"e4m3_{lay}_f16_pairs", "float8_e4m3fn", lay, dict(kv_mma="float16", kv_pairs=True))
@@ -72,31 +72,16 @@ def cases():
 
 def dump(out_dir: str) -> dict:
     """Lower every case; write OUT_DIR/<tag>.ttir and .json (its launch); return {tag: plan fields}."""
-    import jax
-    import jax.numpy as jnp
+    from benchmarks.decode.kv_dtype_sass_cpu import lower_decode
     from benchmarks.decode.ttir_cpu import triton_modules
-
     from attnlab.kernels import decode as kd
 
-    s, plans = jax.ShapeDtypeStruct, {}
+    plans = {}
     with triton_modules() as captured:
         for tag, T, kvd, lay, cfg in cases():
             plan = kd.make_plan(B, T, S, N, K, H, "bfloat16", kd.DecodeConfig(kernel="triton", **cfg), sms=132,
                                 compute_capability=(9, 0), kv_dtype=kvd if lay else None)
-            sc = (B, S, K) if lay == "token" else (K,)
-            args = [s((B, T, N, H), jnp.bfloat16), *[s((B, S, K, H), jnp.dtype(kvd))] * 2, s((B,), jnp.int32)]
-            args += [s(sc, jnp.float32)] * (2 * bool(lay))
-
-            def f(q, k, v, lengths, *scales, plan=plan, lay=lay):
-                kw = dict(k_scale=scales[0], v_scale=scales[1], kv_scale=lay) if lay else {}
-                return kd.decode_attention_pallas(q, k, v, lengths, causal=True, interpret=False, plan=plan, **kw)
-
-            with kd.cuda_lowering_context():
-                jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",))
-            with open(os.path.join(out_dir, tag + ".ttir"), "w") as fh:
-                fh.write(captured[-1])
-            with open(os.path.join(out_dir, tag + ".json"), "w") as fh:
-                json.dump(dict(num_warps=plan.num_warps, num_stages=plan.num_stages), fh)
+            lower_decode(out_dir, tag, plan, captured, T, kvd, lay)
             plans[tag] = dict(block_r=plan.block_r, block_k=plan.block_k, num_warps=plan.num_warps,
                               num_stages=plan.num_stages, splits=plan.num_splits, kv_mma=plan.kv_mma, config=cfg)
     return plans
@@ -134,17 +119,9 @@ def ptx_counts(text: str) -> dict:
 
 
 def main(argv=None) -> int:
-    from benchmarks.decode.kv_dtype_sass_cpu import loop_ops
-    import argparse
-    import subprocess
+    from benchmarks.decode.kv_dtype_sass_cpu import compile_cli, loop_ops
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out_dir")
-    ap.add_argument("--triton-python", required=True, help="a Python with pip's triton 3.6.0 (no GPU, no torch)")
-    a = ap.parse_args(argv)
-    os.makedirs(a.out_dir, exist_ok=True)
-    plans = dump(a.out_dir)
-    subprocess.run([a.triton_python, "-c", COMPILE, a.out_dir], check=True)
+    a, plans = compile_cli(__doc__.splitlines()[0], dump, argv, script=COMPILE)
     compiled = json.load(open(os.path.join(a.out_dir, "compiled.json")))
     rows = {}
     for tag, p in plans.items():

@@ -168,7 +168,7 @@ def run_cells(f, shape, Ts, caches, layouts, dev, t0, max_s, dry):
 #: instruction per pair), and float16 read as int16 pairs (``DecodeConfig.kv_pairs``, results/cpu-2026-12-06-fp8-ttgir).
 VARIANTS = tuple(dict(block_k=bk, num_stages=st) for bk, st in ((128, None), (128, 4), (256, None), (256, 3)))
 PROBE = tuple(dict(block_k=bk, num_stages=st, num_warps=w) for bk in (32, 64, 128) for st in (2, 3) for w in (1, 2, 4))
-MMA = (dict(kv_mma="q"), dict(kv_mma="float16"), dict(kv_mma="float16", kv_pairs=True))   # pairs: FP8 only
+MMA = (dict(kv_mma="q"), dict(kv_mma="float16", kv_pairs=False), dict(kv_mma="float16", kv_pairs=True))   # pairs: FP8 only
 #: ``ROWS`` (``--rows``): warps and row tiles at T=8, float16 products: the kernel is bound by the instructions it
 #: issues (results/cpu-2026-12-05-fp8-sass), and 2 warps a 32-row tile issue 14% less than the plan's 4.
 ROWS = tuple(dict(kv_mma="float16", num_warps=w, block_r=br) for br in (None, 16) for w in (2, 4, 8))

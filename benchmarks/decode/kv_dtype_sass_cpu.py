@@ -61,33 +61,44 @@ for path in sorted(glob.glob(os.path.join(out_dir, "*.ttir"))):
 '''
 
 
-def dump(out_dir: str) -> dict:
-    """Lower every case; write OUT_DIR/<tag>.ttir and .json (its launch); return {tag: plan fields}."""
+def lower_decode(out_dir: str, tag: str, plan, captured, T: int, kv_dtype: str, kv_scale: str | None) -> None:
+    """Lower the decode kernel of ``plan`` for sm_90 (B, S, N, K, H above; q bfloat16, a cache of ``kv_dtype``, its
+    scales in the layout ``kv_scale`` or none) inside ``ttir_cpu.triton_modules()`` (``captured``), and write
+    OUT_DIR/<tag>.ttir and <tag>.json (its launch)."""
     import jax
     import jax.numpy as jnp
 
+    from attnlab.kernels import decode as kd
+
+    s = jax.ShapeDtypeStruct
+    sc = (B, S, K) if kv_scale == "token" else (K,)
+    args = [s((B, T, N, H), jnp.bfloat16), *[s((B, S, K, H), jnp.dtype(kv_dtype))] * 2, s((B,), jnp.int32)]
+    args += [s(sc, jnp.float32)] * (2 * bool(kv_scale))
+
+    def f(q, k, v, lengths, *scales):
+        kw = dict(k_scale=scales[0], v_scale=scales[1], kv_scale=kv_scale) if kv_scale else {}
+        return kd.decode_attention_pallas(q, k, v, lengths, causal=True, interpret=False, plan=plan, **kw)
+
+    with kd.cuda_lowering_context():
+        jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",))
+    with open(os.path.join(out_dir, tag + ".ttir"), "w") as fh:
+        fh.write(captured[-1])
+    with open(os.path.join(out_dir, tag + ".json"), "w") as fh:
+        json.dump(dict(num_warps=plan.num_warps, num_stages=plan.num_stages), fh)
+
+
+def dump(out_dir: str) -> dict:
+    """Lower every case; write OUT_DIR/<tag>.ttir and .json (its launch); return {tag: plan fields}."""
     from benchmarks.decode.ttir_cpu import triton_modules
     from attnlab.kernels import decode as kd
 
-    s, plans = jax.ShapeDtypeStruct, {}
+    plans = {}
     with triton_modules() as captured:
         for tag, T, kvd, mma, extra in CASES:
             quant = kvd != "bfloat16"
-            plan = kd.make_plan(B, T, S, N, K, H, "bfloat16", kd.DecodeConfig(kv_mma=mma, kernel="triton", **extra),
+            plan = kd.make_plan(B, T, S, N, K, H, "bfloat16", kd.DecodeConfig(kv_mma=mma, kernel="triton", kv_pairs=False, **extra),
                                 sms=132, compute_capability=(9, 0), kv_dtype=kvd if quant else None)
-            args = [s((B, T, N, H), jnp.bfloat16), s((B, S, K, H), jnp.dtype(kvd)), s((B, S, K, H), jnp.dtype(kvd)),
-                    s((B,), jnp.int32)] + [s((B, S, K), jnp.float32)] * (2 * quant)
-
-            def f(q, k, v, lengths, *scales, plan=plan, quant=quant):
-                kw = dict(k_scale=scales[0], v_scale=scales[1], kv_scale="token") if quant else {}
-                return kd.decode_attention_pallas(q, k, v, lengths, causal=True, interpret=False, plan=plan, **kw)
-
-            with kd.cuda_lowering_context():
-                jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",))
-            with open(os.path.join(out_dir, tag + ".ttir"), "w") as fh:
-                fh.write(captured[-1])
-            with open(os.path.join(out_dir, tag + ".json"), "w") as fh:
-                json.dump(dict(num_warps=plan.num_warps, num_stages=plan.num_stages), fh)
+            lower_decode(out_dir, tag, plan, captured, T, kvd, "token" if quant else None)
             plans[tag] = dict(T=T, kv_dtype=kvd, products=plan.kv_mma or "q", block_r=plan.block_r,
                               row_tiles=plan.row_tiles, block_k=plan.block_k, num_warps=plan.num_warps,
                               num_stages=plan.num_stages)
@@ -170,16 +181,17 @@ def loop_ops(sass: str) -> collections.Counter:
     return collections.Counter(op for a, op in ins if lo <= a <= hi)
 
 
-def compile_cli(description: str, dump_fn, argv=None):
+def compile_cli(description: str, dump_fn, argv=None, script: str = SASS):
     """(args, what ``dump_fn(out_dir)`` returned): parse ``OUT_DIR --triton-python PY``, lower the kernels
-    (``dump_fn`` writes OUT_DIR/<tag>.ttir and .json), then compile and disassemble each (``SASS``)."""
+    (``dump_fn`` writes OUT_DIR/<tag>.ttir and .json), then compile and disassemble each (``script``: ``SASS``,
+    or one that writes more)."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("out_dir")
     ap.add_argument("--triton-python", required=True, help="a Python with pip's triton 3.6.0 (no GPU, no torch)")
     a = ap.parse_args(argv)
     os.makedirs(a.out_dir, exist_ok=True)
     meta = dump_fn(a.out_dir)
-    subprocess.run([a.triton_python, "-c", SASS, a.out_dir], check=True)
+    subprocess.run([a.triton_python, "-c", script, a.out_dir], check=True)
     return a, meta
 
 

@@ -7,7 +7,7 @@
 ``--kv-products``: decode batches (B=32, S=32768, N/K=32/8, H=128, q bf16; lengths uniform (every request at S),
 lognormal and one-long; T in {1, 4}; contiguous and pages of 16) on the bf16 cache, then on FP8 (e4m3, per-token
 scales) with the products in q's dtype and in float16 (``ServingConfig.kv_mma`` "q" / "float16"; float16 is the
-default). ``--window``: bf16 windowed steps, ``local_window_size`` W in {128, 1024} (W keys before each token and
+default, and since 7b2a316 reads the cache as int16 pairs, ``ServingConfig.kv_pairs``). ``--window``: bf16 windowed steps, ``local_window_size`` W in {128, 1024} (W keys before each token and
 itself): uniform and lognormal decode batches at T in {1, 4} and a mixed batch (2 chunks of 2048 + 126 decodes,
 S=16384), contiguous and pages of 16, each unit's blocks from its first key and from the block boundary before it
 (``ServingConfig.window_from_key`` True / False, the layout before it). Every cell is checked against float64 first
