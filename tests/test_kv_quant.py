@@ -158,9 +158,10 @@ def test_decode_kernel_dequantizes_in_registers(case):
 _ROWS = [1e-6, 1.0, 3e4, 0.5, 1e-3, 2.0, 7e3, 1.0]    # query heads' magnitudes: float16 products need the row scaling
 
 
-def _serving_fp8(name, layout, dtype, ps, q_len, kv, config, cap=2.5, scaled_rows=False, seed=3):
+def _serving_fp8(name, layout, dtype, ps, q_len, kv, config, cap=2.5, scaled_rows=False, seed=3, v_gain=None):
     """The serving kernel (interpret mode) on a quantized cache: (out, float64 of the dequantized cache, the plan, its
-    traced body); N, K, H, S = 8, 2, 16, 48 and two padding tokens past the requests'."""
+    traced body); N, K, H, S = 8, 2, 16, 48 and two padding tokens past the requests'. ``v_gain`` (S,): V's
+    magnitude by key position."""
     rng = np.random.default_rng(seed)
     q_len, kv = np.asarray(q_len, np.int32), np.asarray(kv, np.int32)
     starts = np.concatenate([[0], np.cumsum(q_len)]).astype(np.int32)
@@ -169,6 +170,8 @@ def _serving_fp8(name, layout, dtype, ps, q_len, kv, config, cap=2.5, scaled_row
     if scaled_rows:
         q = q * jnp.asarray(_ROWS, q.dtype)[None, :, None]
     k, v = (jnp.asarray(rng.standard_normal((len(kv), S, K, H)), jnp.bfloat16) for _ in range(2))
+    if v_gain is not None:
+        v = v * jnp.asarray(v_gain[:S], v.dtype)[None, :, None, None]
     table = None
     if ps:
         k, v, table = to_pages(k, v, ps)
@@ -223,6 +226,39 @@ def test_serving_kernel_reads_fp8_as_pairs(case):
     assert plan.kv_pairs and plan.merge == merge and len(plan.classes) == (2 if "mixed" in case else 1)
     assert any(np.any(np.diff(np.asarray(cp.units)[:, 3:5], axis=1) > 1) for cp in plan.classes)   # merged pieces
     assert rel_l2(out, ref) < 8e-3, rel_l2(out, ref)
+
+
+# V's magnitude by key position: 1e-4 times 2^-6, 2^-2, 2^2, 2^6 over four 16-key blocks (2^12 apart): per-token
+# scales (1e-8 in the first block) that float16 P holds only taken over a reference (``kv_dequant.pv_top``)
+_V_GAIN = 1e-4 * 2.0 ** (np.arange(64) // 16 * 4 - 6)
+
+
+@pytest.mark.parametrize("kind", ["decode", "decode-ps8", "serving"])
+def test_pairs_hold_per_token_value_scales_far_apart(kind):
+    """FP8 read as pairs, V scales per token 2^12 apart and all small: the request that sees only the first blocks,
+    and the one that sees all, against float64 (each on its own: one request's error is not hidden by the other)."""
+    if kind == "serving":
+        cfg = sp.ServingConfig(block_k=16, decode_max_q=4, programs=3, kv_pairs=True)
+        out, ref, _, _ = _serving_fp8("fp8", "token", jnp.bfloat16, None, [1, 2], [48, 20], cfg, v_gain=_V_GAIN)
+        outs, refs = (out[:1], out[1:3]), (ref[:1], ref[1:3])
+    else:
+        q, k, v = random_qkv(2, 2, 64, 8, 2, 16, "bfloat16", seed=5)
+        v = v * jnp.asarray(_V_GAIN, v.dtype)[None, :, None, None]
+        table = None
+        if kind == "decode-ps8":
+            k, v, table = to_pages(k, v, 8)
+        (kc, ks), (vc, vs) = (attnlab.quantize_kv_cache(x, "fp8", "token") for x in (k, v))
+        lens = np.array([64, 20], np.int32)
+        out = kd.decode_attention_pallas(q, kc, vc, jnp.asarray(lens), interpret=True, kv_scale="token", k_scale=ks,
+                                         v_scale=vs, page_table=table,
+                                         config=kd.DecodeConfig(block_k=16, num_splits=2, kv_mma="float16", kv_pairs=True))
+        kd64, vd64 = (kq.dequantize(np.asarray(c), np.asarray(s), "token", "float64") for c, s in ((kc, ks), (vc, vs)))
+        if table is not None:
+            kd64, vd64 = (gather_pages(x, np.asarray(table)) for x in (kd64, vd64))
+        ref = attnlab.reference_decode_attention(q, kd64, vd64, lens)
+        outs, refs = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    for o, r in zip(outs, refs):
+        assert rel_l2(o, r) < 8e-3, rel_l2(o, r)
 
 
 @pytest.mark.parametrize("kv_dtype, q_dtype, mma, f16", [("fp8", "bfloat16", None, True), ("fp8", "bfloat16", "q", False),

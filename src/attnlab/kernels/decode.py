@@ -84,8 +84,8 @@ from .decode_resources import (CPU_SM_COUNT, DEFAULT_SM_COUNT, REGS_PER_SM, SM_C
                                SMEM_PER_BLOCK_OTHER_SM8X, SMEM_PER_SM, SMEM_SLACK, fit_stages, programs_per_sm,
                                sm_count, smem_bytes, smem_limit)
 from .decode_splits import FILL_BLOCKS, cdiv, choose_num_splits, split_range, wave_cost  # noqa: F401
-from .kv_dequant import (load_scale_block, pair_view, paired_v_scale, quantized_pv, quantized_query, quantized_scores,
-                         scale_block_spec, scale_inputs)
+from .kv_dequant import (load_scale_block, pair_view, paired_v_scale, pv_top, quantized_pv, quantized_query,
+                         quantized_scores, scale_block_spec, scale_inputs)
 from .paged_load import load_kv_block
 from .split_combine import combine, combined_queries, sink_rows  # noqa: F401  (re-exported)
 
@@ -139,6 +139,10 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
                                div=lax.div, minimum=jnp.minimum, maximum=jnp.maximum)
     q_pos = length - q_len + lax.div(row, groups)          # position of each row's query
     cols = lax.iota(jnp.int32, block_k)
+    block_scales = functools.partial(load_scale_block, layout=kv_scale, block_k=block_k, page_size=page_size,
+                                     table_ref=table_ref)
+    at0 = jnp.where(count > 0, base + first * block_k, 0)        # the first block, in the table even when empty
+    top = pv_top(vs_ref, kv_scale, lambda: block_scales(vs_ref, start=at0, kv_ok=at0 + cols < length), kv_pairs)
 
     def body(i, carry):
         acc, m, l = carry
@@ -151,8 +155,7 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
                                  page_size=page_size, table_ref=table_ref)
         k = load(k_ref)
         if kv_scale:   # dequantized in registers (``dequantized_scores``)
-            scales = functools.partial(load_scale_block, layout=kv_scale, start=start, kv_ok=kv_ok, block_k=block_k,
-                                       page_size=page_size, table_ref=table_ref)
+            scales = functools.partial(block_scales, start=start, kv_ok=kv_ok)
             s = quantized_scores(q_mma, k, scales(ks_ref), row_factor, qk_scale, kv_pairs, interpret)
         else:
             s = plgpu.dot(q, k, trans_b=True) * qk_scale    # (block_r, block_k) float32, log2 units
@@ -174,7 +177,7 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
         p = jnp.exp2(s - m_use[:, None])
         l = l * alpha + jnp.sum(p, axis=1)
         v = load(v_ref)
-        pv = (quantized_pv(p, v, scales(vs_ref), q_mma, kv_pairs, interpret) if kv_scale
+        pv = (quantized_pv(p, v, scales(vs_ref), q_mma, kv_pairs, interpret, top) if kv_scale
               else plgpu.dot(p.astype(v.dtype), v))
         acc = acc * alpha[:, None] + pv
         return acc, m_new, l
@@ -182,7 +185,7 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
     init = (jnp.zeros((block_r, H), jnp.float32), jnp.full((block_r,), NEG, jnp.float32),
             jnp.zeros((block_r,), jnp.float32))
     acc, m, l = lax.fori_loop(0, count, body, init)
-    acc = paired_v_scale(acc, vs_ref, kv_scale, kv_pairs)   # the per-head scale ``paired_pv`` left
+    acc = paired_v_scale(acc, top)   # the scale ``paired_pv`` left
     if direct:
         sink = None if sinks_ref is None else direct_out.load_sinks(sinks_ref, row, row_ok, groups=groups)
         return direct_out.store_normalised(refs[0], acc, m, l, row, row_ok, groups=groups, sink=sink)
@@ -202,9 +205,8 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
     q (B, T, N, H); k, v (B, S, K, H), one dtype (float16, bfloat16 or float32); lengths (B,)
     int, traced or not. With ``page_table`` (B, pages_per_seq) int32, k and v are pages
     (P, page_size, K, H) in vLLM's layout (``attnlab.kernels.pages``; page_size a power of two)
-    and S = pages_per_seq * page_size. ``scale`` must be a Python float (default 1/sqrt(H)): it
-    is compiled in, as is
-    ``soft_cap`` (logits -> soft_cap * tanh(logits / soft_cap), None: no cap), and ``window``
+    and S = pages_per_seq * page_size. ``scale`` must be a Python float (default 1/sqrt(H)): it is compiled in,
+    as is ``soft_cap`` (logits -> soft_cap * tanh(logits / soft_cap), None: no cap), and ``window``
     ((left, right) ints: the sliding window, None: none; a windowed call runs this Triton kernel unless
     ``config.kernel`` is "mosaic", ``decode_mgpu_plan.pick_kernel``). ``interpret`` defaults to True when JAX's
     default backend is not a GPU.
@@ -212,8 +214,7 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
     query head in the softmax denominator, with no value, added by the combine (``combine``; one split: in the
     kernel, ``decode_direct``).
     A quantized cache (k, v FP8 or int8): ``k_scale``/``v_scale`` float32 in the layout ``kv_scale``
-    (``attnlab.core.kv_quant``), dequantized in registers (``dequantized_scores``, ``dequantized_pv``);
-    it always runs the Triton kernel.
+    (``attnlab.core.kv_quant``), dequantized in registers (``kernels.kv_dequant``): the Triton kernel always.
     Returns (B, T, N, H) in q's dtype.
     """
     B, T, N, H = (int(d) for d in q.shape)

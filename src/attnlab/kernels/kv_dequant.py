@@ -17,8 +17,8 @@ each value byte was read from shared memory alone, and the 8-bit operands' layou
 ldmatrix too. Read as int16 pairs of neighbouring columns (``pair_view``), each block converts in registers into
 its even and odd columns (``byte_planes``: one byte permute and two conversions per four values) and each product
 runs as two of half the width (``paired_scores``, ``paired_pv``), every operand 16-bit. The kernels call
-``quantized_query``, ``quantized_scores``, ``quantized_pv`` and, after their loop, ``paired_v_scale``: one body for
-bytes and pairs.
+``quantized_query``, ``pv_top`` before their loop, ``quantized_scores``, ``quantized_pv`` and, after it,
+``paired_v_scale``: one body for bytes and pairs.
 
 The scales come in as refs beside K and V (``scale_inputs``, ``scale_block_spec``) and are loaded per block
 (``load_scale_block``) with the same rows, page table included, as ``paged_load.load_kv_block``.
@@ -114,17 +114,31 @@ def paired_scores(q_planes, k_words, k_scale, fp8_dtype, interpret: bool, row_fa
     return s * k_scale[None, :] if k_scale.ndim else s
 
 
-def paired_pv(p, v_words, v_scale, fp8_dtype, interpret: bool):
+def paired_pv(p, v_words, v_scale, fp8_dtype, interpret: bool, inv_top=None):
     """``dequantized_pv`` (float16 products) of a ``pair_view`` value block: P V as (P v_even, P v_odd)
-    interleaved back into (block_r, H). A per-head scale is not applied: the caller multiplies the sum."""
+    interleaved back into (block_r, H). Per-key scales multiply P's columns over the loop's reference R
+    (``inv_top`` = 1 / R, ``pv_top``); R and a per-head scale are left to the caller (``paired_v_scale``)."""
     ve, vo = byte_planes(v_words, fp8_dtype, interpret)
-    top = None
     if v_scale.ndim:
-        top = jnp.maximum(jnp.max(v_scale), 1e-30)
-        p = p * (v_scale / top)[None, :]
+        p = p * (v_scale * inv_top)[None, :]
     p = p.astype(jnp.float16)
-    pv = jnp.stack([plgpu.dot(p, ve), plgpu.dot(p, vo)], axis=-1).reshape(p.shape[0], 2 * ve.shape[1])
-    return pv if top is None else pv * top
+    return jnp.stack([plgpu.dot(p, ve), plgpu.dot(p, vo)], axis=-1).reshape(p.shape[0], 2 * ve.shape[1])
+
+
+def pv_top(v_scale_ref, layout: str | None, first_scales, pairs=None):
+    """(R, 1 / R): the float32 value scale a loop of ``paired_pv`` blocks leaves to its accumulator, or None (read as
+    bytes, or unquantized). Per head / per tensor the scale itself. Per token / page the largest of the loop's first
+    block's scales (``first_scales()`` loads them, (block_k,), 0 where masked): P's columns become p * s / R, so
+    float16 holds keys whose scale is from 2^-14 R (below: subnormal, coarser than e4m3's own rounding only under
+    about 2^-21 R) to 2^15 R before it overflows, a spread of value magnitudes no cache quantized per token shows;
+    once per loop, where a block max cost every block a reduction over the warps."""
+    if not pairs or layout is None:
+        return None
+    if layout in ("head", "tensor"):
+        top = v_scale_ref[0]
+    else:
+        top = jnp.maximum(jnp.max(first_scales()), jnp.finfo(jnp.float32).tiny)
+    return top, 1.0 / top
 
 
 def quantized_query(q, kv_mma, pairs=None):
@@ -142,17 +156,19 @@ def quantized_scores(q_mma, k, k_scale, row_factor, qk_scale, pairs=None, interp
     return dequantized_scores(q_mma, k, k_scale, row_factor) * qk_scale
 
 
-def quantized_pv(p, v, v_scale, q_mma, pairs=None, interpret: bool = False):
+def quantized_pv(p, v, v_scale, q_mma, pairs=None, interpret: bool = False, top=None):
     """P V of a quantized value block, the MMA in ``quantized_query``'s dtype: ``paired_pv`` where ``pairs`` (float16;
-    a per-head / per-tensor scale left to ``paired_v_scale``), else ``dequantized_pv``."""
-    return paired_pv(p, v, v_scale, pairs, interpret) if pairs else dequantized_pv(p, v, v_scale, q_mma.dtype)
+    ``top``: ``pv_top``'s, its R left to ``paired_v_scale``), else ``dequantized_pv``."""
+    if pairs:
+        return paired_pv(p, v, v_scale, pairs, interpret, None if top is None else top[1])
+    return dequantized_pv(p, v, v_scale, q_mma.dtype)
 
 
-def paired_v_scale(acc, v_scale_ref, layout: str | None, pairs=None):
-    """The accumulator of ``quantized_pv`` blocks times the per-head / per-tensor value scale ``paired_pv`` left out
-    (one factor for every block of a KV head: once per row, after the loop, before anything reads acc: partials
-    carry the scaling of bytes' ones); acc unchanged otherwise."""
-    return acc * v_scale_ref[0] if pairs and layout in ("head", "tensor") else acc
+def paired_v_scale(acc, top):
+    """The accumulator of ``quantized_pv`` blocks times ``pv_top``'s R (one factor for every block of the loop: once
+    per row, after it, before anything reads acc: partials carry the scaling of bytes' ones); acc unchanged
+    without (``top`` None)."""
+    return acc if top is None else acc * top[0]
 
 
 def load_scale_block(ref, *, layout: str, start, kv_ok, block_k: int, page_size: int | None, table_ref=None):

@@ -39,8 +39,8 @@ from jax.experimental.pallas import triton as plgpu
 
 from .decode import LOG2E, NEG
 from .decode_plan import compiled_stages, kv_pairs_apply, kv_products
-from .kv_dequant import (load_scale_block, pair_view, paired_v_scale, quantized_pv, quantized_query, quantized_scores,
-                         scale_block_spec, scale_inputs)
+from .kv_dequant import (load_scale_block, pair_view, paired_v_scale, pv_top, quantized_pv, quantized_query,
+                         quantized_scores, scale_block_spec, scale_inputs)
 from .paged_load import load_kv_block
 from .serving_merge import (NU, fused_finish, merge_call, merge_name, merge_pieces_per_trip,  # noqa: F401
                             merge_static, row_index, store_partial)
@@ -80,9 +80,9 @@ def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_r
     """Program p of KV head h: its run of pieces, each piece's partial (O, m, l) to its slot (module docstring),
     or ``finish(j, acc, m, l)`` instead (the fused merge). A quantized cache's products in ``kv_mma``
     (``kv_dequant.mma_query``; None: q's dtype), read as int16 pairs where ``kv_pairs`` (its FP8 dtype: a
-    ``kv_dequant.pair_view`` cache; a per-head V scale multiplies each piece's acc before ``finish`` or its
-    partial, as bytes' do); ``from_key``: the pieces' blocks start at a window's first key, not at multiples
-    of block_k."""
+    ``kv_dequant.pair_view`` cache; the V scale P leaves out, ``kv_dequant.pv_top``, multiplies each piece's acc
+    before ``finish`` or its partial, as bytes' do); ``from_key``: the pieces' blocks start at a window's first key,
+    not at multiples of block_k."""
 
     H = q_ref.shape[-1]
     row, dims, cols = (lax.iota(jnp.int32, n) for n in (block_r, H, block_k))
@@ -97,6 +97,10 @@ def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_r
         q_mma, row_factor = quantized_query(q, kv_mma, kv_pairs) if kv_scale else (q, None)
         q_pos = q_pos0 + lax.div(row_off + row, groups)
         base = b * kv_len
+        off0 = jnp.where(count > 0, kv0 + first * block_k, 0)    # the first block, in the table even when empty
+        top = pv_top(scale_refs[1], kv_scale, lambda: load_scale_block(
+            scale_refs[1], layout=kv_scale, start=base + off0, kv_ok=off0 + cols < length, block_k=block_k,
+            page_size=page_size, table_ref=table_ref), kv_pairs)
 
         def body(i, c, masked=True):
             acc, m, l = c
@@ -127,7 +131,7 @@ def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_r
             pr = jnp.exp2(s - m_use[:, None])
             l = l * alpha + jnp.sum(pr, axis=1)
             v = load(v_ref)
-            pv = (quantized_pv(pr, v, scales(scale_refs[1]), q_mma, kv_pairs, interpret) if kv_scale
+            pv = (quantized_pv(pr, v, scales(scale_refs[1]), q_mma, kv_pairs, interpret, top) if kv_scale
                   else plgpu.dot(pr.astype(v.dtype), v))
             acc = acc * alpha[:, None] + pv
             return acc, m_new, l
@@ -149,7 +153,7 @@ def run_pieces(p, h, starts_ref, pieces_ref, table_ref, q_ref, k_ref, v_ref, o_r
             acc, m, l = lax.fori_loop(n_whole, count, body, init)
         else:
             acc, m, l = lax.fori_loop(0, count, body, init)
-        acc = paired_v_scale(acc, scale_refs[1], kv_scale, kv_pairs)     # every piece's, whichever merge
+        acc = paired_v_scale(acc, top)     # every piece's, whichever merge
         (finish or functools.partial(store_partial, o_ref=o_ref, m_ref=m_ref, l_ref=l_ref))(j, acc, m, l)
         return carry
 
