@@ -171,7 +171,9 @@ PROBE = tuple(dict(block_k=bk, num_stages=st, num_warps=w) for bk in (32, 64, 12
 MMA = (dict(kv_mma="q"), dict(kv_mma="float16", kv_pairs=False), dict(kv_mma="float16", kv_pairs=True))   # pairs: FP8 only
 #: ``ROWS`` (``--rows``): warps and row tiles at T=8, float16 products: the kernel is bound by the instructions it
 #: issues (results/cpu-2026-12-05-fp8-sass), and 2 warps a 32-row tile issue 14% less than the plan's 4.
-ROWS = tuple(dict(kv_mma="float16", num_warps=w, block_r=br) for br in (None, 16) for w in (2, 4, 8))
+#: Blocks of 128 keys: twice the independent work an iteration (the loop waits on its chains more than it issues).
+ROWS = tuple(dict(kv_mma="float16", num_warps=w, block_r=br) for br in (None, 16) for w in (2, 4, 8)) + tuple(
+    dict(kv_mma="float16", num_warps=w, block_k=128) for w in (4, 8))
 
 
 def run_variants(f, shape, dev, t0, max_s, dry, variants=VARIANTS, layouts=(None, 16), Ts=(1, 8),
