@@ -1,63 +1,57 @@
 """attnlab's decode attention kernel in Pallas (Triton lowering): T = 1..64 new tokens against a KV cache.
 
 Semantics (the append / verification rule of FlashInfer and vLLM)
-    q (B, T, N, H); k, v caches (B, S, K, H) with S = S_max; ``lengths`` (B,) int, the valid
-    length of each cache *including* the T new tokens (T <= lengths[b] <= S).
-    Query t of batch b sits at position ``lengths[b] - T + t``. With ``causal`` it attends the
-    keys at positions ``<= lengths[b] - T + t``; without, every valid key ``< lengths[b]``.
-    Keys at positions ``>= lengths[b]`` are never read and never attended. No row is empty
-    (query t always sees key 0). Output (B, T, N, H) in q's dtype.
-    Sliding window ``window`` = (left, right): query t at p = lengths[b] - T + t also needs
-    p - left <= s (and s <= p + right when not causal; causal already bounds it by p). The blocks start
-    at ``window_start`` = max(0, lengths[b] - T - left), the first key any row sees (at its block's start
-    when a block is one page: ``window_base``), and the splits cut only the blocks from there: the keys
-    before the window are never loaded.
+    q (B, T, N, H); k, v caches (B, S, K, H) with S = S_max; ``lengths`` (B,) int, the valid length of each cache
+    *including* the T new tokens (T <= lengths[b] <= S). Query t of batch b sits at position
+    ``lengths[b] - T + t``. With ``causal`` it attends the keys at positions ``<= lengths[b] - T + t``; without,
+    every valid key ``< lengths[b]``. Keys at positions ``>= lengths[b]`` are never read and never attended. No
+    row is empty (query t always sees key 0). Output (B, T, N, H) in q's dtype.
+    Sliding window ``window`` = (left, right): query t at p = lengths[b] - T + t also needs p - left <= s (and
+    s <= p + right when not causal; causal already bounds it by p). The blocks start at ``window_start`` =
+    max(0, lengths[b] - T - left), the first key any row sees (at its block's start when a block is one page:
+    ``window_base``), and the splits cut only the blocks from there: the keys before the window are never loaded.
 
 Layout and grid
-    GQA packing: the T*G query rows that share one KV head (G = N // K) form one tile's rows,
-    row r = t * G + g (q is re-laid out as (B, K, T*G, H): a free reshape at T = 1, a small
-    transpose of q otherwise). So every KV byte is read once per row tile, and a row tile has
-    ``block_r`` rows (a power of two >= 16, the MMA minimum; rows past T*G are masked).
-    grid = (row_tiles, num_splits, B*K), axis 0 fastest: the row tiles of one KV chunk are
-    launched together, so when T*G > block_r the second tile finds the chunk in L2.
-    Flash-decoding: program (r, j, b*K + h) reads split j of batch b's *valid* keys,
-    ``split_range(lengths[b], j)``: the valid blocks ceil(lengths[b] / block_k) are cut into
-    ``num_splits`` equal runs of whole blocks, so a short sequence's programs loop fewer times
-    (a ragged batch reads what it holds, rounded up to block_k per sequence; programs past the
-    end do no loads). Inside a program an online softmax (exp2, float32 scores, running max
-    and sum) streams block_k keys at a time: S = q k^T (bf16/fp16 MMA, float32 accumulation),
-    P = exp2(S - m) rounded to the input dtype, O += P v (float32 accumulation).
-    Each program writes its unnormalised partial O (float32), running max m and sum l; a
-    second step in jax.numpy (fused by XLA) combines the splits by log-sum-exp (one split:
-    ``decode_direct``, the program normalises and stores O in q's dtype itself, no second step):
-    O = sum_j 2^(m_j - M) O_j / sum_j 2^(m_j - M) l_j with M = max_j m_j (with ``sinks``, gpt-oss's
-    attention sinks, M also takes the row's sink and the denominator gains 2^(sink - M), once per row).
+    GQA packing: the T*G query rows that share one KV head (G = N // K) form one tile's rows, row r = t * G + g
+    (q is re-laid out as (B, K, T*G, H): a free reshape at T = 1, a small transpose of q otherwise). So every KV
+    byte is read once per row tile, and a row tile has ``block_r`` rows (a power of two >= 16, the MMA minimum;
+    rows past T*G are masked). grid = (row_tiles, num_splits, B*K), axis 0 fastest: the row tiles of one KV
+    chunk are launched together, so when T*G > block_r the second tile finds the chunk in L2.
+    Flash-decoding: program (r, j, b*K + h) reads split j of batch b's *valid* keys, ``split_range(lengths[b],
+    j)``: the valid blocks ceil(lengths[b] / block_k) are cut into ``num_splits`` equal runs of whole blocks, so a
+    short sequence's programs loop fewer times (a ragged batch reads what it holds, rounded up to block_k per
+    sequence; programs past the end do no loads). Inside a program an online softmax (exp2, float32 scores,
+    running max and sum) streams block_k keys at a time: S = q k^T (bf16/fp16 MMA, float32 accumulation),
+    P = exp2(S - m) rounded to the input dtype, O += P v (float32 accumulation); the blocks every row sees
+    whole first, unmasked (``DecodeConfig.whole_blocks``), then the rest masked.
+    Each program writes its unnormalised partial O (float32), running max m and sum l; a second step in jax.numpy
+    (fused by XLA) combines the splits by log-sum-exp (one split: ``decode_direct``, the program normalises and
+    stores O in q's dtype itself, no second step): O = sum_j 2^(m_j - M) O_j / sum_j 2^(m_j - M) l_j with
+    M = max_j m_j (with ``sinks``, gpt-oss's attention sinks, M also takes the row's sink and the denominator
+    gains 2^(sink - M), once per row).
 
 What is read from HBM
-    KV: ceil(lengths[b] / block_k) * block_k rows of (H,) per (b, kv head), K and V once each
-    (the masked tail of the last block is not fetched; with a window only the blocks from the window's
-    first one); q once per split; partials
-    (B, K, splits, T*G, H+2) float32 written then read by the combine (weighed by the split rule;
-    ~1% at T*G = 16, at most 25%; none at one split).
+    KV: ceil(lengths[b] / block_k) * block_k rows of (H,) per (b, kv head), K and V once each (the masked tail
+    of the last block is not fetched; with a window only the blocks from the window's first one); q once per
+    split; partials (B, K, splits, T*G, H+2) float32 written then read by the combine (weighed by the split
+    rule; ~1% at T*G = 16, at most 25%; none at one split).
 
 Why Triton here, and Mosaic GPU above 64 rows
-    Up to T*G ~ 200 rows the work is bandwidth-bound (arithmetic intensity T*N/K FLOP/byte, ridge
-    ~206 on the H200); what it needs is masked loads against per-batch valid lengths, a dynamic
-    trip count and deep software pipelining (``num_stages``), which Triton gives on Ampere and
-    Hopper alike, in Pallas interpret mode on the CPU for the tests. Compiled for sm_90 by Triton
-    3.6 (``benchmarks/decode/ttir_cpu.py``) the default tiles use mma.sync at 16-32 rows and wgmma
-    from 64, cp.async pipelines for K and V, no register spills. Above 64 rows per KV head its MMA
-    loop bounds it (59-63% of the roofline at 112-128 rows on the H200), so on sm_90 the plan runs
+    Up to T*G ~ 200 rows the work is bandwidth-bound (arithmetic intensity T*N/K FLOP/byte, ridge ~206 on the
+    H200); what it needs is masked loads against per-batch valid lengths, a dynamic trip count and deep software
+    pipelining (``num_stages``), which Triton gives on Ampere and Hopper alike, in Pallas interpret mode on the CPU
+    for the tests. Compiled for sm_90 by Triton 3.6 (``benchmarks/decode/ttir_cpu.py``) the default tiles use
+    mma.sync at 16-32 rows and wgmma from 64, cp.async pipelines for K and V, no register spills. Above 64 rows per
+    KV head its MMA loop bounds it (59-63% of the roofline at 112-128 rows on the H200), so on sm_90 the plan runs
     ``kernels.decode_mgpu`` there instead (warp-specialised wgmma + TMA: 84-89%); see
-    ``decode_mgpu_plan.pick_kernel``. JAX 0.11 marks the Pallas Triton backend deprecated (a
-    DeprecationWarning at lowering); it still ships and works there.
+    ``decode_mgpu_plan.pick_kernel``. JAX 0.11 marks the Pallas Triton backend deprecated (a DeprecationWarning
+    at lowering); it still ships and works there.
 
 Paged caches (``page_table``): ``paged_load.load_kv_block`` reads each block through the table.
-Quantized caches (FP8/int8 with ``k_scale``/``v_scale``): read at 1 byte per element, dequantized in
-registers (``kernels.kv_dequant``), the products in float16 for FP8 and a bfloat16 q (``Plan.kv_mma``);
-the Triton kernel only.
-Tuning parameters and the split count: ``kernels.decode_plan``; the GPU's SM count, shared memory
-and occupancy: ``kernels.decode_resources``. Both are re-exported here.
+Quantized caches (FP8/int8 with ``k_scale``/``v_scale``): read at 1 byte per element, dequantized in registers
+(``kernels.kv_dequant``), the products in float16 for FP8 and a bfloat16 q (``Plan.kv_mma``); Triton only.
+Tuning parameters and the split count: ``kernels.decode_plan``; the GPU's SM count, shared memory and occupancy:
+``kernels.decode_resources``. Both are re-exported here.
 """
 from __future__ import annotations
 
@@ -114,8 +108,8 @@ def cuda_lowering_context(device_kind: str = "NVIDIA H200", cores: int = 132):
 def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, block_r: int, block_k: int,
             num_splits: int, causal: bool, qk_scale: float, page_size: int | None = None,
             soft_cap: float | None = None, window: tuple[int, int] | None = None, kv_scale: str | None = None,
-            kv_mma: str | None = None, direct: bool = False, sinks: bool = False, kv_pairs=None, interpret=False):
-
+            kv_mma: str | None = None, direct: bool = False, sinks: bool = False, kv_pairs=None, whole_blocks=True,
+            interpret=False):
     # paged: refs start with this sequence's page table row, and k_ref / v_ref are (P * page_size, H);
     # a quantized cache (kv_scale: its scale layout) adds the two scale refs after v_ref. ``direct`` (one split,
     # ``decode_direct``): q_ref and the one output are (T, G, H) blocks, after the (G,) sinks when ``sinks``
@@ -144,13 +138,13 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
     at0 = jnp.where(count > 0, base + first * block_k, 0)        # the first block, in the table even when empty
     top = pv_top(vs_ref, kv_scale, lambda: block_scales(vs_ref, start=at0, kv_ok=at0 + cols < length), kv_pairs)
 
-    def body(i, carry):
+    def body(i, carry, masked=True):
         acc, m, l = carry
         start = base + (first + i) * block_k
         if aligned:
             start = pl.multiple_of(start, block_k)
         pos = start + cols
-        kv_ok = pos < length
+        kv_ok = pos < length if masked else jnp.ones((block_k,), jnp.bool_)
         load = functools.partial(load_kv_block, start=start, kv_ok=kv_ok, length=length, block_k=block_k,
                                  page_size=page_size, table_ref=table_ref)
         k = load(k_ref)
@@ -161,18 +155,19 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
             s = plgpu.dot(q, k, trans_b=True) * qk_scale    # (block_r, block_k) float32, log2 units
         if soft_cap is not None:                             # cap * tanh(x / cap), cap in log2 units too
             s = soft_cap * jnp.tanh(s / soft_cap)
-        visible = kv_ok[None, :]
-        if causal:
-            visible = visible & (pos[None, :] <= q_pos[:, None])
-        if window is not None:
-            visible = visible & (pos[None, :] >= q_pos[:, None] - window[0])
-            if not causal:
-                visible = visible & (pos[None, :] <= q_pos[:, None] + window[1])
-        s = jnp.where(visible, s, NEG)                       # finite, as jax.nn (attnlab.core.masking)
+        if masked:     # finite, as jax.nn (attnlab.core.masking)
+            visible = kv_ok[None, :]
+            if causal:
+                visible = visible & (pos[None, :] <= q_pos[:, None])
+            if window is not None:
+                visible = visible & (pos[None, :] >= q_pos[:, None] - window[0])
+                if not causal:
+                    visible = visible & (pos[None, :] <= q_pos[:, None] + window[1])
+            s = jnp.where(visible, s, NEG)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))           # NEG for rows that have seen no key yet
         # Such rows subtract 0 instead, so 2^(NEG - 0) = 0 keeps their l = 0 and acc = 0. A per-row
         # select: a second per-element select on p cost 7-55% at T = 16-64 on the H200 (2026-12-03).
-        m_use = jnp.where(m_new == NEG, 0.0, m_new)
+        m_use = jnp.where(m_new == NEG, 0.0, m_new) if masked else m_new
         alpha = jnp.exp2(m - m_use)
         p = jnp.exp2(s - m_use[:, None])
         l = l * alpha + jnp.sum(p, axis=1)
@@ -184,7 +179,11 @@ def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, blo
 
     init = (jnp.zeros((block_r, H), jnp.float32), jnp.full((block_r,), NEG, jnp.float32),
             jnp.zeros((block_r,), jnp.float32))
-    acc, m, l = lax.fori_loop(0, count, body, init)
+    whole = 0   # the blocks every row sees whole first, without the mask's compares and selects (no window)
+    if whole_blocks and window is None:
+        whole = jnp.clip(lax.div(length - (q_len - 1 if causal else 0) - base, block_k) - first, 0, count)
+        init = lax.fori_loop(0, whole, functools.partial(body, masked=False), init)
+    acc, m, l = lax.fori_loop(whole, count, body, init)
     acc = paired_v_scale(acc, top)   # the scale ``paired_pv`` left
     if direct:
         sink = None if sinks_ref is None else direct_out.load_sinks(sinks_ref, row, row_ok, groups=groups)
@@ -266,6 +265,7 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
                                page_size=page_size, kv_scale=kv_scale, kv_mma=plan.kv_mma, direct=direct,
                                sinks=direct and sinks is not None, interpret=interpret,
                                kv_pairs=str(k.dtype) if plan.kv_pairs and kv_scale else None,
+                               whole_blocks=plan.whole_blocks,
                                soft_cap=None if soft_cap is None else float(soft_cap) * LOG2E,
                                window=None if window is None else (int(window[0]), int(window[1])))
     k, v = (pair_view(k), pair_view(v)) if plan.kv_pairs and kv_scale else (k, v)   # (..., H / 2) int16
