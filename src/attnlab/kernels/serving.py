@@ -164,7 +164,7 @@ def class_static(cp, *, G, N, S, qk_scale, page_size, soft_cap, window_left=None
                  kv_pairs=None, interpret=False) -> dict:
     """The compiled-in parameters of one class's piece loop (``run_pieces``)."""
     return dict(groups=G, heads=N, kv_len=S, block_r=cp.block_r, block_k=cp.block_k, qk_scale=qk_scale,
-                page_size=page_size, soft_cap=soft_cap, split_mask=not cp.decode, window_left=window_left,
+                page_size=page_size, soft_cap=soft_cap, split_mask=cp.whole_blocks, window_left=window_left,
                 kv_scale=kv_scale, kv_mma=kv_mma, from_key=cp.window_from_key, kv_pairs=kv_pairs, interpret=interpret)
 
 

@@ -1,39 +1,37 @@
 """The serving kernel's plan: a serving call's lengths -> balanced, fixed-size work lists (stream-K).
 
 Units, blocks, pieces
-    The rows of request b for one KV head are its q_len[b] tokens x G query heads, row r = t*G + g
-    (GQA packing, as ``kernels.decode``). They are cut into query tiles of ``block_r`` rows; a
-    *unit* is (request, query tile). A unit needs the KV blocks (``block_k`` keys each) up to the
-    position of its last token (causal): ``(kv_len - q_len + t_last) // block_k + 1`` blocks.
-    Laid end to end, the units' blocks form one sequence of ``total`` blocks (the same for every KV
-    head). A unit's blocks start at its ``kv_start`` key (its pieces' ``first_block`` counts from there):
-    0 without a window; with a sliding window (``window_left`` = left) the first key any of its rows sees,
-    its first row's window start ``max(0, q_pos of its first token - left)`` (later rows start later), so
-    only the window's keys are laid end to end and balanced. Where a block must lie in one page (a paged
-    cache with pages of >= block_k keys, ``page_size``) at that key's block start instead, as
-    ``decode.window_base``: a 128-key window at T=4 in blocks of 128 is 2 blocks from its first key, 2-3
-    from the block boundary before it.
-    ``programs`` programs per KV head each take an equal run of ``chunk = ceil(total /
-    programs)`` blocks of it (LeanAttention's stream-K), so every program does the same work, a long
-    request is spread over many programs and a short one sits inside one. Where a program's run
-    crosses a unit boundary it is cut: a *piece* is (unit, first block, block count), at most
-    ``units + programs`` of them (those of no block sit after every program's run). Each piece writes a
-    partial (O, m, l); the kernel's merge combines a row's partials by log-sum-exp. With ``piece_blocks``
-    (``ServingConfig``) a decode unit also weighs that many blocks: a program starting more pieces gets
-    fewer blocks.
+    The rows of request b for one KV head are its q_len[b] tokens x G query heads, row r = t*G + g (GQA
+    packing, as ``kernels.decode``). They are cut into query tiles of ``block_r`` rows; a *unit* is (request,
+    query tile). A unit needs the KV blocks (``block_k`` keys each) up to the position of its last token
+    (causal): ``(kv_len - q_len + t_last) // block_k + 1`` blocks. Laid end to end, the units' blocks form one
+    sequence of ``total`` blocks (the same for every KV head). A unit's blocks start at its ``kv_start`` key (its
+    pieces' ``first_block`` counts from there): 0 without a window; with a sliding window (``window_left`` =
+    left) the first key any of its rows sees, its first row's window start ``max(0, q_pos of its first token -
+    left)`` (later rows start later), so only the window's keys are laid end to end and balanced. Where a block
+    must lie in one page (a paged cache with pages of >= block_k keys, ``page_size``) at that key's block start
+    instead, as ``decode.window_base``: a 128-key window at T=4 in blocks of 128 is 2 blocks from its first key,
+    2-3 from the block boundary before it.
+    ``programs`` programs per KV head each take an equal run of ``chunk = ceil(total / programs)`` blocks of it
+    (LeanAttention's stream-K), so every program does the same work, a long request is spread over many
+    programs and a short one sits inside one. Where a program's run crosses a unit boundary it is cut: a *piece*
+    is (unit, first block, block count), at most ``units + programs`` of them (those of no block sit after every
+    program's run). Each piece writes a partial (O, m, l); the kernel's merge combines a row's partials by
+    log-sum-exp. With ``piece_blocks`` (``ServingConfig``) a decode unit also weighs that many blocks: a program
+    starting more pieces gets fewer blocks.
 
 Tile classes
-    Requests with q_len <= ``decode_max_q`` form the decode class (tiles of ``block_r_decode`` rows,
-    16..128, 16..64 at H > 128: bandwidth-bound), the others the prefill class (``block_r_prefill`` = 128 rows at
-    H <= 128: compute-bound); each class is its own launch with its own balanced list. A class that
-    cannot occur (``max_q_len``, a static bound) is not launched.
+    Requests with q_len <= ``decode_max_q`` form the decode class (tiles of ``block_r_decode`` rows, 16..128,
+    16..64 at H > 128: bandwidth-bound), the others the prefill class (``block_r_prefill`` = 128 rows at H <= 128:
+    compute-bound); each class is its own launch with its own balanced list. A class that cannot occur
+    (``max_q_len``, a static bound) is not launched.
 
 Static sizes, traced values
-    Every array has a length fixed by the shapes (T_total, B) and the config, so the plan is computed
-    with ``jax.numpy`` inside ``jit`` from traced lengths (no-op pieces past the end: count 0) and
-    with NumPy on the host from concrete ones: one function body (``_pieces(xp, ...)``) for both.
-    ``ServingPlan`` is a pytree (arrays are leaves, sizes static): compute it once per step and pass
-    it to every layer's ``serving_attention(..., plan=plan)``.
+    Every array has a length fixed by the shapes (T_total, B) and the config, so the plan is computed with
+    ``jax.numpy`` inside ``jit`` from traced lengths (no-op pieces past the end: count 0) and with NumPy on the
+    host from concrete ones: one function body (``_pieces(xp, ...)``) for both. ``ServingPlan`` is a pytree
+    (arrays are leaves, sizes static): compute it once per step and pass it to every layer's
+    ``serving_attention(..., plan=plan)``.
 """
 from __future__ import annotations
 
@@ -103,6 +101,8 @@ class ServingConfig:
     #: columns in registers, as ``DecodeConfig.kv_pairs`` (``kernels.kv_dequant``; resolved per call by the cache's
     #: dtype, ``decode_plan.kv_pairs_apply``); the decode kernel 1.10-1.27x on the H200 (gpu-2026-12-06c-fp8-pairs)
     kv_pairs: bool = True
+    #: the decode class's blocks every row sees whole run unmasked as the prefill's (``DecodeConfig.whole_blocks``)
+    whole_blocks: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +122,7 @@ class ClassPlan:
     num_warps: int = dataclasses.field(metadata=dict(static=True))
     num_stages: int = dataclasses.field(metadata=dict(static=True))
     decode: bool = dataclasses.field(metadata=dict(static=True))
+    whole_blocks: bool = dataclasses.field(default=True, metadata=dict(static=True))   # prefill: always
     #: a window's units start at their first key (not a multiple of block_k): for contiguous caches and
     #: pages of < block_k keys only (``page_mismatch``)
     window_from_key: bool = dataclasses.field(default=False, metadata=dict(static=True))
@@ -281,6 +282,7 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
                                             piece_blocks=cfg.piece_blocks if decode else 0)
         classes.append(ClassPlan(pieces, starts, unit_list, piece_units, block_r=br, block_k=block_k, programs=programs,
                                  num_warps=warps, num_stages=stages, decode=decode,
+                                 whole_blocks=bool(cfg.whole_blocks) or not decode,
                                  window_from_key=window_left is not None and from_key))
     return ServingPlan(tuple(classes), sizes=(total_tokens, B, heads, kv_heads, head_dim),
                        window_left=None if window_left is None else int(window_left), kv_mma=cfg.kv_mma,
