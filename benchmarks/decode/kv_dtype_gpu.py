@@ -174,6 +174,9 @@ MMA = (dict(kv_mma="q"), dict(kv_mma="float16", kv_pairs=False), dict(kv_mma="fl
 #: Blocks of 128 keys: twice the independent work an iteration (the loop waits on its chains more than it issues).
 ROWS = tuple(dict(kv_mma="float16", num_warps=w, block_r=br) for br in (None, 16) for w in (2, 4, 8)) + tuple(
     dict(kv_mma="float16", num_warps=w, block_k=128) for w in (4, 8))
+#: ``WHOLE`` (``--whole``): every block masked, against the blocks every row sees whole in an unmasked loop
+#: (``DecodeConfig.whole_blocks``; sm_90's loop 12-23% fewer instructions, results/cpu-2026-12-07-whole-blocks)
+WHOLE = (dict(whole_blocks=False), dict(whole_blocks=True))
 
 
 def run_variants(f, shape, dev, t0, max_s, dry, variants=VARIANTS, layouts=(None, 16), Ts=(1, 8),
@@ -193,7 +196,8 @@ def run_variants(f, shape, dev, t0, max_s, dry, variants=VARIANTS, layouts=(None
                         return
                     rec = dict(kind="variant", device=dev, T=T, cache=cache_name(kv), layout=f"paged{page_size}"
                                if page_size else "contig", **{k: fields.get(k) for k in ("block_k", "block_r",
-                                                                                         "num_stages", "num_warps", "kv_mma", "kv_pairs")}, **shape)
+                                                                                         "num_stages", "num_warps", "kv_mma", "kv_pairs",
+                                                                                         "whole_blocks")}, **shape)
                     try:
                         fn, args, checker = make_cell(key, T, kv, page_size, shape, DecodeConfig(**fields))
                         rec["check"] = checker(fn(*args))
@@ -247,7 +251,7 @@ def table_md(path) -> str:
             got = (f"{r['ms']:.4f} | {r['pct_roofline']:.0f}% | {x}" if "ms" in r else
                    f"✗ {(r.get('error') or 'check failed')[:60]} | |")
             lines.append(f"| {r['T']} | {r['cache']} | {r['layout']} | {r['block_k'] or 'plan'} | "
-                         f"{r.get('block_r') or 'plan'} | {r['num_stages'] or 'plan'} | {r.get('num_warps') or 'plan'} | {r.get('kv_mma') or 'plan'}{' pairs' if r.get('kv_pairs') else ''} | {got} |")
+                         f"{r.get('block_r') or 'plan'} | {r['num_stages'] or 'plan'} | {r.get('num_warps') or 'plan'} | {r.get('kv_mma') or 'plan'}{' pairs' if r.get('kv_pairs') else ''}{' every block masked' if r.get('whole_blocks') is False else ''} | {got} |")
     errs = [r for r in recs if r["kind"] == "error"]
     if errs:
         names = list(dict.fromkeys(r["kv_dtype"] for r in errs))
@@ -274,6 +278,8 @@ def main(argv=None):
                     "e5m2 per token) in float16 products, read as bytes and as int16 pairs (kv_pairs), T in {1, 8}")
     ap.add_argument("--probe", action="store_true", help="only: T=1 contiguous bf16 and fp8 cells, the bf16 cache "
                     "at half the length (the fp8 cache's bytes) and the PROBE tile variants")
+    ap.add_argument("--whole", action="store_true", help="only: the WHOLE variants (every block masked, or the whole "
+                    "blocks unmasked) on the bf16 cache and e4m3 per token and per tensor, T in {1, 8}, contiguous and paged 16")
     ap.add_argument("--rows", action="store_true", help="only: T=8 contiguous bf16 and fp8 cells and the ROWS tile "
                     "variants (warps, 16-row tiles; float16 products) on e4m3 per token and per tensor")
     a = ap.parse_args(argv)
@@ -287,6 +293,8 @@ def main(argv=None):
             run_cells(f, shape, (1, 8), CACHES[:1], (None, 16), dev, t0, a.max_seconds, a.dry_run)
             run_variants(f, shape, dev, t0, a.max_seconds, a.dry_run, MMA[1:], (None, 16), (1, 8),
                          (("float8_e4m3fn", "token"), ("float8_e4m3fn", "tensor"), ("float8_e5m2", "token")))
+        elif a.whole:
+            run_variants(f, shape, dev, t0, a.max_seconds, a.dry_run, WHOLE, (None, 16), (1, 8), CACHES[:3])
         elif a.rows:
             run_cells(f, shape, (8,), CACHES[:1], (None,), dev, t0, a.max_seconds, a.dry_run)
             run_variants(f, shape, dev, t0, a.max_seconds, a.dry_run, ROWS, (None,), (8,),
@@ -301,7 +309,8 @@ def main(argv=None):
             run_errors(f, dev, a.dry_run)
             if not a.quick:
                 run_variants(f, shape, dev, t0, a.max_seconds + a.variant_seconds, a.dry_run)
-    flags = "".join(f" --{x.replace('_', '-')}" for x in ("mma", "pairs", "rows", "probe", "quick", "dry_run") if getattr(a, x))
+    flags = "".join(f" --{x.replace('_', '-')}" for x in ("mma", "pairs", "whole", "rows", "probe", "quick", "dry_run")
+                    if getattr(a, x))
     out.finish("Quantized KV caches", f"python benchmarks/decode/kv_dtype_gpu.py --out {a.out}{flags}", table_md(out.path))
 
 
