@@ -1,14 +1,17 @@
-"""An A/B run of the serving kernel for ``benchmarks/serving/gpu.py``: the merge in its own kernel against fused.
+"""A/B runs of the serving kernel for ``benchmarks/serving/gpu.py``: the merge in its own kernel against fused
+(``--fused-merge``), and the decode class's blocks all masked against its whole blocks unmasked (``--whole-blocks``,
+``ServingConfig.whole_blocks``; the decode kernel's sm_90 loop 12-23% fewer instructions,
+results/cpu-2026-12-07-whole-blocks).
 
     PYTHONPATH=src python benchmarks/serving/gpu.py --out OUT --fused-merge [--max-seconds 200]
-    PYTHONPATH=src JAX_PLATFORMS=cpu python benchmarks/serving/gpu.py --out OUT --fused-merge --dry-run   # any CPU
+    PYTHONPATH=src JAX_PLATFORMS=cpu python benchmarks/serving/gpu.py --out OUT --whole-blocks --dry-run   # any CPU
 
 Decode batches as gpu.py's (B=32, S=32768, K=8, H=128, bf16; lengths uniform, spread, lognormal and one-long, seed
 7; G=4 at T in {1, 4}, and G=16 at T=8: one 128-row tile a request, where the merge weighed most,
 results/gpu-2026-12-05c-serving-wide-rows; contiguous and pages of 16) and its mixed one (2 chunks of 2048 + 126
 decodes, S=16384, G=4: both tile classes), each with ``ServingConfig.merge`` "kernel" (a merge kernel per class
 after its pieces kernel, on a zero-filled output) and "fused" (the pieces kernel merges a unit at its last piece;
-one launch per class). Every
+one launch per class), or with ``ServingConfig.whole_blocks`` False and True. Every
 cell is checked against float64 first (the last <= 8 tokens of its longest and shortest request), then timed
 (CUPTI, every kernel of the call: their names and medians), against the roofline of its valid bytes
 (``core.serving_cost``). Lengths are traced, the plan made by its own jitted function.
@@ -25,6 +28,8 @@ from benchmarks.serving import batches as g
 from benchmarks.serving.fp8_window import DRY, FULL, _batches, _caches, _run, _step
 
 MERGES = ("kernel", "fused")
+#: kind -> (the ServingConfig field, its values A and B)
+AB = {"fused-merge": ("merge", MERGES), "whole-blocks": ("whole_blocks", (False, True))}
 DISTS = ("uniform", "spread", "lognormal", "one-long")
 
 
@@ -38,9 +43,9 @@ def _cells(shape):
     yield f"mixed {n_chunks}x{chunk}+{decodes}", 1, shape["N"], q_len, kv, shape["S_mix"]
 
 
-def run(out_f, dev, t0, max_seconds, dry=False):
-    """``--fused-merge`` (module docstring): one record per cell and merge into ``out_f``; stops starting cells
-    past ``max_seconds`` after ``t0``."""
+def run(out_f, dev, t0, max_seconds, dry=False, kind="fused-merge"):
+    """``--fused-merge`` or ``--whole-blocks`` (``kind``, module docstring): one record per cell and value into
+    ``out_f``; stops starting cells past ``max_seconds`` after ``t0``."""
     import jax
     import jax.numpy as jnp
 
@@ -65,25 +70,36 @@ def run(out_f, dev, t0, max_seconds, dry=False):
             refs = g.references(q, tk, tv, starts, kv, None)
             roof_ms = serving_roofline_s(starts, kv, N, K, H, 2, **peaks) * 1e3
             max_q = int(q_len.max())
-            for merge in MERGES:
+            field, values = AB[kind]
+            for value in values:
                 if time.perf_counter() - t0 > max_seconds:
                     return
                 cfg = ServingConfig(max_q_len=max_q if max_q <= 16 else None, decode_q_len=min(int(q_len.min()), 16),
-                                    merge=merge)
+                                    **{field: value})
                 plan, step = _step(b_shape, page, T_total, cfg, None)
-                rec = dict(kind="fused-merge", device=dev, batch=dist, G=N // K, T=T, merge=merge, roofline_ms=roof_ms,
-                           lengths_traced=True,
-                           layout=f"paged{page}" if page else "contig", dry_run=dry, **{x: b_shape[x] for x in "BSNKH"})
+                rec = dict(kind=kind, device=dev, batch=dist, G=N // K, T=T, roofline_ms=roof_ms, lengths_traced=True,
+                           layout=f"paged{page}" if page else "contig", dry_run=dry, **{field: value},
+                           **{x: b_shape[x] for x in "BSNKH"})
                 args = (q, k, v, a, b, table, None, None, plan(a, b))
-                _run(out_f, rec, step, args, refs, roof_ms, dry, kernels=True, keys=("batch", "G", "T", "layout", "merge"))
+                _run(out_f, rec, step, args, refs, roof_ms, dry, kernels=True, keys=("batch", "G", "T", "layout", field))
         caches.clear()
 
 
-def tables_md(path) -> str:
-    """The A/B table (markdown) of the records in ``path``."""
-    return "\n".join(ab.ab_table(
-        ab.read(path), kind="fused-merge", cell=("batch", "G", "T", "layout"), variant="merge", variants=MERGES,
-        title="Serving steps (bf16): ms (% of the roofline of the valid bytes), the merge in its own kernel against "
-              "fused into the pieces kernel; the fused call's kernels and the merge kernel's",
-        headers=("batch", "G", "T", "cache", "merge kernel", "fused", "speed-up", "fused: kernels",
-                 "merge kernel: kernels"), kernels_of=(1, 0))) + "\n"
+#: kind -> (title, headers) of its table
+TABLES = {
+    "fused-merge": ("Serving steps (bf16): ms (% of the roofline of the valid bytes), the merge in its own kernel "
+                    "against fused into the pieces kernel; the fused call's kernels and the merge kernel's",
+                    ("batch", "G", "T", "cache", "merge kernel", "fused", "speed-up", "fused: kernels",
+                     "merge kernel: kernels")),
+    "whole-blocks": ("Serving steps (bf16): ms (% of the roofline of the valid bytes), the decode class's blocks all "
+                     "masked against its whole blocks unmasked (ServingConfig.whole_blocks); each call's kernels",
+                     ("batch", "G", "T", "cache", "all masked", "whole unmasked", "speed-up", "unmasked: kernels",
+                      "masked: kernels")),
+}
+
+
+def tables_md(path, kind="fused-merge") -> str:
+    """The A/B table (markdown) of ``kind``'s records in ``path``."""
+    (field, values), (title, headers) = AB[kind], TABLES[kind]
+    return "\n".join(ab.ab_table(ab.read(path), kind=kind, cell=("batch", "G", "T", "layout"), variant=field,
+                                 variants=values, title=title, headers=headers, kernels_of=(1, 0))) + "\n"

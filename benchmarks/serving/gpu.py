@@ -164,6 +164,8 @@ def main(argv=None):
                     "its block (fp8_window.py)")
     ap.add_argument("--fused-merge", action="store_true", help="the merge in its own kernel against fused into the "
                     "pieces kernel (ServingConfig.merge; fused_merge.py)")
+    ap.add_argument("--whole-blocks", action="store_true", help="the decode class's blocks all masked against its "
+                    "whole blocks unmasked (ServingConfig.whole_blocks; fused_merge.py)")
     ap.add_argument("--prefill-slots", action="store_true", help="mixed batches: the prefill chunks on the Triton "
                     "prefill class against the Mosaic GPU slots (ServingConfig.prefill_slots; prefill_slots.py)")
     ap.add_argument("--dry-run", action="store_true", help="with --kv-products / --window / --fused-merge / "
@@ -182,19 +184,23 @@ def main(argv=None):
                    f"python benchmarks/serving/gpu.py --out {a.out} --max-seconds {a.max_seconds:g} --prefill-slots",
                    ps.tables_md(path))
         return
-    if a.kv_products or a.window or a.fused_merge:
+    if a.kv_products or a.window or a.fused_merge or a.whole_blocks:
         from benchmarks.serving import fp8_window as fw
         from benchmarks.serving import fused_merge as fm
 
+        whole = functools.partial(fm.run, kind="whole-blocks")
         with open(path, "w") as f:
-            for flag, run in ((a.kv_products, fw.kv_products), (a.window, fw.window), (a.fused_merge, fm.run)):
+            for flag, run in ((a.kv_products, fw.kv_products), (a.window, fw.window), (a.fused_merge, fm.run),
+                              (a.whole_blocks, whole)):
                 if flag:
                     run(f, dev, t0, a.max_seconds, a.dry_run)
         flags = (" --kv-products" * a.kv_products + " --window" * a.window + " --fused-merge" * a.fused_merge
-                 + " --dry-run" * a.dry_run)
-        title = "serving_attention: merge fused" if a.fused_merge else "serving_attention: FP8 products, window starts"
+                 + " --whole-blocks" * a.whole_blocks + " --dry-run" * a.dry_run)
+        title = ("serving_attention: merge fused" if a.fused_merge else "serving_attention: whole blocks unmasked"
+                 if a.whole_blocks else "serving_attention: FP8 products, window starts")
         out.finish(title, f"python benchmarks/serving/gpu.py --out {a.out} --max-seconds {a.max_seconds:g}{flags}",
-                   fw.tables_md(path) + (fm.tables_md(path) if a.fused_merge else ""))
+                   fw.tables_md(path) + (fm.tables_md(path) if a.fused_merge else "")
+                   + (fm.tables_md(path, "whole-blocks") if a.whole_blocks else ""))
         return
     key = jax.random.PRNGKey(0)
     pairs = PAIRS[:1] if a.quick else PAIRS
