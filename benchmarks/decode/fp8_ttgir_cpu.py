@@ -33,6 +33,9 @@ BASE = [("bf16", "bfloat16", None, {})] + [
 #: prototype variants (``DecodeConfig`` fields), e4m3 with float16 products
 EXTRA = [(f"e4m3_{lay}_f16_pairs", "float8_e4m3fn", lay, dict(kv_mma="float16", kv_pairs=True))
          for lay in ("token", "tensor")]
+#: every block masked (``DecodeConfig(whole_blocks=False)``): one loop, against the default's unmasked loop of the
+#: blocks every row sees whole (the table's ``loops``: each loop's instructions, the unmasked one the shorter)
+MASKED = [(f"{tag}_masked", kvd, lay, dict(cfg, whole_blocks=False)) for tag, kvd, lay, cfg in [BASE[0], *EXTRA]]
 
 COMPILE = r'''
 import glob, json, os, subprocess, sys
@@ -67,7 +70,7 @@ json.dump(res, open(os.path.join(out_dir, "compiled.json"), "w"), indent=1)
 
 def cases():
     """[(tag, T, cache dtype, scale layout or None, DecodeConfig fields)]."""
-    return [(f"T{T}_{name}", T, kvd, lay, cfg) for T in (1, 8) for name, kvd, lay, cfg in BASE + EXTRA]
+    return [(f"T{T}_{name}", T, kvd, lay, cfg) for T in (1, 8) for name, kvd, lay, cfg in BASE + EXTRA + MASKED]
 
 
 def dump(out_dir: str) -> dict:
@@ -119,7 +122,7 @@ def ptx_counts(text: str) -> dict:
 
 
 def main(argv=None) -> int:
-    from benchmarks.decode.kv_dtype_sass_cpu import compile_cli, loop_ops
+    from benchmarks.decode.kv_dtype_sass_cpu import compile_cli, loop_ops, loops
 
     a, plans = compile_cli(__doc__.splitlines()[0], dump, argv, script=COMPILE)
     compiled = json.load(open(os.path.join(a.out_dir, "compiled.json")))
@@ -131,6 +134,8 @@ def main(argv=None) -> int:
             r.update(ttgir=ttgir_counts(read("ttgir")), ptx=ptx_counts(read("ptx")))
             ops = loop_ops(read("sass"))
             r["loop"] = dict(total=sum(ops.values()), **dict(ops.most_common()))
+            ins, spans = loops(read("sass"))
+            r["loops"] = sorted((sum(lo <= a <= hi for a, _ in ins) for lo, hi in spans), reverse=True)
         rows[tag] = r
     with open(os.path.join(a.out_dir, "counts.json"), "w") as fh:
         json.dump(rows, fh, indent=1)
@@ -144,7 +149,7 @@ def main(argv=None) -> int:
 def markdown(rows: dict) -> str:
     """One line per kernel: resources, the TTGIR's layout traffic, the PTX's static counts, the SASS loop."""
     cols = ["kernel", "shared KB", "regs", "spills", "convert_layout", "local_alloc / local_load", "cvt 8-bit",
-            "cp.async (16B/8B/4B)", "ld.shared.b8", "ldmatrix", "bar.sync", "loop instr / warp / block",
+            "cp.async (16B/8B/4B)", "ld.shared.b8", "ldmatrix", "bar.sync", "loop instr / warp / block", "loops",
             "loop LDS / LDSM / IMAD / F2FP / PRMT / FMUL"]
     out = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
     for tag, r in rows.items():
@@ -159,7 +164,7 @@ def markdown(rows: dict) -> str:
         loop = " / ".join(str(lp.get(o, 0)) for o in ("LDS", "LDSM", "IMAD", "F2FP", "PRMT", "FMUL"))
         out.append(f"| {tag} | {r['shared'] / 1024:.0f} | {r['regs']} | {r['stack']} | {t['convert_layout']} | "
                    f"{t['local_alloc']} / {t['local_load']} | {cvt} | {cp} | {x.get('ld.shared.b8', 0)} | {ldsm} | "
-                   f"{x.get('bar.sync', 0)} | {lp['total']} | {loop} |")
+                   f"{x.get('bar.sync', 0)} | {lp['total']} | {' / '.join(map(str, r['loops']))} | {loop} |")
     return "\n".join(out) + "\n"
 
 if __name__ == "__main__":

@@ -175,7 +175,7 @@ MMA = (dict(kv_mma="q"), dict(kv_mma="float16", kv_pairs=False), dict(kv_mma="fl
 ROWS = tuple(dict(kv_mma="float16", num_warps=w, block_r=br) for br in (None, 16) for w in (2, 4, 8)) + tuple(
     dict(kv_mma="float16", num_warps=w, block_k=128) for w in (4, 8))
 #: ``WHOLE`` (``--whole``): every block masked, against the blocks every row sees whole in an unmasked loop
-#: (``DecodeConfig.whole_blocks``; sm_90's loop 12-23% fewer instructions, results/cpu-2026-12-07-whole-blocks)
+#: (``DecodeConfig.whole_blocks``; sm_90's loop 10-23% fewer instructions, results/cpu-2026-12-07-whole-blocks)
 WHOLE = (dict(whole_blocks=False), dict(whole_blocks=True))
 
 

@@ -1,6 +1,6 @@
 """A/B runs of the serving kernel for ``benchmarks/serving/gpu.py``: the merge in its own kernel against fused
 (``--fused-merge``), and the decode class's blocks all masked against its whole blocks unmasked (``--whole-blocks``,
-``ServingConfig.whole_blocks``; the decode kernel's sm_90 loop 12-23% fewer instructions,
+``ServingConfig.whole_blocks``; the decode kernel's sm_90 loop 10-23% fewer instructions,
 results/cpu-2026-12-07-whole-blocks).
 
     PYTHONPATH=src python benchmarks/serving/gpu.py --out OUT --fused-merge [--max-seconds 200]
