@@ -64,7 +64,7 @@ class DecodeConfig:
     #: H200 (results/gpu-2026-12-06c-fp8-pairs). False: the bytes as stored
     kv_pairs: bool = True
     #: True: the blocks every query row sees whole (inside the length, before the first row's causal limit; not
-    #: with a window) run in a loop of their own without the mask's compares and selects (sm_90's loop: 12-23%
+    #: with a window) run in a loop of their own without the mask's compares and selects (sm_90's loop: 10-23%
     #: fewer instructions, results/cpu-2026-12-07-whole-blocks); False: every block masked
     whole_blocks: bool = True
 
