@@ -15,6 +15,7 @@ serving step's sampled requests: ``serving_cell``), and the run's ``time`` times
 """
 from __future__ import annotations
 
+import contextlib
 import time
 import traceback
 
@@ -52,10 +53,9 @@ def measure_cell(cell: Cell, opts: Options | None = None, *, on_phase=None, comp
     their arrays really are float64 whatever the process's x64 setting; the setting is restored
     afterwards. A cell whose inputs or output still come out in another dtype is never timed under
     its label (``unsupported`` / ``incorrect``, saying which dtype JAX produced)."""
-    if cell.dtype == "float64" and not jax.config.jax_enable_x64:
-        with jax.enable_x64(True):
-            return _measure_cell(cell, opts, on_phase, compiled, stamp or {})
-    return _measure_cell(cell, opts, on_phase, compiled, stamp or {})
+    x64 = cell.dtype == "float64" and not jax.config.jax_enable_x64
+    with jax.enable_x64(True) if x64 else contextlib.nullcontext():
+        return _measure_cell(cell, opts, on_phase, compiled, stamp or {})
 
 
 def _measure_cell(cell: Cell, opts: Options | None, on_phase, ahead, stamp: dict) -> CellRecord:
