@@ -188,11 +188,22 @@ def check_serving(out, contiguous, q_lens, kv_lens, cell, backend, sem: dict, de
     (``reference.serving64.serving_errors``) on the step's ``contiguous`` (q, k, v, ...) and lengths ``q_lens``,
     ``kv_lens``, with the call's soft cap, window and sinks ``sem`` (``serving_cell.call_semantics``); a
     quantized cache's against its ``dequantized`` values, (k, v) of the sampled requests in order
-    (``serving_cell.argument_sets``), with ``kv_rel_err``. Then every request, not only the sampled ones
-    (``check_every_request``). ``Skip('incorrect')`` carrying them when it fails."""
+    (``serving_cell.argument_sets``), with ``kv_rel_err``. Then the whole step, not only the sampled requests:
+    the padding rows past the last request 0, and (a cache in q's dtype) every request's last token against the
+    float32 device reference and sampled float64 rows (``check_forward`` on them as a decode batch of one token
+    each, position kv_len - 1), so a request the sampled ones miss is judged too. Every reference is computed
+    first, then judged in that order; ``Skip('incorrect')`` carrying the fields when one fails."""
     if cell.kv_dtype and dequantized is None:
         raise ValueError("dequantized: a quantized-cache cell's check needs the dequantized K/V of its sampled "
                          "requests (argument_sets makes them)")
+    key, starts, last = ref_key(cell, seed) + "|last tokens", rl.starts_of(q_lens), None
+    if not cell.kv_dtype:     # the sampled requests are judged on the dequantized cache; the whole one is not made
+        at, kv = jnp.asarray(starts[1:] - 1), tuple(int(n) for n in kv_lens)
+        rules = Semantics(causal=True, window=cell.window, kv_lengths=kv, q_offsets=tuple(n - 1 for n in kv),
+                          soft_cap=cell.soft_cap, sinks=None if sem.get("sinks") is None else np.asarray(sem["sinks"]))
+        q, k, v = contiguous[:3]
+        last = check_forward(out[at][:, None], q[at][:, None], k, v, rules, ref_key=key,
+                             fixed_limit=backend.rel_l2_limit, fixed_rule=backend.rel_l2_rule)
     e = serving_errors(out, *contiguous[:3], q_lens, kv_lens, cell.dtype, **sem,
                        dequantized=dequantized if cell.kv_dtype else None)
     fields = dict(checked_fraction=e["fraction"], checked_rows=e["rows"], row_err=e["row_err"],
@@ -206,30 +217,12 @@ def check_serving(out, contiguous, q_lens, kv_lens, cell, backend, sem: dict, de
                    requests=e["requests"], rows=e["rows"])
     rule = rule_text(cell.dtype, backend.rel_l2_limit, backend.rel_l2_rule)
     fields = judged(fields, "float64_requests", verdict, rule, where=f" on requests {verdict['requests']}")
-    return check_every_request(fields, out, contiguous, q_lens, kv_lens, cell, backend, sem, seed)
-
-
-def check_every_request(fields: dict, out, contiguous, q_lens, kv_lens, cell, backend, sem: dict, seed: int) -> dict:
-    """``fields`` (a serving step's sampled check, passed) with the whole step's: the
-    padding rows past the last request 0, and (a cache in q's dtype) every request's last token against the float32
-    device reference and sampled float64 rows (``check_forward`` on them as a decode batch of one token each,
-    position kv_len - 1): a request the sampled ones miss is judged too. ``Skip('incorrect')`` when one fails."""
-    starts = rl.starts_of(q_lens)
     if not bool(jnp.all(out[int(starts[-1]):] == 0)):
         raise Skip(Status.INCORRECT, f"output wrong: the padding rows from {int(starts[-1])} are not 0", fields)
-    if cell.kv_dtype:      # the sampled requests were judged on the dequantized cache; the whole one is not made
+    if last is None:
         return fields
-    last = jnp.asarray(starts[1:] - 1)
-    kv = tuple(int(n) for n in kv_lens)
-    key = ref_key(cell, seed) + "|last tokens"
-    rules = Semantics(causal=True, window=cell.window, kv_lengths=kv, q_offsets=tuple(n - 1 for n in kv),
-                      soft_cap=cell.soft_cap, sinks=None if sem.get("sinks") is None else np.asarray(sem["sinks"]))
-    q, k, v = contiguous[:3]
-    chk = check_forward(out[last][:, None], q[last][:, None], k, v, rules, ref_key=key,
-                        fixed_limit=backend.rel_l2_limit, fixed_rule=backend.rel_l2_rule)
-    verdicts = {f"last_tokens_{name}": c for name, c in chk["checks"].items()}
-    fields = {**fields, "checks": {**fields["checks"], **verdicts},
-              "margin": min(fields["margin"], chk["margin"])}
-    if not chk["ok"]:
-        raise Skip(Status.INCORRECT, f"output wrong on every request's last token: {chk['reason']}", fields)
+    verdicts = {f"last_tokens_{name}": c for name, c in last["checks"].items()}
+    fields = {**fields, "checks": {**fields["checks"], **verdicts}, "margin": min(fields["margin"], last["margin"])}
+    if not last["ok"]:
+        raise Skip(Status.INCORRECT, f"output wrong on every request's last token: {last['reason']}", fields)
     return fields
