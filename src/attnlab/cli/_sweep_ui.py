@@ -14,7 +14,7 @@ from ..core.records import cost_summary
 from ..core.store import read_records
 from ..measure import calibration
 from ..measure.cell import record_key
-from ..measure.estimate import estimate_cell, estimate_sweep
+from ..measure.estimate import estimate_sweep, over_budget
 from ._app import _fail, console
 
 #: ``--cell-budget``'s default, seconds, by platform: a cell estimated above it is recorded over_budget.
@@ -57,8 +57,7 @@ def print_estimate(cells, opts, resume_from: str | None = None) -> None:
     ests = list(zip(estimate_sweep(cells, opts, info), cells))
     secs = [e.seconds for e, _ in ests]
     big, big_cell = max(ests, key=lambda ec: ec[0].seconds)
-    over = sum(e.seconds > 0 and estimate_cell(c, opts, info).seconds > opts.cell_budget_s   # as measure_cell decides
-               for e, c in ests) if opts.cell_budget_s else 0
+    over = sum(e.seconds > 0 and over_budget(c, opts, info)[1] is not None for e, c in ests)   # as measure_cell decides
     cal = calibration.current(info)
     text = (f"{len(cells)} cells on {info.kind or info.platform}: estimated ~{statistics.median(secs):.2g} s a cell "
             f"(median), ~{sum(secs):.3g} s in all, up to ~{max(e.bytes for e, _ in ests) / 2**20:.4g} MiB; "

@@ -96,9 +96,7 @@ def why_not(cell, opts=None, after=None) -> str | None:
 def over_budget(cell, opts) -> str | None:
     """Why ``cell`` will be recorded over_budget and never compiled (``measure_cell``'s own test of its
     estimate against ``opts.cell_budget_s``), or None."""
-    if opts is None or not opts.cell_budget_s:
-        return None
-    if estimate.estimate_cell(cell, opts, device.current()).seconds > opts.cell_budget_s:
+    if estimate.over_budget(cell, opts, device.current())[1]:
         return f"over the cell budget of {opts.cell_budget_s:g} s: recorded over_budget, never compiled"
     return None
 

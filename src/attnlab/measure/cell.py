@@ -78,12 +78,9 @@ def _measure_cell(cell: Cell, opts: Options | None, on_phase, ahead, stamp: dict
             raise _Skip(Status.UNSUPPORTED, str(e))
         if backend.available():   # before the budget: what cannot run here is unsupported, never over budget
             raise _Skip(Status.UNSUPPORTED, f"{cell.backend}: {backend.available()}")
-        if opts.cell_budget_s:
-            est = estimate.estimate_cell(cell, opts, info)
-            rec["estimate_s"] = est.seconds
-            if est.seconds > opts.cell_budget_s:
-                raise _Skip(Status.OVER_BUDGET, f"estimated {est.text()} on {info.kind or info.platform}: more "
-                                                f"than the cell budget of {opts.cell_budget_s:g} s (--cell-budget); not run")
+        rec["estimate_s"], over = estimate.over_budget(cell, opts, info)
+        if over:
+            raise _Skip(Status.OVER_BUDGET, over)
         if serving_cell.is_serving(cell):   # serving_attention on packed requests, lengths traced
             run = serving_cell.compile_run(backend, cell, opts, rec, phases, cupti=no_cupti is None, ahead=ahead)
         else:

@@ -127,6 +127,19 @@ def estimate_cell(cell, opts, info) -> Estimate:
                     check_compute_s=check_s)
 
 
+def over_budget(cell, opts, info) -> tuple[float | None, str | None]:
+    """(the cell's estimated seconds, why it is over ``opts.cell_budget_s`` or None): ``measure_cell`` records
+    both (``estimate_s``, an ``over_budget`` cell's reason); the compile ahead and a sweep's summary ask it too.
+    (None, None) without a budget."""
+    if opts is None or not opts.cell_budget_s:
+        return None, None
+    est = estimate_cell(cell, opts, info)
+    if est.seconds <= opts.cell_budget_s:
+        return est.seconds, None
+    return est.seconds, (f"estimated {est.text()} on {info.kind or info.platform}: more than the cell budget of "
+                         f"{opts.cell_budget_s:g} s (--cell-budget); not run")
+
+
 def check_compute_s(cell, opts, info) -> float:
     """A cell's estimated check arithmetic (what is not compiling) before the learnt ``check_x``:
     ``calibration.learn`` compares a measured ``check_s`` with it."""
