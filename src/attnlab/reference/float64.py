@@ -21,7 +21,7 @@ import numpy as np
 
 from ..core.prepare import prepare
 from . import rules
-from .keyblocks import _pv, _rows, _scores, _unrows
+from .keyblocks import _pv, _round, _rows, _scores, _unrows
 from .tolerance import (FLOORS, LIMIT_FACTOR, TF32_LIMIT, Verdict, default_matmul_is_tf32,  # noqa: F401 (re-exported)
                         policy_limit, rel_l2, row_rel_err, tolerance)
 
@@ -65,10 +65,6 @@ def _visible(T, S, B, is_causal, window, mask, kv_lengths, offset=0, query_posit
         q, kv = np.asarray(q_ids).astype(np.int64)[:, None, :, None], np.asarray(kv_ids).astype(np.int64)[:, None, None]
         vis = vis & (q == kv) & (q >= 0) & (kv >= 0)
     return vis
-
-
-def _round(x, low):
-    return x if low is None else x.astype(low).astype(np.float64)
 
 
 def _f32(x, low):
