@@ -233,7 +233,7 @@ def test_serving_kernel_reads_fp8_as_pairs(case):
 _V_GAIN = 1e-4 * 2.0 ** (np.arange(64) // 16 * 4 - 6)
 
 
-@pytest.mark.parametrize("kind", ["decode", "decode-ps8", "serving"])
+@pytest.mark.parametrize("kind", ["decode", "decode-page-ps8", "serving"])
 def test_pairs_hold_per_token_value_scales_far_apart(kind):
     """FP8 read as pairs, V scales per token 2^12 apart and all small: the request that sees only the first blocks,
     and the one that sees all, against float64 (each on its own: one request's error is not hidden by the other)."""
@@ -245,14 +245,15 @@ def test_pairs_hold_per_token_value_scales_far_apart(kind):
         q, k, v = random_qkv(2, 2, 64, 8, 2, 16, "bfloat16", seed=5)
         v = v * jnp.asarray(_V_GAIN, v.dtype)[None, :, None, None]
         table = None
-        if kind == "decode-ps8":
+        if kind == "decode-page-ps8":
             k, v, table = to_pages(k, v, 8)
-        (kc, ks), (vc, vs) = (attnlab.quantize_kv_cache(x, "fp8", "token") for x in (k, v))
+        layout = "page" if table is not None else "token"     # a scale per page of 8 keys: 2 pages a block
+        (kc, ks), (vc, vs) = (attnlab.quantize_kv_cache(x, "fp8", layout) for x in (k, v))
         lens = np.array([64, 20], np.int32)
-        out = kd.decode_attention_pallas(q, kc, vc, jnp.asarray(lens), interpret=True, kv_scale="token", k_scale=ks,
+        out = kd.decode_attention_pallas(q, kc, vc, jnp.asarray(lens), interpret=True, kv_scale=layout, k_scale=ks,
                                          v_scale=vs, page_table=table,
                                          config=kd.DecodeConfig(block_k=16, num_splits=2, kv_mma="float16", kv_pairs=True))
-        kd64, vd64 = (kq.dequantize(np.asarray(c), np.asarray(s), "token", "float64") for c, s in ((kc, ks), (vc, vs)))
+        kd64, vd64 = (kq.dequantize(np.asarray(c), np.asarray(s), layout, "float64") for c, s in ((kc, ks), (vc, vs)))
         if table is not None:
             kd64, vd64 = (gather_pages(x, np.asarray(table)) for x in (kd64, vd64))
         ref = attnlab.reference_decode_attention(q, kd64, vd64, lens)
