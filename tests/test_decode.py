@@ -116,11 +116,17 @@ def test_decode_on_a_backend_in_hand_is_decode_attention_by_its_name():
 
 KERNEL_CASES = {  # name: (B, T, S, N, K, H, dtype, lengths, causal, config)
     "ragged-gqa4-causal": (3, 4, 80, 4, 1, 64, "bfloat16", [80, 4, 37], True, dict(block_k=16, num_splits=3)),
+    "ragged-gqa4-causal-whole": (3, 4, 80, 4, 1, 64, "bfloat16", [80, 4, 37], True,
+                                 dict(block_k=16, num_splits=3, whole_blocks=True)),
     "t1-gqa4-ragged": (3, 1, 96, 8, 2, 128, "float16", [96, 1, 50], True, dict(block_k=32, num_splits=2)),
+    "t1-gqa4-ragged-whole": (3, 1, 96, 8, 2, 128, "float16", [96, 1, 50], True,
+                             dict(block_k=32, num_splits=2, whole_blocks=True)),
     "len-equals-T": (2, 5, 16, 4, 2, 32, "float32", [5, 5], True, dict(block_k=16)),
     "h256": (2, 2, 32, 4, 2, 256, "bfloat16", [32, 17], True, dict(block_k=16, num_splits=2)),
     "row-tiles": (2, 8, 40, 8, 2, 32, "bfloat16", [40, 9], True, dict(block_k=16, block_r=16, num_splits=2)),
     "gqa8-noncausal": (2, 3, 48, 16, 2, 16, "float16", [48, 20], False, dict(block_k=16, num_splits=4)),
+    "gqa8-noncausal-whole": (2, 3, 48, 16, 2, 16, "float16", [48, 20], False,
+                             dict(block_k=16, num_splits=4, whole_blocks=True)),
     "mha-f32-defaults": (2, 2, 24, 2, 2, 64, "float32", [24, 2], True, {}),
 }
 

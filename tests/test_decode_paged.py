@@ -53,15 +53,16 @@ def test_paged_kernel_matches_its_contiguous_twin(case):
     B, T, S, N, K, H, dtype, ps, bk, lengths = PAGED_CASES[case]
     q, k, v, kpg, vpg, table = paged_inputs(B, T, S, N, K, H, dtype, ps, lengths, seed=len(case))
     out = kd.decode_attention_pallas(q, kpg, vpg, jnp.asarray(lengths), causal=True, interpret=True,
-                                     config=kd.DecodeConfig(block_k=bk, num_splits=2), page_table=table)
+                                     config=kd.DecodeConfig(block_k=bk, num_splits=2, whole_blocks="bk32" in case),
+                                     page_table=table)
     verdict = check_decode_close(out, q, k, v, lengths, causal=True)
     assert verdict.ok, verdict
 
 
-@pytest.mark.parametrize("page_size, block_k", [(16, 16), (8, 32), (32, 16)])
-def test_paged_kernel_never_reads_unused_slots_or_page_tails(page_size, block_k):
+@pytest.mark.parametrize("page_size, block_k, whole", [(16, 16, False), (8, 32, True), (32, 16, True)])
+def test_paged_kernel_never_reads_unused_slots_or_page_tails(page_size, block_k, whole):
     """NaN in every page position past a length and -1 in every unused table slot: a read of either
-    would poison the output (0 * NaN) or address outside the pages."""
+    would poison the output (0 * NaN) or address outside the pages (``whole``: the whole blocks unmasked)."""
     B, T, S = 2, 3, 64
     lengths = [37, 3]
     q, k, v, kpg, vpg, table = paged_inputs(B, T, S, 4, 2, 32, "float32", page_size, lengths, seed=9)
@@ -73,7 +74,8 @@ def test_paged_kernel_never_reads_unused_slots_or_page_tails(page_size, block_k)
     for b, n in enumerate(kp.pages_in_use(lengths, page_size)):
         table[b, n:] = -1
     out = kd.decode_attention_pallas(q, kpg, vpg, jnp.asarray(lengths), causal=True, interpret=True,
-                                     config=kd.DecodeConfig(block_k=block_k, num_splits=2), page_table=table)
+                                     config=kd.DecodeConfig(block_k=block_k, num_splits=2, whole_blocks=whole),
+                                     page_table=table)
     assert np.all(np.isfinite(np.asarray(out)))
     assert check_decode_close(out, q, k, v, lengths).ok
 

@@ -139,7 +139,8 @@ def test_decode_kernel_dequantizes_in_registers(case):
     (kc, ks), (vc, vs) = (attnlab.quantize_kv_cache(x, name, layout) for x in (k, v))
     call = functools.partial(kd.decode_attention_pallas, causal=True, interpret=True, soft_cap=cap, kv_scale=layout,
                              config=kd.DecodeConfig(block_k=16, num_splits=1 if "direct" in case else 2,
-                                                    kv_mma="float16" if "mma16" in case else "q", kv_pairs="pairs" in case),
+                                                    kv_mma="float16" if "mma16" in case else "q", kv_pairs="pairs" in case,
+                                                    whole_blocks="pairs" in case),
                              page_table=table)
     if "mma16" in case:   # rows of very different magnitudes: the per-row power of two keeps each in float16's range
         q = q * jnp.asarray([1e-6, 1.0, 3e4, 0.5, 1e-3, 2.0, 7e3, 1.0], q.dtype)[None, None, :, None]
@@ -219,7 +220,8 @@ def test_serving_kernel_reads_fp8_as_pairs(case):
     products, a per-head / per-tensor V scale once per piece: against float64, both merges, both classes."""
     name, layout, dtype, ps, merge, q_len, cap = SERVING_PAIR_CASES[case]
     kv = [48, 30, 9, 40][:len(q_len)]
-    cfg = sp.ServingConfig(block_k=16, decode_max_q=4, programs=3, block_r_prefill=16, merge=merge, kv_pairs=True)
+    cfg = sp.ServingConfig(block_k=16, decode_max_q=4, programs=3, block_r_prefill=16, merge=merge, kv_pairs=True,
+                           whole_blocks=merge == "fused")
     out, ref, plan, body = _serving_fp8(name, layout, dtype, ps, q_len, kv, cfg, cap=cap,
                                         scaled_rows=dtype == "bfloat16", seed=len(case))
     assert "i16[" in body       # the cache as int16 pairs (``kv_dequant.pair_view``)
@@ -238,7 +240,7 @@ def test_pairs_hold_per_token_value_scales_far_apart(kind):
     """FP8 read as pairs, V scales per token 2^12 apart and all small: the request that sees only the first blocks,
     and the one that sees all, against float64 (each on its own: one request's error is not hidden by the other)."""
     if kind == "serving":
-        cfg = sp.ServingConfig(block_k=16, decode_max_q=4, programs=3, kv_pairs=True)
+        cfg = sp.ServingConfig(block_k=16, decode_max_q=4, programs=3, kv_pairs=True, whole_blocks=True)
         out, ref, _, _ = _serving_fp8("fp8", "token", jnp.bfloat16, None, [1, 2], [48, 20], cfg, v_gain=_V_GAIN)
         outs, refs = (out[:1], out[1:3]), (ref[:1], ref[1:3])
     else:
@@ -252,7 +254,8 @@ def test_pairs_hold_per_token_value_scales_far_apart(kind):
         lens = np.array([64, 20], np.int32)
         out = kd.decode_attention_pallas(q, kc, vc, jnp.asarray(lens), interpret=True, kv_scale=layout, k_scale=ks,
                                          v_scale=vs, page_table=table,
-                                         config=kd.DecodeConfig(block_k=16, num_splits=2, kv_mma="float16", kv_pairs=True))
+                                         config=kd.DecodeConfig(block_k=16, num_splits=2, kv_mma="float16", kv_pairs=True,
+                                                                whole_blocks=True))
         kd64, vd64 = (kq.dequantize(np.asarray(c), np.asarray(s), layout, "float64") for c, s in ((kc, ks), (vc, vs)))
         if table is not None:
             kd64, vd64 = (gather_pages(x, np.asarray(table)) for x in (kd64, vd64))

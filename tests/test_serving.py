@@ -163,7 +163,7 @@ def test_kernel_matches_float64_under_jit(case, heads, paged, merge):
         k, v, table = to_pages(k, v, 8)       # block_k 16 > page 8: the per-key gather
     cfg = sp.ServingConfig(block_k=16, decode_max_q=4, programs=7 if case == "one-long" else 3,
                            max_q_len=1 if case == "one-long" else None, piece_blocks=0 if case == "one-long" else 3,
-                           merge=merge)
+                           merge=merge, whole_blocks=merge == "kernel")
 
     def step(q, k, v, a, b, t):
         plan = attnlab.serving_plan(a, b, total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K,

@@ -23,7 +23,7 @@ Layout and grid
     sequence; programs past the end do no loads). Inside a program an online softmax (exp2, float32 scores,
     running max and sum) streams block_k keys at a time: S = q k^T (bf16/fp16 MMA, float32 accumulation),
     P = exp2(S - m) rounded to the input dtype, O += P v (float32 accumulation); the blocks every row sees
-    whole first, unmasked (``DecodeConfig.whole_blocks``), then the rest masked.
+    whole first, unmasked, with ``DecodeConfig.whole_blocks``, then the rest masked.
     Each program writes its unnormalised partial O (float32), running max m and sum l; a second step in jax.numpy
     (fused by XLA) combines the splits by log-sum-exp (one split: ``decode_direct``, the program normalises and
     stores O in q's dtype itself, no second step): O = sum_j 2^(m_j - M) O_j / sum_j 2^(m_j - M) l_j with
@@ -108,7 +108,7 @@ def cuda_lowering_context(device_kind: str = "NVIDIA H200", cores: int = 132):
 def _kernel(len_ref, *refs, q_len: int, groups: int, rows: int, kv_len: int, block_r: int, block_k: int,
             num_splits: int, causal: bool, qk_scale: float, page_size: int | None = None,
             soft_cap: float | None = None, window: tuple[int, int] | None = None, kv_scale: str | None = None,
-            kv_mma: str | None = None, direct: bool = False, sinks: bool = False, kv_pairs=None, whole_blocks=True,
+            kv_mma: str | None = None, direct: bool = False, sinks: bool = False, kv_pairs=None, whole_blocks=False,
             interpret=False):
     # paged: refs start with this sequence's page table row, and k_ref / v_ref are (P * page_size, H);
     # a quantized cache (kv_scale: its scale layout) adds the two scale refs after v_ref. ``direct`` (one split,

@@ -65,8 +65,8 @@ class DecodeConfig:
     kv_pairs: bool = True
     #: True: the blocks every query row sees whole (inside the length, before the first row's causal limit; not
     #: with a window) run in a loop of their own without the mask's compares and selects (sm_90's loop: 10-23%
-    #: fewer instructions, results/cpu-2026-12-07-whole-blocks); False: every block masked
-    whole_blocks: bool = True
+    #: fewer instructions, results/cpu-2026-12-07-whole-blocks); False (until timed on a GPU): every block masked
+    whole_blocks: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +83,7 @@ class Plan:
     kv_mma: str | None = None     # "float16", or None: q's dtype
     direct_output: bool = False   # ``DecodeConfig.direct_output``
     kv_pairs: bool = False        # ``DecodeConfig.kv_pairs``, where it applies (FP8, float16 products)
-    whole_blocks: bool = True     # ``DecodeConfig.whole_blocks``
+    whole_blocks: bool = False    # ``DecodeConfig.whole_blocks``
 
     @property
     def grid(self) -> tuple[int, int]:

@@ -102,7 +102,7 @@ class ServingConfig:
     #: dtype, ``decode_plan.kv_pairs_apply``); the decode kernel 1.10-1.27x on the H200 (gpu-2026-12-06c-fp8-pairs)
     kv_pairs: bool = True
     #: the decode class's blocks every row sees whole run unmasked as the prefill's (``DecodeConfig.whole_blocks``)
-    whole_blocks: bool = True
+    whole_blocks: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
