@@ -33,8 +33,9 @@ BASE = [("bf16", "bfloat16", None, {})] + [
 #: prototype variants (``DecodeConfig`` fields), e4m3 with float16 products
 EXTRA = [(f"e4m3_{lay}_f16_pairs", "float8_e4m3fn", lay, dict(kv_mma="float16", kv_pairs=True))
          for lay in ("token", "tensor")]
-#: every block masked (``DecodeConfig(whole_blocks=False)``): one loop, against the default's unmasked loop of the
-#: blocks every row sees whole (the table's ``loops``: each loop's instructions, the unmasked one the shorter)
+#: every block masked (``DecodeConfig(whole_blocks=False)``): one loop, against the other cases' unmasked loop of the
+#: blocks every row sees whole (``whole_blocks=True``; the table's ``loops``: each loop's instructions, the unmasked
+#: one the shorter)
 MASKED = [(f"{tag}_masked", kvd, lay, dict(cfg, whole_blocks=False)) for tag, kvd, lay, cfg in [BASE[0], *EXTRA]]
 
 COMPILE = r'''
@@ -70,7 +71,8 @@ json.dump(res, open(os.path.join(out_dir, "compiled.json"), "w"), indent=1)
 
 def cases():
     """[(tag, T, cache dtype, scale layout or None, DecodeConfig fields)]."""
-    return [(f"T{T}_{name}", T, kvd, lay, cfg) for T in (1, 8) for name, kvd, lay, cfg in BASE + EXTRA + MASKED]
+    return [(f"T{T}_{name}", T, kvd, lay, {"whole_blocks": True, **cfg}) for T in (1, 8)
+            for name, kvd, lay, cfg in BASE + EXTRA + MASKED]
 
 
 def dump(out_dir: str) -> dict:
