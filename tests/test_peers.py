@@ -153,3 +153,17 @@ def test_tokamax_xla_path_matches_reference(mode):
 def test_tokamax_xla_in_a_sweep_cell():
     r = measure_cell(Cell("tokamax-xla", 1, 64, 64, 4, 2, 16, "float32", True, mode="fwd+bwd"), Options(repeats=2))
     assert r["status"] == "ok" and r["grad_check"] == "ok"
+
+
+@pytest.mark.skipif(not HAS_TOKAMAX, reason="tokamax not installed")
+def test_tokamax_refuses_what_it_cannot_run_before_it_fails_inside():
+    """A window with T != S (tokamax places it by key index) and, on a CPU, float16 (its dot asks for
+    F16_F16_F32): UnsupportedError with the reason, never tokamax's own broadcasting or precision error."""
+    q, k, v, kw = cases.build("causal+window", batch=1, q_len=5, kv_len=8, heads=2, kv_heads=2, head_dim=16, seed=1)
+    with pytest.raises(UnsupportedError, match="T != S"):
+        attnlab.attention(q, k, v, implementation="tokamax-xla", **kw)
+    assert "T != S" in attnlab.explain(q, k, v, **kw).reasons["tokamax-xla"]
+    if jax.default_backend() == "cpu":
+        q, k, v = (x.astype(jnp.float16) for x in random_qkv(1, 8, 8, 2, 2, 16, "float32", seed=2))
+        with pytest.raises(UnsupportedError, match="F16_F16_F32"):
+            attnlab.attention(q, k, v, implementation="tokamax-xla")

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from ..core import device
 from ..core.call import Call
 from ..core.errors import UnsupportedError
 from .base import Backend, segments_as_mask, zero_padded_queries
+from .xla import NO_F16_PLATFORMS
 
 
 class TokamaxBackend(Backend):
@@ -34,6 +36,13 @@ class TokamaxBackend(Backend):
     def supports(self, spec: Call) -> str | None:
         if spec.dtype not in ("float16", "bfloat16") and self.impl == "mosaic":
             return f"dtype {spec.dtype} not supported by the Mosaic GPU kernel (float16/bfloat16)"
+        if spec.window is not None and spec.q_len != spec.kv_len:
+            # tokamax's API builds the window from the key positions alone: an (S, S) mask against (T, S) logits
+            # (tokamax 0.0.12: a broadcasting error inside its _fwd)
+            return f"local_window_size with T != S ({spec.q_len} != {spec.kv_len}): tokamax places the window by key index"
+        if spec.dtype == "float16" and self.impl == "xla" and device.current().platform in NO_F16_PLATFORMS:
+            return (f"float16 on {device.current().platform}: tokamax asks for a float16 dot with float32 accumulation "
+                    "(F16_F16_F32), which this platform's dot_general lacks")
         return None
 
     def run(self, p: Call):
