@@ -225,3 +225,24 @@ def test_explain_and_refusals():
                                 kv_heads=2, head_dim=16)
     with pytest.raises(ValueError, match=r"plan was made for \(T_total, B, N, K, H\)=\(39, 5, 8, 2, 16\)"):
         attnlab.serving_attention(**args, plan=plan)
+
+
+def test_a_plan_made_for_other_lengths_never_passes_as_right():
+    """A stale plan (the last step's lengths, same sizes): ValueError naming plan where both are on the host; under
+    jit, NaN rows that no check passes. The plan a step makes from its own traced lengths runs as before."""
+    args = _call()
+    old_kv = args["kv_lengths"].copy()
+    old_kv[1] = 39
+    stale = attnlab.serving_plan(args["q_starts"], old_kv, total_tokens=40, kv_len_max=S, heads=8, kv_heads=2,
+                                 head_dim=16)
+    with pytest.raises(ValueError, match=r"plan was made for other lengths: kv_lengths\[1\]=40, the plan's 39"):
+        attnlab.serving_attention(**args, plan=stale)
+    q, k, v, starts, kv = (args[n] for n in ("q", "k_cache", "v_cache", "q_starts", "kv_lengths"))
+    run = jax.jit(lambda a, b, p: attnlab.serving_attention(q, k, v, a, b, plan=p))
+    assert np.isnan(np.asarray(run(starts, kv, stale))).all()
+    ref = reference_serving_attention(q, k, v, starts, kv)
+    assert_close(run(starts, kv, attnlab.serving_plan(starts, kv, total_tokens=40, kv_len_max=S, heads=8, kv_heads=2,
+                                                      head_dim=16)), ref, q)
+    own = jax.jit(lambda a, b: attnlab.serving_attention(q, k, v, a, b, plan=attnlab.serving_plan(
+        a, b, total_tokens=40, kv_len_max=S, heads=8, kv_heads=2, head_dim=16), implementation="attnlab-decode"))
+    assert_close(own(starts, kv), ref, q)

@@ -139,9 +139,9 @@ def serving_case(name, nkh, s_max, chunks, chunk, decodes, dev, repeats, out_f):
     a, b = jnp.asarray(starts), jnp.asarray(kv)
     plan = jax.jit(lambda a, b: attnlab.serving_plan(a, b, total_tokens=int(q.shape[0]), kv_len_max=s_max, heads=N,
                                                      kv_heads=K, head_dim=H))(a, b)
-    fn = jax.jit(lambda q, k, v, a, b, p, s: attnlab.serving_attention(q, k, v, a, b, plan=p, sinks=s,
+    fn = jax.jit(lambda q, k, v, a, b, p, s: attnlab.serving_attention(q, k, v, *p.lengths, plan=p, sinks=s,
                                                                        implementation="attnlab-decode"))
-    plain = jax.jit(lambda q, k, v, a, b, p: attnlab.serving_attention(q, k, v, a, b, plan=p,
+    plain = jax.jit(lambda q, k, v, a, b, p: attnlab.serving_attention(q, k, v, *p.lengths, plan=p,
                                                                        implementation="attnlab-decode"))
     args = (q, kc, vc, a, b, plan)
     refs = [references(q, k, v, starts, kv, None, sinks=s) for s in (None, np.asarray(sinks))]

@@ -57,7 +57,7 @@ def _step(shape, page, T_total, cfg, window):
                                                          head_dim=H, config=cfg, local_window_size=window,
                                                          page_size=page))
         step = jax.jit(lambda q, k, v, a, b, t, ks, vs, p: attnlab.serving_attention(
-            q, k, v, a, b, page_table=t, k_scale=ks, v_scale=vs, plan=p, local_window_size=window,
+            q, k, v, *p.lengths, page_table=t, k_scale=ks, v_scale=vs, plan=p, local_window_size=window,
             implementation="attnlab-decode"))
         return plan, step
 

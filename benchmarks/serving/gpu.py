@@ -60,7 +60,7 @@ def run_cell(rec, q, k, v, q_len, kv, table, T, N, K, out_f, peers=True):
     plan = make_plan(a, b)
     args = (q, k, v, a, b, table)
     serve = jitted(("serving", *static), lambda: jax.jit(
-        lambda q, k, v, a, b, t, plan: attnlab.serving_attention(q, k, v, a, b, page_table=t, plan=plan,
+        lambda q, k, v, a, b, t, plan: attnlab.serving_attention(q, k, v, *plan.lengths, page_table=t, plan=plan,
                                                                  implementation="attnlab-decode")))
     paths = {"attnlab-serving": (serve, args + (plan,))}
     if peers and len(set(q_len.tolist())) == 1:

@@ -184,7 +184,7 @@ def run_cell(c, caches, dev, limit, dry=False, no_peers=False) -> dict:
         a, b, total_tokens=Ttot, kv_len_max=c.S, heads=c.N, kv_heads=gc.K, head_dim=c.H, config=cfg)))
     plan = make_plan(a, b)
     serve = g.jitted(("grid-serving", *static), lambda: jax.jit(
-        lambda q, k, v, a, b, t, p: attnlab.serving_attention(q, k, v, a, b, page_table=t, plan=p,
+        lambda q, k, v, a, b, t, p: attnlab.serving_attention(q, k, v, *p.lengths, page_table=t, plan=p,
                                                              implementation="attnlab-decode")))
     own = measure(serve, (q, k, v, a, b, table, plan), refs, roof, int(starts[-1]), dry)
     rec.update(own, status="error" if "error" in own else "ok")

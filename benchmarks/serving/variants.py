@@ -49,7 +49,7 @@ def decode_variants(out_f, key, dev, t0, max_seconds, *, N=32, T=1, dists=("logn
     k, v, _ = g.caches(key, g.B, g.S, K, "contig")
     q = jax.random.normal(jax.random.PRNGKey(1), (g.B * T, N, g.H), jnp.bfloat16)
     starts = g.starts_of(np.full(g.B, T, np.int32))
-    fn = jax.jit(lambda q, k, v, a, b, p: attnlab.serving_attention(q, k, v, a, b, plan=p,
+    fn = jax.jit(lambda q, k, v, a, b, p: attnlab.serving_attention(q, k, v, *p.lengths, plan=p,
                                                                      implementation="attnlab-decode"))
     cells = []
     for dist in dists:
@@ -110,7 +110,7 @@ def prefill_variants(out_f, key, dev, t0, max_seconds):
     flops = serving_flops(g.starts_of(q_len[:2]), kv[:2], N, g.H)
     refs = g.references(q, k, v, starts, kv, None)
     roof_ms = serving_roofline_s(starts, kv, N, K, g.H, 2, **roofline_peaks()) * 1e3
-    fn = jax.jit(lambda q, k, v, a, b, p: attnlab.serving_attention(q, k, v, a, b, plan=p,
+    fn = jax.jit(lambda q, k, v, a, b, p: attnlab.serving_attention(q, k, v, *p.lengths, plan=p,
                                                                      implementation="attnlab-decode"))
     for bk, warps, stages in PREFILL_VARIANTS:
         if time.perf_counter() - t0 > max_seconds:

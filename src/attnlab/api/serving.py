@@ -43,7 +43,7 @@ import numpy as np
 
 from .. import backends
 from ..core.call import Call
-from ..core.checks import _shape, length_values, normalise_window, within_reach
+from ..core.checks import _is_tracer, _shape, length_values, normalise_window, within_reach
 from ..core.errors import UnsupportedError
 from ..kernels.serving_plan import ServingPlan, make_serving_plan, page_mismatch
 from .decode import CallExplanation, cache_call, cache_problem
@@ -98,14 +98,14 @@ def prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=Non
     if starts is not None and lengths is not None:
         _check_values(starts.astype(np.int64), lengths.astype(np.int64), T_total, S)
     if plan is not None:
-        _check_plan(plan, (T_total, B, N, problem.kv_heads, H), problem.window, problem.page_size)
+        _check_plan(plan, (T_total, B, N, problem.kv_heads, H), problem.window, problem.page_size, starts, lengths)
 
     return cache_call("serving", problem, N, H, scale, logits_soft_cap, sinks, q, k_cache, v_cache, kv_lengths,
                       page_table, q_starts=jnp.asarray(q_starts).astype(jnp.int32), plan=plan, k_scale=k_scale,
                       v_scale=v_scale)
 
 
-def _check_plan(plan, sizes, window, page_size):
+def _check_plan(plan, sizes, window, page_size, starts, lengths):
     if not isinstance(plan, ServingPlan):
         raise TypeError(f"plan must be an attnlab ServingPlan (attnlab.serving_plan(...)), got {type(plan).__name__}")
     if tuple(plan.sizes) != tuple(sizes):
@@ -116,6 +116,23 @@ def _check_plan(plan, sizes, window, page_size):
                          "(pass the call's local_window_size to serving_plan)")
     if why := page_mismatch(plan, page_size):
         raise ValueError(why)
+    if starts is None or lengths is None or any(map(_is_tracer, plan.lengths)):
+        return      # traced: ``_unless_stale`` checks them on the device
+    for name, given, planned in zip(("q_starts", "kv_lengths"), (starts, lengths), map(np.asarray, plan.lengths)):
+        if (diff := np.flatnonzero(given != planned)).size:
+            i = int(diff[0])
+            raise ValueError(f"plan was made for other lengths: {name}[{i}]={int(given[i])}, the plan's "
+                             f"{int(planned[i])} (make one plan per step: serving_plan(q_starts, kv_lengths, ...))")
+
+
+def _unless_stale(out, plan, call):
+    """``out``, or NaN where ``plan`` was made for other lengths than the call's and either is traced (under jit
+    ``_check_plan`` cannot see them; a stale plan's pieces would give a wrong answer that looks right). A plan
+    made from the call's own traced lengths compares an array with itself, which XLA folds away."""
+    if plan is None or not any(map(_is_tracer, (*plan.lengths, call.q_starts, call.kv_lengths))):
+        return out
+    same = jnp.array_equal(plan.lengths[0], call.q_starts) & jnp.array_equal(plan.lengths[1], call.kv_lengths)
+    return jnp.where(same, out, jnp.nan)
 
 
 def serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: int, heads: int, kv_heads: int,
@@ -179,7 +196,7 @@ def serving_attention(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=N
     call = prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, page_table=page_table, scale=scale,
                            logits_soft_cap=logits_soft_cap, plan=plan, sinks=sinks,
                            local_window_size=local_window_size, k_scale=k_scale, v_scale=v_scale)
-    return select_serving(call, implementation).run_serving(call)
+    return _unless_stale(select_serving(call, implementation).run_serving(call), plan, call)
 
 
 ServingExplanation = CallExplanation

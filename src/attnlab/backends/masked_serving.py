@@ -36,7 +36,7 @@ def masked_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, scale, soft_cap
     if window is not None:
         vis = vis & (jnp.arange(S)[None, :] >= pos[:, None] - window[0])
     qg = q.astype(jnp.float32).reshape(T_total, K, G, H)
-    k = k_cache.astype(jnp.float32)[r]                                        # (T, S, K, H)
+    k = jnp.asarray(k_cache, jnp.float32)[r]                                  # (T, S, K, H)
     logits = jnp.einsum("tkgh,tskh->tkgs", qg, k) * scale
     if soft_cap is not None:
         logits = soft_cap * jnp.tanh(logits / soft_cap)
@@ -46,5 +46,7 @@ def masked_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, scale, soft_cap
         sink = jnp.broadcast_to(sinks.astype(jnp.float32).reshape(1, K, G, 1), (T_total, K, G, 1))
         logits = jnp.concatenate([logits, sink], axis=-1)
     w = jax.nn.softmax(logits, axis=-1)[..., :S]
-    out = jnp.einsum("tkgs,tskh->tkgh", w, v_cache.astype(jnp.float32)[r]).reshape(T_total, N, H)
+    # V past a request's length is 0 here: a weight of 0 times a NaN left in the cache's padding would be NaN
+    v = jnp.where((jnp.arange(S)[None, :] < kv[:, None])[..., None, None], jnp.asarray(v_cache, jnp.float32)[r], 0.0)
+    out = jnp.einsum("tkgs,tskh->tkgh", w, v).reshape(T_total, N, H)
     return jnp.where(pad[:, None, None], 0.0, out).astype(q.dtype)

@@ -72,9 +72,8 @@ class ServingConfig:
     programs: int | None = None      # per KV head and class; None: SMs x programs per SM / K
     num_warps: int | None = None
     num_stages: int | None = None
-    #: the prefill class's own (None: as above)
-    num_warps_prefill: int | None = None
-    num_stages_prefill: int | None = None
+    num_warps_prefill: int | None = None     # the prefill class's own (None: as above)
+    num_stages_prefill: int | None = None    # the prefill class's own (None: as above)
     #: a quantized cache's products (``decode_plan.kv_products``, as ``DecodeConfig.kv_mma``): "float16", "q"
     #: (q's dtype) or None: float16 for an FP8 cache and a bfloat16 q, q's dtype otherwise
     kv_mma: str | None = None
@@ -130,11 +129,12 @@ class ClassPlan:
 
 @dataclasses.dataclass(frozen=True)
 class ServingPlan:
-    """The plan of one step: its tile classes and the sizes and window it was made for (checked on reuse), and
-    the products of a quantized cache (``ServingConfig.kv_mma``, ``kv_pairs``: resolved per call by the cache's dtype)
-    and where the pieces are merged (``ServingConfig.merge``)."""
+    """The plan of one step: its tile classes, the sizes, window and ``lengths`` (q_starts, kv_lengths) int32 it was
+    made for (checked on reuse), the products of a quantized cache (``ServingConfig.kv_mma``, ``kv_pairs``: resolved
+    per call by the cache's dtype) and where the pieces are merged (``ServingConfig.merge``)."""
 
     classes: tuple
+    lengths: tuple
     sizes: tuple = dataclasses.field(metadata=dict(static=True))    # (T_total, B, N, K, H)
     window_left: int | None = dataclasses.field(default=None, metadata=dict(static=True))   # None: no window
     kv_mma: str | None = dataclasses.field(default=None, metadata=dict(static=True))
@@ -144,7 +144,7 @@ class ServingPlan:
     prefill: object = None
 
 
-for _cls, _data in ((ClassPlan, ["pieces", "starts", "units", "piece_units"]), (ServingPlan, ["classes", "prefill"])):
+for _cls, _data in ((ClassPlan, ["pieces", "starts", "units", "piece_units"]), (ServingPlan, ["classes", "lengths", "prefill"])):
     jax.tree_util.register_dataclass(_cls, data_fields=_data,
                                      meta_fields=[f.name for f in dataclasses.fields(_cls) if f.name not in _data])
 
@@ -241,8 +241,7 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
     cap_k = max(16, next_pow2(kv_len_max))
     max_q = max(1, min(cfg.max_q_len or total_tokens, total_tokens))
     q_len = None if traced else np.diff(np.asarray(q_starts).astype(np.int64))
-    if q_len is not None:
-        max_q = max(1, min(max_q, int(q_len.max(initial=1))))
+    max_q = max_q if q_len is None else max(1, min(max_q, int(q_len.max(initial=1))))
     dec_q = cfg.decode_q_len or (int(q_len[q_len <= cfg.decode_max_q].max(initial=1)) if q_len is not None
                                  else min(cfg.max_q_len or 1, cfg.decode_max_q))
     itemsize = np.dtype(dtype).itemsize
@@ -284,9 +283,10 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
                                  num_warps=warps, num_stages=stages, decode=decode,
                                  whole_blocks=bool(cfg.whole_blocks) or not decode,
                                  window_from_key=window_left is not None and from_key))
-    return ServingPlan(tuple(classes), sizes=(total_tokens, B, heads, kv_heads, head_dim),
-                       window_left=None if window_left is None else int(window_left), kv_mma=cfg.kv_mma,
-                       merge=cfg.merge, prefill=prefill, kv_pairs=bool(cfg.kv_pairs))
+    return ServingPlan(tuple(classes), tuple(xp.asarray(x).astype(xp.int32) for x in (q_starts, kv_lengths)),
+                       sizes=(total_tokens, B, heads, kv_heads, head_dim), kv_mma=cfg.kv_mma, merge=cfg.merge,
+                       window_left=None if window_left is None else int(window_left), prefill=prefill,
+                       kv_pairs=bool(cfg.kv_pairs))
 
 
 def page_mismatch(plan: ServingPlan, page_size: int | None) -> str | None:
