@@ -80,6 +80,28 @@ def test_paged_kernel_never_reads_unused_slots_or_page_tails(page_size, block_k,
     assert check_decode_close(out, q, k, v, lengths).ok
 
 
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "pages-of-8"])
+def test_nan_in_the_cache_past_each_length_changes_no_path_and_no_verdict(paged):
+    """The cache's padding (positions >= kv_lengths[b]: a recycled page's stale rows, a failed request's NaN) is
+    never attended: every decode and serving path, the float64 references and the verdict see only valid keys."""
+    lengths = [13, 4]
+    q, k, v = random_qkv(2, 2, 16, 4, 2, 16, "float32", seed=3)
+    past = np.arange(16)[None, :] >= np.array(lengths)[:, None]
+    kn, vn = np.asarray(k).copy(), np.asarray(v).copy()
+    kn[past], vn[past] = np.nan, np.nan
+    want = attnlab.reference_decode_attention(q, k, v, lengths)
+    np.testing.assert_allclose(attnlab.reference_decode_attention(q, kn, vn, lengths), want)
+    args = dict(zip(("k_cache", "v_cache", "page_table"), kp.to_pages(jnp.asarray(kn), jnp.asarray(vn), 8, seed=3)
+                    if paged else (kn, vn, None)))
+    for impl in ("xla", "naive", "attnlab-decode"):
+        out = attnlab.decode_attention(q, **args, kv_lengths=lengths, implementation=impl)
+        assert check_decode_close(out, q, kn, vn, lengths).ok, impl
+    q1, starts = np.asarray(q)[:, -1], np.arange(3, dtype=np.int32)      # the last token of each: a serving step
+    for impl in ("xla", "attnlab-decode"):
+        out = attnlab.serving_attention(q1, q_starts=starts, kv_lengths=np.array(lengths), implementation=impl, **args)
+        np.testing.assert_allclose(np.asarray(out), want[:, -1], rtol=2e-5, atol=2e-5, err_msg=impl)
+
+
 @pytest.mark.parametrize("impl", ["attnlab-decode", "xla", "naive", None])
 def test_decode_attention_with_a_page_table_equals_the_contiguous_call(impl):
     lengths = [64, 20]

@@ -46,6 +46,8 @@ def masked_decode(backend, d, scale):
     if d.page_table is not None and backend.paged:
         return backend.run_paged_decode(d, mask)
     k, v = contiguous_kv(d)               # a quantized cache: dequantized in float32, and the call runs in float32
+    # V past each length is 0 here: a softmax weight of 0 times a NaN left in the cache's padding would be NaN
+    v = jnp.where((jnp.arange(v.shape[1]) < d.kv_lengths[:, None])[:, :, None, None], v, jnp.zeros((), v.dtype))
     q = d.query
     if d.kv_scale is not None:       # (float64 q: in float64)
         work = "float64" if q.dtype == "float64" else "float32"

@@ -91,6 +91,8 @@ def _attention64(q, k, v, kv_lengths, *, causal=True, scale=None, emulate=None, 
     lengths = np.asarray(kv_lengths).astype(np.int64)
     if lengths.shape != (B,) or np.any(lengths < T) or np.any(lengths > S):
         raise ValueError(f"kv_lengths must be (B,)=({B},) with T={T} <= kv_lengths[b] <= S_max={S}, got {lengths.tolist()}")
+    past = (np.arange(S) >= lengths[:, None])[:, :, None, None]    # the cache's padding: never attended, whatever it holds
+    k, v = np.where(past, 0.0, k), np.where(past, 0.0, v)
     low = _LOW.get(np.dtype(emulate).name) if emulate is not None else None
     sc = 1.0 / math.sqrt(H) if scale is None else float(scale)
     G = N // K
