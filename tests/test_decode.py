@@ -413,9 +413,13 @@ def test_pallas_paged_reasons():
 def test_roofline_and_bytes():
     assert attnlab_decode.kv_bytes([32768] * 8, 8, 128, 2) == 1_073_741_824
     # by hand, H200 defaults (4.8 TB/s, 989 TFLOP/s): T = 1 reads 1 GiB of K and V: 0.22370 ms (its
-    # 4.3 GFLOP would take 0.0043 ms); T = 64 does 4*64*32*128*262144 = 274.9 GFLOP: 0.27794 ms > 0.22370
+    # 4.3 GFLOP would take 0.0043 ms); T = 64 computes 8 x (64 x 32704 + 64 x 65 / 2) causal pairs per head,
+    # 4 x 32 x 128 x 16761088 = 274.6 GFLOP: 0.27767 ms > 0.22370
     assert attnlab_decode.roofline_ms([32768] * 8, 1, 32, 8, 128, 2) == pytest.approx(0.223696, rel=1e-5)
-    assert attnlab_decode.roofline_ms([32768] * 8, 64, 32, 8, 128, 2) == pytest.approx(0.277935, rel=1e-5)
+    assert attnlab_decode.roofline_ms([32768] * 8, 64, 32, 8, 128, 2) == pytest.approx(0.277668, rel=1e-5)
+    # a window of 128 at T = 64: each query sees 129 keys (64 x 129 pairs), 192 keys read: bytes-bound
+    # 2 x 192 x 8 x 128 x 2 B / 4.8 TB/s = 0.16384 us (every key read 64 times would say 0.2036 us, FLOP-bound)
+    assert attnlab_decode.roofline_ms([32768], 64, 32, 8, 128, 2, window=(128, 0)) == pytest.approx(1.6384e-4)
 
 
 # ---------------------------------------------------------------- the GPU tuning script's pure parts

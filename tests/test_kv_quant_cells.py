@@ -5,6 +5,7 @@ import pytest
 
 from attnlab import backends
 from attnlab.core.record_model import CellRecord
+from attnlab.core.problem import Problem
 from attnlab.core.serving_cost import serving_bytes
 from attnlab.core.workload import Workload, kv_cache_bytes
 from attnlab.measure import Options
@@ -35,6 +36,19 @@ def test_bytes_count_the_cache_at_its_dtype_plus_the_scales():
     starts, kv = np.array([0, 1, 3]), np.array([100, 50])
     assert serving_bytes(starts, kv, 8, 2, 64, 2, kv_itemsize=1, kv_scale="token") == \
         serving_bytes(starts, kv, 8, 2, 64, 2) - 150 * 2 * 64 * 2 + 2 * 4 * 150 * 2
+
+
+@pytest.mark.parametrize("window", [None, (3, 0), (40, 0)])
+def test_page_scales_count_the_pages_the_keys_read_lie_in(window):
+    """A ``page`` scale layout reads one scale per KV head of each page holding a key some query sees: with a
+    window, from its first key's page (pages of 16; request 0: T=1 at position 255, request 1: T=3 ending at 19)."""
+    starts, kv, ps = np.array([0, 1, 4]), np.array([256, 20]), 16
+    pages = {None: 16 + 2, (3, 0): 1 + 2, (40, 0): 3 + 2}[window]     # request 1's keys 0..19 (a window of 3: 14..19)
+    p = Problem(2, 4, 256, 2, 1, 8, "bfloat16", True, window, (1, 3), tuple(kv), True, kv_dtype="fp8",
+                kv_scale="page", page_size=ps)
+    assert p.scale_bytes() == 2 * 4 * pages
+    assert p.bytes() == serving_bytes(starts, kv, 2, 1, 8, 2, None if window is None else window[0], kv_itemsize=1,
+                                      kv_scale="page", page_size=ps)
 
 
 def test_kv_dtype_makes_forward_decode_cells_only():

@@ -92,3 +92,25 @@ def test_no_committed_record_is_above_the_datasheet_peak():
             check_rates(recount(rec), where + "recounted: ")
             n += 1
     assert n > 2000
+
+
+def test_a_sharded_cells_percentages_are_of_its_devices_together():
+    """8 H200s each at 60% of the bf16 peak: 60% of the peak and of the roofline, measured as written and as recounted
+    (one device's peak would say 480%, faster than its own roofline)."""
+    import types
+
+    import attnlab.api.sharded  # noqa: F401  (registers the strategies a sharded cell names)
+    from attnlab.measure.cell import Cell
+    from attnlab.measure.outcome import rates
+
+    cell = Cell("xla", 8, 8192, 8192, 32, 8, 128, "bfloat16", True, None, "fwd", 8, "ring")
+    w = cell.workload
+    ms = w.flops() / (8 * 0.6 * 989.4e12) * 1e3
+    got = rates({"kernel_ms": ms, "flops": w.flops(), "bytes": w.bytes()}, cell,
+                types.SimpleNamespace(kind="NVIDIA H200", platform="gpu"))
+    assert got["pct_peak"] == pytest.approx(60) and got["pct_roofline"] == pytest.approx(60)
+    assert got["roofline_ms"] == pytest.approx(0.6 * ms)
+    rec = {**packed_record(), "packing": None, **cell.identity(), "devices": 8, "strategy": "ring", "kernel_ms": ms,
+           "flops": w.flops(), "bytes": w.bytes(), **got}
+    again = recount(rec)
+    assert again["pct_peak"] == pytest.approx(60) and again["pct_roofline"] == pytest.approx(60)

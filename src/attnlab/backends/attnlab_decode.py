@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..core import device
 from ..core.call import Call
 from ..core.checks import _is_tracer
 from ..core.errors import UnsupportedError
 from ..core.problem import Problem
+from ..core.serving_cost import causal_pairs
 from ..kernels import decode_plan as kd
 from ..kernels.serving_plan import make_serving_plan
 from .base import Backend
@@ -206,9 +208,11 @@ def kv_bytes(lengths, kv_heads: int, head_dim: int, itemsize: int, *, q_len: int
 
 def roofline_ms(lengths, q_len: int, heads: int, kv_heads: int, head_dim: int, itemsize: int, *,
                 hbm_tbs: float = 4.8, peak_tflops: float = 989.0, window=None) -> float:
-    """max(bytes / HBM bandwidth, FLOPs / peak) in ms (H200 defaults; FLOPs count every key read, T times)."""
+    """max(bytes / HBM bandwidth, FLOPs / peak) in ms (H200 defaults): the K/V bytes read (``kv_bytes``) and the
+    FLOPs of the causal (query, key) pairs computed, a window's only (``serving_cost.causal_pairs``)."""
     nbytes = kv_bytes(lengths, kv_heads, head_dim, itemsize, q_len=q_len, window=window)
-    flops = 4.0 * q_len * heads * head_dim * sum(keys_read(lengths, q_len, window))
+    starts = np.arange(len(lengths) + 1) * q_len
+    flops = 4.0 * heads * head_dim * causal_pairs(starts, lengths, None if window is None else window[0])
     return max(nbytes / (hbm_tbs * 1e12), flops / (peak_tflops * 1e12)) * 1e3
 
 

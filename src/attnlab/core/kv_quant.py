@@ -160,3 +160,11 @@ def checked_cache(kv_dtype: str, kv_scale: str | None, page_size: int | None) ->
         raise ValueError(f"kv_scale must be one of {SCALE_LAYOUTS} with kv_dtype (page: with page_size), "
                          f"got {kv_scale!r}")
     return canonical_kv_dtype(kv_dtype)
+
+
+def pages_read(first_keys, kv_lengths, page_size: int) -> int:
+    """Pages of ``page_size`` keys a paged cache's requests read: request b's keys first_keys[b] .. kv_lengths[b] - 1
+    (a window's first key, else 0) lie in (kv_lengths[b] - 1) // page_size - first_keys[b] // page_size + 1 pages
+    (none when it reads no key): a ``page`` scale layout reads one scale per KV head of each."""
+    first, end = (np.asarray(x, np.int64) for x in (first_keys, kv_lengths))
+    return int(np.where(end > first, (end - 1) // page_size - first // page_size + 1, 0).sum())

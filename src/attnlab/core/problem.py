@@ -262,12 +262,13 @@ class Problem:
 
     def scale_bytes(self) -> int:
         """Bytes of the float32 k_scale and v_scale the forward pass reads (0 for a float cache): per KV head, one
-        per token of the keys it reads (``token``), per page of them (``page``) or one (``head``); one in all
-        (``tensor``)."""
+        per token of the keys it reads (``token``), per page of them (``page``: from a decode window's first key)
+        or one (``head``); one in all (``tensor``)."""
         if self.kv_dtype is None or self.kv_scale in ("head", "tensor"):
             return 0 if self.kv_dtype is None else 2 * 4 * (self.kv_heads if self.kv_scale == "head" else 1)
-        lens = self.kv_lengths or (self.kv_len,) * self.batch
-        per_head = self.kv_tokens() if self.kv_scale == "token" else sum(-(-int(x) // self.page_size) for x in lens)
+        kv, q = (np.asarray(x or (n,) * self.batch) for x, n in ((self.kv_lengths, self.kv_len), (self.q_lengths, self.q_len)))
+        first = np.maximum(kv - q - self.window[0], 0) if self.window is not None and self.decode else np.zeros_like(kv)
+        per_head = self.kv_tokens() if self.kv_scale == "token" else kv_quant.pages_read(first, kv, self.page_size)
         return 2 * 4 * per_head * self.kv_heads
 
     def kv_cache_bytes_per_token(self) -> int:

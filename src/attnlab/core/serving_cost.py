@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import kv_quant
+
 #: The H200's HBM bandwidth (bytes/s) and dense bf16/fp16 tensor-core peak (FLOP/s).
 H200_BANDWIDTH = 4.8e12
 H200_PEAK_FLOPS = 989e12
@@ -65,24 +67,25 @@ def serving_flops(q_starts, kv_lengths, heads: int, head_dim: int, window_left: 
 
 def serving_bytes(q_starts, kv_lengths, heads: int, kv_heads: int, head_dim: int, itemsize: int,
                   window_left: int | None = None, *, kv_itemsize: int | None = None,
-                  kv_scale: str | None = None) -> float:
+                  kv_scale: str | None = None, page_size: int | None = None) -> float:
     """Bytes of the valid work: K and V of the keys seen (``keys_read``) once per KV head, q and out of the
     valid tokens. A quantized cache (``core.kv_quant``): K and V at ``kv_itemsize`` (1) bytes, plus their
-    float32 scales read per key seen (``kv_scale="token"``) or per KV head / once (``head``/``tensor``;
-    ``page``: counted as per token, an upper bound)."""
-    q, _ = request_lengths(q_starts, kv_lengths)
+    float32 scales read per key seen (``kv_scale="token"``), per page of them (``page``, with ``page_size``)
+    or per KV head / once (``head``/``tensor``), as ``Problem.scale_bytes``."""
+    q, n = request_lengths(q_starts, kv_lengths)
     kv = keys_read(q_starts, kv_lengths, window_left)
     kv_item = itemsize if kv_itemsize is None else kv_itemsize
-    scales = {None: 0, "tensor": 2 * 4, "head": 2 * 4 * kv_heads}.get(kv_scale, 2 * 4 * int(kv.sum()) * kv_heads)
+    per_head = kv_quant.pages_read(n - kv, n, page_size) if kv_scale == "page" else int(kv.sum())
+    scales = {None: 0, "tensor": 2 * 4, "head": 2 * 4 * kv_heads}.get(kv_scale, 2 * 4 * per_head * kv_heads)
     return float(2 * kv.sum() * kv_heads * head_dim * kv_item + scales + 2 * q.sum() * heads * head_dim * itemsize)
 
 
 def serving_roofline_s(q_starts, kv_lengths, heads: int, kv_heads: int, head_dim: int, itemsize: int = 2, *,
                        bandwidth: float = H200_BANDWIDTH, peak_flops: float = H200_PEAK_FLOPS,
                        window_left: int | None = None, kv_itemsize: int | None = None,
-                       kv_scale: str | None = None) -> float:
+                       kv_scale: str | None = None, page_size: int | None = None) -> float:
     """max(bytes / bandwidth, FLOPs / peak) in seconds (H200 defaults): the fastest the call can run
     (a window's: only its keys' bytes and pairs)."""
     return max(serving_bytes(q_starts, kv_lengths, heads, kv_heads, head_dim, itemsize, window_left,
-                             kv_itemsize=kv_itemsize, kv_scale=kv_scale) / bandwidth,
+                             kv_itemsize=kv_itemsize, kv_scale=kv_scale, page_size=page_size) / bandwidth,
                serving_flops(q_starts, kv_lengths, heads, head_dim, window_left) / peak_flops)

@@ -66,8 +66,9 @@ def rates(times: dict, cell, info, backend=None) -> dict:
     """TFLOP/s, GB/s and % of peak fields from ``times`` (a timed cell's fields: ``kernel_ms``/``wall_ms``,
     ``flops``, ``bytes``; the headline time is kernel time where measured).
 
-    The peak is the one of the dtype the backend computes in (``Backend.compute_dtype``, e.g. FP8)."""
-    t_ms, out = time_ms(times), {}
+    The peak is the one of the dtype the backend computes in (``Backend.compute_dtype``, e.g. FP8); a sharded
+    cell's percentages and roofline are of its ``devices`` together (``peak_tflops`` stays one device's)."""
+    t_ms, out, n = time_ms(times), {}, getattr(cell, "devices", None) or 1
     if times.get("kernel_ms") is not None and times.get("wall_ms") is not None:
         out["dispatch_ms"] = times["wall_ms"] - times["kernel_ms"]
     out["tflops"] = tflops = times["flops"] / (t_ms * 1e-3) / 1e12
@@ -76,16 +77,16 @@ def rates(times: dict, cell, info, backend=None) -> dict:
     pk = peaks.peak_tflops(info.kind, peak_dtype, tf32=default_matmul_is_tf32())
     out["peak_dtype"] = peaks.dtype_class(peak_dtype, default_matmul_is_tf32())
     out["peak_tflops"] = pk
-    out["pct_peak"] = 100 * tflops / pk if pk else None
+    out["pct_peak"] = 100 * tflops / (pk * n) if pk else None
     sheet = peaks.peak_for_kind(info.kind)
     if sheet and pk:
         # the roofline bound of this cell: max(bytes / HBM bandwidth, FLOPs / compute peak)
-        out["pct_bandwidth"] = 100 * gbps / (sheet.hbm_tbps * 1e3)
-        out["roofline_ms"] = max(times["bytes"] / (sheet.hbm_tbps * 1e12), times["flops"] / (pk * 1e12)) * 1e3
+        out["pct_bandwidth"] = 100 * gbps / (sheet.hbm_tbps * 1e3 * n)
+        out["roofline_ms"] = max(times["bytes"] / (sheet.hbm_tbps * 1e12), times["flops"] / (pk * 1e12)) * 1e3 / n
         out["pct_roofline"] = 100 * out["roofline_ms"] / t_ms
     ceil = peaks.load_ceilings(info.kind)
     if ceil and cell.dtype in ("bfloat16", "float16"):
-        out["pct_ceiling"] = 100 * tflops / ceil["matmul_tflops"]
+        out["pct_ceiling"] = 100 * tflops / (ceil["matmul_tflops"] * n)
     return out
 
 

@@ -36,14 +36,14 @@ def recount(rec: dict) -> dict:
         return out
     out["tflops"] = out["flops"] / (ms * 1e-3) / 1e12
     out["gbps"] = out["bytes"] / (ms * 1e-3) / 1e9
-    pk = rec.get("peak_tflops")
+    pk, n = rec.get("peak_tflops"), rec.get("devices") or 1     # a sharded cell's percentages: of its devices together
     if pk:
-        out["pct_peak"] = 100 * out["tflops"] / pk
+        out["pct_peak"] = 100 * out["tflops"] / (pk * n)
     if rec.get("pct_ceiling") is not None:
         out["pct_ceiling"] = rec["pct_ceiling"] * out["tflops"] / rec["tflops"]
     sheet = peak_for_kind(device_kind(rec) or "")
     if sheet and pk and rec.get("pct_bandwidth") is not None:
-        out["pct_bandwidth"] = 100 * out["gbps"] / (sheet.hbm_tbps * 1e3)
-        out["roofline_ms"] = max(out["bytes"] / (sheet.hbm_tbps * 1e12), out["flops"] / (pk * 1e12)) * 1e3
+        out["pct_bandwidth"] = 100 * out["gbps"] / (sheet.hbm_tbps * 1e3 * n)
+        out["roofline_ms"] = max(out["bytes"] / (sheet.hbm_tbps * 1e12), out["flops"] / (pk * 1e12)) * 1e3 / n
         out["pct_roofline"] = 100 * out["roofline_ms"] / ms
     return out
