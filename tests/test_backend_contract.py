@@ -59,3 +59,37 @@ def test_default_run_decode_is_masked_attention_and_matches_float64():
 def test_default_paged_decode_refuses_with_the_backend_name():
     with pytest.raises(UnsupportedError, match="minimal.*no paged KV cache path"):
         _Minimal().run_paged_decode(None, None)
+
+
+class _ForwardClaimer(Backend):
+    """Claims every input it runs, forward only, and has no decode path: auto must see all three."""
+    name = "forward-claimer"
+    forward_only = True
+
+    def supports_decode(self, spec):
+        return "no decode path in this backend"
+
+    def auto_claim(self, spec):
+        return self.why_not(spec)
+
+    def run(self, p):
+        return backends.get("naive").run(p)
+
+
+def test_auto_honours_a_claim_only_where_the_claimer_runs_the_call():
+    """decode_attention's auto never runs a backend that refuses the decode call, and attention's auto under a
+    gradient never runs a forward-only claimer: each explain names the backend that ran, whose reason is None."""
+    import jax
+
+    import attnlab
+
+    q, k = jnp.ones((1, 2, 2, 16)), jnp.ones((1, 8, 2, 16))
+    with backends.registered(_ForwardClaimer()):
+        assert attnlab.explain(q, k, k).chosen == "forward-claimer"            # forward: its claim stands
+        ex = attnlab.explain_decode(q, k, k, jnp.array([5]))
+        assert ex.chosen != "forward-claimer" and ex.reasons[ex.chosen] is None
+        np.testing.assert_allclose(np.asarray(attnlab.decode_attention(q, k, k, jnp.array([5]))),
+                                   reference_decode_attention(q, k, k, [5]), rtol=2e-5, atol=2e-5)
+        assert attnlab.explain(q, k, k, mode="train").chosen != "forward-claimer"
+        g = jax.grad(lambda x: attnlab.attention(x, k, k).sum())(q)
+        assert np.all(np.isfinite(np.asarray(g)))

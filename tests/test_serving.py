@@ -85,6 +85,15 @@ def test_xla_path_matches_float64_under_jit(case, heads, paged):
     assert_close(out, ref, q)
 
 
+def test_a_float64_step_is_float64_accurate():
+    """The masked path computes a float64 call in float64 (not float32 under a float64 label: ~1e-7)."""
+    with jax.enable_x64(True):
+        q, k, v, starts, kv = batch("mixed", 8, 2, dtype=np.float64)
+        out = attnlab.serving_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), starts, kv, logits_soft_cap=2.5)
+        assert out.dtype == jnp.float64
+        assert rel_l2(np.asarray(out), reference_serving_attention(q, k, v, starts, kv, logits_soft_cap=2.5)) < 1e-12
+
+
 # ---------------------------------------------------------------- the plan
 
 @pytest.mark.parametrize("case", list(CASES))

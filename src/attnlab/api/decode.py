@@ -168,9 +168,11 @@ def select_decode(spec: Call, implementation=None):
             claimed = next((b for b in backends.all_backends() if b.takes_kv_scales and b.portable
                             and b.why_not_decode(spec) is None), None)
         chosen = claimed or api.select(spec.as_attention(), None)
-        if spec.window is not None and not chosen.takes_decode_window:   # a portable path that takes the window
+        if why := chosen.why_not_decode(spec):   # e.g. a window it takes not: a portable path that runs the call
             every = sorted(backends.all_backends(), key=lambda b: not b.portable)
-            chosen = next((b for b in every if b.why_not_decode(spec) is None), chosen)
+            chosen = next((b for b in every if b.why_not_decode(spec) is None), None)
+            if chosen is None:
+                raise UnsupportedError("auto", f"no registered backend runs this decode call (first choice: {why})")
         return chosen
     return _accepting(backends.get(implementation), spec)
 

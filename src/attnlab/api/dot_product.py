@@ -153,12 +153,14 @@ def auto_ineligible(b: backends.Backend) -> str | None:
     return None
 
 
-def static_rule(spec: Call) -> tuple[backends.Backend, str]:
+def static_rule(spec: Call, mode: str = "fwd") -> tuple[backends.Backend, str]:
     """The static rule's backend and why: a backend's ``auto_claim``, else the first of ``AUTO_ORDER``
-    that can run ``spec`` (what auto runs without a usable dispatch entry)."""
+    that can run ``spec`` (what auto runs without a usable dispatch entry). A claim is honoured only where
+    the backend runs the call (``why_not``), and in mode "train" (a gradient seen) only with a backward pass."""
     # backends outside AUTO_ORDER that claim a class of inputs (attnlab-decode: small T, long S)
     for b in backends.all_backends():
-        if b.auto_claim(spec) is None:
+        if b.auto_claim(spec) is None and b.why_not(spec) is None and (
+                mode != "train" or b.mode_reason(spec, "fwd+bwd") is None):
             return b, f"static rule: {b.name} claims this input"
     for name in backends.AUTO_ORDER:
         b = backends.get(name)
@@ -201,7 +203,7 @@ def auto(spec: Call, mode: str = "fwd") -> tuple[backends.Backend, str]:
     b, why = _measured(spec, mode)
     if b is not None:
         return b, why
-    s, rule = static_rule(spec)
+    s, rule = static_rule(spec, mode)
     return s, f"{why}: {rule}" if why else rule
 
 

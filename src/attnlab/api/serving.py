@@ -175,7 +175,8 @@ def serving_attention(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=N
     """Attention of one serving step (module docstring for the shapes and the rule).
 
     Args:
-      q: (T_total, N, H) float16/bfloat16/float32, the requests' new tokens packed, padding at the end.
+      q: (T_total, N, H) float16/bfloat16/float32 (float64: the xla path, in float64), the requests' new tokens
+        packed, padding at the end.
       k_cache, v_cache: (B, S_max, K, H), or pages (num_pages, page_size, K, H) with ``page_table``.
       q_starts: (B+1,) int, q_starts[0] = 0, q_len[b] = q_starts[b+1] - q_starts[b] >= 1.
       kv_lengths: (B,) int, q_len[b] <= kv_lengths[b] <= S_max (the new tokens included).

@@ -20,7 +20,8 @@ def request_of_tokens(q_starts, total_tokens: int):
 
 
 def masked_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, scale, soft_cap=None, sinks=None, window=None):
-    """(T_total, N, H) in q's dtype from q (T_total, N, H) and contiguous caches (B, S, K, H), float32 inside.
+    """(T_total, N, H) in q's dtype from q (T_total, N, H) and contiguous caches (B, S, K, H), float32 inside
+    (float64 for float64 q: a float64 call is float64-accurate).
     ``sinks`` (N,): one more logit per query head in the softmax, with no value (attention sinks).
     ``window`` (left, right): a token at position p also needs s >= p - left (right: no effect, causal)."""
     T_total, N, H = q.shape
@@ -35,18 +36,19 @@ def masked_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, scale, soft_cap
     vis = (jnp.arange(S)[None, :] <= pos[:, None]) & (jnp.arange(S)[None, :] < kv[:, None])
     if window is not None:
         vis = vis & (jnp.arange(S)[None, :] >= pos[:, None] - window[0])
-    qg = q.astype(jnp.float32).reshape(T_total, K, G, H)
-    k = jnp.asarray(k_cache, jnp.float32)[r]                                  # (T, S, K, H)
+    work = jnp.promote_types(q.dtype, jnp.float32)
+    qg = q.astype(work).reshape(T_total, K, G, H)
+    k = jnp.asarray(k_cache, work)[r]                                  # (T, S, K, H)
     logits = jnp.einsum("tkgh,tskh->tkgs", qg, k) * scale
     if soft_cap is not None:
         logits = soft_cap * jnp.tanh(logits / soft_cap)
     logits = jnp.where(vis[:, None, None, :], logits, -jnp.inf)
     logits = jnp.where(pad[:, None, None, None], 0.0, logits)
     if sinks is not None:       # the sink as column S of the softmax, dropped before P.V
-        sink = jnp.broadcast_to(sinks.astype(jnp.float32).reshape(1, K, G, 1), (T_total, K, G, 1))
+        sink = jnp.broadcast_to(sinks.astype(work).reshape(1, K, G, 1), (T_total, K, G, 1))
         logits = jnp.concatenate([logits, sink], axis=-1)
     w = jax.nn.softmax(logits, axis=-1)[..., :S]
     # V past a request's length is 0 here: a weight of 0 times a NaN left in the cache's padding would be NaN
-    v = jnp.where((jnp.arange(S)[None, :] < kv[:, None])[..., None, None], jnp.asarray(v_cache, jnp.float32)[r], 0.0)
+    v = jnp.where((jnp.arange(S)[None, :] < kv[:, None])[..., None, None], jnp.asarray(v_cache, work)[r], 0.0)
     out = jnp.einsum("tkgs,tskh->tkgh", w, v).reshape(T_total, N, H)
     return jnp.where(pad[:, None, None], 0.0, out).astype(q.dtype)
