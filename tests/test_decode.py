@@ -508,3 +508,21 @@ def test_decode_step_runs_on_cpu(tmp_path):
     assert sec.facts["ok"] == sec.facts["cells"] == 3          # the CPU quick plan: attnlab-decode and xla at T = 4,
     assert any(t.title.startswith("attnlab-decode by group size") for t in sec.tables)   # and a paged16 cell
     assert any("interpret mode" in p for p in sec.paragraphs)
+
+
+def test_the_decode_verdict_judges_the_worst_row_too():
+    """One query that misses its own key (a length bound off by one, in one sequence of a bf16 batch) is 6x the
+    correct rows' error but under the whole output's limit: the worst-row criterion fails it, as check_close's does."""
+    import ml_dtypes
+
+    ref64 = reference_decode_attention
+    bf, rng = ml_dtypes.bfloat16, np.random.default_rng(1)
+    B, T, N, K, H, S = 2, 8, 8, 2, 64, 4096
+    q = rng.standard_normal((B, T, N, H)).astype(bf)
+    k, v = (rng.standard_normal((B, S, K, H)).astype(bf) for _ in range(2))
+    lens = np.array([S, S])
+    good = ref64(q, k, v, lens, emulate=bf).astype(bf)
+    bad = good.copy()
+    bad[1, T - 1] = ref64(q[1:, T - 1:], k[1:], v[1:], np.array([S - 1]), emulate=bf)[0, 0].astype(bf)
+    ok, wrong = check_decode_close(good, q, k, v, lens), check_decode_close(bad, q, k, v, lens)
+    assert ok.ok and wrong.rel_err <= wrong.limit and wrong.row_err > 3 * ok.row_err and not wrong.ok

@@ -137,7 +137,8 @@ def test_the_check_samples_the_longest_and_shortest_requests_and_catches_a_wrong
 
 def test_the_check_judges_every_request_not_only_the_sampled_ones():
     """A wrong row of a request that no sample reads, or a padding row that is not 0, is caught: every request's
-    last token is judged (float32 on the device, float64 rows)."""
+    last, first and middle token is judged (float32 on the device, float64 rows); row 20 is request 0's middle,
+    between the float64 sample's first and last 8 tokens."""
     import jax.numpy as jnp
 
     from attnlab.reference.serving64 import reference_serving_attention, sampled_requests
@@ -153,8 +154,10 @@ def test_the_check_judges_every_request_not_only_the_sampled_ones():
     backend = type("B", (), {"rel_l2_limit": None, "rel_l2_rule": None})
     sem = serving_cell.call_semantics(cell)
     rec = check.check_serving(jnp.asarray(good), args, q_lens, kv_lens, cell, backend, sem, seed=3)
-    assert {"float64_requests", "last_tokens_float32_device", "last_tokens_float64_rows"} <= set(rec["checks"])
-    for row, value, words in ((45, 1.05, "every request's last token"), (48, 1.0, "padding rows from 46 are not 0")):
+    assert {"float64_requests", "last_tokens_float32_device", "last_tokens_float64_rows", "first_tokens_float32_device",
+            "middle_tokens_float64_rows"} <= set(rec["checks"])
+    for row, value, words in ((45, 1.05, "every request's last token"), (48, 1.0, "padding rows from 46 are not 0"),
+                              (20, 1.05, "every request's middle token")):
         bad = good.copy()
         bad[row, 0, 0] = value if row == 48 or np.isnan(value) else bad[row, 0, 0] * value + 0.5
         with pytest.raises(Skip, match=words):

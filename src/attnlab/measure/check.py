@@ -189,21 +189,26 @@ def check_serving(out, contiguous, q_lens, kv_lens, cell, backend, sem: dict, de
     ``kv_lens``, with the call's soft cap, window and sinks ``sem`` (``serving_cell.call_semantics``); a
     quantized cache's against its ``dequantized`` values, (k, v) of the sampled requests in order
     (``serving_cell.argument_sets``), with ``kv_rel_err``. Then the whole step, not only the sampled requests:
-    the padding rows past the last request 0, and (a cache in q's dtype) every request's last token against the
-    float32 device reference and sampled float64 rows (``check_forward`` on them as a decode batch of one token
-    each, position kv_len - 1), so a request the sampled ones miss is judged too. Every reference is computed
+    the padding rows past the last request 0, and (a cache in q's dtype) every request's last, first and middle
+    token against the float32 device reference and sampled float64 rows (``check_forward`` on each as a decode
+    batch of one token per request, at its position), so a request the sampled ones miss is judged too. Every reference is computed
     first, then judged in that order; ``Skip('incorrect')`` carrying the fields when one fails."""
     if cell.kv_dtype and dequantized is None:
         raise ValueError("dequantized: a quantized-cache cell's check needs the dequantized K/V of its sampled "
                          "requests (argument_sets makes them)")
-    key, starts, last = ref_key(cell, seed) + "|last tokens", rl.starts_of(q_lens), None
-    if not cell.kv_dtype:     # the sampled requests are judged on the dequantized cache; the whole one is not made
-        at, kv = jnp.asarray(starts[1:] - 1), tuple(int(n) for n in kv_lens)
-        rules = Semantics(causal=True, window=cell.window, kv_lengths=kv, q_offsets=tuple(n - 1 for n in kv),
+    starts, ends, whole = rl.starts_of(q_lens), rl.starts_of(q_lens)[1:] - 1, {}
+    # a quantized cell's sampled requests are judged on the dequantized cache; the whole one is not made
+    for name, at in () if cell.kv_dtype else (("last", ends), ("first", starts[:-1]),
+                                               ("middle", starts[:-1] + np.asarray(q_lens) // 2)):
+        if name != "last" and np.array_equal(at, ends):
+            continue        # every request's first (middle) token is its last: judged already
+        rules = Semantics(causal=True, window=cell.window, kv_lengths=tuple(int(n) for n in kv_lens),
+                          q_offsets=tuple(int(n - 1 - (e - a)) for n, e, a in zip(kv_lens, ends, at)),
                           soft_cap=cell.soft_cap, sinks=None if sem.get("sinks") is None else np.asarray(sem["sinks"]))
         q, k, v = contiguous[:3]
-        last = check_forward(out[at][:, None], q[at][:, None], k, v, rules, ref_key=key,
-                             fixed_limit=backend.rel_l2_limit, fixed_rule=backend.rel_l2_rule)
+        whole[name] = check_forward(out[jnp.asarray(at)][:, None], q[jnp.asarray(at)][:, None], k, v, rules,
+                                    ref_key=f"{ref_key(cell, seed)}|{name} tokens", fixed_limit=backend.rel_l2_limit,
+                                    fixed_rule=backend.rel_l2_rule)
     e = serving_errors(out, *contiguous[:3], q_lens, kv_lens, cell.dtype, **sem,
                        dequantized=dequantized if cell.kv_dtype else None)
     fields = dict(checked_fraction=e["fraction"], checked_rows=e["rows"], row_err=e["row_err"],
@@ -219,10 +224,9 @@ def check_serving(out, contiguous, q_lens, kv_lens, cell, backend, sem: dict, de
     fields = judged(fields, "float64_requests", verdict, rule, where=f" on requests {verdict['requests']}")
     if not bool(jnp.all(out[int(starts[-1]):] == 0)):
         raise Skip(Status.INCORRECT, f"output wrong: the padding rows from {int(starts[-1])} are not 0", fields)
-    if last is None:
-        return fields
-    verdicts = {f"last_tokens_{name}": c for name, c in last["checks"].items()}
-    fields = {**fields, "checks": {**fields["checks"], **verdicts}, "margin": min(fields["margin"], last["margin"])}
-    if not last["ok"]:
-        raise Skip(Status.INCORRECT, f"output wrong on every request's last token: {last['reason']}", fields)
+    for token, c in whole.items():
+        verdicts = {f"{token}_tokens_{name}": v for name, v in c["checks"].items()}
+        fields = {**fields, "checks": {**fields["checks"], **verdicts}, "margin": min(fields["margin"], c["margin"])}
+        if not c["ok"]:
+            raise Skip(Status.INCORRECT, f"output wrong on every request's {token} token: {c['reason']}", fields)
     return fields
