@@ -156,18 +156,38 @@ def test_the_quantized_check_gives_its_verdict_through_the_shared_helper():
 
 
 def test_a_nan_in_a_sequence_the_check_does_not_sample_is_incorrect():
-    """The quantized cache's check samples the first and last sequences; a NaN in the middle one still fails the
-    cell (every value of the output must be finite)."""
+    """The quantized cache's check samples 8 of a batch of 10 (0, 1, 3, 4, 5, 6, 8, 9); a NaN in sequence 2 still
+    fails the cell (every value of the output must be finite)."""
     class MiddleNaN(type(backends.get("xla"))):
         name = "fake-middle-nan"
 
         def run_decode(self, d):
-            return super().run_decode(d).at[1, 0, 0, 0].set(jnp.nan)
+            return super().run_decode(d).at[2, 0, 0, 0].set(jnp.nan)
 
     backends.register(MiddleNaN())
     try:
-        cell = Cell("fake-middle-nan", 3, 1, 32, 2, 1, 16, "float32", True, lengths="ragged", kv_dtype="int8")
+        cell = Cell("fake-middle-nan", 10, 1, 32, 2, 1, 16, "float32", True, lengths="ragged", kv_dtype="int8")
         rec = measure_cell(cell, Options(repeats=1, warmup=0, min_time_s=0.0))
     finally:
         backends.unregister("fake-middle-nan")
     assert rec["status"] == "incorrect" and "1 values are NaN or Inf" in rec["reason"], rec["reason"]
+
+
+def test_the_quantized_check_reads_every_sequence_of_a_small_batch():
+    """A wrong middle sequence (its output zeroed) of a batch of 3: the float64 check reads every batch element
+    up to ``CHECKED_SEQUENCES`` (it read the first and the last only)."""
+    import attnlab
+    import jax.numpy as jnp
+
+    from attnlab.measure.kv_cells import check_output, quantized_caches
+    from attnlab.measure.outcome import Skip
+    from attnlab.reference.inputs import random_qkv
+
+    cell = Cell("xla", 3, 1, 32, 2, 1, 16, "float32", True, lengths="ragged", kv_dtype="int8")
+    q, k, v = random_qkv(3, 1, 32, 2, 1, 16, "float32", seed=2)
+    caches = kc, ks, vc, vs = quantized_caches(cell, k, v)
+    out = attnlab.decode_attention(q, kc, vc, jnp.asarray(cell.kv_lengths()), k_scale=ks, v_scale=vs,
+                                   implementation="xla")
+    assert check_output(out, (q, k, v), caches, cell, {})["checked_fraction"] == 1.0
+    with pytest.raises(Skip, match="output wrong"):
+        check_output(out.at[1].set(0.0), (q, k, v), caches, cell, {})

@@ -5,7 +5,8 @@ default ``token``; ``attnlab.core.kv_quant``) is a forward decode cell whose tim
 quantized by ``attnlab.quantize_kv_cache`` (made before timing, from the cell's drawn K/V in its dtype, the
 "unquantized values"; a paged cell quantizes its pages) with its scales.
 
-Its check (before timing): the sampled batch elements (the first and the last) against float64 of the
+Its check (before timing): the sampled batch elements (every one up to ``CHECKED_SEQUENCES``, else that many
+spread evenly from the first to the last) against float64 of the
 *dequantized* cache (``decode64.dequantized_errors``: ``check_decode_close``'s decode tolerance policy, the
 kernel-like emulation as its baseline), so the check judges the kernel and not the quantization. The cache it
 dequantizes is the timed call's own, its codes and scales of the first set (quantized once, as a serving cell's
@@ -25,6 +26,10 @@ from ..reference.decode64 import dequantized_errors, reference_decode_attention
 from ..reference.inputs import make_qkv
 from ..reference.tolerance import rel_l2
 from .outcome import judged
+
+#: Batch elements a quantized cell's float64 check reads at most (each dequantized in float64 on the host): a
+#: wrong sequence (its scales, lengths or table) must not hide among unsampled ones in the batches a sweep runs
+CHECKED_SEQUENCES = 8
 
 
 def cell_fields(kv_dtype, kv_scale) -> tuple:
@@ -92,7 +97,7 @@ def check_output(out, inputs, caches, cell, extras: dict) -> dict:
     The output's dtype is the cell's (``check.check_into`` saw to it)."""
     q, k, v = inputs
     kc, ks, vc, vs, *table = caches
-    bi = sorted({0, cell.batch - 1})
+    bi = sorted({int(round(x)) for x in np.linspace(0, cell.batch - 1, min(cell.batch, CHECKED_SEQUENCES))})
     lens = np.asarray(cell.kv_lengths())[bi]
     qs, o = np.asarray(q)[bi], np.asarray(out)[bi]
     kw = dict(causal=cell.causal, logits_soft_cap=cell.soft_cap, **semantics(cell, extras))
