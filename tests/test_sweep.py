@@ -236,7 +236,8 @@ def test_compare_two_run_folders(tmp_path):
 
 
 @pytest.mark.parametrize("content,words", [
-    ("this is not json\n{also not\n", "no cell records"),
+    ("this is not json\n{also not\n", "line 1 is not a JSON record"),
+    ("[1, 2]\n", "line 1 is not a JSON record"),
     ('{"kind": "lab_step", "step": "x", "status": "ok"}\n', "no cell records"),
     ("", "no cell records"),
     ('{"backend": "xla", "batch": "one"}\n', "batch"),
@@ -456,3 +457,28 @@ def test_run_table_warmup_reaches_the_measurement(tmp_path, monkeypatch):
     p.write_text('[sweep]\nbackends = ["naive"]\n[run]\nwarmup = -1\n')
     r = CliRunner().invoke(main, ["bench", "--config", str(p), "--out", str(tmp_path / "o2")])
     assert r.exit_code == 2 and "warmup: -1" in r.output
+
+
+def test_resume_keeps_every_record_a_run_left_and_refuses_a_line_it_cannot_read(tmp_path):
+    """A rewrite for --resume keeps a run folder's step, memory and run records and each step's copy of a cell (a
+    cell recorded twice in one step is dropped); a line that is not a JSON record, other than a torn last line, is
+    an error naming the line (bench: exit 2), not a record dropped without a word. ``run --resume`` refuses a
+    bench's folder (it would erase its records)."""
+    from attnlab.sweep import engine
+
+    out = tmp_path / "r"
+    _run_folder(out, 1.0)
+    path = out / "results.jsonl"
+    before = path.read_text().splitlines()
+    path.write_text("\n".join(before + [before[1], '{"torn']) + "\n")   # the timing step's cell again, a torn line
+    kept = [(r.get("kind"), r.get("step")) for r in map(json.loads, before)]
+    engine._compact(str(path))
+    assert [(r.get("kind"), r.get("step")) for r in map(json.loads, path.read_text().splitlines())] == kept
+    path.write_text("\n".join(before[:2] + ["[1, 2]"] + before[2:]) + "\n")
+    bench = ["bench", "--backends", "naive", "--seq", "16", "--heads", "2", "--head-dim", "8", "--dtype", "float32",
+             "--out", str(out)]
+    r = CliRunner().invoke(main, bench + ["--resume"])
+    assert r.exit_code == 2 and "line 3 is not a JSON record" in r.output, r.output
+    _write(path, [_rec(1.0)])
+    r = CliRunner().invoke(main, ["run", "--quick", "--out", str(out), "--resume"])
+    assert r.exit_code == 2 and "no attnlab run wrote" in r.output and len(path.read_text().splitlines()) == 1

@@ -103,7 +103,10 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
     except SweepError as e:
         _fail(str(e))
     writable_folder(out_dir)
-    n_old = existing_records(out_dir)
+    try:
+        n_old = existing_records(out_dir)
+    except (OSError, ValueError) as e:   # RecordError is a ValueError
+        _fail(f"cannot go on with {out_dir}/results.jsonl: {e}")
     if n_old and not (resume or overwrite):
         _fail(f"{out_dir} already holds {n_old} result(s) in results.jsonl; give --resume to skip the cells "
               f"recorded there, or --overwrite to erase them and start afresh")

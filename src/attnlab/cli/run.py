@@ -19,7 +19,7 @@ from ..core.records import cost_summary
 from ..core.store import read_jsonl
 from .. import lab
 from ..lab import quiet
-from ..lab.run_record import LabInterrupted, held_results, resume_command
+from ..lab.run_record import LabInterrupted, held_results, not_a_run, resume_command
 from ._app import _fail, console, main, writable_folder, writes_to
 
 
@@ -63,10 +63,15 @@ def run(out_dir, label, quick, sections, resume, overwrite):
     quiet.prepare_environment()   # before JAX loads XLA
     if resume and overwrite:
         _fail("--resume and --overwrite contradict each other: give one of them")
-    held = held_results(out_dir)
+    try:
+        held, why = held_results(out_dir), resume and not_a_run(out_dir)
+    except (OSError, ValueError) as e:
+        _fail(f"cannot go on with {out_dir}: {e}")
     if held and not (resume or overwrite):
         _fail(f"{out_dir} already holds {held} result(s) of an earlier run: give --resume to go on with it, "
               f"or --overwrite to erase them and start afresh")
+    if why:
+        _fail(why)
     chosen = step_ids(sections, lab.STEPS) if sections else None   # lab.STEPS, lab.run_lab: loaded here, on first use
     writable_folder(out_dir)
 

@@ -62,18 +62,25 @@ def read_records(path) -> list[dict]:
 
 
 def read_jsonl(path) -> list[dict]:
+    """The JSON objects of a JSON-lines file, one per line; a torn last line (a kill mid-write) is passed over.
+    Any other line that is not a JSON object raises ``ValueError`` naming the file and line: a rewrite of the
+    file (``--resume``) would otherwise drop it without a word."""
     if not os.path.exists(path):
         return []
-    out = []
     with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line torn by a kill mid-write
+        lines = [(n, line.strip()) for n, line in enumerate(f, 1) if line.strip()]
+    out = []
+    for i, (n, line) in enumerate(lines):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                continue    # a line torn by a kill mid-write
+            rec = None
+        if not isinstance(rec, dict):
+            raise ValueError(f"{os.fspath(path)}: line {n} is not a JSON record ({line[:40]!r}); only a torn "
+                             f"last line is passed over")
+        out.append(rec)
     return out
 
 

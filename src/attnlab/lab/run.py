@@ -13,7 +13,7 @@ from ..measure import Options, env as envmod, prefetch
 from ..report.html import write_report
 from ..sweep import engine
 from ..sweep.spec import Sweep
-from .run_record import LabInterrupted, OutputHasResults, held_results, run_record
+from .run_record import LabInterrupted, OutputHasResults, held_results, not_a_run, run_record
 from .step_types import LabConfig, LabContext, Section
 from .steps import STEPS
 
@@ -111,6 +111,8 @@ def run_lab(out_dir: str = "attnlab-out", *, label: str | None = None, quick: bo
     held = held_results(out_dir)
     if held and not (resume or overwrite):
         raise OutputHasResults(out_dir, held)
+    if resume and (why := not_a_run(out_dir)):
+        raise ValueError(why)
     os.makedirs(out_dir, exist_ok=True)
     earlier_runs = [r for r in read_jsonl(store_path) if r.get("kind") == "run"] if resume else []
     stale = [store_path, os.path.join(out_dir, "plots")] + ([] if resume else [os.path.join(out_dir, "sweeps")])

@@ -32,6 +32,17 @@ class LabInterrupted(KeyboardInterrupt):
         self.out_dir, self.finished, self.stopped_in, self.total, self.cells = out_dir, finished, stopped_in, total, cells
 
 
+def not_a_run(out_dir: str) -> str | None:
+    """Why ``--resume`` cannot go on in ``out_dir``: its results.jsonl holds records that no ``attnlab run`` wrote
+    (no run or step record, no sweeps folder: a bench's), which a resumed run would erase; else None."""
+    recs = read_jsonl(os.path.join(out_dir, "results.jsonl"))
+    if not recs or os.path.exists(os.path.join(out_dir, "sweeps", "results.jsonl")) or any(
+            r.get("kind") in ("run", "lab_step") for r in recs):
+        return None
+    return (f"{out_dir}/results.jsonl holds {len(recs)} record(s) that no attnlab run wrote (a bench's?): --resume "
+            f"goes on only with a stopped run; choose another --out, or --overwrite to replace them")
+
+
 def held_results(out_dir: str) -> int:
     """How many records an earlier run left in ``out_dir`` (its results.jsonl and its sweeps folder)."""
     return len(read_jsonl(os.path.join(out_dir, "results.jsonl"))) + \

@@ -29,13 +29,15 @@ PREFETCH_CELLS = 8
 
 def _compact(path: str) -> list[CellRecord | dict]:
     """Rewrite the results file through the store (each record validated again) without torn lines or
-    duplicate cells (first record of a cell wins); the cell records come back typed."""
+    duplicate cells (first record of a cell in a step wins; records of other kinds are kept as they are); the
+    cell records come back typed."""
     seen, kept = set(), []
     for r in read_records(path):
-        k = record_key(r)
-        if k in seen:
-            continue
-        seen.add(k)
+        if is_cell(r):
+            k = (record_key(r), r.get("step"))
+            if k in seen:
+                continue
+            seen.add(k)
         kept.append(CellRecord.from_flat(r) if is_cell(r) else r)
     ResultStore(path).rewrite(kept)
     return kept
@@ -51,8 +53,9 @@ class SweepInterrupted(KeyboardInterrupt):
 
 
 def existing_records(out_dir: str) -> int:
-    """How many readable records ``out_dir/results.jsonl`` holds (0 when there is none)."""
-    return len(read_jsonl(os.path.join(out_dir, "results.jsonl")))
+    """How many records ``out_dir/results.jsonl`` holds (0 when there is none), each read and validated
+    (``ValueError`` naming the line that is not a record, ``RecordError`` the field that breaks the schema)."""
+    return len(read_records(os.path.join(out_dir, "results.jsonl")))
 
 
 def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, overwrite: bool = False, options: Options | None = None,
