@@ -90,6 +90,24 @@ def test_ctrl_c_says_what_finished_and_how_to_resume(tmp_path):
     assert run["kind"] == "run" and run["status"] == "interrupted" and run["stopped_in"] in ("sweeps", "decode")
 
 
+def test_ctrl_c_after_the_last_step_leaves_an_interrupted_run_record(tmp_path, monkeypatch):
+    """Ctrl-C while the report is written (every step done): LabInterrupted stopped in "report", and the last
+    record is the run's, interrupted (``--resume`` then writes the report)."""
+    from attnlab.lab import run as lab_run
+    from attnlab.lab.run_record import LabInterrupted
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lab_run, "write_report", stop)
+    out = str(tmp_path / "o")
+    with pytest.raises(LabInterrupted) as e:
+        lab_run.run_lab(out, quick=True, sections=["qkv"])
+    assert e.value.stopped_in == "report" and e.value.finished == ["qkv"]
+    run = _records(out)[-1]
+    assert run["kind"] == "run" and run["status"] == "interrupted" and run["stopped_in"] == "report"
+
+
 def test_the_terminal_stays_quiet_and_an_oversized_memory_probe_is_predicted(tmp_path):
     """The memory probe of step 11 against a device of 100 kB: every large program is recorded oom from its
     lowered program or compiled estimate (nothing allocated) and nothing but the run's lines reaches the terminal:

@@ -130,6 +130,7 @@ def run_lab(out_dir: str = "attnlab-out", *, label: str | None = None, quick: bo
     done: list[Section] = []
     chosen = [sid for sid in STEPS if not sections or sid in sections]
     _prefetch(ctx.cfg, chosen)
+    recorded = False
     try:
         for i, sid in enumerate(chosen):
             if progress:
@@ -137,13 +138,15 @@ def run_lab(out_dir: str = "attnlab-out", *, label: str | None = None, quick: bo
             done.append(run_step(STEPS[sid], ctx))
             if on_step:
                 on_step(done[-1], i, len(chosen))
-    except KeyboardInterrupt:
-        stopped_in = chosen[len(done)]
-        ctx.store.append(run_record(ctx, done, chosen, time.perf_counter() - t0, status="interrupted",
-                                    stopped_in=stopped_in))
+        write_report(os.path.join(out_dir, "report.html"), done, env_full, label=label)
+        ctx.store.append(run_record(ctx, done, chosen, time.perf_counter() - t0))   # last: the run is whole
+        recorded = True
+        ctx.store.write_csv()
+    except KeyboardInterrupt:   # in a step, or after the last one (the report, the run's record: "report")
+        stopped_in = chosen[len(done)] if len(done) < len(chosen) else "report"
+        if not recorded:
+            ctx.store.append(run_record(ctx, done, chosen, time.perf_counter() - t0, status="interrupted",
+                                        stopped_in=stopped_in))
         ctx.store.write_csv()
         raise LabInterrupted(out_dir, [s.id for s in done], stopped_in, len(chosen), len(ctx.measured)) from None
-    ctx.store.append(run_record(ctx, done, chosen, time.perf_counter() - t0))
-    ctx.store.write_csv()
-    write_report(os.path.join(out_dir, "report.html"), done, env_full, label=label)
     return done
