@@ -146,3 +146,20 @@ def test_a_command_that_fails_after_ctrl_c_exits_130():
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": src}, start_new_session=True)
     assert r.returncode == 130, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+
+
+def test_ctrl_c_while_the_interpreter_tears_down_exits_130_without_a_traceback():
+    """The command is over and leaves with sys.exit(0); a Ctrl-C inside an atexit callback (JAX's clean-up) once
+    printed a traceback and still exited 0, or killed the process by the signal. ``tearing_down`` makes it 130."""
+    import subprocess
+    import sys
+
+    code = ("import os, signal, sys, time, atexit\n"
+            "from attnlab.cli import _start\n"
+            "_start.watch(); _start.after_imports()\n"
+            "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(2)))\n"
+            "_start.tearing_down()\n"
+            "sys.exit(0)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert r.returncode == 130 and "Traceback" not in r.stderr, (r.returncode, r.stderr)

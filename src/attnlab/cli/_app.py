@@ -47,6 +47,7 @@ def leave(code: int) -> None:
             except Exception:  # noqa: BLE001 - a closed pipe: nothing more can be said
                 pass
         os._exit(code)
+    _start.tearing_down()
     sys.exit(code)
 
 

@@ -47,6 +47,24 @@ def after_imports(interrupted: bool = False) -> None:
         _leave_130()
 
 
+def _leave_now(signum, frame):
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except Exception:  # noqa: BLE001 - a closed pipe: nothing more can be said
+            pass
+    os._exit(130)
+
+
+def tearing_down() -> None:
+    """The command is over (its records on disk, its lines printed): Ctrl-C during the interpreter's teardown
+    (JAX's atexit clean-up takes a moment) ends the process with 130 at once, never a traceback printed from an
+    atexit callback over an exit code of 0, nor death by the signal."""
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGINT) in (_note, signal.default_int_handler):
+        signal.signal(signal.SIGINT, _leave_now)
+
+
 def reset() -> None:
     _SEEN.clear()
 
