@@ -62,9 +62,9 @@ def main() -> None:
     cli(sys.argv[1:], prog_name="attnlab")
 
 
-def run_cli(args, interrupt_at=None, timeout=120, cpu=True):
+def run_cli(args, interrupt_at=None, timeout=120, cpu=True, signum=signal.SIGINT):
     """(exit code, output, seconds from the signal to the exit) of ``attnlab ARGS`` run by this driver;
-    ``interrupt_at``: SIGINT as a line starting with that marker appears, or that many seconds after
+    ``interrupt_at``: ``signum`` (SIGINT) as a line starting with that marker appears, or that many seconds after
     the start (None: no signal). ``cpu``: JAX_PLATFORMS=cpu."""
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
@@ -76,7 +76,7 @@ def run_cli(args, interrupt_at=None, timeout=120, cpu=True):
 
     def interrupt():
         if not sent and proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signum)
             sent.append(time.monotonic())
 
     killer = threading.Timer(timeout, proc.kill)

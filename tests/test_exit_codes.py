@@ -163,3 +163,13 @@ def test_ctrl_c_while_the_interpreter_tears_down_exits_130_without_a_traceback()
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert r.returncode == 130 and "Traceback" not in r.stderr, (r.returncode, r.stderr)
+
+
+def test_sigterm_between_cells_is_taken_as_ctrl_c(tmp_path):
+    """``kill`` (SIGTERM) ended a sweep by the signal (exit -15, results.csv unwritten, no resume command): it is
+    Ctrl-C now, exit 130 with the resume command."""
+    out = tmp_path / "o"
+    code, text, _ = run_cli(["bench", "--backends", "xla", "--seq", "16,32", *TINY, "--min-time", "0", "--out",
+                             str(out)], "@cell", signum=signal.SIGTERM)
+    assert_clean_exit(code, text)
+    assert code == 130 and "--resume" in text and (out / "results.csv").exists(), text

@@ -34,9 +34,13 @@ def _note(signum, frame):
 
 
 def watch() -> None:
-    if threading.current_thread() is threading.main_thread() and \
-            signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _note)
+    """Take SIGINT (where it is Python's default) and SIGTERM (where it is the system's: ``kill``'s signal, which
+    would end the process by the signal, results.csv unwritten) as Ctrl-C: exit 130, the resume command said."""
+    if threading.current_thread() is threading.main_thread():
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _note)
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _note)
 
 
 def after_imports(interrupted: bool = False) -> None:
@@ -60,9 +64,10 @@ def tearing_down() -> None:
     """The command is over (its records on disk, its lines printed): Ctrl-C during the interpreter's teardown
     (JAX's atexit clean-up takes a moment) ends the process with 130 at once, never a traceback printed from an
     atexit callback over an exit code of 0, nor death by the signal."""
-    if threading.current_thread() is threading.main_thread() and \
-            signal.getsignal(signal.SIGINT) in (_note, signal.default_int_handler):
-        signal.signal(signal.SIGINT, _leave_now)
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(signum) in (_note, signal.default_int_handler):
+                signal.signal(signum, _leave_now)
 
 
 def reset() -> None:
