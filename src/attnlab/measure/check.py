@@ -196,7 +196,8 @@ def check_serving(out, contiguous, q_lens, kv_lens, cell, backend, sem: dict, de
     if cell.kv_dtype and dequantized is None:
         raise ValueError("dequantized: a quantized-cache cell's check needs the dequantized K/V of its sampled "
                          "requests (argument_sets makes them)")
-    starts, ends, whole = rl.starts_of(q_lens), rl.starts_of(q_lens)[1:] - 1, {}
+    starts = rl.starts_of(q_lens)
+    (q, k, v), ends, whole = contiguous[:3], starts[1:] - 1, {}
     # a quantized cell's sampled requests are judged on the dequantized cache; the whole one is not made
     for name, at in () if cell.kv_dtype else (("last", ends), ("first", starts[:-1]),
                                                ("middle", starts[:-1] + np.asarray(q_lens) // 2)):
@@ -205,7 +206,6 @@ def check_serving(out, contiguous, q_lens, kv_lens, cell, backend, sem: dict, de
         rules = Semantics(causal=True, window=cell.window, kv_lengths=tuple(int(n) for n in kv_lens),
                           q_offsets=tuple(int(n - 1 - (e - a)) for n, e, a in zip(kv_lens, ends, at)),
                           soft_cap=cell.soft_cap, sinks=None if sem.get("sinks") is None else np.asarray(sem["sinks"]))
-        q, k, v = contiguous[:3]
         whole[name] = check_forward(out[jnp.asarray(at)][:, None], q[jnp.asarray(at)][:, None], k, v, rules,
                                     ref_key=f"{ref_key(cell, seed)}|{name} tokens", fixed_limit=backend.rel_l2_limit,
                                     fixed_rule=backend.rel_l2_rule)
