@@ -93,3 +93,28 @@ def test_auto_honours_a_claim_only_where_the_claimer_runs_the_call():
         assert attnlab.explain(q, k, k, mode="train").chosen != "forward-claimer"
         g = jax.grad(lambda x: attnlab.attention(x, k, k).sum())(q)
         assert np.all(np.isfinite(np.asarray(g)))
+
+
+def test_a_serving_backend_that_takes_no_scales_refuses_a_quantized_cache():
+    """``takes_kv_scales`` is applied to serving calls as to decode ones: a backend whose ``supports_serving`` says
+    yes but that declares no quantized cache refuses one (it would read the int8 codes as values)."""
+    import attnlab
+    from attnlab.backends.masked_serving import masked_serving
+
+    class Plain(Backend):
+        name = "plain-serving"
+
+        def supports_serving(self, spec):
+            return None
+
+        def run_serving(self, call):
+            return masked_serving(call.q, call.key, call.value, call.q_starts, call.kv_lengths, scale=call.scale)
+
+    q, k = jnp.ones((3, 2, 16)), jnp.ones((2, 8, 1, 16))
+    kq, ks = attnlab.quantize_kv_cache(k, "int8", "token")
+    args = (q, kq, kq, jnp.array([0, 1, 3]), jnp.array([4, 8]))
+    with backends.registered(Plain()):
+        assert "k_scale" in attnlab.explain_serving(*args, k_scale=ks, v_scale=ks).reasons["plain-serving"]
+        with pytest.raises(UnsupportedError, match="plain-serving"):
+            attnlab.serving_attention(*args, k_scale=ks, v_scale=ks, implementation="plain-serving")
+        assert attnlab.serving_attention(q, k, k, *args[3:], implementation="plain-serving").shape == q.shape

@@ -149,6 +149,12 @@ def serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: int, he
                              window_left=None if window is None else window[0], page_size=page_size)
 
 
+def _refusal(b, spec: Call) -> str | None:
+    """Why backend ``b`` cannot run the serving call: ``available()``, a quantized cache it does not declare it takes
+    (``takes_kv_scales``), then its ``supports_serving``."""
+    return b.available() or b.kv_scales_refusal(spec) or b.supports_serving(spec)
+
+
 def select_serving(spec: Call, implementation=None):
     """The backend that runs this call: auto's choice, or the named one (UnsupportedError with its reason)."""
     if implementation is not None and not isinstance(implementation, str):
@@ -159,11 +165,11 @@ def select_serving(spec: Call, implementation=None):
             if not b.portable and b.auto_serving_reason(spec) is None:
                 return b
         for b in every:
-            if b.portable and (b.available() or b.supports_serving(spec)) is None:
+            if b.portable and _refusal(b, spec) is None:
                 return b
         raise UnsupportedError("auto", "no registered backend runs this serving call")
     b = backends.get(implementation)
-    why = b.available() or b.supports_serving(spec)
+    why = _refusal(b, spec)
     if why:
         raise UnsupportedError(b.name, why)
     return b
@@ -211,5 +217,5 @@ def explain_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=Non
                            logits_soft_cap=logits_soft_cap, sinks=sinks, local_window_size=local_window_size,
                            k_scale=k_scale, v_scale=v_scale)
     chosen = select_serving(call).name
-    reasons = {b.name: b.available() or b.supports_serving(call) for b in backends.all_backends()}
+    reasons = {b.name: _refusal(b, call) for b in backends.all_backends()}
     return ServingExplanation(chosen, reasons, call)
