@@ -12,12 +12,12 @@ from attnlab.report.advice import advise, tables
 BACKENDS = ("xla", "cudnn", "tokamax-mosaic", "unsupported-backend-with-a-long-name")
 
 
-def _rec(e, backend, status, ms=None, estimate_s=None):
+def _rec(e, backend, status, ms=None, estimate_s=None, reason="why"):
     return {"backend": backend, "batch": e.batch, "q_len": e.q_len, "kv_len": e.kv_len, "heads": e.heads,
             "kv_heads": e.kv_heads, "head_dim": e.head_dim, "dtype": e.dtype, "causal": True,
             "window": list(e.window) if e.window else None, "mode": e.mode, "lengths": e.lengths, "devices": 1,
             "strategy": None, "soft_cap": e.soft_cap, "status": status, "kernel_ms": ms, "wall_ms": None,
-            "reason": None if status == "ok" else "why", "estimate_s": estimate_s}
+            "reason": None if status == "ok" else reason, "estimate_s": estimate_s}
 
 
 @pytest.fixture
@@ -53,6 +53,16 @@ def test_none_correct_stays_for_cells_that_ran():
     assert tables(adv)[0]["rows"][0][2] == "global: none correct of those run; others not run: over budget (--cell-budget)"
     adv = advise(p, es, [_rec(es[0], "xla", "incorrect")])
     assert tables(adv)[0]["rows"][0][2] == "global: none correct"
+
+
+def test_a_compile_past_its_budget_asks_for_the_compile_budget_not_the_cell_budget():
+    p = preset("llama-3.1-8b")
+    es = plan(p, "prefill", "4k")
+    adv = advise(p, es, [_rec(es[0], "xla", "over_budget", estimate_s=3.0,
+                              reason="compile ran past its 0.01 s budget (--compile-budget); abandoned and skipped")])
+    assert tables(adv)[0]["rows"][0][2] == "global: not run: over budget (--compile-budget)"
+    budget = [n for n in adv["notes"] if "over_budget" in n]
+    assert len(budget) == 1 and "larger --compile-budget" in budget[0] and "--cell-budget" not in budget[0]
 
 
 @pytest.mark.parametrize("width,terminal", [(80, False), (200, False), (90, True)])

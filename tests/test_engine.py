@@ -69,7 +69,23 @@ def test_a_cell_over_its_budget_is_recorded_with_the_estimate_and_not_run(tmp_pa
     assert r.exit_code == 0, r.output
     assert "1 cell(s) over the cell budget of 0.001 s" in r.output
     assert json.loads((out / "results.jsonl").read_text())["status"] == "over_budget"
-    assert CliRunner().invoke(main, TINY + ["--out", str(tmp_path / "c"), "--cell-budget", "0"]).exit_code == 2
+    # a resume with a budget that runs it measures it again: the verdict came from the budget, not the cell
+    r = CliRunner().invoke(main, TINY + ["--out", str(out), "--resume"])
+    assert r.exit_code == 0 and "already recorded" not in r.output, r.output
+    assert [json.loads(x)["status"] for x in (out / "results.jsonl").read_text().splitlines()] == ["ok"]
+    for flag, bad in (("--cell-budget", "0"), ("--cell-budget", "nan"), ("--compile-budget", "nan"),
+                      ("--compile-budget", "-5"), ("--min-time", "inf")):
+        r = CliRunner().invoke(main, TINY + ["--out", str(tmp_path / "c"), flag, bad])
+        assert r.exit_code == 2 and "must be a finite number of seconds" in r.output, (flag, bad, r.output)
+
+
+def test_a_resume_that_checks_measures_an_unchecked_cell_again(tmp_path):
+    out = tmp_path / "b"
+    assert CliRunner().invoke(main, TINY + ["--out", str(out), "--no-check"]).exit_code == 0
+    assert CliRunner().invoke(main, TINY + ["--out", str(out), "--no-check", "--resume"]).exit_code == 0
+    assert json.loads((out / "results.jsonl").read_text())["status"] == "unchecked"   # nothing new to learn
+    assert CliRunner().invoke(main, TINY + ["--out", str(out), "--resume"]).exit_code == 0
+    assert [json.loads(x)["status"] for x in (out / "results.jsonl").read_text().splitlines()] == ["ok"]
 
 
 def test_the_estimate_refuses_a_70b_prefill_at_32k_on_a_cpu():

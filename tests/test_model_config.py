@@ -92,6 +92,9 @@ def test_layer_types_pattern_text_config_and_disabled_window():
     p = from_config({**LLAMA, "num_hidden_layers": 12, "sliding_window": 512, "sliding_window_pattern": 6})
     assert [(k.kind, k.layers) for k in p.layer_kinds()] == [("windowed", 10), ("global", 2)]
     assert from_config({**LLAMA, "sliding_window": 4096, "use_sliding_window": False}).window is None
+    # a pattern of 1: every layer global (Hugging Face's reading), no window
+    p = from_config({**LLAMA, "num_hidden_layers": 6, "sliding_window": 512, "sliding_window_pattern": 1})
+    assert (p.window, [k.kind for k in p.layer_kinds()]) == (None, ["global"])
     assert from_config({"text_config": LLAMA, "_name_or_path": "x/vlm"}).heads == 32
 
 
@@ -103,7 +106,11 @@ def test_layer_types_pattern_text_config_and_disabled_window():
     ({"attn_logit_softcapping": -1}, "attn_logit_softcapping = -1 is not a positive number"),
     ({"kv_lora_rank": 512}, "kv_lora_rank = 512 cannot be interpreted: multi-head latent attention"),
     ({"sliding_window": 64, "layer_types": ["sliding_attention", "chunked_attention"] * 16},
-     r"layer_types entries \['chunked_attention'\]"),
+     r"layer_types entries 'chunked_attention' are not"),
+    ({"sliding_window": 64, "layer_types": [[1]] * 32}, r"layer_types entries \[1\] are not"),
+    ({"sliding_window": None, "layer_types": 5}, "layer_types must list one entry per layer"),
+    ({"sliding_window": 64, "use_sliding_window": False, "layer_types": ["sliding_attention"] * 32},
+     "has sliding_attention layers but use_sliding_window is false"),
     ({"num_hidden_layers": 0}, "num_hidden_layers = 0 is not a positive integer"),
 ])
 def test_bad_fields_are_named(change, match):
@@ -123,11 +130,17 @@ def test_soft_cap_is_planned_and_no_longer_not_modelled():
 
 def test_advise_takes_an_alias_and_a_config_path(tmp_path):
     small = {**LLAMA, "num_attention_heads": 2, "num_key_value_heads": 1, "hidden_size": 32, "num_hidden_layers": 2,
-             "max_position_embeddings": 64, "attn_logit_softcapping": 30.0, "_name_or_path": "acme/tiny"}
+             "max_position_embeddings": 64, "attn_logit_softcapping": 30.0, "_name_or_path": "acme/tiny[/x]"}
     out = tmp_path / "adv"
-    r = CliRunner().invoke(main, ["advise", "--model", _write(tmp_path, small), "--context", "32", "--phase", "prefill",
-                                  "--backends", "naive,xla", "--out", str(out), "--repeats", "1"])
+    args = ["advise", "--model", _write(tmp_path, small), "--context", "32", "--phase", "prefill",
+            "--backends", "naive,xla", "--out", str(out), "--repeats", "1"]
+    for bad in ("nan", "inf", "-1"):    # refused before anything is measured
+        r = CliRunner().invoke(main, args + ["--device-memory", bad])
+        assert r.exit_code == 2 and "--device-memory" in r.output and not out.exists(), r.output
+    r = CliRunner().invoke(main, args + ["--device-memory", "80"])
     assert r.exit_code == 0, r.output
+    assert "acme/tiny[/x]: " in r.output      # the config's name is text, not markup
+    assert "no parameter count (a config.json gives none), so no weights and no max batch" in r.output
     recs = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     by = {x["backend"]: x for x in recs}
     assert by["naive"]["status"] == "ok" and by["naive"]["soft_cap"] == 30.0

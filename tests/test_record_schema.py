@@ -132,7 +132,7 @@ def test_resume_compacts_the_results_file_through_the_store(tmp_path, fresh, mon
     ResultStore(path).append(fresh.with_fields(sweep="again"))    # the same cell twice: the first wins
     rewritten, rewrite = [], ResultStore.rewrite
     monkeypatch.setattr(ResultStore, "rewrite", lambda self, recs: (rewritten.append(self.path), rewrite(self, recs)))
-    kept = engine._compact(path)
+    kept = engine._compact(path, engine.Options())
     assert rewritten == [path] and [type(r) for r in kept] == [CellRecord] and kept[0].get("sweep") is None
     assert len(read_records(path)) == 1
 

@@ -457,6 +457,11 @@ def test_run_table_warmup_reaches_the_measurement(tmp_path, monkeypatch):
     p.write_text('[sweep]\nbackends = ["naive"]\n[run]\nwarmup = -1\n')
     r = CliRunner().invoke(main, ["bench", "--config", str(p), "--out", str(tmp_path / "o2")])
     assert r.exit_code == 2 and "warmup: -1" in r.output
+    for line, name in (('compile_budget = "300"', "compile budget: '300'"), ("compile_budget = true", "compile budget"),
+                       ("min_time = nan", "min time: nan")):
+        p.write_text(f'[sweep]\nbackends = ["naive"]\n[run]\n{line}\n')
+        r = CliRunner().invoke(main, ["bench", "--config", str(p), "--out", str(tmp_path / "o3")])
+        assert r.exit_code == 2 and name in r.output and "finite number of seconds" in r.output, (line, r.output)
 
 
 def test_resume_keeps_every_record_a_run_left_and_refuses_a_line_it_cannot_read(tmp_path):
@@ -472,7 +477,7 @@ def test_resume_keeps_every_record_a_run_left_and_refuses_a_line_it_cannot_read(
     before = path.read_text().splitlines()
     path.write_text("\n".join(before + [before[1], '{"torn']) + "\n")   # the timing step's cell again, a torn line
     kept = [(r.get("kind"), r.get("step")) for r in map(json.loads, before)]
-    engine._compact(str(path))
+    engine._compact(str(path), engine.Options())
     assert [(r.get("kind"), r.get("step")) for r in map(json.loads, path.read_text().splitlines())] == kept
     path.write_text("\n".join(before[:2] + ["[1, 2]"] + before[2:]) + "\n")
     bench = ["bench", "--backends", "naive", "--seq", "16", "--heads", "2", "--head-dim", "8", "--dtype", "float32",

@@ -15,6 +15,9 @@ from ..core.store import read_records
 from ..measure import calibration
 from ..measure.cell import record_key
 from ..measure.estimate import estimate_sweep, over_budget
+from ..sweep.engine import remeasured
+from ..sweep.flags import seconds
+from ..sweep.spec import SweepError
 from ._app import _fail, console
 
 #: ``--cell-budget``'s default, seconds, by platform: a cell estimated above it is recorded over_budget.
@@ -30,9 +33,10 @@ def cell_budget(value: float | None) -> float:
     """The flag's value (checked), else the device's default."""
     if value is None:
         return CELL_BUDGET_S.get(device.current().platform, CELL_BUDGET_S["gpu"])
-    if value <= 0:
-        _fail(f"--cell-budget: {value:g} must be > 0 seconds")
-    return value
+    try:
+        return seconds("--cell-budget", value)
+    except SweepError as e:
+        _fail(str(e))
 
 
 def print_estimate(cells, opts, resume_from: str | None = None) -> None:
@@ -40,10 +44,11 @@ def print_estimate(cells, opts, resume_from: str | None = None) -> None:
     is compiled once per problem counted once, unavailable backends at ~0 s: ``estimate_sweep``),
     what the compile seconds come from, and how many cells are over the cell budget (recorded
     over_budget, not run). ``resume_from``: the folder whose results.jsonl the sweep resumes; the
-    cells recorded there are counted apart, not estimated."""
+    cells recorded there are counted apart, not estimated (but for those it measures again: ``remeasured``)."""
     path = os.path.join(resume_from, "results.jsonl") if resume_from else None
     try:
-        old = {record_key(r) for r in read_records(path)} if path and os.path.exists(path) else set()
+        old = {record_key(r) for r in read_records(path) if not remeasured(r, opts)} \
+            if path and os.path.exists(path) else set()
     except (OSError, ValueError):   # the sweep itself reports a file it cannot read
         old = set()
     if old:

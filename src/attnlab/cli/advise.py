@@ -8,6 +8,7 @@ bytes per sequence, the largest batch) is printed and written to OUT/advise.json
 from __future__ import annotations
 
 import json
+import math
 import os
 import types
 
@@ -23,6 +24,7 @@ from ..report import advice
 from .. import sweep as sweeps  # run_sweep through the package: tests replace it there
 from ..sweep import SweepError
 from ..sweep.engine import SweepInterrupted
+from ..sweep.flags import seconds
 from ..sweep.model_cells import model_sweep
 from ._app import _fail, console, main, writable_folder, writes_to
 from ._layout import compact, print_compact_table, table_console, wide_option
@@ -61,9 +63,15 @@ def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, r
         _fail(str(e))
     if repeats is not None and repeats < 1:
         _fail(f"--repeats: {repeats} is not a positive integer")
+    try:
+        compile_budget = seconds("--compile-budget", compile_budget)
+    except SweepError as e:
+        _fail(str(e))
+    if device_memory is not None and not (math.isfinite(device_memory) and device_memory > 0):
+        _fail(f"--device-memory: {device_memory:g} GiB must be a finite number > 0")
     out_dir = writable_folder(out_dir or os.path.join("attnlab-out", f"advise-{p.name.replace('/', '--')}"))
     cells = ms.cells()
-    console.print(f"{p.name}: {len(ms.entries)} cell shapes x {len(ms.sweeps[0].backends)} backends "
+    console.print(f"{escape(p.name)}: {len(ms.entries)} cell shapes x {len(ms.sweeps[0].backends)} backends "
                   f"({', '.join(ms.sweeps[0].backends)}) = {len(cells)} cells → {out_dir}/results.jsonl (resumes)",
                   highlight=False, soft_wrap=True)
     opts = Options(repeats=repeats, compile_budget_s=compile_budget, cell_budget_s=cell_budget(cell_budget_s))
@@ -121,9 +129,7 @@ def print_tables(tabs: list[dict], wide: bool = False) -> None:
 
 def _device_memory(gib: float | None) -> tuple[int | None, str | None]:
     """(bytes, where they come from): the flag, else JAX's allocator limit, else unknown."""
-    if gib is not None:
-        if gib <= 0:
-            _fail(f"--device-memory: {gib:g} GiB must be > 0")
+    if gib is not None:     # checked by advise_cmd
         return int(gib * 2**30), "--device-memory"
 
     n = device_bytes_limit()

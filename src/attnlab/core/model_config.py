@@ -120,33 +120,42 @@ def _number(cfg: dict, field: str) -> float | None:
     return float(v)
 
 
+def _layer_types(cfg: dict, layers: int) -> list[str] | None:
+    """The config's ``layer_types``, checked: one of ``SLIDING``/``FULL`` per layer, or None."""
+    types = cfg.get("layer_types")
+    if types is None:
+        return None
+    if not isinstance(types, list) or len(types) != layers:
+        raise ModelConfigError(f"config: layer_types must list one entry per layer ({layers}), got {types!r:.80}")
+    bad = sorted({repr(x) for x in types if x not in (SLIDING, FULL)})
+    if bad:
+        raise ModelConfigError(f"config: layer_types entries {', '.join(bad)} are not {SLIDING} or {FULL}")
+    return types
+
+
 def _window(cfg: dict, layers: int) -> tuple[int | None, str | None]:
     """(window W, which layers) from the config's sliding-window fields."""
     sw = cfg.get("sliding_window")
+    types = _layer_types(cfg, layers)
     if sw is None or cfg.get("use_sliding_window") is False:
-        if cfg.get("layer_types") and any(x == SLIDING for x in cfg["layer_types"]):
-            raise ModelConfigError("config: layer_types has sliding_attention layers but sliding_window is null")
+        if types and SLIDING in types:
+            why = "sliding_window is null" if sw is None else "use_sliding_window is false"
+            raise ModelConfigError(f"config: layer_types has {SLIDING} layers but {why}")
         return None, None
     if isinstance(sw, bool) or not isinstance(sw, int) or sw < 1:
         raise ModelConfigError(f"config: sliding_window = {sw!r} is not a positive integer or null")
-    types = cfg.get("layer_types")
     if types is not None:
-        if not isinstance(types, list) or len(types) != layers:
-            raise ModelConfigError(f"config: layer_types must list one entry per layer ({layers}), got {types!r:.80}")
-        bad = sorted({x for x in types if x not in (SLIDING, FULL)})
-        if bad:
-            raise ModelConfigError(f"config: layer_types entries {bad} are not {SLIDING} or {FULL}")
-        n = sum(x == SLIDING for x in types)
-        return (sw, "all") if n == layers else (None, None) if n == 0 else (sw, f"{n} of {layers} layers")
-    pattern = cfg.get("sliding_window_pattern")
-    if pattern is not None:            # Gemma-3: every pattern-th layer is global
+        n = types.count(SLIDING)
+    elif cfg.get("sliding_window_pattern") is not None:    # Gemma-3: every pattern-th layer is global
+        pattern = cfg["sliding_window_pattern"]
         if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
             raise ModelConfigError(f"config: sliding_window_pattern = {pattern!r} is not a positive integer")
         n = layers - layers // pattern
-        return (sw, "all") if n == layers else (sw, f"{n} of {layers} layers")
-    if cfg.get("model_type") == "gemma2":    # Gemma-2 alternates windowed and global layers
+    elif cfg.get("model_type") == "gemma2":    # Gemma-2 alternates windowed and global layers
         return sw, "every other layer"
-    return sw, "all"
+    else:
+        return sw, "all"
+    return (sw, "all") if n == layers else (None, None) if n == 0 else (sw, f"{n} of {layers} layers")
 
 
 def from_config(cfg: dict, name: str = "config", source: str = "config.json") -> ModelPreset:

@@ -13,7 +13,7 @@ def _with_budget(fn, budget_s):
         return fn()
     job = JaxThread(fn, "attnlab-compile")
     if not job.wait(budget_s):
-        raise Skip(Status.OVER_BUDGET, f"compile ran past its {budget_s:g} s budget; abandoned and skipped")
+        raise Skip(Status.OVER_BUDGET, f"compile ran past its {budget_s:g} s budget (--compile-budget); abandoned and skipped")
     return job.result()
 
 

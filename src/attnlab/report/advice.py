@@ -112,16 +112,28 @@ def kv_bytes_as(elements: int, head_dim: int, itemsize: int) -> int:
     return elements * itemsize + (4 * elements // head_dim if itemsize == 1 else 0)
 
 
-def over_budget_note(cells: list[dict], flag: str = "--cell-budget") -> str | None:
-    """How to run the cells recorded ``over_budget`` (estimated above the cell budget, never run): the
-    ``flag`` with a budget above their largest estimate (seconds); None where there are none."""
-    ests = [x.get("estimate_s") for c in cells for x in c["backends"].values() if x["status"] == "over_budget"]
-    if not ests:
-        return None
-    known = [e for e in ests if e]
-    need = f"{flag} {math.ceil(max(known) * 1.2)}" if known else f"a larger {flag}"
-    return (f"{len(ests)} cell(s) not run: estimated above the cell budget (over_budget); to run them give {need} "
-            f"(seconds a cell may take)")
+def budget_flag(reason: str | None) -> str:
+    """The flag whose budget kept an ``over_budget`` cell from running: ``--compile-budget`` where its compile ran
+    past it (``attnlab.measure.budget``), else ``--cell-budget`` (estimated above it, never compiled)."""
+    return "--compile-budget" if reason and "--compile-budget" in reason else "--cell-budget"
+
+
+def over_budget_notes(cells: list[dict]) -> list[str]:
+    """How to run the cells recorded ``over_budget``, per budget: the ``--cell-budget`` above their largest
+    estimate (seconds), a larger ``--compile-budget`` for those whose compile ran past it."""
+    skipped = [x for c in cells for x in c["backends"].values() if x["status"] == "over_budget"]
+    compiled = [x for x in skipped if budget_flag(x["reason"]) == "--compile-budget"]
+    ests = [x.get("estimate_s") for x in skipped if budget_flag(x["reason"]) == "--cell-budget"]
+    notes = []
+    if ests:
+        known = [e for e in ests if e]
+        need = f"--cell-budget {math.ceil(max(known) * 1.2)}" if known else "a larger --cell-budget"
+        notes.append(f"{len(ests)} cell(s) not run: estimated above the cell budget (over_budget); to run them give "
+                     f"{need} (seconds a cell may take)")
+    if compiled:
+        notes.append(f"{len(compiled)} cell(s) not run: their compile ran past the compile budget (over_budget); to "
+                     f"run them give a larger --compile-budget (seconds a compile may take)")
+    return notes
 
 
 def advise(preset: ModelPreset, entries: list[PlanEntry], records: list[dict], *, batch: int = 1,
@@ -141,9 +153,9 @@ def advise(preset: ModelPreset, entries: list[PlanEntry], records: list[dict], *
                                             "timed); incorrect, unsupported or failed cells are never chosen"]
     if device_bytes is None:
         notes.append("device memory unknown here (JAX gives no memory_stats, e.g. on a CPU; --device-memory GiB sets it): no max batch")
-    budget = over_budget_note(cells)
-    if budget:
-        notes.append(budget)
+    elif preset.weight_bytes(2) is None:
+        notes.append(f"{preset.name}: no parameter count (a config.json gives none), so no weights and no max batch")
+    notes += over_budget_notes(cells)
     mem = memory_rows(preset, contexts, device_bytes)
     if any(m["free_bytes"] is not None and m["free_bytes"] <= 0 for m in mem):
         notes.append(f"{preset.name}: the bf16 weights alone ({preset.weight_bytes(2) / 2**30:.0f} GiB) exceed this "
@@ -170,13 +182,14 @@ def fmt_bytes(n: int | None) -> str:
 
 def _none_text(c: dict) -> str:
     """Why a cell has no fastest correct backend: "none correct" only where a backend ran and failed
-    its check (or could not run); "not run: over budget" where the cell budget kept them all from running."""
+    its check (or could not run); "not run: over budget (FLAG)" where a budget kept them all from running."""
     statuses = {x["status"] for x in c["backends"].values()}
     if "over_budget" not in statuses:
         return "none correct"
+    flags = ", ".join(sorted({budget_flag(x["reason"]) for x in c["backends"].values() if x["status"] == "over_budget"}))
     if statuses <= {"over_budget", "unsupported"}:
-        return "not run: over budget (--cell-budget)"
-    return "none correct of those run; others not run: over budget (--cell-budget)"
+        return f"not run: over budget ({flags})"
+    return f"none correct of those run; others not run: over budget ({flags})"
 
 
 def _best_text(c: dict) -> str:

@@ -27,13 +27,21 @@ CSV_COLUMNS = csv_columns(IDENTITY)
 PREFETCH_CELLS = 8
 
 
-def _compact(path: str) -> list[CellRecord | dict]:
-    """Rewrite the results file through the store (each record validated again) without torn lines or
-    duplicate cells (first record of a cell in a step wins; records of other kinds are kept as they are); the
-    cell records come back typed."""
+def remeasured(rec, opts: Options) -> bool:
+    """Whether a resumed sweep measures a recorded cell again: its verdict came from the options, not the cell
+    (``over_budget``: a budget this run may raise; ``unchecked``: a run with ``--no-check``, where this one checks)."""
+    return rec.get("status") == "over_budget" or (rec.get("status") == "unchecked" and opts.check)
+
+
+def _compact(path: str, opts: Options) -> list[CellRecord | dict]:
+    """Rewrite the results file through the store (each record validated again) without torn lines,
+    duplicate cells (first record of a cell in a step wins) or the cells this run measures again
+    (``remeasured``); records of other kinds are kept as they are. The cell records come back typed."""
     seen, kept = set(), []
     for r in read_records(path):
         if is_cell(r):
+            if remeasured(r, opts):
+                continue
             k = (record_key(r), r.get("step"))
             if k in seen:
                 continue
@@ -65,7 +73,8 @@ def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, overwrite: bo
     ``attnlab.core.record_model.CellRecord``, read as flat records, ``rec["status"]``).
 
     Where ``out_dir`` already holds results, ``resume`` skips the cells recorded there and
-    ``overwrite`` starts afresh; with neither, ``SweepError`` is raised and nothing is touched.
+    ``overwrite`` starts afresh (a cell recorded over_budget, or unchecked where this run checks, is
+    measured again: ``remeasured``); with neither, ``SweepError`` is raised and nothing is touched.
     ``on_cell(cell, record_or_None_if_skipped, index, total)`` is called after each cell,
     ``on_phase(cell, phase)`` when a cell enters a phase (``attnlab.measure.phases.PHASES``).
 
@@ -85,14 +94,14 @@ def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, overwrite: bo
     if n_old and not (resume or overwrite):
         raise SweepError(f"{out_dir} already holds {n_old} result(s) in results.jsonl: give --resume to skip the "
                          f"cells recorded there, or --overwrite to erase them and start afresh")
+    opts = options or Options()
     if resume and os.path.exists(path):
-        done = {record_key(r): r for r in _compact(path)}
+        done = {record_key(r): r for r in _compact(path, opts)}
     elif os.path.exists(path):
         os.remove(path)
     store = ResultStore(path)
     env = envmod.short(envmod.collect())
     cells = sweep.cells()
-    opts = options or Options()
     todo = [c for c in cells if c.key() not in done]
     pending: dict = {}
     if todo and opts.check and not calibration.learnt(device.current()):

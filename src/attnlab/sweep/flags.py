@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 from .spec import SweepError, load_toml
 
@@ -60,17 +61,23 @@ def _toml_text(value) -> str:
     return json.dumps(value) if not isinstance(value, str) else f'"{value}"'
 
 
+def seconds(name: str, value, *, zero: bool = False) -> float:
+    """``value`` as seconds: a finite number > 0 (>= 0 with ``zero``), else ``SweepError`` naming ``name``."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and \
+        (value >= 0 if zero else value > 0)
+    if not ok:
+        raise SweepError(f"{name}: {value!r} must be a finite number of seconds {'>= 0' if zero else '> 0'}")
+    return float(value)
+
+
 def run_options(run_opts: dict, *, repeats=None, compile_budget=None, min_time=None) -> tuple:
     """(repeats, compile budget s, min time s): a flag, else the file's [run] value, else the default; checked."""
     reps = repeats if repeats is not None else run_opts.get("repeats")
     if reps is not None and (not isinstance(reps, int) or reps < 1):
         raise SweepError(f"repeats: {reps!r} is not a positive integer")
-    budget = compile_budget if compile_budget is not None else run_opts.get("compile_budget", 300.0)
-    if budget is not None and budget <= 0:
-        raise SweepError(f"compile budget: {budget!r} must be > 0 seconds")
-    mt = min_time if min_time is not None else run_opts.get("min_time", 0.1)
-    if isinstance(mt, bool) or not isinstance(mt, (int, float)) or mt < 0:
-        raise SweepError(f"min time: {mt!r} must be >= 0 seconds")
+    budget = seconds("compile budget", compile_budget if compile_budget is not None
+                     else run_opts.get("compile_budget", 300.0))
+    mt = seconds("min time", min_time if min_time is not None else run_opts.get("min_time", 0.1), zero=True)
     return reps, budget, mt
 
 
