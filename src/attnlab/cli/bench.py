@@ -18,7 +18,7 @@ from ..core.names import canonical_dtype
 from ..measure import Options
 from .. import sweep as sweeps  # run_sweep through the package: tests replace it there
 from ..sweep import SweepError, build, compare, load
-from ..sweep.compare import CompareError, counts
+from ..sweep.compare import CompareError, counts, nothing_compared
 from ..sweep.engine import SweepInterrupted, existing_records
 from ..sweep.flags import check_contradictions, flag_name, merge, run_options, warmup_of
 from ..sweep.model_cells import check_model_flags, model_sweep
@@ -235,8 +235,9 @@ def compare_cmd(a, b, threshold, wide):
 
     A cell is SLOWER only when B's median and B's fastest call are both more than the threshold
     above A's median and the two runs' [min, p75] spreads do not overlap; a cell ok in A and
-    failing in B counts too. Exit 0: no regression; 1: a regression; 2: nothing comparable
-    (unreadable file, no cell records, no cell in common).
+    failing in B counts too; a cell timed in both (ok or unchecked) is judged by its times. Exit 0: no
+    regression; 1: a regression; 2: nothing comparable (unreadable file, no cell records, no cell in
+    common, or no common cell could be compared).
     """
     if threshold < 0:
         _fail(f"threshold: {threshold:g} must be >= 0 percent")
@@ -249,6 +250,8 @@ def compare_cmd(a, b, threshold, wide):
     n = counts(rows)
     for line in packed([f"{k}: {v}" for k, v in n.items()], console.width):
         console.print(line, highlight=False, soft_wrap=True)
+    if why := nothing_compared(rows):
+        _fail(why)
     if regressed:
         console.print(f"[red]regression: {n['slower']} cell(s) slower beyond {threshold:g}% and their spreads, "
                       f"{n['failed']} failed in B[/]")
