@@ -295,6 +295,15 @@ def test_compare_ok_against_unchecked_compares_the_times(tmp_path, b, verdict):
     r = CliRunner().invoke(main, ["compare", str(pa), str(pb)])
     assert r.exit_code == (1 if verdict == "slower" else 0) and "unchecked" in r.output, r.output
 
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1"])
+def test_compare_threshold_must_be_finite_and_not_negative(tmp_path, value):
+    """nan or inf would turn regression detection off (every comparison with nan is False)."""
+    a = tmp_path / "a.jsonl"
+    _write(a, [_timed(1.0, 0.98, 1.01)])
+    r = CliRunner().invoke(main, ["compare", str(a), str(a), "--threshold", value])
+    assert r.exit_code == 2 and "--threshold" in r.output and "finite" in r.output, r.output
+
 def test_compare_real_back_to_back_cpu_runs_are_not_slower(tmp_path):
     """Two identical tiny CPU sweeps, one after the other: wall clock is noisy, none is SLOWER.
 

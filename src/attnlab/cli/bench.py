@@ -3,6 +3,7 @@
 The flags and a sweep.toml are merged by ``attnlab.sweep.flags``."""
 from __future__ import annotations
 
+import math
 import shlex
 import sys
 
@@ -228,7 +229,7 @@ def scaling(results):
 @main.command("compare")
 @click.argument("a", type=click.Path(exists=True))
 @click.argument("b", type=click.Path(exists=True))
-@click.option("--threshold", type=float, default=5.0, show_default=True, help="Percent slower that counts as a regression.")
+@click.option("--threshold", type=float, default=5.0, show_default=True, help="Percent slower that counts as a regression (a finite number >= 0).")
 @wide_option
 def compare_cmd(a, b, threshold, wide):
     """Per-cell time ratios B/A of two bench or run folders (or results.jsonl files).
@@ -239,8 +240,8 @@ def compare_cmd(a, b, threshold, wide):
     regression; 1: a regression; 2: nothing comparable (unreadable file, no cell records, no cell in
     common, or no common cell could be compared).
     """
-    if threshold < 0:
-        _fail(f"threshold: {threshold:g} must be >= 0 percent")
+    if not math.isfinite(threshold) or threshold < 0:
+        _fail(f"--threshold: {threshold:g} must be a finite number >= 0 (percent)")
     try:
         rows, regressed = compare(load(a), load(b), threshold)
     except (OSError, ValueError) as e:   # CompareError and RecordError are ValueErrors
