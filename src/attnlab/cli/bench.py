@@ -229,7 +229,8 @@ def scaling(results):
 @main.command("compare")
 @click.argument("a", type=click.Path(exists=True))
 @click.argument("b", type=click.Path(exists=True))
-@click.option("--threshold", type=float, default=5.0, show_default=True, help="Percent slower that counts as a regression (a finite number >= 0).")
+@click.option("--threshold", type=float, default=5.0, show_default=True,
+              help="Percent slower that counts as a regression (a finite number >= 0).")
 @wide_option
 def compare_cmd(a, b, threshold, wide):
     """Per-cell time ratios B/A of two bench or run folders (or results.jsonl files).
