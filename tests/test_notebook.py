@@ -33,6 +33,19 @@ def test_helpers_escape_and_print():
     assert len(fig.axes[0].lines) == 1
 
 
+def test_show_table_reads_cell_records():
+    """measure_cell returns a CellRecord (a Mapping, not a dict): the table shows its values, not its field names."""
+    from attnlab.core.record_model import CellRecord
+
+    rec = CellRecord.from_flat({"backend": "naive", "batch": 1, "q_len": 4, "kv_len": 4, "heads": 1, "kv_heads": 1,
+                                "head_dim": 8, "dtype": "float32", "causal": False, "mode": "fwd", "status": "ok",
+                                "reason": None, "schema": 2, "timer": "wall", "wall_ms": 1.5, "kernel_ms": None,
+                                "rel_err": 0.0, "checked_fraction": 1.0, "tolerance": "f32", "checks": {"ref": "ok"}})
+    t = notebook.show_table([rec], columns=["backend", "status", "wall_ms", "kernel_ms"])
+    assert t.rows == [["naive", "ok", "1.5", ""]]
+    assert notebook.show_table([rec]).rows[0][notebook.show_table([rec]).columns.index("backend")] == "naive"
+
+
 def _outputs_text(nb) -> str:
     parts = []
     for c in nb.cells:

@@ -45,3 +45,16 @@ def test_tables_skip_sweeps_the_records_lack():
     texts = peers_table.tables([_rec("cudnn", pct_peak=10.0)])
     assert len(texts) == 5 and texts[0].startswith("**Forward bf16") and "| 100 (10%) |" in texts[0]
     assert texts[1:] == ["", "", "", ""]
+
+
+def test_cells_without_a_peak_or_kernel_time_show_a_dash():
+    """CPU or wall-clock records: no pct_peak, no kernel_ms; the cell shows "–", not a TypeError."""
+    assert peers_table.tflops_cell(_rec("xla", timer="wall", pct_peak=None)) == "100 (–)"
+    assert peers_table.tflops_cell(_rec("xla", pct_peak=25.0)) == "100 (25%)"
+    assert peers_table.gbps_cell({"gbps": 900.0, "kernel_ms": None}) == "900 GB/s (–)"
+    assert peers_table.gbps_cell({"gbps": 900.0, "kernel_ms": 0.25}) == "900 GB/s (0.250 ms)"
+    fp8 = {"kernel_ms": None, "tflops": 50.0, "pct_peak": None, "peak_dtype": "fp8", "rel_err": 0.01}
+    assert peers_table.fp8_cell(fp8) == "–, 50 TF/s (– of fp8), err 1.00%"
+    assert peers_table.fp8_cell({**fp8, "kernel_ms": 2.0, "pct_peak": 5.0}) == "2.000 ms, 50 TF/s (5% of fp8), err 1.00%"
+    text = peers_table.tables([_rec("xla", timer="wall", pct_peak=None)])[0]
+    assert "| 100 (–)† |" in text

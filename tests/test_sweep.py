@@ -262,6 +262,48 @@ def test_compare_nothing_in_common_is_exit_2(tmp_path):
     assert r.exit_code == 2 and "no cell in common" in r.output
 
 
+
+def test_compare_nothing_comparable_is_exit_2(tmp_path):
+    """Cells in common but none comparable (timers differ, or not timed on either side): exit 2, not a pass."""
+    a, b, c = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "c.jsonl"
+    _write(a, [_timed(1.0, 0.9, 1.1), _rec(1.0, "naive", status="oom")])
+    _write(b, [dict(_timed(1.0, 0.9, 1.1), timer="wall"), _rec(1.0, "naive", status="oom")])
+    _write(c, [_timed(1.0, 0.9, 1.1), _rec(1.0, "naive", status="oom")])
+    r = CliRunner().invoke(main, ["compare", str(a), str(b)])
+    assert r.exit_code == 2 and "nothing comparable" in r.output and "not comparable: 2" in r.output, r.output
+    assert CliRunner().invoke(main, ["compare", str(a), str(c)]).exit_code == 0   # one cell judged is enough
+
+
+def _unchecked(ms, lo, p75, **extra):
+    r = _timed(ms, lo, p75, **extra)
+    r.update(status="unchecked")
+    return r
+
+
+@pytest.mark.parametrize("b,verdict", [((1.0, 0.9, 1.1), "same"), ((0.5, 0.49, 0.51), "faster"),
+                                       ((1.3, 1.28, 1.32), "slower")])
+def test_compare_ok_against_unchecked_compares_the_times(tmp_path, b, verdict):
+    """B ran with --no-check: its cells are unchecked but timed by the same timer, so they are judged."""
+    rows, regressed = compare([_timed(1.0, 0.98, 1.01)], [_unchecked(*b)], 5.0)
+    assert rows[0].verdict == verdict and rows[0].ratio == pytest.approx(b[0]) and regressed == (verdict == "slower")
+    assert "status A=ok B=unchecked" in rows[0].note
+    rows, _ = compare([_unchecked(*b)], [_unchecked(*b)], 5.0)
+    assert rows[0].verdict == "same" and rows[0].note == ""
+    pa, pb = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    _write(pa, [_timed(1.0, 0.98, 1.01)])
+    _write(pb, [_unchecked(*b)])
+    r = CliRunner().invoke(main, ["compare", str(pa), str(pb)])
+    assert r.exit_code == (1 if verdict == "slower" else 0) and "unchecked" in r.output, r.output
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1"])
+def test_compare_threshold_must_be_finite_and_not_negative(tmp_path, value):
+    """nan or inf would turn regression detection off (every comparison with nan is False)."""
+    a = tmp_path / "a.jsonl"
+    _write(a, [_timed(1.0, 0.98, 1.01)])
+    r = CliRunner().invoke(main, ["compare", str(a), str(a), "--threshold", value])
+    assert r.exit_code == 2 and "--threshold" in r.output and "finite" in r.output, r.output
+
 def test_compare_real_back_to_back_cpu_runs_are_not_slower(tmp_path):
     """Two identical tiny CPU sweeps, one after the other: wall clock is noisy, none is SLOWER.
 

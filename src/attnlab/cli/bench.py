@@ -3,6 +3,7 @@
 The flags and a sweep.toml are merged by ``attnlab.sweep.flags``."""
 from __future__ import annotations
 
+import math
 import shlex
 import sys
 
@@ -18,7 +19,7 @@ from ..core.names import canonical_dtype
 from ..measure import Options
 from .. import sweep as sweeps  # run_sweep through the package: tests replace it there
 from ..sweep import SweepError, build, compare, load
-from ..sweep.compare import CompareError, counts
+from ..sweep.compare import CompareError, counts, nothing_compared
 from ..sweep.engine import SweepInterrupted, existing_records
 from ..sweep.flags import check_contradictions, flag_name, merge, run_options, warmup_of
 from ..sweep.model_cells import check_model_flags, model_sweep
@@ -228,18 +229,20 @@ def scaling(results):
 @main.command("compare")
 @click.argument("a", type=click.Path(exists=True))
 @click.argument("b", type=click.Path(exists=True))
-@click.option("--threshold", type=float, default=5.0, show_default=True, help="Percent slower that counts as a regression.")
+@click.option("--threshold", type=float, default=5.0, show_default=True,
+              help="Percent slower that counts as a regression (a finite number >= 0).")
 @wide_option
 def compare_cmd(a, b, threshold, wide):
     """Per-cell time ratios B/A of two bench or run folders (or results.jsonl files).
 
     A cell is SLOWER only when B's median and B's fastest call are both more than the threshold
     above A's median and the two runs' [min, p75] spreads do not overlap; a cell ok in A and
-    failing in B counts too. Exit 0: no regression; 1: a regression; 2: nothing comparable
-    (unreadable file, no cell records, no cell in common).
+    failing in B counts too; a cell timed in both (ok or unchecked) is judged by its times. Exit 0: no
+    regression; 1: a regression; 2: nothing comparable (unreadable file, no cell records, no cell in
+    common, or no common cell could be compared).
     """
-    if threshold < 0:
-        _fail(f"threshold: {threshold:g} must be >= 0 percent")
+    if not math.isfinite(threshold) or threshold < 0:
+        _fail(f"--threshold: {threshold:g} must be a finite number >= 0 (percent)")
     try:
         rows, regressed = compare(load(a), load(b), threshold)
     except (OSError, ValueError) as e:   # CompareError and RecordError are ValueErrors
@@ -249,6 +252,8 @@ def compare_cmd(a, b, threshold, wide):
     n = counts(rows)
     for line in packed([f"{k}: {v}" for k, v in n.items()], console.width):
         console.print(line, highlight=False, soft_wrap=True)
+    if why := nothing_compared(rows):
+        _fail(why)
     if regressed:
         console.print(f"[red]regression: {n['slower']} cell(s) slower beyond {threshold:g}% and their spreads, "
                       f"{n['failed']} failed in B[/]")

@@ -5,6 +5,7 @@ that prints sensibly in a terminal too.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Iterable, Sequence
 
 import jinja2
@@ -47,9 +48,9 @@ def _cell(v) -> str:
 
 
 def show_table(data, columns: Sequence[str] | None = None, title: str | None = None) -> HtmlTable:
-    """A table from a list of dicts (records; ``columns`` picks fields) or of rows (with ``columns``)."""
+    """A table from a list of mappings (dicts, ``CellRecord``s; ``columns`` picks fields) or of rows (with ``columns``)."""
     data = list(data)
-    if data and isinstance(data[0], dict):
+    if data and isinstance(data[0], Mapping):
         columns = list(columns or data[0].keys())
         rows = [[d.get(c) for c in columns] for d in data]
     else:

@@ -64,22 +64,29 @@ def footnotes(rs, keyf):
     return notes
 
 
+def _num(v, spec: str, unit: str = "") -> str:
+    """``v`` formatted with ``spec`` and ``unit``, or "–" when the record lacks it (no peak known, no kernel time:
+    a CPU or wall-clock record)."""
+    return "–" if v is None else f"{v:{spec}}{unit}"
+
+
 def tflops_cell(r) -> str:
-    """'TFLOP/s (% of peak)' of an ok record."""
-    return f"{r['tflops']:.0f} ({r['pct_peak']:.0f}%)"
+    """'TFLOP/s (% of peak)' of an ok record ("–" for a number the record lacks)."""
+    return f"{_num(r.get('tflops'), '.0f')} ({_num(r.get('pct_peak'), '.0f', '%')})"
 
 
 def gbps_cell(r) -> str:
-    """'GB/s (kernel ms)' of an ok decode record."""
-    return f"{r['gbps']:.0f} GB/s ({r['kernel_ms']:.3f} ms)"
+    """'GB/s (kernel ms)' of an ok decode record ("–" for a number the record lacks)."""
+    return f"{_num(r.get('gbps'), '.0f', ' GB/s')} ({_num(r.get('kernel_ms'), '.3f', ' ms')})"
 
 
 def fp8_cell(r) -> str:
     """Kernel ms, TFLOP/s (% of the peak of the dtype it computes in), rel L2 and, if known, FP8 in program."""
     facts = r.get("facts") or {}
     note = "" if "fp8_in_program" not in facts else f", FP8 in program: {'yes' if facts['fp8_in_program'] else 'no'}"
-    return f"{r['kernel_ms']:.3f} ms, {r['tflops']:.0f} TF/s ({r['pct_peak']:.0f}% of {r.get('peak_dtype', '?')}), " \
-           f"err {100 * r['rel_err']:.2f}%{note}"
+    err = None if r.get("rel_err") is None else 100 * r["rel_err"]
+    return f"{_num(r.get('kernel_ms'), '.3f', ' ms')}, {_num(r.get('tflops'), '.0f', ' TF/s')} " \
+           f"({_num(r.get('pct_peak'), '.0f', '%')} of {r.get('peak_dtype', '?')}), err {_num(err, '.2f', '%')}{note}"
 
 
 def shape_label(r) -> str:

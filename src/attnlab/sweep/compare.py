@@ -13,8 +13,11 @@ clock (CUPTI kernel time where measured, else wall clock) with the spread of its
    (``B.min > A.p75``).
 
 **Faster** is the same rule with A and B swapped; everything else is **same**. A cell that was ok
-in A and is not ok in B (incorrect, oom, ...) counts as a regression too ("failed"). Cells only in
-one file are counted and listed, never judged. No cell in common is an error, not a pass.
+in A and is not ok in B (incorrect, oom, ...) counts as a regression too ("failed"). A cell timed on both
+sides (ok or unchecked, the same timer) is judged by its times even when its status differs (ok in A,
+unchecked in B: B ran with --no-check); the note says the difference. Cells only in one file are counted
+and listed, never judged. No cell in common is an error, not a pass; so is no common cell comparable
+(``nothing_compared``).
 """
 from __future__ import annotations
 
@@ -104,18 +107,29 @@ def compare(a: list[dict], b: list[dict], threshold_pct: float = 5.0) -> tuple[l
         if ra is None or rb is None:
             row.verdict = row.note = "only in " + ("B" if ra is None else "A")
             continue
-        if ra.get("status") != rb.get("status") or ta is None or tb is None:
-            row.note = f"status A={ra.get('status')} B={rb.get('status')}"
+        status = f"status A={ra.get('status')} B={rb.get('status')}"
+        if ta is None or tb is None:
+            row.note = status
             row.verdict = "failed" if ta is not None and tb is None else "not comparable"
             continue
         if ra.get("timer") != rb.get("timer"):
             row.verdict, row.note = "not comparable", f"timers differ: A {ra.get('timer')}, B {rb.get('timer')}"
             continue
-        row.ratio = tb["median"] / ta["median"]
+        row.ratio = tb["median"] / ta["median"]   # both timed (ok or unchecked) by the same timer
         row.verdict = _judge(ta, tb, threshold_pct)
-        row.note = {"slower": "SLOWER", "faster": "faster", "same": ""}[row.verdict]
+        row.note = "; ".join(x for x in ({"slower": "SLOWER", "faster": "faster", "same": ""}[row.verdict],
+                                         status if ra.get("status") != rb.get("status") else "") if x)
     regressed = any(r.verdict in ("slower", "failed") for r in rows)
     return rows, regressed
+
+
+def nothing_compared(rows: list[Row]) -> str | None:
+    """Why no cell was compared (every common cell "not comparable"), or None when at least one was judged."""
+    common = [r for r in rows if not r.verdict.startswith("only in")]
+    if any(r.verdict != "not comparable" for r in common):
+        return None
+    return (f"nothing comparable: none of the {len(common)} cell(s) in common could be compared "
+            f"(first: {common[0].backend} {common[0].label}: {common[0].note})" if common else "no cell in common")
 
 
 def counts(rows: list[Row]) -> dict[str, int]:
