@@ -108,11 +108,20 @@ def _make_forward_mutant(name, corrupt):
     return type(name, (backends.Backend,), {"name": name, "run": lambda self, p: corrupt(p, naive.run(p))})()
 
 
-def _make_dk_mutant(name):
-    """Forward right; the key gradient 10% too large."""
+def _dk_too_large(dq, dk, dv):
+    return dq, (dk * 1.1).astype(dk.dtype), dv
+
+
+def _dq_row_short(dq, dk, dv):
+    """One query row of dq 20% short: under the whole tensor's rel L2 limit in bf16, not under the row rule."""
+    return dq.at[1, 100].multiply(0.8), dk, dv
+
+
+def _make_grad_mutant(name, wrong=_dk_too_large):
+    """Forward right; the gradients made ``wrong``."""
     naive = backends.get("naive")
 
-    class DkMutant(backends.Backend):
+    class GradMutant(backends.Backend):
         def run(self, p):
             @jax.custom_vjp
             def f(q, k, v):
@@ -123,13 +132,12 @@ def _make_dk_mutant(name):
                 return out, vjp
 
             def f_bwd(vjp, ct):
-                dq, dk, dv = vjp(ct)
-                return dq, (dk * 1.1).astype(dk.dtype), dv
+                return wrong(*vjp(ct))
 
             f.defvjp(f_fwd, f_bwd)
             return f(p.query, p.key, p.value)
 
-    b = DkMutant()
+    b = GradMutant()
     b.name = name
     return b
 
@@ -158,10 +166,10 @@ MUTANT_SHAPE = dict(batch=4, q_len=256, kv_len=256, heads=4, kv_heads=2, head_di
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("mutant", ["row", "tile", "dk"])
+@pytest.mark.parametrize("mutant", ["row", "tile", "dk", "dq-row"])
 def test_mutants_are_incorrect_and_never_timed(registered, dtype, mutant):
-    if mutant == "dk":
-        name = registered(_make_dk_mutant(f"mutant-dk-{dtype}"))
+    if mutant in ("dk", "dq-row"):
+        name = registered(_make_grad_mutant(f"mutant-{mutant}-{dtype}", {"dk": _dk_too_large, "dq-row": _dq_row_short}[mutant]))
         mode = "fwd+bwd"
     else:
         name = registered(_make_forward_mutant(f"mutant-{mutant}-{dtype}", {"row": _corrupt_row, "tile": _corrupt_tile}[mutant]))
@@ -172,6 +180,11 @@ def test_mutants_are_incorrect_and_never_timed(registered, dtype, mutant):
     if mutant == "dk":
         assert r["grad_checks"]["dk"]["ok"] is False and r["grad_checks"]["dq"]["ok"] and r["grad_checks"]["dv"]["ok"]
         assert "dk" in r["reason"]
+    elif mutant == "dq-row":
+        dq = r["grad_checks"]["dq"]
+        assert not dq["ok"] and dq["row_err"] > dq["row_limit"] and "dq" in r["reason"], r["reason"]
+        if dtype == "bfloat16":
+            assert dq["rel_err"] <= dq["limit"]     # the whole tensor's norm averages the row away; its row does not
     else:
         assert r["checks"]["float32_device"]["ok"] is False and "whole output" in r["reason"]
     validate(r)

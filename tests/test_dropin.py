@@ -246,3 +246,25 @@ def test_one_query_one_key_bfloat16_runs_under_jit():
     out = f(q, k, v)
     assert out.dtype == jnp.bfloat16 and attnlab.check_close(out, q, k, v).ok
     assert jax.jit(jax.grad(lambda q: f(q, k, v).astype(jnp.float32).sum()))(q).dtype == jnp.bfloat16
+
+
+def test_a_scalar_integer_or_list_bias_and_a_list_mask_run_as_in_jax_nn():
+    """jax.nn takes bias and mask through jnp.asarray: a Python scalar, a nested list, an integer bias."""
+    q, k, v = (jax.random.normal(jax.random.key(i), (1, 4, 2, 8)) for i in range(3))
+    mask = [[[[True, False, True, True]] * 4]]                       # (1, 1, 4, 4) as nested lists
+    for bias in (0.5, jnp.arange(4, dtype=jnp.int32).reshape(1, 1, 1, 4), [[1.0, 0.0, 2.0, 0.5]]):
+        want = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask)
+        got = attnlab.attention(q, k, v, bias=bias, mask=mask, implementation="xla")
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_scale_that_is_not_a_scalar_is_refused_by_name():
+    """A vector scale of length S broadcast over the keys without a word under jit."""
+    q = jnp.ones((2, 8, 4, 16))
+    for scale in (np.array([0.5, 0.5]), jnp.full((8,), 0.25)):
+        with pytest.raises(ValueError, match=r"scale must be a scalar, got shape \((2|8),\)"):
+            attnlab.attention(q, q, q, scale=scale)
+    with pytest.raises(ValueError, match=r"scale must be a scalar, got shape \(8,\)"):
+        jax.jit(lambda s: attnlab.attention(q, q, q, scale=s))(jnp.full((8,), 0.25))
+    assert jnp.allclose(jax.jit(lambda s: attnlab.attention(q, q, q, scale=s))(jnp.float32(0.25)),
+                        attnlab.attention(q, q, q, scale=0.25))

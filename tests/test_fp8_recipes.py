@@ -49,6 +49,15 @@ def test_the_cheap_rotations_keep_q_dot_k_up_to_the_exact_gain():
     assert np.max(np.abs(sr - s)) / np.max(np.abs(s)) < 1e-5
 
 
+def test_the_cheap_rotation_of_float16_does_not_overflow():
+    """Rows along one Hadamard column reach sqrt(H) ||x|| = 6.8e4 after the +-1 rotation: past float16's 65504."""
+    S = fp8_recipe.sign_matrix(128)
+    q = jnp.asarray(np.tile(600 * S[:, 0] / np.abs(S[:, 0]) * 0.94, (1, 4, 1, 1)), jnp.float16)   # (1, 4, 1, 128)
+    q8, k8, sq, sk, gain = fp8_recipe.quantised_qk(RECIPES["hadamard"], q, q)
+    assert all(bool(jnp.all(jnp.isfinite(x.astype(jnp.float32)))) for x in (q8, k8, sq, sk)) and gain == 128.0
+    assert float(jnp.max(jnp.abs(q8.astype(jnp.float32) / sq))) == pytest.approx(128 * 600 * 0.94, rel=0.07)
+
+
 @pytest.mark.parametrize("dist", ["gaussian", "outliers", "channel-outliers", "shifted-keys"])
 def test_the_norm_bound_scale_never_saturates_and_stays_within_sqrt_h_of_amax(dist):
     q, _, _ = make_qkv(dist, 1, 64, 64, 2, 2, 128, seed=5)

@@ -217,7 +217,9 @@ def quantised_qk(recipe: Fp8Recipe, q, k):
         R = hadamard_matrix(q.shape[-1])
         q, k = rotate(q, R), rotate(k, R)
     elif recipe.hadamard and recipe.rotation == "bf16":
-        q, k, gain = rotate_unnormalised(q, dtype), rotate_unnormalised(k, dtype), float(q.shape[-1])
+        # the product in the input dtype, but float16's: an entry of x @ S reaches sqrt(H) ||x||, past 65504
+        out = jnp.float32 if dtype == jnp.float16 else dtype
+        q, k, gain = rotate_unnormalised(q, dtype, out), rotate_unnormalised(k, dtype, out), float(q.shape[-1])
     elif recipe.hadamard:   # fused: scale from the unrotated rows, quantised from the float32 product
         sq, sk = norm_bound_scale(q), norm_bound_scale(k)
         q8 = quantise(rotate_unnormalised(q, dtype, jnp.float32), sq)

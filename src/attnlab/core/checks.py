@@ -81,13 +81,18 @@ def to_rank(x, ndim: int):
 
 def broadcast_operand(name: str, x, target: tuple[int, int, int, int]):
     """A bias (floating) or mask (bool, True = attend) broadcastable to (B, N, T, S) ``target``, as 4-D
-    (``to_rank``); None passes. ``name``: "bias" or "mask", which also says the dtype rule."""
+    (``to_rank``); None passes. ``name``: "bias" or "mask", which also says the dtype rule. As in jax.nn, a Python
+    scalar or nested list is taken as an array, and an integer (or bool) bias is added as float32."""
     if x is None:
         return None
+    if not hasattr(x, "dtype") and isinstance(x, (numbers.Real, list, tuple)):
+        x = np.asarray(x)
     shape = _shape(name, x)
     dtype = np.dtype(x.dtype)
     if name == "mask" and dtype != np.dtype(bool):
         raise TypeError(f"mask must be bool (True = attend), got {dtype.name}; pass additive masks as bias")
+    if name != "mask" and dtype.kind in "biu":
+        x, dtype = x.astype(np.float32), np.dtype(np.float32)
     if name != "mask" and dtype.name not in FLOAT_DTYPES:
         raise TypeError(f"{name} must have a floating dtype, got {dtype.name}")
     if len(shape) > 4:
@@ -167,6 +172,8 @@ def check_scale(scale):
         return None
     if isinstance(scale, bool) or not (isinstance(scale, numbers.Real) or hasattr(scale, "dtype")):
         raise TypeError(f"scale must be a finite float or None, got {scale!r}")
+    if getattr(scale, "shape", ()) != ():
+        raise ValueError(f"scale must be a scalar, got shape {tuple(scale.shape)}")
     if _is_tracer(scale):
         return scale
     s = float(scale)

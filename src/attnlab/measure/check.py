@@ -6,8 +6,7 @@ the device, and sampled rows against NumPy float64, references shared by every b
 same inputs (``ref_key``) and the seconds of those a cell made in its ``check_parts_s``; a serving step's sampled
 requests against float64 (``attnlab.reference.serving64.serving_errors``). A quantized KV cache's check:
 ``kv_cells.check_output``. The policy (``attnlab.reference.tolerance.policy_limit``; in words, once:
-docs/measuring.md "Tolerance policy") applies to each error: relative L2 over the whole tensor and, for outputs,
-the worst row's. Backends that compute in float8 set their own fixed limit.
+docs/measuring.md "Tolerance policy") applies to each error: relative L2 over the whole tensor and the worst row's. Backends that compute in float8 set their own fixed limit.
 
 ``check_into`` checks every cell's run into its record, before it is timed: its output's dtype
 (``output_dtype``), then by the check of its kind (the whole output then its gradients; a quantized cache's; a
@@ -27,7 +26,7 @@ from ..core import request_lengths as rl
 from ..core.errors import OutputMismatchError
 from ..reference.output_errors import Semantics, grad_errors, output_errors
 from ..reference.serving64 import serving_errors
-from ..reference.tolerance import errors_text, policy_limit, policy_verdict, rule_text
+from ..reference.tolerance import errors_text, policy_verdict, rule_text
 from . import kv_cells, serving_cell
 from .outcome import Skip, Status, classify, judged
 
@@ -63,18 +62,17 @@ def _why(dev, f64) -> str:
 
 
 def check_grads(grads, q, k, v, cotangent, sem: Semantics, *, ref_key: str) -> dict:
-    """Record fields for (dq, dk, dv) of sum(out * cotangent), all of each tensor checked (``grad_errors``).
+    """Record fields for (dq, dk, dv) of sum(out * cotangent), all of each tensor checked (``grad_errors``) by the
+    output's policy: rel L2 and worst row each within the emulation's (``policy_verdict``).
 
     ``cotangent`` is the cotangent the backend's output received (in the output's dtype)."""
-    dtype, per = np.dtype(q.dtype).name, {}
-    for name, (err, base) in grad_errors(grads, q, k, v, cotangent, sem, ref_key).items():
-        limit = policy_limit(dtype, base)
-        per[name] = {"rel_err": err, "limit": limit, "baseline": base, "ok": bool(err <= limit)}
+    dtype = np.dtype(q.dtype).name
+    per = {name: policy_verdict(*errs, dtype, None)
+           for name, errs in grad_errors(grads, q, k, v, cotangent, sem, ref_key).items()}
     ok = all(p["ok"] for p in per.values())
-    bad = [f"{n} rel L2 {p['rel_err']:.3g} > {p['limit']:.3g}" for n, p in per.items() if not p["ok"]]
+    bad = [f"{n} {errors_text(p)}" for n, p in per.items() if not p["ok"]]
     return {"grad_check": "ok" if ok else "incorrect", "grad_rel_err": max(p["rel_err"] for p in per.values()),
-            "grad_checked_fraction": 1.0, "grad_checks": per,
-            "grad_margin": min(p["limit"] / p["rel_err"] if p["rel_err"] > 0 else math.inf for p in per.values()),
+            "grad_checked_fraction": 1.0, "grad_checks": per, "grad_margin": min(p["margin"] for p in per.values()),
             "grad_reason": None if ok else "gradient wrong: " + "; ".join(bad)}
 
 

@@ -9,8 +9,8 @@ is judged by the same program as the output (its errors are the policy's baselin
   row that sees no key is compared with the nearer of 0 (the blockwise reference's value there) and jax.nn's
   value, the mean of V over all S keys per key/value head.
 - ``grad_references(q, k, v, cotangent, **rules)`` -> ((dq, dk, dv), their emulations, empty).
-- ``judge_grads(dq, dk, dv, *refs, cotangent, empty)`` -> (3,) rel L2 errors of dq, dk, dv; dv against the nearer of
-  the 0 convention's and jax.nn's (a row that sees no key weighs every key 1/S; dq and dk are the same under both).
+- ``judge_grads(dq, dk, dv, *refs, cotangent, empty)`` -> (3, 2) (rel L2, worst row) errors of dq, dk, dv (rows:
+  (b, t) of dq, (b, s) of dk and dv); dv against the nearer of the 0 convention's and jax.nn's (a row that sees no key weighs every key 1/S; dq and dk are the same under both).
 - ``batch_rows(x, idx)``: the sampled batch elements of K or V for the float64 rows.
 - ``check_compiles(q, k, v, ...)``: those a check of these shapes runs, for ``compiled.precompile``.
 """
@@ -73,14 +73,15 @@ def judge_output(out, ref, v, empty):
 
 @jax.jit
 def judge_grads(dq, dk, dv, ref_dq, ref_dk, ref_dv, cotangent, empty):
-    """(3,) rel L2 errors of dq, dk, dv against the 0 convention's; dv's the smaller of that and its error
-    against jax.nn's dv, where each key gains 1/S of the cotangent (B, T, N, H) of the rows that see no key,
-    summed over the query heads of its key/value head."""
+    """(3, 2) (rel L2, worst row) errors of dq, dk, dv against the 0 convention's; dv's those against whichever of
+    that and jax.nn's dv is nearer in rel L2 (jax.nn: each key gains 1/S of the cotangent (B, T, N, H) of the rows
+    that see no key, summed over the query heads of its key/value head)."""
     B, S, K, H = dv.shape
     add = jnp.sum(jnp.where(empty[:, :, None, None], cotangent.astype(jnp.float32), 0.0), axis=1)      # (B, N, H)
     dv_jax_nn = ref_dv + (jnp.sum(add.reshape(B, K, -1, H), axis=2) / S)[:, None].astype(ref_dv.dtype)
-    dv_err = jnp.minimum(errors(dv, ref_dv)[0], errors(dv, dv_jax_nn)[0])
-    return jnp.stack([errors(dq, ref_dq)[0], errors(dk, ref_dk)[0], dv_err])
+    zero, nn = (jnp.stack(errors(dv, r)[:2]) for r in (ref_dv, dv_jax_nn))
+    return jnp.stack([jnp.stack(errors(dq, ref_dq)[:2]), jnp.stack(errors(dk, ref_dk)[:2]),
+                      jnp.where(zero[0] <= nn[0], zero, nn)])
 
 
 @jax.jit

@@ -152,7 +152,7 @@ def output_errors(out, q, k, v, sem: Semantics, key: str) -> dict:
 
 
 def grad_errors(grads, q, k, v, cotangent, sem: Semantics, key: str) -> dict:
-    """{"dq"|"dk"|"dv": (rel L2 error of the whole gradient, the emulation's)} of (dq, dk, dv) of sum(out *
+    """{"dq"|"dk"|"dv": (rel L2, worst row, the emulation's rel L2, its worst row)} of (dq, dk, dv) of sum(out *
     cotangent) against the float32 reference's; a row that sees no key may follow either convention (``rules``).
     ``OutputMismatchError`` unless ``grads`` is three arrays shaped and typed as q, k and v."""
     dkw = sem.device_kwargs(q.shape[1])
@@ -165,4 +165,4 @@ def grad_errors(grads, q, k, v, cotangent, sem: Semantics, key: str) -> dict:
 
     refs, bases, empty = computed_once(("grad", key), reference)
     errs = jax.device_get(compiled_once(judge_grads, *grads, *refs, ct, empty))
-    return {name: (float(e), float(b)) for name, e, b in zip(("dq", "dk", "dv"), errs, bases)}
+    return {name: (*map(float, e), *map(float, b)) for name, e, b in zip(("dq", "dk", "dv"), errs, bases)}
