@@ -266,6 +266,27 @@ def test_load_refuses_other_files(tmp_path):
         dispatch.load(str(p))
 
 
+@pytest.mark.parametrize("field,bad", [("runner_up", [1]), ("runner_up", [{}]),
+                                       ("runner_up", [{"backend": "xla", "ms": "fast"}]),
+                                       ("runner_up", [{"backend": "xla", "ms": float("nan")}]),
+                                       ("versions", {}), ("versions", {"jax": "0.1", "jaxlib": "0.1"}),
+                                       ("versions", {"jax": 1, "jaxlib": "0.1", "cudnn": None}), ("ms", -1.0)])
+def test_a_malformed_entry_refuses_the_file_and_auto_keeps_the_static_rule(table, field, bad):
+    """A bad runner_up item or versions without jax/jaxlib/cuDNN: load refuses the file, so auto falls back
+    (not a TypeError or KeyError from attention itself, nor an entry used on any versions)."""
+    path = table(_entry("naive", **{field: bad}))
+    with pytest.raises(dispatch.DispatchError, match=f"entry 0: field.s. {field}"):
+        dispatch.load(str(path))
+    e = attnlab.explain(*_qkv(), is_causal=True)
+    assert e.chosen == "xla" and f"field(s) {field}" in e.why and "static rule" in e.why
+    assert np.asarray(attnlab.attention(*_qkv(), is_causal=True)).shape == (2, 48, 4, 16)
+
+
+def test_an_entry_not_naming_a_base_version_is_stale():
+    e = _entry("naive", versions={})
+    assert "tuned with jax ?" in dispatch.stale_reason(e, e["device_kind"], running_version)
+
+
 # --- attnlab tune, end to end -----------------------------------------------------------------
 
 def test_tune_writes_the_table_auto_then_uses(tmp_path, monkeypatch):
