@@ -310,6 +310,25 @@ def test_tune_writes_the_table_auto_then_uses(tmp_path, monkeypatch):
     assert ex.chosen == e["backend"] and ex.why.startswith("measured")
 
 
+@pytest.mark.parametrize("text", ["{not json", json.dumps({"schema": 1, "kind": "attnlab-dispatch",
+                                                            "entries": [{"bucket": "x"}]})])
+def test_tune_refuses_a_corrupt_out_before_measuring(tmp_path, monkeypatch, text):
+    from click.testing import CliRunner
+
+    import attnlab.sweep
+    from attnlab.cli import main
+
+    monkeypatch.setattr(attnlab.sweep, "run_sweep", lambda *a, **k: pytest.fail("measured before refusing --out"))
+    bad = tmp_path / "bad.json"
+    bad.write_text(text)
+    r = CliRunner().invoke(main, ["tune", "--backends", "naive,xla", "--seq", "16", "--heads", "2", "--head-dim", "8",
+                                  "--dtype", "f32", "--out", str(bad)])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    (line,) = r.output.strip().splitlines()
+    assert line.startswith(f"error: --out {bad}: ") and "--replace" in line
+    assert bad.read_text() == text and not (tmp_path / "tune-records").exists()
+
+
 def test_tune_is_a_command():
     from click.testing import CliRunner
 
