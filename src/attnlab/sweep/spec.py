@@ -36,7 +36,7 @@ from ..core.names import DTYPE_ALIASES, FLOAT_DTYPES, canonical_dtype, closest, 
 from ..core.segments import parse_packing
 from ..core import request_lengths
 from ..core import cell_fields
-from .parse import AXIS_PARSERS, SweepError, _causal, _ints, _strs, _windows, load_toml, with_fp8_recipes  # noqa: F401
+from .parse import AXIS_PARSERS, SweepError, _causal, _ints, _strs, _windows, load_toml, once, with_fp8_recipes  # noqa: F401
 
 
 class _SweepMethods:
@@ -116,6 +116,9 @@ class _SweepMethods:
                 raise SweepError(f"window: {w!r} is not (left, right) with non-negative ints")
         if self.tokens is not None and (not isinstance(self.tokens, int) or self.tokens < 1):
             raise SweepError(f"tokens: {self.tokens!r} is not a positive integer")
+        for axis in ("backends", "batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype", "causal", "window",
+                     "mode", *(f.name for f in cell_fields.AXES)):   # as the cells read them: bf16 = bfloat16
+            once(axis, getattr(self, axis) or ())
         if not self.cells():
             raise SweepError("no valid cell: every heads/kv_heads pair has heads not a multiple of kv_heads")
 
