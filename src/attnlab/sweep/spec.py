@@ -116,6 +116,9 @@ class _SweepMethods:
                 raise SweepError(f"window: {w!r} is not (left, right) with non-negative ints")
         if self.tokens is not None and (not isinstance(self.tokens, int) or self.tokens < 1):
             raise SweepError(f"tokens: {self.tokens!r} is not a positive integer")
+        if self.tokens is not None and (short := [T for T in self.q_len if T > self.tokens]):
+            raise SweepError(f"tokens: {self.tokens} is less than q_len {short[0]}: batch = tokens // q_len must be at "
+                             f"least 1 (give tokens >= q_len)")
         for axis in ("backends", "batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype", "causal", "window",
                      "mode", *(f.name for f in cell_fields.AXES)):   # as the cells read them: bf16 = bfloat16
             once(axis, getattr(self, axis) or ())
@@ -142,7 +145,7 @@ class _SweepMethods:
             kw = {f.name: a[f.name] for f in cell_fields.AXES}
             kw.update(lengths=serving or ("paged" if page else kw["lengths"]), page_size=page,
                       **dict(zip(("kv_dtype", "kv_scale"), kw["kv_dtype"] or (None, None))))
-            batches = [max(1, self.tokens // T)] if self.tokens else self.batch
+            batches = [self.tokens // T] if self.tokens else self.batch   # >= 1: validate
             for B in batches:
                 for b in self.backends:
                     out.append(Cell(b, B, T, S, N, K, H, dt, c, tuple(w) if w else None, m, **kw))
