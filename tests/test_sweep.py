@@ -67,6 +67,7 @@ def test_sweep_axes():
     ({"backends": "xla", "kv_dtype": "fp8,float8_e4m3fn:token", "lengths": "full"}, "kv_dtype: float8_e4m3fn:token given twice"),
     ({"backends": "xla", "inputs": "gaussian,Gaussian"}, "inputs: gaussian given twice"),
     ({"backends": "xla", "seq": "16,32", "tokens": 16}, "tokens: 16 is less than q_len 32: batch = tokens // q_len"),
+    ({"backends": "xla", "window": "99999999999:0"}, "window: 99999999999:0: each side must be at most 2**30"),
 ])
 def test_bad_sweep_values(values, words):
     with pytest.raises(SweepError) as e:
@@ -118,10 +119,11 @@ def test_bad_cli_arguments_exit_nonzero_without_traceback(tmp_path, args, words)
     (["--seq", "16", "--dtype", "f32,float32"], "dtype: float32 given twice"),
     (["--seq", "16", "--mode", "fwd,fwd"], "mode: fwd given twice"),
     (["--seq", "16", "--tokens", "8"], "tokens: 8 is less than q_len 16"),
+    (["--seq", "16", "--window", "99999999999:0"], "window: 99999999999:0: each side must be at most"),
 ])
 def test_axis_values_are_refused_up_front(tmp_path, monkeypatch, command, args, words):
     """One line and exit 2 before any cell runs: a value given twice (a cell measured twice), tokens < q_len
-    (batch = tokens // q_len would be 0)."""
+    (batch = tokens // q_len would be 0), a window side past 2**30 (it overflows the int32 positions)."""
     import attnlab.sweep
     monkeypatch.setattr(attnlab.sweep, "run_sweep", lambda *a, **k: pytest.fail("ran a sweep"))
     out = ["--out", str(tmp_path / ("o" if command == "bench" else "d.json"))]

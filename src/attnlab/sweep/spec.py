@@ -39,6 +39,10 @@ from ..core import cell_fields
 from .parse import AXIS_PARSERS, SweepError, _causal, _ints, _strs, _windows, load_toml, once, with_fp8_recipes  # noqa: F401
 
 
+#: The widest window side a sweep takes (``attention`` caps a wider one at T + S: ``core.checks.within_reach``).
+MAX_WINDOW = 2**30
+
+
 class _SweepMethods:
     """A sweep: axes of values (``backends``, the problem's axes, ``mode``, then one axis per identity field of
     ``core.cell_fields`` that has one), ``tokens`` and ``name``; ``cells()`` is their product."""
@@ -114,6 +118,9 @@ class _SweepMethods:
         for w in self.window:
             if w is not None and (len(w) != 2 or any(not isinstance(x, int) or x < 0 for x in w)):
                 raise SweepError(f"window: {w!r} is not (left, right) with non-negative ints")
+            if w is not None and max(w) > MAX_WINDOW:   # a side near 2**31 overflows the int32 positions it is added to
+                raise SweepError(f"window: {w[0]}:{w[1]}: each side must be at most 2**30 = {MAX_WINDOW}; a side of "
+                                 f"q_len + kv_len or more already reaches every key (no limit)")
         if self.tokens is not None and (not isinstance(self.tokens, int) or self.tokens < 1):
             raise SweepError(f"tokens: {self.tokens!r} is not a positive integer")
         if self.tokens is not None and (short := [T for T in self.q_len if T > self.tokens]):
