@@ -441,7 +441,7 @@ AXIS_FLAGS = [("backends", "backends", '["naive"]', "xla"), ("backends", "backen
               ("head_dim", "head_dim", "[8]", "4"), ("dtype", "dtype", '["bfloat16"]', "float32"),
               ("causal", "causal", '"both"', "true"), ("window", "window", '["none"]', "4:0"),
               ("mode", "mode", '["fwd+bwd"]', "fwd"), ("inputs", "inputs", '["outliers"]', "gaussian"),
-              ("tokens", "tokens", "64", "32"), ("lengths", "lengths", '["full"]', "none")]
+              ("tokens", "tokens", "512", "256"), ("lengths", "lengths", '["full"]', "none")]
 
 
 @pytest.mark.parametrize("axis,key,file_value,flag_value", AXIS_FLAGS)
