@@ -266,6 +266,27 @@ def test_load_refuses_other_files(tmp_path):
         dispatch.load(str(p))
 
 
+@pytest.mark.parametrize("field,bad", [("runner_up", [1]), ("runner_up", [{}]),
+                                       ("runner_up", [{"backend": "xla", "ms": "fast"}]),
+                                       ("runner_up", [{"backend": "xla", "ms": float("nan")}]),
+                                       ("versions", {}), ("versions", {"jax": "0.1", "jaxlib": "0.1"}),
+                                       ("versions", {"jax": 1, "jaxlib": "0.1", "cudnn": None}), ("ms", -1.0)])
+def test_a_malformed_entry_refuses_the_file_and_auto_keeps_the_static_rule(table, field, bad):
+    """A bad runner_up item or versions without jax/jaxlib/cuDNN: load refuses the file, so auto falls back
+    (not a TypeError or KeyError from attention itself, nor an entry used on any versions)."""
+    path = table(_entry("naive", **{field: bad}))
+    with pytest.raises(dispatch.DispatchError, match=f"entry 0: field.s. {field}"):
+        dispatch.load(str(path))
+    e = attnlab.explain(*_qkv(), is_causal=True)
+    assert e.chosen == "xla" and f"field(s) {field}" in e.why and "static rule" in e.why
+    assert np.asarray(attnlab.attention(*_qkv(), is_causal=True)).shape == (2, 48, 4, 16)
+
+
+def test_an_entry_not_naming_a_base_version_is_stale():
+    e = _entry("naive", versions={})
+    assert "tuned with jax ?" in dispatch.stale_reason(e, e["device_kind"], running_version)
+
+
 # --- attnlab tune, end to end -----------------------------------------------------------------
 
 def test_tune_writes_the_table_auto_then_uses(tmp_path, monkeypatch):
@@ -287,6 +308,25 @@ def test_tune_writes_the_table_auto_then_uses(tmp_path, monkeypatch):
     monkeypatch.setenv(dispatch.ENV_VAR, str(out))
     ex = attnlab.explain(*_qkv(), is_causal=True)
     assert ex.chosen == e["backend"] and ex.why.startswith("measured")
+
+
+@pytest.mark.parametrize("text", ["{not json", json.dumps({"schema": 1, "kind": "attnlab-dispatch",
+                                                            "entries": [{"bucket": "x"}]})])
+def test_tune_refuses_a_corrupt_out_before_measuring(tmp_path, monkeypatch, text):
+    from click.testing import CliRunner
+
+    import attnlab.sweep
+    from attnlab.cli import main
+
+    monkeypatch.setattr(attnlab.sweep, "run_sweep", lambda *a, **k: pytest.fail("measured before refusing --out"))
+    bad = tmp_path / "bad.json"
+    bad.write_text(text)
+    r = CliRunner().invoke(main, ["tune", "--backends", "naive,xla", "--seq", "16", "--heads", "2", "--head-dim", "8",
+                                  "--dtype", "f32", "--out", str(bad)])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    (line,) = r.output.strip().splitlines()
+    assert line.startswith(f"error: --out {bad}: ") and "--replace" in line
+    assert bad.read_text() == text and not (tmp_path / "tune-records").exists()
 
 
 def test_tune_is_a_command():

@@ -2,6 +2,7 @@
 scales the check of the estimates after it (``check_x``, stored with the rest of the calibration);
 a calibration stored before ``check_x`` still loads; the float64 rows go at the rate measured here,
 never below the slow-CPU floor (``attnlab.measure.calibration``, ``attnlab.measure.estimate``)."""
+import dataclasses
 import json
 
 import pytest
@@ -45,6 +46,22 @@ def test_a_calibration_stored_before_check_x_loads(fresh):
     (fresh / "estimate.json").write_text(json.dumps({key: {"compile_s": 0.7, "problem_s": 0.4, "probe_s": 0.05,
                                                             "source": "measured here 2026-11-30 10:00 UTC"}}))
     assert calibration.stored(info) == calibration.Calibration(0.7, 0.4, "measured here 2026-11-30 10:00 UTC", 0.05, 1.0)
+
+
+@pytest.mark.parametrize("text", ["[]", '"x"', "{KEY: []}", '{KEY: {"compile_s": NaN, "problem_s": 1}}',
+                                  '{KEY: {"compile_s": 1, "problem_s": -1}}', '{KEY: {"compile_s": "1", "problem_s": 1}}',
+                                  '{KEY: {"compile_s": 1, "problem_s": 1, "probe_s": Infinity}}'])
+def test_a_corrupt_calibration_file_reads_as_none_and_is_written_anew(fresh, text):
+    """Not an object of finite numbers >= 0: the defaults (no cell over budget, no crash storing the next one)."""
+    info = device.current()
+    key = info.kind or info.platform
+    (fresh / "estimate.json").write_text(text.replace("KEY", json.dumps(key)))
+    assert calibration.stored(info) == calibration.DEFAULTS[info.platform]
+    assert not estimate.over_budget(CELL, Options(cell_budget_s=60), info)[1]
+    calibration.forget()
+    rec = {"status": "ok", "mode": "fwd", "compile_s": 0.5, "check_s": 0.2, "inputs_s": 0.1, "check_parts_s": None}
+    cal = calibration.learn(rec, info, check_compute_s=0.0)
+    assert json.loads((fresh / "estimate.json").read_text()) == {key: dataclasses.asdict(cal)}   # strict JSON: no NaN
 
 
 def test_float64_rows_go_at_the_measured_rate_never_below_the_floor(monkeypatch):

@@ -56,6 +56,18 @@ def test_sweep_axes():
     ({"backends": "xla", "colour": "red"}, "unknown sweep key"),
     ({"seq": "8"}, "backends"),
     ({"backends": "xla", "inputs": "gaussian,cauchy"}, "inputs: 'cauchy'"),
+    ({"backends": "xla", "seq": "16,16"}, "seq: 16 given twice; give each value once"),
+    ({"backends": "xla", "q_len": [8, 8], "kv_len": [8]}, "q_len: 8 given twice"),
+    ({"backends": "xla", "dtype": "f32,float32"}, "dtype: float32 given twice"),     # as the cells read them
+    ({"backends": "xla", "mode": "fwd,fwd"}, "mode: fwd given twice"),
+    ({"backends": "xla,XLA"}, "backends: xla given twice"),
+    ({"backends": "xla", "causal": [True, True]}, "causal: true given twice"),
+    ({"backends": "xla", "window": "16,16:16"}, "window: 16:16 given twice"),
+    ({"backends": "xla", "lengths": "full,FULL"}, "lengths: full given twice"),
+    ({"backends": "xla", "kv_dtype": "fp8,float8_e4m3fn:token", "lengths": "full"}, "kv_dtype: float8_e4m3fn:token given twice"),
+    ({"backends": "xla", "inputs": "gaussian,Gaussian"}, "inputs: gaussian given twice"),
+    ({"backends": "xla", "seq": "16,32", "tokens": 16}, "tokens: 16 is less than q_len 32: batch = tokens // q_len"),
+    ({"backends": "xla", "window": "99999999999:0"}, "window: 99999999999:0: each side must be at most 2**30"),
 ])
 def test_bad_sweep_values(values, words):
     with pytest.raises(SweepError) as e:
@@ -99,6 +111,25 @@ def test_bad_config_files(tmp_path, text, words):
 def test_bad_cli_arguments_exit_nonzero_without_traceback(tmp_path, args, words):
     r = CliRunner().invoke(main, ["bench", *args, "--out", str(tmp_path / "o")])
     assert r.exit_code != 0 and words in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("command", ["bench", "tune"])
+@pytest.mark.parametrize("args,words", [
+    (["--seq", "16,16"], "seq: 16 given twice"),
+    (["--seq", "16", "--dtype", "f32,float32"], "dtype: float32 given twice"),
+    (["--seq", "16", "--mode", "fwd,fwd"], "mode: fwd given twice"),
+    (["--seq", "16", "--tokens", "8"], "tokens: 8 is less than q_len 16"),
+    (["--seq", "16", "--window", "99999999999:0"], "window: 99999999999:0: each side must be at most"),
+])
+def test_axis_values_are_refused_up_front(tmp_path, monkeypatch, command, args, words):
+    """One line and exit 2 before any cell runs: a value given twice (a cell measured twice), tokens < q_len
+    (batch = tokens // q_len would be 0), a window side past 2**30 (it overflows the int32 positions)."""
+    import attnlab.sweep
+    monkeypatch.setattr(attnlab.sweep, "run_sweep", lambda *a, **k: pytest.fail("ran a sweep"))
+    out = ["--out", str(tmp_path / ("o" if command == "bench" else "d.json"))]
+    r = CliRunner().invoke(main, [command, "--backends", "naive,xla", "--heads", "2", "--head-dim", "8", *args, *out])
+    (line,) = r.output.strip().splitlines()
+    assert r.exit_code == 2 and line.startswith("error: ") and words in line, r.output
 
 
 KILL_CELLS = 16
@@ -452,7 +483,7 @@ AXIS_FLAGS = [("backends", "backends", '["naive"]', "xla"), ("backends", "backen
               ("head_dim", "head_dim", "[8]", "4"), ("dtype", "dtype", '["bfloat16"]', "float32"),
               ("causal", "causal", '"both"', "true"), ("window", "window", '["none"]', "4:0"),
               ("mode", "mode", '["fwd+bwd"]', "fwd"), ("inputs", "inputs", '["outliers"]', "gaussian"),
-              ("tokens", "tokens", "64", "32"), ("lengths", "lengths", '["full"]', "none")]
+              ("tokens", "tokens", "512", "256"), ("lengths", "lengths", '["full"]', "none")]
 
 
 @pytest.mark.parametrize("axis,key,file_value,flag_value", AXIS_FLAGS)

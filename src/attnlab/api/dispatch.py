@@ -38,9 +38,15 @@ BASE_VERSIONS = ("jax", "jaxlib", "cudnn")
 #: Sweep mode -> bucket mode: forward alone, or a training step (forward and backward).
 MODES = {"fwd": "fwd", "fwd+bwd": "train", "bwd": "bwd"}
 
-#: What an entry must hold to be used (``load`` refuses a file with an entry that lacks one).
-ENTRY_TYPES = {"device_kind": str, "versions": dict, "bucket": str, "backend": str, "ms": (int, float),
-               "runner_up": list}
+_ms = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < math.inf  # noqa: E731
+_str = lambda x: isinstance(x, str)  # noqa: E731
+#: What an entry must hold to be used (``load`` refuses a file with an entry that lacks one): ms finite and >= 0,
+#: ``versions`` (str or None) of at least ``BASE_VERSIONS``, ``runner_up`` a list of ``{"backend": str, "ms": ms}``.
+ENTRY_RULES = {"device_kind": _str, "bucket": _str, "backend": _str, "ms": _ms,
+               "versions": lambda x: isinstance(x, dict) and {*BASE_VERSIONS} <= {*x}
+               and all(v is None or _str(v) for v in x.values()),
+               "runner_up": lambda x: isinstance(x, list) and all(isinstance(r, dict) and _str(r.get("backend"))
+                                                                  and _ms(r.get("ms")) for r in x)}
 
 
 class DispatchError(ValueError):
@@ -109,8 +115,7 @@ def bucket_fields(obj, mode: str | None = None) -> dict:
 
 
 def bucket(obj, mode: str | None = None) -> str:
-    """``bucket_fields`` as one stable string, e.g.
-    ``bfloat16 causal win:none fwd H128 mha T16384 S16384 BN16 dense``."""
+    """``bucket_fields`` as one stable string: ``bfloat16 causal win:none fwd H128 mha T16384 S16384 BN16 dense``."""
     f = bucket_fields(obj, mode)
     parts = [f["dtype"], "causal" if f["causal"] else "full", f"win:{f['window']}", f["mode"], f"H{f['H']}",
              f["group"], f"T{f['T']}", f"S{f['S']}", f"BN{f['BN']}", "ragged" if f["lengths"] else "dense"]
@@ -136,18 +141,13 @@ def _time(rec: dict) -> float | None:
     return None if (t := time_ms(rec)) is None else float(t)
 
 
-def _gmean(xs: list[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
-
-
 def build(records: Iterable[dict], library_of: Callable[[str], Iterable[str]] = lambda name: (),
           date: str | None = None) -> list[dict]:
-    """Dispatch entries from sweep records: per (device kind, versions, bucket), rank the backends
-    that are ``ok`` in *every* measured cell of the bucket by the geometric mean of their median
-    times (ms) there; a backend not ok in one cell of the bucket is left out of it, so an entry never
-    names a backend that failed, was unchecked or refused. Decode cells (``lengths``) and cells of
-    ``devices`` > 1 or a strategy, and records without ``env.device_kind``, are left out. ``library_of(backend)`` names the optional libraries a
-    backend calls (import names, as in the record's ``env.optional``)."""
+    """Dispatch entries from sweep records: per (device kind, versions, bucket), rank the backends that are ``ok`` in
+    *every* measured cell of the bucket by the geometric mean of their median times (ms) there; a backend not ok in
+    one cell of the bucket is left out of it, so an entry never names a backend that failed, was unchecked or refused.
+    Decode cells (``lengths``), cells of ``devices`` > 1 or a strategy, and records without ``env.device_kind`` are
+    left out. ``library_of(backend)``: the optional libraries it calls (import names, as in ``env.optional``)."""
     date = date or datetime.date.today().isoformat()
     groups: dict[tuple, dict] = {}
     for r in records:
@@ -168,7 +168,7 @@ def build(records: Iterable[dict], library_of: Callable[[str], Iterable[str]] = 
         good = [b for b in names if all(ok(by.get(b)) for by in cells.values())]
         if not good:
             continue
-        ranked = sorted(((_gmean([_time(by[b]) for by in cells.values()]), b) for b in good))
+        ranked = sorted((math.exp(sum(math.log(_time(by[b])) for by in cells.values()) / len(cells)), b) for b in good)
         env = g["env"]
         versions = {k: env.get(k) for k in BASE_VERSIONS}
         optional = env.get("optional") or {}
@@ -185,9 +185,8 @@ def build(records: Iterable[dict], library_of: Callable[[str], Iterable[str]] = 
 
 
 def merge(old: Iterable[dict], new: Iterable[dict]) -> list[dict]:
-    """``old`` entries with those of ``new`` replacing any of the same (device kind, jax/jaxlib/cuDNN
-    versions, bucket): a newer run replaces an older one even when it measured other libraries'
-    backends (whose versions an entry also holds)."""
+    """``old`` entries with those of ``new`` replacing any of the same (device kind, jax/jaxlib/cuDNN versions,
+    bucket): a newer run replaces an older one even when it measured other libraries' backends (whose versions too)."""
     ident = lambda e: (e.get("device_kind"),  # noqa: E731
                        json.dumps({k: (e.get("versions") or {}).get(k) for k in BASE_VERSIONS}, sort_keys=True),
                        e.get("bucket"))
@@ -208,8 +207,7 @@ def save(entries: Iterable[dict], path: str | None = None) -> str:
 
 
 def load(path: str | None = None) -> Table:
-    """The table at ``path`` (default ``default_path()``); an empty one when there is no file.
-    ``DispatchError`` for a file that is not a dispatch table of this schema."""
+    """The table at ``path`` (default ``default_path()``; no file: empty); else ``DispatchError`` (``ENTRY_RULES``)."""
     path = path or default_path()
     try:
         with open(path, encoding="utf-8") as f:
@@ -224,8 +222,7 @@ def load(path: str | None = None) -> Table:
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise DispatchError(f"{path}: 'entries' is not a list of objects")
     for i, e in enumerate(entries):
-        bad = [k for k, typ in ENTRY_TYPES.items() if not isinstance(e.get(k), typ) or isinstance(e.get(k), bool)]
-        if bad:
+        if bad := [k for k, ok in ENTRY_RULES.items() if not ok(e.get(k))]:
             raise DispatchError(f"{path}: entry {i}: field(s) {', '.join(bad)} missing or of the wrong type")
     return Table(tuple(entries), path)
 
@@ -265,11 +262,11 @@ class Lookup:
 
 
 def stale_reason(entry: dict, device_kind: str | None, versions: Callable[[str], str | None]) -> str | None:
-    """Why ``entry`` does not hold here (other device kind, any version differing), or None.
+    """Why ``entry`` does not hold here (other device kind, any version differing or not named), or None.
     ``versions(name)`` is the running version of jax, jaxlib, cudnn or a backend library (None: absent)."""
     if entry.get("device_kind") != device_kind:
         return f"dispatch entry tuned on {entry.get('device_kind')}, running on {device_kind}"
-    for name, v in (entry.get("versions") or {}).items():
+    for name, v in {**dict.fromkeys(BASE_VERSIONS, "?"), **(entry.get("versions") or {})}.items():
         now = versions(name)
         if now != v:
             return f"dispatch entry tuned with {name} {v}, running {name} {now if now is not None else '(absent)'}"
@@ -277,8 +274,8 @@ def stale_reason(entry: dict, device_kind: str | None, versions: Callable[[str],
 
 
 def lookup(table: Table, key: str, device_kind: str | None, versions: Callable[[str], str | None]) -> Lookup:
-    """The entry of bucket ``key`` that holds on this device and these versions (``stale_reason``),
-    or none with the reason: no entry for the bucket, or why the bucket's entries are stale."""
+    """The entry of bucket ``key`` that holds on this device and these versions (``stale_reason``), or none with
+    the reason: no entry for the bucket, or why the bucket's entries are stale."""
     name = os.path.basename(table.path) if table.path else "dispatch table"
     cands = table.for_bucket(key)
     if not cands:

@@ -21,7 +21,7 @@ from .. import sweep as sweeps  # run_sweep through the package: tests replace i
 from ..sweep import SweepError, build
 from ..sweep.engine import SweepInterrupted
 from ..sweep.flags import check_contradictions, merge, run_options, warmup_of
-from ..sweep.tune import write_table
+from ..sweep.tune import existing_entries, write_table
 from ._app import _fail, console, main, writable_folder, writes_to
 from ._sweep_ui import cell_budget, cell_budget_option, cost_line, exit_after_interrupt, phase_spinner, print_estimate
 from .bench import WINDOW_HELP
@@ -85,6 +85,10 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
     for n in notes:
         console.print(f"[yellow]note:[/] {n}", highlight=False, soft_wrap=True)
     out = out or dispatch.default_path()
+    try:
+        existing_entries(out, replace)   # a corrupt table is refused now, not after every cell is measured
+    except SweepError as e:
+        _fail(str(e))
     records_dir = records_dir or os.path.join(os.path.dirname(os.path.abspath(out)), "tune-records", _env_slug())
     writable_folder(os.path.dirname(os.path.abspath(out)), "--out's folder")
     writable_folder(records_dir, "--records")
@@ -115,8 +119,11 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
         console.print(f"[yellow]interrupted:[/] {e.finished} of {e.total} cells finished", highlight=False)
         keys = {c.key() for c in sweep.cells()}
         records = [r for r in read_records(os.path.join(records_dir, "results.jsonl")) if record_key(r) in keys]
-    with writes_to(os.path.dirname(os.path.abspath(out)), "--out's folder"):
-        path, entries = write_table(records, out, replace=replace)
+    try:
+        with writes_to(os.path.dirname(os.path.abspath(out)), "--out's folder"):
+            path, entries = write_table(records, out, replace=replace)
+    except SweepError as e:   # the file was spoilt while the cells were measured
+        _fail(str(e))
     for e in entries:
         ru = ", ".join(f"{r['backend']} {r['ms']:.4g}" for r in e["runner_up"][:3])
         console.print(f"{e['bucket']}: [bold]{e['backend']}[/] {e['ms']:.4g} ms" + (f" (then {ru})" if ru else ""),

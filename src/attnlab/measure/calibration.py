@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import statistics
 import time
@@ -124,20 +125,36 @@ def load_factor() -> float:
         return 1.0
 
 
+def _valid(d) -> bool:
+    """A stored calibration: an object whose compile_s and problem_s (and probe_s, check_x, float64_gflops where
+    given) are finite numbers >= 0."""
+    num = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < math.inf  # noqa: E731
+    return (isinstance(d, dict) and num(d.get("compile_s")) and num(d.get("problem_s"))
+            and all(d.get(k) is None or num(d[k]) for k in ("probe_s", "check_x", "float64_gflops")))
+
+
+def _read() -> dict:
+    """The stored calibrations by device kind, only the valid ones (``_valid``): none where the file is absent,
+    unreadable or not a JSON object (a corrupt file reads as no file, and ``_store`` writes it anew)."""
+    try:
+        with open(path(), encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if _valid(v)} if isinstance(data, dict) else {}
+
+
 def stored(info) -> Calibration:
     """The calibration this process holds for the device ``info``: learnt in this process, else stored
     by an earlier sweep on this machine, else ``DEFAULTS`` (as measured, not scaled: ``current``)."""
     key = _key(info)
     if key not in _LEARNT:
-        try:
-            with open(path(), encoding="utf-8") as f:
-                d = json.load(f)[key]
-            _LEARNT[key] = Calibration(float(d["compile_s"]), float(d["problem_s"]), str(d.get("source") or "stored"),
-                                       float(d["probe_s"]) if d.get("probe_s") else None,
-                                       float(d.get("check_x") or 1.0),    # stored before check_x: 1
-                                       float(d["float64_gflops"]) if d.get("float64_gflops") else None)
-        except (OSError, ValueError, KeyError, TypeError):
-            _LEARNT[key] = DEFAULTS.get(info.platform, DEFAULTS["gpu"])
+        d = _read().get(key)
+        _LEARNT[key] = DEFAULTS.get(info.platform, DEFAULTS["gpu"]) if d is None else Calibration(
+            float(d["compile_s"]), float(d["problem_s"]), str(d.get("source") or "stored"),
+            float(d["probe_s"]) if d.get("probe_s") else None,
+            float(d.get("check_x") or 1.0),    # stored before check_x: 1
+            float(d["float64_gflops"]) if d.get("float64_gflops") else None)
     return _LEARNT[key]
 
 
@@ -185,11 +202,7 @@ def _store(key: str, cal: Calibration) -> None:
     p = path()
     try:
         os.makedirs(os.path.dirname(p), exist_ok=True)
-        try:
-            with open(p, encoding="utf-8") as f:
-                data = json.load(f)
-        except (OSError, ValueError):
-            data = {}
+        data = _read()     # what is not a valid calibration is dropped
         data[key] = dataclasses.asdict(cal)
         tmp = p + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:

@@ -17,6 +17,19 @@ class SweepError(ValueError):
     """A sweep definition that cannot be run (bad axis value, bad file)."""
 
 
+def once(axis: str, vals) -> None:
+    """``SweepError`` for a value given twice on one axis (``--seq 16,16``: a cell measured twice, and
+    the estimate and cost line counting it twice), compared as the cells read it (f32 = float32)."""
+    seen = set()
+    for v in vals:
+        key = tuple(v) if isinstance(v, list) else v
+        if key in seen:
+            shown = ("none" if v is None else str(v).lower() if isinstance(v, bool) else
+                     ":".join(map(str, v)) if isinstance(v, (tuple, list)) else str(v))
+            raise SweepError(f"{axis}: {shown} given twice; give each value once")
+        seen.add(key)
+
+
 def _ints(axis: str, text) -> list[int]:
     if isinstance(text, (list, tuple)):
         vals = list(text)
@@ -33,6 +46,7 @@ def _ints(axis: str, text) -> list[int]:
     for v in vals:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise SweepError(f"{axis}: {v!r} is not a positive integer")
+    once(axis, vals)
     return vals
 
 

@@ -36,7 +36,11 @@ from ..core.names import DTYPE_ALIASES, FLOAT_DTYPES, canonical_dtype, closest, 
 from ..core.segments import parse_packing
 from ..core import request_lengths
 from ..core import cell_fields
-from .parse import AXIS_PARSERS, SweepError, _causal, _ints, _strs, _windows, load_toml, with_fp8_recipes  # noqa: F401
+from .parse import AXIS_PARSERS, SweepError, _causal, _ints, _strs, _windows, load_toml, once, with_fp8_recipes  # noqa: F401
+
+
+#: The widest window side a sweep takes (``attention`` caps a wider one at T + S: ``core.checks.within_reach``).
+MAX_WINDOW = 2**30
 
 
 class _SweepMethods:
@@ -114,8 +118,17 @@ class _SweepMethods:
         for w in self.window:
             if w is not None and (len(w) != 2 or any(not isinstance(x, int) or x < 0 for x in w)):
                 raise SweepError(f"window: {w!r} is not (left, right) with non-negative ints")
+            if w is not None and max(w) > MAX_WINDOW:   # a side near 2**31 overflows the int32 positions it is added to
+                raise SweepError(f"window: {w[0]}:{w[1]}: each side must be at most 2**30 = {MAX_WINDOW}; a side of "
+                                 f"q_len + kv_len or more already reaches every key (no limit)")
         if self.tokens is not None and (not isinstance(self.tokens, int) or self.tokens < 1):
             raise SweepError(f"tokens: {self.tokens!r} is not a positive integer")
+        if self.tokens is not None and (short := [T for T in self.q_len if T > self.tokens]):
+            raise SweepError(f"tokens: {self.tokens} is less than q_len {short[0]}: batch = tokens // q_len must be at "
+                             f"least 1 (give tokens >= q_len)")
+        for axis in ("backends", "batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype", "causal", "window",
+                     "mode", *(f.name for f in cell_fields.AXES)):   # as the cells read them: bf16 = bfloat16
+            once(axis, getattr(self, axis) or ())
         if not self.cells():
             raise SweepError("no valid cell: every heads/kv_heads pair has heads not a multiple of kv_heads")
 
@@ -139,7 +152,7 @@ class _SweepMethods:
             kw = {f.name: a[f.name] for f in cell_fields.AXES}
             kw.update(lengths=serving or ("paged" if page else kw["lengths"]), page_size=page,
                       **dict(zip(("kv_dtype", "kv_scale"), kw["kv_dtype"] or (None, None))))
-            batches = [max(1, self.tokens // T)] if self.tokens else self.batch
+            batches = [self.tokens // T] if self.tokens else self.batch   # >= 1: validate
             for B in batches:
                 for b in self.backends:
                     out.append(Cell(b, B, T, S, N, K, H, dt, c, tuple(w) if w else None, m, **kw))

@@ -1,11 +1,10 @@
 """Records -> auto's dispatch table (``attnlab.api.dispatch``): what ``attnlab tune`` and benchmarks/auto/goal.py write."""
 from __future__ import annotations
 
-import os
-
 from .. import backends
 from ..api import dispatch
 from ..api.dot_product import auto_ineligible
+from .parse import SweepError
 
 
 def library_of(name: str) -> list[str]:
@@ -14,6 +13,18 @@ def library_of(name: str) -> list[str]:
         return list(backends.get(name).libraries())
     except ValueError:
         return []
+
+
+def existing_entries(out: str, replace: bool = False) -> list[dict]:
+    """The entries already in ``out`` that a tune merges its own with (none with ``replace``): an absent file
+    has none; one that is not a dispatch table is a ``SweepError`` naming it (``attnlab tune`` asks before
+    it measures, so a corrupt file never costs a sweep)."""
+    if replace:
+        return []
+    try:
+        return list(dispatch.load(out).entries)
+    except dispatch.DispatchError as e:
+        raise SweepError(f"--out {e}; --replace overwrites it, or give another --out") from None
 
 
 def write_table(records, out: str, *, replace: bool = False) -> tuple[str, list[dict]]:
@@ -26,5 +37,5 @@ def write_table(records, out: str, *, replace: bool = False) -> tuple[str, list[
             return False
 
     entries = dispatch.build([r for r in records if eligible(r)], library_of)
-    old = [] if replace or not os.path.exists(out) else list(dispatch.load(out).entries)
+    old = existing_entries(out, replace)
     return dispatch.save(dispatch.merge(old, entries), out), entries
