@@ -123,6 +123,9 @@ DECODE_CASES = {
     "fp8-token-bf16-mma16-pairs-cap": ("fp8", "token", "bfloat16", 3, None),
     "fp8-tensor-bf16-mma16-pairs-ps8-direct": ("fp8", "tensor", "bfloat16", 1, 8),
     "e5m2-head-f16-pairs-ps4-gather": ("e5m2", "head", "float16", 2, 4),
+    # negative value scales (a caller's own): float16 products scale P by s / max |s| (max s would be 1e-30)
+    "fp8-token-bf16-mma16-negv": ("fp8", "token", "bfloat16", 2, None),
+    "fp8-token-bf16-mma16-pairs-negv": ("fp8", "token", "bfloat16", 2, None),
 }
 
 
@@ -137,6 +140,8 @@ def test_decode_kernel_dequantizes_in_registers(case):
     if ps:
         k, v, table = to_pages(k, v, ps)
     (kc, ks), (vc, vs) = (attnlab.quantize_kv_cache(x, name, layout) for x in (k, v))
+    if "negv" in case:
+        vs = -vs
     call = functools.partial(kd.decode_attention_pallas, causal=True, interpret=True, soft_cap=cap, kv_scale=layout,
                              config=kd.DecodeConfig(block_k=16, num_splits=1 if "direct" in case else 2,
                                                     kv_mma="float16" if "mma16" in case else "q", kv_pairs="pairs" in case,

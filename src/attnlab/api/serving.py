@@ -43,7 +43,7 @@ import numpy as np
 
 from .. import backends
 from ..core.call import Call
-from ..core.checks import _is_tracer, _shape, length_values, normalise_window, within_reach
+from ..core.checks import _is_tracer, _shape, check_serving_lengths, length_values, normalise_window, within_reach
 from ..core.errors import UnsupportedError
 from ..kernels.serving_plan import ServingPlan, make_serving_plan, page_mismatch
 from .decode import CallExplanation, cache_call, cache_problem
@@ -56,21 +56,6 @@ ARGUMENT_NAMES = {"batch": "kv_lengths size B", "q_len": "q tokens T_total", "kv
 #: ``problem`` is Problem(B, T_total, S_max, N, K, H, dtype, causal=True, window) (q_len the token budget
 #: T_total; a paged or quantized cache's page size, dtype and scale layout). The names kept for one release.
 ServingSpec = ServingCall = Call
-
-
-def _check_values(starts, lengths, T_total: int, S: int):
-    B = lengths.size
-    if starts[0] != 0:
-        raise ValueError(f"q_starts[0]={int(starts[0])} must be 0")
-    for b in range(B):
-        n = int(starts[b + 1] - starts[b])
-        if n < 1:
-            raise ValueError(f"q_starts must increase: request {b} has q_starts[{b + 1}] - q_starts[{b}] = {n} < 1 tokens")
-        if not n <= lengths[b] <= S:
-            raise ValueError(f"kv_lengths[{b}]={int(lengths[b])} must lie in [q_len, S_max]=[{n}, {S}] "
-                             f"(it counts request {b}'s {n} new tokens)")
-    if starts[B] > T_total:
-        raise ValueError(f"q_starts[B]={int(starts[B])} must be <= q's token count T_total={T_total}")
 
 
 def prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=None, scale=None,
@@ -96,7 +81,7 @@ def prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=Non
     problem, S = cache_problem(ARGUMENT_NAMES, (B, T_total, N, H), (ks, vs), q, k_cache, v_cache, kv_lengths,
                                page_table, k_scale, v_scale, True, local_window_size, paged_q_len=1)
     if starts is not None and lengths is not None:
-        _check_values(starts.astype(np.int64), lengths.astype(np.int64), T_total, S)
+        check_serving_lengths(starts, lengths, T_total, S)
     if plan is not None:
         _check_plan(plan, (T_total, B, N, problem.kv_heads, H), problem.window, problem.page_size, starts, lengths)
 

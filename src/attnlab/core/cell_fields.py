@@ -31,7 +31,8 @@ class CellField:
     the sweep parser's kind ``axis`` (None: set by another axis, e.g. ``page_size`` by ``lengths``), its part of
     the config label (``label(record) -> str | None``), its bench flag's ``help``, and ``skip(axes)``: true for a
     combination of a sweep's axis values the product leaves out (``axes``: q_len, kv_len, causal, window, mode and
-    each field's axis value by name, with ``serving``, the lengths' request distribution or None, and ``page_size``)."""
+    each field's axis value by name, with ``serving``, the lengths' request distribution or None, and ``page_size``)
+    and ``rule``, that skip in words (a sweep with no cell left names it)."""
 
     name: str
     default: Any
@@ -40,6 +41,7 @@ class CellField:
     label: Callable[[dict], str | None] | None = None
     help: str = ""
     skip: Callable[[dict], bool] | None = None
+    rule: str = ""
 
 
 def _part(fmt: str, name: str, unless=None):
@@ -60,7 +62,7 @@ def _lengths_skip(a: dict) -> bool:
 CELL_FIELDS: tuple[CellField, ...] = (
     CellField("devices", 1, Optional[int], "ints",
               help="Mesh sizes for sharded cells, e.g. 1,2,4,8 (with --strategy).",
-              skip=lambda a: a["strategy"] is None and a["devices"] != 1),
+              skip=lambda a: a["strategy"] is None and a["devices"] != 1, rule="devices > 1 need a strategy"),
     CellField("strategy", None, Optional[str], "names",
               help="none, batch, heads, ring (comma-separated): sharded_attention strategies."),
     CellField("lengths", None, Optional[str], "lengths",
@@ -70,7 +72,8 @@ CELL_FIELDS: tuple[CellField, ...] = (
               "lognormal, one-long, FILE (or file:FILE, whitespace-separated KV lengths) make serving cells: "
               "serving_attention on --batch requests with KV lengths of that distribution, traced as a server "
               "passes them (causal, fwd); DIST:pagedN: in a paged cache of N-token pages.",
-              skip=_lengths_skip),
+              skip=_lengths_skip, rule="decode and serving cells need q_len <= kv_len, no strategy and a page size "
+              "dividing kv_len; serving cells are causal fwd cells on gaussian inputs"),
     CellField("inputs", "gaussian", Optional[str], "lower", _part("inputs={}", "inputs", "gaussian"),
               help="Input distributions of q, k, v (comma-separated): gaussian, outliers, channel-outliers, "
               "shifted-keys (attnlab.reference.inputs; default gaussian)."),
@@ -83,11 +86,12 @@ CELL_FIELDS: tuple[CellField, ...] = (
               help="none or docs:N (comma-separated): N documents of random lengths packed in each row "
               "(segment ids; seeded by the shape; self-attention cells, q_len == kv_len).",
               skip=lambda a: a["packing"] is not None and (a["q_len"] != a["kv_len"] or a["lengths"] is not None
-                                                           or a["strategy"] is not None)),
+                                                           or a["strategy"] is not None),
+              rule="packing needs q_len == kv_len, no lengths and no strategy"),
     CellField("sinks", False, Optional[bool], "bools", lambda rec: "sinks" if rec.get("sinks") else None,
               help="false, true or both: attention sinks (gpt-oss), one logit per query head drawn "
               "standard normal (seeded by the head count), on attention and decode cells.",
-              skip=lambda a: a["sinks"] and a["strategy"] is not None),
+              skip=lambda a: a["sinks"] and a["strategy"] is not None, rule="sinks take no strategy"),
     CellField("kv_dtype", None, Optional[str], "kv_dtypes",     # the axis's values: (dtype, layout) pairs
               lambda rec: f"kv={rec['kv_dtype']}:{rec.get('kv_scale')}" if rec.get("kv_dtype") else None,
               help="KV cache dtypes of decode cells (comma-separated): none, fp8 (e4m3), e5m2, int8, each "
@@ -95,13 +99,15 @@ CELL_FIELDS: tuple[CellField, ...] = (
               "quantized before timing and checked against float64 of its dequantized values. Serving cells "
               "too; with --model one value, for the model's decode cells.",
               skip=lambda a: a["kv_dtype"] is not None and (a["lengths"] is None or a["mode"] != "fwd"
-                                                            or (a["kv_dtype"][1] == "page" and not a["page_size"]))),
+                                                            or (a["kv_dtype"][1] == "page" and not a["page_size"])),
+              rule="a quantized cache needs lengths (decode or serving cells), mode fwd, and :page a paged cache"),
     CellField("kv_scale", None, Optional[str]),            # set by kv_dtype's layout
     CellField("prefill_chunks", None, Optional[str], "lower_names", _part("prefill={}", "prefill_chunks"),
               help="none or NxSIZE (comma-separated, e.g. 2x2048): N prefill chunks of SIZE "
               "tokens beside a serving cell's decodes (a mixed step).",
               skip=lambda a: bool(a["prefill_chunks"]) and (not a["serving"]    # each chunk fits in the cache
-                                                            or parse_chunks(a["prefill_chunks"])[1] > a["kv_len"])),
+                                                            or parse_chunks(a["prefill_chunks"])[1] > a["kv_len"]),
+              rule="prefill chunks need serving lengths and a chunk size <= kv_len"),
 )
 
 NAMES = tuple(f.name for f in CELL_FIELDS)

@@ -153,9 +153,17 @@ def quantize_kv_cache(cache, dtype: str = "float8_e4m3fn", granularity: str = "t
     return y.astype(dtype), scale
 
 
-def checked_cache(kv_dtype: str, kv_scale: str | None, page_size: int | None) -> str:
-    """A problem's quantized cache: its dtype's canonical name; ValueError naming kv_scale when the layout is
-    not one of ``SCALE_LAYOUTS`` (``page`` needs a page size)."""
+def checked_cache(kv_dtype: str | None, kv_scale: str | None, page_size: int | None) -> str | None:
+    """A problem's cache: its quantized dtype's canonical name, or None (a float cache, which has no ``kv_scale``);
+    ValueError naming ``page_size`` unless it is None or an int >= 1, ``kv_scale`` when the layout is not one of
+    ``SCALE_LAYOUTS`` (``page`` needs a page size) or is given without ``kv_dtype``."""
+    if page_size is not None and (isinstance(page_size, bool) or not isinstance(page_size, (int, np.integer))
+                                  or page_size < 1):
+        raise ValueError(f"page_size must be None or an int >= 1, got {page_size!r}")
+    if kv_dtype is None:
+        if kv_scale is not None:
+            raise ValueError(f"kv_scale {kv_scale!r} needs kv_dtype (a float cache has no scales)")
+        return None
     if kv_scale not in SCALE_LAYOUTS or (kv_scale == "page" and not page_size):
         raise ValueError(f"kv_scale must be one of {SCALE_LAYOUTS} with kv_dtype (page: with page_size), "
                          f"got {kv_scale!r}")

@@ -104,8 +104,7 @@ class Problem:
         except ValueError as e:
             raise ProblemError(str(e), "dtype") from None
         self._check_lengths()
-        if self.kv_dtype is not None:
-            object.__setattr__(self, "kv_dtype", kv_quant.checked_cache(self.kv_dtype, self.kv_scale, self.page_size))
+        object.__setattr__(self, "kv_dtype", kv_quant.checked_cache(self.kv_dtype, self.kv_scale, self.page_size))
 
     def _check_lengths(self):
         """Per-request lengths: B values each, q in [0 or 1, q_len], kv in [0, kv_len]; decode: kv >= q (the new

@@ -53,11 +53,12 @@ def read_lengths(path: str) -> np.ndarray:
     with open(path, encoding="utf-8") as f:
         words = [w for line in f for w in line.split("#")[0].split()]
     try:
-        n = np.array([int(w) for w in words], dtype=np.int64)
+        ints = [int(w) for w in words]
     except ValueError:
         raise ValueError(f"lengths file {path}: every entry must be an int, got {words[:8]}") from None
-    if n.size == 0 or n.min() < 1:
-        raise ValueError(f"lengths file {path}: needs at least one length, all >= 1")
+    if not ints or min(ints) < 1 or max(ints) >= 2**31:
+        raise ValueError(f"lengths file {path}: needs at least one length, all >= 1 and < 2**31")
+    n = np.array(ints, dtype=np.int64)
     return n
 
 

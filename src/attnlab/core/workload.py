@@ -36,6 +36,8 @@ def with_segment_ids(problem: Problem, segment_ids) -> Problem:
 def kv_cache_bytes(*, layers: int, kv_heads: int, head_dim: int, context: int, batch: int = 1,
                    dtype: str = "bfloat16", kv_scale: str | None = None) -> int:
     """Bytes of key + value cache for a model: 2 * layers * kv_heads * head_dim * itemsize per token, plus
-    2 * layers * kv_heads float32 scales per token for a quantized cache with ``kv_scale="token"``."""
+    2 * layers * kv_heads float32 scales per token for a quantized (1-byte) cache with ``kv_scale="token"``."""
+    if kv_scale is not None and _itemsize(dtype) != 1:
+        raise ValueError(f"kv_scale {kv_scale!r} needs a quantized (1-byte) dtype, got {dtype}")
     per_token = 2 * layers * kv_heads * (head_dim * _itemsize(dtype) + (4 if kv_scale == "token" else 0))
     return per_token * context * batch

@@ -67,7 +67,7 @@ def dequantized_pv(p, v, v_scale, dtype):
     if not v_scale.ndim:
         return plgpu.dot(p.astype(dtype), v.astype(dtype)) * v_scale
     if jnp.dtype(dtype) == jnp.float16:
-        top = jnp.maximum(jnp.max(v_scale), 1e-30)
+        top = jnp.maximum(jnp.max(jnp.abs(v_scale)), 1e-30)     # a negative scale's sign stays in the ratio
         return plgpu.dot((p * (v_scale / top)[None, :]).astype(dtype), v.astype(dtype)) * top
     return plgpu.dot((p * v_scale[None, :]).astype(dtype), v.astype(dtype))
 
@@ -137,7 +137,7 @@ def pv_top(v_scale_ref, layout: str | None, first_scales, pairs=None):
     if layout in ("head", "tensor"):
         top = v_scale_ref[0]
     else:
-        top = jnp.maximum(jnp.max(first_scales()), jnp.finfo(jnp.float32).tiny)
+        top = jnp.maximum(jnp.max(jnp.abs(first_scales())), jnp.finfo(jnp.float32).tiny)
     return top, 1.0 / top
 
 

@@ -89,7 +89,10 @@ def _attention64(q, k, v, kv_lengths, *, causal=True, scale=None, emulate=None, 
         raise ValueError(f"q must be (B, T, N, H) and k_cache, v_cache (B, S_max, K, H), got {q.shape}, {k.shape}, {v.shape}")
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
-    lengths = np.asarray(kv_lengths).astype(np.int64)
+    lengths = np.asarray(kv_lengths)
+    if lengths.dtype.kind not in "iu":
+        raise TypeError(f"kv_lengths must be integers, got dtype {lengths.dtype.name}")
+    lengths = lengths.astype(np.int64)
     if lengths.shape != (B,) or np.any(lengths < T) or np.any(lengths > S):
         raise ValueError(f"kv_lengths must be (B,)=({B},) with T={T} <= kv_lengths[b] <= S_max={S}, got {lengths.tolist()}")
     past = (np.arange(S) >= lengths[:, None])[:, :, None, None]    # the cache's padding: never attended, whatever it holds

@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from ..core import request_lengths as rl
-from ..core.checks import check_soft_cap
+from ..core.checks import check_serving_lengths, check_soft_cap, length_values
 from .decode64 import dequantized64
 from .tolerance import rel_l2, row_rel_err
 
@@ -39,11 +39,10 @@ def reference_serving_attention(q, k_cache, v_cache, q_starts, kv_lengths, *, sc
     a check of a long batch can sample its longest and shortest requests only."""
     k, v = dequantized64(k_cache, v_cache, k_scale, v_scale)
     B = k.shape[0]
-    starts = np.asarray(q_starts).astype(np.int64)
-    lengths = np.asarray(kv_lengths).astype(np.int64)
-    if starts.shape != (B + 1,) or lengths.shape != (B,):
-        raise ValueError(f"q_starts must be (B+1,)=({B + 1},) and kv_lengths (B,)=({B},), "
-                         f"got {starts.shape} and {lengths.shape}")
+    starts, lengths = (length_values(name, np.asarray(x), n, size) for name, x, n, size in
+                       (("q_starts", q_starts, B + 1, "B+1"), ("kv_lengths", kv_lengths, B, "B")))
+    check_serving_lengths(starts, lengths, np.shape(q)[0], k.shape[1])
+    starts, lengths = starts.astype(np.int64), lengths.astype(np.int64)
     return _attention64(q, k, v, starts, lengths, scale=scale, logits_soft_cap=logits_soft_cap, requests=requests,
                         sinks=sinks, local_window_size=local_window_size)
 

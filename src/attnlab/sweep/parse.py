@@ -11,6 +11,8 @@ import tomllib
 
 from .. import backends
 from ..core.kv_quant import SCALE_LAYOUTS, canonical_kv_dtype
+from ..core.request_lengths import DISTRIBUTIONS
+from ..measure.cell_type import LENGTHS
 
 
 class SweepError(ValueError):
@@ -154,13 +156,16 @@ def _kv_dtypes(text) -> list[tuple[str, str] | None]:
 
 
 def _lengths_value(text: str) -> str:
-    """A lengths value as the cells spell it: lower case, but ``file:PATH`` (or a file's path) keeps its path
-    (and a ``:pagedN`` after it)."""
+    """A lengths value as the cells spell it: a name (``full``, ``paged64``, a request-length distribution, with a
+    ``:pagedN`` after it) in lower case, ``file:PATH`` (or a file's path) keeping its path and a ``:pagedN`` after it;
+    anything else as given (the sweep's check names it). A name wins over a file of that name here."""
     head, sep, tail = text.rpartition(":paged")
     path, suffix = (head, sep + tail) if sep and tail.isdigit() else (text, "")
+    if path.lower() in (*LENGTHS, *DISTRIBUTIONS) or path.lower().startswith("paged"):
+        return text.lower()
     if path.lower().startswith("file:"):
         return "file:" + path[5:] + suffix
-    return "file:" + path + suffix if os.path.isfile(path) else text.lower()
+    return "file:" + path + suffix if os.path.isfile(path) else text
 
 
 def _none_or(convert):

@@ -129,10 +129,15 @@ class _SweepMethods:
         for axis in ("backends", "batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype", "causal", "window",
                      "mode", *(f.name for f in cell_fields.AXES)):   # as the cells read them: bf16 = bfloat16
             once(axis, getattr(self, axis) or ())
-        if not self.cells():
-            raise SweepError("no valid cell: every heads/kv_heads pair has heads not a multiple of kv_heads")
+        left_out: dict[str, str] = {}
+        if not self.cells(left_out):
+            raise SweepError("no valid cell: every combination of the axes breaks a rule: " + "; ".join(
+                f"{name}: {rule}" for name, rule in left_out.items()))
 
-    def cells(self) -> list[Cell]:
+    def cells(self, left_out: dict | None = None) -> list[Cell]:
+        """The sweep's cells, its axes' product less the combinations a rule leaves out (``left_out``, when given,
+        gains each such rule's field name -> the rule in words)."""
+        left_out = {} if left_out is None else left_out
         out = []
         kv_lens = self.kv_len or [None]
         kv_heads = self.kv_heads or [None]
@@ -142,12 +147,14 @@ class _SweepMethods:
             S = T if S is None else S
             K = N if K is None else K
             if N % K:
+                left_out["heads"] = "heads must be a multiple of kv_heads"
                 continue
             a = dict(zip((f.name for f in cell_fields.AXES), values))
             serving, page = _serving_page(a["lengths"])
             page = page if serving else _page_size_of(a["lengths"]) if a["lengths"] is not None else None
             a.update(q_len=T, kv_len=S, causal=c, window=w, mode=m, serving=serving, page_size=page)
-            if any(f.skip and f.skip(a) for f in cell_fields.CELL_FIELDS):     # each field's rules
+            if broken := next((f for f in cell_fields.CELL_FIELDS if f.skip and f.skip(a)), None):   # each field's rules
+                left_out[broken.name] = broken.rule
                 continue
             kw = {f.name: a[f.name] for f in cell_fields.AXES}
             kw.update(lengths=serving or ("paged" if page else kw["lengths"]), page_size=page,
