@@ -31,6 +31,13 @@ def test_bytes_count_the_cache_at_its_dtype_plus_the_scales():
         w.bytes("fwd+bwd")
     with pytest.raises(ValueError, match="kv_scale must be one of"):
         Workload(B, T, S, N, K, H, kv_dtype="int8")
+    for bad in (-16, 3.5, True, 0):
+        with pytest.raises(ValueError, match="page_size must be None or an int >= 1"):
+            Workload(B, T, S, N, K, H, kv_lengths=lens, decode=True, kv_dtype="fp8", kv_scale="page", page_size=bad)
+    with pytest.raises(ValueError, match="kv_scale 'token' needs kv_dtype"):
+        Workload(B, T, S, N, K, H, kv_scale="token")
+    with pytest.raises(ValueError, match="kv_scale 'token' needs a quantized"):
+        kv_cache_bytes(layers=2, kv_heads=8, head_dim=128, context=10, kv_scale="token")
     assert kv_cache_bytes(layers=2, kv_heads=8, head_dim=128, context=10, dtype="int8", kv_scale="token") == \
         2 * 2 * 8 * (128 + 4) * 10
     starts, kv = np.array([0, 1, 3]), np.array([100, 50])

@@ -255,3 +255,20 @@ def test_a_plan_made_for_other_lengths_never_passes_as_right():
     own = jax.jit(lambda a, b: attnlab.serving_attention(q, k, v, a, b, plan=attnlab.serving_plan(
         a, b, total_tokens=40, kv_len_max=S, heads=8, kv_heads=2, head_dim=16), implementation="attnlab-decode"))
     assert_close(own(starts, kv), ref, q)
+
+
+def test_the_float64_truths_refuse_lengths_the_calls_refuse():
+    """The references judged invalid steps without a word: a request's rows silently 0, NaN, truncated lengths."""
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((8, 2, 4)), rng.standard_normal((3, 16, 1, 4))
+    for starts, kv, match in (([0, 5, 3, 8], [10, 10, 10], "q_starts must increase: request 1"),
+                              ([1, 5, 6, 8], [10, 10, 10], r"q_starts\[0\]=1 must be 0"),
+                              ([0, 5, 6, 8], [4, 10, 10], r"kv_lengths\[0\]=4 must lie in \[q_len, S_max\]=\[5, 16\]"),
+                              ([0, 5, 6, 8], [10, 40, 10], r"kv_lengths\[1\]=40 must lie in"),
+                              ([0, 5, 6, 9], [10, 10, 10], r"q_starts\[B\]=9 must be <= q's token count T_total=8")):
+        with pytest.raises(ValueError, match=match):
+            reference_serving_attention(q, k, k, np.array(starts), np.array(kv))
+    with pytest.raises(TypeError, match="kv_lengths must be an integer array"):
+        reference_serving_attention(q, k, k, np.array([0, 5, 6, 8]), np.array([10.0, 10, 10]))
+    with pytest.raises(TypeError, match="kv_lengths must be integers, got dtype float64"):
+        reference_decode_attention(q[None, :1], k, k, np.array([3.5, 10, 10]))

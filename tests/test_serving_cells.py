@@ -31,6 +31,9 @@ def test_distributions_files_and_mixed_batches(tmp_path):
             rl.parse_chunks(bad)
     with pytest.raises(ValueError, match="lengths must be one of"):
         rl.draw("zipf", 4, 1, 64, rng())
+    f.write_text("100\n1000000000000000000000000000\n")
+    with pytest.raises(ValueError, match="all >= 1 and < 2\\*\\*31"):
+        rl.read_lengths(str(f))
 
 
 def test_sweep_axis_makes_serving_cells_and_refuses_bad_values():
@@ -47,6 +50,18 @@ def test_sweep_axis_makes_serving_cells_and_refuses_bad_values():
             build({**base, **values})
     with pytest.raises(ValueError, match="prefill_chunks needs"):
         Cell("xla", 3, 2, 64, 4, 2, 16, causal=True, lengths="full", prefill_chunks="1x8")
+
+
+def test_a_distribution_name_wins_over_a_file_of_that_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("spread", "Lognormal", "full"):
+        (tmp_path / name).write_text("5\n")
+    (tmp_path / "lens.txt").write_text("5\n")
+    base = dict(backends="xla", batch="2", q_len="1", kv_len="64", heads="2", head_dim="16", causal="true")
+    got = {c.lengths for c in build({**base, "lengths": "spread,Lognormal:paged16,full,lens.txt"}).cells()}
+    assert got == {"spread", "lognormal", "full", "file:lens.txt"}
+    with pytest.raises(SweepError, match="'OK.TXT' is not none"):      # named as typed
+        build({**base, "lengths": "OK.TXT"})
 
 
 @pytest.mark.parametrize("backend,page_size", [("xla", None), ("attnlab-decode", 16)])
