@@ -26,7 +26,7 @@ BAD = [
     ("mixed dtypes", dict(k=K.astype(jnp.bfloat16), v=V.astype(jnp.bfloat16)), TypeError, ["share one dtype", "bfloat16"]),
     ("bias shape", dict(bias=jnp.ones((2, 4, 8, 5))), ValueError, ["bias", "broadcastable", "S"]),
     ("bias rank", dict(bias=jnp.ones((1, 2, 4, 8, 12))), ValueError, ["bias", "at most 4"]),
-    ("bias dtype", dict(bias=jnp.ones((8, 12), jnp.int32)), TypeError, ["bias", "floating"]),
+    ("bias dtype", dict(bias=jnp.ones((8, 12), jnp.complex64)), TypeError, ["bias", "floating"]),
     ("mask dtype", dict(mask=jnp.ones((8, 12), jnp.float32)), TypeError, ["mask", "bool"]),
     ("mask shape", dict(mask=jnp.ones((3, 1, 8, 12), bool)), ValueError, ["mask", "dim B"]),
     ("q lengths shape", dict(query_seq_lengths=jnp.array([1, 2, 3], jnp.int32)), ValueError, ["query_seq_lengths", "(B,)"]),
