@@ -81,6 +81,24 @@ def test_renderers_skip_a_step_without_records():
         assert s.id == sid and s.status == "skipped" and s.reason, sid
 
 
+@pytest.mark.parametrize("sid,tag", [("timing", "timing"), ("sweeps", "seq_sweep"), ("next", "head_dim"),
+                                     ("gqa", "gqa"), ("decode", None)])
+def test_a_step_whose_cell_failed_fails(sid, tag):
+    """A step showing a wrong or broken cell is failed (and `attnlab run` exits 1), never ok."""
+    from attnlab.lab.step_types import LabConfig
+    from attnlab.lab.render import RENDERERS
+
+    cfg = LabConfig.for_machine(True, False)
+    assert RENDERERS[sid](_canned(), cfg, None).status == "ok"
+    for status in ("incorrect", "runtime_error", "compile_error"):
+        recs = _canned()
+        bad = next(r for r in recs if r.get("kind") == "cell" and (r.get("step") == tag if tag else r.get("lengths")))
+        bad.update(status=status, reason="what broke")
+        s = RENDERERS[sid](recs, cfg, None)
+        assert s.status == "failed" and f"cell(s) failed; first: {bad['backend']}" in s.reason, (sid, s.reason)
+        assert s.reason.endswith(f"{status}: what broke")
+
+
 def test_each_step_is_one_module_registered_once():
     """Issue 24 item 4: a step's title, plan, probe and renderer are one module of attnlab.lab.steps,
     whose ``STEP`` is listed once; the section it renders carries that title."""
@@ -285,7 +303,7 @@ def test_the_decode_step_shows_a_ragged_serving_batch_beside_the_uniform_one():
     assert [r[:4] for r in serving.rows] == [["decode_attention, every sequence full", 262144, "0.24 ms", "90%"],
                                              ["serving_attention, uniform", 262144, "0.25 ms", "90%"],
                                              ["serving_attention, one-long", 39936, "0.1 ms", "29%"]]
-    assert serving.rows[2][4] == "8e+04" and len(main.rows) == 1 and sec.facts["cells"] == 1
+    assert serving.rows[2][4] == "8e+04" and len(main.rows) == 1 and sec.facts["cells"] == 3   # serving cells count
     cells = [c for s in sweeps_decode(LabConfig.for_machine(False, True)) for c in s.cells() if c.lengths != "full"]
     assert {(c.lengths, c.backend, c.q_len) for c in cells if not c.page_size} == {
         ("uniform", "attnlab-decode", 1), ("one-long", "attnlab-decode", 1)}

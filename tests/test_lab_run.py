@@ -52,6 +52,29 @@ def test_run_appends_a_run_record_and_ends_with_the_cost_line(tmp_path):
     assert f"0 cells measured, {runs[0]['cells']} resumed from {out}/sweeps" in " ".join(r.output.split()), r.output
 
 
+def test_a_cold_resume_is_no_resume_and_no_step_id_is_refused(tmp_path):
+    out = str(tmp_path / "fresh")
+    r = CliRunner().invoke(main, ["run", "--out", out, "--quick", "--sections", "qkv", "--resume"])
+    assert r.exit_code == 0, r.output
+    assert [x["resumed"] for x in _records(out) if x["kind"] == "run"] == [False]     # nothing was there to go on with
+    for empty in ("", ",,"):
+        r = CliRunner().invoke(main, ["run", "--out", str(tmp_path / "e"), "--quick", "--sections", empty])
+        assert r.exit_code == 2 and "names no step id" in r.output, r.output
+
+
+def test_the_run_record_counts_a_reused_program_s_compile_once():
+    import types
+
+    from attnlab.lab.run_record import run_record
+    from attnlab.lab.step_types import LabConfig
+
+    cell = dict(kind="cell", backend="xla", compile_s=1.5, cell_s=2.0)
+    ctx = types.SimpleNamespace(measured={"a": cell, "b": dict(cell, program_reused=True)}, records=[cell], resume=False,
+                                resumed={}, cfg=LabConfig(quick=True), label=None, env={})
+    rec = run_record(ctx, [], [], 1.0)
+    assert rec["compile_s"] == 1.5 and rec["cell_s"] == 4.0 and rec["cells"] == 2
+
+
 def test_run_refuses_a_folder_with_results_like_bench(tmp_path):
     out = str(tmp_path / "o")
     assert CliRunner().invoke(main, ["run", "--out", out, "--quick", "--sections", "qkv"]).exit_code == 0

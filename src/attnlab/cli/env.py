@@ -79,7 +79,7 @@ def backends(as_json, wide):
 @main.command()
 @click.option("--force", is_flag=True, help="Measure again even if cached.")
 def ceilings(force):
-    """Measure this device's bf16 matmul TFLOP/s and copy GB/s, and cache them for %-of-ceiling."""
+    """Measure this device's matmul TFLOP/s (bf16 on a GPU, float32 on a CPU) and copy GB/s; cache them for %-of-ceiling."""
     res = None if force else peaks.load_ceilings()
     if res is None:
         folder = writable_folder(os.path.dirname(peaks.cache_path()), "the ceilings cache ($ATTNLAB_CACHE_DIR)")

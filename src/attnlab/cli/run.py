@@ -44,6 +44,9 @@ def step_ids(text: str, steps) -> list[str]:
                 raise click.BadParameter(unknown("step id", s, steps) + " (`attnlab run --help` lists them)",
                                          param_hint="--sections")
             out.append(found)
+    if not out:
+        raise click.BadParameter(f"{text!r} names no step id (leave --sections out to run every step)",
+                                 param_hint="--sections")
     return out
 
 COLOURS = {"ok": "green", "skipped": "yellow", "failed": "red"}
@@ -72,7 +75,7 @@ def run(out_dir, label, quick, sections, resume, overwrite):
               f"or --overwrite to erase them and start afresh")
     if why:
         _fail(why)
-    chosen = step_ids(sections, lab.STEPS) if sections else None   # lab.STEPS, lab.run_lab: loaded here, on first use
+    chosen = step_ids(sections, lab.STEPS) if sections is not None else None   # lab.STEPS, lab.run_lab: loaded here, on first use
     writable_folder(out_dir)
 
     log = os.path.join(out_dir, "run.log")

@@ -1,7 +1,7 @@
 """What the lab's renderers share: reading records, making a step's section, formatting times. Pure: no JAX."""
 from __future__ import annotations
 
-from ..core.records import timing
+from ..core.records import config_label, timing
 from ..core.units import format_flops
 from .step_types import LabConfig, Section, Table
 from .plots import time_ms
@@ -15,6 +15,21 @@ SPREAD_NOTE = "Times are the median of the repeats, with the 25th–75th percent
 def cells(records, *steps: str) -> list[dict]:
     """The cell records tagged with one of ``steps``, in file order."""
     return [r for r in records if r.get("kind", "cell") == "cell" and r.get("step") in steps]
+
+
+#: Cell statuses that fail the step showing them: a wrong answer, or a path that broke (refusals, budgets and
+#: out-of-memory are results a step reports; the FP8 recipes' step reports its incorrect recipes as its finding).
+FAILED = ("incorrect", "runtime_error", "compile_error")
+
+
+def fail_on_failed_cells(s: Section, recs: list[dict]) -> None:
+    """Mark the section failed (unless it already is not ok) when one of its cells ``recs`` is ``FAILED``."""
+    bad = [r for r in recs if r.get("status") in FAILED]
+    if bad and s.status == "ok":
+        r = bad[0]
+        s.status = "failed"
+        s.reason = (f"{len(bad)} of {len(recs)} cell(s) failed; first: {r['backend']} {config_label(r)}: {r['status']}"
+                    f"{': ' + r['reason'][:120] if r.get('reason') else ''}")
 
 
 def probe(records, step: str) -> dict | None:

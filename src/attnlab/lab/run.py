@@ -124,7 +124,7 @@ def run_lab(out_dir: str = "attnlab-out", *, label: str | None = None, quick: bo
     t0 = time.perf_counter()
     env_full = envmod.collect()
     ctx = LabContext(config or config_for_machine(quick), out_dir, ResultStore(store_path), envmod.short(env_full),
-                     env_full=env_full, label=label, resume=resume, on_cell=on_cell)
+                     env_full=env_full, label=label, resume=resume and bool(held), on_cell=on_cell)   # nothing held: a cold run
     for r in earlier_runs:   # a resumed run keeps the record of the run it goes on from
         ctx.store.append(r)
     done: list[Section] = []

@@ -67,9 +67,11 @@ def run_record(ctx, done: list, chosen: list[str], wall_s: float, *, status: str
     """The ``kind: "run"`` record of a run (``ctx``: its ``LabContext``; ``done``: its finished Sections).
 
     Cost fields (``cells``, ``compile_s``, ``check_s``, ``timing_s``, ``cell_s``) sum the cells this
-    invocation measured, each once (a cell shared by two steps counts once; resumed cells not at all)."""
+    invocation measured, each once (a cell shared by two steps counts once; resumed cells not at all; a program
+    compiled once counts once: a cell that ran one an earlier cell compiled, ``program_reused``, adds no compile_s)."""
     measured = list(ctx.measured.values())
-    cost = {f: round(sum(r.get(f) or 0.0 for r in measured), 3) for f in ("inputs_s", "compile_s", "check_s", "timing_s", "cell_s")}
+    cost = {f: round(sum(r.get(f) or 0.0 for r in measured if not (f == "compile_s" and r.get("program_reused"))), 3)
+            for f in ("inputs_s", "compile_s", "check_s", "timing_s", "cell_s")}
     cells = [r for r in ctx.records if r.get("kind") == "cell"]
     return {
         "kind": "run", "status": status, "wall_s": round(wall_s, 3), "resumed": bool(ctx.resume),

@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from ...core.records import time_ms  # noqa: E402
 from ..step_types import LabConfig, Section, Step, Table, jax_side  # noqa: E402
 from ..plots import log_ticks, save  # noqa: E402
-from ..render_common import cells  # noqa: E402
+from ..render_common import cells, fail_on_failed_cells  # noqa: E402
 from . import decode_features, ragged_serving  # noqa: E402
 
 TITLE = "Decode: T new tokens against a long KV cache"
@@ -80,7 +80,7 @@ def render_decode(records: list[dict], cfg: LabConfig, plots_dir: str | None = N
         row.append("–" if roof_ms is None else f"{roof_ms:.4g} ms")
         rows.append(row)
     s.tables.append(Table(f"decode_attention, B={shp['batch']} S={shp['kv_len']} N={shp['heads']}/K={shp['kv_heads']} "
-                          f"H={shp['head_dim']} {shp['dtype']}, causal ({unit}; GB/s = valid KV bytes / time)",
+                          f"H={shp['head_dim']} {shp['dtype']}, causal ({unit}; GB/s = bytes moved (valid K/V, q, output) / time)",
                           ["T"] + bes + ["roofline bound"], rows))
     gpu = cupti or cfg.gpu
     s.paragraphs.append(GPU_STORY if gpu else cpu_story(bes))
@@ -118,7 +118,10 @@ def render_decode(records: list[dict], cfg: LabConfig, plots_dir: str | None = N
         ok = [r for r in recs if r["q_len"] == T and r["status"] == "ok"]
         if ok:
             best[str(T)] = min(ok, key=_time)["backend"]
-    s.facts = {"fastest_by_T": best, "cells": len(every), "ok": sum(r["status"] == "ok" for r in every)}
+    steps = [r for r in records if ragged_serving.is_serving(r)]
+    s.facts = {"fastest_by_T": best, "cells": len(every) + len(steps),
+               "ok": sum(r["status"] == "ok" for r in every + steps)}
+    fail_on_failed_cells(s, every + steps)
     return s
 
 

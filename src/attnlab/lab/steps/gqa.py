@@ -14,7 +14,7 @@ import re
 from ...report import shared_rows
 from ..step_types import LabConfig, LabContext, Step, Table, jax_side
 from ..plots import time_ms, timing
-from ..render_common import ITEMSIZE, cells, field_text, section_renderer, time_text
+from ..render_common import ITEMSIZE, cells, fail_on_failed_cells, field_text, section_renderer, time_text
 
 TITLE = "MHA, GQA and MQA"
 
@@ -169,8 +169,7 @@ def render(s, p, records, cfg: LabConfig, plots_dir=None) -> None:
         if why:
             s.paragraphs.append(why)
     s.facts = {"cells": [{k: r[k] for k in ("backend", "kv_heads", "status", "rel_err")} for r in recs]}
-    if any(r["status"] == "incorrect" for r in recs):
-        s.status, s.reason = "failed", "a GQA/MQA path disagreed with the float64 reference"
+    fail_on_failed_cells(s, recs)
 
 
 STEP = Step("gqa", TITLE, render, sweeps=sweeps, probe=probe, cells_note=cells_note)

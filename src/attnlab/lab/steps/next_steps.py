@@ -4,7 +4,7 @@ from __future__ import annotations
 from ...report import shared_rows
 from .. import plots
 from ..plan import perf_backends
-from ..render_common import cells, fmt, section_renderer, speedup_text, time_text
+from ..render_common import cells, fail_on_failed_cells, fmt, section_renderer, speedup_text, time_text
 from ..step_types import LabConfig, LabContext, Section, Step, Table, jax_side
 
 TITLE = "Next steps: head dims, memory, speed-ups"
@@ -57,8 +57,9 @@ def probe(ctx: LabContext) -> dict:
 
 def cells_note(cfg: LabConfig) -> str:
     c = cfg
-    return (f"Cells: XLA at H = {', '.join(map(str, c.timed_head_dims))} (the default and the largest, which "
-            "cuDNN refuses)" + (f", cuDNN at H = {c.head_dim}, 128 and 256 where it accepts them (256 is its largest)"
+    dims = c.timed_head_dims
+    return (f"Cells: XLA at H = {', '.join(map(str, dims))} (the default" + (
+        f" and {dims[-1]}, which cuDNN refuses)" if len(dims) > 1 else ")") + (f", cuDNN at H = {c.head_dim}, 128 and 256 where it accepts them (256 is its largest)"
                                 if c.gpu and not c.quick else "")
             + f"; the memory table is compiled, never run, at T = {', '.join(map(str, memory_seqs(c)))}.")
 
@@ -83,6 +84,7 @@ def render(s, p, records, cfg: LabConfig, plots_dir=None) -> None:
         s.paragraphs.append(f"cuDNN cannot run here ({cudnn_why}): the head-dim table gives its shape rule only; "
                             "nothing ran on cuDNN.")
     s.paragraphs.append(cells_note(c))
+    fail_on_failed_cells(s, hd)
     _memory(records, c, s, plots_dir)
     bes = perf_backends(c)
     seq = cells(records, "seq_sweep")

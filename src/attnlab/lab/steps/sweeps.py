@@ -4,7 +4,7 @@ from __future__ import annotations
 from ...core import device
 from .. import plots
 from ..plan import perf_backends
-from ..render_common import cells, section_renderer, sweep_table, timer_note
+from ..render_common import cells, fail_on_failed_cells, section_renderer, sweep_table, timer_note
 from ..step_types import LabConfig, LabContext, Step, jax_side
 
 TITLE = "Sequence-length and batch sweeps"
@@ -98,6 +98,7 @@ def render(s, p, records, cfg: LabConfig, plots_dir=None) -> None:
             best[r["backend"]] = max(best.get(r["backend"], 0), r["tflops"])
     s.facts = {"best_tflops": best, "cells": len(seq) + len(bat),
                "failed_cells": sum(r["status"] != "ok" for r in seq + bat)}
+    fail_on_failed_cells(s, seq + bat)
 
 
 STEP = Step("sweeps", TITLE, render, sweeps=sweeps, probe=probe, cells_note=cells_note)

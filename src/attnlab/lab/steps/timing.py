@@ -5,7 +5,7 @@ from __future__ import annotations
 from .. import plots
 from ..step_types import LabConfig, Step, Table, jax_side
 from ..plan import perf_backends
-from ..render_common import cells, field_text, section_renderer, spread, status_or, timer_note
+from ..render_common import cells, fail_on_failed_cells, field_text, section_renderer, spread, status_or, timer_note
 
 TITLE = "Timing at the default shape"
 
@@ -61,6 +61,7 @@ def render(s, p, records, cfg: LabConfig, plots_dir=None) -> None:
                                       title="CUPTI kernel ms per call (median; whiskers: 25th–75th percentile)", ylabel="ms",
                                       spread=[(r.get("kernel_p25_ms"), r.get("kernel_p75_ms")) for r in ok]))
     s.facts = {f"{r['backend']}_{r['dtype']}": {"kernel_ms": r["kernel_ms"], "wall_ms": r["wall_ms"], "status": r["status"]} for r in recs}
+    fail_on_failed_cells(s, recs)
 
 
 STEP = Step("timing", TITLE, render, sweeps=sweeps, cells_note=cells_note)
