@@ -146,6 +146,10 @@ def test_plan_weighs_a_pieces_start_in_blocks():
     assert worst[3] < worst[0]
     with pytest.raises(ValueError, match="piece_blocks must be an int >= 0"):
         sp.make_serving_plan(starts, kv, **kw, config=sp.ServingConfig(piece_blocks=-1))
+    # a static bound on q_len below a request's (concrete) tokens: that request's rows were 0 without a word
+    with pytest.raises(ValueError, match=r"ServingConfig.max_q_len=2 is below request 1's 20 new tokens"):
+        attnlab.serving_plan(np.array([0, 1, 21, 24]), np.array([30, 40, 10]), total_tokens=26, kv_len_max=64, heads=4,
+                             kv_heads=2, head_dim=32, config=sp.ServingConfig(max_q_len=2))
 
 
 @pytest.mark.parametrize("groups,head_dim,rows", [(16, 128, 128), (12, 128, 128), (4, 128, 32), (16, 256, 64)])

@@ -66,8 +66,8 @@ class ServingConfig:
     #: q_len the decode tile is sized for (rows = G x this); None: the longest decode request when
     #: the lengths are concrete, else ``max_q_len`` (capped at ``decode_max_q``), else 1
     decode_q_len: int | None = None
-    #: a static upper bound on every q_len (the caller's promise, e.g. the speculative depth);
-    #: with max_q_len <= decode_max_q no prefill launch is made
+    #: a static upper bound on every q_len (the caller's promise, e.g. the speculative depth; concrete lengths past it
+    #: are refused); with max_q_len <= decode_max_q no prefill launch is made
     max_q_len: int | None = None
     programs: int | None = None      # per KV head and class; None: SMs x programs per SM / K
     num_warps: int | None = None
@@ -80,15 +80,13 @@ class ServingConfig:
     #: False: a window's units start at the block boundary before their first key, as for pages of >= block_k
     #: keys (the layout before the first-key start, kept to time against it)
     window_from_key: bool = True
-    #: what starting a piece weighs in the decode class's balance, in KV blocks (a unit weighs its blocks plus
-    #: this). 0 until measured: where one program runs per SM nothing hides a piece's q gather, pipeline fill and
-    #: partial store (a fit of the H200's times: ~5.8 us a piece against 1.4 us a block at 128 rows,
-    #: results/cpu-2026-12-05-serving-sass), so about 4 is predicted to help there (``serving/gpu.py --wide-rows``)
+    #: what starting a piece weighs in the decode class's balance, in KV blocks (a unit weighs its blocks plus this). 0
+    #: until measured: where one program runs per SM nothing hides a piece's q gather, pipeline fill and partial store
+    #: (H200 fit: ~5.8 us a piece, 1.4 us a block at 128 rows, results/cpu-2026-12-05-serving-sass): ~4 may help there
     piece_blocks: int = 0
     #: where a unit's pieces are merged (``kernels.serving_merge``): "fused" (the piece that finishes a unit last merges
-    #: it; a one-piece unit stores its rows: one launch per class) or "kernel" (a merge kernel per class after its
-    #: pieces kernel). "fused": 1.04-1.17x on one-long batches, ties elsewhere (0.99-1.08x) on an H100
-    #: (results/gpu-2026-12-05d-h100-merge-direct)
+    #: it; a one-piece unit stores its rows: one launch per class) or "kernel" (a merge kernel per class after its pieces
+    #: kernel). "fused": 1.04-1.17x on one-long batches, else 0.99-1.08x, H100 (results/gpu-2026-12-05d-h100-merge-direct)
     merge: str = "fused"
     #: P > 0: up to P requests with decode_max_q < q_len <= ``prefill_chunk`` run on the Mosaic GPU kernel
     #: (``kernels.serving_prefill_mgpu``) instead of the prefill class; 0: none
@@ -96,9 +94,8 @@ class ServingConfig:
     prefill_chunk: int | None = None
     #: n > 0: the slots run on CUDA stream n (XLA's stream annotation), beside the Triton classes; 0: before them
     prefill_stream: int = 0
-    #: True: an FP8 cache with float16 products is read as int16 pairs of bytes along H, split into its even and odd
-    #: columns in registers, as ``DecodeConfig.kv_pairs`` (``kernels.kv_dequant``; resolved per call by the cache's
-    #: dtype, ``decode_plan.kv_pairs_apply``); the decode kernel 1.10-1.27x on the H200 (gpu-2026-12-06c-fp8-pairs)
+    #: True: an FP8 cache with float16 products is read as int16 pairs along H, split in registers, as ``DecodeConfig.
+    #: kv_pairs`` (``kernels.kv_dequant``; per call by the cache's dtype): decode 1.10-1.27x, H200 (gpu-2026-12-06c-fp8-pairs)
     kv_pairs: bool = True
     #: the decode class's blocks every row sees whole run unmasked as the prefill's (``DecodeConfig.whole_blocks``)
     whole_blocks: bool = False
@@ -241,6 +238,9 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
     cap_k = max(16, next_pow2(kv_len_max))
     max_q = max(1, min(cfg.max_q_len or total_tokens, total_tokens))
     q_len = None if traced else np.diff(np.asarray(q_starts).astype(np.int64))
+    if q_len is not None and cfg.max_q_len and q_len.max(initial=1) > cfg.max_q_len:
+        raise ValueError(f"ServingConfig.max_q_len={cfg.max_q_len} is below request {int(q_len.argmax())}'s "
+                         f"{int(q_len.max())} new tokens (a static bound every request keeps)")
     max_q = max_q if q_len is None else max(1, min(max_q, int(q_len.max(initial=1))))
     dec_q = cfg.decode_q_len or (int(q_len[q_len <= cfg.decode_max_q].max(initial=1)) if q_len is not None
                                  else min(cfg.max_q_len or 1, cfg.decode_max_q))
