@@ -43,6 +43,8 @@ def test_attention_takes_the_recipe_as_an_argument():
     q = jnp.zeros((1, 16, 2, 16), jnp.bfloat16)
     with pytest.raises(attnlab.UnsupportedError, match="^cudnn-fp8-hadamard: "):   # no GPU here: its own reason
         attnlab.attention(q, q, q, implementation="cudnn-fp8", fp8_recipe="hadamard")
+    with pytest.raises(attnlab.UnsupportedError, match="^cudnn-fp8-hadamard: "):   # a name in any case, as elsewhere
+        attnlab.attention(q, q, q, implementation="cuDNN-FP8", fp8_recipe="hadamard")
     with pytest.raises(ValueError, match="fp8_recipe needs implementation='cudnn-fp8'"):
         attnlab.attention(q, q, q, fp8_recipe="hadamard")
     with pytest.raises(ValueError, match="fp8_recipe must be one of"):

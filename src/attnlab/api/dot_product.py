@@ -115,10 +115,10 @@ def with_fp8_recipe(implementation, fp8_recipe):
     if fp8_recipe is None:
         return implementation
     takers = backends.recipe_backends()
-    if implementation not in takers:
+    if not isinstance(implementation, str) or implementation.lower() not in takers:   # names in any case, as get
         raise ValueError(f"fp8_recipe needs implementation={' or '.join(map(repr, takers))}, "
                          f"got implementation={implementation!r}")
-    return backends.get(implementation).recipe_variant(fp8_recipe)
+    return backends.get(implementation.lower()).recipe_variant(fp8_recipe)
 
 
 def _mode_of(x) -> str:
