@@ -505,8 +505,8 @@ def test_decode_step_runs_on_cpu(tmp_path):
     assert "decode" in STEPS
     (sec,) = run_lab(str(tmp_path), quick=True, sections=["decode"])
     assert sec.status == "ok", sec.reason
-    assert sec.facts["ok"] == sec.facts["cells"] == 3          # the CPU quick plan: attnlab-decode and xla at T = 4,
-    assert any(t.title.startswith("attnlab-decode by group size") for t in sec.tables)   # and a paged16 cell
+    assert sec.facts["ok"] == sec.facts["cells"] == 5          # the CPU quick plan: attnlab-decode and xla at T = 4,
+    assert any(t.title.startswith("attnlab-decode by group size") for t in sec.tables)   # a paged16 cell, 2 serving
     assert any("interpret mode" in p for p in sec.paragraphs)
 
 
