@@ -3,6 +3,7 @@ the timer's noise is an error of attnlab; every committed record in results/ loa
 import glob
 import json
 import os
+import types
 
 import pytest
 
@@ -56,6 +57,10 @@ def test_the_bound_is_raised_by_the_timer_noise(above, spread, ok):
     ({"input_sets": 1, "bytes": 53e6, "ms": 0.01}, True),   # 5.3 TB/s from inputs that fit in L2: served from it
     ({"input_sets": 2, "bytes": 53e6, "ms": 0.01}, False),  # ... which two sets of them do not
     ({"devices": 2}, True),                             # two devices: twice the bandwidth
+    ({"devices": 8, "input_sets": 1, "bytes": 8 * 53e6, "ms": 0.0092}, True),   # 46 TB/s from 8 devices' L2s: each
+    ({"devices": 8, "input_sets": 2, "bytes": 8 * 53e6, "ms": 0.0092}, False),  # holds 53 MB, or 106 MB, of it
+    ({"dtype": "float64", "peak_dtype": "tf32", "flops": 200e9, "bytes": 1e9}, False),  # 200 TFLOP/s: float64's
+    ({"dtype": "float64", "peak_dtype": "fp32", "flops": 60e9, "bytes": 1e9}, True),    # peak is FP32's, not TF32's
     ({"env": {"device_kind": "cpu"}, "peak_tflops": None}, True),   # no datasheet: not bounded
     ({"peak_dtype": "fp8", "flops": 1.5e12, "bytes": 1e9}, True),   # an fp8 backend: bounded by the fp8 peak
     ({"peak_dtype": None, "flops": 1.5e12, "bytes": 1e9}, False),
@@ -97,7 +102,6 @@ def test_no_committed_record_is_above_the_datasheet_peak():
 def test_a_sharded_cells_percentages_are_of_its_devices_together():
     """8 H200s each at 60% of the bf16 peak: 60% of the peak and of the roofline, measured as written and as recounted
     (one device's peak would say 480%, faster than its own roofline)."""
-    import types
 
     import attnlab.api.sharded  # noqa: F401  (registers the strategies a sharded cell names)
     from attnlab.measure.cell import Cell
@@ -114,3 +118,16 @@ def test_a_sharded_cells_percentages_are_of_its_devices_together():
            "flops": w.flops(), "bytes": w.bytes(), **got}
     again = recount(rec)
     assert again["pct_peak"] == pytest.approx(60) and again["pct_roofline"] == pytest.approx(60)
+
+
+def test_float64_is_stamped_with_fp32_s_peak_and_a_sharded_cell_rotates_past_each_device_s_l2(monkeypatch):
+    from attnlab.core import device
+    from attnlab.core.datasheet import dtype_class
+    from attnlab.core.problem import Problem
+    from attnlab.measure import Options, inputs
+
+    assert (dtype_class("float64", tf32=True), dtype_class("float32", tf32=True)) == ("fp32", "tf32")
+    monkeypatch.setattr(device, "current", lambda: types.SimpleNamespace(kind="NVIDIA H200"))
+    w = Problem(8, 4096, 4096, 32, 8, 128, "bfloat16")      # a set (k, v, out): 403 MB; a device's eighth: 50 MB
+    opts = Options(max_input_sets=64)
+    assert inputs._set_count(w, opts) == 1 and inputs._set_count(w, opts, devices=8) == 4    # past 3 x 60 MiB of L2

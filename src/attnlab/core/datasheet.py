@@ -53,12 +53,14 @@ def peak_for_kind(kind: str) -> Peak | None:
 
 
 def dtype_class(dtype: str, tf32: bool = False) -> str:
+    """The peak a dtype's matmuls run at: bf16 (float16 too), fp8, tf32 (float32 at ``tf32`` precision) or fp32
+    (float32 at full precision, and float64, which no TF32 path computes: its tensor peak is about FP32's)."""
     name = str(dtype)
     if name in ("bfloat16", "float16"):
         return "bf16"
     if name.startswith("float8"):
         return "fp8"
-    return "tf32" if tf32 else "fp32"
+    return "tf32" if tf32 and name != "float64" else "fp32"
 
 
 def peak_tflops(kind: str, dtype: str, tf32: bool = False) -> float | None:

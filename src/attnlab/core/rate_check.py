@@ -53,8 +53,8 @@ def device_kind(rec: dict) -> str | None:
 
 def _classes(rec: dict) -> set:
     dtype = str(rec.get("dtype"))
-    own = "fp32" if dtype == "float64" else dtype_class(dtype, tf32=True)
-    return {own, rec.get("peak_dtype")} - {None}
+    own = dtype_class(dtype, tf32=True)    # and the class it computed in (an FP8 cell's), but float64's is fp32's
+    return {own} if dtype == "float64" else {own, rec.get("peak_dtype")} - {None}
 
 
 def bounds(rec: dict) -> dict:
@@ -67,7 +67,7 @@ def bounds(rec: dict) -> dict:
         pk = rec.get("peak_tflops")
         return {"flops": (pk * devices if pk else None, f"the record's own peak_tflops{per}"), "bytes": (None, "")}
     cls = max(_classes(rec) & set(sheet.tflops), key=sheet.tflops.get, default=None)
-    rotated = (rec.get("input_sets") or 1) * (rec.get("bytes") or 0)
+    rotated = (rec.get("input_sets") or 1) * (rec.get("bytes") or 0) / devices    # each device's, past its own L2
     return {"flops": (sheet.tflops[cls] * devices if cls else None, f"the {sheet.source}, {cls}{per}"),
             "bytes": (sheet.hbm_tbps * 1e3 * devices if rotated > sheet.l2_bytes else None,
                       f"the {sheet.source}, HBM{per}")}

@@ -44,7 +44,7 @@ def cell_inputs(cell, backend, opts, rec: dict, phases) -> CellInputs:
     a sharded cell's sets go onto its mesh. Writes ``input_sets``, ``inputs_draw`` and ``mesh`` into ``rec``;
     raises ``Skip`` (unsupported: a refused call, a dtype JAX does not make, a mesh this machine lacks)."""
     w = cell.workload
-    n = _set_count(w, opts)
+    n = _set_count(w, opts, cell.devices)
     decode_why = None if cell.lengths is None else (   # read off the backend's declarations: no call needed
         window_refusal(backend, cell.window) or (paged_refusal(backend) if cell.lengths == "paged" else None))
     extras = call_extras(cell)       # the sinks, then the sets: one round of draws
@@ -100,10 +100,11 @@ def window_refusal(backend, window) -> str | None:
     return backend.decode_window_reason if window is not None and not backend.takes_decode_window else None
 
 
-def _set_count(w, opts) -> int:
-    """How many (q, k, v) sets of the problem ``w`` rotate past the L2 cache (``Options.input_sets``)."""
+def _set_count(w, opts, devices: int = 1) -> int:
+    """How many (q, k, v) sets of the problem ``w`` rotate past the L2 cache (``Options.input_sets``): each of a
+    sharded cell's ``devices`` holds 1/devices of a set, and has an L2 of its own."""
     sheet = peaks.peak_for_kind(device.current().kind)
-    return opts.input_sets(w.bytes("fwd") - w.batch * w.q_len * w.heads * w.head_dim * w.itemsize,   # q, k, v
+    return opts.input_sets((w.bytes("fwd") - w.batch * w.q_len * w.heads * w.head_dim * w.itemsize) / devices,
                            sheet and sheet.l2_bytes)
 
 
