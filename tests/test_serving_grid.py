@@ -66,7 +66,7 @@ def test_table_states_goals_and_peers_from_a_jsonl(tmp_path):
     assert "75% met" in rows["one-long"] and "faster 3.00x" in rows["one-long"]
     assert "75% missed by 15" in rows["mixed 2x2048+126"] and "no peer" in rows["mixed 2x2048+126"]
     assert "skipped: needs ~99 GB" in rows["spread"]
-    assert "| lognormal | 1 | 80% | 0/1 | 89% | 1 |" in md
+    assert "| lognormal | 1 | 80% | 0/1 | 89% | 0 / 0 / 1 |" in md
     assert "300–300 TFLOP/s, 30–30% of the 989" in md and "at most 0.06% of a 32-layer step" in md
     assert grid_table.verdicts(recs[1])["best_peer"] == "cudnn (padded)"
     assert len(gc.read_records([tmp_path / "results.jsonl"])) == 5

@@ -92,8 +92,9 @@ def _range(xs) -> str:
 
 def summary_md(recs) -> list[str]:
     """Per batch kind: attnlab's % of the roofline, the goal met on how many cells, the best peer's %, and
-    the cells slower than their best peer (the README's decode rows are restated from this)."""
-    lines = ["| batch | cells | attnlab % of the roofline | goal met | best peer % | slower than the best peer |",
+    the cells faster than, tied with (within 1%) and slower than their best peer (the README's decode rows are
+    restated from this)."""
+    lines = ["| batch | cells | attnlab % of the roofline | goal met | best peer % | vs the best peer: faster / tied / slower |",
              "| --- | --- | --- | --- | --- | --- |"]
     kinds = sorted({r["batch"] for r in recs}, key=lambda b: (b.startswith("mixed"), b))
     for kind in kinds:
@@ -102,10 +103,10 @@ def summary_md(recs) -> list[str]:
             continue
         met = sum(verdicts(r)["goal"] == "met" for r in rs)
         peers = [best_peer(r)[1]["pct_roofline"] for r in rs if best_peer(r)]
-        slower = sum(verdicts(r)["vs_peer"].startswith("slower") for r in rs)
+        vs = [sum(verdicts(r)["vs_peer"].startswith(v) for r in rs) for v in ("faster", "tie", "slower")]
         today = sum(verdicts(r).get("vs_today", "").startswith("slower") for r in rs)
         lines.append(f"| {kind} | {len(rs)} | {_range([r['pct_roofline'] for r in rs])} | {met}/{len(rs)} | "
-                     f"{_range(peers)} | {slower}" + (f" (than today's decode kernel: {today})" if kind == "uniform" else "")
+                     f"{_range(peers)} | {' / '.join(map(str, vs))}" + (f" (than today's decode kernel: {today})" if kind == "uniform" else "")
                      + " |")
     return lines
 
