@@ -526,3 +526,21 @@ def test_the_decode_verdict_judges_the_worst_row_too():
     bad[1, T - 1] = ref64(q[1:, T - 1:], k[1:], v[1:], np.array([S - 1]), emulate=bf)[0, 0].astype(bf)
     ok, wrong = check_decode_close(good, q, k, v, lens), check_decode_close(bad, q, k, v, lens)
     assert ok.ok and wrong.rel_err <= wrong.limit and wrong.row_err > 3 * ok.row_err and not wrong.ok
+
+
+def test_attnlab_decode_refuses_x64_and_a_traced_scale_where_explain_looks():
+    """Under x64 its Pallas index arithmetic mixed int32 and int64 (a TypeError inside JAX); a traced scale was
+    refused by the call after explain said it runs."""
+    q, k = jnp.ones((1, 4, 4, 32), jnp.float32), jnp.ones((1, 16, 2, 32), jnp.float32)
+    with jax.enable_x64(True):
+        assert "x64 mode" in attnlab.explain(q, k, k).reasons["attnlab-decode"]
+        with pytest.raises(UnsupportedError, match="attnlab-decode: JAX's x64 mode is on"):
+            attnlab.attention(q, k, k, implementation="attnlab-decode")
+        with pytest.raises(UnsupportedError, match="x64 mode"):
+            attnlab.decode_attention(q, k, k, jnp.array([16]), implementation="attnlab-decode")
+
+    @jax.jit
+    def f(q, s):
+        assert "scale is traced" in attnlab.explain(q, k, k, scale=s).reasons["attnlab-decode"]
+        return attnlab.attention(q, k, k, scale=s)        # auto passes it by
+    assert f(q, 0.5).shape == q.shape

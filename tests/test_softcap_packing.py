@@ -162,6 +162,11 @@ def test_cudnn_packed_layout_and_refusals():
     assert "not contiguous" in cudnn_packed.refusal(spec(query_segment_ids=bad, key_value_segment_ids=bad))
     assert "GQA" in cudnn_packed.refusal(spec(K=2, query_segment_ids=ids, key_value_segment_ids=ids))
     assert cudnn_packed.refusal(spec(query_segment_ids=ids, key_value_segment_ids=ids, is_causal=True)) is None
+    # what run() refuses of concrete ids, explain and auto see first; lengths beside ids are refused (cut one side)
+    other = jnp.asarray([[0, 0, 0, 2, 2, 1, -1, -1], [5] * 8])
+    assert "differ" in cudnn_packed.refusal(spec(query_segment_ids=ids, key_value_segment_ids=other))
+    assert "query_seq_lengths" in cudnn_packed.refusal(spec(query_segment_ids=ids, key_value_segment_ids=ids,
+                                                            query_seq_lengths=jnp.asarray([8, 4])))
     with pytest.raises(attnlab.UnsupportedError, match="differ"):
         cudnn_packed.check_concrete(ids, jnp.asarray([[1, 1, 1, 0, 0, 2, 2, 2], [5] * 8]), aligned=False)
 
@@ -234,3 +239,14 @@ def test_peers_refuse_the_soft_cap_naming_themselves():
         b = backends.get(name)
         assert words in b.soft_cap_reason and not b.takes_soft_cap
     assert backends.get("naive").why_not(spec) is None
+
+
+def test_segment_ids_past_int32_are_refused_not_read_as_padding():
+    """uint32 ids >= 2**31 wrapped negative in the masks' int32 compare: every row became padding."""
+    q, k, v = _inputs(T=8)
+    ids = np.array([[0x80000000] * 4 + [0x80000001] * 4] * q.shape[0], np.uint32)
+    with pytest.raises(ValueError, match=r"query_segment_ids must lie in int32's range \[-2\*\*31, 2\*\*31\)"):
+        attnlab.attention(q, k, v, query_segment_ids=ids, key_value_segment_ids=ids, implementation="naive")
+    small = (ids - np.uint32(0x80000000)).astype(np.uint32)          # the same documents, ids 0 and 1: run
+    assert bool(jnp.all(jnp.isfinite(attnlab.attention(q, k, v, query_segment_ids=small, key_value_segment_ids=small,
+                                                       implementation="naive"))))

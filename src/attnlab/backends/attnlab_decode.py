@@ -55,7 +55,10 @@ def _common(p: Problem) -> str | None:
 
 
 def _static_scale_and_pages(spec) -> str | None:
-    """What a decode or serving call's kernel compiles in: a Python float scale and a power-of-two page size."""
+    """What a call's kernel compiles in: a Python float scale and a power-of-two page size; and int32 indices, which
+    JAX's x64 mode would make int64 (the kernels' index arithmetic mixes the two)."""
+    if jax.config.jax_enable_x64:
+        return "JAX's x64 mode is on (jax_enable_x64): the kernels index in int32"
     if not spec.scale_is_static:
         return "scale is traced: the kernel compiles the scale in (pass a Python float)"
     ps = spec.page_size
@@ -105,7 +108,7 @@ class AttnlabDecodeBackend(Backend):
                                 ("query_seq_lengths", spec.has_q_lengths), ("local_window_size", spec.window)) if on]
         if used:
             return f"takes no {', '.join(used)} (key_value_seq_lengths only)"
-        return None
+        return _static_scale_and_pages(spec)
 
     def supports_decode(self, spec) -> str | None:
         """Why ``decode_attention`` cannot run ``spec`` (an decode ``Call``) here, or None."""

@@ -49,6 +49,15 @@ def refusal(spec: Call) -> str | None:
         return "segment ids with a window reaching right: cuDNN's window is left-only"
     if spec.window is not None and not spec.is_causal:
         return "segment ids with a window needs is_causal (cuDNN's sliding window is causal)"
+    if spec.has_q_lengths or spec.has_kv_lengths:
+        # folded into the ids one side at a time, a segment cut by one side's length no longer pairs with the other's
+        return "segment ids with query_seq_lengths or key_value_seq_lengths: give the padding as negative ids"
+    ids = (spec.q_segment_ids, spec.kv_segment_ids)
+    if all(hasattr(x, "__array__") and not isinstance(x, jax.core.Tracer) for x in ids):   # concrete: the run's rules
+        try:
+            check_concrete(*ids, spec.is_causal or spec.window is not None)
+        except UnsupportedError as e:
+            return e.reason
     return None
 
 
@@ -82,13 +91,6 @@ def _distinct(x, count):
     return jnp.all(y[:, 1:] != y[:, :-1], axis=1)
 
 
-def _fold_lengths(ids, lengths, L):
-    if lengths is None:
-        return jnp.asarray(ids, jnp.int32)
-    keep = jnp.arange(L)[None, :] < jnp.asarray(lengths, jnp.int32)[:, None]
-    return jnp.where(keep, jnp.asarray(ids, jnp.int32), -1)
-
-
 def check_concrete(q_ids, kv_ids, aligned: bool) -> None:
     """Refuse concrete ids the packed call would get wrong (``UnsupportedError`` naming the rule)."""
     if isinstance(q_ids, jax.core.Tracer) or isinstance(kv_ids, jax.core.Tracer):
@@ -111,8 +113,7 @@ def run(p: Call):
 
     T, S = p.q_len, p.kv_len
     aligned = p.is_causal or p.window is not None
-    q_ids = _fold_lengths(p.q_segment_ids, p.q_lengths, T)
-    kv_ids = _fold_lengths(p.kv_segment_ids, p.kv_lengths, S)
+    q_ids, kv_ids = (jnp.asarray(x, jnp.int32) for x in (p.q_segment_ids, p.kv_segment_ids))
     check_concrete(p.q_segment_ids, p.kv_segment_ids, aligned)
     M = min(_pow2(p.max_segments or 1), min(T, S)) if p.max_segments is not None else min(T, S)
     q_off, q_len, q_start, q_n = layout(q_ids, M)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .checks import _is_tracer
+
 
 def check_segment_ids(q_ids, kv_ids, batch: int, q_len: int, kv_len: int) -> None:
     """Both or neither; (B, T) and (B, S) integer arrays. ValueError/TypeError naming the argument."""
@@ -36,6 +38,10 @@ def check_segment_ids(q_ids, kv_ids, batch: int, q_len: int, kv_len: int) -> Non
             raise ValueError(f"{name} must have shape (B, {letter})={want}, got {shape}")
         if np.dtype(x.dtype).kind not in "iu":
             raise TypeError(f"{name} must be an integer array (ids; negative = padding), got dtype {np.dtype(x.dtype).name}")
+        if hasattr(x, "__array__") and not _is_tracer(x) and np.size(x):   # concrete values
+            vals = np.asarray(x)
+            if vals.max() >= 2**31 or vals.min() < -2**31:   # the masks compare ids as int32
+                raise ValueError(f"{name} must lie in int32's range [-2**31, 2**31), got {vals.max()}")
 
 
 def visible(q_ids, kv_ids):
