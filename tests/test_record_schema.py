@@ -98,6 +98,10 @@ def _ok():
     ({"status": "oom", "reason": "big"}, "wall_ms"),
     ({"status": "oom", "reason": "big", "wall_ms": None, "tflops": 3.0}, "tflops"),
     ({"cell_s": "slow"}, "cell_s"),
+    ({"kernel_ms": -1.0}, "kernel_ms"),                 # any clock's time is positive, not only the headline's
+    ({"status": "incorrect", "reason": "x", "wall_ms": None, "wall_p25_ms": 1.0}, "wall_p25_ms"),   # spreads too
+    ({"status": "incorrect", "reason": "x", "wall_ms": None, "repeats": 5}, "repeats"),
+    ({"status": "incorrect", "reason": "x", "wall_ms": None, "dispatch_ms": 1.0}, "dispatch_ms"),
 ])
 def test_each_status_rule_names_its_field(change, field):
     assert CellRecord.from_flat(_ok()).status is Status.OK
@@ -124,6 +128,18 @@ def test_a_writer_cannot_store_a_record_that_breaks_a_status_rule(tmp_path, fres
         store.append(fresh.model_copy(update={"status": Status.OOM, "reason": "big"}))
     store.append(fresh)
     assert [r["status"] for r in read_records(store.path)] == ["ok"]
+
+
+def test_the_store_writes_strict_json_and_the_csv_keeps_every_part(tmp_path, fresh):
+    """An exact output's margin is inf: the store wrote Infinity, which JSON parsers refuse."""
+    store = ResultStore(tmp_path / "r.jsonl")
+    store.append(fresh.with_fields(margin=float("inf"), grad_margin=float("inf"), schema=None))
+    line = open(store.path, encoding="utf-8").read()
+    rec = json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    assert rec["margin"] is None and rec["grad_margin"] is None
+    assert read_records(store.path)[0]["status"] == "ok"      # a null schema reads as an old one, not a TypeError
+    cols = csv_columns(IDENTITY)
+    assert {"request_lengths", "lengths_traced", "grad_checks", "out_dtype", "facts"} <= set(cols)
 
 
 def test_resume_compacts_the_results_file_through_the_store(tmp_path, fresh, monkeypatch):

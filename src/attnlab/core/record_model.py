@@ -68,21 +68,21 @@ class Timing(_Part):
     kernel_ms: Num = _f("timed", "measured", "cleared")
     wall_ms: Num = _f("timed", "measured", "cleared")
     pipelined_ms: Num = _f("timed", "measured", "cleared")
-    dispatch_ms: Num = _f("measured", "cleared")
-    kernel_min_ms: Num = None
-    kernel_p25_ms: Num = None
-    kernel_p75_ms: Num = None
-    kernel_max_ms: Num = None
-    kernel_iqr_ms: Num = None
-    kernel_n: Optional[int] = None
-    wall_min_ms: Num = None
-    wall_p25_ms: Num = None
-    wall_p75_ms: Num = None
-    wall_max_ms: Num = None
-    wall_iqr_ms: Num = None
-    wall_n: Optional[int] = None
-    repeats: Optional[int] = None
-    pipelined_calls: Optional[int] = None
+    dispatch_ms: Num = _f("timed", "measured", "cleared")
+    kernel_min_ms: Num = _f("timed")
+    kernel_p25_ms: Num = _f("timed")
+    kernel_p75_ms: Num = _f("timed")
+    kernel_max_ms: Num = _f("timed")
+    kernel_iqr_ms: Num = _f("timed")
+    kernel_n: Optional[int] = _f("timed")
+    wall_min_ms: Num = _f("timed")
+    wall_p25_ms: Num = _f("timed")
+    wall_p75_ms: Num = _f("timed")
+    wall_max_ms: Num = _f("timed")
+    wall_iqr_ms: Num = _f("timed")
+    wall_n: Optional[int] = _f("timed")
+    repeats: Optional[int] = _f("timed")
+    pipelined_calls: Optional[int] = _f("timed")
 
 
 class Rates(_Part):
@@ -91,7 +91,7 @@ class Rates(_Part):
     pct_peak: Num = _f("timed", "measured", "cleared")
     peak_dtype: Optional[str] = None
     peak_tflops: Num = None
-    pct_ceiling: Num = _f("measured", "cleared")
+    pct_ceiling: Num = _f("timed", "measured", "cleared")
     pct_bandwidth: Num = _f("timed", "cleared")
     roofline_ms: Num = _f("cleared")
     pct_roofline: Num = _f("timed", "cleared")
@@ -117,6 +117,8 @@ class Correctness(_Part):
     grad_checked_fraction: Num = None
     same_as: Optional[str] = None
     kv_rel_err: Num = None              # a quantized cache: rel L2 vs float64 of the unquantized K/V
+    grad_checks: Optional[dict] = None  # per gradient tensor: its errors, limits and verdict
+    out_dtype: Optional[str] = None     # the output's dtype, as the check read it
 
 
 class Memory(_Part):
@@ -185,7 +187,7 @@ class CellRecord(BaseModel, Mapping):
     env: Optional[dict] = _f("csv")
     inputs_draw: Any = _f("csv")
     kind: Optional[str] = None
-    facts: Optional[dict] = None
+    facts: Optional[dict] = _f("csv")
     label: Optional[str] = None
 
     @model_validator(mode="after")
@@ -201,9 +203,10 @@ class CellRecord(BaseModel, Mapping):
             if self.timing.timer not in TIMERS:
                 raise RecordError("timer", f"must name the clock ({', '.join(TIMERS)}) of a timed record, "
                                            f"got {self.timing.timer!r}")
-            _number(rec, TIMERS[self.timing.timer], positive=True)
+            for f in {TIMERS[self.timing.timer], *(f for f in TIMERS.values() if rec.get(f) is not None)}:
+                _number(rec, f, positive=True)     # the headline time, and any other clock's it carries
             check_rates(rec)
-            if status is Status.OK and (self.schema_ or 1) >= SCHEMA_VERSION:   # older files did not check
+            if status is Status.OK and (self.schema_ or 1) >= SCHEMA_VERSION:   # older files (no schema) did not check
                 _number(rec, "rel_err")
                 _number(rec, "checked_fraction", positive=True)
                 c = self.correctness
@@ -295,6 +298,6 @@ def csv_columns(identity) -> list[str]:
     """The CSV's columns: the cell identity, status and reason, each part's fields in declaration order
     (identity ones not repeated), then the top-level extras marked ``csv``."""
     names = list(identity) + ["status", "reason"]
-    names += [n for p in PARTS if p != "problem" for n in PARTS[p].model_fields if n not in names]
+    names += [n for p in PARTS for n in PARTS[p].model_fields if n not in names]
     names += [f.alias or n for n, f in CellRecord.model_fields.items() if (f.json_schema_extra or {}).get("csv")]
     return names

@@ -67,7 +67,7 @@ def validate(rec: dict | CellRecord, where: str = "") -> dict:
 
 def upgrade(rec: dict) -> dict:
     """A record of an older schema in today's field names (a copy; today's records unchanged)."""
-    if not is_cell(rec) or rec.get("schema", 1) >= SCHEMA_VERSION:
+    if not is_cell(rec) or (rec.get("schema") or 1) >= SCHEMA_VERSION:
         return rec
     r = dict(rec)
     r["schema"] = 1

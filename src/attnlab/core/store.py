@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 from typing import Iterable
 
@@ -37,7 +38,8 @@ class ResultStore:
 
     @staticmethod
     def _write(records, mode: str, path: str) -> None:
-        lines = [json.dumps(validate(_flat(r)), default=_jsonable, allow_nan=True) for r in records]
+        """Strict JSON: a non-finite number (an exact output's margin, inf; a NaN output's error) is written null."""
+        lines = [json.dumps(_finite(validate(_flat(r))), default=_jsonable, allow_nan=False) for r in records]
         with open(path, mode, encoding="utf-8") as f:
             f.writelines(line + "\n" for line in lines)
             f.flush()
@@ -50,6 +52,17 @@ class ResultStore:
         csv_path = csv_path or os.path.splitext(self.path)[0] + ".csv"
         write_csv(self.records(), csv_path, columns)
         return csv_path
+
+
+def _finite(x):
+    """``x`` with every non-finite float (in dicts and lists too) replaced by None."""
+    if isinstance(x, (float, np.floating)):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
 
 
 def read_records(path) -> list[dict]:
