@@ -224,3 +224,39 @@ def test_a_paged_cell_after_another_is_not_compiled_ahead_from_q_k_v(tmp_path):
     recs = run_sweep(sweep, str(tmp_path), options=Options(repeats=1, warmup=0))
     assert [r["status"] for r in recs] == ["ok", "ok"], [r["reason"] for r in recs]
     assert "paged" in ahead.why_not(sweep.cells()[1])
+
+
+def test_no_timing_or_exit_beside_a_compile_abandoned_past_its_budget(tmp_path, monkeypatch):
+    """A compile past its budget is skipped but cannot be stopped: the next cell's timer ran beside it, and a sweep
+    returned with it inside XLA (the interpreter then aborts at exit, 134)."""
+    from attnlab.measure import budget, threads, timers
+
+    real = timers.compile_seconds
+    slow = {"naive": 0.6}
+
+    def compile_seconds(timed, args):
+        out = real(timed, args)
+        if threading.current_thread().name == "attnlab-compile":    # a cell's own compile (not a probe's, a check's)
+            time.sleep(slow.pop("naive", 0.0))      # the first (naive's) runs 0.6 s past its budget
+        return out
+
+    monkeypatch.setattr(budget.timers, "compile_seconds", compile_seconds)
+    overlaps = []
+    real_time_into = timers.time_into
+
+    def time_into(*a, **kw):
+        overlaps.extend(b.thread.name for b in threads.running() if b.thread.name.startswith(threads.COMPILE_NAMES))
+        return real_time_into(*a, **kw)
+
+    monkeypatch.setattr(timers, "time_into", time_into)
+    sweep = build({"backends": "naive,xla", "seq": "16", "heads": "2", "head_dim": "8", "dtype": "float32"})
+    recs = run_sweep(sweep, str(tmp_path / "s"), options=Options(**{**FAST.__dict__, "compile_budget_s": 0.2,
+                                                                     "compile_ahead": False}))
+    assert [r["status"] for r in recs] == ["over_budget", "ok"] and "--compile-budget" in recs[0]["reason"]
+    assert not overlaps and not [b for b in threads.running() if b.thread.name.startswith(threads.COMPILE_NAMES)]
+    assert recs[1]["next_compile_wait_s"] > 0.2          # xla's timing waited for naive's compile to end
+    slow["naive"] = 0.6                                  # a sweep of that cell alone: it returns after the compile
+    one = build({"backends": "naive", "seq": "16", "heads": "2", "head_dim": "8", "dtype": "float32"})
+    assert [r["status"] for r in run_sweep(one, str(tmp_path / "one"), options=Options(
+        **{**FAST.__dict__, "compile_budget_s": 0.2}))] == ["over_budget"]
+    assert not [b for b in threads.running() if b.thread.name.startswith(threads.COMPILE_NAMES)]

@@ -83,3 +83,32 @@ def test_a_learnt_check_x_keeps_the_float64_rate_it_was_learnt_at(fresh, monkeyp
     cal = calibration.current(info)
     assert (cal.check_x, cal.float64_gflops) == (pytest.approx(0.1), 4.0)
     assert estimate.float64_rate(1e9, cal) == pytest.approx(estimate.NUMPY_SHARE * 4e9)
+
+
+def test_writers_at_once_keep_every_calibration_and_the_file_is_never_torn(fresh):
+    """Two sweeps calibrating at once (a CPU's and a GPU's sharing the cache) wrote one temporary file: entries
+    were lost and a reader saw invalid JSON."""
+    import threading
+
+    cal = calibration.Calibration(0.5, 0.1, "measured here", 0.05, 1.0)
+    torn = []
+
+    def write(i):
+        for j in range(60):
+            calibration._store(f"dev{i}-{j}", cal)
+
+    def read():
+        while any(t.is_alive() for t in writers):
+            text = (fresh / "estimate.json").read_text() if (fresh / "estimate.json").exists() else "{}"
+            try:
+                json.loads(text)
+            except ValueError:
+                torn.append(text[:40])
+
+    writers = [threading.Thread(target=write, args=(i,)) for i in range(4)]
+    for t in writers:
+        t.start()
+    read()
+    for t in writers:
+        t.join()
+    assert not torn and len(json.loads((fresh / "estimate.json").read_text())) == 240

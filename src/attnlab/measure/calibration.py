@@ -28,10 +28,12 @@ sweep there calibrates it; on the H200 the first cell of a small bf16 bench comp
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import math
 import os
 import statistics
+import tempfile
 import time
 
 import jax
@@ -199,15 +201,19 @@ def learn(rec: dict, info, *, check_compute_s: float = 0.0) -> Calibration | Non
 
 
 def _store(key: str, cal: Calibration) -> None:
+    """Add ``key``'s calibration to the file: read, change and replace under a lock (two sweeps may calibrate at
+    once, a CPU's and a GPU's sharing the cache), through a temporary file of this writer's own."""
     p = path()
     try:
         os.makedirs(os.path.dirname(p), exist_ok=True)
-        data = _read()     # what is not a valid calibration is dropped
-        data[key] = dataclasses.asdict(cal)
-        tmp = p + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2)
-        os.replace(tmp, p)
+        with open(p + ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            data = _read()     # what is not a valid calibration is dropped
+            data[key] = dataclasses.asdict(cal)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(p), prefix="estimate.", suffix=".tmp")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(data, f, indent=2)
+            os.replace(tmp, p)
     except OSError:
         pass   # a read-only cache: the calibration still holds for this process
 

@@ -78,6 +78,20 @@ def cancel_all() -> None:
             b.cancel()
 
 
+#: The names of the jobs that compile (the watchdog's, ``attnlab.measure.budget``; the ahead ones, ``ahead``).
+COMPILE_NAMES = ("attnlab-compile", "attnlab-ahead")
+
+
+def wait_compiles() -> float:
+    """Wait for every registered compile to end, one abandoned past its budget too (a compile cannot be stopped,
+    and a timer beside one would count it); returns the seconds waited."""
+    t0 = time.monotonic()
+    for b in running():
+        if b.thread.name.startswith(COMPILE_NAMES):
+            b.wait()
+    return time.monotonic() - t0
+
+
 def settle(timeout_s: float) -> list[Background]:
     """Cancel what has not begun, then wait up to ``timeout_s`` seconds for the registered jobs to
     end; returns those still running (empty: the interpreter may shut down safely)."""
