@@ -260,3 +260,13 @@ def test_no_timing_or_exit_beside_a_compile_abandoned_past_its_budget(tmp_path, 
     assert [r["status"] for r in run_sweep(one, str(tmp_path / "one"), options=Options(
         **{**FAST.__dict__, "compile_budget_s": 0.2}))] == ["over_budget"]
     assert not [b for b in threads.running() if b.thread.name.startswith(threads.COMPILE_NAMES)]
+
+
+def test_a_pipe_gets_no_torn_progress_and_names_are_text(tmp_path):
+    """In a pipe the bar's last frame was left behind; rich turned ":x:" in a name or path into an emoji."""
+    r = CliRunner().invoke(main, TINY + ["--out", str(tmp_path / "b")])       # CliRunner's output is no terminal
+    assert r.exit_code == 0 and "━" not in r.output and "ETA" not in r.output, r.output
+    r = CliRunner().invoke(main, ["bench", "--backends", ":x:", "--out", str(tmp_path / "c")])
+    assert r.exit_code == 2 and "unknown backend ':x:'" in r.output and "❌" not in r.output, r.output
+    r = CliRunner().invoke(main, ["bench", "--model", "", "--out", str(tmp_path / "d")])
+    assert r.exit_code == 2 and "model: '' is no preset" in r.output, r.output

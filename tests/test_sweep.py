@@ -72,6 +72,10 @@ def test_sweep_axes():
     ({"backends": "xla", "inputs": "gaussian,Gaussian"}, "inputs: gaussian given twice"),
     ({"backends": "xla", "seq": "16,32", "tokens": 16}, "tokens: 16 is less than q_len 32: batch = tokens // q_len"),
     ({"backends": "xla", "window": "99999999999:0"}, "window: 99999999999:0: each side must be at most 2**30"),
+    ({"backends": "xla", "dtype": ""}, "dtype: no values (leave it out for its default)"),
+    ({"backends": "xla", "prefill_chunks": ","}, "prefill_chunks: no values"),
+    ({"backends": "xla", "seq": "3000000000"}, "batch x sequence: 1 x 3000000000 tokens is more than 2**28"),
+    ({"backends": "xla", "batch": "300000000"}, "batch x sequence: 300000000 x 128 tokens is more than 2**28"),
 ])
 def test_bad_sweep_values(values, words):
     with pytest.raises(SweepError) as e:
@@ -539,6 +543,9 @@ def test_run_table_warmup_reaches_the_measurement(tmp_path, monkeypatch):
         p.write_text(f'[sweep]\nbackends = ["naive"]\n[run]\n{line}\n')
         r = CliRunner().invoke(main, ["bench", "--config", str(p), "--out", str(tmp_path / "o3")])
         assert r.exit_code == 2 and name in r.output and "finite number of seconds" in r.output, (line, r.output)
+    p.write_text('[sweep]\nbackends = ["naive"]\n[run]\ncheck = "false"\n')    # a string was taken as true
+    r = CliRunner().invoke(main, ["bench", "--config", str(p), "--out", str(tmp_path / "o4")])
+    assert r.exit_code == 2 and "check: 'false' must be true or false" in r.output, r.output
 
 
 def test_resume_keeps_every_record_a_run_left_and_refuses_a_line_it_cannot_read(tmp_path):

@@ -16,7 +16,7 @@ from rich.markup import escape
 from ..measure import threads
 from . import _start
 
-console = Console()
+console = Console(emoji=False)     # ":x:" in a path or a name is text, never an emoji
 
 
 #: Seconds the process waits, as it exits, for background threads still inside XLA (compiles ahead,
@@ -89,7 +89,7 @@ def main():
 
 
 def _fail(msg: str):
-    Console(stderr=True, soft_wrap=True).print(f"[red]error:[/] {escape(msg)}", highlight=False)
+    Console(stderr=True, soft_wrap=True, emoji=False).print(f"[red]error:[/] {escape(msg)}", highlight=False)
     sys.exit(2)
 
 

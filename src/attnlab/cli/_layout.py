@@ -27,7 +27,7 @@ def table_console(con: Console | None = None) -> Console:
     """The console for a full table: a terminal's own, else (a pipe, a file) one wide enough that no
     cell is folded: a log is read whole, not at 80 columns."""
     con = con or console
-    return con if con.is_terminal else Console(width=max(con.width, 240))
+    return con if con.is_terminal else Console(width=max(con.width, 240), emoji=False)
 
 
 def packed(items: list[str], width: int, *, sep: str = "  ·  ", indent: str = "") -> list[str]:

@@ -92,7 +92,7 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
     if resume and overwrite:
         _fail("--resume and --overwrite contradict each other: give one of them")
     try:
-        if given.get("model"):
+        if given.get("model") is not None:
             sweep, run_opts, notes = _model_sweep(config, given, name)
         elif "phase" in given or "context" in given:
             raise SweepError("--phase and --context need --model (a preset from `attnlab models`)")
@@ -101,6 +101,8 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
             sweep = build(values)
         reps, budget, mt = run_options(run_opts, repeats=repeats, compile_budget=compile_budget, min_time=min_time)
         warmup = warmup_of(run_opts)
+        if not isinstance(run_opts.get("check", True), bool):
+            raise SweepError(f"check: {run_opts['check']!r} must be true or false")
     except SweepError as e:
         _fail(str(e))
     writable_folder(out_dir)
@@ -122,7 +124,7 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
     try:
         with Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
-                      transient=False) as prog:
+                      transient=False, disable=not console.is_terminal) as prog:   # a pipe: no torn last frame
             task = prog.add_task("bench", total=len(cells))
 
             def on_cell(cell, rec, i, n):

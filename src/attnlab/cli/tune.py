@@ -106,7 +106,7 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
         else:
             t = time_ms(rec)
             console.print(f"[{i + 1}/{total}] {cell.backend:<15} {cell.config_label:<52} {rec['status']:<12} "
-                          + (f"{t:.4g} ms" if t is not None else (rec.get("reason") or "")[:60]), highlight=False, soft_wrap=True)
+                          + (f"{t:.4g} ms" if t is not None else (rec.get("reason") or "")), highlight=False, soft_wrap=True)
 
     interrupted = abandoned = False
     try:

@@ -59,7 +59,7 @@ def unknown(what: str, name, choices, *, listed_by: str | None = None, max_liste
     if guess is not None:
         return f"unknown {what} {name!r}; did you mean {guess!r}?"
     if listed_by and len(choices) > max_listed:
-        return f"unknown {what} {name!r}; {listed_by} lists the {len(choices)} known ones"
+        return f"unknown {what} {name!r}; {listed_by} lists the known ones"
     return f"unknown {what} {name!r}; known: {', '.join(choices)}"
 
 

@@ -129,10 +129,17 @@ class _SweepMethods:
         for axis in ("backends", "batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype", "causal", "window",
                      "mode", *(f.name for f in cell_fields.AXES)):   # as the cells read them: bf16 = bfloat16
             once(axis, getattr(self, axis) or ())
+        for f in dataclasses.fields(self):
+            if isinstance(getattr(self, f.name), list) and not getattr(self, f.name):
+                raise SweepError(f"{f.name}: no values (leave it out for its default)")
         left_out: dict[str, str] = {}
-        if not self.cells(left_out):
+        cells = self.cells(left_out)
+        if not cells:
             raise SweepError("no valid cell: every combination of the axes breaks a rule: " + "; ".join(
                 f"{name}: {rule}" for name, rule in left_out.items()))
+        if big := next((c for c in cells if c.batch * max(c.q_len, c.kv_len) > MAX_TOKENS), None):
+            raise SweepError(f"batch x sequence: {big.batch} x {max(big.q_len, big.kv_len)} tokens is more than 2**28 "
+                             f"= {MAX_TOKENS} (no device holds such a cell, and estimating it would exhaust this host)")
 
     def cells(self, left_out: dict | None = None) -> list[Cell]:
         """The sweep's cells, its axes' product less the combinations a rule leaves out (``left_out``, when given,
@@ -164,6 +171,10 @@ class _SweepMethods:
                 for b in self.backends:
                     out.append(Cell(b, B, T, S, N, K, H, dt, c, tuple(w) if w else None, m, **kw))
         return out
+
+
+#: The most tokens (batch x the longer of q_len and kv_len) a sweep's cell may hold.
+MAX_TOKENS = 2**28
 
 
 def _values(values):
