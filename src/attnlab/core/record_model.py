@@ -4,14 +4,13 @@ On disk a record stays FLAT (one JSON object a line: CSV, compare and pandas rea
 ``CellRecord.from_flat(rec)`` splits it into its parts by field name and ``.flat()`` gives it back.
 Every field list of the code is derived from these models (``fields_where``), never written by hand:
 
-``Problem``: the cell's identity (backend, B, T, S, N, K, H, dtype, causal, window, mode, then
-``core.cell_fields``); ``Timing``: the clock (``timer``), the repeats' times in ms (median ``*_ms``, spread);
-``Rates``: what the headline time means (TFLOP/s, GB/s, % of peak and roofline; FLOPs, bytes); ``Correctness``:
-the check against the references; ``Memory``: bytes used; ``Cost``: wall seconds per phase, how it was compiled.
+``Problem``: the identity (backend, B, T, S, N, K, H, dtype, causal, window, mode, ``core.cell_fields``); ``Timing``:
+the clock, the repeats' ms (median, spread); ``Rates``: TFLOP/s, GB/s, % of peak and roofline, FLOPs, bytes;
+``Correctness``: the check; ``Memory``: bytes used; ``Cost``: wall seconds per phase, how it was compiled.
 
-Field metadata (``json_schema_extra``): ``timed`` (only a timed record may set it), ``measured`` (every cell
-record has it, None until measured), ``cleared`` (set to None when the cell was not timed), ``phase`` (a cost
-phase summed by ``records.cost_summary``). Unknown top-level fields are kept; a part forbids unknown fields.
+Field metadata: ``timed`` (only a timed record may set it), ``measured`` (every cell record has it, None until
+measured), ``cleared`` (None when not timed), ``phase`` (a cost phase summed by ``records.cost_summary``), ``csv``
+(a top-level extra in the CSV). Unknown top-level fields are kept; a part forbids unknown fields.
 """
 from __future__ import annotations
 
@@ -148,8 +147,7 @@ class Cost(_Part):
 
 
 #: part name -> model, in the order ``flat()`` and the CSV list them
-PARTS: dict[str, type[_Part]] = {"problem": Problem, "timing": Timing, "rates": Rates, "correctness": Correctness,
-                                 "memory": Memory, "cost": Cost}
+PARTS: dict[str, type[_Part]] = dict(problem=Problem, timing=Timing, rates=Rates, correctness=Correctness, memory=Memory, cost=Cost)
 _PART_OF = {name: part for part, model in PARTS.items() for name in model.model_fields}
 
 
@@ -158,8 +156,7 @@ def fields_where(flag: str, parts=tuple(PARTS)) -> tuple[str, ...]:
     return tuple(n for p in parts for n, f in PARTS[p].model_fields.items() if (f.json_schema_extra or {}).get(flag))
 
 
-#: fields only a timed record may set (the ``timed`` metadata)
-TIMED_FIELDS = fields_where("timed")
+TIMED_FIELDS = fields_where("timed")     # fields only a timed record may set
 
 
 class CellRecord(BaseModel, Mapping):
