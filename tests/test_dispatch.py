@@ -310,6 +310,34 @@ def test_tune_writes_the_table_auto_then_uses(tmp_path, monkeypatch):
     assert ex.chosen == e["backend"] and ex.why.startswith("measured")
 
 
+def test_an_interrupted_tune_ranks_only_buckets_whose_cells_all_finished(tmp_path, monkeypatch):
+    """Ctrl-C after three of four cells (two buckets, two backends): the bucket where one backend was never
+    measured gets no entry (it would name the measured one as fastest)."""
+    from click.testing import CliRunner
+
+    import attnlab.sweep
+    from attnlab.cli import main
+
+    real = attnlab.sweep.run_sweep
+
+    def three_cells(sweep, out_dir, **kw):
+        seen = kw.pop("on_cell")
+
+        def on_cell(cell, rec, i, total):
+            seen(cell, rec, i, total)
+            if i == 2:
+                raise KeyboardInterrupt
+        return real(sweep, out_dir, on_cell=on_cell, **kw)
+
+    monkeypatch.setattr(attnlab.sweep, "run_sweep", three_cells)
+    out = tmp_path / "d.json"
+    r = CliRunner().invoke(main, ["tune", "--backends", "naive,xla", "--seq", "16,64", "--heads", "2", "--head-dim",
+                                  "8", "--dtype", "float32", "--repeats", "2", "--min-time", "0", "--out", str(out)])
+    assert r.exit_code == 130 and "3 of 4 cells finished" in r.output, r.output
+    (e,) = dispatch.load(str(out)).entries
+    assert len(e["runner_up"]) == 1 and e["cells"] == 1
+
+
 @pytest.mark.parametrize("text", ["{not json", json.dumps({"schema": 1, "kind": "attnlab-dispatch",
                                                             "entries": [{"bucket": "x"}]})])
 def test_tune_refuses_a_corrupt_out_before_measuring(tmp_path, monkeypatch, text):

@@ -21,7 +21,7 @@ from .. import sweep as sweeps  # run_sweep through the package: tests replace i
 from ..sweep import SweepError, build
 from ..sweep.engine import SweepInterrupted
 from ..sweep.flags import check_contradictions, merge, run_options, warmup_of
-from ..sweep.tune import existing_entries, write_table
+from ..sweep.tune import existing_entries, finished_buckets, write_table
 from ._app import _fail, console, main, writable_folder, writes_to
 from ._sweep_ui import cell_budget, cell_budget_option, cost_line, exit_after_interrupt, phase_spinner, print_estimate
 from .bench import WINDOW_HELP
@@ -114,11 +114,12 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
             records = sweeps.run_sweep(sweep, records_dir, resume=True, options=opts, on_cell=on_cell, on_phase=on_phase)
     except SweepError as e:
         _fail(str(e))
-    except SweepInterrupted as e:   # Ctrl-C: the table of the cells finished so far
+    except SweepInterrupted as e:   # Ctrl-C: the table of the buckets whose cells all finished
         interrupted, abandoned = True, e.abandoned
         console.print(f"[yellow]interrupted:[/] {e.finished} of {e.total} cells finished", highlight=False)
         keys = {c.key() for c in sweep.cells()}
         records = [r for r in read_records(os.path.join(records_dir, "results.jsonl")) if record_key(r) in keys]
+        records = finished_buckets(records, sweep.cells())
     try:
         with writes_to(os.path.dirname(os.path.abspath(out)), "--out's folder"):
             path, entries = write_table(records, out, replace=replace)

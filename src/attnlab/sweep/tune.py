@@ -4,6 +4,7 @@ from __future__ import annotations
 from .. import backends
 from ..api import dispatch
 from ..api.dot_product import auto_ineligible
+from ..measure.cell_type import record_key
 from .parse import SweepError
 
 
@@ -25,6 +26,14 @@ def existing_entries(out: str, replace: bool = False) -> list[dict]:
         return list(dispatch.load(out).entries)
     except dispatch.DispatchError as e:
         raise SweepError(f"--out {e}; --replace overwrites it, or give another --out") from None
+
+
+def finished_buckets(records, cells) -> list[dict]:
+    """The ``records`` of buckets whose every cell of ``cells`` (``measure.Cell``) has a record: an interrupted
+    tune ranks no bucket where a backend or a shape was never measured (its fastest might be the one missing)."""
+    done = {record_key(r) for r in records}
+    partial = {dispatch.bucket(c) for c in cells if c.key() not in done}
+    return [r for r in records if dispatch.bucket(r) not in partial]
 
 
 def write_table(records, out: str, *, replace: bool = False) -> tuple[str, list[dict]]:
