@@ -113,13 +113,15 @@ def writable_folder(path: str, what: str = "--out") -> str:
 
 @contextlib.contextmanager
 def writes_to(path: str, what: str = "--out"):
-    """Turn an OSError on a file under ``path`` (the disk filled, the folder turned read-only mid-run)
-    into one line and exit 2; any other error passes."""
+    """Turn an OSError on a file under ``path`` (the folder turned read-only mid-run), or a full disk or quota
+    (a write or flush, which names no file), into one line and exit 2; any other error passes."""
     try:
         yield
     except OSError as e:
         root = os.path.abspath(path)
         name = os.path.abspath(os.fsdecode(e.filename)) if e.filename else ""
+        if e.filename is None and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            _fail(f"{what} {path}: cannot write ({_why(e)})")
         if name != root and not name.startswith(root + os.sep):
             raise
         _fail(f"{what} {path}: cannot write {name} ({_why(e)})")

@@ -107,7 +107,7 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
         _fail(str(e))
     writable_folder(out_dir)
     try:
-        n_old = existing_records(out_dir)
+        n_old = 0 if overwrite else existing_records(out_dir)   # --overwrite erases what it cannot read too
     except (OSError, ValueError) as e:   # RecordError is a ValueError
         _fail(f"cannot go on with {out_dir}/results.jsonl: {e}")
     if n_old and not (resume or overwrite):

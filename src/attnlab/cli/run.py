@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ..core.names import match, unknown
 from ..core.records import cost_summary
-from ..core.store import read_jsonl
+from ..core.store import FolderBusy, one_writer, read_jsonl
 from .. import lab
 from ..lab import quiet
 from ..lab.run_record import LabInterrupted, held_results, not_a_run, resume_command
@@ -67,7 +67,7 @@ def run(out_dir, label, quick, sections, resume, overwrite):
     if resume and overwrite:
         _fail("--resume and --overwrite contradict each other: give one of them")
     try:
-        held, why = held_results(out_dir), resume and not_a_run(out_dir)
+        held, why = (0 if overwrite else held_results(out_dir)), resume and not_a_run(out_dir)
     except (OSError, ValueError) as e:
         _fail(f"cannot go on with {out_dir}: {e}")
     if held and not (resume or overwrite):
@@ -80,8 +80,11 @@ def run(out_dir, label, quick, sections, resume, overwrite):
 
     log = os.path.join(out_dir, "run.log")
     try:
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=True) as prog, quiet.logs_to(log, append=resume) as log_file:
+        # the folder held before the log is opened; an error writing it reported after the log lets the console go
+        with writes_to(out_dir), one_writer(out_dir), Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                                                               MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                                                               transient=True) as prog, \
+                quiet.logs_to(log, append=resume) as log_file:
             task = prog.add_task("attnlab run", total=len(chosen or lab.STEPS))
 
             step = {"id": ""}
@@ -103,9 +106,10 @@ def run(out_dir, label, quick, sections, resume, overwrite):
                 prog.console.print(f"[{COLOURS.get(sec.status, 'white')}]{sec.status:7}[/] {sec.title} "
                                    f"({sec.facts.get('seconds', 0):.1f} s){reason}", highlight=False, soft_wrap=True)
 
-            with writes_to(out_dir):
-                done = lab.run_lab(out_dir, label=label, quick=quick, sections=chosen, progress=before, resume=resume,
-                                   overwrite=overwrite, on_step=after, on_cell=cell)
+            done = lab.run_lab(out_dir, label=label, quick=quick, sections=chosen, progress=before, resume=resume,
+                               overwrite=overwrite, on_step=after, on_cell=cell)
+    except FolderBusy as e:
+        _fail(str(e))
     except LabInterrupted as e:
         finished = ", ".join(e.finished) or "none"
         quiet.stamp(log, f"stopped in step {e.stopped_in} after {len(e.finished)} of {e.total} steps (Ctrl-C)")

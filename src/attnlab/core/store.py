@@ -7,10 +7,13 @@ the JSON boundary: a cell record arrives as the typed ``CellRecord`` and becomes
 """
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
 import json
 import math
 import os
+import tempfile
 from typing import Iterable
 
 import numpy as np
@@ -32,9 +35,14 @@ class ResultStore:
     def rewrite(self, records) -> None:
         """Replace the file by ``records`` (each validated as ``append`` does), atomically: a kill leaves
         the old file or the new one, never a mix."""
-        tmp = self.path + ".tmp"
-        self._write(records, "w", tmp)
-        os.replace(tmp, self.path)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(self.path)), prefix="results.", suffix=".tmp")
+        os.close(fd)
+        try:
+            self._write(records, "w", tmp)
+            os.replace(tmp, self.path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)   # a failed write (a full disk) leaves no temporary file behind
 
     @staticmethod
     def _write(records, mode: str, path: str) -> None:
@@ -52,6 +60,41 @@ class ResultStore:
         csv_path = csv_path or os.path.splitext(self.path)[0] + ".csv"
         write_csv(self.records(), csv_path, columns)
         return csv_path
+
+
+class FolderBusy(ValueError):
+    """Another process is writing the results folder."""
+
+
+_HELD: dict[str, int] = {}
+
+
+@contextlib.contextmanager
+def one_writer(folder: str):
+    """Hold ``folder`` (its ``.attnlab.lock``) for this process while it writes results there: a second process
+    raises ``FolderBusy`` at once (two ``--resume`` of one folder each wrote every record). Holds nest within one
+    process (the lab's steps sweep into folders it holds); the operating system frees the lock when the process ends,
+    however it ends."""
+    key = os.path.realpath(folder)
+    if _HELD.get(key):
+        _HELD[key] += 1
+        try:
+            yield
+        finally:
+            _HELD[key] -= 1
+        return
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, ".attnlab.lock"), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FolderBusy(f"{folder} is being written by another attnlab process: wait for it to end, or give "
+                             f"another --out") from None
+        _HELD[key] = 1
+        try:
+            yield
+        finally:
+            del _HELD[key]
 
 
 def _finite(x):

@@ -8,7 +8,7 @@ import traceback
 
 from ..core import device
 from ..core.record_model import CellRecord
-from ..core.store import ResultStore, read_jsonl
+from ..core.store import ResultStore, one_writer, read_jsonl
 from ..measure import Options, env as envmod, prefetch
 from ..report.html import write_report
 from ..sweep import engine
@@ -107,13 +107,18 @@ def run_lab(out_dir: str = "attnlab-out", *, label: str | None = None, quick: bo
     unknown = [s for s in sections or [] if s not in STEPS]
     if unknown:
         raise ValueError(f"unknown section(s) {unknown}; choose from {list(STEPS)}")
+    with one_writer(out_dir):
+        return _run(out_dir, label, quick, sections, progress, resume, overwrite, config, on_step, on_cell)
+
+
+def _run(out_dir, label, quick, sections, progress, resume, overwrite, config, on_step, on_cell) -> list[Section]:
+    """``run_lab``'s work, in a folder this process holds."""
     store_path = os.path.join(out_dir, "results.jsonl")
-    held = held_results(out_dir)
+    held = 0 if overwrite else held_results(out_dir)   # --overwrite erases what it cannot read too
     if held and not (resume or overwrite):
         raise OutputHasResults(out_dir, held)
     if resume and (why := not_a_run(out_dir)):
         raise ValueError(why)
-    os.makedirs(out_dir, exist_ok=True)
     earlier_runs = [r for r in read_jsonl(store_path) if r.get("kind") == "run"] if resume else []
     stale = [store_path, os.path.join(out_dir, "plots")] + ([] if resume else [os.path.join(out_dir, "sweeps")])
     for path in stale:

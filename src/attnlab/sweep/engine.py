@@ -15,7 +15,7 @@ from ..measure import calibration, estimate, prefetch, threads
 from ..measure.cell import IDENTITY, Cell, Options, measure_cell, record_key
 from ..core.record_model import CellRecord, csv_columns
 from ..core.records import config_label, is_cell, time_ms  # noqa: F401  (config_label, time_ms re-exported)
-from ..core.store import ResultStore, read_jsonl, read_records, write_csv
+from ..core.store import FolderBusy, ResultStore, one_writer, read_jsonl, read_records, write_csv
 from .spec import Sweep, SweepError
 from .worker import Abandoned, call_interruptibly
 
@@ -87,14 +87,21 @@ def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, overwrite: bo
     """
     if resume and overwrite:
         raise SweepError("resume and overwrite contradict each other: give one of them")
-    os.makedirs(out_dir, exist_ok=True)
+    try:
+        with one_writer(out_dir):
+            return _sweep(sweep, out_dir, resume, overwrite, options or Options(), on_cell, on_phase)
+    except FolderBusy as e:
+        raise SweepError(str(e)) from None
+
+
+def _sweep(sweep: Sweep, out_dir: str, resume: bool, overwrite: bool, opts: Options, on_cell, on_phase) -> list[CellRecord]:
+    """``run_sweep``'s work, in a folder this process holds."""
     path = os.path.join(out_dir, "results.jsonl")
     done: dict[str, CellRecord] = {}
-    n_old = existing_records(out_dir)
+    n_old = 0 if overwrite else existing_records(out_dir)   # --overwrite erases what it cannot read too
     if n_old and not (resume or overwrite):
         raise SweepError(f"{out_dir} already holds {n_old} result(s) in results.jsonl: give --resume to skip the "
                          f"cells recorded there, or --overwrite to erase them and start afresh")
-    opts = options or Options()
     if resume and os.path.exists(path):
         done = {record_key(r): r for r in _compact(path, opts)}
     elif os.path.exists(path):
@@ -127,8 +134,10 @@ def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, overwrite: bo
                 on_cell(cell, rec, i, len(cells))
     except KeyboardInterrupt as e:
         ahead_compile.stop(0)   # cancel what has not begun; Ctrl-C does not wait for a compile under way
-        write_csv(read_records(path), os.path.join(out_dir, "results.csv"), CSV_COLUMNS)
-        raise SweepInterrupted(sum(c.key() in done for c in cells), len(cells), out_dir,
+        recs = read_records(path)
+        write_csv(recs, os.path.join(out_dir, "results.csv"), CSV_COLUMNS)
+        on_disk = {record_key(r) for r in recs if is_cell(r)}   # with a record that Ctrl-C cut short after its write
+        raise SweepInterrupted(sum(c.key() in on_disk for c in cells), len(cells), out_dir,
                                abandoned=isinstance(e, Abandoned) or bool(threads.running())) from None
     except BaseException:
         ahead_compile.stop(0)
