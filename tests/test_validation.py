@@ -97,6 +97,9 @@ def test_explain_names_choice_and_reasons():
     assert e.reasons["naive"] is None and e.reasons["xla"] is None
     assert "GPU" in e.reasons["cudnn"]
     assert "auto runs: xla" in str(e)
+    assert attnlab.explain(Q, K, V).reasons["attnlab-decode"] is None    # forward only: refused when differentiated, as a named call is
+    assert attnlab.explain(Q, K, V, mode="train").reasons["attnlab-decode"] == \
+        "forward only, no backward pass"
 
 
 def test_registry_plugs_in_a_backend():

@@ -207,6 +207,11 @@ def auto(spec: Call, mode: str = "fwd") -> tuple[backends.Backend, str]:
     return s, f"{why}: {rule}" if why else rule
 
 
+def why_not(b: backends.Backend, spec: Call, mode: str = "fwd") -> str | None:
+    """Why ``b`` cannot run ``spec`` in ``mode`` ("train": its backward pass too), or None."""
+    return b.why_not(spec) or (b.mode_reason(spec, "fwd+bwd") if mode == "train" else None)
+
+
 def select(spec: Call, implementation=None, *, mode: str = "fwd") -> backends.Backend:
     """The backend that runs ``spec``: the named one (or UnsupportedError), or auto's choice (``auto``)."""
     if implementation is not None and not isinstance(implementation, str):
@@ -214,8 +219,7 @@ def select(spec: Call, implementation=None, *, mode: str = "fwd") -> backends.Ba
     if implementation in (None, "auto"):
         return auto(spec, mode)[0]
     b = backends.get(implementation)
-    reason = b.why_not(spec) or (b.mode_reason(spec, "fwd+bwd") if mode == "train" else None)
-    if reason:
+    if reason := why_not(b, spec, mode):
         raise UnsupportedError(b.name, reason)
     return b
 
@@ -268,5 +272,5 @@ def explain(query, key, value, bias=None, mask=None, *, mode: str = "fwd", **kwa
         return Explanation("none", {}, None, f"an empty call (query {p.out_shape}, key {tuple(key.shape)}): no "
                            "backend runs; attention returns jax.nn's zeros (lse -inf)")
     chosen, why = auto(p, mode)
-    reasons = {b.name: b.why_not(p) for b in backends.all_backends()}
+    reasons = {b.name: why_not(b, p, mode) for b in backends.all_backends()}
     return Explanation(chosen.name, reasons, p, why)
