@@ -403,3 +403,13 @@ def test_a_cell_records_what_its_references_cost():
     assert first["status"] == second["status"] == "ok"
     assert set(first["check_parts_s"]) == {"reference_s", "float64_rows_s"}
     assert all(s > 0 for s in first["check_parts_s"].values()) and second["check_parts_s"] is None
+
+
+def test_the_emulation_rounds_p_to_the_querys_dtype_beside_a_float32_cache():
+    """A bfloat16 query over a float32 cache (a dequantized one): the kernel-like emulation (the tolerance's
+    baseline) rounds P to bfloat16 as the kernel does; a float32 cache of bfloat16 values emulates exactly as the
+    bfloat16 cache does."""
+    q, k, v = (x.astype(jnp.bfloat16) for x in random_qkv(2, 16, 64, 4, 2, 32, "float32", seed=5))
+    as_bf16 = blockwise_attention(q, k, v, emulate=True)
+    as_f32 = blockwise_attention(q, k.astype(jnp.float32), v.astype(jnp.float32), emulate=True)
+    assert as_f32.dtype == jnp.bfloat16 and np.array_equal(np.asarray(as_f32), np.asarray(as_bf16))

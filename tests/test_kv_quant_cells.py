@@ -1,4 +1,6 @@
 """Quantized KV caches in the cost model, the sweeps, the records, the error report and advise (cheap: no kernel)."""
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -198,3 +200,29 @@ def test_the_quantized_check_reads_every_sequence_of_a_small_batch():
     assert check_output(out, (q, k, v), caches, cell, {})["checked_fraction"] == 1.0
     with pytest.raises(Skip, match="output wrong"):
         check_output(out.at[1].set(0.0), (q, k, v), caches, cell, {})
+
+
+@pytest.mark.parametrize("base, kv", [("xla", dict(lengths="ragged", kv_dtype="int8")),
+                                      ("attnlab-decode", dict(lengths="paged", page_size=16, kv_dtype="fp8",
+                                                              kv_scale="page"))])
+def test_a_wrong_sequence_the_float64_sample_misses_fails_the_whole_check(base, kv):
+    """The float64 check samples 8 of a batch of 10 (0, 1, 3, 4, 5, 6, 8, 9); sequence 2 computed with the cache's
+    mean scale (a per-tensor scale where the cache has one per token or page: rel error ~0.4) fails the check of
+    every sequence against float32 on the dequantized cache."""
+    class WrongScale(type(backends.get(base))):
+        name = "fake-wrong-scale"
+
+        def run_decode(self, d):
+            out = super().run_decode(d)
+            flat = dataclasses.replace(d, k_scale=jnp.full_like(d.k_scale, jnp.mean(d.k_scale)),
+                                       v_scale=jnp.full_like(d.v_scale, jnp.mean(d.v_scale)))
+            return out.at[2].set(super().run_decode(flat)[2])
+
+    backends.register(WrongScale())
+    try:
+        cell = Cell("fake-wrong-scale", 10, 1, 64, 2, 1, 16, "float32", True, **kv)
+        rec = measure_cell(cell, Options(repeats=1, warmup=0, min_time_s=0.0))
+    finally:
+        backends.unregister("fake-wrong-scale")
+    assert rec["status"] == "incorrect" and "output wrong (every sequence)" in rec["reason"], rec["reason"]
+    assert rec["checks"]["float64_dequantized"]["ok"] and not rec["checks"]["every_sequence_float32_device"]["ok"]

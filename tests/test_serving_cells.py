@@ -150,10 +150,10 @@ def test_the_check_samples_the_longest_and_shortest_requests_and_catches_a_wrong
         check.check_serving(jnp.asarray(bad), args, q_lens, kv_lens, cell, backend, sem)
 
 
-def test_the_check_judges_every_request_not_only_the_sampled_ones():
-    """A wrong row of a request that no sample reads, or a padding row that is not 0, is caught: every request's
-    last, first and middle token is judged (float32 on the device, float64 rows); row 20 is request 0's middle,
-    between the float64 sample's first and last 8 tokens."""
+def test_the_check_judges_every_token_of_every_request():
+    """A wrong token that no sample reads, or a padding row that is not 0, is caught: every token is judged (float32
+    on the device, float64 rows). Row 12 is request 0's, between the float64 sample's first 8 tokens and its middle
+    token 20; row 45 is request 4's only token, a request no sample picks."""
     import jax.numpy as jnp
 
     from attnlab.reference.serving64 import reference_serving_attention, sampled_requests
@@ -169,10 +169,10 @@ def test_the_check_judges_every_request_not_only_the_sampled_ones():
     backend = type("B", (), {"rel_l2_limit": None, "rel_l2_rule": None})
     sem = serving_cell.call_semantics(cell)
     rec = check.check_serving(jnp.asarray(good), args, q_lens, kv_lens, cell, backend, sem, seed=3)
-    assert {"float64_requests", "last_tokens_float32_device", "last_tokens_float64_rows", "first_tokens_float32_device",
-            "middle_tokens_float64_rows"} <= set(rec["checks"])
-    for row, value, words in ((45, 1.05, "every request's last token"), (48, 1.0, "padding rows from 46 are not 0"),
-                              (20, 1.05, "every request's middle token")):
+    assert {"float64_requests", "every_token_float32_device", "every_token_float64_rows"} <= set(rec["checks"])
+    assert rec["checked_fraction"] == 1.0
+    for row, value, words in ((45, 1.05, "every token"), (48, 1.0, "padding rows from 46 are not 0"),
+                              (12, 1.05, "every token"), (20, 1.05, "every token")):
         bad = good.copy()
         bad[row, 0, 0] = value if row == 48 or np.isnan(value) else bad[row, 0, 0] * value + 0.5
         with pytest.raises(Skip, match=words):
@@ -227,3 +227,32 @@ def test_a_backend_without_a_serving_path_is_unsupported_before_compiling():
     r = measure_cell(Cell("naive", 3, 2, 64, 4, 2, 16, causal=True, lengths="spread"), Options(max_input_sets=1))
     assert r["status"] == "unsupported" and r["reason"].startswith("naive: no serving path")
     assert r["compile_s"] is None and r["input_sets"] == 1
+
+
+def test_a_quantized_serving_step_is_judged_on_every_request():
+    """A serving step on an int8 cache whose request 3 (no float64 sample reads it) comes back 0 fails the check of
+    every token against float32 on the dequantized cache (it was not made for a quantized cache: the cell passed)."""
+    import jax.numpy as jnp
+
+    from attnlab import backends
+    from attnlab.backends.masked_serving import request_of_tokens
+
+    class ZeroRequest(type(backends.get("xla"))):
+        name = "fake-zero-request"
+
+        def run_serving(self, call):
+            out = super().run_serving(call)
+            req, _ = request_of_tokens(call.q_starts, out.shape[0])
+            return jnp.where((req == 3)[:, None, None], 0, out).astype(out.dtype)
+
+    flags = dict(backends="fake-zero-request", batch="8", q_len="1", kv_len="64", heads="4", kv_heads="2",
+                 head_dim="16", dtype="bfloat16", causal="true", kv_dtype="int8", lengths="spread",
+                 prefill_chunks="1x4")
+    backends.register(ZeroRequest())
+    try:
+        (cell,) = build(flags).cells()
+        r = measure_cell(cell, Options(repeats=1, warmup=0, min_time_s=0, pipelined_calls=2, compile_ahead=False))
+    finally:
+        backends.unregister("fake-zero-request")
+    assert 3 not in r["checks"]["float64_requests"]["requests"] and r["checks"]["float64_requests"]["ok"]
+    assert r["status"] == "incorrect" and "output wrong (every token)" in r["reason"], r["reason"]

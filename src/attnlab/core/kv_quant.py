@@ -112,6 +112,16 @@ def dequantize(cache, scale, layout: str, dtype="float32", xp=np):
     return xp.asarray(cache).astype(dtype) * broadcast_scale(xp.asarray(scale).astype(dtype), layout, xp)
 
 
+def dequantized_cache(cache, scale, layout: str, page_table=None, dtype="float32", xp=np):
+    """(B, S_max, K, H) in ``dtype``: every sequence of a quantized cache dequantized (``xp``: ``jax.numpy`` keeps it
+    on the device); a paged cache (P, page_size, K, H) is laid out through its ``page_table`` (B, pages_per_seq)."""
+    x = dequantize(cache, scale, layout, dtype, xp)
+    if page_table is None:
+        return x
+    table = xp.asarray(page_table)
+    return x[table.reshape(-1)].reshape(table.shape[0], -1, *x.shape[2:])
+
+
 def dequantized_sequences(cache, scale, layout: str, seqs, page_table=None, dtype="float64") -> np.ndarray:
     """(len(seqs), S_max, K, H) in ``dtype``: the sequences ``seqs`` (batch indices) of a quantized cache with its
     ``layout`` scale (as ``quantize_kv_cache`` made them), dequantized; a paged cache (P, page_size, K, H) is read

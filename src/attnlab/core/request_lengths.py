@@ -87,3 +87,12 @@ def mixed_batch(chunks: int, chunk: int, decodes: int, s_max: int, rng: np.rando
 def starts_of(q_lengths) -> np.ndarray:
     """(B+1,) int32 cumulative query starts of packed requests (``serving_attention``'s ``q_starts``)."""
     return np.concatenate([[0], np.cumsum(q_lengths)]).astype(np.int32)
+
+
+def padded_rows(q_lengths) -> tuple[np.ndarray, np.ndarray]:
+    """(index (B, T_max) int32 into the packed rows, keep (B, T_max) bool) that lay packed requests out as a batch:
+    row t of request b is packed row starts[b] + t while t < q_lengths[b]; the rows past it (keep False) index row 0."""
+    q_lengths = np.asarray(q_lengths, np.int64)
+    t = np.arange(max(int(q_lengths.max(initial=0)), 1))[None, :]
+    keep = t < q_lengths[:, None]
+    return np.where(keep, starts_of(q_lengths)[:-1, None] + t, 0).astype(np.int32), keep

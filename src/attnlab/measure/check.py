@@ -24,6 +24,7 @@ import numpy as np
 
 from ..core import request_lengths as rl
 from ..core.errors import OutputMismatchError
+from ..core.kv_quant import dequantized_cache
 from ..reference.output_errors import Semantics, grad_errors, output_errors
 from ..reference.serving64 import serving_errors
 from ..reference.tolerance import errors_text, policy_verdict, rule_text
@@ -108,8 +109,8 @@ def check_into(rec: dict, run, cell, backend, opts) -> None:
     """Check a cell's ``run`` (``jax_cell.JaxRun``, ``native.NativeRun`` or ``serving_cell.ServingRun``) into ``rec``
     before it is timed: its output on the first input set (``run.output()``), first its dtype (``output_dtype``;
     a serving step's shape too), then by the check of the cell's kind. A serving step: its sampled requests
-    (``check_serving``). Any other cell: a quantized cache's check
-    (``kv_cells.check_output``, on the timed caches ``run.caches``), else the whole output (``check_output``)
+    (``check_serving``). Any other cell: a quantized cache's check (``kv_cells.check_output`` on the timed caches
+    ``run.caches``, then every sequence: ``whole_output``), else the whole output (``check_output``)
     and, for fwd+bwd / bwd cells, every gradient (``check_gradients``: ``run.grads()`` makes them once the output
     passed, ``run.ct`` the output's cotangent). ``Skip('incorrect')`` carrying the fields of the check that
     failed; any other failure of the run or the references ends the cell as ``classify`` says."""
@@ -121,7 +122,7 @@ def check_into(rec: dict, run, cell, backend, opts) -> None:
         finite_output(out)
         if serving:
             rec.update(check_serving(out, run.contiguous, run.q_lens, run.kv_lens, cell, backend, run.sem,
-                                     run.dequantized, opts.seed))
+                                     run.dequantized, opts.seed, _dequantized_cache(cell, *(run.args[0][i] for i in (1, 2, 6, 7, 5)))))
             return
         inputs, extras = run.ins.sets[0], run.ins.extras
         if not cell.kv_dtype:
@@ -129,12 +130,24 @@ def check_into(rec: dict, run, cell, backend, opts) -> None:
             rec.update(check_output(out, inputs, backend, sem, key))
             if run.grads is not None:
                 rec.update(check_gradients(run.grads(), inputs, run.ct, sem, key))
-        else:
-            rec.update(kv_cells.check_output(out, inputs, run.caches, cell, extras))
+        else:   # the sampled sequences against float64, then every one against float32, on the dequantized cache
+            fields = kv_cells.check_output(out, inputs, run.caches, cell, extras)
+            kc, ks, vc, vs, *table = run.caches
+            k, v = _dequantized_cache(cell, kc, vc, ks, vs, *table)
+            rec.update(whole_output(fields, out, inputs[0], k, v, semantics(cell, extras),
+                                    f"{ref_key(cell, opts.seed)}|dequantized", backend, "every_sequence"))
     except Skip:
         raise
     except Exception as e:  # noqa: BLE001
         raise Skip(*classify(e, "run")) from None
+
+
+def _dequantized_cache(cell, k, v, k_scale, v_scale, table=None):
+    """(k, v) (B, S_max, K, H) float32 on the device of a quantized cache and its scales (paged: its ``table``);
+    None for a cache in q's dtype (no scales)."""
+    if k_scale is None:
+        return None
+    return tuple(dequantized_cache(c, s, cell.kv_scale, table, xp=jnp) for c, s in ((k, k_scale), (v, v_scale)))
 
 
 def output_dtype(out, cell, shape=None) -> dict:
@@ -181,32 +194,20 @@ def check_gradients(grads, inputs, ct, sem: Semantics, key: str) -> dict:
     return chk
 
 
-def check_serving(out, contiguous, q_lens, kv_lens, cell, backend, sem: dict, dequantized=None, seed: int = 0) -> dict:
+def check_serving(out, contiguous, q_lens, kv_lens, cell, backend, sem: dict, dequantized=None, seed: int = 0,
+                  cache=None) -> dict:
     """The record fields of a serving step's check: its output ``out``'s sampled rows against float64
     (``reference.serving64.serving_errors``) on the step's ``contiguous`` (q, k, v, ...) and lengths ``q_lens``,
     ``kv_lens``, with the call's soft cap, window and sinks ``sem`` (``serving_cell.call_semantics``); a
     quantized cache's against its ``dequantized`` values, (k, v) of the sampled requests in order
-    (``serving_cell.argument_sets``), with ``kv_rel_err``. Then the whole step, not only the sampled requests:
-    the padding rows past the last request 0, and (a cache in q's dtype) every request's last, first and middle
-    token against the float32 device reference and sampled float64 rows (``check_forward`` on each as a decode
-    batch of one token per request, at its position), so a request the sampled ones miss is judged too. Every reference is computed
-    first, then judged in that order; ``Skip('incorrect')`` carrying the fields when one fails."""
+    (``serving_cell.argument_sets``), with ``kv_rel_err``. Then the whole step: the padding rows past the last
+    request 0, and every token of every request (``whole_output``: the requests as a batch of their tokens) against
+    the float32 device reference on ``cache`` (k, v) (default the contiguous set's; a quantized cell's, its cache
+    dequantized: ``dequantized_cache``). ``Skip('incorrect')`` carrying the fields when one fails."""
     if cell.kv_dtype and dequantized is None:
         raise ValueError("dequantized: a quantized-cache cell's check needs the dequantized K/V of its sampled "
                          "requests (argument_sets makes them)")
     starts = rl.starts_of(q_lens)
-    (q, k, v), ends, whole = contiguous[:3], starts[1:] - 1, {}
-    # a quantized cell's sampled requests are judged on the dequantized cache; the whole one is not made
-    for name, at in () if cell.kv_dtype else (("last", ends), ("first", starts[:-1]),
-                                               ("middle", starts[:-1] + np.asarray(q_lens) // 2)):
-        if name != "last" and np.array_equal(at, ends):
-            continue        # every request's first (middle) token is its last: judged already
-        rules = Semantics(causal=True, window=cell.window, kv_lengths=tuple(int(n) for n in kv_lens),
-                          q_offsets=tuple(int(n - 1 - (e - a)) for n, e, a in zip(kv_lens, ends, at)),
-                          soft_cap=cell.soft_cap, sinks=None if sem.get("sinks") is None else np.asarray(sem["sinks"]))
-        whole[name] = check_forward(out[jnp.asarray(at)][:, None], q[jnp.asarray(at)][:, None], k, v, rules,
-                                    ref_key=f"{ref_key(cell, seed)}|{name} tokens", fixed_limit=backend.rel_l2_limit,
-                                    fixed_rule=backend.rel_l2_rule)
     e = serving_errors(out, *contiguous[:3], q_lens, kv_lens, cell.dtype, **sem,
                        dequantized=dequantized if cell.kv_dtype else None)
     fields = dict(checked_fraction=e["fraction"], checked_rows=e["rows"], row_err=e["row_err"],
@@ -222,9 +223,30 @@ def check_serving(out, contiguous, q_lens, kv_lens, cell, backend, sem: dict, de
     fields = judged(fields, "float64_requests", verdict, rule, where=f" on requests {verdict['requests']}")
     if not bool(jnp.all(out[int(starts[-1]):] == 0)):
         raise Skip(Status.INCORRECT, f"output wrong: the padding rows from {int(starts[-1])} are not 0", fields)
-    for token, c in whole.items():
-        verdicts = {f"{token}_tokens_{name}": v for name, v in c["checks"].items()}
-        fields = {**fields, "checks": {**fields["checks"], **verdicts}, "margin": min(fields["margin"], c["margin"])}
-        if not c["ok"]:
-            raise Skip(Status.INCORRECT, f"output wrong on every request's {token} token: {c['reason']}", fields)
+    idx, keep = (jnp.asarray(x) for x in rl.padded_rows(q_lens))
+    batch = lambda x: jnp.where(keep[..., None, None], x[idx], 0).astype(x.dtype)   # noqa: E731  (B, T_max, N, H)
+    rules = Semantics(causal=True, window=cell.window, kv_lengths=tuple(int(n) for n in kv_lens),
+                      q_offsets=tuple(int(n - t) for n, t in zip(kv_lens, q_lens)),
+                      q_lengths=tuple(int(t) for t in q_lens), soft_cap=cell.soft_cap,
+                      sinks=None if sem.get("sinks") is None else np.asarray(sem["sinks"]))
+    k, v = contiguous[1:3] if cache is None else cache
+    return whole_output(fields, batch(out), batch(contiguous[0]), k, v, rules, f"{ref_key(cell, seed)}|every token",
+                        backend, "every_token")
+
+
+def whole_output(fields: dict, out, q, k, v, sem: Semantics, key: str, backend, name: str) -> dict:
+    """``fields`` of a check that sampled, with the whole output ``out`` (B, T, N, H) judged too (``check_forward``
+    on q, k, v): its verdicts in ``checks`` as ``{name}_float32_device`` and ``{name}_float64_rows``, the lower
+    margin, ``checked_fraction`` 1. ``Skip('incorrect')`` carrying them when it fails: a wrong row among those the
+    sample missed (a request's middle tokens, an unsampled sequence) fails here."""
+    try:
+        c = check_forward(device_array(out), q, k, v, sem, ref_key=key, fixed_limit=backend.rel_l2_limit,
+                          fixed_rule=backend.rel_l2_rule)
+    except OutputMismatchError as e:
+        raise Skip(Status.INCORRECT, f"output wrong: {e}", fields) from None
+    margins = [m for m in (fields.get("margin"), c["margin"]) if m is not None]
+    fields = {**fields, "checked_fraction": 1.0, "margin": min(margins) if margins else None,
+              "checks": {**fields["checks"], **{f"{name}_{n}": v for n, v in c["checks"].items()}}}
+    if not c["ok"]:
+        raise Skip(Status.INCORRECT, f"output wrong ({name.replace('_', ' ')}): {c['reason']}", fields)
     return fields

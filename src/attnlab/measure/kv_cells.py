@@ -5,9 +5,9 @@ default ``token``; ``attnlab.core.kv_quant``) is a forward decode cell whose tim
 quantized by ``attnlab.quantize_kv_cache`` (made before timing, from the cell's drawn K/V in its dtype, the
 "unquantized values"; a paged cell quantizes its pages) with its scales.
 
-Its check (before timing): the sampled batch elements (every one up to ``CHECKED_SEQUENCES``, else that many
-spread evenly from the first to the last) against float64 of the
-*dequantized* cache (``decode64.dequantized_errors``: ``check_decode_close``'s decode tolerance policy, the
+Its check (before timing; ``check.check_into`` then judges every sequence against float32 of the whole dequantized
+cache): the sampled batch elements (every one up to ``CHECKED_SEQUENCES``, else that many spread evenly from the
+first to the last) against float64 of the *dequantized* cache (``decode64.dequantized_errors``: ``check_decode_close``'s decode tolerance policy, the
 kernel-like emulation as its baseline), so the check judges the kernel and not the quantization. The cache it
 dequantizes is the timed call's own, its codes and scales of the first set (quantized once, as a serving cell's
 is; ``kv_quant.dequantized_sequences`` reads a paged cache through its table). The cost of

@@ -14,7 +14,7 @@ them; ``compile_run``, then ``ServingRun.time``): cells of one shape, call and b
 requests (by KV length and by query length, ``reference.serving64.sampled``) against NumPy float64
 (``reference.serving64.serving_errors``), each error within the tolerance policy's limit from a kernel-like
 emulation of the same rows (``reference.serving64.kernel_like_serving``: scores in float32, P rounded to the
-cell's dtype). The record
+cell's dtype), then every token against the float32 device reference (a quantized cache's dequantized). The record
 adds ``request_lengths`` (``Problem.lengths_record``) and ``tokens_per_s`` (the
 step's new tokens / its time). With ``page_size`` the caches are pages of that many tokens in a shuffled
 order, found through a page table (vLLM's layout, ``kernels.pages.to_pages``, made before the timed call);

@@ -90,7 +90,7 @@ def _tile(qt, pos, k, v, kv_lengths, *, scale, causal, window, emulate, soft_cap
     denom = jnp.sum(w, axis=-1, keepdims=True) + (0.0 if sink is None else jnp.exp(sink - m))
     p = w / jnp.where(denom == 0, 1.0, denom)
     if emulate:
-        p = p.astype(v.dtype)
+        p = p.astype(qt.dtype)    # the query's dtype: a dequantized float32 cache's kernel rounds P to it too
     o = jnp.einsum("bkgrs,bskh->brkgh", p, v, preferred_element_type=acc, precision=prec)
     if q_seg is not None:                                      # padding rows (id < 0) give 0
         o = jnp.where((q_seg >= 0)[:, :, None, None, None], o, 0.0)

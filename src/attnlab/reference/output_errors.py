@@ -48,6 +48,7 @@ class Semantics:
     soft_cap: float | None = None                   # logits_soft_cap
     segment_ids: np.ndarray | None = None           # (B, T) packed ids of a self-attention cell (T == S)
     sinks: np.ndarray | None = None                 # (N,) float32 attention sinks
+    q_lengths: tuple[int, ...] | None = None        # (B,) valid query rows (the rest are padding: 0 by rule)
 
     def device_kwargs(self, T: int) -> dict:
         """The device programs' keyword arguments: the rules, and the lengths, positions and ids as int32 arrays."""
@@ -66,6 +67,8 @@ class Semantics:
             kw["sinks"] = np.asarray(self.sinks, np.float32)
         if self.kv_lengths is not None:
             kw["kv_lengths"] = np.asarray(self.kv_lengths, np.int32)
+        if self.q_lengths is not None:
+            kw["q_lengths"] = np.asarray(self.q_lengths, np.int32)
         if self.q_offsets is not None:
             kw["q_positions"] = (np.asarray(self.q_offsets, np.int32)[:, None] + np.arange(T, dtype=np.int32)[None])
         return kw
@@ -141,7 +144,15 @@ def output_errors(out, q, k, v, sem: Semantics, key: str) -> dict:
         # K and V: only the sampled batch elements leave the device (a long cache is GiBs), as float32
         idx = jnp.asarray(bi, jnp.int32)
         kb, vb = (np.asarray(compiled_once(batch_rows, x, idx)) for x in (k, v))
-        ref64 = reference_attention(np.asarray(q)[bi][:, rows].astype(kb.dtype), kb, vb, **nkw)
+        qs = np.asarray(q)[bi][:, rows].astype(kb.dtype)
+        if sem.q_lengths is None:
+            ref64 = reference_attention(qs, kb, vb, **nkw)
+        else:   # each element's rows below its length only (sorted: a prefix); the padding rows past it are 0
+            ref64 = np.zeros(qs.shape[:-1] + vb.shape[-1:])
+            for j, b in enumerate(batch_idx):
+                if n := int(np.searchsorted(rows, sem.q_lengths[b])):
+                    ref64[j, :n] = reference_attention(qs[j:j + 1, :n], kb[j:j + 1], vb[j:j + 1],
+                                                       **sem.numpy_kwargs([b], rows[:n]))[0]
         return ref64, rules.errors_past_empty_rows(e64, ref64, empty64)[:2]
 
     ref64, (e_l2, e_row) = computed_once(("f64", key), rows64, parts, "float64_rows_s")
