@@ -40,7 +40,7 @@ def _sharding(x):
     """The part of an argument's placement a compiled program is bound to: None on one device (the
     default placement, which ``jax.ShapeDtypeStruct`` arguments of ``precompile`` also get)."""
     sh = getattr(x, "sharding", None)
-    return None if sh is None or isinstance(sh, jax.sharding.SingleDeviceSharding) else sh
+    return None if sh is None or len(sh.device_set) == 1 else sh
 
 
 def _key(program, args, kw):
