@@ -65,8 +65,8 @@ def test_xla_refuses_float64():
 
 @on_cpu
 def test_xla_runs_float16_on_cpu_eager_and_under_jit_as_jax_nn_eager():
-    """jax.nn runs this eagerly (it retries at default precision) but fails under jit; attnlab runs both,
-    computing in float32 and casting back, with jax.nn's eager result."""
+    """jax.nn runs this eagerly (it retries at default precision) but, before JAX 0.12, fails under jit; attnlab
+    runs both, computing in float32 and casting back, with jax.nn's eager result."""
     q, k, v = attnlab.reference.inputs.random_qkv(1, 8, 8, 2, 2, 8, "float16", seed=1)
     e = attnlab.explain(q, k, v, is_causal=True)
     assert e.reasons["xla"] is None and e.chosen == "xla"
@@ -75,8 +75,10 @@ def test_xla_runs_float16_on_cpu_eager_and_under_jit_as_jax_nn_eager():
         out = fn(q, k, v, is_causal=True, implementation="xla")
         assert out.dtype == jnp.float16
         np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(want, np.float32), rtol=1e-3, atol=1e-3)
-    with pytest.raises(Exception, match="F16_F16_F32"):   # what attnlab does that jax.nn cannot
+    try:   # what attnlab does that jax.nn could not (JAX 0.10, 0.11; 0.12.1 runs it)
         jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla"))(q, k, v)
+    except Exception as e:  # noqa: BLE001
+        assert "F16_F16_F32" in str(e)
 
 
 @on_cpu

@@ -3,7 +3,7 @@
 float16 on a CPU (or TPU): jax.nn asks XLA for a float16 dot with float32 accumulation
 (``DotAlgorithmPreset.F16_F16_F32``), which the CPU's dot_general lacks: called eagerly jax.nn
 catches the error and retries at default precision, but under ``jax.jit`` compilation fails ("The
-precision 'F16_F16_F32' is not supported by dot_general on CPU"; measured with JAX 0.10.2). TPUs
+precision 'F16_F16_F32' is not supported by dot_general on CPU"; measured with JAX 0.10.2; JAX 0.12.1 runs it). TPUs
 lack it too (jax.nn's own comment). Here the inputs are cast to float32, jax.nn runs at a precision
 the platform has, and the output (and residual) are cast back to float16: the same arithmetic as
 F16_F16_F32 (float16 operands are exact in float32, the accumulation is float32), eager and under
