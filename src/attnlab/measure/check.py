@@ -121,8 +121,9 @@ def check_into(rec: dict, run, cell, backend, opts) -> None:
         rec.update(output_dtype(out, cell, run.contiguous[0].shape if serving else None))
         finite_output(out)
         if serving:
+            _, k, v, _, _, table, ks, vs = run.args[0]    # the first timed set: its cache, quantized or not
             rec.update(check_serving(out, run.contiguous, run.q_lens, run.kv_lens, cell, backend, run.sem,
-                                     run.dequantized, opts.seed, _dequantized_cache(cell, *(run.args[0][i] for i in (1, 2, 6, 7, 5)))))
+                                     run.dequantized, opts.seed, _dequantized_cache(cell, k, v, ks, vs, table)))
             return
         inputs, extras = run.ins.sets[0], run.ins.extras
         if not cell.kv_dtype:

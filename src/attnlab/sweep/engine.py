@@ -94,7 +94,8 @@ def run_sweep(sweep: Sweep, out_dir: str, *, resume: bool = False, overwrite: bo
         raise SweepError(str(e)) from None
 
 
-def _sweep(sweep: Sweep, out_dir: str, resume: bool, overwrite: bool, opts: Options, on_cell, on_phase) -> list[CellRecord]:
+def _sweep(sweep: Sweep, out_dir: str, resume: bool, overwrite: bool, opts: Options, on_cell,
+           on_phase) -> list[CellRecord]:
     """``run_sweep``'s work, in a folder this process holds."""
     path = os.path.join(out_dir, "results.jsonl")
     done: dict[str, CellRecord] = {}
