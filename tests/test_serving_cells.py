@@ -256,3 +256,13 @@ def test_a_quantized_serving_step_is_judged_on_every_request():
         backends.unregister("fake-zero-request")
     assert 3 not in r["checks"]["float64_requests"]["requests"] and r["checks"]["float64_requests"]["ok"]
     assert r["status"] == "incorrect" and "output wrong (every token)" in r["reason"], r["reason"]
+
+
+def test_the_every_token_check_pads_each_group_of_query_lengths_only():
+    """Requests are judged in groups of query lengths up to a power of two: one prefill chunk among decodes pads
+    nothing (one batch of every request padded 2176 rows to 128 x 2048, 120x the step's check)."""
+    assert [g.tolist() for g in rl.length_groups([1, 9, 1, 16, 3, 1, 4])] == [[0, 2, 5], [4, 6], [1, 3]]
+    q = np.array([2048] + [1] * 127)
+    assert sum(len(g) * q[g].max() for g in rl.length_groups(q)) == 2048 + 127
+    idx, keep = rl.padded_rows([3, 1], [5, 0])
+    assert idx.tolist() == [[5, 6, 7], [0, 0, 0]] and keep.tolist() == [[True] * 3, [True, False, False]]

@@ -89,10 +89,20 @@ def starts_of(q_lengths) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(q_lengths)]).astype(np.int32)
 
 
-def padded_rows(q_lengths) -> tuple[np.ndarray, np.ndarray]:
+def length_groups(q_lengths) -> list[np.ndarray]:
+    """The requests (indices, ascending) grouped by their query length's power of two (1, 2, 3-4, 5-8, ...): laid
+    out as a batch (``padded_rows``), a group's padding is under half its rows (one long prefill chunk among many
+    decodes would pad every decode to its length)."""
+    q_lengths = np.asarray(q_lengths, np.int64)
+    bucket = np.ceil(np.log2(np.maximum(q_lengths, 1))).astype(np.int64)
+    return [np.flatnonzero(bucket == b) for b in np.unique(bucket)]
+
+
+def padded_rows(q_lengths, starts) -> tuple[np.ndarray, np.ndarray]:
     """(index (B, T_max) int32 into the packed rows, keep (B, T_max) bool) that lay packed requests out as a batch:
-    row t of request b is packed row starts[b] + t while t < q_lengths[b]; the rows past it (keep False) index row 0."""
+    row t of the request starting at packed row ``starts[b]`` is starts[b] + t while t < q_lengths[b]; the rows
+    past it (keep False) index row 0."""
     q_lengths = np.asarray(q_lengths, np.int64)
     t = np.arange(max(int(q_lengths.max(initial=0)), 1))[None, :]
     keep = t < q_lengths[:, None]
-    return np.where(keep, starts_of(q_lengths)[:-1, None] + t, 0).astype(np.int32), keep
+    return np.where(keep, np.asarray(starts, np.int64)[:, None] + t, 0).astype(np.int32), keep

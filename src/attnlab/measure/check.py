@@ -135,8 +135,8 @@ def check_into(rec: dict, run, cell, backend, opts) -> None:
             fields = kv_cells.check_output(out, inputs, run.caches, cell, extras)
             kc, ks, vc, vs, *table = run.caches
             k, v = _dequantized_cache(cell, kc, vc, ks, vs, *table)
-            rec.update(whole_output(fields, out, inputs[0], k, v, semantics(cell, extras),
-                                    f"{ref_key(cell, opts.seed)}|dequantized", backend, "every_sequence"))
+            rec.update(whole_output(fields, [(out, inputs[0], k, v, semantics(cell, extras),
+                                              f"{ref_key(cell, opts.seed)}|dequantized")], backend, "every_sequence"))
     except Skip:
         raise
     except Exception as e:  # noqa: BLE001
@@ -224,27 +224,37 @@ def check_serving(out, contiguous, q_lens, kv_lens, cell, backend, sem: dict, de
     fields = judged(fields, "float64_requests", verdict, rule, where=f" on requests {verdict['requests']}")
     if not bool(jnp.all(out[int(starts[-1]):] == 0)):
         raise Skip(Status.INCORRECT, f"output wrong: the padding rows from {int(starts[-1])} are not 0", fields)
-    idx, keep = (jnp.asarray(x) for x in rl.padded_rows(q_lens))
-    batch = lambda x: jnp.where(keep[..., None, None], x[idx], 0).astype(x.dtype)   # noqa: E731  (B, T_max, N, H)
-    rules = Semantics(causal=True, window=cell.window, kv_lengths=tuple(int(n) for n in kv_lens),
-                      q_offsets=tuple(int(n - t) for n, t in zip(kv_lens, q_lens)),
-                      q_lengths=tuple(int(t) for t in q_lens), soft_cap=cell.soft_cap,
-                      sinks=None if sem.get("sinks") is None else np.asarray(sem["sinks"]))
     k, v = contiguous[1:3] if cache is None else cache
-    return whole_output(fields, batch(out), batch(contiguous[0]), k, v, rules, f"{ref_key(cell, seed)}|every token",
-                        backend, "every_token")
+    q_lens, kv_lens, parts = np.asarray(q_lens), np.asarray(kv_lens), []
+    sinks = None if sem.get("sinks") is None else np.asarray(sem["sinks"])
+    for reqs in rl.length_groups(q_lens):   # each group of query lengths a batch of its requests' tokens
+        idx, keep = (jnp.asarray(x) for x in rl.padded_rows(q_lens[reqs], starts[reqs]))
+        batch = lambda x: jnp.where(keep[..., None, None], x[idx], 0).astype(x.dtype)   # noqa: E731  (b, T, N, H)
+        rules = Semantics(causal=True, window=cell.window, kv_lengths=tuple(int(n) for n in kv_lens[reqs]),
+                          q_offsets=tuple(int(n - t) for n, t in zip(kv_lens[reqs], q_lens[reqs])),
+                          q_lengths=tuple(int(t) for t in q_lens[reqs]), soft_cap=cell.soft_cap, sinks=sinks)
+        at = jnp.asarray(reqs)
+        parts.append((batch(out), batch(contiguous[0]), k[at], v[at], rules,
+                      f"{ref_key(cell, seed)}|every token|requests {reqs.tolist()}"))
+    return whole_output(fields, parts, backend, "every_token")
 
 
-def whole_output(fields: dict, out, q, k, v, sem: Semantics, key: str, backend, name: str) -> dict:
-    """``fields`` of a check that sampled, with the whole output ``out`` (B, T, N, H) judged too (``check_forward``
-    on q, k, v): its verdicts in ``checks`` as ``{name}_float32_device`` and ``{name}_float64_rows``, the lower
-    margin, ``checked_fraction`` 1. ``Skip('incorrect')`` carrying them when it fails: a wrong row among those the
-    sample missed (a request's middle tokens, an unsampled sequence) fails here."""
-    try:
-        c = check_forward(device_array(out), q, k, v, sem, ref_key=key, fixed_limit=backend.rel_l2_limit,
-                          fixed_rule=backend.rel_l2_rule)
-    except OutputMismatchError as e:
-        raise Skip(Status.INCORRECT, f"output wrong: {e}", fields) from None
+def whole_output(fields: dict, parts: list, backend, name: str) -> dict:
+    """``fields`` of a check that sampled, with the whole output judged too: ``parts`` (out (B, T, N, H), q, k, v,
+    ``Semantics``, reference key) each by ``check_forward``; the verdicts of the failing one (else of the lowest
+    margin) in ``checks`` as ``{name}_float32_device`` and ``{name}_float64_rows``, the lowest margin,
+    ``checked_fraction`` 1. ``Skip('incorrect')`` carrying them when one fails: a wrong row among those the sample
+    missed (a request's middle tokens, an unsampled sequence) fails here."""
+    checks = []
+    for out, q, k, v, sem, key in parts:
+        try:
+            checks.append(check_forward(device_array(out), q, k, v, sem, ref_key=key, fixed_limit=backend.rel_l2_limit,
+                                        fixed_rule=backend.rel_l2_rule))
+        except OutputMismatchError as e:
+            raise Skip(Status.INCORRECT, f"output wrong: {e}", fields) from None
+        if not checks[-1]["ok"]:
+            break
+    c = min(checks, key=lambda c: (c["ok"], math.inf if c["margin"] is None else c["margin"]))
     margins = [m for m in (fields.get("margin"), c["margin"]) if m is not None]
     fields = {**fields, "checked_fraction": 1.0, "margin": min(margins) if margins else None,
               "checks": {**fields["checks"], **{f"{name}_{n}": v for n, v in c["checks"].items()}}}
