@@ -202,7 +202,8 @@ def check_serving(out, contiguous, q_lens, kv_lens, cell, backend, sem: dict, de
     ``kv_lens``, with the call's soft cap, window and sinks ``sem`` (``serving_cell.call_semantics``); a
     quantized cache's against its ``dequantized`` values, (k, v) of the sampled requests in order
     (``serving_cell.argument_sets``), with ``kv_rel_err``. Then the whole step: the padding rows past the last
-    request 0, and every token of every request (``whole_output``: the requests as a batch of their tokens) against
+    request 0, and every token of every request (``whole_output``: each group of query lengths, ``length_groups``, as
+    a batch of its requests' tokens) against
     the float32 device reference on ``cache`` (k, v) (default the contiguous set's; a quantized cell's, its cache
     dequantized: ``dequantized_cache``). ``Skip('incorrect')`` carrying the fields when one fails."""
     if cell.kv_dtype and dequantized is None:
