@@ -86,6 +86,10 @@ _BAD = {   # (k_cache, v_cache, kwargs) -> (error type, message)
     "page on contiguous": ((_KQ, _VQ, dict(k_scale=_KS[:, 0], v_scale=_VS[:, 0])), (ValueError, "not a scale layout of the contiguous")),
     "f16 scale": ((_KQ, _VQ, dict(k_scale=_KS.astype(jnp.float16), v_scale=_VS)), (TypeError, "k_scale must be float32")),
     "mixed dtypes": ((_KQ, _VQ.astype(jnp.int8), dict(k_scale=_KS, v_scale=_VS)), (TypeError, "share one quantized dtype")),
+    "nan tensor scale": ((_KQ, _VQ, dict(k_scale=jnp.float32(1), v_scale=jnp.float32(jnp.nan))),
+                         (ValueError, "v_scale must be finite, got nan")),
+    "inf head scale": ((_KQ, _VQ, dict(k_scale=jnp.array([1, jnp.inf], jnp.float32), v_scale=jnp.ones((2,), jnp.float32))),
+                       (ValueError, "k_scale must be finite, got inf at KV head 1")),
     "layouts differ": ((_KQ, _VQ, dict(k_scale=_KS, v_scale=jnp.ones((2,), jnp.float32))), (ValueError, "share one layout")),
 }
 

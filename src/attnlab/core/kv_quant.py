@@ -18,6 +18,8 @@ argument and the rule); ``dequantize`` is the math every reference and generic p
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 #: Quantized cache dtypes -> the largest finite value each stores (the scale's denominator).
@@ -92,9 +94,25 @@ def check_kv_scales(k_cache, v_cache, k_scale, v_scale, *, paged: bool) -> tuple
         if _dtype_name(s) != "float32":
             raise TypeError(f"{n} must be float32, got {_dtype_name(s)}")
         layouts.append(scale_layout(n, s.shape, k_cache.shape, paged))
+        if layouts[-1] in ("tensor", "head"):
+            _check_shared_scale_values(n, s)
     if layouts[0] != layouts[1]:
         raise ValueError(f"k_scale and v_scale must share one layout, got {layouts[0]} and {layouts[1]}")
     return kd, layouts[0]
+
+
+def _check_shared_scale_values(name: str, scale) -> None:
+    """A concrete tensor or head scale must be finite: every token of a head is multiplied by it, so a NaN or inf
+    makes the head's outputs NaN. (A token or page scale is not checked: a page or token past every length is
+    never read and may hold anything; a traced scale has no values yet.)"""
+    jax = sys.modules.get("jax")   # core imports no JAX (nor checks: checks -> problem -> kv_quant)
+    if jax is not None and isinstance(scale, jax.core.Tracer):
+        return
+    values = np.asarray(scale, np.float64).reshape(-1)     # () or (K,): a few numbers
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        where = "" if np.ndim(scale) == 0 else f" at KV head {int(bad[0])}"
+        raise ValueError(f"{name} must be finite, got {values[bad[0]]}{where}")
 
 
 def broadcast_scale(scale, layout: str, xp=np):
