@@ -10,7 +10,22 @@ from __future__ import annotations
 import functools
 import json
 import os
+import sys
 import time
+
+
+def script_args(doc: str, needed: int = 1) -> list[str]:
+    """A script's arguments (``sys.argv[1:]``) where it reads them by position: with ``-h``/``--help`` it prints
+    ``doc`` (its usage) and exits 0; with fewer than ``needed``, or an unknown option first where a folder or
+    file goes, it prints ``doc`` and exits 2 (before any folder is made)."""
+    args = sys.argv[1:]
+    if "-h" in args or "--help" in args:
+        print(doc)
+        sys.exit(0)
+    if len(args) < needed or (args and args[0].startswith("-") and args[0] not in ("--table", "--child")):
+        print(doc, file=sys.stderr)
+        sys.exit(2)
+    return args
 
 
 class ResultsFolder:

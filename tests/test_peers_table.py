@@ -58,3 +58,20 @@ def test_cells_without_a_peak_or_kernel_time_show_a_dash():
     assert peers_table.fp8_cell({**fp8, "kernel_ms": 2.0, "pct_peak": 5.0}) == "2.000 ms, 50 TF/s (5% of fp8), err 1.00%"
     text = peers_table.tables([_rec("xla", timer="wall", pct_peak=None)])[0]
     assert "| 100 (–)† |" in text
+
+
+def test_a_benchmark_script_given_help_or_an_unknown_option_makes_no_folder(tmp_path, monkeypatch, capsys):
+    """benchmarks/*.py that read an output folder by position: --help prints the usage (exit 0), an option where the
+    folder goes is refused (exit 2), and neither becomes a folder named after it."""
+    import pytest
+
+    from benchmarks.results_folder import script_args
+
+    monkeypatch.chdir(tmp_path)
+    for argv, code in ((["--help"], 0), (["--bogus"], 2), ([], 2)):
+        monkeypatch.setattr(sys, "argv", ["grid.py", *argv])
+        with pytest.raises(SystemExit) as e:
+            script_args("usage: grid.py OUT")
+        assert e.value.code == code and "usage: grid.py OUT" in capsys.readouterr()[1 if code else 0]
+    monkeypatch.setattr(sys, "argv", ["grid.py", "--table", "r.jsonl"])
+    assert script_args("usage") == ["--table", "r.jsonl"] and not list(tmp_path.iterdir())

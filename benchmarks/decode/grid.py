@@ -242,8 +242,11 @@ def table(out: str) -> str:
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    if args and args[0] == "--table":
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))   # the repository root
+    from benchmarks.results_folder import script_args  # noqa: E402 (after sys.path)
+
+    args = script_args(__doc__)
+    if args[0] == "--table":
         print(table(args[1]))
     else:
         max_s = float(args[args.index("--max-seconds") + 1]) if "--max-seconds" in args else 300.0

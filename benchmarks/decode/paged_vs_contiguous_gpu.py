@@ -34,4 +34,7 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))   # the repository root
+    from benchmarks.results_folder import script_args  # noqa: E402 (after sys.path)
+
+    main(script_args(__doc__)[0])

@@ -125,7 +125,11 @@ def goals(recs) -> list[str]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "--table":
-        print(table(sys.argv[2]))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))   # the repository root
+    from benchmarks.results_folder import script_args  # noqa: E402 (after sys.path)
+
+    args = script_args(__doc__)
+    if len(args) > 1 and args[0] == "--table":
+        print(table(args[1]))
     else:
-        measure(sys.argv[1], sys.argv[2:])
+        measure(args[0], args[1:])

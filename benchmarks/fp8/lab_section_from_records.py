@@ -36,4 +36,7 @@ def main(path: str) -> str:
 
 
 if __name__ == "__main__":
-    print(main(sys.argv[1]))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))   # the repository root
+    from benchmarks.results_folder import script_args  # noqa: E402 (after sys.path)
+
+    print(main(script_args(__doc__)[0]))

@@ -58,4 +58,9 @@ def main(path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "gpu_probe.json")
+    import os
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))   # the repository root
+    from benchmarks.results_folder import script_args  # noqa: E402 (after sys.path)
+
+    main((script_args(__doc__, 0) or ["gpu_probe.json"])[0])

@@ -51,8 +51,13 @@ def main(out, parts, only=None):
 
 
 if __name__ == "__main__":
-    args = sys.argv[2:]
+    import os
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))   # the repository root
+    from benchmarks.results_folder import script_args  # noqa: E402 (after sys.path)
+
+    out, *args = script_args(__doc__)
     only = None
     if args and args[0].startswith("--only="):
         only = set(args.pop(0).split("=", 1)[1].split(","))
-    main(sys.argv[1], args or ["fwd", "fwd16", "train", "decode", "fp8"], only)
+    main(out, args or ["fwd", "fwd16", "train", "decode", "fp8"], only)

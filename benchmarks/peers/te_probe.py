@@ -135,7 +135,11 @@ def main(outdir: str) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--child"]:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))   # the repository root
+    from benchmarks.results_folder import script_args  # noqa: E402 (after sys.path)
+
+    args = script_args(__doc__, 0)
+    if args == ["--child"]:
         print(json.dumps(child()))
     else:
-        main(sys.argv[1] if len(sys.argv) > 1 else "/tmp/te_probe")
+        main(args[0] if args else "/tmp/te_probe")

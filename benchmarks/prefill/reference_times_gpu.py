@@ -56,4 +56,9 @@ def main(out):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "issue3-out")
+    import os
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))   # the repository root
+    from benchmarks.results_folder import script_args  # noqa: E402 (after sys.path)
+
+    main((script_args(__doc__, 0) or ["issue3-out"])[0])
