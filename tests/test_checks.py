@@ -414,3 +414,7 @@ def test_the_emulation_rounds_p_to_the_querys_dtype_beside_a_float32_cache():
     as_bf16 = blockwise_attention(q, k, v, emulate=True)
     as_f32 = blockwise_attention(q, k.astype(jnp.float32), v.astype(jnp.float32), emulate=True)
     assert as_f32.dtype == jnp.bfloat16 and np.array_equal(np.asarray(as_f32), np.asarray(as_bf16))
+    s = jnp.einsum("brkgh,bskh->bkgrs", q.reshape(2, 16, 2, 2, 32), k, preferred_element_type=jnp.float32) / np.sqrt(32)
+    by_hand = jnp.einsum("bkgrs,bskh->brkgh", jax.nn.softmax(s, axis=-1).astype(jnp.bfloat16), v,
+                         preferred_element_type=jnp.float32).reshape(q.shape).astype(jnp.bfloat16)   # P in bf16
+    assert np.array_equal(np.asarray(as_f32), np.asarray(by_hand))

@@ -108,7 +108,6 @@ def test_native_timing_loop_lives_in_measure(monkeypatch):
 
     from attnlab.backends.base import NativeCall
     from attnlab.measure import native
-    from attnlab.measure.native import measure_native
 
     calls = []
     clock = types.SimpleNamespace(now=100.0)
@@ -134,7 +133,7 @@ def test_native_timing_loop_lives_in_measure(monkeypatch):
                                "peak_scope": "fake"})
 
     x = jax.numpy.zeros((1, 4, 2, 8))
-    rec = measure_native(FakeNative(), None, 1.0, [(x, x, x)], repeats=3, warmup=1)
+    rec = native.time_kernel(FakeNative().native_fn(None, 1.0, [(x, x, x)]), "fake", repeats=3, warmup=1)
     assert rec["timer"] in ("cupti", "cuda_events") and rec["runtime_peak_bytes"] == 123
     assert rec["runtime_peak_scope"] == "fake" and rec["wall_n"] == 3 and rec["kernel_n"] == 3
     assert rec["pipelined_ms"] == pytest.approx(2.0) and rec["wall_ms"] == pytest.approx(2.0)

@@ -63,8 +63,9 @@ def test_bad_input_is_named(desc, kw, exc, words):
 @pytest.mark.parametrize("desc,kw,exc,words", BAD[:6], ids=[b[0] for b in BAD[:6]])
 def test_reference_validates_too(desc, kw, exc, words):
     args = {"q": Q, "k": K, "v": V, **kw}
-    with pytest.raises(exc):
+    with pytest.raises(exc) as info:
         attnlab.reference_attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+    assert all(w in str(info.value) for w in words), (desc, str(info.value))   # attnlab's rule, not NumPy's error
 
 
 def test_forced_cudnn_on_cpu_is_unsupported_with_reason():

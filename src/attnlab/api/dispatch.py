@@ -28,6 +28,7 @@ from typing import Callable, Iterable, Mapping
 
 from ..core.problem import Problem
 from ..core.records import time_ms
+from ..kernels.decode_plan import next_pow2
 
 SCHEMA = 1
 KIND = "attnlab-dispatch"
@@ -72,11 +73,6 @@ def default_path() -> str:
 
 # --- buckets --------------------------------------------------------------------------------
 
-def pow2_ceil(n: int) -> int:
-    """The smallest power of two >= n (n >= 1): 3072 -> 4096, 4096 -> 4096."""
-    return 1 << max(0, math.ceil(math.log2(n)) if n > 1 else 0)
-
-
 def window_kind(window) -> str:
     """none | left (``(left, 0)``: keys before the query only) | window (reaches both sides)."""
     if window is None:
@@ -109,8 +105,8 @@ def bucket_fields(obj, mode: str | None = None) -> dict:
                             ("segments", get("has_segment_ids", False) or get("packing", None)),
                             ("sinks", get("has_sinks", False) or get("sinks", False))) if v]
     return {"dtype": p.dtype, "causal": bool(p.causal), "window": window_kind(p.window), "mode": mode,
-            "H": p.head_dim, "group": group_kind(p.heads, p.kv_heads), "T": pow2_ceil(p.q_len),
-            "S": pow2_ceil(p.kv_len), "BN": pow2_ceil(p.batch * p.heads), "lengths": lengths,
+            "H": p.head_dim, "group": group_kind(p.heads, p.kv_heads), "T": next_pow2(p.q_len),
+            "S": next_pow2(p.kv_len), "BN": next_pow2(p.batch * p.heads), "lengths": lengths,
             "extra": "+".join(extra) or None}
 
 

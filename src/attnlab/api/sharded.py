@@ -189,10 +189,6 @@ def make_mesh(devices: int, axis_name: str = "x") -> Mesh:
     return Mesh(np.array(avail[:devices]), (axis_name,))
 
 
-def place(x, mesh: Mesh, spec: P):
-    return jax.device_put(x, NamedSharding(mesh, spec))
-
-
 # --- registration: how measure and sweep run these strategies (``attnlab.core.strategies``) ---------
 
 #: Where each strategy puts q, k and v (B, T|S, N|K, H) on the mesh axis "x".

@@ -34,7 +34,7 @@ from ..core.call import Call
 from ..core.checks import _is_tracer
 from ..core.errors import UnsupportedError
 from ..core.problem import Problem
-from ..core.serving_cost import causal_pairs
+from ..core.serving_cost import H200_BANDWIDTH, H200_PEAK_FLOPS, causal_pairs, keys_read
 from ..kernels import decode_plan as kd
 from ..kernels.serving_plan import make_serving_plan
 from .base import Backend
@@ -198,19 +198,17 @@ class AttnlabDecodeBackend(Backend):
                           d.soft_cap, d.window, d.sinks, (d.k_scale, d.v_scale, d.kv_scale))
 
 
-def keys_read(lengths, q_len: int = 1, window=None) -> list[int]:
-    """Keys per sequence a decode call must read: the valid ones, from the window's first key on
-    (``window`` (left, right): max(0, n - T - left) .. n - 1)."""
-    return [int(n) - (kd.window_start(int(n), q_len, window) or 0) for n in lengths]
-
-
 def kv_bytes(lengths, kv_heads: int, head_dim: int, itemsize: int, *, q_len: int = 1, window=None) -> int:
-    """Bytes of K and V a decode call must read: the valid keys only (a window's keys only)."""
-    return int(2 * sum(keys_read(lengths, q_len, window)) * kv_heads * head_dim * itemsize)
+    """Bytes of K and V a decode call of T = ``q_len`` tokens per sequence must read: the valid keys only (a
+    window's keys only: ``serving_cost.keys_read``)."""
+    starts = np.arange(len(lengths) + 1) * q_len
+    keys = keys_read(starts, lengths, None if window is None else window[0])
+    return int(2 * int(keys.sum()) * kv_heads * head_dim * itemsize)
 
 
 def roofline_ms(lengths, q_len: int, heads: int, kv_heads: int, head_dim: int, itemsize: int, *,
-                hbm_tbs: float = 4.8, peak_tflops: float = 989.0, window=None) -> float:
+                hbm_tbs: float = H200_BANDWIDTH / 1e12, peak_tflops: float = H200_PEAK_FLOPS / 1e12,
+                window=None) -> float:
     """max(bytes / HBM bandwidth, FLOPs / peak) in ms (H200 defaults): the K/V bytes read (``kv_bytes``) and the
     FLOPs of the causal (query, key) pairs computed, a window's only (``serving_cost.causal_pairs``)."""
     nbytes = kv_bytes(lengths, kv_heads, head_dim, itemsize, q_len=q_len, window=window)
@@ -220,4 +218,4 @@ def roofline_ms(lengths, q_len: int, heads: int, kv_heads: int, head_dim: int, i
 
 
 __all__ = ["AttnlabDecodeBackend", "AUTO_ENABLED", "AUTO_MIN_T", "AUTO_MAX_T", "AUTO_MIN_S", "AUTO_CLAIMS_ATTENTION",
-           "keys_read", "kv_bytes", "roofline_ms"]
+           "kv_bytes", "roofline_ms"]

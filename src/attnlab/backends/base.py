@@ -281,7 +281,7 @@ class NativeBackend(Backend):
     """A backend that is not a JAX op (PyTorch): it runs on concrete arrays outside ``jax.jit``.
 
     ``run`` computes on concrete JAX arrays; ``native_fn`` hands sweeps the kernel itself, timed by
-    ``attnlab.measure.native.measure_native`` (CUPTI, as for the JAX paths). The library comes
+    ``attnlab.measure.native.time_kernel`` (CUPTI, as for the JAX paths). The library comes
     first: without it nothing about the device can be asked of it."""
 
     native = True

@@ -28,8 +28,7 @@ import numpy as np
 from ..core import segments
 from ..core.errors import UnsupportedError
 from ..core.call import Call
-
-ENTRY = "jax._src.cudnn.fused_attention_stablehlo.dot_product_attention"
+from ..kernels.decode_plan import next_pow2
 
 
 def refusal(spec: Call) -> str | None:
@@ -59,10 +58,6 @@ def refusal(spec: Call) -> str | None:
         except UnsupportedError as e:
             return e.reason
     return None
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
 def layout(ids, M: int):
@@ -115,7 +110,7 @@ def run(p: Call):
     aligned = p.is_causal or p.window is not None
     q_ids, kv_ids = (jnp.asarray(x, jnp.int32) for x in (p.q_segment_ids, p.kv_segment_ids))
     check_concrete(p.q_segment_ids, p.kv_segment_ids, aligned)
-    M = min(_pow2(p.max_segments or 1), min(T, S)) if p.max_segments is not None else min(T, S)
+    M = min(next_pow2(p.max_segments or 1), min(T, S)) if p.max_segments is not None else min(T, S)
     q_off, q_len, q_start, q_n = layout(q_ids, M)
     kv_off, kv_len, kv_start, kv_n = layout(kv_ids, M)
     ok = (q_n <= M) & (kv_n <= M) & (q_n == kv_n) & jnp.all(q_start == kv_start, axis=1)

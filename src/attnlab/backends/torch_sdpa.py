@@ -3,7 +3,7 @@
 The same inputs are handed over from JAX by DLPack (no copy). These kernels cannot run inside
 ``jax.jit``: ``attention(..., implementation="torch-flash")`` works on concrete arrays only, and
 sweeps check their whole output like every backend's and time them through ``native_fn`` with
-CUPTI, as the JAX paths (``attnlab.measure.native.measure_native``; CUDA events only where CUPTI
+CUPTI, as the JAX paths (``attnlab.measure.native.time_kernel``; CUDA events only where CUPTI
 cannot be used, and then the record's ``timer`` says ``cuda_events``).
 """
 from __future__ import annotations

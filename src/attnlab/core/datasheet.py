@@ -66,3 +66,18 @@ def dtype_class(dtype: str, tf32: bool = False) -> str:
 def peak_tflops(kind: str, dtype: str, tf32: bool = False) -> float | None:
     p = peak_for_kind(kind)
     return None if p is None else p.tflops.get(dtype_class(dtype, tf32))
+
+
+def rates_of(flops: float, nbytes: float, ms: float, peak: float | None, sheet: Peak | None, devices: int = 1) -> dict:
+    """A timed call's rates: ``tflops``, ``gbps``, and where ``peak`` (TFLOP/s, one device's) is known
+    ``pct_peak``; where the device's datasheet ``sheet`` is known too ``pct_bandwidth``, ``roofline_ms`` (max(bytes /
+    HBM bandwidth, FLOPs / peak)) and ``pct_roofline``. ``devices``: a sharded call's, its percentages and
+    roofline of them together."""
+    out = {"tflops": flops / (ms * 1e-3) / 1e12, "gbps": nbytes / (ms * 1e-3) / 1e9}
+    if peak:
+        out["pct_peak"] = 100 * out["tflops"] / (peak * devices)
+        if sheet:
+            out["pct_bandwidth"] = 100 * out["gbps"] / (sheet.hbm_tbps * 1e3 * devices)
+            out["roofline_ms"] = max(nbytes / (sheet.hbm_tbps * 1e12), flops / (peak * 1e12)) * 1e3 / devices
+            out["pct_roofline"] = 100 * out["roofline_ms"] / ms
+    return out

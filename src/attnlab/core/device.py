@@ -14,10 +14,6 @@ class DeviceInfo:
     cudnn_version: int | None = None  # e.g. 91900 for 9.19.0
 
     @property
-    def is_nvidia(self) -> bool:
-        return self.platform == "gpu" and self.compute_capability is not None
-
-    @property
     def cudnn_version_str(self) -> str | None:
         if self.cudnn_version is None:
             return None

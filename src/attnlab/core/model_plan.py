@@ -84,11 +84,6 @@ class PlanEntry:
     sinks: bool = False             # the model's attention sinks (gpt-oss: every layer)
     kv_cache: tuple[str, str] | None = None   # decode: a quantized cache's (kv_dtype, kv_scale); None: dtype's
 
-    @property
-    def tokens_per_step(self) -> int:
-        """New tokens per sequence in one step (decode T; prefill/train: the context)."""
-        return self.q_len
-
     def axes(self) -> dict:
         """The ``Sweep`` keyword axes of this entry (one value each), without backends."""
         return dict(batch=[self.batch], q_len=[self.q_len], kv_len=[self.kv_len], heads=[self.heads],

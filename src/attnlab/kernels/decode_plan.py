@@ -96,6 +96,7 @@ class Plan:
 
 
 def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1): 3072 -> 4096, 4096 -> 4096."""
     return 1 << max(0, int(n) - 1).bit_length()
 
 

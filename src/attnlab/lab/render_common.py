@@ -7,7 +7,6 @@ from .step_types import LabConfig, Section, Table
 from .plots import time_ms
 
 ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
-NO_CUPTI = "kernel time needs a GPU (CUPTI); wall clock shown"
 SPREAD_NOTE = "Times are the median of the repeats, with the 25th–75th percentile in brackets (the spread)."
 
 # --- reading records -----------------------------------------------------------------------------

@@ -84,11 +84,6 @@ class LabConfig:
         """The dtype the performance steps use: bf16 on a GPU (where the fast paths are), f32 on a CPU."""
         return "bfloat16" if self.gpu else "float32"
 
-    @property
-    def cpu_quick(self) -> bool:
-        """``attnlab run --quick`` on a CPU."""
-        return self.quick and not self.gpu
-
     @classmethod
     def for_machine(cls, quick: bool, gpu: bool) -> "LabConfig":
         """Quick (CPU or GPU): every step at the smallest shapes, few distinct shapes (each new shape

@@ -17,9 +17,6 @@ def _with_budget(fn, budget_s):
     return job.result()
 
 
-with_budget = _with_budget
-
-
 def compile_within_budget(timed, args, budget_s, ahead=None):
     """(compiled, lower_s, compile_s) of ``timed`` for ``args`` (``timers.compile_seconds``), or the
     result of ``ahead``, a future of that same call started earlier (``attnlab.measure.ahead``);

@@ -76,11 +76,6 @@ def _library(backend) -> str:
     return backend.library[0] if backend.library else backend.name
 
 
-def measure_native(backend, spec, scale: float, arg_sets, repeats: int, warmup: int, decode: tuple | None = None) -> dict:
-    """Time ``backend.native_fn(spec, scale, arg_sets, decode=decode)``; returns the record's timing fields."""
-    return time_kernel(backend.native_fn(spec, scale, arg_sets, decode=decode), _library(backend), repeats, warmup)
-
-
 def time_kernel(kernel, lib: str, repeats: int, warmup: int) -> dict:
     """Time a native backend's ``kernel`` (``NativeCall``) of the library ``lib``; returns the record's timing
     fields."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 
+from ..core.datasheet import rates_of
 from ..core.errors import UnsupportedError
 from ..reference.float64 import default_matmul_is_tf32
 from ..reference.tolerance import errors_text
@@ -71,22 +72,15 @@ def rates(times: dict, cell, info, backend=None) -> dict:
     t_ms, out, n = time_ms(times), {}, getattr(cell, "devices", None) or 1
     if times.get("kernel_ms") is not None and times.get("wall_ms") is not None:
         out["dispatch_ms"] = times["wall_ms"] - times["kernel_ms"]
-    out["tflops"] = tflops = times["flops"] / (t_ms * 1e-3) / 1e12
-    out["gbps"] = gbps = times["bytes"] / (t_ms * 1e-3) / 1e9
     peak_dtype = (backend.compute_dtype if backend is not None else None) or cell.dtype
     pk = peaks.peak_tflops(info.kind, peak_dtype, tf32=default_matmul_is_tf32())
     out["peak_dtype"] = peaks.dtype_class(peak_dtype, default_matmul_is_tf32())
     out["peak_tflops"] = pk
-    out["pct_peak"] = 100 * tflops / (pk * n) if pk else None
-    sheet = peaks.peak_for_kind(info.kind)
-    if sheet and pk:
-        # the roofline bound of this cell: max(bytes / HBM bandwidth, FLOPs / compute peak)
-        out["pct_bandwidth"] = 100 * gbps / (sheet.hbm_tbps * 1e3 * n)
-        out["roofline_ms"] = max(times["bytes"] / (sheet.hbm_tbps * 1e12), times["flops"] / (pk * 1e12)) * 1e3 / n
-        out["pct_roofline"] = 100 * out["roofline_ms"] / t_ms
+    out["pct_peak"] = None
+    out.update(rates_of(times["flops"], times["bytes"], t_ms, pk, peaks.peak_for_kind(info.kind), n))
     ceil = peaks.load_ceilings(info.kind)
     if ceil and cell.dtype in ("bfloat16", "float16"):
-        out["pct_ceiling"] = 100 * tflops / (ceil["matmul_tflops"] * n)
+        out["pct_ceiling"] = 100 * out["tflops"] / (ceil["matmul_tflops"] * n)
     return out
 
 

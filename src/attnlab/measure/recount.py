@@ -10,7 +10,7 @@ to committed results.
 from __future__ import annotations
 
 from ..core.cell_fields import record_values
-from ..core.datasheet import peak_for_kind
+from ..core.datasheet import peak_for_kind, rates_of
 from ..core.problem import Problem
 from ..core.rate_check import device_kind
 from ..core.records import is_cell, time_ms
@@ -34,16 +34,9 @@ def recount(rec: dict) -> dict:
     ms = time_ms(rec)
     if rec.get("tflops") is None or not ms:
         return out
-    out["tflops"] = out["flops"] / (ms * 1e-3) / 1e12
-    out["gbps"] = out["bytes"] / (ms * 1e-3) / 1e9
-    pk, n = rec.get("peak_tflops"), rec.get("devices") or 1     # a sharded cell's percentages: of its devices together
-    if pk:
-        out["pct_peak"] = 100 * out["tflops"] / (pk * n)
+    # the sheet only where the record has the roofline fields: it was measured on a device with one
+    sheet = peak_for_kind(device_kind(rec) or "") if rec.get("pct_bandwidth") is not None else None
+    out.update(rates_of(out["flops"], out["bytes"], ms, rec.get("peak_tflops"), sheet, rec.get("devices") or 1))
     if rec.get("pct_ceiling") is not None:
         out["pct_ceiling"] = rec["pct_ceiling"] * out["tflops"] / rec["tflops"]
-    sheet = peak_for_kind(device_kind(rec) or "")
-    if sheet and pk and rec.get("pct_bandwidth") is not None:
-        out["pct_bandwidth"] = 100 * out["gbps"] / (sheet.hbm_tbps * 1e3 * n)
-        out["roofline_ms"] = max(out["bytes"] / (sheet.hbm_tbps * 1e12), out["flops"] / (pk * 1e12)) * 1e3 / n
-        out["pct_roofline"] = 100 * out["roofline_ms"] / ms
     return out

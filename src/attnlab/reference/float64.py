@@ -215,11 +215,6 @@ def reference_attention_grads(query, key, value, cotangent, bias=None, mask=None
     return grads + (-(f.sink_probs * row_dot.reshape(B, N, T)).sum(axis=(0, 2)),)
 
 
-def low_precision_baseline(query, key, value, *args, ref, emulate, **kwargs) -> float:
-    """Relative L2 error of the kernel-like emulation in ``emulate`` (bf16/fp16) against ``ref``."""
-    return rel_l2(reference_attention(query, key, value, *args, emulate=emulate, **kwargs), ref)
-
-
 def check_close(out, query, key, value, *args, tf32: bool | None = None, ref=None, limit: float | None = None,
                 rule: str | None = None, baseline_err: float | None = None, return_residual: bool = False,
                 **kwargs) -> Verdict:

@@ -88,10 +88,6 @@ def random_qkv(batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, h
     return q, k, v
 
 
-def for_workload(w, seed: int = 0):
-    return random_qkv(w.batch, w.q_len, w.kv_len, w.heads, w.kv_heads, w.head_dim, w.dtype, seed)
-
-
 def seed_of(text: str) -> int:
     """A stable 32-bit seed from a string (the same in every process, unlike ``hash``)."""
     return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16)
