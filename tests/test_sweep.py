@@ -76,6 +76,8 @@ def test_sweep_axes():
     ({"backends": "xla", "prefill_chunks": ","}, "prefill_chunks: no values"),
     ({"backends": "xla", "seq": "3000000000"}, "batch x sequence: 1 x 3000000000 tokens is more than 2**28"),
     ({"backends": "xla", "batch": "300000000"}, "batch x sequence: 300000000 x 128 tokens is more than 2**28"),
+    ({"backends": "xla", "lengths": "spread", "causal": "true", "kv_len": "32", "q_len": "1",
+      "prefill_chunks": "300000000x1"}, "requests (batch + prefill chunks) x sequence: 300000001 x 32 tokens is more"),
 ])
 def test_bad_sweep_values(values, words):
     with pytest.raises(SweepError) as e:

@@ -137,9 +137,11 @@ class _SweepMethods:
         if not cells:
             raise SweepError("no valid cell: every combination of the axes breaks a rule: " + "; ".join(
                 f"{name}: {rule}" for name, rule in left_out.items()))
-        if big := next((c for c in cells if c.batch * max(c.q_len, c.kv_len) > MAX_TOKENS), None):
-            raise SweepError(f"batch x sequence: {big.batch} x {max(big.q_len, big.kv_len)} tokens is more than 2**28 "
-                             f"= {MAX_TOKENS} (no device holds such a cell, and estimating it would exhaust this host)")
+        if big := next((c for c in cells if _requests(c) * max(c.q_len, c.kv_len) > MAX_TOKENS), None):
+            what = "batch" if _requests(big) == big.batch else "requests (batch + prefill chunks)"
+            raise SweepError(f"{what} x sequence: {_requests(big)} x {max(big.q_len, big.kv_len)} tokens is more than "
+                             f"2**28 = {MAX_TOKENS} (no device holds such a cell, and estimating it would exhaust this "
+                             f"host)")
 
     def cells(self, left_out: dict | None = None) -> list[Cell]:
         """The sweep's cells, its axes' product less the combinations a rule leaves out (``left_out``, when given,
@@ -173,8 +175,13 @@ class _SweepMethods:
         return out
 
 
-#: The most tokens (batch x the longer of q_len and kv_len) a sweep's cell may hold.
+#: The most tokens (requests x the longer of q_len and kv_len) a sweep's cell may hold.
 MAX_TOKENS = 2**28
+
+
+def _requests(cell) -> int:
+    """A cell's sequences: its batch, and a mixed serving cell's prefill chunks beside them."""
+    return cell.batch + (request_lengths.parse_chunks(cell.prefill_chunks) or (0, 0))[0]
 
 
 def _values(values):
