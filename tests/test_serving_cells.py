@@ -226,7 +226,7 @@ def test_a_backend_without_a_serving_path_is_unsupported_before_compiling():
     """The serving cell asks its own backend (the one measure_cell found) about its first call: naive refuses."""
     r = measure_cell(Cell("naive", 3, 2, 64, 4, 2, 16, causal=True, lengths="spread"), Options(max_input_sets=1))
     assert r["status"] == "unsupported" and r["reason"].startswith("naive: no serving path")
-    assert r["compile_s"] is None and r["input_sets"] == 1
+    assert r["compile_s"] is None and r["input_sets"] == 1 and r.get("lengths_traced") is None   # it never ran
 
 
 def test_a_quantized_serving_step_is_judged_on_every_request():

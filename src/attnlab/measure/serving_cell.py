@@ -179,8 +179,7 @@ def compile_run(backend, cell, opts, rec: dict, phases, cupti: bool, ahead=None)
     seed = request_seed(cell)
     checked = sampled_requests(q_lens, kv_lens) if opts.check else []
     contiguous, args, kw, dequantized = argument_sets(cell, p, rec["bytes"], opts, phases, checked)
-    rec.update(request_lengths=p.lengths_record(seed), lengths_traced=True, inputs_draw=INPUTS_DRAW,
-               input_sets=len(args))
+    rec.update(request_lengths=p.lengths_record(seed), inputs_draw=INPUTS_DRAW, input_sets=len(args))
     first = prepare_serving(*args[0][:5], page_table=args[0][5], k_scale=args[0][6], v_scale=args[0][7], **kw)
     if why := backend.supports_serving(first):   # the backend in hand (measure_cell found it available)
         raise Skip("unsupported", f"{backend.name}: {why}")
@@ -200,7 +199,8 @@ def compile_run(backend, cell, opts, rec: dict, phases, cupti: bool, ahead=None)
         _PROGRAMS.move_to_end(key)
     compiled, lower_s, compile_s = _PROGRAMS[key]
     rec.update(lower_s=lower_s, compile_s=lower_s + compile_s, compiled_ahead=ahead is not None and not reused,
-               program_reused=reused, **memory.compiled_memory(compiled))
+               program_reused=reused, lengths_traced=True, **memory.compiled_memory(compiled))   # a jitted step
+    # whose lengths are arguments: compiled, so it runs (a refused or failed cell never ran with them)
     return ServingRun(p, compiled, args, contiguous, q_lens, kv_lens, kw, dequantized, cupti)
 
 
