@@ -1,5 +1,7 @@
 """Serving cells: request-length distributions, mixed batches, the sweep axis, one cell measured on the CPU
 (serving_attention with the lengths traced) and its check of the longest and shortest requests."""
+import hashlib
+
 import numpy as np
 import pytest
 
@@ -59,9 +61,26 @@ def test_a_distribution_name_wins_over_a_file_of_that_name(tmp_path, monkeypatch
     (tmp_path / "lens.txt").write_text("5\n")
     base = dict(backends="xla", batch="2", q_len="1", kv_len="64", heads="2", head_dim="16", causal="true")
     got = {c.lengths for c in build({**base, "lengths": "spread,Lognormal:paged16,full,lens.txt"}).cells()}
-    assert got == {"spread", "lognormal", "full", "file:lens.txt"}
+    assert got == {"spread", "lognormal", "full", "file:lens.txt@" + hashlib.sha256(b"5\n").hexdigest()[:12]}
     with pytest.raises(SweepError, match="'OK.TXT' is not none"):      # named as typed
         build({**base, "lengths": "OK.TXT"})
+
+
+def test_a_lengths_file_is_pinned_to_its_contents(tmp_path, monkeypatch):
+    """file:PATH cells carry the file's digest: the same file with other lengths makes other cells (compare and
+    --resume tell them apart), and a cell whose file changed since it was made is refused, not run on new lengths."""
+    monkeypatch.chdir(tmp_path)
+    base = dict(backends="xla", batch="3", q_len="1", kv_len="256", heads="2", head_dim="16", causal="true",
+                lengths="file:lens.txt:paged16")
+    (tmp_path / "lens.txt").write_text("4 4 4\n")
+    short, = build(base).cells()
+    (tmp_path / "lens.txt").write_text("256 256 256\n")
+    long, = build(base).cells()
+    assert short.lengths != long.lengths and short.key() != long.key() and long.page_size == 16
+    assert serving_cell.requests(long)[1].tolist() == [256] * 3
+    with pytest.raises(ValueError, match="lengths file lens.txt changed since its cells were made"):
+        serving_cell.requests(short)
+    assert build({**base, "lengths": long.lengths + ":paged16"}).cells() == [long]   # a pinned value is kept
 
 
 @pytest.mark.parametrize("backend,page_size", [("xla", None), ("attnlab-decode", 16)])

@@ -8,7 +8,8 @@ KV length counts its new tokens, so every length lies in [T, S]:
 - ``lognormal``: exp(Normal(log 2048, 1.2)), many short and a few long (a chat server's mix);
 - ``one-long``: request 0 at S, the others at S / 32;
 - ``file:PATH``: the lengths in a text file (whitespace-separated ints, one KV length per request; the batch
-  takes the first B, repeating the file when it has fewer).
+  takes the first B, repeating the file when it has fewer). A sweep pins it to its contents
+  (``file:PATH@DIGEST``, ``pin_file``): a cell of other lengths is another cell, and a changed file is refused.
 
 Every draw is clipped to [T, S] (``draw``). A mixed batch (``mixed_batch``) puts ``chunks`` prefill chunks of
 ``chunk`` tokens (each at a KV length uniform in [chunk, S]) before the decodes. The distributions are
@@ -16,6 +17,7 @@ the ones the H200 serving measurements used (``benchmarks/serving/gpu.py`` impor
 """
 from __future__ import annotations
 
+import hashlib
 import re
 
 import numpy as np
@@ -23,6 +25,8 @@ import numpy as np
 #: The named distributions (``file:PATH`` is the fifth kind).
 DISTRIBUTIONS = ("uniform", "spread", "lognormal", "one-long")
 _CHUNKS = re.compile(r"^(\d+)x(\d+)$")
+#: ``file:PATH@DIGEST``: the first 12 hex digits of the file's sha256.
+_PINNED = re.compile(r"^(.+)@([0-9a-f]{12})$")
 
 
 def is_distribution(name) -> bool:
@@ -42,24 +46,47 @@ def draw(dist: str, batch: int, q_len: int, s_max: int, rng: np.random.Generator
         n = np.full(batch, s_max // 32)
         n[0] = s_max
     elif is_distribution(dist):
-        n = np.resize(read_lengths(dist[5:]), batch)
+        n = np.resize(read_lengths(*_file_parts(dist)), batch)
     else:
         raise ValueError(f"lengths must be one of {', '.join(DISTRIBUTIONS)} or file:PATH, got {dist!r}")
     return np.clip(n, q_len, s_max).astype(np.int32)
 
 
-def read_lengths(path: str) -> np.ndarray:
-    """The ints of a lengths file (whitespace-separated, ``#`` starts a comment); ValueError naming the file."""
-    with open(path, encoding="utf-8") as f:
-        words = [w for line in f for w in line.split("#")[0].split()]
+def _file_parts(dist: str) -> tuple[str, str | None]:
+    """(path, digest or None) of ``file:PATH`` / ``file:PATH@DIGEST``."""
+    m = _PINNED.match(dist[5:])
+    return (m.group(1), m.group(2)) if m else (dist[5:], None)
+
+
+def pin_file(dist: str) -> str:
+    """``file:PATH`` as ``file:PATH@DIGEST``, the file read and checked (``read_lengths``); a pinned one checked
+    against its file. ValueError naming the file."""
+    path, digest = _file_parts(dist)
+    read_lengths(path, digest)
+    with open(path, "rb") as f:
+        return f"file:{path}@{_digest(f.read())}"
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:12]
+
+
+def read_lengths(path: str, digest: str | None = None) -> np.ndarray:
+    """The ints of a lengths file (whitespace-separated, ``#`` starts a comment); ValueError naming the file, and
+    where ``digest`` (``pin_file``) is given, a file whose contents no longer have it."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if digest is not None and (now := _digest(data)) != digest:
+        raise ValueError(f"lengths file {path} changed since its cells were made (sha256 {now}..., the cells' "
+                         f"{digest}...): give file:{path} again")
+    words = [w for line in data.decode("utf-8").splitlines() for w in line.split("#")[0].split()]
     try:
         ints = [int(w) for w in words]
     except ValueError:
         raise ValueError(f"lengths file {path}: every entry must be an int, got {words[:8]}") from None
     if not ints or min(ints) < 1 or max(ints) >= 2**31:
         raise ValueError(f"lengths file {path}: needs at least one length, all >= 1 and < 2**31")
-    n = np.array(ints, dtype=np.int64)
-    return n
+    return np.array(ints, dtype=np.int64)
 
 
 def parse_chunks(text) -> tuple[int, int] | None:

@@ -79,15 +79,16 @@ class _SweepMethods:
         for st in self.strategy:
             if st is not None and st not in strategies.names():
                 raise SweepError(f"strategy: {st!r} is not none or one of {', '.join(strategies.names())}")
-        for ln in self.lengths:
+        for i, ln in enumerate(self.lengths):
             if ln is not None and ln not in LENGTHS and not _page_size_of(ln) and not _serving(ln):
                 raise SweepError(f"lengths: {ln!r} is not none, one of {', '.join(LENGTHS)}, pagedN (N tokens per "
                                  f"page, e.g. paged64; paged is paged{DEFAULT_PAGE_SIZE}), a request-length "
                                  f"distribution ({', '.join(request_lengths.DISTRIBUTIONS)}) or file:PATH, "
                                  f"either with :pagedN for a paged cache")
-            if _serving(ln) and ln.startswith("file:"):
+            if _serving(ln) and ln.startswith("file:"):   # pinned to the file's contents: other lengths, other cells
+                dist, page = _serving_page(ln)
                 try:
-                    request_lengths.read_lengths(_serving_page(ln)[0][5:])
+                    self.lengths[i] = request_lengths.pin_file(dist) + (f":paged{page}" if page else "")
                 except (OSError, ValueError) as e:
                     raise SweepError(f"lengths: {ln}: {e}") from None
         for pc in self.prefill_chunks:
