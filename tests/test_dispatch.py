@@ -357,6 +357,28 @@ def test_tune_refuses_a_corrupt_out_before_measuring(tmp_path, monkeypatch, text
     assert bad.read_text() == text and not (tmp_path / "tune-records").exists()
 
 
+def test_tune_refuses_bwd_and_prints_reasons_as_text(tmp_path, monkeypatch):
+    """auto picks for a forward call or a training step: tune --mode bwd is refused (exit 2) before measuring; a
+    cell's reason ("pip install -e '.[torch]'") is printed as written, not read as a style tag."""
+    from click.testing import CliRunner
+
+    import attnlab.sweep
+    from attnlab.cli import main
+
+    args = ["tune", "--backends", "xla", "--seq", "16", "--heads", "2", "--head-dim", "8", "--dtype", "f32",
+            "--out", str(tmp_path / "d.json")]
+    monkeypatch.setattr(attnlab.sweep, "run_sweep", lambda *a, **k: pytest.fail("measured a bwd tune"))
+    r = CliRunner().invoke(main, [*args, "--mode", "fwd,bwd"])
+    assert r.exit_code == 2 and "mode: bwd is not a mode auto picks for" in r.output
+
+    def run_sweep(sweep, out, on_cell, **kw):
+        on_cell(sweep.cells()[0], {"status": "unavailable", "reason": "torch is not installed (pip install -e '.[torch]')"}, 0, 1)
+        return []
+    monkeypatch.setattr(attnlab.sweep, "run_sweep", run_sweep)
+    r = CliRunner().invoke(main, args)
+    assert "(pip install -e '.[torch]')" in r.output, r.output
+
+
 def test_tune_is_a_command():
     from click.testing import CliRunner
 

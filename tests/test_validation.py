@@ -99,8 +99,10 @@ def test_explain_names_choice_and_reasons():
     assert "GPU" in e.reasons["cudnn"]
     assert "auto runs: xla" in str(e)
     assert attnlab.explain(Q, K, V).reasons["attnlab-decode"] is None    # forward only: refused when differentiated, as a named call is
-    assert attnlab.explain(Q, K, V, mode="train").reasons["attnlab-decode"] == \
-        "forward only, no backward pass"
+    for mode in ("train", "fwd+bwd"):
+        assert attnlab.explain(Q, K, V, mode=mode).reasons["attnlab-decode"] == "forward only, no backward pass"
+    with pytest.raises(ValueError, match="mode must be 'fwd' or 'train' .*got 'trian'"):
+        attnlab.explain(Q, K, V, mode="trian")
 
 
 def test_registry_plugs_in_a_backend():

@@ -263,9 +263,17 @@ def reason_lines(reasons: dict[str, str | None], width: int = 88) -> list[str]:
     return lines
 
 
+#: ``explain``'s modes -> the mode a backend is asked about.
+_EXPLAIN_MODES = {"fwd": "fwd", "train": "train", "fwd+bwd": "train"}
+
+
 def explain(query, key, value, bias=None, mask=None, *, mode: str = "fwd", **kwargs) -> Explanation:
     """Say which backend ``implementation=None`` would run on these inputs (``mode="train"``: when
-    differentiated), why (measured or the static rule), and why not the others."""
+    differentiated; ``"fwd+bwd"``, the sweeps' name, is the same), why (measured or the static rule), and why not
+    the others."""
+    if mode not in _EXPLAIN_MODES:
+        raise ValueError(f"mode must be 'fwd' or 'train' (or 'fwd+bwd', the sweeps' name), got {mode!r}")
+    mode = _EXPLAIN_MODES[mode]
     kwargs.pop("implementation", None)
     p = prepare(query, key, value, bias, mask, allow_empty=True, **kwargs)
     if p.empty:

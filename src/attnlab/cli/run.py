@@ -12,6 +12,7 @@ import sys
 import threading
 
 import click
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..core.names import match, unknown
@@ -104,7 +105,7 @@ def run(out_dir, label, quick, sections, resume, overwrite):
                 line = f"{sec.status:7} {sec.title} ({sec.facts.get('seconds', 0):.1f} s){reason}"
                 quiet.stamp(log_file, f"step {sec.id}: {line}")
                 prog.console.print(f"[{COLOURS.get(sec.status, 'white')}]{sec.status:7}[/] {sec.title} "
-                                   f"({sec.facts.get('seconds', 0):.1f} s){reason}", highlight=False, soft_wrap=True)
+                                   f"({sec.facts.get('seconds', 0):.1f} s){escape(reason)}", highlight=False, soft_wrap=True)
 
             done = lab.run_lab(out_dir, label=label, quick=quick, sections=chosen, progress=before, resume=resume,
                                overwrite=overwrite, on_step=after, on_cell=cell)

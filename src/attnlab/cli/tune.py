@@ -8,6 +8,7 @@ import os
 import re
 
 import click
+from rich.markup import escape
 
 from .. import backends
 from ..api import dispatch
@@ -78,12 +79,15 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
         values, run_opts, notes = merge(config, given, "tune")
         values.setdefault("backends", ",".join(tune_backends()))
         sweep = build(values)
+        if "bwd" in sweep.mode:
+            raise SweepError("mode: bwd is not a mode auto picks for: tune measures fwd (a forward call) and fwd+bwd "
+                             "(a training step)")
         reps, budget, mt = run_options(run_opts, repeats=repeats, compile_budget=compile_budget, min_time=min_time)
         warmup = warmup_of(run_opts)
     except SweepError as e:
         _fail(str(e))
     for n in notes:
-        console.print(f"[yellow]note:[/] {n}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]note:[/] {escape(n)}", highlight=False, soft_wrap=True)
     out = out or dispatch.default_path()
     try:
         existing_entries(out, replace)   # a corrupt table is refused now, not after every cell is measured
@@ -105,8 +109,9 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
             resumed.append(cell)
         else:
             t = time_ms(rec)
-            console.print(f"[{i + 1}/{total}] {cell.backend:<15} {cell.config_label:<52} {rec['status']:<12} "
-                          + (f"{t:.4g} ms" if t is not None else (rec.get("reason") or "")), highlight=False, soft_wrap=True)
+            line = f"[{i + 1}/{total}] {cell.backend:<15} {cell.config_label:<52} {rec['status']:<12} " + (
+                f"{t:.4g} ms" if t is not None else (rec.get("reason") or ""))
+            console.print(escape(line), highlight=False, soft_wrap=True)   # "[torch]" in a reason is text
 
     interrupted = abandoned = False
     try:
