@@ -101,6 +101,6 @@ def test_bench_cli_with_strategy_and_scaling_command(tmp_path):
     assert len(rows) == 6 and all(r["efficiency"] is not None and r["efficiency"] > 0 for r in rows)
     assert all(abs(r["efficiency"] - 1) < 1e-9 for r in rows if r["devices"] == 1)
     r = CliRunner().invoke(main, ["scaling", str(out)])
-    assert r.exit_code == 0 and "ring" in r.output and "%" in r.output
+    assert r.exit_code == 0 and "ring" in r.output and "%" in r.output and "backend" in r.output and "naive" in r.output
     r = CliRunner().invoke(main, ["bench", "--backends", "naive", "--strategy", "diagonal", "--out", str(out)])
     assert r.exit_code == 2 and "strategy" in r.output

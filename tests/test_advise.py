@@ -80,7 +80,8 @@ def test_advice_picks_the_fastest_correct_and_weights_layer_kinds():
     assert m["weights_bytes"] == int(9.24e9) * 2
     assert m["max_batch"] == (141 * 10**9 - m["weights_bytes"]) // m["kv_bytes_per_seq"]
     summary, side, memory = tables(adv)
-    assert "fast-wrong" in side["columns"] and "incorrect" in side["rows"][0]
+    assert "fast-wrong" in side["columns"] and "incorrect (1)" in side["rows"][0]   # its reason under the table
+    assert side["footnotes"] == ["(1) fast-wrong: why", "(2) fast-unchecked: why"]
     json.dumps(adv)
 
 

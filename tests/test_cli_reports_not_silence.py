@@ -10,7 +10,7 @@ from click.testing import CliRunner
 import attnlab
 from attnlab.api import dispatch
 from attnlab.cli import main
-from attnlab.cli.tables import Footnotes
+from attnlab.cli.tables import Footnotes, print_footnotes
 
 
 def _cell(**kw):
@@ -33,8 +33,9 @@ def test_one_reason_is_one_footnote_however_spelt(capsys):
     b = notes.mark("cudnn", "unsupported", "needs an NVIDIA  GPU")
     c = notes.mark("te", "unsupported", "needs an NVIDIA GPU")
     assert a == b == "unsupported (1)" and c == "unsupported (2)"
-    notes.print(attnlab.cli.console)
-    assert capsys.readouterr().out.splitlines() == ["(1) cudnn: needs an NVIDIA GPU", "(2) te: needs an NVIDIA GPU"]
+    print_footnotes(attnlab.cli.console, notes.lines() + ["(3) torch: pip install -e '.[torch]'"])
+    assert capsys.readouterr().out.splitlines() == ["(1) cudnn: needs an NVIDIA GPU", "(2) te: needs an NVIDIA GPU",
+                                                    "(3) torch: pip install -e '.[torch]'"]
 
 
 def test_a_dispatch_file_named_but_absent_is_reported_like_a_corrupt_one(tmp_path, monkeypatch):

@@ -29,6 +29,7 @@ from ..sweep.model_cells import model_sweep
 from ._app import _fail, console, main, writable_folder, writes_to
 from ._layout import compact, print_compact_table, table_console, wide_option
 from ._sweep_ui import cell_budget, cell_budget_option, cost_line, exit_after_interrupt, phase_spinner, print_estimate
+from .tables import print_footnotes
 
 
 def _non_jax() -> set[str]:
@@ -99,7 +100,6 @@ def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, r
                         device_kind=env.get("device_kind"), device_bytes_source=source,
                         non_jax=_non_jax())
     adv["env"] = env
-    adv["notes"].append(f"why a cell is not ok (unsupported, incorrect, oom, ...): its reason in {out_dir}/results.jsonl")
     with writes_to(out_dir), open(os.path.join(out_dir, "advise.json"), "w", encoding="utf-8") as f:
         json.dump(adv, f, indent=2)
     tabs = advice.tables(adv)
@@ -118,13 +118,14 @@ def print_tables(tabs: list[dict], wide: bool = False) -> None:
     for t in tabs:
         if compact(wide):
             print_compact_table(t["title"], t["columns"], t["rows"], t["key"])
-            continue
-        rt = RichTable(title=escape(t["title"]))
-        for c in t["columns"]:
-            rt.add_column(escape(c))
-        for r in t["rows"]:
-            rt.add_row(*[escape(x) for x in r])
-        table_console().print(rt)
+        else:
+            rt = RichTable(title=escape(t["title"]))
+            for c in t["columns"]:
+                rt.add_column(escape(c))
+            for r in t["rows"]:
+                rt.add_row(*[escape(x) for x in r])
+            table_console().print(rt)
+        print_footnotes(table_console(), t.get("footnotes", []))
 
 
 def _device_memory(gib: float | None) -> tuple[int | None, str | None]:
@@ -143,7 +144,7 @@ def _write_html(path: str, adv: dict, tabs: list[dict], env: dict) -> str:
 
     ns = types.SimpleNamespace
     sections = [ns(id=f"t{i}", title=t["title"], status="ok", reason=None,
-                   paragraphs=adv["notes"] if i == 0 else [], plots=[],
+                   paragraphs=(adv["notes"] if i == 0 else []) + t.get("footnotes", []), plots=[],
                    tables=[ns(title=t["title"], columns=t["columns"], rows=t["rows"])]) for i, t in enumerate(tabs)]
     return write_report(path, sections, env, label=f"advise {adv['model']} batch {adv['batch']} "
                                                    f"context {','.join(map(str, adv['contexts']))}")

@@ -220,10 +220,10 @@ def scaling(results):
         _fail(f"{results}: no sharded cell timed, nothing to show (a sweep with --devices 1,2 --strategy batch "
               f"makes them)")
     t = RichTable(title="strong scaling (same global problem)")
-    for c in ("configuration", "strategy", "devices", "ms", "1-device ms", "efficiency"):
+    for c in ("configuration", "backend", "strategy", "devices", "ms", "1-device ms", "efficiency"):
         t.add_column(c)
     for r in rows:
-        t.add_row(r["label"], r["strategy"], str(r["devices"]), f"{r['ms']:.4g}", f"{r['ms_1']:.4g}" if r["ms_1"] else "–",
+        t.add_row(r["label"], r["backend"], r["strategy"], str(r["devices"]), f"{r['ms']:.4g}", f"{r['ms_1']:.4g}" if r["ms_1"] else "–",
                   f"{100 * r['efficiency']:.1f}%" if r["efficiency"] is not None else "–")
     console.print(t)
 

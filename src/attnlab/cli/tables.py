@@ -11,6 +11,7 @@ from rich.table import Table as RichTable
 from ..core.records import config_label, time_ms
 from ..core.units import format_flops
 from ..measure import peaks
+from ..report.footnotes import Footnotes
 from ._app import console
 from ._layout import compact, table_console
 
@@ -30,28 +31,10 @@ def bench_cell_text(r: dict, ridge_intensity: float | None, bw_tbps: float | Non
     return f"{ms:.4g} · {format_flops(r['tflops'] * 1e12)} · {pk}{tok}"
 
 
-class Footnotes:
-    """Reasons numbered once each: ``mark(backend, status, reason)`` -> "unsupported (1)". A footnote is
-    the text printed ("cudnn: needs a GPU"), so a reason given with and without its backend's name, or
-    with other spacing, is one footnote."""
-
-    def __init__(self):
-        self.reasons: dict[str, int] = {}
-
-    @staticmethod
-    def text(backend: str, reason: str) -> str:
-        named = reason if reason.startswith(f"{backend}:") else f"{backend}: {reason}"
-        return " ".join(named.split())
-
-    def mark(self, backend: str, status: str, reason: str | None) -> str:
-        if not reason:
-            return status
-        n = self.reasons.setdefault(self.text(backend, reason), len(self.reasons) + 1)
-        return f"{status} ({n})"
-
-    def print(self, con) -> None:
-        for named, n in self.reasons.items():
-            con.print(f"({n}) {escape(named)}", highlight=False)
+def print_footnotes(con, lines: list[str]) -> None:
+    """A table's footnotes (``Footnotes.lines``), as text (a reason's "[torch]" is no style tag)."""
+    for line in lines:
+        con.print(escape(line), highlight=False, soft_wrap=True)
 
 
 def print_bench_table(records: list[dict], out_dir: str, wide: bool = False) -> None:
@@ -97,7 +80,7 @@ def print_bench_table(records: list[dict], out_dir: str, wide: bool = False) -> 
                       *["" if by.get(b) is None else cell(by[b]) for b in backends_])
         con = table_console()
         con.print(t)
-    notes.print(con)
+    print_footnotes(con, notes.lines())
     if mb_rows:
         con.print("memory-bound rows (decode: few queries against a long KV cache, intensity below the ridge) show "
                   "GB/s and % of " + (f"the {bw_source} bandwidth ({bw_tbps * 1000:.4g} GB/s)" if bw_tbps else

@@ -25,6 +25,7 @@ import math
 from ..core.model_plan import PlanEntry, notes as plan_notes
 from ..core.models import ModelPreset
 from ..core.records import time_ms
+from .footnotes import Footnotes
 
 KV_CONVENTION = ("KV cache: K and V in bf16; a windowed layer caches only min(context, W + 1) tokens (rolling "
                  "buffer), a global layer every token")
@@ -212,6 +213,7 @@ def tables(adv: dict) -> list[dict]:
     be = adv["backends"]
     side = {"title": "one layer, every backend (ms; fastest correct marked *)", "key": 4,
             "columns": ["phase", "context", "layers", "cell", *be, "fastest correct"], "rows": []}
+    notes = Footnotes()     # a cell not timed: its status and the number of its reason under the table
     for c in adv["cells"]:
         cells = []
         for b in be:
@@ -221,7 +223,7 @@ def tables(adv: dict) -> list[dict]:
             elif x["status"] == "ok":
                 cells.append(fmt_ms(x["ms"]) + (" *" if b == c["best"] else ""))
             else:
-                cells.append(x["status"])
+                cells.append(notes.mark(b, x["status"], x.get("reason")))
         cell = f"T{c['q_len']} S{c['kv_len']}" + (f" w{c['window'][0]}:0" if c["window"] else "") + (
             " sinks" if c.get("sinks") else "")
         side["rows"].append([c["phase"] + " " + _step(c) if c["phase"] == "decode" else c["phase"], str(c["context"]),
@@ -247,6 +249,7 @@ def tables(adv: dict) -> list[dict]:
                         "–" if m["max_batch"] is None else str(m["max_batch"]),
                         *(_per_dtype(m.get("by_kv_dtype", {}).get(name)) for name, _, _ in KV_CACHE_DTYPES)]
                        for m in adv["memory"]]}
+    side["footnotes"] = notes.lines()
     return [summary, side, memory]
 
 

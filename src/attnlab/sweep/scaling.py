@@ -11,7 +11,7 @@ def scaling_rows(records: list[dict]) -> list[dict]:
         if r.get("devices", 1) == 1:
             base[(config_label(r, mesh=False), r["backend"], r["strategy"])] = time_ms(r)
     rows = []
-    for r in sorted(ok, key=lambda r: (config_label(r, mesh=False), r["strategy"], r.get("devices", 1))):
+    for r in sorted(ok, key=lambda r: (config_label(r, mesh=False), r["backend"], r["strategy"], r.get("devices", 1))):
         t1 = base.get((config_label(r, mesh=False), r["backend"], r["strategy"]))
         n = r.get("devices", 1)
         tn = time_ms(r)
