@@ -49,3 +49,13 @@ def test_a_dispatch_file_named_but_absent_is_reported_like_a_corrupt_one(tmp_pat
     monkeypatch.delenv(dispatch.ENV_VAR)           # the default file, absent: no table yet, nothing to report
     monkeypatch.setenv(dispatch.CACHE_VAR, str(tmp_path / "cache"))
     assert "dispatch" not in attnlab.explain(q, k, v).why
+
+
+def test_a_folder_name_with_brackets_is_printed_as_written(tmp_path):
+    """Paths, notes and reasons are text: rich would read "[bold]" (or a reason's "[torch]") as a style tag and drop it."""
+    out = tmp_path / "o[bold]x"
+    args = ["bench", "--backends", "naive", "--seq", "16", "--heads", "2", "--head-dim", "8", "--dtype", "f32",
+            "--repeats", "1", "--out", str(out)]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    r = CliRunner().invoke(main, [*args, "--resume"])
+    assert r.exit_code == 0 and f"cells already recorded in {out}/results.jsonl: resumed" in r.output, r.output

@@ -8,6 +8,7 @@ import statistics
 import sys
 
 import click
+from rich.markup import escape
 
 from ..core import device
 from ..core.records import cost_summary
@@ -54,7 +55,7 @@ def print_estimate(cells, opts, resume_from: str | None = None) -> None:
     if old:
         n_all, cells = len(cells), [c for c in cells if c.key() not in old]
         if n_all > len(cells):
-            console.print(f"{n_all - len(cells)} of {n_all} cells already recorded in {path}: resumed, not measured "
+            console.print(f"{n_all - len(cells)} of {n_all} cells already recorded in {escape(path)}: resumed, not measured "
                           f"again", highlight=False, soft_wrap=True)
     if not cells:
         return

@@ -89,7 +89,7 @@ def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, r
         with writes_to(out_dir), phase_spinner() as on_phase:
             records = sweeps.run_sweep(ms, out_dir, resume=True, options=opts, on_cell=on_cell, on_phase=on_phase)
     except SweepInterrupted as e:
-        console.print(f"[yellow]interrupted:[/] {e.finished} of {e.total} cells in {out_dir}; run the same command "
+        console.print(f"[yellow]interrupted:[/] {e.finished} of {e.total} cells in {escape(out_dir)}; run the same command "
                       f"again to go on", highlight=False)
         exit_after_interrupt(e.abandoned)
     except SweepError as e:
@@ -108,7 +108,7 @@ def advise_cmd(model, context, batch, phase, backends, out_dir, device_memory, r
         console.print(f"[yellow]note:[/] {escape(n)}", highlight=False, soft_wrap=True)
     with writes_to(out_dir):
         html = _write_html(os.path.join(out_dir, "advise.html"), adv, tabs, env)
-    console.print(f"→ {html}, {out_dir}/advise.json", highlight=False)
+    console.print(escape(f"→ {html}, {out_dir}/advise.json"), highlight=False)
     cost_line(records, resumed, out_dir)
 
 

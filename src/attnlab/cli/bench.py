@@ -8,6 +8,7 @@ import shlex
 import sys
 
 import click
+from rich.markup import escape
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn,
                            TimeRemainingColumn)
 from rich.table import Table as RichTable
@@ -114,7 +115,7 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
         _fail(f"{out_dir} already holds {n_old} result(s) in results.jsonl; give --resume to skip the cells "
               f"recorded there, or --overwrite to erase them and start afresh")
     for n in notes:
-        console.print(f"[yellow]note:[/] {n}", highlight=False)
+        console.print(f"[yellow]note:[/] {escape(n)}", highlight=False)
     opts = Options(repeats=reps, compile_budget_s=budget, check=not no_check and run_opts.get("check", True),
                    min_time_s=float(mt), warmup=warmup, cell_budget_s=cell_budget(cell_budget_s))
     cells = sweep.cells()
@@ -141,15 +142,15 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
                                     on_phase=on_phase)
     except SweepInterrupted as e:
         console.print(f"[yellow]interrupted:[/] {e.finished} of {e.total} cells finished, written to "
-                      f"{out_dir}/results.jsonl and {out_dir}/results.csv", highlight=False)
-        console.print("resume with:  " + _resume_command(config, out_dir, repeats, min_time, compile_budget, no_check,
-                                                         name, given, cell_budget_s), highlight=False, soft_wrap=True)
+                      + escape(f"{out_dir}/results.jsonl and {out_dir}/results.csv"), highlight=False)
+        console.print("resume with:  " + escape(_resume_command(config, out_dir, repeats, min_time, compile_budget, no_check,
+                                                                name, given, cell_budget_s)), highlight=False, soft_wrap=True)
         exit_after_interrupt(e.abandoned)
     except SweepError as e:
         _fail(str(e))
     if resume:
-        console.print(f"resumed: skipped {len(skipped)} of {len(cells)} cells already in {out_dir}/results.jsonl, "
-                      f"measured {len(cells) - len(skipped)}", highlight=False)
+        console.print(escape(f"resumed: skipped {len(skipped)} of {len(cells)} cells already in {out_dir}/results.jsonl, "
+                             f"measured {len(cells) - len(skipped)}"), highlight=False)
     _print_bench_table(records, out_dir, wide)
     cost_line(records, skipped, out_dir)
 

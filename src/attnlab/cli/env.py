@@ -32,7 +32,7 @@ def env_cmd(as_json, wide):
     console.print(t)
     _print_backends(e["backends"], wide)
     if e.get("gpu_note"):
-        console.print(f"[yellow]{e['gpu_note']}[/]")
+        console.print(f"[yellow]{escape(e['gpu_note'])}[/]")
 
 
 def _print_backends(status: dict, wide: bool = False):

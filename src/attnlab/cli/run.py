@@ -114,9 +114,9 @@ def run(out_dir, label, quick, sections, resume, overwrite):
     except LabInterrupted as e:
         finished = ", ".join(e.finished) or "none"
         quiet.stamp(log, f"stopped in step {e.stopped_in} after {len(e.finished)} of {e.total} steps (Ctrl-C)")
-        console.print(f"\nstopped in step {e.stopped_in} after {len(e.finished)} of {e.total} steps "
+        console.print(escape(f"\nstopped in step {e.stopped_in} after {len(e.finished)} of {e.total} steps "
                       f"(finished: {finished}); {e.cells} cell(s) measured are kept in {out_dir}/sweeps.\n"
-                      f"Go on with: {resume_command(out_dir, quick=quick, sections=chosen, label=label)}",
+                      f"Go on with: {resume_command(out_dir, quick=quick, sections=chosen, label=label)}"),
                       highlight=False, soft_wrap=True)
         _exit_interrupted()
     run_rec = next((r for r in reversed(read_jsonl(os.path.join(out_dir, "results.jsonl"))) if r.get("kind") == "run"), {})
@@ -129,8 +129,8 @@ def run(out_dir, label, quick, sections, resume, overwrite):
     summary = f"{run_rec.get('steps_ok', 0)} of {len(done)} steps ok in {run_rec.get('wall_s', 0):.1f} s → {out_dir}/report.html"
     for line in (cost, summary):
         quiet.stamp(log, line)
-    console.print(cost, highlight=False, soft_wrap=True)
-    console.print(f"{summary} (log: {log})", highlight=False, soft_wrap=True)
+    console.print(escape(cost), highlight=False, soft_wrap=True)
+    console.print(escape(f"{summary} (log: {log})"), highlight=False, soft_wrap=True)
     if any(s.status == "failed" for s in done):
         sys.exit(1)
 
