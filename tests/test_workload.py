@@ -1,6 +1,7 @@
 import pytest
 
 from attnlab import Workload
+from attnlab.core.workload import kv_cache_bytes
 
 
 def test_dense_flops_and_bytes():
@@ -26,7 +27,7 @@ def test_window_and_lengths():
 
 def test_kv_cache_and_intensity():
     w = Workload(1, 1, 4096, 32, 8, 128, "bfloat16")
-    assert w.kv_cache_bytes_per_token() == 2 * 8 * 128 * 2
+    assert kv_cache_bytes(layers=1, kv_heads=8, head_dim=128, context=1) == 2 * 8 * 128 * 2
     # by hand: FLOPs 4 N H S = 4*32*128*4096 = 67_108_864; bytes: q and out 2 * 32*128*2 = 16_384,
     # K and V 2 * 4096*8*128*2 = 16_777_216, together 16_793_600; 67_108_864 / 16_793_600 = 3.99610
     assert w.flops() == 67_108_864 and w.bytes() == 16_793_600

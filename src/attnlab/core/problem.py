@@ -270,11 +270,6 @@ class Problem:
         per_head = self.kv_tokens() if self.kv_scale == "token" else kv_quant.pages_read(first, kv, self.page_size)
         return 2 * 4 * per_head * self.kv_heads
 
-    def kv_cache_bytes_per_token(self) -> int:
-        """Bytes of key + value cache one token costs in one layer (per-token scales included)."""
-        scales = 2 * 4 * self.kv_heads if self.kv_scale == "token" else 0
-        return 2 * self.kv_heads * self.head_dim * self.kv_itemsize + scales
-
 
 #: The identity fields, in record order (the identity of a record starts with them after backend).
 FIELDS = ("batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype", "causal", "window")
