@@ -14,15 +14,15 @@ import sys
 import time
 
 
-def script_args(doc: str, needed: int = 1) -> list[str]:
+def script_args(doc: str, needed: int = 1, options=("--table", "--child")) -> list[str]:
     """A script's arguments (``sys.argv[1:]``) where it reads them by position: with ``-h``/``--help`` it prints
-    ``doc`` (its usage) and exits 0; with fewer than ``needed``, or an unknown option first where a folder or
-    file goes, it prints ``doc`` and exits 2 (before any folder is made)."""
+    ``doc`` (its usage) and exits 0; with fewer than ``needed``, or an option first that is not one of the
+    script's ``options`` where a folder or file goes, it prints ``doc`` and exits 2 (before any folder is made)."""
     args = sys.argv[1:]
     if "-h" in args or "--help" in args:
         print(doc)
         sys.exit(0)
-    if len(args) < needed or (args and args[0].startswith("-") and args[0] not in ("--table", "--child")):
+    if len(args) < needed or (args and args[0].startswith("-") and args[0] not in options):
         print(doc, file=sys.stderr)
         sys.exit(2)
     return args

@@ -151,7 +151,7 @@ def test_advise_end_to_end_on_cpu(tmp_path):
     from attnlab.cli import main
 
     out = tmp_path / "adv"
-    args = ["advise", "--model", "llama-3.1-8b", "--context", "64", "--batch", "1", "--backends", "naive,xla",
+    args = ["advise", "--model", "llama-3.1-8b", "--context", "64", "--batch", "1", "--backends", "naive,xla,cudnn",
             "--phase", "prefill,decode", "--repeats", "2", "--out", str(out)]
     r = CliRunner().invoke(main, args, terminal_width=250)
     assert r.exit_code == 0, r.output
@@ -162,9 +162,14 @@ def test_advise_end_to_end_on_cpu(tmp_path):
     html = (out / "advise.html").read_text()
     assert "llama-3.1-8b" in html and "fastest correct" in html and "activations" in html
     assert "fastest correct path per phase" in r.output
+    # cudnn (no GPU here) is not timed: its status and footnote in the table, the reason under it, here and in HTML
+    note = "(1) cudnn: needs an NVIDIA GPU"
+    assert "unsupported (1)" in r.output and r.output.index("unsupported (1)") < r.output.index(note)
+    side = html[html.index("<figcaption>one layer, every backend"):]
+    assert "unsupported (1)" in side and side.index("</table>") < side.index(note) < side.index("KV cache and")
     r2 = CliRunner().invoke(main, args, terminal_width=250)          # resumes: nothing measured again
-    assert r2.exit_code == 0 and r2.output.count("  resumed") == 6, r2.output
-    assert r2.output.rstrip().endswith(f"0 cells measured, 6 resumed from {out}/results.jsonl"), r2.output
+    assert r2.exit_code == 0 and r2.output.count("  resumed") == 9, r2.output
+    assert r2.output.rstrip().endswith(f"0 cells measured, 9 resumed from {out}/results.jsonl"), r2.output
 
 
 def test_model_sweep_is_one_cell_per_entry_and_backend():

@@ -115,6 +115,9 @@ def test_masked_paths_dequantize_and_other_backends_refuse():
         attnlab.decode_attention(_Q, _KQ, _VQ, lens, k_scale=_KS, v_scale=_VS, implementation="tokamax-xla")
     reasons = attnlab.explain_decode(_Q, _KQ, _VQ, lens, k_scale=_KS, v_scale=_VS).reasons
     assert reasons["xla"] is None and reasons["attnlab-decode"] is None and "k_scale" in reasons["tokamax-xla"]
+    shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (_Q, _KQ, _VQ)]     # explain takes abstract arrays
+    tensor = jax.ShapeDtypeStruct((), jnp.float32)                                  # a shared scale has no values
+    assert attnlab.explain_decode(*shapes, lens, k_scale=tensor, v_scale=tensor).reasons["xla"] is None
 
 
 # (dtype name, scale layout, q dtype, T, page size or None): GQA G=4, ragged lengths, block_k 16 / 2 splits

@@ -60,18 +60,21 @@ def test_cells_without_a_peak_or_kernel_time_show_a_dash():
     assert "| 100 (–)† |" in text
 
 
-def test_a_benchmark_script_given_help_or_an_unknown_option_makes_no_folder(tmp_path, monkeypatch, capsys):
-    """benchmarks/*.py that read an output folder by position: --help prints the usage (exit 0), an option where the
-    folder goes is refused (exit 2), and neither becomes a folder named after it."""
-    import pytest
+#: The benchmark scripts that read their output folder (or input file) by position.
+POSITIONAL_SCRIPTS = ("peers/cudnn_correctness_probe.py", "peers/table.py", "peers/sweep_gpu.py", "peers/te_probe.py",
+                      "prefill/reference_times_gpu.py", "decode/peers.py", "decode/paged_vs_contiguous_gpu.py",
+                      "fp8/lab_section_from_records.py", "fp8/kernels.py", "fp8/recipes.py", "decode/grid.py")
 
-    from benchmarks.results_folder import script_args
 
-    monkeypatch.chdir(tmp_path)
-    for argv, code in ((["--help"], 0), (["--bogus"], 2), ([], 2)):
-        monkeypatch.setattr(sys, "argv", ["grid.py", *argv])
-        with pytest.raises(SystemExit) as e:
-            script_args("usage: grid.py OUT")
-        assert e.value.code == code and "usage: grid.py OUT" in capsys.readouterr()[1 if code else 0]
-    monkeypatch.setattr(sys, "argv", ["grid.py", "--table", "r.jsonl"])
-    assert script_args("usage") == ["--table", "r.jsonl"] and not list(tmp_path.iterdir())
+def test_a_benchmark_script_given_help_or_an_unknown_option_makes_no_folder(tmp_path):
+    """--help prints the script's usage (exit 0), an option where the folder goes is refused (exit 2), and neither
+    becomes a folder named after it (they made "--help/")."""
+    import os
+
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+    for script in POSITIONAL_SCRIPTS:
+        run = lambda *a: subprocess.run([sys.executable, os.path.join(root, script), *a], cwd=tmp_path,  # noqa: E731
+                                        capture_output=True, text=True, timeout=60)
+        usage, bogus = run("--help"), run("--bogus")
+        assert (usage.returncode, bogus.returncode) == (0, 2) and "benchmarks/" in usage.stdout, (script, usage, bogus)
+    assert not list(tmp_path.iterdir())

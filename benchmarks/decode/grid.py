@@ -245,7 +245,7 @@ if __name__ == "__main__":
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))   # the repository root
     from benchmarks.results_folder import script_args  # noqa: E402 (after sys.path)
 
-    args = script_args(__doc__)
+    args = script_args(__doc__, options=("--table", "--max-seconds", "--smoke"))
     if args[0] == "--table":
         print(table(args[1]))
     else:

@@ -71,6 +71,7 @@ def print_estimate(cells, opts, resume_from: str | None = None) -> None:
             f"inputs and references ~{cal.problem_s:.2g} s a problem ({cal.source})")
     if cal.check_x < 1:
         text += f"; the check's arithmetic x{cal.check_x:.2g} of its estimate, as measured"
+    text = escape(text)     # a label's lengths file may hold brackets
     if over:
         text += f"; [yellow]{over} cell(s) over the cell budget of {opts.cell_budget_s:g} s: recorded over_budget, not run[/]"
     console.print(text, highlight=False, soft_wrap=True)
@@ -82,7 +83,8 @@ def cost_line(records, resumed_cells=(), out_dir: str | None = None) -> None:
     old = {c.key() for c in resumed_cells}
     now = [r for r in records if record_key(r) not in old]
     src = os.path.join(out_dir, "results.jsonl") if out_dir else None
-    console.print(cost_summary(now, resumed=len(records) - len(now), resumed_from=src), highlight=False, soft_wrap=True)
+    console.print(escape(cost_summary(now, resumed=len(records) - len(now), resumed_from=src)), highlight=False,
+                  soft_wrap=True)
 
 
 def phase_spinner():

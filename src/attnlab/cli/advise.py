@@ -144,7 +144,8 @@ def _write_html(path: str, adv: dict, tabs: list[dict], env: dict) -> str:
 
     ns = types.SimpleNamespace
     sections = [ns(id=f"t{i}", title=t["title"], status="ok", reason=None,
-                   paragraphs=(adv["notes"] if i == 0 else []) + t.get("footnotes", []), plots=[],
-                   tables=[ns(title=t["title"], columns=t["columns"], rows=t["rows"])]) for i, t in enumerate(tabs)]
+                   paragraphs=adv["notes"] if i == 0 else [], plots=[],
+                   tables=[ns(title=t["title"], columns=t["columns"], rows=t["rows"], footnotes=t.get("footnotes", []))])
+                for i, t in enumerate(tabs)]
     return write_report(path, sections, env, label=f"advise {adv['model']} batch {adv['batch']} "
                                                    f"context {','.join(map(str, adv['contexts']))}")

@@ -99,7 +99,8 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
     opts = Options(repeats=reps, compile_budget_s=budget, check=True, min_time_s=float(mt), warmup=warmup,
                    cell_budget_s=cell_budget(cell_budget_s))
     n = len(sweep.cells())
-    console.print(f"tune: {n} cells ({', '.join(sweep.backends)}) -> {records_dir}/results.jsonl", highlight=False, soft_wrap=True)
+    console.print(escape(f"tune: {n} cells ({', '.join(sweep.backends)}) -> {records_dir}/results.jsonl"), highlight=False,
+                  soft_wrap=True)
     print_estimate(sweep.cells(), opts, records_dir)
 
     resumed: list = []
@@ -134,7 +135,7 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
         ru = ", ".join(f"{r['backend']} {r['ms']:.4g}" for r in e["runner_up"][:3])
         console.print(f"{e['bucket']}: [bold]{e['backend']}[/] {e['ms']:.4g} ms" + (f" (then {ru})" if ru else ""),
                       highlight=False, soft_wrap=True)
-    console.print(f"{len(entries)} dispatch entries -> {path}", highlight=False, soft_wrap=True)
+    console.print(escape(f"{len(entries)} dispatch entries -> {path}"), highlight=False, soft_wrap=True)
     if interrupted:
         exit_after_interrupt(abandoned)
     cost_line(records, resumed, records_dir)

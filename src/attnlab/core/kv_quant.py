@@ -104,10 +104,10 @@ def check_kv_scales(k_cache, v_cache, k_scale, v_scale, *, paged: bool) -> tuple
 def _check_shared_scale_values(name: str, scale) -> None:
     """A concrete tensor or head scale must be finite: every token of a head is multiplied by it, so a NaN or inf
     makes the head's outputs NaN. (A token or page scale is not checked: a page or token past every length is
-    never read and may hold anything; a traced scale has no values yet.)"""
+    never read and may hold anything; a traced or abstract scale has no values.)"""
     jax = sys.modules.get("jax")   # core imports no JAX (nor checks: checks -> problem -> kv_quant)
-    if jax is not None and isinstance(scale, jax.core.Tracer):
-        return
+    if not hasattr(scale, "__array__") or (jax is not None and isinstance(scale, jax.core.Tracer)):
+        return      # no values: traced, or a ShapeDtypeStruct (as explain takes)
     values = np.asarray(scale, np.float64).reshape(-1)     # () or (K,): a few numbers
     bad = np.flatnonzero(~np.isfinite(values))
     if bad.size:

@@ -23,7 +23,8 @@ def _images(paths):
 
 def _tables(tables):
     """Each table without its all-empty columns, with a note naming them and why -- each reason said
-    once per section (e.g. "kernel time needs a GPU (CUPTI); wall clock shown")."""
+    once per section (e.g. "kernel time needs a GPU (CUPTI); wall clock shown") -- and its ``footnotes`` (the
+    reasons of the cells it shows not timed, "(1) cudnn: needs a GPU"), under it."""
     out, said = [], set()
     for t in tables:
         compact = t.compact() if hasattr(t, "compact") else (t, {})
@@ -33,7 +34,8 @@ def _tables(tables):
             by_reason.setdefault(why, []).append(col)
         notes = [f"Not shown: {', '.join(cols)} ({why})." for why, cols in by_reason.items() if why not in said]
         said.update(by_reason)
-        out.append({"title": table.title, "columns": table.columns, "rows": table.rows, "notes": notes})
+        out.append({"title": table.title, "columns": table.columns, "rows": table.rows,
+                    "notes": notes + list(getattr(t, "footnotes", []))})
     return out
 
 
