@@ -91,7 +91,7 @@ def test_rows_that_see_no_key_pass_by_one_rule_and_are_counted(impl, how, dtype)
     verdict = check_close((out, lse), q, k, v, return_residual=True, **EMPTY)
     assert verdict.ok, verdict
     assert verdict.empty_rows == EMPTY_ROWS and verdict.note == f"{EMPTY_ROWS} rows see no key: " + how + (
-        " there (the mean of V over all keys)" if impl == "xla" else "")
+        " there (the mean of V over the keys its masks hide)" if impl == "xla" else "")
 
 
 def test_the_bfloat16_verdict_does_not_need_numpys_finfo(monkeypatch):
@@ -175,3 +175,25 @@ def test_sweep_gradients_accept_either_convention_in_empty_rows():
     assert check.check_grads((dq, dk, dv * 1.01), q, k, v, ct, sem, ref_key="empty-grads")["grad_check"] == "incorrect"
     with pytest.raises(OutputMismatchError, match="^dk: must have shape"):
         check.check_grads((dq, dk[:1], dv), q, k, v, ct, sem, ref_key="empty-grads")
+
+
+def test_a_minus_inf_bias_row_is_judged_as_jax_nn_computes_it():
+    """A -inf bias that hides a row's only causal key: jax.nn (xla) attends the keys its causal mask hides (their
+    one finite masked logit), naive gives 0: both pass. A -inf bias on every key: jax.nn's NaN never passes, naive's
+    0 does. A bias of finfo.min on the only visible key loses to jax.nn's masked value: xla is wrong there, naive
+    and the reference attend that key."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((1, 2, 1, 4), (1, 4, 1, 4), (1, 4, 1, 4)))
+    hidden, every, low = (np.zeros((1, 1, 2, 4), np.float32) for _ in range(3))
+    hidden[0, 0, 0, :], hidden[0, 0, 1, 2:] = -np.inf, -np.inf
+    every[0, 0, 0, :] = -np.inf
+    low[0, 0, 0, 0] = np.finfo(np.float32).min
+    want = {"hidden": (True, True), "every": (False, True), "low": (False, True)}      # (xla ok, naive ok)
+    for name, bias in (("hidden", hidden), ("every", every), ("low", low)):
+        causal = name != "every"
+        got = tuple(check_close(attnlab.attention(q, k, v, bias=bias, is_causal=causal, implementation=impl), q, k, v,
+                                bias=bias, is_causal=causal).ok for impl in ("xla", "naive"))
+        assert got == want[name], name
+    ref = attnlab.reference_attention(q, k, v, bias=hidden, is_causal=True)
+    assert np.allclose(np.asarray(ref)[0, 0, 0], v[0, 1:, 0].mean(axis=0))              # the causally hidden keys
+    assert np.allclose(np.asarray(attnlab.reference_attention(q, k, v, bias=low, is_causal=True))[0, 0, 0], v[0, 0, 0])

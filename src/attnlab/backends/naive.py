@@ -96,12 +96,16 @@ class NaiveBackend(Backend):
         scores = soft_capped(scores, p.soft_cap)
         vis = visible_mask(p)
         scores = jnp.where(vis, scores, large_negative(acc))
-        row_max = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
+        # the max of the keys the row sees (a bias below the masked value, finfo.min, must not lose to it), at least
+        # the dtype's lowest finite value: a row that sees none, or only -inf (a -inf bias), weighs its keys exactly 0
+        lowest = jnp.asarray(-jnp.finfo(acc).max, acc)
+        row_max = jax.lax.stop_gradient(jnp.maximum(jnp.max(jnp.where(vis, scores, lowest), axis=-1, keepdims=True),
+                                                    lowest))
         sink = None if p.sinks is None else p.sinks.astype(acc).reshape(1, K, G, 1, 1)
         if sink is not None:    # m = max(row max, sink): exp(sink - m) never overflows
             row_max = jnp.maximum(row_max, jax.lax.stop_gradient(sink))
         # masked keys weigh exactly 0; a row that sees no key has weights 0 and gives 0
-        weights = jnp.where(vis, jnp.exp(scores - row_max), 0.0)
+        weights = jnp.where(vis, jnp.exp(jnp.where(vis, scores, row_max) - row_max), 0.0)   # masked: exp(0), then 0
         denom = jnp.sum(weights, axis=-1, keepdims=True)
         if sink is not None:    # the sink's weight: in the denominator, with no value
             denom = denom + jnp.exp(sink - row_max)

@@ -139,13 +139,26 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
     if p.q_segment_ids is not None:
         q_keep = q_keep & (np.asarray(p.q_segment_ids) >= 0)
     empty = (denom[..., 0] == 0).transpose(0, 2, 1) & q_keep[:, :, None]                  # (B, T, N)
-    if empty.any():                             # jax.nn's value there: its softmax is uniform over all S keys
-        vmean = np.repeat(_round(vg.astype(np.float64).mean(axis=2), low), N // K, axis=1)  # (B, N, H)
-        out = np.where(empty[..., None], vmean[:, None], out)
+    if empty.any():                             # jax.nn's value there (``_empty_row_value``)
+        out = np.where(empty[..., None], _round(_empty_row_value(vis, vg), low), out)
     out = out * q_keep[:, :, None, None]
     lse = np.where(q_keep[:, :, None], lse, -np.inf)
     sink_probs = None if sink is None else (sink_w / np.where(denom == 0, 1.0, denom))[..., 0]
     return _Forward(probs, out, q, kg, vg, sc, q_keep, p.out_shape, cap_slope, lse, empty, sink_probs)
+
+
+def _empty_row_value(vis, vg) -> np.ndarray:
+    """(B, T, N, H) jax.nn's value of each row, were it to see no key: its masks give every hidden key one finite
+    logit, so its softmax is uniform over the keys they hide (all S keys where they hide every one; where a -inf
+    bias hides the visible keys, the hidden ones only); a row whose masks hide no key (a -inf bias on every key:
+    NaN in jax.nn) gets the mean over all S keys. ``vis`` (B, N, T, S) bool, ``vg`` (B, K, S, H)."""
+    B, N, T, S = vis.shape
+    K = vg.shape[1]
+    hidden = ~vis
+    count = hidden.sum(axis=-1, keepdims=True)
+    weights = np.where(count == 0, 1.0 / S, hidden / np.maximum(count, 1))          # (B, N, T, S)
+    mean = np.einsum("bkgts,bksh->btkgh", weights.reshape(B, K, N // K, T, S), vg.astype(np.float64))
+    return mean.reshape(B, T, N, -1)
 
 
 def reference_attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
@@ -157,7 +170,8 @@ def reference_attention(query, key, value, bias=None, mask=None, *, scale=None, 
 
     Returns an ndarray shaped like the output; with ``return_residual=True`` the pair (out, lse), lse
     (B, T, N) (or (T, N)): log sum_s exp(logits) over the keys the row sees, -inf where it sees none
-    or is padding. A row that sees no key is given jax.nn's value: the mean of V over all keys.
+    or is padding. A row that sees no key is given jax.nn's value: the mean of V over the keys its masks hide (all
+    of them where they hide every key).
 
     ``logits_soft_cap``: logits = cap * tanh((scale * q.k + bias) / cap), then masking.
     ``query_segment_ids`` (B, T) / ``key_value_segment_ids`` (B, S): query t sees key s only when their

@@ -10,8 +10,9 @@ measuring errors; the rules in words, once: docs/measuring.md ("Tolerance policy
   ``return_residual=True`` it is the pair ``(out, lse)``, lse shaped as the output without its head
   dim. Anything else raises ``OutputMismatchError`` naming the argument and the rule.
 - **Rows that see no key** (``empty_row_target``, ``errors_past_empty_rows``): softmax over no key is
-  undefined and implementations differ. ``jax.nn.dot_product_attention`` (XLA) gives the mean of V over all S keys
-  (every logit of the row is the same masked value, so its softmax is uniform); naive and flash-style
+  undefined and implementations differ. ``jax.nn.dot_product_attention`` (XLA) gives the mean of V over the keys
+  its masks hide, all S where they hide every key (each such logit is the same finite masked value, so its
+  softmax is uniform over them; a -inf bias hides the others entirely); naive and flash-style
   kernels give 0. The float64 reference gives jax.nn's value; a check compares each such (row, head)
   with the nearer of the two values (anything else stays wrong) and says so in its note. Padded query
   rows (``query_seq_lengths``, negative segment ids) are not such rows: they are 0, as in jax.nn.
@@ -35,7 +36,7 @@ from .tolerance import FLOORS, rel_l2, row_rel_err
 
 #: An empty row's lse passes at or below this fraction of the dtype's masked-logit value (or at -inf).
 EMPTY_LSE_FRACTION = 0.5
-JAX_NN_VALUE = "jax.nn's value there (the mean of V over all keys)"
+JAX_NN_VALUE = "jax.nn's value there (the mean of V over the keys its masks hide)"
 
 
 def _require_array(x, argument: str) -> None:
