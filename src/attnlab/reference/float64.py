@@ -202,7 +202,9 @@ def reference_attention_grads(query, key, value, cotangent, bias=None, mask=None
                               key_value_segment_ids=None, sinks=None):
     """(dq, dk, dv) in float64 for the loss sum(out * cotangent), by the analytic backward pass
     (through the soft cap's tanh when ``logits_soft_cap`` is given); with ``sinks``, (dq, dk, dv, dsinks),
-    dsinks (N,) = -sum over rows of p_sink * sum_s p_s dP_s (the sink has no value)."""
+    dsinks (N,) = -sum over rows of p_sink * sum_s p_s dP_s (the sink has no value). A row that sees no key
+    gives nothing to dv (the 0 output's gradient, naive's and flash-style kernels'), not that of jax.nn's mean of V
+    there (its cotangent spread over the keys its masks hide): a check compares dv with the nearer of the two."""
     f = _forward(query, key, value, bias, mask, scale=scale, is_causal=is_causal,
                  query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
                  local_window_size=local_window_size, logits_soft_cap=logits_soft_cap, sinks=sinks,
