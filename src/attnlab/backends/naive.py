@@ -98,7 +98,7 @@ class NaiveBackend(Backend):
         scores = jnp.where(vis, scores, large_negative(acc))
         # the max of the keys the row sees (a bias below the masked value, finfo.min, must not lose to it), at least
         # the dtype's lowest finite value: a row that sees none, or only -inf (a -inf bias), weighs its keys exactly 0
-        lowest = jnp.asarray(-jnp.finfo(acc).max, acc)
+        lowest = jnp.asarray(jnp.finfo(scores.dtype).min, scores.dtype)   # scores': acc may be float64 without x64
         row_max = jax.lax.stop_gradient(jnp.maximum(jnp.max(jnp.where(vis, scores, lowest), axis=-1, keepdims=True),
                                                     lowest))
         sink = None if p.sinks is None else p.sinks.astype(acc).reshape(1, K, G, 1, 1)
