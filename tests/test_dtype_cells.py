@@ -112,8 +112,8 @@ def test_numpy_float64_inputs_without_x64_run_as_float32():
     for impl in ("naive", "xla"):
         out = attnlab.attention(q, k, v, is_causal=True, implementation=impl)
         assert out.dtype == jnp.float32 and check_close(out, q, k, v, is_causal=True).ok
-    empty = attnlab.attention(q, k, v, key_value_seq_lengths=np.array([0]), implementation="naive")
-    assert np.array_equal(np.asarray(empty), np.zeros(q.shape))     # a row that sees no key: 0, not NaN
+    empty = attnlab.attention(q, k, v, bias=np.full((1, 1, 8, 8), -np.inf), implementation="naive")
+    assert np.array_equal(np.asarray(empty), np.zeros(q.shape))     # rows a -inf bias empties: 0, not NaN
     with jax.enable_x64(True):
         assert attnlab.explain(q, k, v).spec.dtype == "float64"
         assert attnlab.attention(q, k, v, implementation="naive").dtype == jnp.float64
