@@ -62,9 +62,10 @@ def pin_file(dist: str) -> str:
     """``file:PATH`` as ``file:PATH@DIGEST``, the file read and checked (``read_lengths``); a pinned one checked
     against its file. ValueError naming the file."""
     path, digest = _file_parts(dist)
-    read_lengths(path, digest)
     with open(path, "rb") as f:
-        return f"file:{path}@{_digest(f.read())}"
+        data = f.read()
+    _lengths_of(path, data, digest)
+    return f"file:{path}@{_digest(data)}"
 
 
 def _digest(data: bytes) -> str:
@@ -75,7 +76,11 @@ def read_lengths(path: str, digest: str | None = None) -> np.ndarray:
     """The ints of a lengths file (whitespace-separated, ``#`` starts a comment); ValueError naming the file, and
     where ``digest`` (``pin_file``) is given, a file whose contents no longer have it."""
     with open(path, "rb") as f:
-        data = f.read()
+        return _lengths_of(path, f.read(), digest)
+
+
+def _lengths_of(path: str, data: bytes, digest: str | None) -> np.ndarray:
+    """``read_lengths`` of the file's bytes ``data``."""
     if digest is not None and (now := _digest(data)) != digest:
         raise ValueError(f"lengths file {path} changed since its cells were made (sha256 {now}..., the cells' "
                          f"{digest}...): give file:{path} again")
