@@ -77,4 +77,6 @@ def test_a_benchmark_script_given_help_or_an_unknown_option_makes_no_folder(tmp_
                                         capture_output=True, text=True, timeout=60)
         usage, bogus = run("--help"), run("--bogus")
         assert (usage.returncode, bogus.returncode) == (0, 2) and "benchmarks/" in usage.stdout, (script, usage, bogus)
+        if script == "decode/grid.py":      # options alone, no folder: usage, not an IndexError
+            assert run("--max-seconds", "5").returncode == 2
     assert not list(tmp_path.iterdir())

@@ -255,4 +255,7 @@ if __name__ == "__main__":
             rest.remove("--smoke")
             SIZE.update(B=2, S=256)
             TILE_SHAPES[:] = TILE_SHAPES[-1:]
+        if not rest:                        # only options: no OUT_DIR to measure into
+            print(__doc__, file=sys.stderr)
+            sys.exit(2)
         measure(rest[0], rest[1:], max_s)
