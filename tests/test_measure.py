@@ -254,3 +254,24 @@ def test_every_cells_output_dtype_is_checked_first_a_serving_steps_shape_too(sha
         check.check_into({}, run, cell, backends.get("xla"), Options())
     assert (e.value.status == "incorrect") == (match is not None), e.value.reason
     assert match is None or re.search(match, e.value.reason) and e.value.fields == {"out_dtype": dtype}
+
+
+def test_the_commit_is_of_attnlab_s_own_checkout_not_a_project_around_an_installed_copy(tmp_path, monkeypatch):
+    """An installed copy (a wheel in a project's virtual environment) sits inside the project's repository
+    but is not tracked there: its records name no commit rather than the project's."""
+    import subprocess
+
+    from attnlab.measure.env import git_commit
+
+    monkeypatch.delenv("ATTNLAB_GIT_COMMIT", raising=False)
+    git = lambda *a: subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *a],  # noqa: E731
+                                    check=True, capture_output=True, text=True).stdout.strip()
+    git("init", "-q")
+    git("commit", "-q", "--allow-empty", "-m", "the project")
+    copy = tmp_path / ".venv" / "attnlab" / "env.py"
+    copy.parent.mkdir(parents=True)
+    copy.write_text("")
+    assert git_commit(str(copy)) is None
+    git("add", "-f", str(copy))
+    git("commit", "-q", "-m", "tracked")
+    assert git_commit(str(copy)) == git("describe", "--always", "--abbrev=7")

@@ -18,14 +18,18 @@ def optional_libraries() -> dict[str, str | None]:
     return backends.library_versions()
 
 
-def git_commit() -> str | None:
-    """The checkout's commit, with "-dirty" when the tree differs from it (a copied tree whose .git
-    is older says so instead of naming a commit it does not hold); ATTNLAB_GIT_COMMIT overrides."""
+def git_commit(path: str = __file__) -> str | None:
+    """The commit of the checkout that holds ``path`` (this module), with "-dirty" when the tree differs from it;
+    None where git does not track ``path``: an installed copy inside some other repository (a project's
+    virtual environment) must not name that project's commit. ATTNLAB_GIT_COMMIT overrides."""
     if os.environ.get("ATTNLAB_GIT_COMMIT"):
         return os.environ["ATTNLAB_GIT_COMMIT"]
+    here, name = os.path.split(os.path.abspath(path))
     try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        r = subprocess.run(["git", "-C", here, "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True, text=True, timeout=5)
+        git = lambda *a: subprocess.run(["git", "-C", here, *a], capture_output=True, text=True, timeout=5)  # noqa: E731
+        if git("ls-files", "--error-unmatch", "--", name).returncode != 0:
+            return None
+        r = git("describe", "--always", "--dirty", "--abbrev=7")
         return r.stdout.strip() or None if r.returncode == 0 else None
     except Exception:
         return None
