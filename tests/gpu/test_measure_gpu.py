@@ -1,4 +1,6 @@
 """The measurement engine on an NVIDIA GPU: CUPTI kernel time, runtime memory, % of peak."""
+import os
+
 import pytest
 
 from attnlab.measure import Cell, Options, kernel_timer_available, measure_cell
@@ -56,7 +58,8 @@ def test_whole_output_check_of_a_16k_cell_takes_seconds():
     print(f"check of a T=16384 causal cell: {first:.2f} s with compilation, {again:.2f} s compiled; "
           f"rel err {chk['rel_err']:.3e}, margin {chk['margin']:.2f}")
     assert chk["ok"] and chk["checked_fraction"] == 1.0
-    assert again < 5.0 and first < 30.0
+    share = int(os.environ.get("ATTNLAB_GPU_PROCS", "1"))      # pytest processes beside this one on the GPU
+    assert again < 5.0 * share and first < 30.0 * share
 
 
 def attnlab_attention(q, k, v):

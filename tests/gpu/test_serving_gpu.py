@@ -46,13 +46,14 @@ def batch(case, N, K, page):
 
 
 def check_rows(out, q, k, v, starts, kv, **rules):
-    """Padding rows 0; each request's first and last (up to 16) tokens against float64 under ``rules``
-    (``check_decode_close``'s keywords): each run is the decode rule at T=t against the keys before it."""
+    """Padding rows 0; every token of each request against float64 under ``rules`` (``check_decode_close``'s
+    keywords), 16 tokens at a time: each run is the decode rule at T=t against the keys before its last token."""
     assert not np.any(np.asarray(out[int(starts[-1]):], np.float32)), "padding rows must be 0"
     for b in range(len(kv)):
         lo, hi, n = int(starts[b]), int(starts[b + 1]), int(kv[b])
-        t = min(hi - lo, 16)
-        for first, keys in ((lo, n - (hi - lo) + t), (hi - t, n)):
+        for first in range(lo, hi, 16):
+            t = min(16, hi - first)
+            keys = n - (hi - first - t)
             verdict = check_decode_close(np.asarray(out[first:first + t])[None], np.asarray(q[first:first + t])[None],
                                          np.asarray(k[b:b + 1, :keys]), np.asarray(v[b:b + 1, :keys]), [keys], **rules)
             assert verdict.ok, (b, first, verdict)
