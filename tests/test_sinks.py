@@ -118,6 +118,24 @@ def test_a_minus_infinite_sink_is_no_sink():
                                np.asarray(attnlab.attention(q, k, v)), rtol=1e-6, atol=1e-6)
 
 
+def test_with_no_keys_at_all_the_lse_is_the_sink_as_when_every_key_is_hidden():
+    """S = 0 (an empty call, no backend): each kept row's lse is its head's sink, padded rows' -inf; the same as
+    S >= 1 with every key hidden, eager and under jit, in the float64 reference too."""
+    q, k, v = _inputs()
+    lengths = jnp.array([8, 5], jnp.int32)
+    kw = dict(sinks=SINKS, return_residual=True, query_seq_lengths=lengths)
+    hidden = attnlab.attention(q, k, v, key_value_seq_lengths=jnp.array([0, 0], jnp.int32), **kw)[1]
+    for lse in (attnlab.attention(q, k[:, :0], v[:, :0], **kw)[1],
+                jax.jit(lambda q, k, v: attnlab.attention(q, k, v, **kw)[1])(q, k[:, :0], v[:, :0]),
+                attnlab.reference_attention(q, k[:, :0], v[:, :0], **kw)[1]):
+        np.testing.assert_array_equal(np.asarray(lse)[1, :5], np.broadcast_to(SINKS, (5, N)))
+        np.testing.assert_array_equal(np.asarray(lse)[1, 5:], -np.inf)
+        np.testing.assert_array_equal(np.asarray(lse)[0], np.asarray(hidden)[0])
+    out = jnp.zeros_like(q)
+    assert check_close((out, attnlab.attention(q, k[:, :0], v[:, :0], **kw)[1]), q, k[:, :0], v[:, :0], **kw).ok
+    assert not check_close((out, jnp.full((2, 8, N), -jnp.inf)), q, k[:, :0], v[:, :0], **kw).ok
+
+
 def test_sweep_cells_carry_sinks_to_the_call_and_both_references(monkeypatch):
     """--sinks both: a cell without and one with; the call gets ``random_sinks(N)`` and so do the float32 and
     float64 references: a call given other sinks than the references' is incorrect."""

@@ -96,7 +96,8 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
 def empty_result(p, implementation, return_residual: bool, shape=None):
     """jax.nn's result for an empty call (``p.empty``: B, T, S or N = 0), computed by no backend: zeros
     shaped and typed like the query, and with ``return_residual`` the lse, -inf (the log of an empty
-    sum over keys). Both are constants: gradients through them are zeros, as jax.nn's are.
+    sum over keys; with sinks, the sink on each row that is not padding). Gradients through them are zeros, as
+    jax.nn's are.
     ``implementation`` is checked as ``select`` checks it (a str, "auto" or a registered name);
     ``shape``: the output's (default ``p.out_shape``; a decode call passes its query's)."""
     if implementation is not None and not isinstance(implementation, str):
@@ -106,7 +107,22 @@ def empty_result(p, implementation, return_residual: bool, shape=None):
     dtype = jax.dtypes.canonicalize_dtype(p.query.dtype)
     shape = p.out_shape if shape is None else tuple(shape)
     out = jnp.zeros(shape, dtype)
-    return (out, jnp.full(shape[:-1], -jnp.inf, dtype)) if return_residual else out
+    return (out, _empty_lse(p, dtype).reshape(shape[:-1])) if return_residual else out
+
+
+def _empty_lse(p, dtype):
+    """(B, T, N) the lse of an empty call: -inf, or with sinks and S = 0 the sink alone on each row that is not
+    padding (as when every key is hidden); no gradient, as every lse."""
+    B, T, N = p.query.shape[:3]
+    lse = jnp.full((B, T, N), -jnp.inf, dtype)
+    if getattr(p, "sinks", None) is None:
+        return lse
+    keep = jnp.ones((B, T), bool)
+    if p.q_lengths is not None:
+        keep = jnp.arange(T)[None, :] < jnp.reshape(p.q_lengths, (B, 1))
+    if p.q_segment_ids is not None:
+        keep = keep & (p.q_segment_ids >= 0)
+    return jax.lax.stop_gradient(jnp.where(keep[:, :, None], p.sinks.astype(dtype), lse))
 
 
 def with_fp8_recipe(implementation, fp8_recipe):

@@ -98,8 +98,12 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
                 query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids, allow_empty=True)
     if p.empty:                                 # B, T, S or N = 0: jax.nn's zeros, nothing to compute
         B, T, N = p.query.shape[:3]
-        return _Forward(None, np.zeros(p.query.shape), None, None, None, float(p.scale), np.ones((B, T), bool),
-                        p.out_shape, lse=np.full((B, T, N), -np.inf), empty=np.zeros((B, T, N), bool))
+        q_keep = _kept_rows(p, B, T)
+        lse = np.full((B, T, N), -np.inf)       # S = 0: an empty sum, or the sink alone on the rows kept
+        if p.sinks is not None:
+            lse = np.where(q_keep[:, :, None], _np(p.sinks).reshape(1, 1, N), lse)
+        return _Forward(None, np.zeros(p.query.shape), None, None, None, float(p.scale), q_keep,
+                        p.out_shape, lse=lse, empty=np.zeros((B, T, N), bool))
     sp = p
     low = _LOW.get(np.dtype(emulate).name) if emulate is not None else None
     B, T, N, S, K = sp.batch, sp.q_len, sp.heads, sp.kv_len, sp.kv_heads
@@ -133,11 +137,7 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
     if low is not None:
         probs = _round(probs, low)              # probabilities in the dtype before P·V
     out = _round(_f32(_unrows(_pv(probs.reshape(B, K, -1, S), vg, low), T), low), low)
-    q_keep = np.ones((B, T), bool)
-    if p.q_lengths is not None:
-        q_keep = np.arange(T)[None, :] < np.asarray(p.q_lengths).reshape(B, 1)
-    if p.q_segment_ids is not None:
-        q_keep = q_keep & (np.asarray(p.q_segment_ids) >= 0)
+    q_keep = _kept_rows(p, B, T)
     empty = (denom[..., 0] == 0).transpose(0, 2, 1) & q_keep[:, :, None]                  # (B, T, N)
     if empty.any():                             # jax.nn's value there (``_empty_row_value``)
         out = np.where(empty[..., None], _round(_empty_row_value(vis, vg), low), out)
@@ -145,6 +145,16 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
     lse = np.where(q_keep[:, :, None], lse, -np.inf)
     sink_probs = None if sink is None else (sink_w / np.where(denom == 0, 1.0, denom))[..., 0]
     return _Forward(probs, out, q, kg, vg, sc, q_keep, p.out_shape, cap_slope, lse, empty, sink_probs)
+
+
+def _kept_rows(p, B: int, T: int) -> np.ndarray:
+    """(B, T) bool: the query rows that are not padding (inside query_seq_lengths, segment id >= 0)."""
+    q_keep = np.ones((B, T), bool)
+    if p.q_lengths is not None:
+        q_keep = np.arange(T)[None, :] < np.asarray(p.q_lengths).reshape(B, 1)
+    if p.q_segment_ids is not None:
+        q_keep = q_keep & (np.asarray(p.q_segment_ids) >= 0)
+    return q_keep
 
 
 def _empty_row_value(vis, vg) -> np.ndarray:
