@@ -181,6 +181,8 @@ def test_empty_calls_still_check_the_other_rules():
         attnlab.attention(q[..., :0], k[..., :0], v[..., :0])
     with pytest.raises(ValueError, match=r"key/value heads K=0 must be >= 1"):
         attnlab.attention(q, k[:, :, :0], v[:, :, :0])
+    with pytest.raises(ValueError, match=r"key/value heads K=0 must be >= 1"):    # N = 0 may be; K = 0 may not
+        attnlab.attention(q[:, :, :0], k[:, :, :0], v[:, :, :0])
     with pytest.raises(ValueError, match="implementation"):
         attnlab.attention(q, k, v, implementation="flash9000")
     with pytest.raises(ValueError, match="bias shape"):

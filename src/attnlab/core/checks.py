@@ -59,7 +59,7 @@ def call_problem(names: Mapping[str, str], sizes: Sequence[int], dtype: str, cau
     got = dict(zip(SIZES, sizes))
     window = within_reach(window, got["q_len"] + got["kv_len"])
     empty = [f for f in may_be_empty if got[f] == 0]
-    stand_in = {f: got["kv_heads"] if f == "heads" else 1 for f in empty}   # N = 0 is a multiple of any K
+    stand_in = {f: (got["kv_heads"] or 1) if f == "heads" else 1 for f in empty}   # N = 0: a multiple of any K
     try:
         problem = Problem(*(stand_in.get(f, got[f]) for f in SIZES), dtype, bool(causal), window)
     except ProblemError as e:
