@@ -103,6 +103,10 @@ def test_explain_names_choice_and_reasons():
         assert attnlab.explain(Q, K, V, mode=mode).reasons["attnlab-decode"] == "forward only, no backward pass"
     with pytest.raises(ValueError, match="mode must be 'fwd' or 'train' .*got 'trian'"):
         attnlab.explain(Q, K, V, mode="trian")
+    # attention's arguments that pick a path are taken (and ignored: explain says what auto picks); others are not
+    assert attnlab.explain(Q, K, V, implementation="cudnn-fp8", fp8_recipe="amax").chosen == "xla"
+    with pytest.raises(TypeError, match="^explain.* attention does not take: causal$"):
+        attnlab.explain(Q, K, V, causal=True)
 
 
 def test_registry_plugs_in_a_backend():

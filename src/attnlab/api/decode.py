@@ -160,9 +160,8 @@ def select_decode(spec: Call, implementation=None):
     """The backend that runs this call (its ``run_decode``): the named one (or UnsupportedError with its
     ``why_not_decode``), or auto's: the first registered backend whose ``auto_reason`` claims the call,
     else ``attention``'s auto choice for the call as masked attention."""
-    if implementation is not None and not isinstance(implementation, str):
-        raise TypeError(f"implementation must be None or a str, got {type(implementation).__name__}")
-    if implementation in (None, "auto"):
+    named = backends.named(implementation)
+    if named is None:
         claimed = next((b for b in backends.all_backends() if b.auto_reason(spec) is None), None)
         if claimed is None and spec.kv_scale is not None:   # a quantized cache: a path that takes its scales
             claimed = next((b for b in backends.all_backends() if b.takes_kv_scales and b.portable
@@ -174,7 +173,7 @@ def select_decode(spec: Call, implementation=None):
             if chosen is None:
                 raise UnsupportedError("auto", f"no registered backend runs this decode call (first choice: {why})")
         return chosen
-    return _accepting(backends.get(implementation), spec)
+    return _accepting(named, spec)
 
 
 def _accepting(backend, spec: Call):

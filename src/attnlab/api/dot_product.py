@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import textwrap
 
 import jax
@@ -100,10 +101,7 @@ def empty_result(p, implementation, return_residual: bool, shape=None):
     jax.nn's are.
     ``implementation`` is checked as ``select`` checks it (a str, "auto" or a registered name);
     ``shape``: the output's (default ``p.out_shape``; a decode call passes its query's)."""
-    if implementation is not None and not isinstance(implementation, str):
-        raise TypeError(f"implementation must be None or a str, got {type(implementation).__name__}")
-    if implementation not in (None, "auto"):
-        backends.get(implementation)          # an unknown name is an error here too
+    backends.named(implementation)             # an unknown name is an error here too
     dtype = jax.dtypes.canonicalize_dtype(p.query.dtype)
     shape = p.out_shape if shape is None else tuple(shape)
     out = jnp.zeros(shape, dtype)
@@ -117,9 +115,7 @@ def _empty_lse(p, dtype):
     lse = jnp.full((B, T, N), -jnp.inf, dtype)
     if getattr(p, "sinks", None) is None:
         return lse
-    keep = jnp.ones((B, T), bool)
-    if p.q_lengths is not None:
-        keep = jnp.arange(T)[None, :] < jnp.reshape(p.q_lengths, (B, 1))
+    keep = jnp.arange(T)[None, :] < (T if p.q_lengths is None else jnp.reshape(p.q_lengths, (B, 1)))
     if p.q_segment_ids is not None:
         keep = keep & (p.q_segment_ids >= 0)
     return jax.lax.stop_gradient(jnp.where(keep[:, :, None], p.sinks.astype(dtype), lse))
@@ -230,11 +226,9 @@ def why_not(b: backends.Backend, spec: Call, mode: str = "fwd") -> str | None:
 
 def select(spec: Call, implementation=None, *, mode: str = "fwd") -> backends.Backend:
     """The backend that runs ``spec``: the named one (or UnsupportedError), or auto's choice (``auto``)."""
-    if implementation is not None and not isinstance(implementation, str):
-        raise TypeError(f"implementation must be None or a str, got {type(implementation).__name__}")
-    if implementation in (None, "auto"):
+    b = backends.named(implementation)
+    if b is None:
         return auto(spec, mode)[0]
-    b = backends.get(implementation)
     if reason := why_not(b, spec, mode):
         raise UnsupportedError(b.name, reason)
     return b
@@ -281,6 +275,8 @@ def reason_lines(reasons: dict[str, str | None], width: int = 88) -> list[str]:
 
 #: ``explain``'s modes -> the mode a backend is asked about.
 _EXPLAIN_MODES = {"fwd": "fwd", "train": "train", "fwd+bwd": "train"}
+#: attention's keyword arguments, which explain takes too
+_ATTENTION_KEYWORDS = {n for n, a in inspect.signature(attention).parameters.items() if a.kind == a.KEYWORD_ONLY}
 
 
 def explain(query, key, value, bias=None, mask=None, *, mode: str = "fwd", **kwargs) -> Explanation:
@@ -290,7 +286,11 @@ def explain(query, key, value, bias=None, mask=None, *, mode: str = "fwd", **kwa
     if mode not in _EXPLAIN_MODES:
         raise ValueError(f"mode must be 'fwd' or 'train' (or 'fwd+bwd', the sweeps' name), got {mode!r}")
     mode = _EXPLAIN_MODES[mode]
-    kwargs.pop("implementation", None)
+    unknown = sorted(set(kwargs) - _ATTENTION_KEYWORDS)
+    if unknown:
+        raise TypeError(f"explain() got keyword arguments that attention does not take: {', '.join(unknown)}")
+    for picks_a_path in ("implementation", "fp8_recipe"):      # explain says what implementation=None picks
+        kwargs.pop(picks_a_path, None)
     p = prepare(query, key, value, bias, mask, allow_empty=True, **kwargs)
     if p.empty:
         return Explanation("none", {}, None, f"an empty call (query {p.out_shape}, key {tuple(key.shape)}): no "

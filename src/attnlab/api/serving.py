@@ -142,9 +142,8 @@ def _refusal(b, spec: Call) -> str | None:
 
 def select_serving(spec: Call, implementation=None):
     """The backend that runs this call: auto's choice, or the named one (UnsupportedError with its reason)."""
-    if implementation is not None and not isinstance(implementation, str):
-        raise TypeError(f"implementation must be None or a str, got {type(implementation).__name__}")
-    if implementation in (None, "auto"):
+    b = backends.named(implementation)
+    if b is None:
         every = backends.all_backends()
         for b in every:      # a kernel that claims the call, else the first portable path that runs it
             if not b.portable and b.auto_serving_reason(spec) is None:
@@ -153,7 +152,6 @@ def select_serving(spec: Call, implementation=None):
             if b.portable and _refusal(b, spec) is None:
                 return b
         raise UnsupportedError("auto", "no registered backend runs this serving call")
-    b = backends.get(implementation)
     why = _refusal(b, spec)
     if why:
         raise UnsupportedError(b.name, why)

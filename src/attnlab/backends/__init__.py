@@ -66,6 +66,14 @@ def get(name: str) -> Backend:
     return next(v for b in _REGISTRY.values() if (v := b.configured(found)) is not None)
 
 
+def named(implementation) -> Backend | None:
+    """The backend an ``implementation=`` argument names (``get``); None for None or "auto" (auto's choice).
+    TypeError for anything but None or a str."""
+    if implementation is not None and not isinstance(implementation, str):
+        raise TypeError(f"implementation must be None or a str, got {type(implementation).__name__}")
+    return None if implementation in (None, "auto") else get(implementation)
+
+
 def canonical(name: str) -> str | None:
     """The backend or variant name ``name`` means, ignoring case (``cuDNN`` -> ``cudnn``), or None."""
     return match(name, variant_names()) if isinstance(name, str) else None
