@@ -4,6 +4,7 @@ by one rule (jax.nn's mean of V or 0), said in the verdict; the lse of ``return_
 The rules: ``attnlab.reference.rules``; in words: docs/measuring.md ("Tolerance policy").
 """
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -81,6 +82,10 @@ def test_shape_errors_name_the_argument_and_the_rule(twin):
         check_close(out[:1], q, k, v)
     with pytest.raises(OutputMismatchError, match="return_residual=True"):
         check_close((out, out), q, k, v)
+    with pytest.raises(TypeError, match="^query must have a floating dtype .*got int32$"):   # not the output's rule
+        check_close(out, q.astype(jnp.int32), k, v)
+    with pytest.raises(TypeError, match="^check_close needs concrete arrays"):
+        jax.jit(lambda out, q, k, v: check_close(out, q, k, v).ok)(out, q, k, v)
 
 
 @pytest.mark.parametrize("impl,how", [("xla", "compared as jax.nn's value"), ("naive", "compared as zeros")])
