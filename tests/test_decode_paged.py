@@ -126,8 +126,8 @@ def _paged_args():
 
 
 @pytest.mark.parametrize("make, exc, match", [
-    (lambda q, kp_, vp, t: (q, kp_[0], vp[0], t), ValueError, r"k_pages must have rank 4 \(P, page_size, K, H\)"),
-    (lambda q, kp_, vp, t: (q, kp_, vp[:4], t), ValueError, "v_pages shape"),
+    (lambda q, kp_, vp, t: (q, kp_[0], vp[0], t), ValueError, r"k_cache must have rank 4 \(P, page_size, K, H\)"),
+    (lambda q, kp_, vp, t: (q, kp_, vp[:4], t), ValueError, "v_cache shape .* must equal k_cache shape"),
     (lambda q, kp_, vp, t: (q, kp_, vp, t[:1]), ValueError, r"page_table must have shape \(B, pages_per_seq\) = \(2,"),
     (lambda q, kp_, vp, t: (q, kp_, vp, t.astype(np.float32)), TypeError, "page_table must be an integer array"),
     (lambda q, kp_, vp, t: (q, kp_, vp, np.where(np.arange(4) == 1, 8, t)), ValueError,

@@ -77,7 +77,8 @@ def page_table_errors(page_table, lengths, num_pages: int, page_size: int) -> st
 
 
 def validate_paged(k_pages, v_pages, page_table, kv_lengths, *, batch: int, q_len: int) -> tuple[int, int]:
-    """Check a paged call's cache arguments; return (page_size, S_max). Errors name the argument and rule.
+    """Check a paged call's cache arguments; return (page_size, S_max). Errors name the argument (k_cache, v_cache:
+    the API's names for the pages) and the rule.
 
     k_pages, v_pages (P, page_size, K, H); page_table (B, pages_per_seq) int; the used slots of a
     concrete table must be page indices in [0, P) (``page_table_errors``); traced tables are not
@@ -85,9 +86,9 @@ def validate_paged(k_pages, v_pages, page_table, kv_lengths, *, batch: int, q_le
     """
     ks = tuple(int(d) for d in k_pages.shape)
     if len(ks) != 4:
-        raise ValueError(f"k_pages must have rank 4 (P, page_size, K, H) with page_table, got shape {ks}")
+        raise ValueError(f"k_cache must have rank 4 (P, page_size, K, H) with page_table, got shape {ks}")
     if tuple(int(d) for d in v_pages.shape) != ks:
-        raise ValueError(f"v_pages shape {tuple(v_pages.shape)} must equal k_pages shape {ks}")
+        raise ValueError(f"v_cache shape {tuple(v_pages.shape)} must equal k_cache shape {ks}")
     if not hasattr(page_table, "shape") or not hasattr(page_table, "dtype"):
         page_table = np.asarray(page_table)
     ts = tuple(int(d) for d in page_table.shape)
@@ -97,7 +98,7 @@ def validate_paged(k_pages, v_pages, page_table, kv_lengths, *, batch: int, q_le
         raise TypeError(f"page_table must be an integer array (int32), got dtype {np.dtype(page_table.dtype).name}")
     P, page_size = ks[0], ks[1]
     if P < 1 or page_size < 1:
-        raise ValueError(f"k_pages needs >= 1 page of >= 1 token, got shape {ks}")
+        raise ValueError(f"k_cache needs >= 1 page of >= 1 token, got shape {ks}")
     S = ts[1] * page_size
 
     if not isinstance(page_table, Tracer) and not isinstance(kv_lengths, Tracer):
