@@ -260,13 +260,36 @@ def test_a_scalar_integer_or_list_bias_and_a_list_mask_run_as_in_jax_nn():
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_a_scale_that_is_not_a_scalar_is_refused_by_name():
+def test_a_scale_that_is_not_one_value_is_refused_by_name():
     """A vector scale of length S broadcast over the keys without a word under jit."""
     q = jnp.ones((2, 8, 4, 16))
     for scale in (np.array([0.5, 0.5]), jnp.full((8,), 0.25)):
-        with pytest.raises(ValueError, match=r"scale must be a scalar, got shape \((2|8),\)"):
+        with pytest.raises(ValueError, match=r"scale must be a scalar .*got shape \((2|8),\)"):
             attnlab.attention(q, q, q, scale=scale)
-    with pytest.raises(ValueError, match=r"scale must be a scalar, got shape \(8,\)"):
+    with pytest.raises(ValueError, match=r"scale must be a scalar .*got shape \(8,\)"):
         jax.jit(lambda s: attnlab.attention(q, q, q, scale=s))(jnp.full((8,), 0.25))
     assert jnp.allclose(jax.jit(lambda s: attnlab.attention(q, q, q, scale=s))(jnp.float32(0.25)),
                         attnlab.attention(q, q, q, scale=0.25))
+
+
+@pytest.mark.parametrize("call", ["query (T, N, H), key (1, S, K, H)", "query (1, T, N, H), keys (S, K, H)",
+                                  "query (N, H)", "key (S, K, H), value (1, S, K, H)", "is_causal=1",
+                                  "is_causal=jnp.array(True)", "return_residual=0", "scale of shape (1,)"])
+def test_calls_jax_nn_runs_with_other_ranks_and_flag_types_run_alike(call):
+    """jax.nn makes each of query, key and value 4-D alone (leading sizes 1), reads flags with ``if`` and
+    broadcasts a scale: the same calls run here with its result, eager and under jit."""
+    q, k, v = (jax.random.normal(jax.random.key(i), (1, 4, 2, 8)) for i in range(3))
+    args, kw = {
+        "query (T, N, H), key (1, S, K, H)": ((q[0], k, v), {}),
+        "query (1, T, N, H), keys (S, K, H)": ((q, k[0], v[0]), {}),
+        "query (N, H)": ((q[0, 0], k[0], v[0]), {}),
+        "key (S, K, H), value (1, S, K, H)": ((q, k[0], v), {}),
+        "is_causal=1": ((q, k, v), {"is_causal": 1}),
+        "is_causal=jnp.array(True)": ((q, k, v), {"is_causal": jnp.array(True)}),
+        "return_residual=0": ((q, k, v), {"return_residual": 0}),
+        "scale of shape (1,)": ((q, k, v), {"scale": jnp.array([0.3])}),
+    }[call]
+    want = jax.nn.dot_product_attention(*args, **kw)
+    for got in (attnlab.attention(*args, **kw), jax.jit(lambda *a: attnlab.attention(*a, **kw))(*args)):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

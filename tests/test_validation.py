@@ -16,8 +16,9 @@ def call(q=Q, k=K, v=V, *a, **kw):
 
 BAD = [
     # (description, kwargs for call, exception, words the message must contain)
-    ("rank", dict(q=Q[0, 0]), ValueError, ["query", "rank"]),
-    ("key rank", dict(k=K[0]), ValueError, ["key", "rank"]),
+    ("rank", dict(q=Q[None]), ValueError, ["query", "rank"]),
+    ("key rank", dict(k=K[None]), ValueError, ["key", "rank"]),
+    ("unbatched key", dict(k=K[0], v=V[0]), ValueError, ["key batch size 1", "B=2"]),
     ("value shape", dict(v=V[:, :5]), ValueError, ["value", "key shape"]),
     ("batch", dict(k=K[:1], v=V[:1]), ValueError, ["batch"]),
     ("head dim", dict(k=K[..., :8], v=V[..., :8]), ValueError, ["head dim"]),
@@ -40,7 +41,7 @@ BAD = [
     ("scale nan", dict(scale=float("nan")), ValueError, ["scale", "finite"]),
     ("scale inf", dict(scale=float("inf")), ValueError, ["scale", "finite"]),
     ("scale str", dict(scale="1"), TypeError, ["scale"]),
-    ("is_causal int", dict(is_causal=1), TypeError, ["is_causal", "bool"]),
+    ("is_causal float", dict(is_causal=1.0), TypeError, ["is_causal", "bool"]),
     ("implementation", dict(implementation="flash9000"), ValueError, ["implementation", "naive", "flash9000"]),
     ("implementation type", dict(implementation=3), TypeError, ["implementation"]),
     ("head dim 0", dict(q=jnp.ones((2, 8, 4, 0)), k=jnp.ones((2, 12, 2, 0)), v=jnp.ones((2, 12, 2, 0))), ValueError, ["head dim", "0"]),

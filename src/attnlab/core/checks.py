@@ -117,10 +117,14 @@ def check_kv_shapes(names: tuple[str, str, str], qs: tuple[int, ...], ks: tuple[
 
 
 def check_flag(name: str, value) -> bool:
-    """``value`` as a Python bool; TypeError naming ``name`` unless it is a (NumPy) bool."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
-    return bool(value)
+    """``value`` as a Python bool, as jax.nn reads a flag (``if is_causal``): a bool, an int, or a concrete 0-d
+    bool/int array; TypeError naming ``name`` for anything else (a float, a str, a traced flag)."""
+    if isinstance(value, (bool, np.bool_, numbers.Integral)):
+        return bool(value)
+    if (hasattr(value, "dtype") and tuple(getattr(value, "shape", (0,))) == () and not _is_tracer(value)
+            and np.dtype(value.dtype).kind in "biu"):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
 
 
 def common_float_dtype(arrays: dict[str, Any]) -> str:
@@ -190,8 +194,9 @@ def check_scale(scale):
         return None
     if isinstance(scale, bool) or not (isinstance(scale, numbers.Real) or hasattr(scale, "dtype")):
         raise TypeError(f"scale must be a finite float or None, got {scale!r}")
-    if getattr(scale, "shape", ()) != ():
-        raise ValueError(f"scale must be a scalar, got shape {tuple(scale.shape)}")
+    if math.prod(getattr(scale, "shape", ())) != 1:
+        raise ValueError(f"scale must be a scalar (or an array of one value), got shape {tuple(scale.shape)}")
+    scale = scale.reshape(()) if getattr(scale, "shape", ()) != () else scale     # jax.nn broadcasts (1,) too
     if _is_tracer(scale):
         return scale
     s = float(scale)

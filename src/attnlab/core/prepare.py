@@ -68,13 +68,13 @@ def prepare(query, key, value, bias=None, mask=None, *, scale=None, is_causal=Fa
     ``allow_empty``: B, T, S or N may be 0, as in jax.nn (``attention`` and the reference answer such a
     call without a kernel); every other rule still holds, and the result's ``spec`` is None."""
     qs, ks, vs = _shape("query", query), _shape("key", key), _shape("value", value)
-    if len(qs) not in (3, 4):
-        raise ValueError(f"query must have rank 4 (B, T, N, H) or 3 (T, N, H), got shape {qs}")
-    if len(ks) != len(qs):
-        raise ValueError(f"key must have the same rank as query ({len(qs)}), got shape {ks}")
-    check_kv_shapes(("query", "key", "value"), qs, ks, vs)
-    dtype = common_float_dtype({"query": query, "key": key, "value": value})
+    for name, shape in (("query", qs), ("key", ks), ("value", vs)):   # each alone, as jax.nn: (T, N, H) is B = 1
+        if not 1 <= len(shape) <= 4:
+            raise ValueError(f"{name} must have rank 4 (B, T, N, H) or 3 (T, N, H) (fewer: leading sizes of 1), "
+                             f"got shape {shape}")
     q4, k4, v4 = to_rank(query, 4), to_rank(key, 4), to_rank(value, 4)
+    check_kv_shapes(("query", "key", "value"), *(tuple(int(d) for d in x.shape) for x in (q4, k4, v4)))
+    dtype = common_float_dtype({"query": query, "key": key, "value": value})
     B, T, N, H = (int(d) for d in q4.shape)
     S, K = (int(d) for d in k4.shape[1:3])
     window = normalise_window(local_window_size)
@@ -91,7 +91,7 @@ def prepare(query, key, value, bias=None, mask=None, *, scale=None, is_causal=Fa
     return_residual = check_flag("return_residual", return_residual)
     scale = check_scale(scale)
     soft_cap = check_soft_cap(logits_soft_cap)
-    if len(qs) == 3:   # an unbatched call takes (T,) and (S,) ids
+    if len(qs) < 4:    # an unbatched call takes (T,) and (S,) ids
         query_segment_ids, key_value_segment_ids = (to_rank(x, 2) if hasattr(x, "shape") and len(x.shape) == 1 else x
                                                     for x in (query_segment_ids, key_value_segment_ids))
     segments.check_segment_ids(query_segment_ids, key_value_segment_ids, B, T, S)
