@@ -312,7 +312,7 @@ def test_validation_of_causal_scale_and_implementation():
     q, k, v = _inputs()
     lengths = np.array([16, 4])
     with pytest.raises(TypeError, match="causal must be a bool"):
-        attnlab.decode_attention(q, k, v, lengths, causal=1)
+        attnlab.decode_attention(q, k, v, lengths, causal=1.0)
     with pytest.raises(ValueError, match="scale must be finite, got nan"):
         attnlab.decode_attention(q, k, v, lengths, scale=float("nan"))
     with pytest.raises(ValueError, match="implementation must be None, 'auto' or one of"):
