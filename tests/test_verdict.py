@@ -86,6 +86,8 @@ def test_shape_errors_name_the_argument_and_the_rule(twin):
         check_close(out, q.astype(jnp.int32), k, v)
     with pytest.raises(TypeError, match="^check_close needs concrete arrays"):
         jax.jit(lambda out, q, k, v: check_close(out, q, k, v).ok)(out, q, k, v)
+    with pytest.raises(TypeError, match="^check_close needs concrete arrays"):       # a traced (out, lse) pair
+        jax.jit(lambda o, l: check_close((o, l), q, k, v, return_residual=True).ok)(out, out[..., 0])
 
 
 @pytest.mark.parametrize("impl,how", [("xla", "compared as jax.nn's value"), ("naive", "compared as zeros")])

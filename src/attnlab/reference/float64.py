@@ -255,9 +255,10 @@ def check_close(out, query, key, value, *args, tf32: bool | None = None, ref=Non
     ``ref`` (the reference output) may be passed in when already computed for these inputs (then, for
     bfloat16/float16 without ``return_residual``, no second float64 pass is made).
     """
-    if any(map(_is_tracer, (out, query, key, value))):
+    if any(map(_is_tracer, (*(out if isinstance(out, (tuple, list)) else (out,)), query, key, value))):
         raise TypeError("check_close needs concrete arrays: call it outside jax.jit (it computes in NumPy float64)")
-    common_float_dtype({"query": query})        # before the output's rules, which read the query's dtype
+    if hasattr(query, "dtype"):                 # before the output's rules, which read the query's dtype
+        common_float_dtype({"query": query})
     out, lse = rules.split_output(out, return_residual)
     shape = tuple(np.shape(query)[:-1]) + tuple(np.shape(value)[-1:])
     q_dtype = query.dtype if hasattr(query, "dtype") else np.asarray(query).dtype
