@@ -251,10 +251,11 @@ def test_one_query_one_key_bfloat16_runs_under_jit():
 
 
 def test_a_scalar_integer_or_list_bias_and_a_list_mask_run_as_in_jax_nn():
-    """jax.nn takes bias and mask through jnp.asarray: a Python scalar, a nested list, an integer bias."""
+    """jax.nn takes bias and mask through jnp.asarray: a Python scalar, a nested list, an integer or bool bias."""
     q, k, v = (jax.random.normal(jax.random.key(i), (1, 4, 2, 8)) for i in range(3))
     mask = [[[[True, False, True, True]] * 4]]                       # (1, 1, 4, 4) as nested lists
-    for bias in (0.5, jnp.arange(4, dtype=jnp.int32).reshape(1, 1, 1, 4), [[1.0, 0.0, 2.0, 0.5]]):
+    for bias in (0.5, jnp.arange(4, dtype=jnp.int32).reshape(1, 1, 1, 4), [[1.0, 0.0, 2.0, 0.5]],
+                 jnp.array([[True, False, True, True]])):
         want = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask)
         got = attnlab.attention(q, k, v, bias=bias, mask=mask, implementation="xla")
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -96,16 +96,17 @@ def test_a_float64_step_is_float64_accurate():
 
 # ---------------------------------------------------------------- the plan
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_plan_covers_every_needed_block_once_and_balances(case):
-    q, k, v, starts, kv = batch(case, 8, 2)
-    kw = dict(total_tokens=q.shape[0], kv_len_max=S, heads=8, kv_heads=2, head_dim=16,
+@pytest.mark.parametrize("case,heads", [*((c, (8, 2)) for c in CASES), ("ragged-decode", (4, 4)), ("mixed", (4, 4))])
+def test_plan_covers_every_needed_block_once_and_balances(case, heads):
+    """G = 4, and G = 1 (a decode request's one row in its own tile)."""
+    q, k, v, starts, kv = batch(case, *heads)
+    kw = dict(total_tokens=q.shape[0], kv_len_max=S, heads=heads[0], kv_heads=heads[1], head_dim=16,
               config=sp.ServingConfig(block_k=16, decode_max_q=4, programs=3))
     host = sp.make_serving_plan(starts, kv, **kw)
     # the same body under jit from traced lengths (one compile: the mixed case; the others on the host twice)
     traced = (jax.jit(lambda a, b: sp.make_serving_plan(a, b, **kw))(jnp.asarray(starts), jnp.asarray(kv))
               if case == "mixed" else sp.make_serving_plan(starts, kv, **kw))
-    G, q_len = 4, np.diff(starts)
+    G, q_len = heads[0] // heads[1], np.diff(starts)
     for cp, tp in zip(host.classes, traced.classes):
         assert cp.block_r == tp.block_r
         pieces, dev = np.asarray(cp.pieces), np.asarray(tp.pieces)
@@ -143,13 +144,24 @@ def test_plan_weighs_a_pieces_start_in_blocks():
         runs = [pieces[st[p]:st[p + 1]] for p in range(cp.programs)]
         assert sum(int(r[:, BLOCKS].sum()) for r in runs) == int(np.sum(-(-kv // 16)))
         worst[k] = max(int(r[:, BLOCKS].sum()) + 3 * len(r) for r in runs)
-    assert worst[3] < worst[0]
+    assert worst[3] < worst[0] and worst[3] == 21       # 21: these weights cut in four as the plan cuts them
     with pytest.raises(ValueError, match="piece_blocks must be an int >= 0"):
         sp.make_serving_plan(starts, kv, **kw, config=sp.ServingConfig(piece_blocks=-1))
     # a static bound on q_len below a request's (concrete) tokens: that request's rows were 0 without a word
-    with pytest.raises(ValueError, match=r"ServingConfig.max_q_len=2 is below request 1's 20 new tokens"):
-        attnlab.serving_plan(np.array([0, 1, 21, 24]), np.array([30, 40, 10]), total_tokens=26, kv_len_max=64, heads=4,
+    with pytest.raises(ValueError, match=r"ServingConfig.max_q_len=2 is below request 1's 3 new tokens"):
+        attnlab.serving_plan(np.array([0, 1, 4, 7]), np.array([30, 40, 10]), total_tokens=26, kv_len_max=64, heads=4,
                              kv_heads=2, head_dim=32, config=sp.ServingConfig(max_q_len=2))
+
+
+@pytest.mark.parametrize("kv,programs,runs", [(176, 4, [3, 3, 3, 2]), (64, 8, [2, 2, 0, 0, 0, 0, 0, 0])])
+def test_programs_runs_are_the_ceiling_of_the_blocks_over_programs_and_at_least_min_chunk(kv, programs, runs):
+    """One request of kv keys (blocks of 16): each program's run is ceil(blocks / programs) blocks, never fewer than
+    MIN_CHUNK = 2 (4 blocks over 8 programs: two runs of two), the last takes what is left."""
+    cp = sp.make_serving_plan(np.array([0, 1], np.int32), np.array([kv], np.int32), total_tokens=1, kv_len_max=kv,
+                              heads=2, kv_heads=2, head_dim=16,
+                              config=sp.ServingConfig(block_k=16, programs=programs)).classes[0]
+    pieces, st = np.asarray(cp.pieces), np.asarray(cp.starts)
+    assert [int(pieces[st[p]:st[p + 1], BLOCKS].sum()) for p in range(cp.programs)] == runs
 
 
 @pytest.mark.parametrize("groups,head_dim,rows", [(16, 128, 128), (12, 128, 128), (4, 128, 32), (16, 256, 64)])
