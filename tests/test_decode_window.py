@@ -171,14 +171,16 @@ def unit_keys(pos0, r0, q_len, G, block_r, left, bk, from_key=True):
     return lo, -(-(pos0 + t_last + 1 - lo) // bk)
 
 
-@pytest.mark.parametrize("page", [None, 16], ids=["from-key", "pages-of-block_k"])
-def test_serving_plan_starts_each_unit_at_its_first_visible_key(page):
+@pytest.mark.parametrize("page,block_r", [(None, None), (16, None), (None, 16)],
+                         ids=["from-key", "pages-of-block_k", "prefill-tiles-of-16-rows"])
+def test_serving_plan_starts_each_unit_at_its_first_visible_key(page, block_r):
     """Contiguous (and pages < block_k): each unit's blocks from its first row's window start; pages of >= block_k
-    keys: from that key's block (one page's rows)."""
+    keys: from that key's block (one page's rows). Prefill tiles of 16 rows: a request's tiles each from their own
+    first row's."""
     q, _, _, starts, kv = serving_batch(8, 2)
     left, G, bk = 5, 4, 16
     kw = dict(total_tokens=q.shape[0], kv_len_max=S_SERVE, heads=8, kv_heads=2, head_dim=16, window_left=left,
-              config=sp.ServingConfig(block_k=bk, decode_max_q=4, programs=3), page_size=page)
+              config=sp.ServingConfig(block_k=bk, decode_max_q=4, programs=3, block_r_prefill=block_r), page_size=page)
     plan = sp.make_serving_plan(starts, kv, **kw)
     # the same body under jit from traced lengths (jax.numpy) gives the same pieces
     traced = (jax.jit(lambda a, b: sp.make_serving_plan(a, b, **kw))(jnp.asarray(starts), jnp.asarray(kv))

@@ -173,6 +173,14 @@ def test_decode_tile_holds_a_requests_rows_up_to_128(groups, head_dim, rows):
     assert [c.block_r for c in plan.classes] == [rows]
 
 
+@pytest.mark.parametrize("kv_len_max", [17, 40, 100])
+def test_block_k_is_a_power_of_two_past_a_short_cache(kv_len_max):
+    """Triton's block shapes are powers of two: a cache of 40 keys is read in a block of 64 (masked past 40)."""
+    plan = sp.make_serving_plan(np.array([0, 1, 2], np.int32), np.array([kv_len_max, 7], np.int32), total_tokens=2,
+                                kv_len_max=kv_len_max, heads=4, kv_heads=2, head_dim=16)
+    assert [c.block_k for c in plan.classes] == [max(16, 1 << (kv_len_max - 1).bit_length())]
+
+
 # ---------------------------------------------------------------- the kernel, Pallas interpret mode
 
 @pytest.mark.parametrize("case,heads,paged,merge", [
