@@ -173,6 +173,22 @@ def test_decode_tile_holds_a_requests_rows_up_to_128(groups, head_dim, rows):
     assert [c.block_r for c in plan.classes] == [rows]
 
 
+@pytest.mark.parametrize("head_dim,prefill_rows", [(128, 128), (256, 64)])
+def test_default_launch_sizes(head_dim, prefill_rows):
+    """Requests of exactly decode_max_q tokens are decodes (one class, its tile holding their G x T rows); a longer
+    one makes the prefill class, in tiles of 128 rows (64 at H > 128); at most two programs per SM over the K heads."""
+    dmq, G, K = sp.ServingConfig().decode_max_q, 4, 2
+    kw = dict(kv_len_max=512, heads=G * K, kv_heads=K, head_dim=head_dim, sms=132)
+    starts = np.arange(0, 3 * dmq + 1, dmq, dtype=np.int32)
+    only = sp.make_serving_plan(starts, np.full(3, 300, np.int32), total_tokens=3 * dmq, **kw).classes
+    assert [(c.decode, c.block_r) for c in only] == [(True, min(prefill_rows, max(16, 1 << (G * dmq - 1).bit_length())))]
+    mixed = sp.make_serving_plan(np.array([0, 1, 1 + 200], np.int32), np.array([300, 400], np.int32),
+                                 total_tokens=201, **kw).classes
+    assert [(c.decode, c.block_r) for c in mixed][1] == (False, prefill_rows)
+    for c in (*only, *mixed):
+        assert 132 // K <= c.programs <= 2 * 132 // K
+
+
 @pytest.mark.parametrize("kv_len_max", [17, 40, 100])
 def test_block_k_is_a_power_of_two_past_a_short_cache(kv_len_max):
     """Triton's block shapes are powers of two: a cache of 40 keys is read in a block of 64 (masked past 40)."""
