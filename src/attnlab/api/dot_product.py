@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import jaxlib
 
 from .. import backends
+from ..backends.base import query_keep
 from ..core import device
 from ..core.call import Call
 from ..core.errors import UnsupportedError
@@ -111,14 +112,12 @@ def empty_result(p, implementation, return_residual: bool, shape=None):
 def _empty_lse(p, dtype):
     """(B, T, N) the lse of an empty call: -inf, or with sinks and S = 0 the sink alone on each row that is not
     padding (as when every key is hidden); no gradient, as every lse."""
-    B, T, N = p.query.shape[:3]
-    lse = jnp.full((B, T, N), -jnp.inf, dtype)
+    lse = jnp.full(p.query.shape[:3], -jnp.inf, dtype)
     if getattr(p, "sinks", None) is None:
         return lse
-    keep = jnp.arange(T)[None, :] < (T if p.q_lengths is None else jnp.reshape(p.q_lengths, (B, 1)))
-    if p.q_segment_ids is not None:
-        keep = keep & (p.q_segment_ids >= 0)
-    return jax.lax.stop_gradient(jnp.where(keep[:, :, None], p.sinks.astype(dtype), lse))
+    keep = query_keep(p)
+    sink = jnp.broadcast_to(p.sinks.astype(dtype), lse.shape)
+    return jax.lax.stop_gradient(sink if keep is None else jnp.where(keep[:, :, None], sink, lse))
 
 
 def with_fp8_recipe(implementation, fp8_recipe):

@@ -15,10 +15,10 @@ from .masked_decode import masked_decode
 
 def query_keep(p: Call):
     """(B, T) bool: the query rows that are not padding (t < query_seq_lengths[b], segment id >= 0),
-    or None when every row is kept."""
+    or None when every row is kept. An empty call's too (its sizes read off the query)."""
     keep = None
     if p.q_lengths is not None:
-        keep = jnp.arange(p.q_len)[None, :] < jnp.asarray(p.q_lengths, jnp.int32)[:, None]
+        keep = jnp.arange(p.query.shape[1])[None, :] < jnp.asarray(p.q_lengths, jnp.int32)[:, None]
     if p.q_segment_ids is not None:
         seg = jnp.asarray(p.q_segment_ids) >= 0
         keep = seg if keep is None else keep & seg
