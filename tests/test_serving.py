@@ -231,6 +231,28 @@ def test_kernel_matches_float64_under_jit(case, heads, paged, merge):
         assert end - first == 5 and np.all(np.asarray(plan.classes[0].pieces)[first:end, BLOCKS] > 0)
 
 
+@pytest.mark.parametrize("impl", ["xla", "attnlab-decode"])
+def test_invalid_traced_lengths_leave_the_other_requests_rows_right(impl):
+    """Under jit the value checks cannot run: a request with kv_len past S_max, below its q_len or negative gets
+    implementation-defined rows, and every other request's rows stay right (the plan clamps what it reads)."""
+    N, K = 8, 2
+    q, k, v, starts, kv = batch("mixed", N, K)
+    bad = kv.copy()
+    bad[[0, 1, 2]] = S + 50, 3, -5                 # requests 3 and 4 keep their lengths
+    cfg = sp.ServingConfig(block_k=16, decode_max_q=4, programs=3)
+
+    def step(a, b):
+        plan = attnlab.serving_plan(a, b, total_tokens=q.shape[0], kv_len_max=S, heads=N, kv_heads=K, head_dim=16,
+                                    config=cfg)
+        return attnlab.serving_attention(q, k, v, a, b, implementation=impl, plan=plan)
+
+    out = np.asarray(jax.jit(step)(jnp.asarray(starts), jnp.asarray(bad)), np.float64)
+    ref = reference_serving_attention(q, k, v, starts, kv)
+    rows = slice(starts[3], starts[5])
+    assert rel_l2(out[rows], ref[rows]) <= tolerance(np.dtype(q.dtype))[0]
+    assert not np.any(out[starts[5]:]), "padding tokens must give 0"
+
+
 # ---------------------------------------------------------------- checks, explain, refusals
 
 def _call(**over):
