@@ -268,7 +268,7 @@ def _call(**over):
     (dict(q_starts=np.array([0, 1, 13, 16, 17], np.int32), kv_lengths=np.array([7, 40, 3, 64], np.int32)),
      ValueError, "k_cache batch size 5 must equal kv_lengths size B=4"),
     (dict(q_starts=np.array([1, 2, 14, 17, 18, 38], np.int32)), ValueError, "q_starts[0]=1 must be 0"),
-    (dict(q_starts=np.array([0, 1, 1, 17, 18, 38], np.int32)), ValueError, "request 1 has"),
+    (dict(q_starts=np.array([0, 1, 0, 17, 18, 38], np.int32)), ValueError, "q_starts must not decrease: request 1 has"),
     (dict(kv_lengths=np.array([7, 11, 3, 64, 33], np.int32)), ValueError, "kv_lengths[1]=11 must lie in [q_len, S_max]=[12, 160]"),
     (dict(kv_lengths=np.array([7, 40, 3, 161, 33], np.int32)), ValueError, "kv_lengths[3]=161"),
     (dict(q_starts=np.array([0, 1, 13, 16, 17, 60], np.int32), kv_lengths=np.array([7, 40, 3, 64, 60], np.int32)),
@@ -323,7 +323,7 @@ def test_the_float64_truths_refuse_lengths_the_calls_refuse():
     """The references judged invalid steps without a word: a request's rows silently 0, NaN, truncated lengths."""
     rng = np.random.default_rng(0)
     q, k = rng.standard_normal((8, 2, 4)), rng.standard_normal((3, 16, 1, 4))
-    for starts, kv, match in (([0, 5, 3, 8], [10, 10, 10], "q_starts must increase: request 1"),
+    for starts, kv, match in (([0, 5, 3, 8], [10, 10, 10], "q_starts must not decrease: request 1"),
                               ([1, 5, 6, 8], [10, 10, 10], r"q_starts\[0\]=1 must be 0"),
                               ([0, 5, 6, 8], [4, 10, 10], r"kv_lengths\[0\]=4 must lie in \[q_len, S_max\]=\[5, 16\]"),
                               ([0, 5, 6, 8], [10, 40, 10], r"kv_lengths\[1\]=40 must lie in"),

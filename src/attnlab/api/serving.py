@@ -3,9 +3,10 @@
 Shapes (the letters used throughout)::
 
     q           (T_total, N, H)   the new tokens of all B requests packed token by token: request b's
-                                  q_len[b] = q_starts[b+1] - q_starts[b] >= 1 tokens start at row
-                                  q_starts[b]; rows at >= q_starts[B] are padding of the fixed token
-                                  budget T_total (their output rows are 0)
+                                  q_len[b] = q_starts[b+1] - q_starts[b] >= 0 tokens start at row
+                                  q_starts[b] (0: an idle slot of a fixed B, which reads nothing); rows
+                                  at >= q_starts[B] are padding of the fixed token budget T_total (their
+                                  output rows are 0)
     q_starts    (B+1,) int32      cumulative starts, q_starts[0] = 0
     kv_lengths  (B,) int32        request b's cached tokens *including* its new ones:
                                   q_len[b] <= kv_lengths[b] <= S_max
@@ -83,18 +84,21 @@ def prepare_serving(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=Non
     if starts is not None and lengths is not None:
         check_serving_lengths(starts, lengths, T_total, S)
     if plan is not None:
-        _check_plan(plan, (T_total, B, N, problem.kv_heads, H), problem.window, problem.page_size, starts, lengths)
+        _check_plan(plan, (T_total, B, N, problem.kv_heads, H), S, problem.window, problem.page_size, starts, lengths)
 
     return cache_call("serving", problem, N, H, scale, logits_soft_cap, sinks, q, k_cache, v_cache, kv_lengths,
                       page_table, q_starts=jnp.asarray(q_starts).astype(jnp.int32), plan=plan, k_scale=k_scale,
                       v_scale=v_scale)
 
 
-def _check_plan(plan, sizes, window, page_size, starts, lengths):
+def _check_plan(plan, sizes, s_max, window, page_size, starts, lengths):
     if not isinstance(plan, ServingPlan):
         raise TypeError(f"plan must be an attnlab ServingPlan (attnlab.serving_plan(...)), got {type(plan).__name__}")
     if tuple(plan.sizes) != tuple(sizes):
         raise ValueError(f"plan was made for (T_total, B, N, K, H)={tuple(plan.sizes)}, this call is {tuple(sizes)}")
+    if plan.kv_len_max < s_max:     # the plan clamps every length to it: the keys past it would be left out
+        raise ValueError(f"plan was made for kv_len_max={plan.kv_len_max}, below this call's S_max={s_max} (the "
+                         f"cache's keys per request): pass kv_len_max={s_max} to serving_plan")
     left = None if window is None else window[0]
     if plan.window_left != left:
         raise ValueError(f"plan was made for local_window_size left={plan.window_left}, this call's is {left} "
@@ -167,7 +171,7 @@ def serving_attention(q, k_cache, v_cache, q_starts, kv_lengths, *, page_table=N
       q: (T_total, N, H) float16/bfloat16/float32 (float64: the xla path, in float64), the requests' new tokens
         packed, padding at the end.
       k_cache, v_cache: (B, S_max, K, H), or pages (num_pages, page_size, K, H) with ``page_table``.
-      q_starts: (B+1,) int, q_starts[0] = 0, q_len[b] = q_starts[b+1] - q_starts[b] >= 1.
+      q_starts: (B+1,) int, q_starts[0] = 0, q_len[b] = q_starts[b+1] - q_starts[b] >= 0 (0: an idle slot).
       kv_lengths: (B,) int, q_len[b] <= kv_lengths[b] <= S_max (the new tokens included).
       page_table: (B, pages_per_request) int32 for a paged cache.
       scale: logits scale, default 1 / sqrt(H). logits_soft_cap: None or c > 0: c * tanh(logits / c).

@@ -163,16 +163,18 @@ def length_values(name: str, x, batch: int, size: str = "B", why: str = ""):
 
 
 def check_serving_lengths(starts, lengths, T_total: int, S: int) -> None:
-    """A serving call's concrete q_starts (B+1,) and kv_lengths (B,): starts from 0, >= 1 token per request, each
-    request's KV length in [its tokens, S_max], the last start within q's T_total tokens; ValueError naming which."""
+    """A serving call's concrete q_starts (B+1,) and kv_lengths (B,): starts from 0, >= 0 tokens per request (0: an
+    idle slot of a fixed-size batch, which reads nothing), each request's KV length in [its tokens, S_max], the last
+    start within q's T_total tokens; ValueError naming which."""
     starts, lengths = (np.asarray(x).astype(np.int64) for x in (starts, lengths))
     B = lengths.size
     if starts[0] != 0:
         raise ValueError(f"q_starts[0]={int(starts[0])} must be 0")
     for b in range(B):
         n = int(starts[b + 1] - starts[b])
-        if n < 1:
-            raise ValueError(f"q_starts must increase: request {b} has q_starts[{b + 1}] - q_starts[{b}] = {n} < 1 tokens")
+        if n < 0:
+            raise ValueError(f"q_starts must not decrease: request {b} has q_starts[{b + 1}] - q_starts[{b}] = {n} < 0 "
+                             "tokens")
         if not n <= lengths[b] <= S:
             raise ValueError(f"kv_lengths[{b}]={int(lengths[b])} must lie in [q_len, S_max]=[{n}, {S}] "
                              f"(it counts request {b}'s {n} new tokens)")

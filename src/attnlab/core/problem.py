@@ -267,6 +267,7 @@ class Problem:
             return 0 if self.kv_dtype is None else 2 * 4 * (self.kv_heads if self.kv_scale == "head" else 1)
         kv, q = (np.asarray(x or (n,) * self.batch) for x, n in ((self.kv_lengths, self.kv_len), (self.q_lengths, self.q_len)))
         first = np.maximum(kv - q - self.window[0], 0) if self.window is not None and self.decode else np.zeros_like(kv)
+        first = np.where(q > 0, first, kv)       # an idle serving slot reads no page
         per_head = self.kv_tokens() if self.kv_scale == "token" else kv_quant.pages_read(first, kv, self.page_size)
         return 2 * 4 * per_head * self.kv_heads
 

@@ -55,9 +55,11 @@ def causal_pairs(q_starts, kv_lengths, window_left: int | None = None) -> int:
 
 
 def keys_read(q_starts, kv_lengths, window_left: int | None = None) -> np.ndarray:
-    """(B,) keys each request's queries see: kv_len[b], or its window's kv_len - max(0, kv_len - q_len - L)."""
+    """(B,) keys each request's queries see: kv_len[b], or its window's kv_len - max(0, kv_len - q_len - L); an idle
+    slot (q_len 0) none."""
     q, kv = request_lengths(q_starts, kv_lengths)
-    return kv if window_left is None else kv - np.maximum(kv - q - int(window_left), 0)
+    seen = kv if window_left is None else kv - np.maximum(kv - q - int(window_left), 0)
+    return np.where(q > 0, seen, 0)
 
 
 def serving_flops(q_starts, kv_lengths, heads: int, head_dim: int, window_left: int | None = None) -> float:

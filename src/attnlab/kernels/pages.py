@@ -51,7 +51,8 @@ def gather_pages(pages, page_table, lengths=None):
     whatever the table holds there, so a table padded with -1 still gathers; their keys are
     past the length and never attended. Works on jax (also traced) and numpy arrays.
     """
-    xp = np if isinstance(pages, np.ndarray) else __import__("jax.numpy", fromlist=["numpy"])
+    host = all(isinstance(x, (np.ndarray, list, tuple)) or x is None for x in (pages, page_table, lengths))
+    xp = np if host else jnp      # NumPy pages beside a jax table or traced lengths: jnp
     P, ps, K, H = (int(d) for d in pages.shape)
     B, per_seq = (int(d) for d in page_table.shape)
     table = xp.asarray(page_table).astype(xp.int32)
@@ -59,7 +60,7 @@ def gather_pages(pages, page_table, lengths=None):
         used = -(-xp.asarray(lengths).astype(xp.int32) // ps)
         table = xp.where(xp.arange(per_seq)[None, :] < used[:, None], table, 0)
     table = xp.clip(table, 0, P - 1)
-    return pages[table].reshape(B, per_seq * ps, K, H)
+    return xp.asarray(pages)[table].reshape(B, per_seq * ps, K, H)
 
 
 def page_table_errors(page_table, lengths, num_pages: int, page_size: int) -> str | None:

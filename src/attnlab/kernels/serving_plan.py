@@ -27,11 +27,12 @@ Tile classes
     (``max_q_len``, a static bound) is not launched.
 
 Static sizes, traced values
-    Every array has a length fixed by the shapes (T_total, B) and the config, so the plan is computed with
-    ``jax.numpy`` inside ``jit`` from traced lengths (no-op pieces past the end: count 0) and with NumPy on the
-    host from concrete ones: one function body (``_pieces(xp, ...)``) for both. ``ServingPlan`` is a pytree
-    (arrays are leaves, sizes static): compute it once per step and pass it to every layer's
-    ``serving_attention(..., plan=plan)``.
+    Every array has a length fixed by the shapes (T_total, B) and the config: one function body (``_pieces(xp,
+    ...)``) with ``jax.numpy`` inside ``jit`` from traced lengths (no-op pieces past the end: count 0), with NumPy
+    on the host. ``ServingPlan`` is a pytree (arrays leaves, sizes static): make it once per step, pass it to every
+    layer. A host plan without ``ServingConfig.max_q_len`` is sized to its longest request (decode tile, units,
+    prefill class or not), so a jitted step compiles per size; with it, a traced plan's sizes (``prefill_slots``
+    aside: a host plan launches no prefill class its slots leave empty).
 """
 from __future__ import annotations
 
@@ -45,8 +46,7 @@ from .decode_resources import programs_per_sm, sm_count
 from .decode_splits import cdiv
 from .serving_slots import take_slots
 
-#: Fields of one piece, in the order of a row of ``ClassPlan.pieces`` (``kv_start``: the key its unit's blocks
-#: count from, ``first_block`` and ``blocks`` its run of them).
+#: A row of ``ClassPlan.pieces`` (``kv_start``: the key its unit's blocks count from; first_block, blocks: its run)
 FIELDS = ("request", "q_start", "row_offset", "rows", "q_pos0", "kv_len", "kv_start", "first_block", "blocks")
 #: Fields of one unit, in the order of a row of ``ClassPlan.units`` (its pieces: first_piece .. end_piece-1).
 UNIT_FIELDS = ("q_start", "row_offset", "rows", "first_piece", "end_piece")
@@ -63,11 +63,11 @@ class ServingConfig:
     block_r_decode: int | None = None
     block_r_prefill: int | None = None
     decode_max_q: int = DECODE_MAX_Q
-    #: q_len the decode tile is sized for (rows = G x this); None: the longest decode request when
-    #: the lengths are concrete, else ``max_q_len`` (capped at ``decode_max_q``), else 1
+    #: q_len the decode tile is sized for (rows = G x this); None: ``max_q_len`` (capped at ``decode_max_q``), else
+    #: the longest decode request when the lengths are concrete, else 1
     decode_q_len: int | None = None
     #: a static upper bound on every q_len (the caller's promise, e.g. the speculative depth; concrete lengths past it
-    #: are refused); with max_q_len <= decode_max_q no prefill launch is made
+    #: are refused); with max_q_len <= decode_max_q no prefill launch is made. It sizes a host plan as a traced one
     max_q_len: int | None = None
     programs: int | None = None      # per KV head and class; None: SMs x programs per SM / K
     num_warps: int | None = None
@@ -119,8 +119,7 @@ class ClassPlan:
     num_stages: int = dataclasses.field(metadata=dict(static=True))
     decode: bool = dataclasses.field(metadata=dict(static=True))
     whole_blocks: bool = dataclasses.field(default=True, metadata=dict(static=True))   # prefill: always
-    #: a window's units start at their first key (not a multiple of block_k): for contiguous caches and
-    #: pages of < block_k keys only (``page_mismatch``)
+    #: a window's units start at their first key: contiguous caches and pages of < block_k keys only (``page_mismatch``)
     window_from_key: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
 
@@ -133,6 +132,7 @@ class ServingPlan:
     classes: tuple
     lengths: tuple
     sizes: tuple = dataclasses.field(metadata=dict(static=True))    # (T_total, B, N, K, H)
+    kv_len_max: int = dataclasses.field(metadata=dict(static=True))    # S_max: every length is clamped to it
     window_left: int | None = dataclasses.field(default=None, metadata=dict(static=True))   # None: no window
     kv_mma: str | None = dataclasses.field(default=None, metadata=dict(static=True))
     merge: str = dataclasses.field(default="fused", metadata=dict(static=True))
@@ -241,8 +241,9 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
     if q_len is not None and cfg.max_q_len and q_len.max(initial=1) > cfg.max_q_len:
         raise ValueError(f"ServingConfig.max_q_len={cfg.max_q_len} is below request {int(q_len.argmax())}'s "
                          f"{int(q_len.max())} new tokens (a static bound every request keeps)")
-    max_q = max_q if q_len is None else max(1, min(max_q, int(q_len.max(initial=1))))
-    dec_q = cfg.decode_q_len or (int(q_len[q_len <= cfg.decode_max_q].max(initial=1)) if q_len is not None
+    sized = q_len is not None and not cfg.max_q_len     # a host plan with no static bound: sized to its lengths
+    max_q = max(1, min(max_q, int(q_len.max(initial=1)))) if sized else max_q
+    dec_q = cfg.decode_q_len or (int(q_len[q_len <= cfg.decode_max_q].max(initial=1)) if sized
                                  else min(cfg.max_q_len or 1, cfg.decode_max_q))
     itemsize = np.dtype(dtype).itemsize
     q_len_x = (np.diff(np.asarray(q_starts).astype(np.int32)) if xp is np
@@ -284,15 +285,14 @@ def make_serving_plan(q_starts, kv_lengths, *, total_tokens: int, kv_len_max: in
                                  whole_blocks=bool(cfg.whole_blocks) or not decode,
                                  window_from_key=window_left is not None and from_key))
     return ServingPlan(tuple(classes), tuple(xp.asarray(x).astype(xp.int32) for x in (q_starts, kv_lengths)),
-                       sizes=(total_tokens, B, heads, kv_heads, head_dim), kv_mma=cfg.kv_mma, merge=cfg.merge,
-                       window_left=None if window_left is None else int(window_left), prefill=prefill,
+                       sizes=(total_tokens, B, heads, kv_heads, head_dim), kv_len_max=int(kv_len_max), kv_mma=cfg.kv_mma,
+                       merge=cfg.merge, window_left=None if window_left is None else int(window_left), prefill=prefill,
                        kv_pairs=bool(cfg.kv_pairs))
 
 
 def page_mismatch(plan: ServingPlan, page_size: int | None) -> str | None:
-    """Why ``plan`` cannot run on a cache of pages of ``page_size`` keys (None: contiguous), or None: a class
-    whose windows start at their first key loads blocks that may cross a page boundary, which pages of
-    >= block_k keys load as one page's rows."""
+    """Why ``plan`` cannot run on pages of ``page_size`` keys (None: contiguous), or None: a class whose windows start
+    at their first key loads blocks that may cross a page boundary, which pages of >= block_k keys load as one."""
     for cp in plan.classes:
         if cp.window_from_key and page_size is not None and page_size >= cp.block_k:
             return (f"plan starts its windows at their first key (made for a contiguous cache or pages of < "

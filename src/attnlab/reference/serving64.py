@@ -92,6 +92,8 @@ def kernel_like_serving(q, k, v, q_starts, kv_lengths, dtype: str, soft_cap=None
     out = np.zeros(q.shape, np.float32)
     for b in range(len(kv_lengths)):
         lo, hi, n = int(q_starts[b]), int(q_starts[b + 1]), int(kv_lengths[b])
+        if hi == lo:
+            continue        # an idle slot
         qb = q[lo:hi].reshape(hi - lo, K, N // K, H)
         s = np.einsum("tkgh,skh->kgts", qb, k[b, :n]) / np.float32(math.sqrt(H))
         if soft_cap is not None:
@@ -116,7 +118,10 @@ def sampled(q_lens, kv_lens) -> list[tuple[int, int, int, int]]:
     ``EDGE`` tokens of the longest and shortest requests by KV and by query length (the first tokens of a
     request see the keys before them: a request of their own with a shorter KV length)."""
     starts = rl.starts_of(q_lens)
-    picks = sorted({int(np.argmax(kv_lens)), int(np.argmin(kv_lens)), int(np.argmax(q_lens)), int(np.argmin(q_lens))})
+    live = np.flatnonzero(np.asarray(q_lens) > 0)      # idle slots (no tokens) have no rows to check
+    kv_live, q_live = np.asarray(kv_lens)[live], np.asarray(q_lens)[live]
+    picks = sorted({int(live[i]) for i in (np.argmax(kv_live), np.argmin(kv_live), np.argmax(q_live), np.argmin(q_live))}
+                   if live.size else ())
     out = []
     for r in picks:
         t, n, s0 = int(q_lens[r]), int(kv_lens[r]), int(starts[r])
