@@ -107,9 +107,8 @@ class Problem:
         object.__setattr__(self, "kv_dtype", kv_quant.checked_cache(self.kv_dtype, self.kv_scale, self.page_size))
 
     def _check_lengths(self):
-        """Per-request lengths: B values each, q in [0 or 1, q_len], kv in [0, kv_len]; decode: kv >= q (the new
-        tokens are in the cache) and packed queries (with q_lengths) within the token budget q_len."""
-        low = 1 if self.decode else 0
+        """Per-request lengths: B values each, q in [0, q_len] (a packed serving step's 0: an idle slot), kv in [0,
+        kv_len]; decode: kv >= q (the new tokens are in the cache) and packed queries within the token budget q_len."""
         for name, limit in (("q_lengths", self.q_len), ("kv_lengths", self.kv_len)):
             lens = getattr(self, name)
             if lens is None:
@@ -118,9 +117,9 @@ class Problem:
                 lens = tuple(int(x) for x in lens if int(x) == x)
             except (TypeError, ValueError):
                 lens = ()
-            if len(lens) != self.batch or min(lens) < (low if name == "q_lengths" else 0) or max(lens) > limit:
-                raise ProblemError(f"{name} must hold {self.batch} ints in [{low if name == 'q_lengths' else 0}, "
-                                   f"{limit}], got {getattr(self, name)!r}", name)
+            if len(lens) != self.batch or min(lens) < 0 or max(lens) > limit:
+                raise ProblemError(f"{name} must hold {self.batch} ints in [0, {limit}], got {getattr(self, name)!r}",
+                                   name)
             object.__setattr__(self, name, lens)
         if self.decode:
             q = self.q_lengths or (self.q_len,) * self.batch
