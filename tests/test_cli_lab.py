@@ -3,6 +3,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 from attnlab.cli import main
@@ -85,7 +86,8 @@ def test_bad_section_exits_nonzero(tmp_path):
     assert r.exit_code != 0 and "nope" in r.output and "Traceback" not in r.output
 
 
-def test_console_script_runs():
-    r = subprocess.run([sys.executable, "-m", "attnlab.cli", "backends", "--json"], capture_output=True, text=True)
+@pytest.mark.parametrize("module", ["attnlab.cli", "attnlab"])
+def test_console_script_runs(module):
+    r = subprocess.run([sys.executable, "-m", module, "backends", "--json"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert set(json.loads(r.stdout)) >= {"naive", "xla", "cudnn"}

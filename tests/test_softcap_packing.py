@@ -66,6 +66,16 @@ def test_paths_match_float64_reference_with_grads(impl, case, dtype):
             np.testing.assert_allclose(np.asarray(g), r, rtol=2e-4, atol=2e-4)
 
 
+@pytest.mark.parametrize("impl", ["naive", "tokamax-xla"])
+def test_numpy_inputs_run_as_jax_arrays_do(impl):
+    """NumPy arrays (as jax.nn takes them): tokamax's own type checks refused them inside tokamax."""
+    if impl.startswith("tokamax"):
+        pytest.importorskip("tokamax")
+    q, k, v = (np.asarray(x) for x in _inputs())
+    kw = {n: np.asarray(x) if hasattr(x, "shape") else x for n, x in CASES["packed+cap+window"](_ids()).items()}
+    assert check_close(attnlab.attention(q, k, v, implementation=impl, **kw), q, k, v, **kw).ok
+
+
 def test_soft_cap_changes_the_result_and_bounds_logits():
     q, k, v = _inputs()
     capped, plain = (reference_attention(q, k, v, logits_soft_cap=c) for c in (CAP, None))

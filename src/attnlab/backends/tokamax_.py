@@ -55,9 +55,10 @@ class TokamaxBackend(Backend):
 
         p = segments_as_mask(p)
         ln = lambda x: None if x is None else jnp.asarray(x, jnp.int32)  # noqa: E731
+        arr = lambda x: None if x is None else jnp.asarray(x)  # noqa: E731  (tokamax's type checks refuse NumPy)
         try:
             out = tokamax.dot_product_attention(
-                p.query, p.key, p.value, p.bias, p.mask, scale=p.scale, is_causal=p.is_causal,
+                *map(arr, (p.query, p.key, p.value, p.bias, p.mask)), scale=p.scale, is_causal=p.is_causal,
                 query_seq_lengths=ln(p.q_lengths), key_value_seq_lengths=ln(p.kv_lengths),
                 local_window_size=p.window, logits_soft_cap=p.soft_cap, implementation=self.impl)
         except NotImplementedError as e:

@@ -1,0 +1,4 @@
+"""``python -m attnlab``: the ``attnlab`` command."""
+from .cli import main
+
+main()
