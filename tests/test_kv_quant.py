@@ -17,6 +17,7 @@ from attnlab.kernels import decode as kd
 from attnlab.kernels import serving_plan as sp
 from attnlab.kernels.pages import gather_pages, to_pages
 from attnlab.reference.decode64 import check_decode_close
+from attnlab.reference.dequant64 import dequantized_sequences64
 from attnlab.reference.inputs import random_qkv
 from attnlab.reference.serving64 import reference_serving_attention
 from attnlab.reference.tolerance import rel_l2
@@ -24,9 +25,10 @@ from attnlab.reference.tolerance import rel_l2
 
 @pytest.mark.parametrize("layout,page_size", [("token", None), ("head", None), ("token", 4), ("page", 4),
                                                ("tensor", 4)])
-def test_dequantized_sequences_read_the_listed_sequences_through_the_page_table(layout, page_size):
-    """Some sequences of a quantized cache, dequantized in float64: a paged (shuffled) cache's, read through its table,
-    equal the contiguous cache's, quantized the same way (each page a group of its own) and dequantized whole."""
+def test_the_truths_dequantization_agrees_with_the_paths(layout, page_size):
+    """The float64 truths' own reading (reference.dequant64) of some sequences of a quantized cache, a paged
+    (shuffled) one's through its table, equals the paths' (kv_quant.dequantize) of the contiguous cache quantized the
+    same way (each page a group of its own), dequantized whole: two writings of one rule agree."""
     x = jnp.asarray(np.random.default_rng(1).standard_normal((3, 8, 2, 4)), jnp.float32)
     seqs = [2, 0]
     if page_size:
@@ -35,7 +37,7 @@ def test_dequantized_sequences_read_the_listed_sequences_through_the_page_table(
     else:
         kc, table, contiguous = x, None, x
     c, s = kq.quantize_kv_cache(kc, "int8", layout)
-    got = kq.dequantized_sequences(c, s, layout, seqs, table)
+    got = dequantized_sequences64(c, s, seqs, table)
     cw, sw = kq.quantize_kv_cache(contiguous, "int8", layout)
     want = kq.dequantize(np.asarray(cw), np.asarray(sw), layout, "float64").reshape(3, 8, 2, 4)[seqs]
     assert got.dtype == np.float64 and got.shape == (2, 8, 2, 4)

@@ -5,7 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import attnlab
 from attnlab import backends
+from attnlab.core import kv_quant as kq
 from attnlab.core.record_model import CellRecord
 from attnlab.core.problem import Problem
 from attnlab.core.serving_cost import serving_bytes
@@ -14,6 +16,8 @@ from attnlab.measure import Options
 from attnlab.measure.cell import Cell, measure_cell
 from attnlab.measure.kv_cells import kv_cache_errors
 from attnlab.measure.recount import recount
+from attnlab.reference.decode64 import check_decode_close
+from attnlab.reference.inputs import random_qkv
 from attnlab.sweep import SweepError, build
 
 
@@ -226,3 +230,23 @@ def test_a_wrong_sequence_the_float64_sample_misses_fails_the_whole_check(base, 
         backends.unregister("fake-wrong-scale")
     assert rec["status"] == "incorrect" and "output wrong (every sequence)" in rec["reason"], rec["reason"]
     assert rec["checks"]["float64_dequantized"]["ok"] and not rec["checks"]["every_sequence_float32_device"]["ok"]
+
+
+def test_a_wrong_dequantization_in_the_paths_fails_every_verdict(monkeypatch):
+    """The masked paths divide by the scale instead of multiplying (a convention mix-up): the truths read the cache
+    with their own code (reference.dequant64), so check_decode_close, the decode cell and the serving cell fail it."""
+    from attnlab.backends import masked_decode
+
+    monkeypatch.setattr(masked_decode, "dequantize", lambda c, s, layout, dtype, xp: (
+        xp.asarray(c).astype(dtype) / kq.broadcast_scale(xp.asarray(s).astype(dtype), layout, xp)))
+    q, k, v = random_qkv(2, 1, 64, 4, 2, 16, "bfloat16", seed=3)
+    (kc, ks), (vc, vs) = (kq.quantize_kv_cache(x, "fp8", "head") for x in (k, v))
+    lens = np.array([64, 40], np.int32)
+    out = attnlab.decode_attention(q, kc, vc, lens, k_scale=ks, v_scale=vs, implementation="xla")
+    assert not check_decode_close(out, q, kc, vc, lens, k_scale=ks, v_scale=vs).ok
+    decode = Cell("xla", 2, 2, 64, 4, 2, 16, "bfloat16", True, lengths="ragged", kv_dtype="fp8")
+    serving = Cell("xla", 3, 2, 64, 4, 2, 16, "bfloat16", True, lengths="one-long", kv_dtype="fp8",
+                   prefill_chunks="1x8")
+    for cell in (decode, serving):
+        rec = measure_cell(cell, Options(repeats=1, warmup=0, min_time_s=0.0, compile_ahead=False))
+        assert rec["status"] == "incorrect", (cell.label, rec["status"], rec.get("reason"))

@@ -13,8 +13,8 @@ cache's form (contiguous (B, S_max, K, H) or pages (P, page_size, K, H), ``attnl
 chosen granularity divided by the dtype's largest value (``QMAX``: 448 for e4m3, 57344 for e5m2, 127 for
 int8), the values divided by it, int8 rounded to the nearest integer; an all-zero group gets scale 1.
 ``check_kv_scales`` is the one place a call's cache dtype and scales are checked (errors name the
-argument and the rule); ``dequantize`` is the math every reference and generic path uses
-(``dequantized_sequences``: some sequences of a cache, contiguous or paged, as a check reads them).
+argument and the rule); ``dequantize`` is the math the generic (masked) paths use; the float64 truths read a
+cache with their own (``attnlab.reference.dequant64``), so a bug here cannot pass as right.
 """
 from __future__ import annotations
 
@@ -138,18 +138,6 @@ def dequantized_cache(cache, scale, layout: str, page_table=None, dtype="float32
         return x
     table = xp.asarray(page_table)
     return x[table.reshape(-1)].reshape(table.shape[0], -1, *x.shape[2:])
-
-
-def dequantized_sequences(cache, scale, layout: str, seqs, page_table=None, dtype="float64") -> np.ndarray:
-    """(len(seqs), S_max, K, H) in ``dtype``: the sequences ``seqs`` (batch indices) of a quantized cache with its
-    ``layout`` scale (as ``quantize_kv_cache`` made them), dequantized; a paged cache (P, page_size, K, H) is read
-    through its ``page_table`` (B, pages_per_seq). Only those sequences' codes and scales leave the device (a long
-    cache in float64 is many GiB)."""
-    idx = np.asarray(seqs, np.int64)
-    rows = idx if page_table is None else np.asarray(page_table)[idx].reshape(-1)   # each sequence's pages, in order
-    s = np.asarray(scale[rows]) if layout in ("token", "page") else np.asarray(scale)   # head, tensor: shared
-    out = dequantize(np.asarray(cache[rows]), s, layout, dtype)
-    return out.reshape(len(idx), -1, *out.shape[2:])
 
 
 _REDUCE = {"tensor": (0, 1, 2, 3), "head": (0, 1, 3), "page": (1, 3), "token": (3,)}

@@ -10,7 +10,7 @@ cache): the sampled batch elements (every one up to ``CHECKED_SEQUENCES``, else 
 first to the last) against float64 of the *dequantized* cache (``decode64.dequantized_errors``: ``check_decode_close``'s decode tolerance policy, the
 kernel-like emulation as its baseline), so the check judges the kernel and not the quantization. The cache it
 dequantizes is the timed call's own, its codes and scales of the first set (quantized once, as a serving cell's
-is; ``kv_quant.dequantized_sequences`` reads a paged cache through its table). The cost of
+is; ``reference.dequant64``, apart from the paths' ``kv_quant``, reads a paged cache through its table). The cost of
 the quantization goes to the record beside it: ``kv_rel_err``, the same output's relative L2 error against
 float64 of the unquantized K/V.
 """
@@ -20,9 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..api.decode import decode_attention
-from ..core.kv_quant import SCALE_LAYOUTS, canonical_kv_dtype, dequantized_sequences, quantize_kv_cache
+from ..core.kv_quant import SCALE_LAYOUTS, canonical_kv_dtype, quantize_kv_cache
 from ..kernels.pages import to_pages
 from ..reference.decode64 import dequantized_errors, reference_decode_attention
+from ..reference.dequant64 import dequantized_sequences64
 from ..reference.inputs import make_qkv
 from ..reference.tolerance import rel_l2
 from .outcome import judged
@@ -101,7 +102,7 @@ def check_output(out, inputs, caches, cell, extras: dict) -> dict:
     lens = np.asarray(cell.kv_lengths())[bi]
     qs, o = np.asarray(q)[bi], np.asarray(out)[bi]
     kw = dict(causal=cell.causal, logits_soft_cap=cell.soft_cap, **semantics(cell, extras))
-    kd, vd = (dequantized_sequences(c, s, cell.kv_scale, bi, *table) for c, s in ((kc, ks), (vc, vs)))
+    kd, vd = (dequantized_sequences64(c, s, bi, *table) for c, s in ((kc, ks), (vc, vs)))
     v64, kv_rel_err = dequantized_errors(o, qs, kd, vd, np.asarray(k)[bi], np.asarray(v)[bi], lens, **kw)
     rule = f"{v64.rule}; against the float64 of the dequantized cache (sampled batch elements {bi})"
     verdict = {"ok": v64.ok, "rel_err": v64.rel_err, "limit": v64.limit, "batch": bi,

@@ -22,7 +22,7 @@ the check reads the contiguous caches they were made from. The cell's ``window``
 causal), ``sinks`` (``reference.inputs.random_sinks``) and soft cap go to the call, the reference and the
 emulation alike; with ``kv_dtype`` the cache is quantized before timing (``quantize_kv_cache``, per page with
 ``page``), the check reads the sampled requests' *dequantized* cache (that quantized cache's codes and scales,
-``kv_quant.dequantized_sequences``, made here with the timed cache) and ``kv_rel_err`` is the same rows' error
+``reference.dequant64``, made here with the timed cache) and ``kv_rel_err`` is the same rows' error
 against float64 of the unquantized K/V.
 """
 from __future__ import annotations
@@ -38,10 +38,11 @@ import numpy as np
 from .. import backends
 from ..api.serving import prepare_serving, serving_attention
 from ..core import device, request_lengths as rl
-from ..core.kv_quant import dequantized_sequences, quantize_kv_cache
+from ..core.kv_quant import quantize_kv_cache
 from ..core.problem import Problem
 from ..core.records import time_ms
 from ..kernels.pages import to_pages
+from ..reference.dequant64 import dequantized_sequences64
 from ..reference.inputs import INPUTS_DRAW, random_qkv, random_sinks, seed_of
 from ..reference.serving64 import sampled_requests
 from . import memory, peaks
@@ -114,7 +115,7 @@ def argument_sets(cell, p: Problem, nbytes: float, opts, phases, check_requests=
     pages of ``page_size`` tokens (``to_pages``; None: contiguous), the cache quantized (``quantize_kv_cache``)
     with ``kv_dtype`` (None: the scales are None), made before the timed call. With ``kv_dtype`` the first timed
     set's cache, quantized once, also gives the check its values: (k, v) of the requests ``check_requests``
-    (``reference.serving64.sampled_requests``), each (len, S, K, H) float64 dequantized (``dequantized_sequences``);
+    (``reference.serving64.sampled_requests``), each (len, S, K, H) float64 dequantized (``dequantized_sequences64``);
     else None."""
     sem = call_semantics(cell)
     sheet = peaks.peak_for_kind(device.current().kind)
@@ -135,8 +136,7 @@ def argument_sets(cell, p: Problem, nbytes: float, opts, phases, check_requests=
         if cell.kv_dtype:
             (k, ks), (v, vs) = (quantize_kv_cache(x, cell.kv_dtype, cell.kv_scale) for x in (k, v))
             if not timed and len(check_requests):
-                dequantized = tuple(dequantized_sequences(c, s, cell.kv_scale, check_requests, table)
-                                    for c, s in ((k, ks), (v, vs)))
+                dequantized = tuple(dequantized_sequences64(c, s, check_requests, table) for c, s in ((k, ks), (v, vs)))
         timed.append((q, k, v, starts, kv, table, ks, vs))
     return sets[0], timed, sem, dequantized
 

@@ -21,10 +21,11 @@ import ml_dtypes
 import numpy as np
 
 from . import rules
+from .dequant64 import dequantized_cache64
 from .float64 import Verdict, rel_l2, tolerance
 from .tolerance import TF32_LIMIT, policy_limit, row_rel_err
 from ..core.checks import check_soft_cap
-from ..core.kv_quant import check_kv_scales, dequantize
+from ..core.kv_quant import check_kv_scales
 
 _LOW = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 DECODE_FACTOR = 2.0
@@ -64,8 +65,8 @@ def dequantized64(k_cache, v_cache, k_scale=None, v_scale=None):
     scales () per tensor, (K,) per KV head or (B, S_max, K) per token) dequantized in float64."""
     if k_scale is None and v_scale is None:
         return tuple(np.asarray(x).astype(np.float64) for x in (k_cache, v_cache))
-    _, layout = check_kv_scales(k_cache, v_cache, k_scale, v_scale, paged=False)
-    return tuple(dequantize(np.asarray(c), np.asarray(s), layout, "float64") for c, s in ((k_cache, k_scale), (v_cache, v_scale)))
+    check_kv_scales(k_cache, v_cache, k_scale, v_scale, paged=False)       # the call's rules: the scales fit
+    return tuple(dequantized_cache64(c, s) for c, s in ((k_cache, k_scale), (v_cache, v_scale)))
 
 
 def reference_decode_attention(q, k_cache, v_cache, kv_lengths, *, causal=True, scale=None, emulate=None,
