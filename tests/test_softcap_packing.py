@@ -1,5 +1,7 @@
 """logits_soft_cap and packed segment ids: validation, every CPU path against the float64 reference
 (gradients included), the device reference, decode_attention, and the cuDNN packed layout."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -260,3 +262,29 @@ def test_segment_ids_past_int32_are_refused_not_read_as_padding():
     small = (ids - np.uint32(0x80000000)).astype(np.uint32)          # the same documents, ids 0 and 1: run
     assert bool(jnp.all(jnp.isfinite(attnlab.attention(q, k, v, query_segment_ids=small, key_value_segment_ids=small,
                                                        implementation="naive"))))
+
+
+@pytest.mark.parametrize("kind", ["attention", "decode", "serving"])
+def test_a_cap_of_50_that_a_path_drops_fails_the_cells_check(monkeypatch, kind):
+    """N(0, 1) logits barely feel 50 tanh(x / 50): a path that dropped the cap passed. A soft-capped cell draws q
+    times cap / 5 (reference.inputs.cap_reach), so the cap bends its logits and its check catches the path."""
+    from attnlab import backends
+    from attnlab.backends import xla
+    from attnlab.measure.cell import Cell, Options, measure_cell
+
+    opts = Options(repeats=1, warmup=0, min_time_s=0.0, max_input_sets=1, compile_ahead=False)
+    cell = {"attention": Cell("blind-soft_cap", 1, 64, 64, 2, 2, 64, "bfloat16", True, soft_cap=50.0),
+            "decode": Cell("blind-soft_cap", 2, 1, 256, 4, 2, 64, "bfloat16", True, lengths="ragged", soft_cap=50.0),
+            "serving": Cell("xla", 3, 2, 128, 4, 2, 64, "bfloat16", True, lengths="one-long", soft_cap=50.0,
+                            prefill_chunks="1x8")}[kind]
+    good = measure_cell(dataclasses.replace(cell, backend="naive") if kind != "serving" else cell, opts)
+    assert good["status"] == "ok" and "q x10" in good["inputs_draw"], good["reason"]
+    real = xla.masked_serving
+    monkeypatch.setattr(xla, "masked_serving", lambda *a, soft_cap=None, **k: real(*a, **k))
+    backends.register(_Blind("blind-soft_cap"))
+    try:
+        # serving: another batch, as the good step's compiled function is kept for its shapes
+        assert measure_cell(dataclasses.replace(cell, batch=4) if kind == "serving" else cell, opts)["status"] == \
+            "incorrect"
+    finally:
+        backends._REGISTRY.pop("blind-soft_cap", None)

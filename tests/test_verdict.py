@@ -204,3 +204,23 @@ def test_a_minus_inf_bias_row_is_judged_as_jax_nn_computes_it():
     ref = attnlab.reference_attention(q, k, v, bias=hidden, is_causal=True)
     assert np.allclose(np.asarray(ref)[0, 0, 0], v[0, 1:, 0].mean(axis=0))              # the causally hidden keys
     assert np.allclose(np.asarray(attnlab.reference_attention(q, k, v, bias=low, is_causal=True))[0, 0, 0], v[0, 0, 0])
+
+
+@pytest.mark.parametrize("bug", ["window sides swapped", "default scale 1/H"])
+def test_a_wrong_reading_of_the_arguments_in_the_paths_fails_check_close(monkeypatch, bug):
+    """prepare (the paths' reading of the arguments) reads the window's sides the wrong way round, or the default
+    scale as 1/H: check_close reads both from the arguments itself, so the paths' wrong outputs fail it."""
+    from attnlab.core import prepare as pr
+    from attnlab.core.call import Call
+
+    if bug == "window sides swapped":
+        monkeypatch.setattr(pr, "normalise_window", lambda w: None if w is None else tuple(reversed(w)))
+        kw = dict(local_window_size=(16, 4))
+    else:
+        real = Call.__init__
+        monkeypatch.setattr(Call, "__init__", lambda self, problem, scale, *a, **k: real(
+            self, problem, 1.0 / problem.head_dim, *a, **k))
+        kw = {}
+    q, k, v = random_qkv(2, 64, 64, 4, 2, 32, "float32", seed=4)
+    out = attnlab.attention(q, k, v, implementation="xla", **kw)
+    assert not check_close(out, q, k, v, **kw).ok

@@ -20,7 +20,7 @@ import numpy as np
 from ..core import device, strategies
 from ..core.call import Call
 from ..core.prepare import prepare
-from ..reference.inputs import INPUTS_DRAW, draw_sets, random_sinks
+from ..reference.inputs import cap_reach, draw_sets, inputs_draw, random_sinks
 from . import peaks
 from .outcome import Skip, Status, classify
 
@@ -54,7 +54,9 @@ def cell_inputs(cell, backend, opts, rec: dict, phases) -> CellInputs:
                              range(opts.seed, opts.seed + n))
         except Exception as e:  # noqa: BLE001
             raise Skip(*classify(e, "run"))
-    rec.update(input_sets=len(sets), inputs_draw=INPUTS_DRAW)
+    if (f := cap_reach(cell.soft_cap)) != 1:
+        sets = [(q * jnp.asarray(f, q.dtype), k, v) for q, k, v in sets]
+    rec.update(input_sets=len(sets), inputs_draw=inputs_draw(cell.soft_cap))
     q0, k0, v0 = sets[0]
     if np.dtype(q0.dtype).name != cell.dtype:
         raise Skip(Status.UNSUPPORTED, f"dtype {cell.dtype}: JAX made {np.dtype(q0.dtype).name} inputs "

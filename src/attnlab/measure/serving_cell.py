@@ -43,7 +43,7 @@ from ..core.problem import Problem
 from ..core.records import time_ms
 from ..kernels.pages import to_pages
 from ..reference.dequant64 import dequantized_sequences64
-from ..reference.inputs import INPUTS_DRAW, random_qkv, random_sinks, seed_of
+from ..reference.inputs import cap_reach, inputs_draw, random_qkv, random_sinks, seed_of
 from ..reference.serving64 import sampled_requests
 from . import memory, peaks
 from .budget import compile_within_budget
@@ -125,6 +125,7 @@ def argument_sets(cell, p: Problem, nbytes: float, opts, phases, check_requests=
     with phases("inputs"):
         for i in range(n):
             q = random_qkv(1, p.q_len, 1, p.heads, p.kv_heads, p.head_dim, p.dtype, seed=opts.seed + i)[0][0]
+            q = q * jnp.asarray(cap_reach(cell.soft_cap), q.dtype)
             _, k, v = random_qkv(p.batch, 1, p.kv_len, p.heads, p.kv_heads, p.head_dim, p.dtype,
                                  seed=opts.seed + 50 + i)
             sets.append((q, k, v, starts, kv))
@@ -179,7 +180,7 @@ def compile_run(backend, cell, opts, rec: dict, phases, cupti: bool, ahead=None)
     seed = request_seed(cell)
     checked = sampled_requests(q_lens, kv_lens) if opts.check else []
     contiguous, args, kw, dequantized = argument_sets(cell, p, rec["bytes"], opts, phases, checked)
-    rec.update(request_lengths=p.lengths_record(seed), inputs_draw=INPUTS_DRAW, input_sets=len(args))
+    rec.update(request_lengths=p.lengths_record(seed), inputs_draw=inputs_draw(cell.soft_cap), input_sets=len(args))
     first = prepare_serving(*args[0][:5], page_table=args[0][5], k_scale=args[0][6], v_scale=args[0][7], **kw)
     if why := backend.supports_serving(first):   # the backend in hand (measure_cell found it available)
         raise Skip("unsupported", f"{backend.name}: {why}")

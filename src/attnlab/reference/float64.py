@@ -111,9 +111,10 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
     q = _round(_np(p.query), low)
     # (B, K, S, H) in the inputs' dtype, never expanded to N heads; made float64 a block of keys at a time
     kg, vg = (np.asarray(x).transpose(0, 2, 1, 3) for x in (p.key, p.value))
-    sc = float(p.scale)
-    vis = np.broadcast_to(_visible(T, S, B, sp.is_causal, sp.window, p.mask, p.kv_lengths, query_offset,
-                                   query_positions, p.q_segment_ids, p.kv_segment_ids), (B, N, T, S))
+    # the scale and the window read here from the arguments, apart from prepare's reading (the paths')
+    sc = 1.0 / np.sqrt(np.shape(query)[-1]) if scale is None else float(np.asarray(scale).reshape(()))
+    vis = np.broadcast_to(_visible(T, S, B, bool(is_causal), _window(local_window_size), p.mask, p.kv_lengths,
+                                   query_offset, query_positions, p.q_segment_ids, p.kv_segment_ids), (B, N, T, S))
     logits = _f32(_scores(_rows(q, K), kg, low).reshape(B, N, T, S) * sc, low)
     if p.bias is not None:
         logits = logits + _np(p.bias)
@@ -146,6 +147,16 @@ def _forward(query, key, value, bias=None, mask=None, *, scale=None, is_causal=F
     lse = np.where(q_keep[:, :, None], lse, -np.inf)
     sink_probs = None if sink is None else (sink_w / np.where(denom == 0, 1.0, denom))[..., 0]
     return _Forward(probs, out, q, kg, vg, sc, q_keep, p.out_shape, cap_slope, lse, empty, sink_probs)
+
+
+def _window(local_window_size) -> tuple[int, int] | None:
+    """jax.nn's reading of ``local_window_size``: an int w is (w, w), a pair is (left, right)."""
+    if local_window_size is None:
+        return None
+    if np.ndim(local_window_size) == 0:
+        return int(local_window_size), int(local_window_size)
+    left, right = local_window_size
+    return int(left), int(right)
 
 
 def _kept_rows(p, B: int, T: int) -> np.ndarray:

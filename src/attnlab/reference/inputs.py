@@ -42,6 +42,20 @@ import numpy as np
 #: (q, k, v from ``split(key(seed), 3)``, cotangents from ``key(seed + 100 + i)``, ``_normal``'s buckets),
 #: bit-identical to every attnlab draw before the field existed. A new draw must get a new name.
 INPUTS_DRAW = "threefry-v1"
+#: A soft-capped cell's q is drawn times max(1, cap / CAP_REACH): N(0, 1) logits barely feel 50 tanh(x / 50) (a call
+#: that dropped the cap passed its check); logits of sd cap / 5 reach ~0.8 cap, where tanh bends them by ~15%
+CAP_REACH = 5.0
+
+
+def cap_reach(soft_cap) -> float:
+    """The factor a cell with ``soft_cap`` (None: none) draws its q times (``CAP_REACH``)."""
+    return 1.0 if soft_cap is None else max(1.0, float(soft_cap) / CAP_REACH)
+
+
+def inputs_draw(soft_cap) -> str:
+    """The record's ``inputs_draw``: ``INPUTS_DRAW``, and q's factor where the soft cap scales it."""
+    f = cap_reach(soft_cap)
+    return INPUTS_DRAW if f == 1 else f"{INPUTS_DRAW}, q x{f:g} (the soft cap's reach)"
 
 #: Tensors up to this many elements are drawn from one flat draw of a power-of-two size (see ``_normal``).
 _BUCKET_MAX = 2**22
