@@ -295,6 +295,8 @@ def _inputs(B=2, T=4, S=16, N=4, K=2, H=8, dtype="float32"):
     (lambda q, k, v: (q, k, v, np.array([16])), ValueError, r"kv_lengths must have shape \(B,\)=\(2,\)"),
     (lambda q, k, v: (q, k, v, np.array([16.0, 16.0])), TypeError, "kv_lengths must be an integer array"),
     (lambda q, k, v: (q[0], k, v, np.array([16, 16])), ValueError, r"q must have rank 4 \(B, T, N, H\)"),
+    (lambda q, k, v: (q, k[..., None], v[..., None], np.array([16, 16])), ValueError, r"k_cache must have rank 4 \(B, S_max"),
+    (lambda q, k, v: (q, k[:, :, 0], v[:, :, 0], np.array([16, 16])), ValueError, r"k_cache must have rank 4 \(B, S_max"),
     (lambda q, k, v: (q, k, v[:, :8], np.array([8, 8])), ValueError, "v_cache shape"),
     (lambda q, k, v: (q, k[:, :3], v[:, :3], np.array([3, 3])), ValueError, "S_max=3 must be >= T=4"),
     (lambda q, k, v: (q[:, :, :3], k, v, np.array([16, 16])), ValueError, "N=3 must be a multiple of k_cache heads K=2"),

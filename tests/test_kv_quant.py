@@ -66,6 +66,18 @@ def test_quantize_kv_cache_is_absmax_over_qmax_per_group():
     assert np.asarray(attnlab.quantize_kv_cache(jnp.asarray(x), "int8", "token")[1])[1, 3, 0] == 1.0
     with pytest.raises(ValueError, match="kv cache dtype must be one of"):
         attnlab.quantize_kv_cache(jnp.asarray(x), "fp4")
+    assert [kq.canonical_kv_dtype(n) for n in ("FP8", "E5M2", "Int8")] == ["float8_e4m3fn", "float8_e5m2", "int8"]
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "e5m2", "int8"])
+def test_a_group_of_tiny_values_keeps_finite_codes(dtype):
+    """amax / QMAX below float32's smallest normal gave scale 0 and codes 0/0 = NaN (every row reading the group NaN):
+    the scale is at least float32's tiny, so the codes stay in range and dequantize close to the values."""
+    x = jnp.asarray(np.array([1.0, -0.7, 0.3, 0.0], np.float32).reshape(1, 1, 1, 4) * 1e-37)
+    c, s = attnlab.quantize_kv_cache(x, dtype, "token")
+    back = np.asarray(kq.dequantize(np.asarray(c), np.asarray(s), "token", "float64"))
+    assert np.all(np.isfinite(back)) and float(s.reshape(())) > 0
+    np.testing.assert_allclose(back, np.asarray(x, np.float64), rtol=0.3, atol=0.02e-37)
     with pytest.raises(ValueError, match="granularity must be one of"):
         attnlab.quantize_kv_cache(jnp.asarray(x), "fp8", "channel")
 
@@ -82,6 +94,7 @@ _KQ, _KS = attnlab.quantize_kv_cache(_K, "fp8")
 _VQ, _VS = attnlab.quantize_kv_cache(_V, "fp8")
 _BAD = {   # (k_cache, v_cache, kwargs) -> (error type, message)
     "no scales": ((_KQ, _VQ, {}), (TypeError, "k_cache has the quantized dtype float8_e4m3fn: give k_scale and v_scale")),
+    "no scales, v quantized": ((_K, _VQ, {}), (TypeError, "v_cache has the quantized dtype float8_e4m3fn: give k_scale")),
     "scales on bf16": ((_K, _V, dict(k_scale=_KS, v_scale=_VS)), (TypeError, "k_cache must have a quantized dtype")),
     "one scale": ((_KQ, _VQ, dict(k_scale=_KS)), (ValueError, "k_scale and v_scale go together")),
     "bad shape": ((_KQ, _VQ, dict(k_scale=_KS[:, :4], v_scale=_VS)), (ValueError, r"k_scale shape \(2, 4, 2\) is not a scale layout")),

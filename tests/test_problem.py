@@ -131,6 +131,11 @@ def test_decode_call_holds_a_problem():
         spec.max_len = 3
     att = spec.as_attention()       # decode's causal tail is a mask there, not attention's top-left is_causal
     assert att.problem == dataclasses.replace(spec.problem, causal=False) and att.mask_shape == (2, 1, 4, 12)
+    # the quantized cache of the older constructor becomes the problem's (its bytes at one byte a value)
+    fp8 = DecodeSpec(Problem(2, 1, 64, 8, 2, 64, "bfloat16", True, decode=True), kv_dtype="fp8", kv_scale="token")
+    assert fp8.kv_dtype == "float8_e4m3fn" and fp8.problem.kv_bytes() == 2 * 2 * 64 * 2 * 64 + 2 * 4 * 2 * 64 * 2
+    with pytest.raises(ValueError, match=r"kv_scale must be one of .* \(page: with page_size\), got 'page'"):
+        Problem(1, 1, 64, 8, 8, 64, kv_dtype="fp8", kv_scale="page", decode=True)
 
 
 def test_one_call_type_for_attention_decode_and_serving():

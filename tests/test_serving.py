@@ -283,6 +283,21 @@ def test_bad_arguments_raise_named_errors(over, err, words):
     assert words in str(e.value)
 
 
+@pytest.mark.parametrize("starts,kv,words", [
+    ([0, 2], [200], "kv_lengths[0]=200 must lie in [q_len, S_max]=[2, 160]"),
+    ([0, 2], [1], "kv_lengths[0]=1 must lie in [q_len, S_max]=[2, 160]"),
+    ([1, 3], [20], "q_starts[0]=1 must be 0"),
+    ([0, 2], [[20, 30]], "kv_lengths must have shape (B,), got (1, 2)"),
+])
+def test_one_request_is_checked_as_many_are(starts, kv, words):
+    args = _call()
+    args.update(k_cache=args["k_cache"][:1], v_cache=args["v_cache"][:1], q_starts=np.array(starts, np.int32),
+                kv_lengths=np.array(kv, np.int32))
+    with pytest.raises(ValueError) as e:
+        attnlab.serving_attention(**args, implementation="xla")
+    assert words in str(e.value)
+
+
 def test_explain_and_refusals():
     args = _call()
     ex = attnlab.explain_serving(**args)

@@ -148,7 +148,8 @@ def quantize_kv_cache(cache, dtype: str = "float8_e4m3fn", granularity: str = "t
 
     ``dtype``: ``float8_e4m3fn``, ``float8_e5m2``, ``int8`` or a short name (``fp8``, ``e5m2``).
     ``granularity``: ``token`` (scale (B, S_max, K) / (P, page_size, K)), ``page`` (pages only: (P, K)),
-    ``head`` ((K,)) or ``tensor`` (()). scale = absmax of the group / QMAX[dtype] (1 for an all-zero group);
+    ``head`` ((K,)) or ``tensor`` (()). scale = absmax of the group / QMAX[dtype], at least float32's tiny (1 for
+    an all-zero group);
     stored = value / scale, rounded to the nearest integer for int8, in range by construction.
     JAX in, JAX out (also under ``jax.jit``)."""
     import jax.numpy as jnp  # heavy: jax, core imports no JAX
@@ -161,7 +162,9 @@ def quantize_kv_cache(cache, dtype: str = "float8_e4m3fn", granularity: str = "t
                          f"got shape {tuple(getattr(cache, 'shape', ()))}")
     x = jnp.asarray(cache).astype(jnp.float32)
     amax = jnp.max(jnp.abs(x), axis=_REDUCE[granularity])
-    scale = jnp.where(amax > 0, amax / QMAX[dtype], 1.0).astype(jnp.float32)
+    # at least float32's smallest normal: a group of tiny values (amax < QMAX x 1.2e-38) gave scale 0, codes 0/0 = NaN
+    tiny = jnp.finfo(jnp.float32).tiny
+    scale = jnp.where(amax > 0, jnp.maximum(amax / QMAX[dtype], tiny), 1.0).astype(jnp.float32)
     y = x / broadcast_scale(scale, granularity, jnp)
     if dtype == "int8":
         y = jnp.round(y)
