@@ -54,6 +54,8 @@ def test_cost_counts_exactly_the_visible_pairs():
     assert causal_pairs(starts, kv) == brute
     assert serving_flops(starts, kv, heads=8, head_dim=16) == 4 * 8 * 16 * brute
     assert serving_bytes(starts, kv, 8, 2, 16, 2) == 2 * 44 * 2 * 16 * 2 + 2 * 9 * 8 * 16 * 2
+    # an int8 cache with a scale per KV head: 1-byte K/V, a float32 K and V scale per KV head, q and out in 2 bytes
+    assert serving_bytes([0, 1], [4], 2, 2, 4, 2, kv_itemsize=1, kv_scale="head") == 2 * 4 * 2 * 4 + 2 * 4 * 2 + 2 * 2 * 4 * 2
     # B=32 decodes at 32k, G=4, H=128: bandwidth-bound, 32 x 32768 x 8 heads x 2 x 256 B / 4.8 TB/s
     big = serving_roofline_s(np.arange(33), np.full(32, 32768), 32, 8, 128)
     assert big == pytest.approx(serving_bytes(np.arange(33), np.full(32, 32768), 32, 8, 128, 2) / 4.8e12)

@@ -260,14 +260,20 @@ class Problem:
 
     def scale_bytes(self) -> int:
         """Bytes of the float32 k_scale and v_scale the forward pass reads (0 for a float cache): per KV head, one
-        per token of the keys it reads (``token``), per page of them (``page``: from a decode window's first key)
-        or one (``head``); one in all (``tensor``)."""
+        per token of the keys it reads (``token``), per page of them (``page``: of the keys a row's queries read, from
+        a decode window's first key; top-left aligned, up to its last query's reach or its documents' end) or one
+        (``head``); one in all (``tensor``)."""
         if self.kv_dtype is None or self.kv_scale in ("head", "tensor"):
             return 0 if self.kv_dtype is None else 2 * 4 * (self.kv_heads if self.kv_scale == "head" else 1)
         kv, q = (np.asarray(x or (n,) * self.batch) for x, n in ((self.kv_lengths, self.kv_len), (self.q_lengths, self.q_len)))
+        end = kv
+        if not self.decode:     # query t reads keys up to t + hi (keys from 0: lo <= 0); a packed row its documents'
+            hi = pairs.band(self.causal, self.window, self.q_len + self.kv_len + 1)[1]
+            end = (np.array([sum(r) for r in self.doc_lengths]) if self.doc_lengths is not None
+                   else np.minimum(kv, q + hi))
         first = np.maximum(kv - q - self.window[0], 0) if self.window is not None and self.decode else np.zeros_like(kv)
-        first = np.where(q > 0, first, kv)       # an idle serving slot reads no page
-        per_head = self.kv_tokens() if self.kv_scale == "token" else kv_quant.pages_read(first, kv, self.page_size)
+        first = np.where(q > 0, first, end)       # a row of no query (an idle serving slot) reads no page
+        per_head = self.kv_tokens() if self.kv_scale == "token" else kv_quant.pages_read(first, end, self.page_size)
         return 2 * 4 * per_head * self.kv_heads
 
 
