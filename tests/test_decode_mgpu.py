@@ -131,6 +131,10 @@ def test_the_plan_picks_mosaic_above_64_rows_on_hopper_only():
         pick(2, 1024, 8, 8, 256, "bfloat16", compute_capability=(9, 0), requested="mosaic")
     with pytest.raises(ValueError, match="kernel must be"):
         pick(2, 1024, 8, 8, 64, "bfloat16", compute_capability=(9, 0), requested="cuda")
+    # a quantized cache: the Triton kernel, and a request for Mosaic GPU says why not (it ran Triton silently)
+    assert pick(16, 32768, 28, 4, 128, "bfloat16", compute_capability=(9, 0), quantized=True) == "triton"
+    with pytest.raises(ValueError, match="quantized cache runs on the Triton kernel"):
+        pick(2, 1024, 8, 8, 64, "bfloat16", compute_capability=(9, 0), requested="mosaic", quantized=True)
 
 
 def test_decode_attention_pallas_runs_the_requested_mosaic_kernel():

@@ -235,7 +235,7 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
         # T*G > 64 rows on Hopper, or a window with kernel="mosaic": the wgmma kernel (decode_mgpu_plan.pick_kernel)
         if decode_mgpu.pick_kernel(T, S, N, K, H, str(q.dtype), compute_capability=None if interpret else cc,
                                    page_size=page_size, soft_cap=soft_cap, window=window,
-                                   requested="triton" if kv_scale else requested) == "mosaic":
+                                   requested=requested, quantized=bool(kv_scale)) == "mosaic":
             return decode_mgpu.decode_attention_mgpu(q, k, v, lengths, causal=causal, scale=scale,
                                                      interpret=decode_mgpu.gpu_interpreter() if interpret else False,
                                                      page_table=page_table, sinks=sinks, window=window)

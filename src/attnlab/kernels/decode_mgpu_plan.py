@@ -42,7 +42,7 @@ def smem_bytes(block_kv: int, max_steps: int, head_dim: int, itemsize: int = 2, 
 
 def unsupported(q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: int, dtype: str,
                 block_kv: int = 64, compute_capability=None, page_size: int | None = None,
-                soft_cap=None) -> str | None:
+                soft_cap=None, quantized: bool = False) -> str | None:
     """Why this kernel cannot run the shape, or None (``compute_capability`` None: not asked)."""
     if compute_capability is not None and tuple(compute_capability) != (9, 0):
         return f"mosaic decode: wgmma needs sm_90 (Hopper), device is sm_{compute_capability[0]}{compute_capability[1]}"
@@ -56,6 +56,8 @@ def unsupported(q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: in
         return f"mosaic decode: page size {page_size} is not a power of two >= 16"
     if soft_cap is not None:
         return "mosaic decode: soft cap runs on the Triton kernel"
+    if quantized:
+        return "mosaic decode: a quantized cache runs on the Triton kernel"
     return None
 
 
@@ -125,7 +127,7 @@ def program_blocks(length, split, *, q_len: int, block_kv: int, num_splits: int,
 
 def pick_kernel(q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: int, dtype: str, *,
                 compute_capability, page_size: int | None = None, soft_cap=None, requested: str | None = None,
-                window=None) -> str:
+                window=None, quantized: bool = False) -> str:
     """"mosaic" or "triton": the requested kernel, else Mosaic GPU above ``MOSAIC_MIN_ROWS`` rows where it runs.
     A windowed call (``window`` not None) runs Mosaic GPU only when requested: its default waits for a GPU
     measurement (``benchmarks/decode/window_gpu.py --kernels``).
@@ -133,7 +135,8 @@ def pick_kernel(q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: in
     Raises ``ValueError`` when "mosaic" is requested for a call it cannot run (with the reason).
     """
     why = unsupported(q_len, kv_len, heads, kv_heads, head_dim, dtype, block_kv=default_block_kv(kv_len),
-                      compute_capability=compute_capability, page_size=page_size, soft_cap=soft_cap)
+                      compute_capability=compute_capability, page_size=page_size, soft_cap=soft_cap,
+                      quantized=quantized)
     if requested == "mosaic":
         if why:
             raise ValueError(why)

@@ -1,9 +1,10 @@
-"""Every configuration of the serving kernel that the GPU tests run lowers for CUDA on the CPU.
+"""attnlab-decode's kernels lower for CUDA on the CPU in every configuration the GPU tests run.
 
-``attnlab.serving_attention(implementation="attnlab-decode")`` inside a jitted step, traced lengths, with JAX
-told it has an H200: Pallas lowers the pieces and merges to Triton IR, the prefill slots to Mosaic GPU. What
-the GPU then compiles (ptxas, shared memory) and computes is tests/gpu's; this catches a lowering error on
-the CPU, before a GPU session is spent on it.
+``attnlab.serving_attention`` and ``attnlab.decode_attention`` (``implementation="attnlab-decode"``) inside a
+jitted step, lengths traced, with attnlab and JAX told they have an H200: Pallas lowers the serving pieces and
+merges and the Triton decode kernel to Triton IR, the prefill slots and the Mosaic decode kernel to Mosaic GPU.
+What the GPU then compiles (ptxas, shared memory) and computes is tests/gpu's; this catches a lowering error
+on the CPU, before a GPU session is spent on it.
 """
 import jax
 import jax.numpy as jnp
@@ -11,9 +12,11 @@ import numpy as np
 import pytest
 
 import attnlab
+from attnlab import backends
 from attnlab.core import device
 from attnlab.core.kv_quant import quantize_kv_cache
 from attnlab.kernels import decode as kd
+from attnlab.kernels.decode_plan import DecodeConfig
 from attnlab.kernels.serving_plan import ServingConfig
 
 S, H = 4096, 128
@@ -88,3 +91,47 @@ def test_prefill_slots_lower_to_mosaic_gpu(h200, case, page, window, sinks, stre
                         window=window, sinks=sinks)
     assert "mosaic_gpu" in text and "__gpu$xla.gpu.triton" in text
     assert ('_xla_stream_annotation = "1"' in text) == bool(stream)
+
+
+@pytest.mark.parametrize("T,heads,page,config,options", [
+    *[(T, heads, page, {"kernel": kernel}, {}) for T in (1, 4) for heads in (G4, G7) for page in (None, 16)
+      for kernel in ("triton", "mosaic")],
+    *[(4, G4, 16, {"kernel": kernel, "direct_output": direct, "whole_blocks": True},
+       {"sinks": True, "local_window_size": 700}) for kernel in ("triton", "mosaic") for direct in (True, False)],
+    (1, G1, None, {"whole_blocks": True}, {"logits_soft_cap": 30.0}),
+    *[(T, G4, page, {"kernel": kernel, "kv_pairs": pairs}, {"quantized": q}) for T in (1, 4)
+      for q, page in ((("fp8", "token"), None), (("int8", "page"), 16)) for kernel in ("triton", None)
+      for pairs in (True, False)],
+])
+def test_decode_kernels_lower(h200, monkeypatch, T, heads, page, config, options):
+    text = decode_lowered_text(monkeypatch, T, heads, page, config, options)
+    assert ("mosaic_gpu" in text) == (config.get("kernel") == "mosaic")
+    assert ("__gpu$xla.gpu.triton" in text or "triton_kernel_call" in text) == (config.get("kernel") != "mosaic")
+
+
+def test_mosaic_decode_asked_for_a_quantized_cache_says_why_not(h200, monkeypatch):
+    with pytest.raises(ValueError, match="a quantized cache runs on the Triton kernel"):
+        decode_lowered_text(monkeypatch, 4, G4, None, {"kernel": "mosaic"}, {"quantized": ("fp8", "token")})
+
+
+def decode_lowered_text(monkeypatch, T, heads, page, config, options):
+    """The CUDA lowering's text of a jitted ``decode_attention`` on attnlab-decode configured by ``config``
+    (B=8, lengths traced)."""
+    N, K = heads
+    B = 8
+    monkeypatch.setattr(backends.get("attnlab-decode"), "config", DecodeConfig(**config))
+    s = jax.ShapeDtypeStruct
+    cache = s((B, S, K, H), jnp.bfloat16) if page is None else s((B * S // page, page, K, H), jnp.bfloat16)
+    table = None if page is None else s((B, S // page), jnp.int32)
+
+    def step(q, k, v, lengths, t):
+        kw = dict(options)
+        if kw.pop("sinks", False):
+            kw["sinks"] = jnp.linspace(-2.0, 3.0, N, dtype=jnp.float32)
+        if quantized := kw.pop("quantized", None):
+            (k, kw["k_scale"]), (v, kw["v_scale"]) = (quantize_kv_cache(x, *quantized) for x in (k, v))
+        return attnlab.decode_attention(q, k, v, lengths, page_table=t, implementation="attnlab-decode", **kw)
+
+    with kd.cuda_lowering_context():
+        return jax.jit(step).trace(s((B, T, N, H), jnp.bfloat16), cache, cache, s((B,), jnp.int32),
+                                   table).lower(lowering_platforms=("cuda",)).as_text()
