@@ -154,6 +154,18 @@ def test_decode_attention_pallas_runs_the_requested_mosaic_kernel():
     assert "InterpretGPUParams" in windowed("mosaic") and "attnlab_decode_r" in windowed(None)
 
 
+def test_a_config_says_which_kernel_it_asks_for():
+    """Triton's tiles ask for the Triton kernel; with kernel="mosaic" they are an error (they would be ignored)."""
+    assert kd.DecodeConfig().requested_kernel() is None
+    assert kd.DecodeConfig(direct_output=False).requested_kernel() is None
+    assert kd.DecodeConfig(whole_blocks=True).requested_kernel() == "triton"
+    assert kd.DecodeConfig(kernel="mosaic", direct_output=False).requested_kernel() == "mosaic"
+    q, k, v = random_qkv(1, 2, 128, 4, 1, 64, "float16", seed=0)
+    with pytest.raises(ValueError, match="block_r, num_warps tune the Triton kernel"):
+        kd.decode_attention_pallas(q, k, v, jnp.asarray([100]), interpret=True,
+                                   config=kd.DecodeConfig(kernel="mosaic", block_r=16, num_warps=2))
+
+
 def test_a_windowed_plan_splits_the_window_not_the_cache():
     full = dm.make_mgpu_plan(1, 1, 131072, 64, 8, 64)
     windowed = dm.make_mgpu_plan(1, 1, 131072, 64, 8, 64, window=(128, 0))

@@ -56,7 +56,6 @@ Tuning parameters and the split count: ``kernels.decode_plan``; the GPU's SM cou
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import math
 
@@ -229,9 +228,7 @@ def decode_attention_pallas(q, k, v, lengths, *, causal: bool = True, scale: flo
         interpret = jax.default_backend() != "gpu"
     if plan is None:
         cc = device.current().compute_capability
-        # a config that tunes the Triton kernel (block_r, ...) keeps it unless it names the kernel
-        requested = None if config is None else config.kernel or (
-            "triton" if dataclasses.replace(config, kernel=None, direct_output=True) != DecodeConfig() else None)
+        requested = None if config is None else config.requested_kernel()
         # T*G > 64 rows on Hopper, or a window with kernel="mosaic": the wgmma kernel (decode_mgpu_plan.pick_kernel)
         if decode_mgpu.pick_kernel(T, S, N, K, H, str(q.dtype), compute_capability=None if interpret else cc,
                                    page_size=page_size, soft_cap=soft_cap, window=window,

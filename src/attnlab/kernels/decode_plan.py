@@ -68,6 +68,17 @@ class DecodeConfig:
     #: fewer instructions, results/cpu-2026-12-07-whole-blocks); False (until timed on a GPU): every block masked
     whole_blocks: bool = False
 
+    def requested_kernel(self) -> str | None:
+        """The kernel asked for: ``kernel``, else "triton" where a field past ``kernel`` and ``direct_output`` tunes
+        it, else None (the plan's choice). "mosaic" with such a field is a ValueError: the Mosaic GPU kernel
+        takes none of them (it would run untuned without a word)."""
+        tuned = [f.name for f in dataclasses.fields(self)
+                 if f.name not in ("kernel", "direct_output") and getattr(self, f.name) != f.default]
+        if self.kernel == "mosaic" and tuned:
+            raise ValueError(f"DecodeConfig(kernel='mosaic'): {', '.join(tuned)} tune the Triton kernel; "
+                             "the Mosaic GPU kernel takes none of them")
+        return self.kernel or ("triton" if tuned else None)
+
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
