@@ -36,6 +36,9 @@ def test_the_first_slots_take_the_prefill_requests_that_fit_the_chunk():
     assert np.asarray(empty.prefill.slots).tolist() == [[2, 0, 0, 0]] * 2      # request B: an empty slot
     with pytest.raises(ValueError, match="prefill_chunk must be an int > decode_max_q=16"):
         sp.make_serving_plan(starts, kv, **{**kw, "config": sp.ServingConfig(prefill_slots=1)})
+    for alone in (dict(prefill_chunk=32), dict(prefill_stream=1)):     # they did nothing without a word
+        with pytest.raises(ValueError, match="do nothing without prefill_slots > 0"):
+            sp.make_serving_plan(starts, kv, **{**kw, "config": sp.ServingConfig(**alone)})
 
 
 def test_slots_on_their_own_stream_lower_as_an_annotated_call():

@@ -37,6 +37,9 @@ def take_slots(xp, q_len, kv_lengths, q_starts, cfg, max_q: int):
                          f"prefill_slots, got {chunk!r}")
     if not isinstance(cfg.prefill_stream, int) or cfg.prefill_stream < 0:
         raise ValueError(f"ServingConfig.prefill_stream must be an int >= 0, got {cfg.prefill_stream!r}")
+    if not slots and (chunk is not None or cfg.prefill_stream):
+        raise ValueError(f"ServingConfig.prefill_chunk={chunk!r} and prefill_stream={cfg.prefill_stream!r} do nothing "
+                         "without prefill_slots > 0")
     if not slots or max_q <= cfg.decode_max_q:
         return None, None
     i32 = xp.int32
