@@ -99,7 +99,8 @@ def test_bench_model_refuses_contradicting_flags():
 
     for args, msg in ((["--heads", "8"], "--heads 8 contradicts --model llama-3.1-8b (heads = 32)"),
                       (["--seq", "64"], "--seq contradicts --model"), (["--inputs", "outliers"], "measured on gaussian inputs"), (["--context", "4q"], "'4q' is not a token count"),
-                      (["--batch", "1,2"], "one value with --model")):
+                      (["--batch", "1,2"], "one value with --model"),
+                      (["--fp8-recipe", "hadamard"], "--fp8-recipe contradicts --model")):   # it was dropped
         r = CliRunner().invoke(main, ["bench", "--model", "llama-3.1-8b", *args], terminal_width=200)
         assert r.exit_code == 2 and msg in r.output, r.output
     r = CliRunner().invoke(main, ["bench", "--context", "4k", "--backends", "naive"])

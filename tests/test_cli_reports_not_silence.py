@@ -63,3 +63,12 @@ def test_a_folder_name_with_brackets_is_printed_as_written(tmp_path):
                  f"1 resumed from {out}/results.jsonl"):
         assert "".join(line.split()) in said, (line, r.output)
     assert r.exit_code == 0
+
+
+def test_combinations_a_rule_leaves_out_are_named(tmp_path):
+    """``--devices 1,2`` without a strategy: the devices=2 cells are left out by a rule; bench ran the rest and said
+    nothing of them."""
+    r = CliRunner().invoke(main, ["bench", "--backends", "naive", "--seq", "16", "--heads", "2", "--head-dim", "8",
+                                  "--dtype", "float32", "--devices", "1,2", "--out", str(tmp_path)], terminal_width=200)
+    assert r.exit_code == 0 and "combinations left out (devices): devices > 1 need a strategy" in r.output, r.output
+    assert attnlab.sweep.build(dict(backends="naive", seq="16", heads="2", head_dim="8")).left_out_notes() == []

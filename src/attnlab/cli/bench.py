@@ -100,6 +100,7 @@ def bench(config, out_dir, resume, overwrite, repeats, min_time, compile_budget,
         else:
             values, run_opts, notes = merge(config, given, name)
             sweep = build(values)
+            notes += sweep.left_out_notes()
         reps, budget, mt = run_options(run_opts, repeats=repeats, compile_budget=compile_budget, min_time=min_time)
         warmup = warmup_of(run_opts)
         if not isinstance(run_opts.get("check", True), bool):

@@ -79,6 +79,7 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
         values, run_opts, notes = merge(config, given, "tune")
         values.setdefault("backends", ",".join(tune_backends()))
         sweep = build(values)
+        notes += sweep.left_out_notes()
         if "bwd" in sweep.mode:
             raise SweepError("mode: bwd is not a mode auto picks for: tune measures fwd (a forward call) and fwd+bwd "
                              "(a training step)")

@@ -80,6 +80,9 @@ def check_model_flags(preset: ModelPreset, given: dict) -> None:
     if "inputs" in given:
         raise SweepError(f"--inputs contradicts --model {preset.name}: a model's cells are measured on gaussian inputs "
                          f"(other distributions: `attnlab bench --inputs` with the shape flags)")
+    if "fp8_recipe" in given:
+        raise SweepError(f"--fp8-recipe contradicts --model {preset.name}: a model's cells run each backend's own "
+                         f"recipe (FP8 recipes: `attnlab bench --backends cudnn-fp8 --fp8-recipe` with the shape flags)")
     for flag in REPLACED_FLAGS:
         if flag in given:
             raise SweepError(f"{flag_name(flag)} contradicts --model {preset.name}: with --model the cells come from "

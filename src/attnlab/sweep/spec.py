@@ -144,6 +144,12 @@ class _SweepMethods:
                              f"2**28 = {MAX_TOKENS} (no device holds such a cell, and estimating it would exhaust this "
                              f"host)")
 
+    def left_out_notes(self) -> list[str]:
+        """A note per rule that leaves some of the axes' combinations out (the others run: ``cells``)."""
+        left: dict[str, str] = {}
+        self.cells(left)
+        return [f"combinations left out ({name}): {rule}" for name, rule in left.items()]
+
     def cells(self, left_out: dict | None = None) -> list[Cell]:
         """The sweep's cells, its axes' product less the combinations a rule leaves out (``left_out``, when given,
         gains each such rule's field name -> the rule in words)."""
