@@ -70,6 +70,10 @@ def test_unsupported():
 def test_oom_predicted_from_compiled_memory():
     r = measure_cell(cell("naive"), Options(max_bytes=1000, repeats=2))
     assert r["status"] == "oom" and "compiled peak" in r["reason"]
+    # a serving step too (it ran past the limit without a word)
+    step = Cell("xla", 3, 1, 32, 2, 1, 8, "float32", True, lengths="one-long")
+    r = measure_cell(step, Options(max_bytes=1000, repeats=2))
+    assert r["status"] == "oom" and "compiled peak" in r["reason"] and r["wall_ms"] is None
 
 
 def test_oom_raised_while_running(fake_backend):

@@ -107,9 +107,8 @@ def compile_run(backend, cell, ins, opts, rec: dict, phases, ahead, cupti: bool)
             raise Skip(*classify(e, "compile"))
     rec.update(lower_s=lower_s, compile_s=lower_s + compile_s, compiled_ahead=ahead is not None)
     rec.update(memory.compiled_memory(compiled))
-    limit = opts.max_bytes or memory.device_bytes_limit()
-    if limit and rec["peak_bytes"] and rec["peak_bytes"] > limit:
-        raise Skip(Status.OOM, f"compiled peak {rec['peak_bytes']} bytes > device limit {limit} bytes; not run")
+    if why := memory.over_limit(rec["peak_bytes"], opts.max_bytes):
+        raise Skip(Status.OOM, why)
     return JaxRun(backend, cell, ins, fwd, compiled, arg_sets, cts, fwd_ahead, cupti)
 
 

@@ -40,3 +40,12 @@ def process_peak_bytes() -> int | None:
 def device_bytes_limit() -> int | None:
     s = device_memory_stats()
     return None if not s else s.get("bytes_limit")
+
+
+def over_limit(peak_bytes, max_bytes=None) -> str | None:
+    """Why a compiled program of ``peak_bytes`` must not run: over ``max_bytes`` (``Options.max_bytes``), else over
+    the device's limit; None when it fits or either is unknown."""
+    limit = max_bytes or device_bytes_limit()
+    if limit and peak_bytes and peak_bytes > limit:
+        return f"compiled peak {peak_bytes} bytes > device limit {limit} bytes; not run"
+    return None

@@ -202,6 +202,8 @@ def compile_run(backend, cell, opts, rec: dict, phases, cupti: bool, ahead=None)
     rec.update(lower_s=lower_s, compile_s=lower_s + compile_s, compiled_ahead=ahead is not None and not reused,
                program_reused=reused, lengths_traced=True, **memory.compiled_memory(compiled))   # a jitted step
     # whose lengths are arguments: compiled, so it runs (a refused or failed cell never ran with them)
+    if why := memory.over_limit(rec["peak_bytes"], opts.max_bytes):
+        raise Skip("oom", why)
     return ServingRun(p, compiled, args, contiguous, q_lens, kv_lens, kw, dequantized, cupti)
 
 
