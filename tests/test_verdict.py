@@ -88,6 +88,9 @@ def test_shape_errors_name_the_argument_and_the_rule(twin):
         jax.jit(lambda out, q, k, v: check_close(out, q, k, v).ok)(out, q, k, v)
     with pytest.raises(TypeError, match="^check_close needs concrete arrays"):       # a traced (out, lse) pair
         jax.jit(lambda o, l: check_close((o, l), q, k, v, return_residual=True).ok)(out, out[..., 0])
+    with pytest.raises(ValueError, match="rule= is the words of a given limit="):    # it was replaced without a word
+        check_close(out, q, k, v, rule="mine")
+    assert check_close(out, q, k, v, limit=1.0, rule="mine").rule == "mine"
 
 
 @pytest.mark.parametrize("impl,how", [("xla", "compared as jax.nn's value"), ("naive", "compared as zeros")])
