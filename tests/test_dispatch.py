@@ -370,6 +370,11 @@ def test_tune_refuses_bwd_and_prints_reasons_as_text(tmp_path, monkeypatch):
     monkeypatch.setattr(attnlab.sweep, "run_sweep", lambda *a, **k: pytest.fail("measured a bwd tune"))
     r = CliRunner().invoke(main, [*args, "--mode", "fwd,bwd"])
     assert r.exit_code == 2 and "mode: bwd is not a mode auto picks for" in r.output
+    # cells that key no entry (they were measured, then "0 dispatch entries" without why)
+    for line in ("soft_cap = [50.0]", 'inputs = ["outliers"]', "sinks = [true]"):
+        (tmp_path / "t.toml").write_text(f"[sweep]\n{line}\n")
+        r = CliRunner().invoke(main, [*args, "--config", str(tmp_path / "t.toml")])
+        assert r.exit_code == 2 and "key no entry" in r.output, r.output
 
     def run_sweep(sweep, out, on_cell, **kw):
         on_cell(sweep.cells()[0], {"status": "unavailable", "reason": "torch is not installed (pip install -e '.[torch]')"}, 0, 1)

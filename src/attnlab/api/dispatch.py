@@ -137,19 +137,26 @@ def _time(rec: dict) -> float | None:
     return None if (t := time_ms(rec)) is None else float(t)
 
 
+def not_dispatched(get: Callable[[str], object]) -> str | None:
+    """Why a cell or record (``get(field)``: its value) keys no entry: not what a plain call of its shape runs, or
+    inputs other than gaussian (they time the same kernels: one entry a shape); None where it keys one."""
+    return ("devices > 1 or a strategy" if get("strategy") or (get("devices") or 1) != 1 else
+            next((f for f in ("lengths", "packing", "sinks") if get(f)), None) or
+            ("soft_cap" if get("soft_cap") is not None else None) or
+            (None if (get("inputs") or "gaussian") == "gaussian" else "inputs other than gaussian"))
+
+
 def build(records: Iterable[dict], library_of: Callable[[str], Iterable[str]] = lambda name: (),
           date: str | None = None) -> list[dict]:
     """Dispatch entries from sweep records: per (device kind, versions, bucket), rank the backends that are ``ok`` in
     *every* measured cell of the bucket by the geometric mean of their median times (ms) there; a backend not ok in
     one cell of the bucket is left out of it, so an entry never names a backend that failed, was unchecked or refused.
-    Decode cells (``lengths``), cells of ``devices`` > 1 or a strategy, and records without ``env.device_kind`` are
-    left out. ``library_of(backend)``: the optional libraries it calls (import names, as in ``env.optional``)."""
+    Cells ``not_dispatched`` names and records without ``env.device_kind`` are left out. ``library_of(backend)``: the optional libraries it calls (import names, as in ``env.optional``)."""
     date = date or datetime.date.today().isoformat()
     groups: dict[tuple, dict] = {}
     for r in records:
-        if (r.get("strategy") or (r.get("devices") or 1) != 1 or r.get("lengths") or r.get("soft_cap") is not None
-                or r.get("packing") or r.get("sinks") or r.get("inputs", "gaussian") != "gaussian"):
-            continue   # not what a plain call of the shape runs; other inputs time the same kernels (one entry a shape)
+        if not_dispatched(r.get):
+            continue
         env = r.get("env") or {}
         if not isinstance(env.get("device_kind"), str):
             continue                      # a record that does not say where it ran keys no entry

@@ -80,6 +80,9 @@ def tune(backends, config, out, records_dir, replace, repeats, min_time, compile
         values.setdefault("backends", ",".join(tune_backends()))
         sweep = build(values)
         notes += sweep.left_out_notes()
+        if whys := sorted({w for c in sweep.cells() if (w := dispatch.not_dispatched(lambda f: getattr(c, f, None)))}):
+            raise SweepError(f"tune: auto dispatches plain calls on gaussian inputs; cells of {', '.join(whys)} would "
+                             f"be measured and key no entry (measure them with `attnlab bench`)")
         if "bwd" in sweep.mode:
             raise SweepError("mode: bwd is not a mode auto picks for: tune measures fwd (a forward call) and fwd+bwd "
                              "(a training step)")
