@@ -102,6 +102,15 @@ def test_a_quantized_decode_cell_is_checked_on_the_dequantized_cache_and_records
     assert recount(rec)["bytes"] == rec["bytes"]
 
 
+@pytest.mark.parametrize("backend,lengths", [("naive", "ragged"), ("xla", "one-long")])
+def test_a_float64_cell_dequantizes_its_cache_in_float64(backend, lengths):
+    """A float64 decode (naive) or serving (xla) cell: the masked path and every check dequantize in float64 (in
+    float32, stored x scale rounded: "incorrect" at 2.5e-8 against float64's 1e-10 limit)."""
+    cell = Cell(backend, 1, 2, 16, 2, 1, 8, "float64", True, lengths=lengths, kv_dtype="int8", kv_scale="tensor")
+    rec = measure_cell(cell, Options(repeats=1, warmup=0, min_time_s=0.0))
+    assert rec["status"] == "ok" and rec["rel_err"] < 1e-14, rec["reason"]
+
+
 def test_kv_cache_errors_report_quantized_next_to_bf16_per_distribution():
     rows = kv_cache_errors(1, 1, 64, 2, 1, 16, kv_dtypes=("int8", "fp8"), distributions=("gaussian", "channel-outliers"))
     assert [(r["inputs"], r["kv_dtype"]) for r in rows] == [

@@ -24,13 +24,14 @@ def decode_mask(kv_lengths, q_len: int, max_len: int, *, causal: bool = True, wi
     return jnp.broadcast_to(vis, (lengths.shape[0], q_len, max_len))[:, None]
 
 
-def contiguous_kv(call):
+def contiguous_kv(call, q_dtype):
     """(k, v) of a decode or serving call as contiguous float caches (B, S_max, K, H): the pages gathered
-    through the table, a quantized cache dequantized in float32 (``core.kv_quant.dequantize``)."""
+    through the table, a quantized cache dequantized in float32, or float64 for a float64 ``q_dtype``
+    (``core.kv_quant.dequantize``)."""
     k, v = call.key, call.value
     if call.problem is not None and call.kv_scale is not None:
-
-        k, v = (dequantize(c, s, call.kv_scale, "float32", jnp) for c, s in ((k, call.k_scale), (v, call.v_scale)))
+        work = "float64" if q_dtype == jnp.float64 else "float32"
+        k, v = (dequantize(c, s, call.kv_scale, work, jnp) for c, s in ((k, call.k_scale), (v, call.v_scale)))
     if call.page_table is None:
         return k, v
 
@@ -45,7 +46,7 @@ def masked_decode(backend, d, scale):
             if d.needs_mask else None)
     if d.page_table is not None and backend.paged:
         return backend.run_paged_decode(d, mask)
-    k, v = contiguous_kv(d)               # a quantized cache: dequantized in float32, and the call runs in float32
+    k, v = contiguous_kv(d, d.query.dtype)   # a quantized cache: dequantized in float32 (float64 q: float64)
     # V past each length is 0 here: a softmax weight of 0 times a NaN left in the cache's padding would be NaN
     v = jnp.where((jnp.arange(v.shape[1]) < d.kv_lengths[:, None])[:, :, None, None], v, jnp.zeros((), v.dtype))
     q = d.query

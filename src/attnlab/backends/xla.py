@@ -85,7 +85,7 @@ class XlaBackend(Backend):
         return None   # the masked jax.numpy path (``backends.masked_serving``), any platform
 
     def run_serving(self, call):
-        k, v = contiguous_kv(call)
+        k, v = contiguous_kv(call, call.q.dtype)
         return masked_serving(call.q, k, v, call.q_starts, call.kv_lengths, scale=call.scale,
                               soft_cap=call.soft_cap, sinks=call.sinks, window=call.problem.window)
 

@@ -144,11 +144,12 @@ def check_into(rec: dict, run, cell, backend, opts) -> None:
 
 
 def _dequantized_cache(cell, k, v, k_scale, v_scale, table=None):
-    """(k, v) (B, S_max, K, H) float32 on the device of a quantized cache and its scales (paged: its ``table``);
-    None for a cache in q's dtype (no scales)."""
+    """(k, v) (B, S_max, K, H) float32 (a float64 cell's: float64, as the masked paths read it) on the device of a
+    quantized cache and its scales (paged: its ``table``); None for a cache in q's dtype (no scales)."""
     if k_scale is None:
         return None
-    return tuple(dequantized_cache(c, s, cell.kv_scale, table, xp=jnp) for c, s in ((k, k_scale), (v, v_scale)))
+    work = "float64" if cell.dtype == "float64" else "float32"
+    return tuple(dequantized_cache(c, s, cell.kv_scale, table, dtype=work, xp=jnp) for c, s in ((k, k_scale), (v, v_scale)))
 
 
 def output_dtype(out, cell, shape=None) -> dict:
