@@ -206,10 +206,19 @@ def test_measure_and_sweep_spec_do_not_import_sharded():
 def test_strategy_registry_declares_placement_and_refusals():
     from attnlab.core import strategies
 
-    ring = strategies.get("ring")
-    assert ring.why_not("naive", None) is None
-    assert "use backend naive" in ring.why_not("xla", None)
-    assert strategies.get("batch").why_not("xla", (4, 0)) == "sharded cells take no window"
+    from attnlab.measure import Cell
+
+    ring, batch, heads = (strategies.get(s) for s in ("ring", "batch", "heads"))
+    assert ring.why_not(Cell("naive", 2, 8, 8, 2, 2, 8, strategy="ring", devices=2)) is None
+    assert "use backend naive" in ring.why_not(Cell("xla", 2, 8, 8, 2, 2, 8, strategy="ring", devices=2))
+    assert batch.why_not(Cell("xla", 2, 8, 8, 2, 2, 8, window=(4, 0), strategy="batch", devices=2)) == \
+        "sharded cells take no window"
+    # sizes a mesh axis does not divide: refused before the inputs are placed (a JAX IndivisibleError before)
+    assert "batch B=3 is not a multiple" in batch.why_not(Cell("xla", 3, 8, 8, 2, 2, 8, strategy="batch", devices=2))
+    assert "heads K=1" in heads.why_not(Cell("xla", 2, 8, 8, 4, 1, 8, strategy="heads", devices=2))
+    assert "T == S" in ring.why_not(Cell("naive", 2, 4, 8, 2, 2, 8, causal=True, strategy="ring", devices=2))
+    with pytest.raises(ValueError, match="no soft cap and no sinks"):    # the soft cap was dropped: "incorrect"
+        Cell("naive", 2, 8, 8, 2, 2, 8, soft_cap=3.0, strategy="batch", devices=1)
     with pytest.raises(ValueError, match="diagonal"):
         strategies.get("diagonal")
 

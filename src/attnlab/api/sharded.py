@@ -55,28 +55,36 @@ def sharded_attention(query, key, value, *, mesh: Mesh, strategy: str, is_causal
     if len(p.out_shape) != 4:
         raise ValueError("sharded_attention needs 4-D (B, T, N, H) query and (B, S, K, H) key/value")
     name, n = _axis(mesh, axis_name)
-    if strategy == "batch":
-        if p.batch % n:
-            raise ValueError(f"batch B={p.batch} is not a multiple of the mesh axis {name!r} size {n}")
-        spec = P(name)
-        return _per_shard(query, key, value, mesh, spec, spec, is_causal, implementation)
-    if strategy == "heads":
-        if p.kv_heads % n:
-            raise ValueError(f"key/value heads K={p.kv_heads} (and so query heads N={p.heads}) must be a multiple of "
-                             f"the mesh axis {name!r} size {n} to split heads with their groups")
-        spec = P(None, None, name)
-        return _per_shard(query, key, value, mesh, spec, spec, is_causal, implementation)
-    if implementation not in (None, "auto", *_ring_names()):
+    if strategy == "ring" and implementation not in (None, "auto", *_ring_names()):
         raise ValueError(f"ring attention computes its blocks with attnlab's blockwise kernel; implementation "
                          f"must be None or {' or '.join(map(repr, _ring_names()))}, got {implementation!r}")
-    if is_causal and p.q_len != p.kv_len:
-        raise ValueError(f"causal ring attention needs T == S, got T={p.q_len}, S={p.kv_len}")
-    chunks = 2 * n if is_causal else n
-    for letter, length in (("T", p.q_len), ("S", p.kv_len)):
-        if length % chunks:
-            raise ValueError(f"sequence length {letter}={length} must be a multiple of {chunks} "
-                             f"({'2 x ' if is_causal else ''}ring size {n}{' for the zig-zag causal layout' if is_causal else ''})")
+    if why := split_refusal(strategy, n, name, batch=p.batch, heads=p.heads, kv_heads=p.kv_heads, q_len=p.q_len,
+                            kv_len=p.kv_len, is_causal=is_causal):
+        raise ValueError(why)
+    if strategy != "ring":
+        spec = P(name) if strategy == "batch" else P(None, None, name)
+        return _per_shard(query, key, value, mesh, spec, spec, is_causal, implementation)
     return _ring(query, key, value, mesh, name, n, is_causal, float(p.scale))
+
+
+def split_refusal(strategy: str, n: int, name: str, *, batch: int, heads: int, kv_heads: int, q_len: int,
+                  kv_len: int, is_causal: bool) -> str | None:
+    """Why ``strategy`` cannot split these sizes over the mesh axis ``name`` of ``n`` devices, or None."""
+    if strategy == "batch" and batch % n:
+        return f"batch B={batch} is not a multiple of the mesh axis {name!r} size {n}"
+    if strategy == "heads" and kv_heads % n:
+        return (f"key/value heads K={kv_heads} (and so query heads N={heads}) must be a multiple of "
+                f"the mesh axis {name!r} size {n} to split heads with their groups")
+    if strategy != "ring":
+        return None
+    if is_causal and q_len != kv_len:
+        return f"causal ring attention needs T == S, got T={q_len}, S={kv_len}"
+    chunks = 2 * n if is_causal else n
+    for letter, length in (("T", q_len), ("S", kv_len)):
+        if length % chunks:
+            return (f"sequence length {letter}={length} must be a multiple of {chunks} "
+                    f"({'2 x ' if is_causal else ''}ring size {n}{' for the zig-zag causal layout' if is_causal else ''})")
+    return None
 
 
 def _per_shard(q, k, v, mesh, q_spec, kv_spec, is_causal, implementation):
@@ -212,12 +220,13 @@ def _builder(strategy: str):
 
 
 def _why_not(strategy: str):
-    def why_not(backend: str, window) -> str | None:
-        if window is not None:
+    def why_not(cell) -> str | None:
+        if cell.window is not None:
             return "sharded cells take no window"
-        if strategy == "ring" and backend not in _ring_names():
+        if strategy == "ring" and cell.backend not in _ring_names():
             return f"ring attention computes its blocks with attnlab's blockwise kernel: use backend {' or '.join(_ring_names())}"
-        return None
+        return split_refusal(strategy, cell.devices, "x", batch=cell.batch, heads=cell.heads, kv_heads=cell.kv_heads,
+                             q_len=cell.q_len, kv_len=cell.kv_len, is_causal=cell.causal)
     return why_not
 
 

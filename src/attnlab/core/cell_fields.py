@@ -81,7 +81,9 @@ CELL_FIELDS: tuple[CellField, ...] = (
     CellField("soft_cap", None, Optional[int | float], "caps",
               lambda rec: None if rec.get("soft_cap") is None else f"cap={rec['soft_cap']:g}",
               help="Logit soft caps, comma-separated: none or a positive number (Gemma-2: 50); "
-              "logits -> cap * tanh(logits / cap) before masking."),
+              "logits -> cap * tanh(logits / cap) before masking.",
+              skip=lambda a: a["soft_cap"] is not None and a["strategy"] is not None,
+              rule="soft caps take no strategy"),
     CellField("packing", None, Optional[str], "lower_names", _part("packing={}", "packing"),
               help="none or docs:N (comma-separated): N documents of random lengths packed in each row "
               "(segment ids; seeded by the shape; self-attention cells, q_len == kv_len).",

@@ -26,13 +26,14 @@ class Strategy:
     ``mesh(devices)``: the mesh. ``placement(mesh)``: the ``jax.sharding.Sharding`` of q, k and v
     (inputs are put there before timing, so the initial scatter is not timed).
     ``build(mesh, backend, causal)``: a function ``fwd(q, k, v)`` running the cell's backend across
-    the mesh. ``why_not(backend, window)``: why a cell cannot run this way (None: it can)."""
+    the mesh. ``why_not(cell)``: why a cell (its backend, window, sizes, devices) cannot run this way (None: it
+    can), asked before its inputs are placed."""
 
     name: str
     mesh: Callable[[int], Any]
     placement: Callable[[Any], Any]
     build: Callable[..., Callable]
-    why_not: Callable[[str, Any], str | None] = lambda backend, window: None
+    why_not: Callable[[Any], str | None] = lambda cell: None
 
 
 _REGISTRY: dict[str, Strategy] = {}

@@ -83,6 +83,8 @@ class _CellMethods(ProblemFields):
             raise ValueError(strategies.unknown(self.strategy))
         if self.strategy is None and self.devices != 1:
             raise ValueError("devices > 1 needs a strategy (batch, heads or ring)")
+        if self.strategy is not None and (self.soft_cap is not None or self.sinks):
+            raise ValueError("a strategy takes no soft cap and no sinks (sharded_attention has neither)")
 
     def kv_lengths(self) -> tuple[int, ...] | None:
         """Decode cells: each sequence's valid cache length (the q_len new tokens included), drawn once with the

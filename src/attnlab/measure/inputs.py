@@ -75,16 +75,16 @@ def cell_inputs(cell, backend, opts, rec: dict, phases) -> CellInputs:
     st = None
     if cell.strategy is not None:
         if cell.devices > jax.device_count():
-            raise Skip(Status.UNSUPPORTED, f"{cell.devices} devices asked, JAX sees {jax.device_count()}")
+            raise Skip(Status.UNSUPPORTED, f"devices={cell.devices} asked, JAX sees {jax.device_count()} device(s)")
         devs = jax.devices()[: cell.devices]
         rec["mesh"] = {"devices": cell.devices, "axis": "x", "strategy": cell.strategy,
                        "kinds": sorted({d.device_kind for d in devs})}
         st = strategies.get(cell.strategy)
+        if why_strategy := st.why_not(cell):     # before the inputs are placed: an axis it cannot split
+            raise Skip(Status.UNSUPPORTED, why_strategy)
         sh = st.placement(st.mesh(cell.devices))   # timing excludes the initial scatter
         sets = [tuple(jax.device_put(x, sh) for x in s) for s in sets]
         call = dataclasses.replace(call, query=sets[0][0], key=sets[0][1], value=sets[0][2])   # 4-d: as prepare keeps them
-        if why_strategy := st.why_not(cell.backend, cell.window):
-            raise Skip(Status.UNSUPPORTED, why_strategy)
     return CellInputs(sets, call, extras, st)
 
 
