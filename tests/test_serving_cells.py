@@ -46,7 +46,7 @@ def test_sweep_axis_makes_serving_cells_and_refuses_bad_values():
         ("spread", None, True, None), ("spread", "1x8", True, None), ("spread", None, True, 16), ("spread", "1x8", True, 16)}
     assert "prefill=1x8" in serving[1].config_label and "decode-spread:paged16" in serving[-1].config_label
     for values, match in ((dict(lengths="spread", causal="false"), "are causal"),
-                          (dict(lengths="spread", prefill_chunks="2y3", causal="true"), "NxSIZE"),
+                          (dict(lengths="spread", prefill_chunks="2y3", causal="true"), "^prefill_chunks: .*NxSIZE"),
                           (dict(lengths="file:/no/such/file", causal="true"), "no/such/file")):
         with pytest.raises(SweepError, match=match):
             build({**base, **values})

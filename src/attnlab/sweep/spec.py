@@ -95,7 +95,7 @@ class _SweepMethods:
             try:
                 request_lengths.parse_chunks(pc)
             except ValueError as e:
-                raise SweepError(str(e)) from None
+                raise SweepError(f"prefill_chunks: {e}") from None
         if any(_serving(ln) for ln in self.lengths) and True not in self.causal:
             raise SweepError("lengths: serving cells (uniform, spread, lognormal, one-long, file:PATH) are causal: "
                              "add causal true (--causal true)")
