@@ -229,6 +229,26 @@ def test_serving_kernel_dequantizes_in_registers(layout, ps, mma):
     assert rel_l2(out, ref) < 8e-3 and "i16[" not in body   # bf16 P and output; read as bytes
 
 
+def test_a_block_of_one_value_scale_rounds_p_as_a_tensor_scale_does():
+    """int8 (bfloat16 products), pages of 16: page or token scales all equal to the tensor's give its output bit
+    for bit, on the decode and the serving kernel. (P times each key's scale, rounded to bfloat16, lost the
+    exact 1 of each row's largest term: 1.3x the error of the tensor scale.)"""
+    B, S, N, K, H = 2, 64, 4, 1, 16
+    q, k, v = random_qkv(B, 2, S, N, K, H, "bfloat16", seed=3)
+    kp, vp, table = to_pages(k, v, 16)
+    (kc, ks), (vc, vs) = (attnlab.quantize_kv_cache(x, "int8", "tensor") for x in (kp, vp))
+    lens, starts = jnp.array([64, 30], jnp.int32), jnp.array([0, 2, 4], jnp.int32)
+    outs = []
+    for shape in ((), (kc.shape[0], K), kc.shape[:3]):
+        kw = dict(page_table=jnp.asarray(table), implementation="attnlab-decode", k_scale=jnp.full(shape, ks),
+                  v_scale=jnp.full(shape, vs))
+        outs.append((np.asarray(attnlab.decode_attention(q, kc, vc, lens, **kw), np.float32),
+                     np.asarray(attnlab.serving_attention(q.reshape(4, N, H), kc, vc, starts, lens, **kw), np.float32)))
+    for page_or_token in outs[1:]:
+        for got, want in zip(page_or_token, outs[0]):
+            np.testing.assert_array_equal(got, want)
+
+
 # ``ServingConfig(kv_pairs=True)``, FP8 read as int16 pairs: (dtype name, scale layout, q dtype, page size, merge,
 # q_len, soft cap); block_k 16, 3 programs: units of several pieces, merged by log-sum-exp
 SERVING_PAIR_CASES = {

@@ -58,18 +58,17 @@ def dequantized_scores(q, k, k_scale, row_factor=None):
 
 
 def dequantized_pv(p, v, v_scale, dtype):
-    """P V (block_r, H) float32 of a quantized value block, the MMA in ``dtype``. bfloat16 and float32: each
-    key's value scale multiplies its column of P (float32) before P is rounded to ``dtype``, block_r x block_k
-    multiplies. float16: the scales over the block's largest instead, that largest multiplying the product,
-    because p * scale of a cache with small scales (e5m2's absmax / 57344) falls below float16's normal range;
-    p * (s_j / s_max) <= 1 loses only what is below 2^-24 of the block's largest term. A per-head scale
+    """P V (block_r, H) float32 of a quantized value block, the MMA in ``dtype``: each key's value scale over the
+    block's largest multiplies its column of P (float32) before P is rounded to ``dtype``, that largest multiplying
+    the product. Why the ratio: in float16, p * scale of a cache with small scales (e5m2's absmax / 57344) falls
+    below the normal range, while p * (s_j / s_max) <= 1 loses only what is below 2^-24 of the block's largest
+    term; in bfloat16, a block of one scale (a page's) keeps P as it is, its largest term (p = 1) exact, as a
+    per-tensor scale's (p * scale rounded: int8 per page 1.3x the error of per tensor). A per-head scale
     multiplies the product."""
     if not v_scale.ndim:
         return plgpu.dot(p.astype(dtype), v.astype(dtype)) * v_scale
-    if jnp.dtype(dtype) == jnp.float16:
-        top = jnp.maximum(jnp.max(jnp.abs(v_scale)), 1e-30)     # a negative scale's sign stays in the ratio
-        return plgpu.dot((p * (v_scale / top)[None, :]).astype(dtype), v.astype(dtype)) * top
-    return plgpu.dot((p * v_scale[None, :]).astype(dtype), v.astype(dtype))
+    top = jnp.maximum(jnp.max(jnp.abs(v_scale)), 1e-30)     # a negative scale's sign stays in the ratio
+    return plgpu.dot((p * (v_scale / top)[None, :]).astype(dtype), v.astype(dtype)) * top
 
 
 #: 4 FP8 bytes (two int16 pairs: columns 2c, 2c+1 and 2c+2, 2c+3) -> f16x2 of the even (``e``) or odd (``o``)
