@@ -140,10 +140,9 @@ def _time(rec: dict) -> float | None:
 def not_dispatched(get: Callable[[str], object]) -> str | None:
     """Why a cell or record (``get(field)``: its value) keys no entry: not what a plain call of its shape runs, or
     inputs other than gaussian (they time the same kernels: one entry a shape); None where it keys one."""
-    return ("devices > 1 or a strategy" if get("strategy") or (get("devices") or 1) != 1 else
-            next((f for f in ("lengths", "packing", "sinks") if get(f)), None) or
-            ("soft_cap" if get("soft_cap") is not None else None) or
-            (None if (get("inputs") or "gaussian") == "gaussian" else "inputs other than gaussian"))
+    return ("devices > 1 or a strategy" if get("strategy") or (get("devices") or 1) != 1 else next((
+        f for f in ("lengths", "packing", "sinks") if get(f)), None) or ("soft_cap" if get("soft_cap") is not None
+        else None if (get("inputs") or "gaussian") == "gaussian" else "inputs other than gaussian"))
 
 
 def build(records: Iterable[dict], library_of: Callable[[str], Iterable[str]] = lambda name: (),
@@ -151,7 +150,8 @@ def build(records: Iterable[dict], library_of: Callable[[str], Iterable[str]] = 
     """Dispatch entries from sweep records: per (device kind, versions, bucket), rank the backends that are ``ok`` in
     *every* measured cell of the bucket by the geometric mean of their median times (ms) there; a backend not ok in
     one cell of the bucket is left out of it, so an entry never names a backend that failed, was unchecked or refused.
-    Cells ``not_dispatched`` names and records without ``env.device_kind`` are left out. ``library_of(backend)``: the optional libraries it calls (import names, as in ``env.optional``)."""
+    Cells ``not_dispatched`` names and records without ``env.device_kind`` are left out. ``library_of(backend)``:
+    the optional libraries it calls (import names, as in ``env.optional``)."""
     date = date or datetime.date.today().isoformat()
     groups: dict[tuple, dict] = {}
     for r in records:
