@@ -278,8 +278,7 @@ def check_close(out, query, key, value, *args, tf32: bool | None = None, ref=Non
         rules.require_like(lse, "out[1] (lse)", shape[:-1], q_dtype, "the output's without its head dim")
     kwargs.pop("implementation", None)
     if rule is not None and limit is None:
-        raise ValueError("check_close: rule= is the words of a given limit=; without limit the dtype policy's rule "
-                         "applies (give both, or neither)")
+        raise ValueError("check_close: rule= is the words of a given limit= (give both, or neither)")
     dtype, name = out.dtype, np.dtype(out.dtype).name
     emu = _forward(query, key, value, *args, emulate=dtype, **kwargs) if limit is None and name in _LOW else None
     # the float64 pass, unless a given ``ref`` and the emulation (rows that see no key) make it needless
