@@ -12,11 +12,9 @@ shared memory (spills are listed, not failed: they cost time, not correctness).
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -84,15 +82,10 @@ def dump(out_dir: str) -> dict[str, dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out_dir")
-    ap.add_argument("--triton-python", required=True, help="a Python with pip's triton 3.6.0 (no GPU needed)")
-    a = ap.parse_args(argv)
+    from benchmarks.decode.kv_dtype_sass_cpu import compile_cli
     from benchmarks.decode.ttir_cpu import COMPILE
 
-    os.makedirs(a.out_dir, exist_ok=True)
-    kernels = dump(a.out_dir)
-    subprocess.run([a.triton_python, "-c", COMPILE, a.out_dir], check=True)
+    a, kernels = compile_cli(__doc__.splitlines()[0], dump, argv, script=COMPILE)
     with open(os.path.join(a.out_dir, "compiled.json")) as fh:
         compiled = json.load(fh)
     bad, rows = 0, ["| configuration (kernel #) | warps | stages | shared KB | registers | spilled bytes |",
